@@ -1,0 +1,3 @@
+//! In-loop apps shared by the binaries and the tests.
+
+pub mod ping;

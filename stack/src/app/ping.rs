@@ -1,0 +1,313 @@
+//! [`Pinger`]: sends ICMP echo requests on a schedule and keeps ping's statistics.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use crate::icmp::{PingEvent, PingHandle, PingReply};
+use crate::runtime::{App, Control};
+use crate::stack::Stack;
+use crate::time::Instant;
+
+/// What to ping and how.
+#[derive(Debug, Clone)]
+pub struct PingerConfig {
+    pub dst: Ipv4Addr,
+    pub ident: u16,
+    /// Requests to send; `None` for no limit.
+    pub count: Option<u64>,
+    pub interval: Duration,
+    /// Echo data bytes (56 like ping's default).
+    pub size: usize,
+    /// How long to wait for the last reply.
+    pub timeout: Duration,
+}
+
+impl PingerConfig {
+    pub fn new(dst: Ipv4Addr) -> Self {
+        PingerConfig {
+            dst,
+            ident: 0x5553,
+            count: None,
+            interval: Duration::from_secs(1),
+            size: 56,
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Running RTT statistics, as iputils ping reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RttStats {
+    pub count: u64,
+    pub min: Duration,
+    pub max: Duration,
+    sum_ns: f64,
+    sum_sq_ns: f64,
+}
+
+impl RttStats {
+    pub fn add(&mut self, rtt: Duration) {
+        if self.count == 0 || rtt < self.min {
+            self.min = rtt;
+        }
+        self.max = self.max.max(rtt);
+        let ns = rtt.as_nanos() as f64;
+        self.sum_ns += ns;
+        self.sum_sq_ns += ns * ns;
+        self.count += 1;
+    }
+
+    pub fn avg(&self) -> Duration {
+        if self.count == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos((self.sum_ns / self.count as f64) as u64)
+    }
+
+    /// Mean deviation as ping computes it: sqrt(E[rtt^2] - E[rtt]^2).
+    pub fn mdev(&self) -> Duration {
+        if self.count == 0 {
+            return Duration::ZERO;
+        }
+        let n = self.count as f64;
+        let mean = self.sum_ns / n;
+        let var = (self.sum_sq_ns / n - mean * mean).max(0.0);
+        Duration::from_nanos(var.sqrt() as u64)
+    }
+}
+
+/// Totals of a ping run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PingSummary {
+    pub transmitted: u64,
+    pub received: u64,
+    pub duplicates: u64,
+    pub errors: u64,
+    pub rtt: RttStats,
+}
+
+impl PingSummary {
+    /// Packet loss in percent of transmitted.
+    pub fn loss_percent(&self) -> f64 {
+        if self.transmitted == 0 {
+            return 0.0;
+        }
+        100.0 * (self.transmitted.saturating_sub(self.received)) as f64 / self.transmitted as f64
+    }
+}
+
+/// An event for a front end to print.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PingerEvent {
+    Reply { reply: PingReply, duplicate: bool },
+    Unreachable { from: Ipv4Addr, seq: u16, code: u8 },
+}
+
+/// Most events kept for the front end before the oldest are discarded.
+const EVENT_BACKLOG: usize = 65_536;
+
+/// An app that pings one host.
+#[derive(Debug)]
+pub struct Pinger {
+    cfg: PingerConfig,
+    handle: Option<PingHandle>,
+    next_send: Option<Instant>,
+    last_send: Option<Instant>,
+    /// Sequence numbers sent and not yet answered, with their send time.
+    outstanding: HashMap<u16, Instant>,
+    answered: HashSet<u16>,
+    summary: PingSummary,
+    events: VecDeque<PingerEvent>,
+    error: Option<crate::stack::Error>,
+    keep_events: bool,
+}
+
+impl Pinger {
+    pub fn new(cfg: PingerConfig) -> Self {
+        Pinger {
+            cfg,
+            handle: None,
+            next_send: None,
+            last_send: None,
+            outstanding: HashMap::new(),
+            answered: HashSet::new(),
+            summary: PingSummary::default(),
+            events: VecDeque::new(),
+            error: None,
+            keep_events: true,
+        }
+    }
+
+    /// Do not keep per-reply events (summary only).
+    pub fn quiet(mut self) -> Self {
+        self.keep_events = false;
+        self
+    }
+
+    pub fn summary(&self) -> PingSummary {
+        self.summary
+    }
+
+    /// The error that stopped the pinger, if any (identifier in use, no route).
+    pub fn error(&self) -> Option<crate::stack::Error> {
+        self.error
+    }
+
+    /// Events since the last call.
+    pub fn drain_events(&mut self) -> impl Iterator<Item = PingerEvent> + '_ {
+        self.events.drain(..)
+    }
+
+    fn all_sent(&self) -> bool {
+        self.cfg.count.is_some_and(|c| self.summary.transmitted >= c)
+    }
+
+    /// All requests sent and each answered or timed out (as of `now`).
+    pub fn finished(&self, now: Instant) -> bool {
+        if self.error.is_some() {
+            return true;
+        }
+        if !self.all_sent() {
+            return false;
+        }
+        self.outstanding.is_empty()
+            || self.last_send.is_some_and(|t| now >= t + self.cfg.timeout)
+    }
+
+    fn push_event(&mut self, ev: PingerEvent) {
+        if !self.keep_events {
+            return;
+        }
+        if self.events.len() >= EVENT_BACKLOG {
+            self.events.pop_front();
+        }
+        self.events.push_back(ev);
+    }
+
+    fn on_event(&mut self, ev: PingEvent) {
+        match ev {
+            PingEvent::Reply(reply) => {
+                let duplicate = self.outstanding.remove(&reply.seq).is_none();
+                if duplicate {
+                    if !self.answered.contains(&reply.seq) {
+                        // Not ours (stale or forged): ignore.
+                        return;
+                    }
+                    self.summary.duplicates += 1;
+                } else {
+                    self.answered.insert(reply.seq);
+                    self.summary.received += 1;
+                    if let Some(rtt) = reply.rtt() {
+                        self.summary.rtt.add(rtt);
+                    }
+                }
+                self.push_event(PingerEvent::Reply { reply, duplicate });
+            }
+            PingEvent::Unreachable { from, seq, code } => {
+                if self.outstanding.remove(&seq).is_some() {
+                    self.summary.errors += 1;
+                    self.push_event(PingerEvent::Unreachable { from, seq, code });
+                }
+            }
+        }
+    }
+}
+
+impl App for Pinger {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        if self.error.is_some() {
+            return Control::Exit;
+        }
+        let h = match self.handle {
+            Some(h) => h,
+            None => match stack.ping_open(self.cfg.ident) {
+                Ok(h) => {
+                    self.handle = Some(h);
+                    self.next_send = Some(now);
+                    h
+                }
+                Err(e) => {
+                    self.error = Some(e);
+                    return Control::Exit;
+                }
+            },
+        };
+        while let Ok(Some(ev)) = stack.ping_recv(h) {
+            self.on_event(ev);
+        }
+        if let Some(t) = self.next_send.filter(|t| now >= *t && !self.all_sent()) {
+            let seq = (self.summary.transmitted % 65_536) as u16;
+            match stack.ping_send(h, self.cfg.dst, seq, self.cfg.size) {
+                Ok(()) => {
+                    self.summary.transmitted += 1;
+                    self.outstanding.insert(seq, now);
+                    self.answered.remove(&seq);
+                    self.last_send = Some(now);
+                }
+                Err(e) => {
+                    self.error = Some(e);
+                    return Control::Exit;
+                }
+            }
+            // Keep the schedule (no drift), but never burst to catch up.
+            let next = t + self.cfg.interval;
+            self.next_send = Some(if next < now { now } else { next });
+        }
+        // Forget requests older than the timeout: they count as lost.
+        let timeout = self.cfg.timeout;
+        if self.outstanding.len() > 1024 {
+            self.outstanding.retain(|_, sent| now < *sent + timeout);
+        }
+        if self.finished(now) {
+            Control::Exit
+        } else {
+            Control::Continue
+        }
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        if self.error.is_some() {
+            return None;
+        }
+        if self.handle.is_none() {
+            return Some(Instant::ZERO);
+        }
+        if !self.all_sent() {
+            return self.next_send;
+        }
+        if self.outstanding.is_empty() {
+            return None;
+        }
+        self.last_send.map(|t| t + self.cfg.timeout)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn rtt_stats_match_ping_formula() {
+        let mut s = RttStats::default();
+        for ms in [1u64, 2, 3, 4] {
+            s.add(Duration::from_millis(ms));
+        }
+        assert_eq!(s.min, Duration::from_millis(1));
+        assert_eq!(s.max, Duration::from_millis(4));
+        assert_eq!(s.avg(), Duration::from_micros(2500));
+        // sqrt(7.5 - 6.25) ms = 1.118 ms
+        assert_eq!(s.mdev().as_micros(), 1118);
+    }
+
+    #[test]
+    fn loss_percent() {
+        let s = PingSummary {
+            transmitted: 10,
+            received: 7,
+            ..PingSummary::default()
+        };
+        assert!((s.loss_percent() - 30.0).abs() < 1e-9);
+        assert_eq!(PingSummary::default().loss_percent(), 0.0);
+    }
+}

@@ -1,0 +1,335 @@
+//! ARP cache: entries with expiry, a bounded queue of packets waiting for
+//! resolution, and a per-address request rate limit.
+//!
+//! The cache is a plain data structure driven by the [`Stack`](crate::Stack):
+//! it decides, the stack emits.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use smoltcp::wire::EthernetAddress;
+
+use crate::stats::ArpStats;
+use crate::time::Instant;
+
+/// ARP tuning.
+#[derive(Debug, Clone)]
+pub struct ArpConfig {
+    /// How long a learned entry stays valid.
+    pub entry_ttl: Duration,
+    /// Most entries held; new unsolicited entries are refused beyond it.
+    pub max_entries: usize,
+    /// Least time between two requests for the same address.
+    pub request_interval: Duration,
+    /// Requests sent for one address before its pending packets are dropped.
+    pub max_requests: u32,
+    /// Packets held per unresolved address.
+    pub pending_per_addr: usize,
+    /// Unresolved addresses held at once.
+    pub max_pending_addrs: usize,
+}
+
+impl Default for ArpConfig {
+    fn default() -> Self {
+        ArpConfig {
+            entry_ttl: Duration::from_secs(60),
+            max_entries: 1024,
+            request_interval: Duration::from_millis(500),
+            max_requests: 5,
+            pending_per_addr: 8,
+            max_pending_addrs: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    mac: EthernetAddress,
+    expires: Instant,
+}
+
+#[derive(Debug)]
+struct Pending {
+    last_request: Instant,
+    requests: u32,
+    /// IPv4 packets (no Ethernet header) waiting for this address.
+    packets: VecDeque<Vec<u8>>,
+}
+
+/// What [`ArpCache::enqueue`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueue {
+    /// Queued, and a request should go out now.
+    QueuedSendRequest,
+    /// Queued; a request is already outstanding.
+    Queued,
+    /// Dropped (queue or address cap full); counted.
+    Dropped,
+}
+
+/// The ARP table of one stack.
+#[derive(Debug)]
+pub struct ArpCache {
+    cfg: ArpConfig,
+    entries: HashMap<Ipv4Addr, Entry>,
+    pending: HashMap<Ipv4Addr, Pending>,
+    pending_packets: usize,
+    pub(crate) stats: ArpStats,
+}
+
+impl ArpCache {
+    pub fn new(cfg: ArpConfig) -> Self {
+        ArpCache {
+            cfg,
+            entries: HashMap::new(),
+            pending: HashMap::new(),
+            pending_packets: 0,
+            stats: ArpStats::default(),
+        }
+    }
+
+    /// The MAC for `ip` if known and fresh. Counts a hit or a miss.
+    pub fn lookup(&mut self, now: Instant, ip: Ipv4Addr) -> Option<EthernetAddress> {
+        match self.entries.get(&ip) {
+            Some(e) if e.expires > now => {
+                self.stats.hits += 1;
+                Some(e.mac)
+            }
+            Some(_) => {
+                self.entries.remove(&ip);
+                self.stats.misses += 1;
+                None
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Is there an entry (fresh or not) or an outstanding request for `ip`?
+    pub fn knows(&self, ip: Ipv4Addr) -> bool {
+        self.entries.contains_key(&ip) || self.pending.contains_key(&ip)
+    }
+
+    /// Record `ip -> mac`. `solicited` entries (a reply to our request, or a
+    /// request addressed to us) may evict another entry when the table is
+    /// full; others only refresh existing entries. Returns the packets that
+    /// were waiting for this address.
+    pub fn learn(
+        &mut self,
+        now: Instant,
+        ip: Ipv4Addr,
+        mac: EthernetAddress,
+        solicited: bool,
+    ) -> VecDeque<Vec<u8>> {
+        let expires = now + self.cfg.entry_ttl;
+        if let Some(e) = self.entries.get_mut(&ip) {
+            *e = Entry { mac, expires };
+        } else if solicited || self.pending.contains_key(&ip) {
+            if self.entries.len() >= self.cfg.max_entries && !self.evict_one(now) {
+                self.stats.table_full += 1;
+            } else {
+                self.entries.insert(ip, Entry { mac, expires });
+            }
+        }
+        match self.pending.remove(&ip) {
+            Some(p) => {
+                self.pending_packets -= p.packets.len();
+                p.packets
+            }
+            None => VecDeque::new(),
+        }
+    }
+
+    /// Make room: drop an expired entry, else the one closest to expiry.
+    /// Only runs when the table is full.
+    fn evict_one(&mut self, now: Instant) -> bool {
+        let victim = self
+            .entries
+            .iter()
+            .find(|(_, e)| e.expires <= now)
+            .or_else(|| self.entries.iter().min_by_key(|(_, e)| e.expires))
+            .map(|(ip, _)| *ip);
+        victim.is_some_and(|ip| self.entries.remove(&ip).is_some())
+    }
+
+    /// Hold `packet` until `ip` resolves.
+    pub fn enqueue(&mut self, now: Instant, ip: Ipv4Addr, packet: Vec<u8>) -> Enqueue {
+        let cfg = &self.cfg;
+        if let Some(p) = self.pending.get_mut(&ip) {
+            if p.packets.len() >= cfg.pending_per_addr {
+                // Keep the newest: drop the oldest waiting packet.
+                p.packets.pop_front();
+                self.pending_packets -= 1;
+                self.stats.pending_dropped += 1;
+            }
+            p.packets.push_back(packet);
+            self.pending_packets += 1;
+            if now >= p.last_request + cfg.request_interval && p.requests < cfg.max_requests {
+                p.last_request = now;
+                p.requests += 1;
+                return Enqueue::QueuedSendRequest;
+            }
+            return Enqueue::Queued;
+        }
+        if self.pending.len() >= cfg.max_pending_addrs {
+            self.stats.pending_dropped += 1;
+            return Enqueue::Dropped;
+        }
+        let mut packets = VecDeque::new();
+        packets.push_back(packet);
+        self.pending.insert(
+            ip,
+            Pending {
+                last_request: now,
+                requests: 1,
+                packets,
+            },
+        );
+        self.pending_packets += 1;
+        Enqueue::QueuedSendRequest
+    }
+
+    /// Timers: addresses whose request should be repeated now; gives up (and
+    /// drops the queued packets) after `max_requests`. Also expires entries.
+    pub fn poll(&mut self, now: Instant, retry: &mut Vec<Ipv4Addr>) {
+        let cfg = &self.cfg;
+        let mut gave_up = Vec::new();
+        for (ip, p) in self.pending.iter_mut() {
+            if now < p.last_request + cfg.request_interval {
+                continue;
+            }
+            if p.requests >= cfg.max_requests {
+                gave_up.push(*ip);
+            } else {
+                p.requests += 1;
+                p.last_request = now;
+                retry.push(*ip);
+            }
+        }
+        for ip in gave_up {
+            if let Some(p) = self.pending.remove(&ip) {
+                self.pending_packets -= p.packets.len();
+                self.stats.pending_dropped += p.packets.len() as u64;
+                self.stats.unresolved += 1;
+            }
+        }
+    }
+
+    /// Next time [`poll`](Self::poll) has work.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.pending
+            .values()
+            .map(|p| p.last_request + self.cfg.request_interval)
+            .min()
+    }
+
+    /// Counters with the gauges filled in.
+    pub fn stats(&self) -> ArpStats {
+        ArpStats {
+            entries: self.entries.len() as u64,
+            pending_packets: self.pending_packets as u64,
+            ..self.stats.clone()
+        }
+    }
+
+    /// Current entries (for tools and tests).
+    pub fn entries(&self, now: Instant) -> Vec<(Ipv4Addr, EthernetAddress)> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.expires > now)
+            .map(|(ip, e)| (*ip, e.mac))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    const IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+    const MAC: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 2]);
+
+    #[test]
+    fn entry_expires() {
+        let mut c = ArpCache::new(ArpConfig::default());
+        c.learn(Instant::ZERO, IP, MAC, true);
+        assert_eq!(c.lookup(Instant::from_secs(59), IP), Some(MAC));
+        assert_eq!(c.lookup(Instant::from_secs(61), IP), None);
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.entries), (1, 1, 0));
+    }
+
+    #[test]
+    fn unsolicited_only_refreshes() {
+        let mut c = ArpCache::new(ArpConfig::default());
+        c.learn(Instant::ZERO, IP, MAC, false);
+        assert_eq!(c.lookup(Instant::ZERO, IP), None);
+        c.learn(Instant::ZERO, IP, MAC, true);
+        let other = EthernetAddress([2, 0, 0, 0, 0, 9]);
+        c.learn(Instant::from_secs(1), IP, other, false);
+        assert_eq!(c.lookup(Instant::from_secs(1), IP), Some(other));
+    }
+
+    #[test]
+    fn pending_queue_is_bounded_and_rate_limited() {
+        let cfg = ArpConfig::default();
+        let mut c = ArpCache::new(cfg.clone());
+        let t0 = Instant::ZERO;
+        assert_eq!(c.enqueue(t0, IP, vec![0]), Enqueue::QueuedSendRequest);
+        for i in 1..20u8 {
+            assert_eq!(c.enqueue(t0, IP, vec![i]), Enqueue::Queued);
+        }
+        assert_eq!(c.stats().pending_packets, cfg.pending_per_addr as u64);
+        assert_eq!(c.stats().pending_dropped, 20 - cfg.pending_per_addr as u64);
+        let t1 = t0 + cfg.request_interval;
+        assert_eq!(c.enqueue(t1, IP, vec![20]), Enqueue::QueuedSendRequest);
+        let waiting = c.learn(t1, IP, MAC, true);
+        // The newest packets were kept.
+        assert_eq!(waiting.back(), Some(&vec![20]));
+        assert_eq!(waiting.len(), cfg.pending_per_addr);
+        assert_eq!(c.stats().pending_packets, 0);
+    }
+
+    #[test]
+    fn unresolved_gives_up_after_max_requests() {
+        let cfg = ArpConfig::default();
+        let mut c = ArpCache::new(cfg.clone());
+        c.enqueue(Instant::ZERO, IP, vec![1, 2, 3]);
+        let mut now = Instant::ZERO;
+        let mut retries = 0;
+        for _ in 0..20 {
+            now = c.poll_at().unwrap_or(now);
+            let mut r = Vec::new();
+            c.poll(now, &mut r);
+            retries += r.len();
+            if c.poll_at().is_none() {
+                break;
+            }
+        }
+        assert_eq!(retries as u32, cfg.max_requests - 1);
+        let s = c.stats();
+        assert_eq!((s.unresolved, s.pending_dropped, s.pending_packets), (1, 1, 0));
+    }
+
+    #[test]
+    fn table_and_pending_addresses_are_bounded() {
+        let cfg = ArpConfig {
+            max_entries: 4,
+            max_pending_addrs: 2,
+            ..ArpConfig::default()
+        };
+        let mut c = ArpCache::new(cfg);
+        for i in 0..100u8 {
+            c.learn(Instant::from_millis(i.into()), Ipv4Addr::new(10, 0, 1, i), MAC, true);
+        }
+        assert_eq!(c.stats().entries, 4);
+        // The most recent entries survive eviction.
+        assert!(c.lookup(Instant::from_secs(1), Ipv4Addr::new(10, 0, 1, 99)).is_some());
+        assert_eq!(c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 1), vec![]), Enqueue::QueuedSendRequest);
+        assert_eq!(c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 2), vec![]), Enqueue::QueuedSendRequest);
+        assert_eq!(c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 3), vec![]), Enqueue::Dropped);
+    }
+}

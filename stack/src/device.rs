@@ -1,0 +1,151 @@
+//! The device boundary: burst receive, burst transmit, buffers from a pool.
+//!
+//! A backend (sim, pcap, DPDK) implements [`Device`]. The engine itself only
+//! sees `&[u8]` frames on receive and a [`Tx`] sink on transmit, which lets it
+//! write a frame straight into a device buffer (an mbuf's data room on DPDK).
+
+use serde::Serialize;
+
+use crate::pool::{PacketBuf, PoolStats};
+use crate::time::Instant;
+
+/// Port counters, as DPDK's `rte_eth_stats` names them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PortStats {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Frames the port dropped on receive (queue full, "imissed").
+    pub rx_missed: u64,
+    /// Receive drops for want of a buffer ("rx_nombuf").
+    pub rx_nombuf: u64,
+    /// Frames the port could not transmit.
+    pub tx_errors: u64,
+}
+
+/// What a backend can do, read once by the poll loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// Largest IP packet (Ethernet payload) the port carries.
+    pub mtu: usize,
+    /// Whether the port sleeps well (sim, pcap) or must be busy-polled (DPDK).
+    pub busy_poll_only: bool,
+}
+
+/// A network port driven in bursts.
+pub trait Device {
+    type Buf: PacketBuf;
+
+    fn caps(&self) -> DeviceCaps;
+    /// Append up to `max` received frames to `out`; returns how many.
+    fn rx_burst(&mut self, now: Instant, out: &mut Vec<Self::Buf>, max: usize) -> usize;
+    /// Transmit frames from the front of `pkts`, removing those sent. Frames
+    /// left in `pkts` were not sent (the queue is full); the caller decides
+    /// whether to retry or drop them. Returns how many were sent.
+    fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<Self::Buf>) -> usize;
+    /// A buffer to build a frame in, or `None` when the pool is dry.
+    fn alloc_tx(&mut self) -> Option<Self::Buf>;
+    fn port_stats(&self) -> PortStats;
+    /// Push the stats of every pool this device owns.
+    fn pool_stats(&self, out: &mut Vec<PoolStats>);
+    /// When the device will next have something to receive without outside
+    /// input (the sim link's next delivery); `None` if unknown.
+    fn poll_at(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// Where the engine writes outgoing frames.
+pub trait Tx {
+    /// Take a buffer of exactly `len` bytes, let `fill` write the frame into it,
+    /// and queue it. Returns false (nothing sent) when no buffer is available.
+    fn send<F: FnOnce(&mut [u8])>(&mut self, len: usize, fill: F) -> bool;
+}
+
+/// A [`Tx`] that collects frames in memory (unit tests, tools).
+#[derive(Debug, Default)]
+pub struct VecTx {
+    pub frames: Vec<Vec<u8>>,
+    /// When set, at most this many frames are accepted (to test exhaustion).
+    pub limit: Option<usize>,
+}
+
+impl VecTx {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Tx for VecTx {
+    fn send<F: FnOnce(&mut [u8])>(&mut self, len: usize, fill: F) -> bool {
+        if self.limit.is_some_and(|l| self.frames.len() >= l) {
+            return false;
+        }
+        let mut frame = vec![0u8; len];
+        fill(&mut frame);
+        self.frames.push(frame);
+        true
+    }
+}
+
+/// A [`Tx`] over a device: frames go into device buffers and are flushed in bursts.
+#[derive(Debug)]
+pub struct DeviceTx<'a, D: Device> {
+    dev: &'a mut D,
+    queue: &'a mut Vec<D::Buf>,
+    now: Instant,
+    burst: usize,
+    /// Frames that could not get a buffer or were refused by the port.
+    pub dropped: u64,
+    pub sent: u64,
+}
+
+impl<'a, D: Device> DeviceTx<'a, D> {
+    pub fn new(dev: &'a mut D, queue: &'a mut Vec<D::Buf>, now: Instant, burst: usize) -> Self {
+        DeviceTx {
+            dev,
+            queue,
+            now,
+            burst: burst.max(1),
+            dropped: 0,
+            sent: 0,
+        }
+    }
+
+    /// Hand queued frames to the port; frames it refuses are dropped (counted),
+    /// since a run-to-completion loop never blocks on a full ring.
+    pub fn flush(&mut self) {
+        if self.queue.is_empty() {
+            return;
+        }
+        self.sent += self.dev.tx_burst(self.now, self.queue) as u64;
+        self.dropped += self.queue.len() as u64;
+        self.queue.clear();
+    }
+}
+
+impl<D: Device> Tx for DeviceTx<'_, D> {
+    fn send<F: FnOnce(&mut [u8])>(&mut self, len: usize, fill: F) -> bool {
+        let Some(mut buf) = self.dev.alloc_tx() else {
+            self.dropped += 1;
+            return false;
+        };
+        if !buf.set_len(len) {
+            self.dropped += 1;
+            return false;
+        }
+        fill(buf.as_mut());
+        self.queue.push(buf);
+        if self.queue.len() >= self.burst {
+            self.flush();
+        }
+        true
+    }
+}
+
+impl<D: Device> Drop for DeviceTx<'_, D> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}

@@ -1,0 +1,479 @@
+//! The simulated link: stacks in one process joined by a wire with seeded
+//! loss, reordering, duplication, corruption, delay, jitter and a rate limit.
+//!
+//! [`SimLink`] behaves like a small switch: unicast frames go to the port
+//! owning the destination MAC (flooded when unknown), broadcasts to every
+//! other port. Frames move between ports without copying (a buffer taken from
+//! the sender's pool returns there when the receiver drops it); duplicates
+//! are copies. [`SimNet`] drives several [`Node`]s against a virtual clock
+//! that jumps to the next event, so a test of a 60 s timer runs in
+//! microseconds, deterministically for a given seed.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+use smoltcp::wire::{EthernetAddress, Ipv4Address, Ipv4Cidr};
+
+use crate::clock::Clock;
+use crate::device::{Device, DeviceCaps, PortStats};
+use crate::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
+use crate::runtime::{App, Node};
+use crate::stack::{Config, Stack};
+use crate::time::{Instant, earliest};
+
+/// Impairments of a sim link. Probabilities are in 0.0..=1.0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkConfig {
+    pub loss: f64,
+    pub duplicate: f64,
+    /// Chance a frame gets one random bit flipped.
+    pub corrupt: f64,
+    /// Chance a frame is held back by `reorder_delay` (so later frames pass it).
+    pub reorder: f64,
+    pub reorder_delay: Duration,
+    /// One-way propagation delay.
+    pub delay: Duration,
+    /// Uniform extra delay in `0..jitter` (reorders frames too).
+    pub jitter: Duration,
+    /// Bits per second per sending port; 0 means unlimited.
+    pub rate_bps: u64,
+    /// Frames a port's inbox holds; beyond it frames are dropped (tail drop).
+    pub queue_frames: usize,
+    /// IP MTU of the link.
+    pub mtu: usize,
+    pub seed: u64,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            loss: 0.0,
+            duplicate: 0.0,
+            corrupt: 0.0,
+            reorder: 0.0,
+            reorder_delay: Duration::from_micros(200),
+            delay: Duration::ZERO,
+            jitter: Duration::ZERO,
+            rate_bps: 0,
+            queue_frames: 4096,
+            mtu: 1500,
+            seed: 1,
+        }
+    }
+}
+
+/// What the wire did to frames.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LinkStats {
+    pub sent: u64,
+    pub delivered: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub corrupted: u64,
+    pub reordered: u64,
+    pub queue_drops: u64,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    at: Instant,
+    seq: u64,
+    buf: SlabBuf,
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for InFlight {
+    // Reversed: the heap's top is the earliest delivery.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+#[derive(Debug)]
+struct PortSlot {
+    mac: EthernetAddress,
+    inbox: BinaryHeap<InFlight>,
+    busy_until: Instant,
+    pool: SlabPool,
+}
+
+#[derive(Debug)]
+struct Wire {
+    cfg: LinkConfig,
+    rng: fastrand::Rng,
+    ports: Vec<PortSlot>,
+    seq: u64,
+    stats: LinkStats,
+}
+
+impl Wire {
+    fn transmit(&mut self, from: usize, now: Instant, buf: SlabBuf) {
+        self.stats.sent += 1;
+        let len = buf.len();
+        // Serialization on the sender's port.
+        let mut depart = now;
+        if self.cfg.rate_bps > 0 {
+            let tx_time = Duration::from_nanos((len as u64 * 8 * 1_000_000_000) / self.cfg.rate_bps);
+            let slot = &mut self.ports[from];
+            depart = slot.busy_until.max(now) + tx_time;
+            slot.busy_until = depart;
+        }
+        let dst = EthernetAddress::from_bytes(buf.as_ref().get(..6).unwrap_or(&[0xff; 6]));
+        let owner = self.ports.iter().position(|p| p.mac == dst);
+        let recipients: Vec<usize> = match owner {
+            Some(i) if dst.is_unicast() && i != from => vec![i],
+            Some(_) if dst.is_unicast() => Vec::new(),
+            _ => (0..self.ports.len()).filter(|&i| i != from).collect(),
+        };
+        let pool = self.ports[from].pool.clone();
+        let mut original = Some(buf);
+        for (n, &to) in recipients.iter().enumerate() {
+            let frame = if n + 1 == recipients.len() {
+                original.take()
+            } else {
+                original.as_ref().and_then(|b| b.try_clone_from(&pool))
+            };
+            if let Some(frame) = frame {
+                self.impair_and_queue(to, depart, frame, &pool);
+            }
+        }
+    }
+
+    fn impair_and_queue(&mut self, to: usize, depart: Instant, mut frame: SlabBuf, pool: &SlabPool) {
+        let cfg = &self.cfg;
+        if cfg.loss > 0.0 && self.rng.f64() < cfg.loss {
+            self.stats.lost += 1;
+            return;
+        }
+        if cfg.corrupt > 0.0 && self.rng.f64() < cfg.corrupt && !frame.is_empty() {
+            let byte = self.rng.usize(..frame.len());
+            let bit = self.rng.u8(..8);
+            frame.as_mut()[byte] ^= 1 << bit;
+            self.stats.corrupted += 1;
+        }
+        let copy = if cfg.duplicate > 0.0 && self.rng.f64() < cfg.duplicate {
+            self.stats.duplicated += 1;
+            frame.try_clone_from(pool)
+        } else {
+            None
+        };
+        for f in std::iter::once(frame).chain(copy) {
+            let mut at = depart + self.cfg.delay;
+            if !self.cfg.jitter.is_zero() {
+                let j = self.rng.u64(..u64::try_from(self.cfg.jitter.as_nanos()).unwrap_or(u64::MAX));
+                at += Duration::from_nanos(j);
+            }
+            if self.cfg.reorder > 0.0 && self.rng.f64() < self.cfg.reorder {
+                at += self.cfg.reorder_delay;
+                self.stats.reordered += 1;
+            }
+            let slot = &mut self.ports[to];
+            if slot.inbox.len() >= self.cfg.queue_frames {
+                self.stats.queue_drops += 1;
+                continue;
+            }
+            self.seq += 1;
+            slot.inbox.push(InFlight {
+                at,
+                seq: self.seq,
+                buf: f,
+            });
+        }
+    }
+}
+
+/// A shared simulated wire. Cloning gives another handle to the same wire.
+#[derive(Debug, Clone)]
+pub struct SimLink {
+    wire: Arc<Mutex<Wire>>,
+}
+
+/// Buffers per sim port pool.
+pub const SIM_POOL_BUFS: usize = 8192;
+/// Size of each sim pool buffer (an MTU 1500 frame fits; jumbo links need more).
+pub const SIM_BUF_SIZE: usize = 2048;
+
+impl SimLink {
+    pub fn new(cfg: LinkConfig) -> Self {
+        SimLink {
+            wire: Arc::new(Mutex::new(Wire {
+                rng: fastrand::Rng::with_seed(cfg.seed),
+                cfg,
+                ports: Vec::new(),
+                seq: 0,
+                stats: LinkStats::default(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Wire> {
+        // A panic elsewhere cannot leave the wire half-updated in a way that
+        // matters to a simulation; keep going with its state.
+        self.wire.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attach a port with MAC `mac` and a pool of `pool_bufs` buffers.
+    pub fn attach(&self, mac: EthernetAddress, pool_bufs: usize) -> SimPort {
+        let mut w = self.lock();
+        let buf_size = (w.cfg.mtu + 14).max(SIM_BUF_SIZE);
+        let pool = SlabPool::new(format!("sim-{mac}"), pool_bufs, buf_size);
+        w.ports.push(PortSlot {
+            mac,
+            inbox: BinaryHeap::new(),
+            busy_until: Instant::ZERO,
+            pool: pool.clone(),
+        });
+        SimPort {
+            link: self.clone(),
+            id: w.ports.len() - 1,
+            pool,
+            stats: PortStats::default(),
+            mtu: w.cfg.mtu,
+        }
+    }
+
+    pub fn stats(&self) -> LinkStats {
+        self.lock().stats.clone()
+    }
+
+    pub fn config(&self) -> LinkConfig {
+        self.lock().cfg.clone()
+    }
+
+    /// Change impairments mid-run (a blackhole, a burst of loss).
+    pub fn set_config(&self, cfg: LinkConfig) {
+        self.lock().cfg = cfg;
+    }
+
+    /// Frames on the wire now.
+    pub fn in_flight(&self) -> usize {
+        self.lock().ports.iter().map(|p| p.inbox.len()).sum()
+    }
+}
+
+/// One end of a [`SimLink`].
+#[derive(Debug)]
+pub struct SimPort {
+    link: SimLink,
+    id: usize,
+    pool: SlabPool,
+    stats: PortStats,
+    mtu: usize,
+}
+
+impl SimPort {
+    pub fn pool(&self) -> &SlabPool {
+        &self.pool
+    }
+}
+
+impl Device for SimPort {
+    type Buf = SlabBuf;
+
+    fn caps(&self) -> DeviceCaps {
+        DeviceCaps {
+            mtu: self.mtu,
+            busy_poll_only: false,
+        }
+    }
+
+    fn rx_burst(&mut self, now: Instant, out: &mut Vec<SlabBuf>, max: usize) -> usize {
+        let mut w = self.link.lock();
+        let mut n = 0;
+        while n < max {
+            let inbox = &mut w.ports[self.id].inbox;
+            if !inbox.peek().is_some_and(|f| f.at <= now) {
+                break;
+            }
+            let Some(f) = inbox.pop() else { break };
+            self.stats.rx_packets += 1;
+            self.stats.rx_bytes += f.buf.len() as u64;
+            out.push(f.buf);
+            n += 1;
+        }
+        w.stats.delivered += n as u64;
+        n
+    }
+
+    fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<SlabBuf>) -> usize {
+        let n = pkts.len();
+        let mut w = self.link.lock();
+        for buf in pkts.drain(..) {
+            self.stats.tx_packets += 1;
+            self.stats.tx_bytes += buf.len() as u64;
+            w.transmit(self.id, now, buf);
+        }
+        n
+    }
+
+    fn alloc_tx(&mut self) -> Option<SlabBuf> {
+        self.pool.alloc()
+    }
+
+    fn port_stats(&self) -> PortStats {
+        self.stats.clone()
+    }
+
+    fn pool_stats(&self, out: &mut Vec<PoolStats>) {
+        out.push(self.pool.stats());
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        self.link.lock().ports[self.id].inbox.peek().map(|f| f.at)
+    }
+}
+
+/// The locally administered MAC of sim host `n`.
+pub fn host_mac(n: u8) -> EthernetAddress {
+    EthernetAddress([0x02, 0x00, 0x00, 0x00, 0x00, n])
+}
+
+/// Config of sim host `n`: MAC `02:00:00:00:00:n`, address `10.0.0.n/24`.
+pub fn host_config(n: u8) -> Config {
+    Config::new(host_mac(n), Ipv4Cidr::new(Ipv4Address::new(10, 0, 0, n), 24))
+}
+
+/// Several stacks on one sim link, stepped against a virtual clock.
+#[derive(Debug)]
+pub struct SimNet {
+    pub link: SimLink,
+    pub nodes: Vec<Node<SimPort>>,
+    pub now: Instant,
+}
+
+/// Steps at one instant before the harness forces time forward (guards
+/// against an app that always claims work at the current time).
+const MAX_STEPS_PER_INSTANT: u32 = 100_000;
+
+impl SimNet {
+    pub fn new(cfg: LinkConfig) -> Self {
+        SimNet {
+            link: SimLink::new(cfg),
+            nodes: Vec::new(),
+            now: Instant::ZERO,
+        }
+    }
+
+    /// Add a stack; returns its index.
+    pub fn add(&mut self, cfg: Config) -> usize {
+        let port = self.link.attach(cfg.mac, SIM_POOL_BUFS);
+        self.nodes.push(Node::new(Stack::new(cfg), port));
+        self.nodes.len() - 1
+    }
+
+    /// Step every node once at `self.now`; `apps[i]` runs in node `i` (nodes
+    /// without an app run `()`). Returns whether anything moved.
+    pub fn step(&mut self, apps: &mut [&mut dyn App]) -> bool {
+        let mut busy = false;
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            let r = match apps.get_mut(i) {
+                Some(app) => node.step(self.now, &mut **app),
+                None => node.step(self.now, &mut ()),
+            };
+            busy |= r.busy();
+        }
+        busy
+    }
+
+    /// The earliest time any node or app has work.
+    pub fn next_wakeup(&self, apps: &[&mut dyn App]) -> Option<Instant> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| match apps.get(i) {
+                Some(app) => n.poll_at(&**app),
+                None => n.poll_at(&()),
+            })
+            .fold(None, earliest)
+    }
+
+    /// Run in virtual time until `done` holds (true) or `deadline` passes or
+    /// nothing is left to happen (false).
+    pub fn run_until(
+        &mut self,
+        deadline: Instant,
+        apps: &mut [&mut dyn App],
+        mut done: impl FnMut(&mut SimNet) -> bool,
+    ) -> bool {
+        let mut steps_here = 0u32;
+        loop {
+            let busy = self.step(apps);
+            if done(self) {
+                return true;
+            }
+            let next = if busy && steps_here < MAX_STEPS_PER_INSTANT {
+                steps_here += 1;
+                self.now
+            } else {
+                match self.next_wakeup(apps) {
+                    None => return false,
+                    Some(t) if t > self.now => {
+                        steps_here = 0;
+                        t
+                    }
+                    Some(_) if steps_here >= MAX_STEPS_PER_INSTANT => {
+                        steps_here = 0;
+                        self.now + Duration::from_micros(1)
+                    }
+                    Some(_) => {
+                        steps_here += 1;
+                        self.now
+                    }
+                }
+            };
+            if next > deadline {
+                self.now = deadline;
+                return false;
+            }
+            self.now = next;
+        }
+    }
+
+    /// Run against the wall clock until `done` or `duration` passes, sleeping
+    /// when nothing is due. `now` then follows `clock`.
+    pub fn run_realtime(
+        &mut self,
+        clock: &Clock,
+        duration: Duration,
+        apps: &mut [&mut dyn App],
+        mut done: impl FnMut(&mut SimNet) -> bool,
+    ) -> bool {
+        let end = clock.now() + duration;
+        loop {
+            self.now = clock.now();
+            let busy = self.step(apps);
+            if done(self) {
+                return true;
+            }
+            if self.now >= end {
+                return false;
+            }
+            if !busy {
+                let wake = earliest(self.next_wakeup(apps), Some(end)).unwrap_or(end);
+                let cap = self.now + Duration::from_millis(1);
+                let sleep = wake.min(cap).saturating_duration_since(clock.now());
+                if !sleep.is_zero() {
+                    std::thread::sleep(sleep);
+                }
+            }
+        }
+    }
+
+    /// Buffers of all port pools currently handed out (frames in flight count).
+    pub fn pools_in_use(&self) -> usize {
+        self.nodes.iter().map(|n| n.dev.pool().in_use()).sum()
+    }
+}

@@ -1,0 +1,834 @@
+//! The engine: one `Stack` per port queue, driven by `receive` and `poll`.
+//!
+//! Receive path: Ethernet -> ARP | IPv4 (validate, reassemble) -> ICMP | UDP.
+//! Every frame ends accepted or dropped with one [`DropReason`].
+//! Transmit path: sockets queue work; [`Stack::poll`] emits it through a
+//! [`Tx`], resolving next hops with ARP and fragmenting above the MTU.
+
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use smoltcp::phy::ChecksumCapabilities;
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress,
+    EthernetFrame, EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN as IP_LEN, Icmpv4DstUnreachable,
+    Icmpv4Message, Icmpv4Packet, Icmpv4Repr, IpAddress, IpProtocol, Ipv4Cidr, Ipv4Packet,
+    Ipv4Repr, UdpPacket, UdpRepr,
+};
+use tracing::trace;
+
+use crate::arp::{ArpCache, ArpConfig, Enqueue};
+use crate::device::Tx;
+use crate::frag::{FragConfig, FragKey, Reassembler};
+use crate::icmp::{PingEvent, PingReply, PingTable, echo_timestamp, fill_echo_data};
+use crate::stats::{DropReason, Stats};
+use crate::time::{Instant, earliest};
+use crate::udp::UdpTable;
+
+/// Errors the app API returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("address or identifier already in use")]
+    AddrInUse,
+    #[error("no free port")]
+    NoFreePort,
+    #[error("no such socket")]
+    InvalidHandle,
+    #[error("send queue full")]
+    QueueFull,
+    #[error("message too large")]
+    TooLarge,
+    #[error("no route to host")]
+    NoRoute,
+}
+
+/// Configuration of one stack instance.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mac: EthernetAddress,
+    /// Our address and subnet.
+    pub ip: Ipv4Cidr,
+    /// Next hop for addresses outside the subnet.
+    pub gateway: Option<Ipv4Addr>,
+    /// IP MTU (largest IPv4 packet without the Ethernet header).
+    pub mtu: usize,
+    /// TTL of packets we originate.
+    pub ttl: u8,
+    pub arp: ArpConfig,
+    pub frag: FragConfig,
+    /// ICMP errors per second we may send (token bucket rate and burst).
+    pub icmp_error_rate: u32,
+    /// Bytes a UDP socket may hold received.
+    pub udp_rx_queue_bytes: usize,
+    /// Bytes a UDP socket may hold waiting to send.
+    pub udp_tx_queue_bytes: usize,
+    /// Send a gratuitous ARP on the first poll.
+    pub announce: bool,
+    /// Answer echo requests sent to a broadcast address (Linux: no).
+    pub answer_broadcast_ping: bool,
+}
+
+impl Config {
+    /// Defaults for a host with address `ip` on a subnet, MTU 1500.
+    pub fn new(mac: EthernetAddress, ip: Ipv4Cidr) -> Self {
+        Config {
+            mac,
+            ip,
+            gateway: None,
+            mtu: 1500,
+            ttl: 64,
+            arp: ArpConfig::default(),
+            frag: FragConfig::default(),
+            icmp_error_rate: 100,
+            udp_rx_queue_bytes: 1 << 20,
+            udp_tx_queue_bytes: 1 << 20,
+            announce: true,
+            answer_broadcast_ping: false,
+        }
+    }
+}
+
+/// A token bucket for ICMP errors (RFC 1812 4.3.2.8 style rate limit).
+#[derive(Debug)]
+struct RateLimit {
+    rate: u32,
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimit {
+    fn new(rate: u32) -> Self {
+        RateLimit {
+            rate,
+            tokens: f64::from(rate),
+            last: Instant::ZERO,
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        let cap = f64::from(self.rate);
+        self.tokens = (self.tokens + elapsed * cap).min(cap);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// What the IP layer tells the transport about a received datagram.
+#[derive(Debug, Clone, Copy)]
+struct IpMeta {
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    protocol: IpProtocol,
+    ttl: u8,
+    /// Addressed to a broadcast address (never answered with an ICMP error).
+    broadcast: bool,
+}
+
+/// One instance of the protocol engine.
+#[derive(Debug)]
+pub struct Stack {
+    pub(crate) cfg: Config,
+    checksum: ChecksumCapabilities,
+    arp: ArpCache,
+    frags: Reassembler,
+    pub(crate) pings: PingTable,
+    pub(crate) udp: UdpTable,
+    stats: Stats,
+    ip_ident: u16,
+    announced: bool,
+    icmp_errors: RateLimit,
+    arp_retry: Vec<Ipv4Addr>,
+}
+
+impl Stack {
+    pub fn new(cfg: Config) -> Self {
+        Stack {
+            arp: ArpCache::new(cfg.arp.clone()),
+            frags: Reassembler::new(cfg.frag.clone()),
+            icmp_errors: RateLimit::new(cfg.icmp_error_rate),
+            announced: !cfg.announce,
+            cfg,
+            checksum: ChecksumCapabilities::default(),
+            pings: PingTable::default(),
+            udp: UdpTable::default(),
+            stats: Stats::default(),
+            ip_ident: 0,
+            arp_retry: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn ip(&self) -> Ipv4Addr {
+        self.cfg.ip.address()
+    }
+
+    pub fn mac(&self) -> EthernetAddress {
+        self.cfg.mac
+    }
+
+    /// A copy of every counter, gauges filled in.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats.clone();
+        s.arp = self.arp.stats();
+        s.ipv4.reassembly_bytes = self.frags.mem() as u64;
+        s.ipv4.reassembly_bytes_hwm = self.frags.mem_hwm as u64;
+        s.ipv4.reassembly_timeouts = self.frags.timeouts;
+        s.udp.sockets = self.udp.by_port.len() as u64;
+        s
+    }
+
+    /// ARP entries that are fresh at `now`.
+    pub fn arp_entries(&self, now: Instant) -> Vec<(Ipv4Addr, EthernetAddress)> {
+        self.arp.entries(now)
+    }
+
+    // ---------------------------------------------------------------- receive
+
+    /// Process one received frame. Replies (ARP, echo, ICMP errors) are
+    /// written to `tx` at once.
+    pub fn receive<T: Tx>(&mut self, now: Instant, frame: &[u8], tx: &mut T) {
+        self.stats.eth.rx_frames += 1;
+        self.stats.eth.rx_bytes += frame.len() as u64;
+        match self.process_ethernet(now, frame, tx) {
+            Ok(()) => self.stats.eth.rx_accepted += 1,
+            Err(reason) => {
+                trace!(reason = reason.name(), len = frame.len(), "drop");
+                self.stats.drops.inc(reason);
+            }
+        }
+    }
+
+    fn process_ethernet<T: Tx>(
+        &mut self,
+        now: Instant,
+        frame: &[u8],
+        tx: &mut T,
+    ) -> Result<(), DropReason> {
+        let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::EthTruncated)?;
+        if frame.len() > ETH_LEN + self.cfg.mtu {
+            return Err(DropReason::EthOversize);
+        }
+        let dst = eth.dst_addr();
+        if dst != self.cfg.mac && !dst.is_broadcast() {
+            return Err(DropReason::EthNotForUs);
+        }
+        let src = eth.src_addr();
+        if !src.is_unicast() {
+            return Err(DropReason::EthBadSource);
+        }
+        match eth.ethertype() {
+            EthernetProtocol::Arp => self.process_arp(now, eth.payload(), tx),
+            EthernetProtocol::Ipv4 => self.process_ipv4(now, eth.payload(), tx),
+            _ => Err(DropReason::EthUnknownType),
+        }
+    }
+
+    fn process_arp<T: Tx>(
+        &mut self,
+        now: Instant,
+        payload: &[u8],
+        tx: &mut T,
+    ) -> Result<(), DropReason> {
+        let pkt = ArpPacket::new_checked(payload).map_err(|_| DropReason::ArpMalformed)?;
+        let repr = ArpRepr::parse(&pkt).map_err(|_| DropReason::ArpMalformed)?;
+        let ArpRepr::EthernetIpv4 {
+            operation,
+            source_hardware_addr: sha,
+            source_protocol_addr: spa,
+            target_protocol_addr: tpa,
+            ..
+        } = repr
+        else {
+            return Err(DropReason::ArpMalformed);
+        };
+        match operation {
+            ArpOperation::Request => self.arp.stats.rx_requests += 1,
+            ArpOperation::Reply => self.arp.stats.rx_replies += 1,
+            _ => return Err(DropReason::ArpMalformed),
+        }
+        if !sha.is_unicast() {
+            return Err(DropReason::ArpMalformed);
+        }
+        let me = self.ip();
+        if spa == me {
+            // Someone else claims our address: never learn it.
+            return Err(DropReason::ArpConflict);
+        }
+        let for_us = tpa == me;
+        let gratuitous = spa == tpa;
+        if gratuitous {
+            self.arp.stats.rx_gratuitous += 1;
+        }
+        let learnable = !spa.is_unspecified() && !spa.is_broadcast() && !spa.is_multicast();
+        let known = self.arp.knows(spa);
+        if learnable {
+            // RFC 826: refresh a known sender; add it when the packet is for us.
+            let waiting = self.arp.learn(now, spa, sha, for_us);
+            self.flush_waiting(sha, waiting, tx);
+        }
+        if for_us && operation == ArpOperation::Request {
+            self.send_arp(tx, ArpOperation::Reply, sha, spa);
+            self.arp.stats.tx_replies += 1;
+        }
+        if for_us || (learnable && known) {
+            Ok(())
+        } else {
+            Err(DropReason::ArpNotForUs)
+        }
+    }
+
+    fn flush_waiting<T: Tx>(&mut self, mac: EthernetAddress, waiting: VecDeque<Vec<u8>>, tx: &mut T) {
+        for packet in waiting {
+            let src = self.cfg.mac;
+            let ok = tx.send(ETH_LEN + packet.len(), |buf| {
+                write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+                buf[ETH_LEN..].copy_from_slice(&packet);
+            });
+            self.count_tx(ok, ETH_LEN + packet.len());
+        }
+    }
+
+    fn process_ipv4<T: Tx>(
+        &mut self,
+        now: Instant,
+        payload: &[u8],
+        tx: &mut T,
+    ) -> Result<(), DropReason> {
+        if payload.len() < IP_LEN {
+            return Err(DropReason::Ipv4Truncated);
+        }
+        let pkt = Ipv4Packet::new_unchecked(payload);
+        if pkt.version() != 4 {
+            return Err(DropReason::Ipv4BadVersion);
+        }
+        let hl = usize::from(pkt.header_len());
+        if hl < IP_LEN {
+            return Err(DropReason::Ipv4BadHeaderLen);
+        }
+        if hl > payload.len() {
+            return Err(DropReason::Ipv4Truncated);
+        }
+        let tl = usize::from(pkt.total_len());
+        if tl < hl || tl > payload.len() {
+            return Err(DropReason::Ipv4BadTotalLen);
+        }
+        if !pkt.verify_checksum() {
+            return Err(DropReason::Ipv4BadChecksum);
+        }
+        let (src, dst) = (pkt.src_addr(), pkt.dst_addr());
+        let me = self.ip();
+        let broadcast = dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast();
+        if dst != me && !broadcast {
+            return Err(DropReason::Ipv4NotForUs);
+        }
+        if src.is_broadcast()
+            || src.is_multicast()
+            || src.is_unspecified()
+            || src == me
+            || Some(src) == self.cfg.ip.broadcast()
+        {
+            return Err(DropReason::Ipv4BadSource);
+        }
+        self.stats.ipv4.rx_packets += 1;
+        self.stats.ipv4.rx_bytes += tl as u64;
+        let meta = IpMeta {
+            src,
+            dst,
+            protocol: pkt.next_header(),
+            ttl: pkt.hop_limit(),
+            broadcast,
+        };
+        let body = &payload[hl..tl];
+        if pkt.more_frags() || pkt.frag_offset() != 0 {
+            self.stats.ipv4.rx_fragments += 1;
+            let key = FragKey {
+                src,
+                dst,
+                ident: pkt.ident(),
+                protocol: meta.protocol.into(),
+            };
+            let offset = usize::from(pkt.frag_offset());
+            return match self.frags.insert(now, key, offset, pkt.more_frags(), meta.ttl, body)? {
+                None => Ok(()),
+                Some(whole) => {
+                    self.stats.ipv4.reassembled += 1;
+                    let meta = IpMeta {
+                        ttl: whole.ttl,
+                        ..meta
+                    };
+                    self.process_transport(now, meta, &whole.payload, tx)
+                }
+            };
+        }
+        self.process_transport(now, meta, body, tx)
+    }
+
+    fn process_transport<T: Tx>(
+        &mut self,
+        now: Instant,
+        meta: IpMeta,
+        body: &[u8],
+        tx: &mut T,
+    ) -> Result<(), DropReason> {
+        match meta.protocol {
+            IpProtocol::Icmp => self.process_icmp(now, meta, body, tx),
+            IpProtocol::Udp => self.process_udp(now, meta, body, tx),
+            IpProtocol::Tcp => Err(DropReason::TcpUnsupported),
+            _ => {
+                self.send_unreachable(now, tx, Icmpv4DstUnreachable::ProtoUnreachable, meta, body);
+                Err(DropReason::Ipv4UnknownProtocol)
+            }
+        }
+    }
+
+    fn process_icmp<T: Tx>(
+        &mut self,
+        now: Instant,
+        meta: IpMeta,
+        body: &[u8],
+        tx: &mut T,
+    ) -> Result<(), DropReason> {
+        let pkt = Icmpv4Packet::new_checked(body).map_err(|_| DropReason::IcmpMalformed)?;
+        if !pkt.verify_checksum() {
+            return Err(DropReason::IcmpBadChecksum);
+        }
+        match pkt.msg_type() {
+            Icmpv4Message::EchoRequest => {
+                self.stats.icmp.rx_echo_requests += 1;
+                if meta.broadcast && !self.cfg.answer_broadcast_ping {
+                    return Err(DropReason::IcmpUnhandled);
+                }
+                let reply = Icmpv4Repr::EchoReply {
+                    ident: pkt.echo_ident(),
+                    seq_no: pkt.echo_seq_no(),
+                    data: pkt.data(),
+                };
+                let caps = self.checksum.clone();
+                let sent = self.send_ip(now, tx, meta.src, IpProtocol::Icmp, reply.buffer_len(), |buf| {
+                    reply.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
+                });
+                if sent.is_ok() {
+                    self.stats.icmp.tx_echo_replies += 1;
+                }
+                Ok(())
+            }
+            Icmpv4Message::EchoReply => {
+                let data = pkt.data();
+                let reply = PingReply {
+                    from: meta.src,
+                    ident: pkt.echo_ident(),
+                    seq: pkt.echo_seq_no(),
+                    ttl: meta.ttl,
+                    bytes: body.len(),
+                    sent_at: echo_timestamp(data),
+                    received_at: now,
+                };
+                self.stats.icmp.rx_echo_replies += 1;
+                match self.pings.deliver(reply.ident, PingEvent::Reply(reply)) {
+                    Some(true) => Ok(()),
+                    _ => Err(DropReason::IcmpUnhandled),
+                }
+            }
+            Icmpv4Message::DstUnreachable => {
+                self.stats.icmp.rx_dest_unreachable += 1;
+                // The quoted datagram: our IPv4 header, then 8 bytes of ICMP.
+                let quoted = Ipv4Packet::new_checked(pkt.data()).map_err(|_| DropReason::IcmpMalformed)?;
+                let inner = &pkt.data()[usize::from(quoted.header_len())..];
+                if quoted.next_header() == IpProtocol::Icmp
+                    && inner.len() >= 8
+                    && inner[0] == u8::from(Icmpv4Message::EchoRequest)
+                {
+                    let ident = u16::from_be_bytes([inner[4], inner[5]]);
+                    let seq = u16::from_be_bytes([inner[6], inner[7]]);
+                    let ev = PingEvent::Unreachable {
+                        from: meta.src,
+                        seq,
+                        code: pkt.msg_code(),
+                    };
+                    if self.pings.deliver(ident, ev) == Some(true) {
+                        return Ok(());
+                    }
+                }
+                Err(DropReason::IcmpUnhandled)
+            }
+            _ => Err(DropReason::IcmpUnhandled),
+        }
+    }
+
+    fn process_udp<T: Tx>(
+        &mut self,
+        now: Instant,
+        meta: IpMeta,
+        body: &[u8],
+        tx: &mut T,
+    ) -> Result<(), DropReason> {
+        let pkt = UdpPacket::new_checked(body).map_err(|_| DropReason::UdpMalformed)?;
+        if pkt.dst_port() == 0 {
+            return Err(DropReason::UdpMalformed);
+        }
+        let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
+        if pkt.checksum() != 0 && !pkt.verify_checksum(&src, &dst) {
+            return Err(DropReason::UdpBadChecksum);
+        }
+        let data = pkt.payload();
+        let cap = self.cfg.udp_rx_queue_bytes;
+        let Some(sock) = self.udp.by_port(pkt.dst_port()) else {
+            self.send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
+            return Err(DropReason::UdpNoSocket);
+        };
+        if sock.rx_bytes + data.len() > cap && !sock.rx.is_empty() {
+            return Err(DropReason::UdpQueueFull);
+        }
+        sock.rx_bytes += data.len();
+        sock.rx
+            .push_back((SocketAddrV4::new(meta.src, pkt.src_port()), data.to_vec()));
+        self.stats.udp.rx_datagrams += 1;
+        self.stats.udp.rx_bytes += data.len() as u64;
+        Ok(())
+    }
+
+    /// ICMP destination unreachable about a datagram we received, rate-limited,
+    /// never about a broadcast or an ICMP error.
+    fn send_unreachable<T: Tx>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        reason: Icmpv4DstUnreachable,
+        meta: IpMeta,
+        body: &[u8],
+    ) {
+        if meta.broadcast {
+            return;
+        }
+        if !self.icmp_errors.take(now) {
+            self.stats.icmp.rate_limited += 1;
+            return;
+        }
+        let quoted = &body[..body.len().min(8)];
+        let repr = Icmpv4Repr::DstUnreachable {
+            reason,
+            header: Ipv4Repr {
+                src_addr: meta.src,
+                dst_addr: meta.dst,
+                next_header: meta.protocol,
+                payload_len: body.len(),
+                hop_limit: meta.ttl,
+            },
+            data: quoted,
+        };
+        let caps = self.checksum.clone();
+        let sent = self.send_ip(now, tx, meta.src, IpProtocol::Icmp, repr.buffer_len(), |buf| {
+            repr.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
+        });
+        if sent.is_ok() {
+            self.stats.icmp.tx_dest_unreachable += 1;
+        }
+    }
+
+    // ------------------------------------------------------------------- poll
+
+    /// Run timers and emit what sockets queued.
+    pub fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        if !self.announced {
+            self.announced = true;
+            let me = self.ip();
+            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, me);
+            self.arp.stats.tx_gratuitous += 1;
+        }
+        let mut retry = std::mem::take(&mut self.arp_retry);
+        self.arp.poll(now, &mut retry);
+        for ip in retry.drain(..) {
+            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, ip);
+            self.arp.stats.tx_requests += 1;
+        }
+        self.arp_retry = retry;
+        self.frags.poll(now);
+        self.emit_pings(now, tx);
+        self.emit_udp(now, tx);
+    }
+
+    /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
+    pub fn poll_at(&self) -> Option<Instant> {
+        if !self.announced || !self.pings.ready.is_empty() || !self.udp.ready.is_empty() {
+            return Some(Instant::ZERO);
+        }
+        earliest(self.arp.poll_at(), self.frags.poll_at())
+    }
+
+    fn emit_pings<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        while let Some(idx) = self.pings.ready.pop_front() {
+            let Some(sock) = self.pings.sockets.get_mut(idx).and_then(Option::as_mut) else {
+                continue;
+            };
+            sock.queued = false;
+            let ident = sock.ident;
+            let requests: Vec<_> = sock.tx.drain(..).collect();
+            for req in requests {
+                let len = 8 + req.size;
+                let sent = self.send_ip(now, tx, req.dst, IpProtocol::Icmp, len, |buf| {
+                    let mut p = Icmpv4Packet::new_unchecked(buf);
+                    p.set_msg_type(Icmpv4Message::EchoRequest);
+                    p.set_msg_code(0);
+                    p.set_echo_ident(ident);
+                    p.set_echo_seq_no(req.seq);
+                    fill_echo_data(p.data_mut(), now);
+                    p.fill_checksum();
+                });
+                if sent.is_ok() {
+                    self.stats.icmp.tx_echo_requests += 1;
+                }
+            }
+        }
+    }
+
+    fn emit_udp<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        while let Some(idx) = self.udp.ready.pop_front() {
+            let Some(sock) = self.udp.sockets.get_mut(idx).and_then(Option::as_mut) else {
+                continue;
+            };
+            sock.queued = false;
+            let port = sock.port;
+            let datagrams = std::mem::take(&mut sock.tx);
+            sock.tx_bytes = 0;
+            for (dst, data) in datagrams {
+                let src = IpAddress::Ipv4(self.ip());
+                let repr = UdpRepr {
+                    src_port: port,
+                    dst_port: dst.port(),
+                };
+                let caps = self.checksum.clone();
+                let len = repr.header_len() + data.len();
+                let sent = self.send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
+                    repr.emit(
+                        &mut UdpPacket::new_unchecked(buf),
+                        &src,
+                        &IpAddress::Ipv4(*dst.ip()),
+                        data.len(),
+                        |p| p.copy_from_slice(&data),
+                        &caps,
+                    );
+                });
+                if sent.is_ok() {
+                    self.stats.udp.tx_datagrams += 1;
+                    self.stats.udp.tx_bytes += data.len() as u64;
+                }
+            }
+        }
+    }
+
+    // --------------------------------------------------------------- transmit
+
+    fn count_tx(&mut self, ok: bool, len: usize) {
+        if ok {
+            self.stats.eth.tx_frames += 1;
+            self.stats.eth.tx_bytes += len as u64;
+        } else {
+            self.stats.eth.tx_no_buffer += 1;
+        }
+    }
+
+    fn send_arp<T: Tx>(
+        &mut self,
+        tx: &mut T,
+        operation: ArpOperation,
+        target_mac: EthernetAddress,
+        target_ip: Ipv4Addr,
+    ) {
+        let repr = ArpRepr::EthernetIpv4 {
+            operation,
+            source_hardware_addr: self.cfg.mac,
+            source_protocol_addr: self.ip(),
+            target_hardware_addr: if operation == ArpOperation::Request {
+                EthernetAddress([0; 6])
+            } else {
+                target_mac
+            },
+            target_protocol_addr: target_ip,
+        };
+        let src = self.cfg.mac;
+        let len = ETH_LEN + repr.buffer_len();
+        let ok = tx.send(len, |buf| {
+            write_eth(buf, src, target_mac, EthernetProtocol::Arp);
+            repr.emit(&mut ArpPacket::new_unchecked(&mut buf[ETH_LEN..]));
+        });
+        self.count_tx(ok, len);
+    }
+
+    /// The next hop for `dst`, or `None` when there is no route.
+    fn next_hop(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        if self.cfg.ip.contains_addr(&dst) {
+            Some(dst)
+        } else {
+            self.cfg.gateway
+        }
+    }
+
+    fn next_ident(&mut self) -> u16 {
+        self.ip_ident = self.ip_ident.wrapping_add(1);
+        self.ip_ident
+    }
+
+    /// Send an IPv4 datagram whose payload `fill` writes (`payload_len` bytes):
+    /// straight into a device buffer when the next hop is resolved, into the
+    /// ARP queue otherwise; fragmented when larger than the MTU.
+    pub(crate) fn send_ip<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
+        if IP_LEN + payload_len > usize::from(u16::MAX) {
+            return Err(Error::TooLarge);
+        }
+        let me = self.ip();
+        if dst == me || dst.is_unspecified() {
+            self.stats.ipv4.tx_no_route += 1;
+            return Err(Error::NoRoute);
+        }
+        let broadcast = dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast();
+        let (hop, mac) = if broadcast {
+            (dst, Some(EthernetAddress::BROADCAST))
+        } else {
+            let Some(hop) = self.next_hop(dst) else {
+                self.stats.ipv4.tx_no_route += 1;
+                return Err(Error::NoRoute);
+            };
+            (hop, self.arp.lookup(now, hop))
+        };
+        let ident = self.next_ident();
+        let header = IpHeader {
+            src: me,
+            dst,
+            protocol,
+            ttl: self.cfg.ttl,
+            ident,
+        };
+        let max_payload = self.cfg.mtu.saturating_sub(IP_LEN);
+        if payload_len <= max_payload {
+            let len = IP_LEN + payload_len;
+            match mac {
+                Some(mac) => {
+                    let src = self.cfg.mac;
+                    let ok = tx.send(ETH_LEN + len, |buf| {
+                        write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+                        let ip = &mut buf[ETH_LEN..];
+                        header.write(ip, payload_len, 0, false);
+                        fill(&mut ip[IP_LEN..]);
+                    });
+                    self.count_tx(ok, ETH_LEN + len);
+                    if !ok {
+                        return Err(Error::QueueFull);
+                    }
+                }
+                None => {
+                    let mut packet = vec![0u8; len];
+                    header.write(&mut packet, payload_len, 0, false);
+                    fill(&mut packet[IP_LEN..]);
+                    self.hold_for_arp(now, tx, hop, packet);
+                }
+            }
+            self.stats.ipv4.tx_packets += 1;
+            self.stats.ipv4.tx_bytes += len as u64;
+            return Ok(());
+        }
+        // Fragment: build the payload once, then cut it at multiples of 8.
+        let chunk = max_payload & !7;
+        if chunk == 0 {
+            return Err(Error::TooLarge);
+        }
+        let mut body = vec![0u8; payload_len];
+        fill(&mut body);
+        for (i, piece) in body.chunks(chunk).enumerate() {
+            let offset = i * chunk;
+            let more = offset + piece.len() < payload_len;
+            let len = IP_LEN + piece.len();
+            match mac {
+                Some(mac) => {
+                    let src = self.cfg.mac;
+                    let ok = tx.send(ETH_LEN + len, |buf| {
+                        write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+                        let ip = &mut buf[ETH_LEN..];
+                        header.write(ip, piece.len(), offset, more);
+                        ip[IP_LEN..].copy_from_slice(piece);
+                    });
+                    self.count_tx(ok, ETH_LEN + len);
+                }
+                None => {
+                    let mut packet = vec![0u8; len];
+                    header.write(&mut packet, piece.len(), offset, more);
+                    packet[IP_LEN..].copy_from_slice(piece);
+                    self.hold_for_arp(now, tx, hop, packet);
+                }
+            }
+            self.stats.ipv4.tx_fragments += 1;
+        }
+        self.stats.ipv4.tx_packets += 1;
+        self.stats.ipv4.tx_bytes += (IP_LEN + payload_len) as u64;
+        Ok(())
+    }
+
+    fn hold_for_arp<T: Tx>(&mut self, now: Instant, tx: &mut T, hop: Ipv4Addr, packet: Vec<u8>) {
+        if self.arp.enqueue(now, hop, packet) == Enqueue::QueuedSendRequest {
+            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, hop);
+            self.arp.stats.tx_requests += 1;
+        }
+    }
+}
+
+/// The fields of an IPv4 header we originate.
+#[derive(Debug, Clone, Copy)]
+struct IpHeader {
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    protocol: IpProtocol,
+    ttl: u8,
+    ident: u16,
+}
+
+impl IpHeader {
+    /// Write a 20-byte header for a packet (or fragment) carrying `payload_len` bytes.
+    fn write(&self, buf: &mut [u8], payload_len: usize, frag_offset: usize, more: bool) {
+        let mut p = Ipv4Packet::new_unchecked(buf);
+        p.set_version(4);
+        p.set_header_len(IP_LEN as u8);
+        p.set_dscp(0);
+        p.set_ecn(0);
+        p.set_total_len((IP_LEN + payload_len) as u16);
+        p.set_ident(self.ident);
+        p.clear_flags();
+        p.set_more_frags(more);
+        p.set_frag_offset(frag_offset as u16);
+        p.set_hop_limit(self.ttl);
+        p.set_next_header(self.protocol);
+        p.set_src_addr(self.src);
+        p.set_dst_addr(self.dst);
+        p.fill_checksum();
+    }
+}
+
+fn write_eth(buf: &mut [u8], src: EthernetAddress, dst: EthernetAddress, ethertype: EthernetProtocol) {
+    EthernetRepr {
+        src_addr: src,
+        dst_addr: dst,
+        ethertype,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(buf));
+}
+
+/// Seconds as a `Duration` (for config literals).
+pub const fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}

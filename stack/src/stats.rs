@@ -1,0 +1,230 @@
+//! Counters per layer, as plain structs the poll loop copies into snapshots.
+//!
+//! Every received frame ends either accepted (`rx_accepted`) or dropped with
+//! exactly one [`DropReason`], so `rx_frames == rx_accepted + drops.total()`.
+
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
+
+macro_rules! drop_reasons {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
+        /// Why a received frame was dropped. Each has its own counter.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(usize)]
+        pub enum DropReason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl DropReason {
+            /// Every reason, in counter order.
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)*];
+
+            /// The counter's name in telemetry and test output.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(DropReason::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    /// Shorter than an Ethernet header.
+    EthTruncated => "eth_truncated",
+    /// Longer than the MTU allows.
+    EthOversize => "eth_oversize",
+    /// Destination MAC is neither ours nor broadcast.
+    EthNotForUs => "eth_not_for_us",
+    /// Source MAC is broadcast or multicast.
+    EthBadSource => "eth_bad_source",
+    /// EtherType we do not speak.
+    EthUnknownType => "eth_unknown_type",
+    /// ARP packet too short or with unsupported hardware/protocol types.
+    ArpMalformed => "arp_malformed",
+    /// ARP whose target is another host (and that taught us nothing).
+    ArpNotForUs => "arp_not_for_us",
+    /// ARP claiming our own address from another MAC (a conflict or a spoof).
+    ArpConflict => "arp_conflict",
+    /// Shorter than the IPv4 header or the header length says.
+    Ipv4Truncated => "ipv4_truncated",
+    /// Version field is not 4.
+    Ipv4BadVersion => "ipv4_bad_version",
+    /// IHL below 5 words.
+    Ipv4BadHeaderLen => "ipv4_bad_header_len",
+    /// Total length below the header length or beyond the frame.
+    Ipv4BadTotalLen => "ipv4_bad_total_len",
+    /// Header checksum does not verify.
+    Ipv4BadChecksum => "ipv4_bad_checksum",
+    /// Destination is not one of our addresses.
+    Ipv4NotForUs => "ipv4_not_for_us",
+    /// Source is broadcast, multicast, unspecified or ourselves.
+    Ipv4BadSource => "ipv4_bad_source",
+    /// Protocol we do not serve (answered with protocol unreachable).
+    Ipv4UnknownProtocol => "ipv4_unknown_protocol",
+    /// Fragment with an impossible offset/length.
+    FragBad => "frag_bad",
+    /// Fragment overlapping one already held (the whole datagram is dropped).
+    FragOverlap => "frag_overlap",
+    /// Reassembly memory or datagram cap reached.
+    FragNoMemory => "frag_no_memory",
+    /// ICMP too short or of a malformed layout.
+    IcmpMalformed => "icmp_malformed",
+    /// ICMP checksum does not verify.
+    IcmpBadChecksum => "icmp_bad_checksum",
+    /// ICMP type we do not handle, or a reply no socket waits for.
+    IcmpUnhandled => "icmp_unhandled",
+    /// UDP header or length inconsistent with the IP payload.
+    UdpMalformed => "udp_malformed",
+    /// UDP checksum does not verify.
+    UdpBadChecksum => "udp_bad_checksum",
+    /// No socket bound to the port (answered with port unreachable).
+    UdpNoSocket => "udp_no_socket",
+    /// The socket's receive queue is full.
+    UdpQueueFull => "udp_queue_full",
+    /// TCP segment while no TCP is configured.
+    TcpUnsupported => "tcp_unsupported",
+}
+
+/// One counter per [`DropReason`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drops {
+    counts: [u64; DropReason::ALL.len()],
+}
+
+impl Default for Drops {
+    fn default() -> Self {
+        Drops {
+            counts: [0; DropReason::ALL.len()],
+        }
+    }
+}
+
+impl Drops {
+    pub fn inc(&mut self, reason: DropReason) {
+        self.counts[reason as usize] += 1;
+    }
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.counts[reason as usize]
+    }
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+    /// Nonzero counters with their names.
+    pub fn nonzero(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        DropReason::ALL
+            .iter()
+            .map(|r| (r.name(), self.get(*r)))
+            .filter(|(_, c)| *c > 0)
+    }
+}
+
+impl Serialize for Drops {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(DropReason::ALL.len()))?;
+        for r in DropReason::ALL {
+            m.serialize_entry(r.name(), &self.get(*r))?;
+        }
+        m.end()
+    }
+}
+
+/// Ethernet-level counters of the engine (what it parsed and emitted).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct EthStats {
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub rx_accepted: u64,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    /// Frames the engine wanted to send but got no buffer for.
+    pub tx_no_buffer: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ArpStats {
+    pub entries: u64,
+    pub pending_packets: u64,
+    pub rx_requests: u64,
+    pub rx_replies: u64,
+    pub rx_gratuitous: u64,
+    pub tx_requests: u64,
+    pub tx_replies: u64,
+    pub tx_gratuitous: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Packets dropped from the pending queue (full, or never resolved).
+    pub pending_dropped: u64,
+    /// Resolutions that gave up after the last retry.
+    pub unresolved: u64,
+    /// New entries refused because the table was full.
+    pub table_full: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Ipv4Stats {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_fragments: u64,
+    pub reassembled: u64,
+    pub reassembly_timeouts: u64,
+    pub reassembly_bytes: u64,
+    pub reassembly_bytes_hwm: u64,
+    pub tx_fragments: u64,
+    pub tx_no_route: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct IcmpStats {
+    pub rx_echo_requests: u64,
+    pub tx_echo_replies: u64,
+    pub tx_echo_requests: u64,
+    pub rx_echo_replies: u64,
+    pub rx_dest_unreachable: u64,
+    pub tx_dest_unreachable: u64,
+    /// Errors not sent because of the ICMP error rate limit.
+    pub rate_limited: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct UdpStats {
+    pub rx_datagrams: u64,
+    pub rx_bytes: u64,
+    pub tx_datagrams: u64,
+    pub tx_bytes: u64,
+    pub sockets: u64,
+}
+
+/// All engine counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    pub eth: EthStats,
+    pub arp: ArpStats,
+    pub ipv4: Ipv4Stats,
+    pub icmp: IcmpStats,
+    pub udp: UdpStats,
+    pub drops: Drops,
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn reason_names_are_unique_and_indexed() {
+        let mut seen = std::collections::HashSet::new();
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+            assert!(seen.insert(r.name()));
+        }
+        let mut d = Drops::default();
+        d.inc(DropReason::UdpNoSocket);
+        d.inc(DropReason::UdpNoSocket);
+        assert_eq!(d.total(), 2);
+        assert_eq!(d.nonzero().collect::<Vec<_>>(), vec![("udp_no_socket", 2)]);
+        let j = serde_json::to_value(&d).unwrap();
+        assert_eq!(j["udp_no_socket"], 2);
+    }
+}
