@@ -442,8 +442,16 @@ impl Stack {
             Icmpv4Message::DstUnreachable => {
                 self.stats.icmp.rx_dest_unreachable += 1;
                 // The quoted datagram: our IPv4 header, then 8 bytes of ICMP.
-                let quoted = Ipv4Packet::new_checked(pkt.data()).map_err(|_| DropReason::IcmpMalformed)?;
-                let inner = &pkt.data()[usize::from(quoted.header_len())..];
+                // Only the header and 8 bytes are quoted, so the quoted total
+                // length exceeds what is here: check the header alone.
+                let data = pkt.data();
+                if data.len() < IP_LEN {
+                    return Err(DropReason::IcmpMalformed);
+                }
+                let quoted = Ipv4Packet::new_unchecked(data);
+                let inner = data
+                    .get(usize::from(quoted.header_len())..)
+                    .ok_or(DropReason::IcmpMalformed)?;
                 if quoted.next_header() == IpProtocol::Icmp
                     && inner.len() >= 8
                     && inner[0] == u8::from(Icmpv4Message::EchoRequest)
@@ -831,4 +839,378 @@ fn write_eth(buf: &mut [u8], src: EthernetAddress, dst: EthernetAddress, etherty
 /// Seconds as a `Duration` (for config literals).
 pub const fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::device::VecTx;
+    use crate::icmp::PingEvent;
+    use smoltcp::wire::Ipv4Address;
+
+    const OUR_MAC: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 1]);
+    const PEER_MAC: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 2]);
+    const OUR_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    const PEER_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+    const T0: Instant = Instant::ZERO;
+
+    fn stack() -> Stack {
+        let mut cfg = Config::new(OUR_MAC, Ipv4Cidr::new(OUR_IP, 24));
+        cfg.announce = false;
+        Stack::new(cfg)
+    }
+
+    fn eth(dst: EthernetAddress, ethertype: EthernetProtocol, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; ETH_LEN + payload.len()];
+        write_eth(&mut f, PEER_MAC, dst, ethertype);
+        f[ETH_LEN..].copy_from_slice(payload);
+        f
+    }
+
+    fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, protocol: IpProtocol, payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; IP_LEN + payload.len()];
+        IpHeader {
+            src,
+            dst,
+            protocol,
+            ttl: 63,
+            ident: 9,
+        }
+        .write(&mut p, payload.len(), 0, false);
+        p[IP_LEN..].copy_from_slice(payload);
+        p
+    }
+
+    fn icmp(repr: &Icmpv4Repr) -> Vec<u8> {
+        let mut b = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut Icmpv4Packet::new_unchecked(&mut b), &ChecksumCapabilities::default());
+        b
+    }
+
+    fn udp(src_port: u16, dst_port: u16, data: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; 8 + data.len()];
+        UdpRepr { src_port, dst_port }.emit(
+            &mut UdpPacket::new_unchecked(&mut b),
+            &IpAddress::Ipv4(PEER_IP),
+            &IpAddress::Ipv4(OUR_IP),
+            data.len(),
+            |p| p.copy_from_slice(data),
+            &ChecksumCapabilities::default(),
+        );
+        b
+    }
+
+    fn echo_request(data: &[u8]) -> Vec<u8> {
+        let req = icmp(&Icmpv4Repr::EchoRequest {
+            ident: 0x1234,
+            seq_no: 7,
+            data,
+        });
+        eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Icmp, &req))
+    }
+
+    fn arp(op: ArpOperation, spa: Ipv4Addr, tpa: Ipv4Addr) -> Vec<u8> {
+        let repr = ArpRepr::EthernetIpv4 {
+            operation: op,
+            source_hardware_addr: PEER_MAC,
+            source_protocol_addr: spa,
+            target_hardware_addr: EthernetAddress([0; 6]),
+            target_protocol_addr: tpa,
+        };
+        let mut b = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut ArpPacket::new_unchecked(&mut b));
+        eth(EthernetAddress::BROADCAST, EthernetProtocol::Arp, &b)
+    }
+
+    /// Feed one frame, return what the stack sent and the drop (if any).
+    fn feed(s: &mut Stack, frame: &[u8]) -> (Vec<Vec<u8>>, Option<DropReason>) {
+        let before = s.stats().drops;
+        let mut tx = VecTx::new();
+        s.receive(T0, frame, &mut tx);
+        let after = s.stats().drops;
+        let reason = DropReason::ALL
+            .iter()
+            .copied()
+            .find(|r| after.get(*r) > before.get(*r));
+        let st = s.stats();
+        assert_eq!(st.eth.rx_frames, st.eth.rx_accepted + st.drops.total());
+        (tx.frames, reason)
+    }
+
+    fn parse_ip(frame: &[u8]) -> (EthernetRepr, Ipv4Packet<&[u8]>) {
+        let f = EthernetFrame::new_checked(frame).unwrap();
+        let repr = EthernetRepr::parse(&f).unwrap();
+        let ip = Ipv4Packet::new_checked(&frame[ETH_LEN..]).unwrap();
+        assert!(ip.verify_checksum());
+        (repr, ip)
+    }
+
+    #[test]
+    fn answers_arp_request_and_learns_sender() {
+        let mut s = stack();
+        let (out, drop) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        assert_eq!(drop, None);
+        assert_eq!(out.len(), 1);
+        let f = EthernetFrame::new_checked(&out[0][..]).unwrap();
+        assert_eq!(f.dst_addr(), PEER_MAC);
+        let reply = ArpRepr::parse(&ArpPacket::new_checked(f.payload()).unwrap()).unwrap();
+        assert_eq!(
+            reply,
+            ArpRepr::EthernetIpv4 {
+                operation: ArpOperation::Reply,
+                source_hardware_addr: OUR_MAC,
+                source_protocol_addr: OUR_IP,
+                target_hardware_addr: PEER_MAC,
+                target_protocol_addr: PEER_IP,
+            }
+        );
+        assert_eq!(s.arp_entries(T0), vec![(PEER_IP, PEER_MAC)]);
+        assert_eq!(s.stats().arp.tx_replies, 1);
+    }
+
+    #[test]
+    fn arp_for_other_hosts_is_dropped_and_not_learned() {
+        let mut s = stack();
+        let other = Ipv4Addr::new(10, 0, 0, 3);
+        let (out, drop) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, other));
+        assert!(out.is_empty());
+        assert_eq!(drop, Some(DropReason::ArpNotForUs));
+        assert!(s.arp_entries(T0).is_empty());
+        // Someone claiming our address is never learned.
+        let (_, drop) = feed(&mut s, &arp(ArpOperation::Reply, OUR_IP, OUR_IP));
+        assert_eq!(drop, Some(DropReason::ArpConflict));
+    }
+
+    #[test]
+    fn gratuitous_arp_updates_known_entry_only() {
+        let mut s = stack();
+        let (_, drop) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, PEER_IP));
+        assert_eq!(drop, Some(DropReason::ArpNotForUs));
+        assert!(s.arp_entries(T0).is_empty());
+        feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        let (_, drop) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, PEER_IP));
+        assert_eq!(drop, None);
+        assert_eq!(s.stats().arp.rx_gratuitous, 2);
+    }
+
+    #[test]
+    fn announces_with_gratuitous_arp_on_first_poll() {
+        let mut cfg = Config::new(OUR_MAC, Ipv4Cidr::new(OUR_IP, 24));
+        cfg.announce = true;
+        let mut s = Stack::new(cfg);
+        assert_eq!(s.poll_at(), Some(Instant::ZERO));
+        let mut tx = VecTx::new();
+        s.poll(T0, &mut tx);
+        assert_eq!(tx.frames.len(), 1);
+        let f = EthernetFrame::new_checked(&tx.frames[0][..]).unwrap();
+        assert!(f.dst_addr().is_broadcast());
+        let a = ArpPacket::new_checked(f.payload()).unwrap();
+        assert_eq!(a.source_protocol_addr(), a.target_protocol_addr());
+        s.poll(T0, &mut tx);
+        assert_eq!(tx.frames.len(), 1);
+    }
+
+    #[test]
+    fn answers_echo_request_with_same_data() {
+        let mut s = stack();
+        feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        let data: Vec<u8> = (0..56).collect();
+        let (out, drop) = feed(&mut s, &echo_request(&data));
+        assert_eq!(drop, None);
+        assert_eq!(out.len(), 1);
+        let (e, ip) = parse_ip(&out[0]);
+        assert_eq!((e.dst_addr, ip.dst_addr(), ip.hop_limit()), (PEER_MAC, PEER_IP, 64));
+        let p = Icmpv4Packet::new_checked(ip.payload()).unwrap();
+        assert!(p.verify_checksum());
+        assert_eq!(p.msg_type(), Icmpv4Message::EchoReply);
+        assert_eq!((p.echo_ident(), p.echo_seq_no()), (0x1234, 7));
+        assert_eq!(p.data(), &data[..]);
+        assert_eq!(s.stats().icmp.tx_echo_replies, 1);
+    }
+
+    #[test]
+    fn echo_reply_to_unresolved_peer_waits_for_arp() {
+        let mut s = stack();
+        let (out, _) = feed(&mut s, &echo_request(b"hello world12345"));
+        // No ARP entry yet: the reply waits and a request goes out.
+        assert_eq!(out.len(), 1);
+        let f = EthernetFrame::new_checked(&out[0][..]).unwrap();
+        assert_eq!(f.ethertype(), EthernetProtocol::Arp);
+        assert_eq!(s.stats().arp.pending_packets, 1);
+        let mut reply = arp(ArpOperation::Reply, PEER_IP, OUR_IP);
+        reply[..6].copy_from_slice(&OUR_MAC.0);
+        let (out, drop) = feed(&mut s, &reply);
+        assert_eq!(drop, None);
+        assert_eq!(out.len(), 1);
+        let (e, ip) = parse_ip(&out[0]);
+        assert_eq!(e.dst_addr, PEER_MAC);
+        assert_eq!(ip.next_header(), IpProtocol::Icmp);
+        assert_eq!(s.stats().arp.pending_packets, 0);
+    }
+
+    #[test]
+    fn bad_frames_are_dropped_by_reason() {
+        let mut s = stack();
+        feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        let good = echo_request(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let ip_at = ETH_LEN;
+        let mut cases: Vec<(Vec<u8>, DropReason)> = vec![
+            (good[..10].to_vec(), DropReason::EthTruncated),
+            (vec![0u8; 1600], DropReason::EthOversize),
+            (eth(EthernetAddress([2, 9, 9, 9, 9, 9]), EthernetProtocol::Ipv4, &good[ip_at..]), DropReason::EthNotForUs),
+            (eth(OUR_MAC, EthernetProtocol::Unknown(0x88b5), &[0; 46]), DropReason::EthUnknownType),
+            (eth(OUR_MAC, EthernetProtocol::Arp, &[0; 10]), DropReason::ArpMalformed),
+            (eth(OUR_MAC, EthernetProtocol::Ipv4, &good[ip_at..ip_at + 12]), DropReason::Ipv4Truncated),
+            (ipv4(PEER_IP, Ipv4Addr::new(10, 0, 0, 99), IpProtocol::Icmp, &[0; 8]), DropReason::Ipv4NotForUs),
+            (ipv4(Ipv4Addr::BROADCAST, OUR_IP, IpProtocol::Icmp, &[0; 8]), DropReason::Ipv4BadSource),
+            (ipv4(PEER_IP, OUR_IP, IpProtocol::Icmp, &[8, 0, 0, 0]), DropReason::IcmpMalformed),
+            (ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &[0, 1, 0, 2, 0, 3]), DropReason::UdpMalformed),
+        ];
+        let wrap = |ip: Vec<u8>| eth(OUR_MAC, EthernetProtocol::Ipv4, &ip);
+        for c in cases.iter_mut() {
+            if c.0.len() > 14 && c.0[..6] != OUR_MAC.0 && c.1 != DropReason::EthNotForUs && c.1 != DropReason::EthOversize {
+                c.0 = wrap(c.0.clone());
+            }
+        }
+        // Mutations of a good echo request.
+        let mut m = |at: usize, f: &dyn Fn(&mut u8), reason: DropReason| {
+            let mut g = good.clone();
+            f(&mut g[at]);
+            cases.push((g, reason));
+        };
+        m(ip_at, &|b| *b = 0x65, DropReason::Ipv4BadVersion);
+        m(ip_at, &|b| *b = 0x44, DropReason::Ipv4BadHeaderLen);
+        m(ip_at, &|b| *b = 0x4f, DropReason::Ipv4Truncated);
+        m(ip_at + 3, &|b| *b = 0xff, DropReason::Ipv4BadTotalLen);
+        m(ip_at + 3, &|b| *b = 10, DropReason::Ipv4BadTotalLen);
+        m(ip_at + 8, &|b| *b ^= 1, DropReason::Ipv4BadChecksum);
+        m(ip_at + IP_LEN + 9, &|b| *b ^= 1, DropReason::IcmpBadChecksum);
+        for (frame, reason) in cases {
+            let (out, got) = feed(&mut s, &frame);
+            assert_eq!(got, Some(reason), "frame {frame:02x?}");
+            assert!(out.is_empty(), "{reason:?} must not be answered");
+        }
+    }
+
+    #[test]
+    fn unknown_port_and_protocol_get_icmp_unreachable() {
+        let mut s = stack();
+        feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        let dgram = udp(5000, 9999, b"anyone?");
+        let (out, drop) = feed(&mut s, &eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &dgram)));
+        assert_eq!(drop, Some(DropReason::UdpNoSocket));
+        assert_eq!(out.len(), 1);
+        let (_, ip) = parse_ip(&out[0]);
+        let p = Icmpv4Packet::new_checked(ip.payload()).unwrap();
+        assert!(p.verify_checksum());
+        assert_eq!((p.msg_type(), p.msg_code()), (Icmpv4Message::DstUnreachable, 3));
+        // The quoted header names the original datagram.
+        let quoted = Ipv4Packet::new_unchecked(p.data());
+        assert_eq!((quoted.src_addr(), quoted.dst_addr()), (PEER_IP, OUR_IP));
+        assert_eq!(&p.data()[IP_LEN..IP_LEN + 8], &dgram[..8]);
+
+        let (out, drop) = feed(&mut s, &eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Unknown(253), &[0; 8])));
+        assert_eq!(drop, Some(DropReason::Ipv4UnknownProtocol));
+        let (_, ip) = parse_ip(&out[0]);
+        assert_eq!(Icmpv4Packet::new_checked(ip.payload()).unwrap().msg_code(), 2);
+
+        // Nothing is sent about a datagram to a broadcast address.
+        let mut no_csum = dgram.clone();
+        no_csum[6..8].fill(0);
+        let bcast = ipv4(PEER_IP, Ipv4Addr::new(10, 0, 0, 255), IpProtocol::Udp, &no_csum);
+        let (out, drop) = feed(&mut s, &eth(EthernetAddress::BROADCAST, EthernetProtocol::Ipv4, &bcast));
+        assert_eq!(drop, Some(DropReason::UdpNoSocket));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn icmp_errors_are_rate_limited() {
+        let mut s = stack();
+        feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        let frame = eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &udp(1, 2, b"x")));
+        let mut sent = 0;
+        for _ in 0..1000 {
+            sent += feed(&mut s, &frame).0.len();
+        }
+        assert_eq!(sent, 100);
+        assert_eq!(s.stats().icmp.rate_limited, 900);
+    }
+
+    #[test]
+    fn udp_bind_receive_send() {
+        let mut s = stack();
+        feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        let h = s.udp_bind(7000).unwrap();
+        assert_eq!(s.udp_bind(7000), Err(Error::AddrInUse));
+        let frame = eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &udp(5555, 7000, b"ping!")));
+        assert_eq!(feed(&mut s, &frame).1, None);
+        let mut buf = [0u8; 64];
+        let (n, from) = s.udp_recv_from(h, &mut buf).unwrap().unwrap();
+        assert_eq!((&buf[..n], from), (&b"ping!"[..], SocketAddrV4::new(PEER_IP, 5555)));
+        assert_eq!(s.udp_recv_from(h, &mut buf).unwrap(), None);
+
+        s.udp_send_to(h, from, b"pong!").unwrap();
+        let mut tx = VecTx::new();
+        s.poll(T0, &mut tx);
+        assert_eq!(tx.frames.len(), 1);
+        let (_, ip) = parse_ip(&tx.frames[0]);
+        let u = UdpPacket::new_checked(ip.payload()).unwrap();
+        assert!(u.verify_checksum(&IpAddress::Ipv4(OUR_IP), &IpAddress::Ipv4(PEER_IP)));
+        assert_eq!((u.src_port(), u.dst_port(), u.payload()), (7000, 5555, &b"pong!"[..]));
+
+        let e = s.udp_bind(0).unwrap();
+        assert!(s.udp_local_port(e).unwrap() >= 49_152);
+        s.udp_close(h).unwrap();
+        assert_eq!(s.udp_recv_from(h, &mut buf), Err(Error::InvalidHandle));
+        assert_eq!(feed(&mut s, &frame).1, Some(DropReason::UdpNoSocket));
+    }
+
+    #[test]
+    fn large_echo_is_fragmented_and_reassembled() {
+        // Two stacks back to back through VecTx: A pings B with 4000 bytes.
+        let mut a = stack();
+        let mut b = Stack::new({
+            let mut c = Config::new(PEER_MAC, Ipv4Cidr::new(PEER_IP, 24));
+            c.announce = false;
+            c
+        });
+        let h = a.ping_open(1).unwrap();
+        a.ping_send(h, PEER_IP, 1, 4000).unwrap();
+        // Shuttle frames both ways until the link is quiet.
+        let mut to_b = VecTx::new();
+        a.poll(T0, &mut to_b);
+        let mut frames = to_b.frames;
+        let mut toward_b = true;
+        while !frames.is_empty() {
+            let mut out = VecTx::new();
+            let (rx, _) = if toward_b { (&mut b, &mut a) } else { (&mut a, &mut b) };
+            for f in &frames {
+                rx.receive(T0, f, &mut out);
+            }
+            rx.poll(T0, &mut out);
+            frames = out.frames;
+            toward_b = !toward_b;
+        }
+        assert!(b.stats().ipv4.reassembled >= 1);
+        assert!(a.stats().ipv4.tx_fragments >= 3);
+        match a.ping_recv(h).unwrap() {
+            Some(PingEvent::Reply(r)) => {
+                assert_eq!((r.from, r.seq, r.bytes), (PEER_IP, 1, 4008));
+                assert!(r.rtt().is_some());
+            }
+            other => panic!("expected a reply, got {other:?}"),
+        }
+        assert_eq!(b.stats().ipv4.reassembly_bytes, 0);
+    }
+
+    #[test]
+    fn no_route_without_gateway() {
+        let mut s = stack();
+        let h = s.udp_bind(1).unwrap();
+        s.udp_send_to(h, SocketAddrV4::new(Ipv4Address::new(192, 0, 2, 1), 9), b"x").unwrap();
+        let mut tx = VecTx::new();
+        s.poll(T0, &mut tx);
+        assert!(tx.frames.is_empty());
+        assert_eq!(s.stats().ipv4.tx_no_route, 1);
+    }
 }
