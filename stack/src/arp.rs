@@ -24,8 +24,12 @@ pub struct ArpConfig {
     pub request_interval: Duration,
     /// Requests sent for one address before its pending packets are dropped.
     pub max_requests: u32,
-    /// Packets held per unresolved address.
+    /// Packets held per unresolved address (the oldest is dropped beyond it).
     pub pending_per_addr: usize,
+    /// Bytes held per unresolved address (the oldest is dropped beyond it).
+    pub pending_bytes_per_addr: usize,
+    /// Bytes held across all unresolved addresses (new packets are dropped beyond it).
+    pub pending_bytes_total: usize,
     /// Unresolved addresses held at once.
     pub max_pending_addrs: usize,
 }
@@ -37,7 +41,9 @@ impl Default for ArpConfig {
             max_entries: 1024,
             request_interval: Duration::from_millis(500),
             max_requests: 5,
-            pending_per_addr: 8,
+            pending_per_addr: 256,
+            pending_bytes_per_addr: 256 << 10,
+            pending_bytes_total: 1 << 20,
             max_pending_addrs: 64,
         }
     }
@@ -55,6 +61,7 @@ struct Pending {
     requests: u32,
     /// IPv4 packets (no Ethernet header) waiting for this address.
     packets: VecDeque<Vec<u8>>,
+    bytes: usize,
 }
 
 /// What [`ArpCache::enqueue`] decided.
@@ -75,6 +82,7 @@ pub struct ArpCache {
     entries: HashMap<Ipv4Addr, Entry>,
     pending: HashMap<Ipv4Addr, Pending>,
     pending_packets: usize,
+    pending_bytes: usize,
     pub(crate) stats: ArpStats,
 }
 
@@ -85,6 +93,7 @@ impl ArpCache {
             entries: HashMap::new(),
             pending: HashMap::new(),
             pending_packets: 0,
+            pending_bytes: 0,
             stats: ArpStats::default(),
         }
     }
@@ -137,6 +146,7 @@ impl ArpCache {
         match self.pending.remove(&ip) {
             Some(p) => {
                 self.pending_packets -= p.packets.len();
+                self.pending_bytes -= p.bytes;
                 p.packets
             }
             None => VecDeque::new(),
@@ -158,38 +168,41 @@ impl ArpCache {
     /// Hold `packet` until `ip` resolves.
     pub fn enqueue(&mut self, now: Instant, ip: Ipv4Addr, packet: Vec<u8>) -> Enqueue {
         let cfg = &self.cfg;
-        if let Some(p) = self.pending.get_mut(&ip) {
-            if p.packets.len() >= cfg.pending_per_addr {
-                // Keep the newest: drop the oldest waiting packet.
-                p.packets.pop_front();
-                self.pending_packets -= 1;
-                self.stats.pending_dropped += 1;
-            }
-            p.packets.push_back(packet);
-            self.pending_packets += 1;
-            if now >= p.last_request + cfg.request_interval && p.requests < cfg.max_requests {
-                p.last_request = now;
-                p.requests += 1;
-                return Enqueue::QueuedSendRequest;
-            }
-            return Enqueue::Queued;
-        }
-        if self.pending.len() >= cfg.max_pending_addrs {
+        if self.pending_bytes + packet.len() > cfg.pending_bytes_total
+            || (!self.pending.contains_key(&ip) && self.pending.len() >= cfg.max_pending_addrs)
+        {
             self.stats.pending_dropped += 1;
             return Enqueue::Dropped;
         }
-        let mut packets = VecDeque::new();
-        packets.push_back(packet);
-        self.pending.insert(
-            ip,
-            Pending {
-                last_request: now,
-                requests: 1,
-                packets,
-            },
-        );
+        let p = self.pending.entry(ip).or_insert_with(|| Pending {
+            last_request: now,
+            requests: 0,
+            packets: VecDeque::new(),
+            bytes: 0,
+        });
+        // Keep the newest: drop the oldest waiting packets to make room.
+        while !p.packets.is_empty()
+            && (p.packets.len() >= cfg.pending_per_addr
+                || p.bytes + packet.len() > cfg.pending_bytes_per_addr)
+        {
+            if let Some(old) = p.packets.pop_front() {
+                p.bytes -= old.len();
+                self.pending_bytes -= old.len();
+                self.pending_packets -= 1;
+                self.stats.pending_dropped += 1;
+            }
+        }
+        p.bytes += packet.len();
+        self.pending_bytes += packet.len();
         self.pending_packets += 1;
-        Enqueue::QueuedSendRequest
+        p.packets.push_back(packet);
+        let first = p.requests == 0;
+        if first || (now >= p.last_request + cfg.request_interval && p.requests < cfg.max_requests) {
+            p.last_request = now;
+            p.requests += 1;
+            return Enqueue::QueuedSendRequest;
+        }
+        Enqueue::Queued
     }
 
     /// Timers: addresses whose request should be repeated now; gives up (and
@@ -212,6 +225,7 @@ impl ArpCache {
         for ip in gave_up {
             if let Some(p) = self.pending.remove(&ip) {
                 self.pending_packets -= p.packets.len();
+                self.pending_bytes -= p.bytes;
                 self.stats.pending_dropped += p.packets.len() as u64;
                 self.stats.unresolved += 1;
             }
@@ -279,18 +293,41 @@ mod test {
         let mut c = ArpCache::new(cfg.clone());
         let t0 = Instant::ZERO;
         assert_eq!(c.enqueue(t0, IP, vec![0]), Enqueue::QueuedSendRequest);
-        for i in 1..20u8 {
-            assert_eq!(c.enqueue(t0, IP, vec![i]), Enqueue::Queued);
+        let n = cfg.pending_per_addr + 20;
+        for i in 1..n {
+            assert_eq!(c.enqueue(t0, IP, vec![i as u8]), Enqueue::Queued);
         }
         assert_eq!(c.stats().pending_packets, cfg.pending_per_addr as u64);
-        assert_eq!(c.stats().pending_dropped, 20 - cfg.pending_per_addr as u64);
+        assert_eq!(c.stats().pending_dropped, (n - cfg.pending_per_addr) as u64);
         let t1 = t0 + cfg.request_interval;
-        assert_eq!(c.enqueue(t1, IP, vec![20]), Enqueue::QueuedSendRequest);
+        assert_eq!(c.enqueue(t1, IP, vec![0xee]), Enqueue::QueuedSendRequest);
         let waiting = c.learn(t1, IP, MAC, true);
         // The newest packets were kept.
-        assert_eq!(waiting.back(), Some(&vec![20]));
+        assert_eq!(waiting.back(), Some(&vec![0xee]));
         assert_eq!(waiting.len(), cfg.pending_per_addr);
         assert_eq!(c.stats().pending_packets, 0);
+    }
+
+    #[test]
+    fn pending_bytes_are_bounded_per_address_and_in_total() {
+        let cfg = ArpConfig {
+            pending_bytes_per_addr: 10_000,
+            pending_bytes_total: 15_000,
+            ..ArpConfig::default()
+        };
+        let mut c = ArpCache::new(cfg);
+        for _ in 0..10 {
+            c.enqueue(Instant::ZERO, IP, vec![0; 3000]);
+        }
+        // 3 x 3000 fit in 10,000 per address.
+        assert_eq!(c.stats().pending_packets, 3);
+        let other = Ipv4Addr::new(10, 0, 0, 3);
+        for _ in 0..10 {
+            c.enqueue(Instant::ZERO, other, vec![0; 3000]);
+        }
+        // The total cap of 15,000 leaves room for 2 more.
+        assert_eq!(c.stats().pending_packets, 5);
+        assert_eq!(c.learn(Instant::ZERO, other, MAC, true).len(), 2);
     }
 
     #[test]

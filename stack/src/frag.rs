@@ -139,6 +139,10 @@ impl Reassembler {
         let Some(d) = self.datagrams.get_mut(&key) else {
             return Err(DropReason::FragNoMemory);
         };
+        if d.pieces.contains(&(offset, end)) {
+            // An exact duplicate (a retransmitted or duplicated frame): ignore it.
+            return Ok(None);
+        }
         let overlaps = d.pieces.iter().any(|&(s, e)| offset < e && s < end);
         let bad_len = match d.total_len {
             Some(t) => end > t || (!more && end != t),
@@ -276,6 +280,17 @@ mod test {
         assert_eq!(r.insert(t, KEY, 24, true, 64, &d[24..56]), Err(DropReason::FragOverlap));
         assert!(r.is_empty());
         assert_eq!(r.mem(), 0);
+    }
+
+    #[test]
+    fn exact_duplicate_is_ignored() {
+        let mut r = Reassembler::new(FragConfig::default());
+        let d = data(48);
+        let t = Instant::ZERO;
+        r.insert(t, KEY, 0, true, 64, &d[..24]).unwrap();
+        assert_eq!(r.insert(t, KEY, 0, true, 64, &d[..24]), Ok(None));
+        let got = r.insert(t, KEY, 24, false, 64, &d[24..]).unwrap().unwrap();
+        assert_eq!(got.payload, d);
     }
 
     #[test]

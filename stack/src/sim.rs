@@ -357,6 +357,10 @@ pub struct SimNet {
 /// Steps at one instant before the harness forces time forward (guards
 /// against an app that always claims work at the current time).
 const MAX_STEPS_PER_INSTANT: u32 = 100_000;
+/// Idle steps at one instant (nothing moved, yet a deadline claims "now")
+/// before the harness skips ahead by [`STALE_SKIP`].
+const MAX_IDLE_STEPS_PER_INSTANT: u32 = 16;
+const STALE_SKIP: Duration = Duration::from_millis(1);
 
 impl SimNet {
     pub fn new(cfg: LinkConfig) -> Self {
@@ -409,31 +413,32 @@ impl SimNet {
         mut done: impl FnMut(&mut SimNet) -> bool,
     ) -> bool {
         let mut steps_here = 0u32;
+        let mut idle_here = 0u32;
         loop {
             let busy = self.step(apps);
             if done(self) {
                 return true;
             }
+            let wake = self.next_wakeup(apps);
             let next = if busy && steps_here < MAX_STEPS_PER_INSTANT {
                 steps_here += 1;
                 self.now
             } else {
-                match self.next_wakeup(apps) {
-                    None => return false,
-                    Some(t) if t > self.now => {
-                        steps_here = 0;
-                        t
-                    }
-                    Some(_) if steps_here >= MAX_STEPS_PER_INSTANT => {
-                        steps_here = 0;
-                        self.now + Duration::from_micros(1)
-                    }
-                    Some(_) => {
-                        steps_here += 1;
+                match wake {
+                    None if !busy => return false,
+                    Some(t) if t > self.now => t,
+                    _ if busy => self.now + Duration::from_micros(1),
+                    _ if idle_here < MAX_IDLE_STEPS_PER_INSTANT => {
+                        idle_here += 1;
                         self.now
                     }
+                    _ => self.now + STALE_SKIP,
                 }
             };
+            if next > self.now {
+                steps_here = 0;
+                idle_here = 0;
+            }
             if next > deadline {
                 self.now = deadline;
                 return false;

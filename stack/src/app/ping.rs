@@ -121,6 +121,7 @@ pub struct Pinger {
     events: VecDeque<PingerEvent>,
     error: Option<crate::stack::Error>,
     keep_events: bool,
+    done: bool,
 }
 
 impl Pinger {
@@ -136,6 +137,7 @@ impl Pinger {
             events: VecDeque::new(),
             error: None,
             keep_events: true,
+            done: false,
         }
     }
 
@@ -260,6 +262,7 @@ impl App for Pinger {
             self.outstanding.retain(|_, sent| now < *sent + timeout);
         }
         if self.finished(now) {
+            self.done = true;
             Control::Exit
         } else {
             Control::Continue
@@ -267,7 +270,7 @@ impl App for Pinger {
     }
 
     fn poll_at(&self) -> Option<Instant> {
-        if self.error.is_some() {
+        if self.error.is_some() || self.done {
             return None;
         }
         if self.handle.is_none() {
