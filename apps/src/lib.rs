@@ -1,0 +1,4 @@
+//! Pieces shared by the `ustack`, `uping` and `uperf` binaries.
+#![forbid(unsafe_code)]
+
+pub mod report;

@@ -1,0 +1,75 @@
+//! Plain-text rendering of engine counters for terminal output.
+
+use std::fmt::Write;
+
+use ustack::runtime::Snapshot;
+
+/// A compact multi-line report of one stack's counters.
+pub fn counters(name: &str, s: &Snapshot) -> String {
+    let st = &s.stack;
+    let mut out = String::new();
+    let _ = writeln!(out, "{name}:");
+    let _ = writeln!(
+        out,
+        "  port   rx {} pkts {} B  tx {} pkts {} B  missed {}  nombuf {}",
+        s.port.rx_packets, s.port.rx_bytes, s.port.tx_packets, s.port.tx_bytes, s.port.rx_missed, s.port.rx_nombuf
+    );
+    let _ = writeln!(
+        out,
+        "  eth    rx {} accepted {} dropped {}  tx {} no-buffer {}",
+        st.eth.rx_frames,
+        st.eth.rx_accepted,
+        st.drops.total(),
+        st.eth.tx_frames,
+        st.eth.tx_no_buffer
+    );
+    let _ = writeln!(
+        out,
+        "  arp    entries {}  hits {} misses {}  req in/out {}/{}  replies in/out {}/{}  pending dropped {}",
+        st.arp.entries,
+        st.arp.hits,
+        st.arp.misses,
+        st.arp.rx_requests,
+        st.arp.tx_requests,
+        st.arp.rx_replies,
+        st.arp.tx_replies,
+        st.arp.pending_dropped
+    );
+    let _ = writeln!(
+        out,
+        "  ipv4   rx {} tx {}  fragments in/out {}/{}  reassembled {}",
+        st.ipv4.rx_packets, st.ipv4.tx_packets, st.ipv4.rx_fragments, st.ipv4.tx_fragments, st.ipv4.reassembled
+    );
+    let _ = writeln!(
+        out,
+        "  icmp   echo req in/out {}/{}  echo rep in/out {}/{}  unreachable in/out {}/{}",
+        st.icmp.rx_echo_requests,
+        st.icmp.tx_echo_requests,
+        st.icmp.rx_echo_replies,
+        st.icmp.tx_echo_replies,
+        st.icmp.rx_dest_unreachable,
+        st.icmp.tx_dest_unreachable
+    );
+    let _ = writeln!(
+        out,
+        "  udp    rx {} dgrams {} B  tx {} dgrams {} B",
+        st.udp.rx_datagrams, st.udp.rx_bytes, st.udp.tx_datagrams, st.udp.tx_bytes
+    );
+    let drops: Vec<String> = st.drops.nonzero().map(|(n, c)| format!("{n}={c}")).collect();
+    if !drops.is_empty() {
+        let _ = writeln!(out, "  drops  {}", drops.join(" "));
+    }
+    for p in &s.pools {
+        let _ = writeln!(
+            out,
+            "  pool   {}: {} of {} in use, {} alloc failures",
+            p.name, p.in_use, p.capacity, p.alloc_failures
+        );
+    }
+    out
+}
+
+/// Milliseconds with three decimals, as ping prints RTTs.
+pub fn ms(d: std::time::Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
