@@ -12,7 +12,12 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
     let _ = writeln!(
         out,
         "  port   rx {} pkts {} B  tx {} pkts {} B  missed {}  nombuf {}",
-        s.port.rx_packets, s.port.rx_bytes, s.port.tx_packets, s.port.tx_bytes, s.port.rx_missed, s.port.rx_nombuf
+        s.port.rx_packets,
+        s.port.rx_bytes,
+        s.port.tx_packets,
+        s.port.tx_bytes,
+        s.port.rx_missed,
+        s.port.rx_nombuf
     );
     let _ = writeln!(
         out,
@@ -38,7 +43,11 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
     let _ = writeln!(
         out,
         "  ipv4   rx {} tx {}  fragments in/out {}/{}  reassembled {}",
-        st.ipv4.rx_packets, st.ipv4.tx_packets, st.ipv4.rx_fragments, st.ipv4.tx_fragments, st.ipv4.reassembled
+        st.ipv4.rx_packets,
+        st.ipv4.tx_packets,
+        st.ipv4.rx_fragments,
+        st.ipv4.tx_fragments,
+        st.ipv4.reassembled
     );
     let _ = writeln!(
         out,
@@ -55,7 +64,11 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
         "  udp    rx {} dgrams {} B  tx {} dgrams {} B",
         st.udp.rx_datagrams, st.udp.rx_bytes, st.udp.tx_datagrams, st.udp.tx_bytes
     );
-    let drops: Vec<String> = st.drops.nonzero().map(|(n, c)| format!("{n}={c}")).collect();
+    let drops: Vec<String> = st
+        .drops
+        .nonzero()
+        .map(|(n, c)| format!("{n}={c}"))
+        .collect();
     if !drops.is_empty() {
         let _ = writeln!(out, "  drops  {}", drops.join(" "));
     }

@@ -38,7 +38,11 @@ fn clean_demo_pings_without_loss_and_returns_buffers() {
     assert_eq!((rx, loss), (tx, 0.0));
     assert!(out.contains("rtt min/avg/max/mdev = "));
     // Both pools are back to zero in use after the run.
-    assert_eq!(out.matches(": 0 of 8192 in use, 0 alloc failures").count(), 2, "{out}");
+    assert_eq!(
+        out.matches(": 0 of 8192 in use, 0 alloc failures").count(),
+        2,
+        "{out}"
+    );
     assert!(out.contains(&format!("echo req in/out {tx}/0")));
 }
 
@@ -64,7 +68,12 @@ fn total_loss_exits_one_and_bad_flags_exit_two() {
     assert_eq!(code, 1, "{out}");
     assert_eq!(summary(&out).2, 100.0);
 
-    for bad in [&["--loss", "101"][..], &["--duration", "0"], &["--interval", "x"], &["--bogus"]] {
+    for bad in [
+        &["--loss", "101"][..],
+        &["--duration", "0"],
+        &["--interval", "x"],
+        &["--bogus"],
+    ] {
         let (code, out, err) = demo(bad);
         assert_eq!(code, 2, "{bad:?}");
         assert!(out.is_empty());

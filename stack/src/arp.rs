@@ -197,7 +197,8 @@ impl ArpCache {
         self.pending_packets += 1;
         p.packets.push_back(packet);
         let first = p.requests == 0;
-        if first || (now >= p.last_request + cfg.request_interval && p.requests < cfg.max_requests) {
+        if first || (now >= p.last_request + cfg.request_interval && p.requests < cfg.max_requests)
+        {
             p.last_request = now;
             p.requests += 1;
             return Enqueue::QueuedSendRequest;
@@ -348,7 +349,10 @@ mod test {
         }
         assert_eq!(retries as u32, cfg.max_requests - 1);
         let s = c.stats();
-        assert_eq!((s.unresolved, s.pending_dropped, s.pending_packets), (1, 1, 0));
+        assert_eq!(
+            (s.unresolved, s.pending_dropped, s.pending_packets),
+            (1, 1, 0)
+        );
     }
 
     #[test]
@@ -360,13 +364,30 @@ mod test {
         };
         let mut c = ArpCache::new(cfg);
         for i in 0..100u8 {
-            c.learn(Instant::from_millis(i.into()), Ipv4Addr::new(10, 0, 1, i), MAC, true);
+            c.learn(
+                Instant::from_millis(i.into()),
+                Ipv4Addr::new(10, 0, 1, i),
+                MAC,
+                true,
+            );
         }
         assert_eq!(c.stats().entries, 4);
         // The most recent entries survive eviction.
-        assert!(c.lookup(Instant::from_secs(1), Ipv4Addr::new(10, 0, 1, 99)).is_some());
-        assert_eq!(c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 1), vec![]), Enqueue::QueuedSendRequest);
-        assert_eq!(c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 2), vec![]), Enqueue::QueuedSendRequest);
-        assert_eq!(c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 3), vec![]), Enqueue::Dropped);
+        assert!(
+            c.lookup(Instant::from_secs(1), Ipv4Addr::new(10, 0, 1, 99))
+                .is_some()
+        );
+        assert_eq!(
+            c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 1), vec![]),
+            Enqueue::QueuedSendRequest
+        );
+        assert_eq!(
+            c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 2), vec![]),
+            Enqueue::QueuedSendRequest
+        );
+        assert_eq!(
+            c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 3), vec![]),
+            Enqueue::Dropped
+        );
     }
 }

@@ -265,7 +265,10 @@ mod test {
         let t = Instant::ZERO;
         assert_eq!(r.insert(t, KEY, 2400, false, 64, &d[2400..]), Ok(None));
         assert_eq!(r.insert(t, KEY, 0, true, 64, &d[..1200]), Ok(None));
-        let got = r.insert(t, KEY, 1200, true, 64, &d[1200..2400]).unwrap().unwrap();
+        let got = r
+            .insert(t, KEY, 1200, true, 64, &d[1200..2400])
+            .unwrap()
+            .unwrap();
         assert_eq!(got.payload, d);
         assert_eq!(r.mem(), 0);
         assert!(r.is_empty());
@@ -277,7 +280,10 @@ mod test {
         let d = data(64);
         let t = Instant::ZERO;
         r.insert(t, KEY, 0, true, 64, &d[..32]).unwrap();
-        assert_eq!(r.insert(t, KEY, 24, true, 64, &d[24..56]), Err(DropReason::FragOverlap));
+        assert_eq!(
+            r.insert(t, KEY, 24, true, 64, &d[24..56]),
+            Err(DropReason::FragOverlap)
+        );
         assert!(r.is_empty());
         assert_eq!(r.mem(), 0);
     }
@@ -298,12 +304,21 @@ mod test {
         let mut r = Reassembler::new(FragConfig::default());
         let t = Instant::ZERO;
         // MF set with a length not a multiple of 8.
-        assert_eq!(r.insert(t, KEY, 0, true, 64, &[0; 10]), Err(DropReason::FragBad));
+        assert_eq!(
+            r.insert(t, KEY, 0, true, 64, &[0; 10]),
+            Err(DropReason::FragBad)
+        );
         // Beyond the largest datagram.
-        assert_eq!(r.insert(t, KEY, 65_512, false, 64, &[0; 8]), Err(DropReason::FragBad));
+        assert_eq!(
+            r.insert(t, KEY, 65_512, false, 64, &[0; 8]),
+            Err(DropReason::FragBad)
+        );
         // Data past the end the last fragment declared.
         r.insert(t, KEY, 8, false, 64, &[0; 8]).unwrap();
-        assert_eq!(r.insert(t, KEY, 16, true, 64, &[0; 8]), Err(DropReason::FragBad));
+        assert_eq!(
+            r.insert(t, KEY, 16, true, 64, &[0; 8]),
+            Err(DropReason::FragBad)
+        );
     }
 
     #[test]
@@ -316,7 +331,14 @@ mod test {
         // Endless far-offset fragments: memory never passes the cap.
         for i in 0..1000u16 {
             let key = FragKey { ident: i, ..KEY };
-            let _ = r.insert(Instant::from_millis(i.into()), key, 60_000, true, 64, &[0; 8]);
+            let _ = r.insert(
+                Instant::from_millis(i.into()),
+                key,
+                60_000,
+                true,
+                64,
+                &[0; 8],
+            );
             assert!(r.mem() <= cfg.mem_cap);
         }
         assert!(r.mem_hwm <= cfg.mem_cap);
@@ -336,7 +358,8 @@ mod test {
         let mut r = Reassembler::new(cfg);
         for i in 0..10u16 {
             let key = FragKey { ident: i, ..KEY };
-            r.insert(Instant::from_millis(i.into()), key, 0, true, 64, &[0; 8]).unwrap();
+            r.insert(Instant::from_millis(i.into()), key, 0, true, 64, &[0; 8])
+                .unwrap();
             assert!(r.len() <= 3);
         }
     }

@@ -34,7 +34,8 @@ pub struct PingReply {
 impl PingReply {
     /// Round-trip time, when the request carried a timestamp.
     pub fn rtt(&self) -> Option<Duration> {
-        self.sent_at.map(|s| self.received_at.saturating_duration_since(s))
+        self.sent_at
+            .map(|s| self.received_at.saturating_duration_since(s))
     }
 }
 

@@ -35,11 +35,11 @@ pub use time::Instant;
 
 /// Wire formats, re-exported from `smoltcp::wire` so apps and tests name one source.
 pub mod wire {
+    pub use smoltcp::phy::ChecksumCapabilities;
     pub use smoltcp::wire::{
         ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN, EthernetAddress, EthernetFrame,
-        EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN, IpAddress, IpProtocol, Icmpv4Packet,
-        Icmpv4Repr, Ipv4Address, Ipv4Cidr, Ipv4Packet, Ipv4Repr, UDP_HEADER_LEN, UdpPacket,
+        EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN, Icmpv4Packet, Icmpv4Repr, IpAddress,
+        IpProtocol, Ipv4Address, Ipv4Cidr, Ipv4Packet, Ipv4Repr, UDP_HEADER_LEN, UdpPacket,
         UdpRepr,
     };
-    pub use smoltcp::phy::ChecksumCapabilities;
 }

@@ -51,7 +51,11 @@ impl<A: App> App for Vec<A> {
         for a in self.iter_mut() {
             all_done &= a.poll(now, stack) == Control::Exit;
         }
-        if all_done { Control::Exit } else { Control::Continue }
+        if all_done {
+            Control::Exit
+        } else {
+            Control::Continue
+        }
     }
     fn poll_at(&self) -> Option<Instant> {
         self.iter().map(App::poll_at).fold(None, earliest)
@@ -122,7 +126,10 @@ impl<D: Device> Node<D> {
 
     /// When this node next has work without outside input.
     pub fn poll_at<A: App + ?Sized>(&self, app: &A) -> Option<Instant> {
-        earliest(earliest(self.stack.poll_at(), self.dev.poll_at()), app.poll_at())
+        earliest(
+            earliest(self.stack.poll_at(), self.dev.poll_at()),
+            app.poll_at(),
+        )
     }
 
     pub fn snapshot(&self, now: Instant) -> Snapshot {
@@ -182,7 +189,10 @@ pub enum RunError {
 /// Pin the calling thread to `core`.
 pub fn pin_to_core(core: usize) -> Result<(), RunError> {
     let ids = core_affinity::get_core_ids().unwrap_or_default();
-    let id = ids.into_iter().find(|c| c.id == core).ok_or(RunError::Pin(core))?;
+    let id = ids
+        .into_iter()
+        .find(|c| c.id == core)
+        .ok_or(RunError::Pin(core))?;
     if core_affinity::set_for_current(id) {
         Ok(())
     } else {

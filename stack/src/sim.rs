@@ -125,8 +125,9 @@ impl Wire {
         let len = buf.len();
         // Serialization on the sender's port.
         let mut depart = now;
-        if self.cfg.rate_bps > 0 {
-            let tx_time = Duration::from_nanos((len as u64 * 8 * 1_000_000_000) / self.cfg.rate_bps);
+        let bits_ns = (len as u64).saturating_mul(8_000_000_000);
+        if let Some(tx_ns) = bits_ns.checked_div(self.cfg.rate_bps) {
+            let tx_time = Duration::from_nanos(tx_ns);
             let slot = &mut self.ports[from];
             depart = slot.busy_until.max(now) + tx_time;
             slot.busy_until = depart;
@@ -152,7 +153,13 @@ impl Wire {
         }
     }
 
-    fn impair_and_queue(&mut self, to: usize, depart: Instant, mut frame: SlabBuf, pool: &SlabPool) {
+    fn impair_and_queue(
+        &mut self,
+        to: usize,
+        depart: Instant,
+        mut frame: SlabBuf,
+        pool: &SlabPool,
+    ) {
         let cfg = &self.cfg;
         if cfg.loss > 0.0 && self.rng.f64() < cfg.loss {
             self.stats.lost += 1;
@@ -173,7 +180,9 @@ impl Wire {
         for f in std::iter::once(frame).chain(copy) {
             let mut at = depart + self.cfg.delay;
             if !self.cfg.jitter.is_zero() {
-                let j = self.rng.u64(..u64::try_from(self.cfg.jitter.as_nanos()).unwrap_or(u64::MAX));
+                let j = self
+                    .rng
+                    .u64(..u64::try_from(self.cfg.jitter.as_nanos()).unwrap_or(u64::MAX));
                 at += Duration::from_nanos(j);
             }
             if self.cfg.reorder > 0.0 && self.rng.f64() < self.cfg.reorder {
@@ -295,7 +304,7 @@ impl Device for SimPort {
         let mut n = 0;
         while n < max {
             let inbox = &mut w.ports[self.id].inbox;
-            if !inbox.peek().is_some_and(|f| f.at <= now) {
+            if inbox.peek().is_none_or(|f| f.at > now) {
                 break;
             }
             let Some(f) = inbox.pop() else { break };
@@ -343,7 +352,10 @@ pub fn host_mac(n: u8) -> EthernetAddress {
 
 /// Config of sim host `n`: MAC `02:00:00:00:00:n`, address `10.0.0.n/24`.
 pub fn host_config(n: u8) -> Config {
-    Config::new(host_mac(n), Ipv4Cidr::new(Ipv4Address::new(10, 0, 0, n), 24))
+    Config::new(
+        host_mac(n),
+        Ipv4Cidr::new(Ipv4Address::new(10, 0, 0, n), 24),
+    )
 }
 
 /// Several stacks on one sim link, stepped against a virtual clock.

@@ -13,8 +13,8 @@ use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress,
     EthernetFrame, EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN as IP_LEN, Icmpv4DstUnreachable,
-    Icmpv4Message, Icmpv4Packet, Icmpv4Repr, IpAddress, IpProtocol, Ipv4Cidr, Ipv4Packet,
-    Ipv4Repr, UdpPacket, UdpRepr,
+    Icmpv4Message, Icmpv4Packet, Icmpv4Repr, IpAddress, IpProtocol, Ipv4Cidr, Ipv4Packet, Ipv4Repr,
+    UdpPacket, UdpRepr,
 };
 use tracing::trace;
 
@@ -287,7 +287,12 @@ impl Stack {
         }
     }
 
-    fn flush_waiting<T: Tx>(&mut self, mac: EthernetAddress, waiting: VecDeque<Vec<u8>>, tx: &mut T) {
+    fn flush_waiting<T: Tx>(
+        &mut self,
+        mac: EthernetAddress,
+        waiting: VecDeque<Vec<u8>>,
+        tx: &mut T,
+    ) {
         for packet in waiting {
             let src = self.cfg.mac;
             let ok = tx.send(ETH_LEN + packet.len(), |buf| {
@@ -358,7 +363,10 @@ impl Stack {
                 protocol: meta.protocol.into(),
             };
             let offset = usize::from(pkt.frag_offset());
-            return match self.frags.insert(now, key, offset, pkt.more_frags(), meta.ttl, body)? {
+            return match self
+                .frags
+                .insert(now, key, offset, pkt.more_frags(), meta.ttl, body)?
+            {
                 None => Ok(()),
                 Some(whole) => {
                     self.stats.ipv4.reassembled += 1;
@@ -414,9 +422,16 @@ impl Stack {
                     data: pkt.data(),
                 };
                 let caps = self.checksum.clone();
-                let sent = self.send_ip(now, tx, meta.src, IpProtocol::Icmp, reply.buffer_len(), |buf| {
-                    reply.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
-                });
+                let sent = self.send_ip(
+                    now,
+                    tx,
+                    meta.src,
+                    IpProtocol::Icmp,
+                    reply.buffer_len(),
+                    |buf| {
+                        reply.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
+                    },
+                );
                 if sent.is_ok() {
                     self.stats.icmp.tx_echo_replies += 1;
                 }
@@ -535,9 +550,16 @@ impl Stack {
             data: quoted,
         };
         let caps = self.checksum.clone();
-        let sent = self.send_ip(now, tx, meta.src, IpProtocol::Icmp, repr.buffer_len(), |buf| {
-            repr.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
-        });
+        let sent = self.send_ip(
+            now,
+            tx,
+            meta.src,
+            IpProtocol::Icmp,
+            repr.buffer_len(),
+            |buf| {
+                repr.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
+            },
+        );
         if sent.is_ok() {
             self.stats.icmp.tx_dest_unreachable += 1;
         }
@@ -827,7 +849,12 @@ impl IpHeader {
     }
 }
 
-fn write_eth(buf: &mut [u8], src: EthernetAddress, dst: EthernetAddress, ethertype: EthernetProtocol) {
+fn write_eth(
+    buf: &mut [u8],
+    src: EthernetAddress,
+    dst: EthernetAddress,
+    ethertype: EthernetProtocol,
+) {
     EthernetRepr {
         src_addr: src,
         dst_addr: dst,
@@ -883,7 +910,10 @@ mod test {
 
     fn icmp(repr: &Icmpv4Repr) -> Vec<u8> {
         let mut b = vec![0u8; repr.buffer_len()];
-        repr.emit(&mut Icmpv4Packet::new_unchecked(&mut b), &ChecksumCapabilities::default());
+        repr.emit(
+            &mut Icmpv4Packet::new_unchecked(&mut b),
+            &ChecksumCapabilities::default(),
+        );
         b
     }
 
@@ -906,7 +936,11 @@ mod test {
             seq_no: 7,
             data,
         });
-        eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Icmp, &req))
+        eth(
+            OUR_MAC,
+            EthernetProtocol::Ipv4,
+            &ipv4(PEER_IP, OUR_IP, IpProtocol::Icmp, &req),
+        )
     }
 
     fn arp(op: ArpOperation, spa: Ipv4Addr, tpa: Ipv4Addr) -> Vec<u8> {
@@ -1019,7 +1053,10 @@ mod test {
         assert_eq!(drop, None);
         assert_eq!(out.len(), 1);
         let (e, ip) = parse_ip(&out[0]);
-        assert_eq!((e.dst_addr, ip.dst_addr(), ip.hop_limit()), (PEER_MAC, PEER_IP, 64));
+        assert_eq!(
+            (e.dst_addr, ip.dst_addr(), ip.hop_limit()),
+            (PEER_MAC, PEER_IP, 64)
+        );
         let p = Icmpv4Packet::new_checked(ip.payload()).unwrap();
         assert!(p.verify_checksum());
         assert_eq!(p.msg_type(), Icmpv4Message::EchoReply);
@@ -1057,18 +1094,55 @@ mod test {
         let mut cases: Vec<(Vec<u8>, DropReason)> = vec![
             (good[..10].to_vec(), DropReason::EthTruncated),
             (vec![0u8; 1600], DropReason::EthOversize),
-            (eth(EthernetAddress([2, 9, 9, 9, 9, 9]), EthernetProtocol::Ipv4, &good[ip_at..]), DropReason::EthNotForUs),
-            (eth(OUR_MAC, EthernetProtocol::Unknown(0x88b5), &[0; 46]), DropReason::EthUnknownType),
-            (eth(OUR_MAC, EthernetProtocol::Arp, &[0; 10]), DropReason::ArpMalformed),
-            (eth(OUR_MAC, EthernetProtocol::Ipv4, &good[ip_at..ip_at + 12]), DropReason::Ipv4Truncated),
-            (ipv4(PEER_IP, Ipv4Addr::new(10, 0, 0, 99), IpProtocol::Icmp, &[0; 8]), DropReason::Ipv4NotForUs),
-            (ipv4(Ipv4Addr::BROADCAST, OUR_IP, IpProtocol::Icmp, &[0; 8]), DropReason::Ipv4BadSource),
-            (ipv4(PEER_IP, OUR_IP, IpProtocol::Icmp, &[8, 0, 0, 0]), DropReason::IcmpMalformed),
-            (ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &[0, 1, 0, 2, 0, 3]), DropReason::UdpMalformed),
+            (
+                eth(
+                    EthernetAddress([2, 9, 9, 9, 9, 9]),
+                    EthernetProtocol::Ipv4,
+                    &good[ip_at..],
+                ),
+                DropReason::EthNotForUs,
+            ),
+            (
+                eth(OUR_MAC, EthernetProtocol::Unknown(0x88b5), &[0; 46]),
+                DropReason::EthUnknownType,
+            ),
+            (
+                eth(OUR_MAC, EthernetProtocol::Arp, &[0; 10]),
+                DropReason::ArpMalformed,
+            ),
+            (
+                eth(OUR_MAC, EthernetProtocol::Ipv4, &good[ip_at..ip_at + 12]),
+                DropReason::Ipv4Truncated,
+            ),
+            (
+                ipv4(
+                    PEER_IP,
+                    Ipv4Addr::new(10, 0, 0, 99),
+                    IpProtocol::Icmp,
+                    &[0; 8],
+                ),
+                DropReason::Ipv4NotForUs,
+            ),
+            (
+                ipv4(Ipv4Addr::BROADCAST, OUR_IP, IpProtocol::Icmp, &[0; 8]),
+                DropReason::Ipv4BadSource,
+            ),
+            (
+                ipv4(PEER_IP, OUR_IP, IpProtocol::Icmp, &[8, 0, 0, 0]),
+                DropReason::IcmpMalformed,
+            ),
+            (
+                ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &[0, 1, 0, 2, 0, 3]),
+                DropReason::UdpMalformed,
+            ),
         ];
         let wrap = |ip: Vec<u8>| eth(OUR_MAC, EthernetProtocol::Ipv4, &ip);
         for c in cases.iter_mut() {
-            if c.0.len() > 14 && c.0[..6] != OUR_MAC.0 && c.1 != DropReason::EthNotForUs && c.1 != DropReason::EthOversize {
+            if c.0.len() > 14
+                && c.0[..6] != OUR_MAC.0
+                && c.1 != DropReason::EthNotForUs
+                && c.1 != DropReason::EthOversize
+            {
                 c.0 = wrap(c.0.clone());
             }
         }
@@ -1084,7 +1158,11 @@ mod test {
         m(ip_at + 3, &|b| *b = 0xff, DropReason::Ipv4BadTotalLen);
         m(ip_at + 3, &|b| *b = 10, DropReason::Ipv4BadTotalLen);
         m(ip_at + 8, &|b| *b ^= 1, DropReason::Ipv4BadChecksum);
-        m(ip_at + IP_LEN + 9, &|b| *b ^= 1, DropReason::IcmpBadChecksum);
+        m(
+            ip_at + IP_LEN + 9,
+            &|b| *b ^= 1,
+            DropReason::IcmpBadChecksum,
+        );
         for (frame, reason) in cases {
             let (out, got) = feed(&mut s, &frame);
             assert_eq!(got, Some(reason), "frame {frame:02x?}");
@@ -1097,28 +1175,56 @@ mod test {
         let mut s = stack();
         feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
         let dgram = udp(5000, 9999, b"anyone?");
-        let (out, drop) = feed(&mut s, &eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &dgram)));
+        let (out, drop) = feed(
+            &mut s,
+            &eth(
+                OUR_MAC,
+                EthernetProtocol::Ipv4,
+                &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &dgram),
+            ),
+        );
         assert_eq!(drop, Some(DropReason::UdpNoSocket));
         assert_eq!(out.len(), 1);
         let (_, ip) = parse_ip(&out[0]);
         let p = Icmpv4Packet::new_checked(ip.payload()).unwrap();
         assert!(p.verify_checksum());
-        assert_eq!((p.msg_type(), p.msg_code()), (Icmpv4Message::DstUnreachable, 3));
+        assert_eq!(
+            (p.msg_type(), p.msg_code()),
+            (Icmpv4Message::DstUnreachable, 3)
+        );
         // The quoted header names the original datagram.
         let quoted = Ipv4Packet::new_unchecked(p.data());
         assert_eq!((quoted.src_addr(), quoted.dst_addr()), (PEER_IP, OUR_IP));
         assert_eq!(&p.data()[IP_LEN..IP_LEN + 8], &dgram[..8]);
 
-        let (out, drop) = feed(&mut s, &eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Unknown(253), &[0; 8])));
+        let (out, drop) = feed(
+            &mut s,
+            &eth(
+                OUR_MAC,
+                EthernetProtocol::Ipv4,
+                &ipv4(PEER_IP, OUR_IP, IpProtocol::Unknown(253), &[0; 8]),
+            ),
+        );
         assert_eq!(drop, Some(DropReason::Ipv4UnknownProtocol));
         let (_, ip) = parse_ip(&out[0]);
-        assert_eq!(Icmpv4Packet::new_checked(ip.payload()).unwrap().msg_code(), 2);
+        assert_eq!(
+            Icmpv4Packet::new_checked(ip.payload()).unwrap().msg_code(),
+            2
+        );
 
         // Nothing is sent about a datagram to a broadcast address.
         let mut no_csum = dgram.clone();
         no_csum[6..8].fill(0);
-        let bcast = ipv4(PEER_IP, Ipv4Addr::new(10, 0, 0, 255), IpProtocol::Udp, &no_csum);
-        let (out, drop) = feed(&mut s, &eth(EthernetAddress::BROADCAST, EthernetProtocol::Ipv4, &bcast));
+        let bcast = ipv4(
+            PEER_IP,
+            Ipv4Addr::new(10, 0, 0, 255),
+            IpProtocol::Udp,
+            &no_csum,
+        );
+        let (out, drop) = feed(
+            &mut s,
+            &eth(EthernetAddress::BROADCAST, EthernetProtocol::Ipv4, &bcast),
+        );
         assert_eq!(drop, Some(DropReason::UdpNoSocket));
         assert!(out.is_empty());
     }
@@ -1127,7 +1233,11 @@ mod test {
     fn icmp_errors_are_rate_limited() {
         let mut s = stack();
         feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
-        let frame = eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &udp(1, 2, b"x")));
+        let frame = eth(
+            OUR_MAC,
+            EthernetProtocol::Ipv4,
+            &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &udp(1, 2, b"x")),
+        );
         let mut sent = 0;
         for _ in 0..1000 {
             sent += feed(&mut s, &frame).0.len();
@@ -1142,11 +1252,18 @@ mod test {
         feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
         let h = s.udp_bind(7000).unwrap();
         assert_eq!(s.udp_bind(7000), Err(Error::AddrInUse));
-        let frame = eth(OUR_MAC, EthernetProtocol::Ipv4, &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &udp(5555, 7000, b"ping!")));
+        let frame = eth(
+            OUR_MAC,
+            EthernetProtocol::Ipv4,
+            &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &udp(5555, 7000, b"ping!")),
+        );
         assert_eq!(feed(&mut s, &frame).1, None);
         let mut buf = [0u8; 64];
         let (n, from) = s.udp_recv_from(h, &mut buf).unwrap().unwrap();
-        assert_eq!((&buf[..n], from), (&b"ping!"[..], SocketAddrV4::new(PEER_IP, 5555)));
+        assert_eq!(
+            (&buf[..n], from),
+            (&b"ping!"[..], SocketAddrV4::new(PEER_IP, 5555))
+        );
         assert_eq!(s.udp_recv_from(h, &mut buf).unwrap(), None);
 
         s.udp_send_to(h, from, b"pong!").unwrap();
@@ -1156,7 +1273,10 @@ mod test {
         let (_, ip) = parse_ip(&tx.frames[0]);
         let u = UdpPacket::new_checked(ip.payload()).unwrap();
         assert!(u.verify_checksum(&IpAddress::Ipv4(OUR_IP), &IpAddress::Ipv4(PEER_IP)));
-        assert_eq!((u.src_port(), u.dst_port(), u.payload()), (7000, 5555, &b"pong!"[..]));
+        assert_eq!(
+            (u.src_port(), u.dst_port(), u.payload()),
+            (7000, 5555, &b"pong!"[..])
+        );
 
         let e = s.udp_bind(0).unwrap();
         assert!(s.udp_local_port(e).unwrap() >= 49_152);
@@ -1183,7 +1303,11 @@ mod test {
         let mut toward_b = true;
         while !frames.is_empty() {
             let mut out = VecTx::new();
-            let (rx, _) = if toward_b { (&mut b, &mut a) } else { (&mut a, &mut b) };
+            let (rx, _) = if toward_b {
+                (&mut b, &mut a)
+            } else {
+                (&mut a, &mut b)
+            };
             for f in &frames {
                 rx.receive(T0, f, &mut out);
             }
@@ -1207,7 +1331,12 @@ mod test {
     fn no_route_without_gateway() {
         let mut s = stack();
         let h = s.udp_bind(1).unwrap();
-        s.udp_send_to(h, SocketAddrV4::new(Ipv4Address::new(192, 0, 2, 1), 9), b"x").unwrap();
+        s.udp_send_to(
+            h,
+            SocketAddrV4::new(Ipv4Address::new(192, 0, 2, 1), 9),
+            b"x",
+        )
+        .unwrap();
         let mut tx = VecTx::new();
         s.poll(T0, &mut tx);
         assert!(tx.frames.is_empty());

@@ -88,7 +88,12 @@ impl Sub<Instant> for Instant {
 
 impl core::fmt::Display for Instant {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{}.{:09}s", self.nanos / 1_000_000_000, self.nanos % 1_000_000_000)
+        write!(
+            f,
+            "{}.{:09}s",
+            self.nanos / 1_000_000_000,
+            self.nanos % 1_000_000_000
+        )
     }
 }
 
@@ -111,7 +116,10 @@ mod test {
         assert_eq!(t + Duration::from_millis(5), Instant::from_millis(10));
         assert_eq!(t - Duration::from_secs(1), Instant::ZERO);
         assert_eq!(Instant::ZERO - t, Duration::ZERO);
-        assert_eq!(Instant::FAR_FUTURE + Duration::from_secs(1), Instant::FAR_FUTURE);
+        assert_eq!(
+            Instant::FAR_FUTURE + Duration::from_secs(1),
+            Instant::FAR_FUTURE
+        );
         assert_eq!(earliest(Some(t), None), Some(t));
         assert_eq!(earliest(Some(t), Some(Instant::ZERO)), Some(Instant::ZERO));
         assert_eq!(Instant::from_micros(1_500).to_string(), "0.001500000s");

@@ -49,7 +49,11 @@ impl UdpTable {
         let span = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
         for _ in 0..span {
             let p = self.next_ephemeral.max(EPHEMERAL_FIRST);
-            self.next_ephemeral = if p == u16::MAX { EPHEMERAL_FIRST } else { p + 1 };
+            self.next_ephemeral = if p == u16::MAX {
+                EPHEMERAL_FIRST
+            } else {
+                p + 1
+            };
             if !self.by_port.contains_key(&p) {
                 return Some(p);
             }
@@ -94,7 +98,12 @@ impl Stack {
     }
 
     /// Queue a datagram to `dst`; it leaves on the next poll.
-    pub fn udp_send_to(&mut self, h: UdpHandle, dst: SocketAddrV4, data: &[u8]) -> Result<(), Error> {
+    pub fn udp_send_to(
+        &mut self,
+        h: UdpHandle,
+        dst: SocketAddrV4,
+        data: &[u8],
+    ) -> Result<(), Error> {
         if data.len() > MAX_UDP_PAYLOAD {
             return Err(Error::TooLarge);
         }

@@ -72,10 +72,17 @@ fn seeds() -> Vec<Vec<u8>> {
         data: &[0x55; 56],
     };
     let mut e = vec![0u8; echo.buffer_len()];
-    echo.emit(&mut Icmpv4Packet::new_unchecked(&mut e[..]), &ChecksumCapabilities::default());
+    echo.emit(
+        &mut Icmpv4Packet::new_unchecked(&mut e[..]),
+        &ChecksumCapabilities::default(),
+    );
     let udp = |port: u16| {
         let mut u = vec![0u8; 8 + 32];
-        UdpRepr { src_port: 1234, dst_port: port }.emit(
+        UdpRepr {
+            src_port: 1234,
+            dst_port: port,
+        }
+        .emit(
             &mut UdpPacket::new_unchecked(&mut u[..]),
             &IpAddress::Ipv4(PEER),
             &IpAddress::Ipv4(US),

@@ -43,11 +43,18 @@ fn stacks_resolve_each_other_by_arp() {
     let mut net = two_hosts(LinkConfig::default());
     let mut p = pinger(1);
     let ok = net.run_until(Instant::from_secs(5), &mut [&mut p], |n| {
-        !n.nodes[0].stack.arp_entries(n.now).is_empty() && !n.nodes[1].stack.arp_entries(n.now).is_empty()
+        !n.nodes[0].stack.arp_entries(n.now).is_empty()
+            && !n.nodes[1].stack.arp_entries(n.now).is_empty()
     });
     assert!(ok);
-    assert_eq!(net.nodes[0].stack.arp_entries(net.now), vec![(B, host_mac(2))]);
-    assert_eq!(net.nodes[1].stack.arp_entries(net.now), vec![(A, host_mac(1))]);
+    assert_eq!(
+        net.nodes[0].stack.arp_entries(net.now),
+        vec![(B, host_mac(2))]
+    );
+    assert_eq!(
+        net.nodes[1].stack.arp_entries(net.now),
+        vec![(A, host_mac(1))]
+    );
     drain_and_check_pools(&mut net);
 }
 
@@ -61,9 +68,15 @@ fn thousand_pings_clean_link_no_loss() {
     // run_until stops when nothing is left to do: the pinger is finished.
     net.run_until(Instant::from_secs(60), &mut [&mut p], |_| false);
     assert!(p.finished(net.now));
-    assert!(net.now < Instant::from_secs(60), "finished early, not at the deadline");
+    assert!(
+        net.now < Instant::from_secs(60),
+        "finished early, not at the deadline"
+    );
     let s = p.summary();
-    assert_eq!((s.transmitted, s.received, s.duplicates, s.errors), (1000, 1000, 0, 0));
+    assert_eq!(
+        (s.transmitted, s.received, s.duplicates, s.errors),
+        (1000, 1000, 0, 0)
+    );
     assert_eq!(s.loss_percent(), 0.0);
     // RTT is two one-way delays on the virtual clock; only the first ping,
     // which waited for ARP, may take longer.
@@ -73,7 +86,10 @@ fn thousand_pings_clean_link_no_loss() {
     assert_eq!(b.icmp.rx_echo_requests, 1000);
     assert_eq!(b.icmp.tx_echo_replies, 1000);
     // The only frame B did not use: A's gratuitous ARP, sent before B knew A.
-    assert_eq!(b.drops.nonzero().collect::<Vec<_>>(), vec![("arp_not_for_us", 1)]);
+    assert_eq!(
+        b.drops.nonzero().collect::<Vec<_>>(),
+        vec![("arp_not_for_us", 1)]
+    );
     assert_eq!(net.nodes[0].stack.stats().icmp.rx_echo_replies, 1000);
     drain_and_check_pools(&mut net);
 }
@@ -113,7 +129,9 @@ struct UdpEcho {
 
 impl App for UdpEcho {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
-        let h = *self.h.get_or_insert_with(|| stack.udp_bind(self.port).expect("bind"));
+        let h = *self
+            .h
+            .get_or_insert_with(|| stack.udp_bind(self.port).expect("bind"));
         let mut buf = vec![0u8; 65_536];
         while let Ok(Some((n, from))) = stack.udp_recv_from(h, &mut buf) {
             stack.udp_send_to(h, from, &buf[..n]).expect("send");
@@ -138,11 +156,15 @@ fn payload(i: usize, len: usize) -> Vec<u8> {
 
 impl App for UdpClient {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
-        let h = *self.h.get_or_insert_with(|| stack.udp_bind(0).expect("bind"));
+        let h = *self
+            .h
+            .get_or_insert_with(|| stack.udp_bind(0).expect("bind"));
         // A few in flight at a time.
         while self.next < self.sizes.len() && self.next < self.received.len() + 8 {
             let d = payload(self.next, self.sizes[self.next]);
-            stack.udp_send_to(h, SocketAddrV4::new(B, 7), &d).expect("send");
+            stack
+                .udp_send_to(h, SocketAddrV4::new(B, 7), &d)
+                .expect("send");
             self.next += 1;
         }
         let mut buf = vec![0u8; 65_536];
@@ -163,7 +185,9 @@ fn udp_echo_over_reordering_duplicating_link_including_fragments() {
         seed: 7,
         ..LinkConfig::default()
     });
-    let sizes: Vec<usize> = (0..200).map(|i| [16, 512, 1472, 3000, 9000][i % 5]).collect();
+    let sizes: Vec<usize> = (0..200)
+        .map(|i| [16, 512, 1472, 3000, 9000][i % 5])
+        .collect();
     let mut client = UdpClient {
         h: None,
         sizes: sizes.clone(),
@@ -171,13 +195,21 @@ fn udp_echo_over_reordering_duplicating_link_including_fragments() {
         received: Vec::new(),
     };
     let mut echo = UdpEcho { port: 7, h: None };
-    let ok = net.run_until(Instant::from_secs(30), &mut [&mut client, &mut echo], |_| false);
+    let ok = net.run_until(
+        Instant::from_secs(30),
+        &mut [&mut client, &mut echo],
+        |_| false,
+    );
     assert!(!ok);
     // Duplicates mean some datagrams come back twice; every one must be intact.
     let mut seen = std::collections::BTreeMap::new();
     for d in &client.received {
         let i = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
-        assert_eq!(Sha256::digest(d), Sha256::digest(payload(i, sizes[i])), "datagram {i} corrupted");
+        assert_eq!(
+            Sha256::digest(d),
+            Sha256::digest(payload(i, sizes[i])),
+            "datagram {i} corrupted"
+        );
         seen.insert(i, ());
     }
     assert_eq!(seen.len(), sizes.len(), "every datagram echoed");
@@ -224,7 +256,11 @@ fn rate_limited_link_paces_frames() {
     let s = p.summary();
     assert_eq!(s.received, 5);
     // Request and reply each serialize once: 2 x 1514 x 8 bits at 1 Mbit/s.
-    assert!(s.rtt.min >= Duration::from_micros(24_000), "{:?}", s.rtt.min);
+    assert!(
+        s.rtt.min >= Duration::from_micros(24_000),
+        "{:?}",
+        s.rtt.min
+    );
     drain_and_check_pools(&mut net);
 }
 

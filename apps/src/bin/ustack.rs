@@ -16,7 +16,11 @@ use ustack::{Instant, Stack};
 use ustack_apps::report::{counters, ms};
 
 #[derive(Parser, Debug)]
-#[command(name = "ustack", version, about = "Kernel-bypass userspace TCP/IP stack")]
+#[command(
+    name = "ustack",
+    version,
+    about = "Kernel-bypass userspace TCP/IP stack"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -240,7 +244,9 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     }
     // Let replies in flight arrive before the summary.
     let grace = Duration::from_millis(200) + Duration::from_secs_f64(args.delay * 2.0 / 1e3);
-    net.run_realtime(&clock, grace, &mut [&mut (), &mut host_b], |n| n.link.in_flight() == 0);
+    net.run_realtime(&clock, grace, &mut [&mut (), &mut host_b], |n| {
+        n.link.in_flight() == 0
+    });
     let mut host_a_tail = host_a;
     host_a_tail.poll(clock.now(), &mut net.nodes[a].stack);
 
@@ -273,8 +279,14 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     );
     println!();
     let now = clock.now();
-    print!("{}", counters(&format!("host A {a_ip}"), &net.nodes[a].snapshot(now)));
-    print!("{}", counters(&format!("host B {b_ip}"), &net.nodes[b].snapshot(now)));
+    print!(
+        "{}",
+        counters(&format!("host A {a_ip}"), &net.nodes[a].snapshot(now))
+    );
+    print!(
+        "{}",
+        counters(&format!("host B {b_ip}"), &net.nodes[b].snapshot(now))
+    );
     // Frames still on the wire hold buffers; everything else must be back.
     let in_flight = net.link.in_flight();
     let in_use = net.pools_in_use();
@@ -284,7 +296,11 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     if s.transmitted == 0 {
         return Err(anyhow::anyhow!("no ping was sent")).context("demo did not run");
     }
-    Ok(if s.received > 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if s.received > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn fmt_loss(p: f64) -> String {

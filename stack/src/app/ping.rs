@@ -162,7 +162,9 @@ impl Pinger {
     }
 
     fn all_sent(&self) -> bool {
-        self.cfg.count.is_some_and(|c| self.summary.transmitted >= c)
+        self.cfg
+            .count
+            .is_some_and(|c| self.summary.transmitted >= c)
     }
 
     /// All requests sent and each answered or timed out (as of `now`).
@@ -173,8 +175,7 @@ impl Pinger {
         if !self.all_sent() {
             return false;
         }
-        self.outstanding.is_empty()
-            || self.last_send.is_some_and(|t| now >= t + self.cfg.timeout)
+        self.outstanding.is_empty() || self.last_send.is_some_and(|t| now >= t + self.cfg.timeout)
     }
 
     fn push_event(&mut self, ev: PingerEvent) {

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs every ustack test: formatting, lints, the pure-Rust default build, the
+# all-features build, unit, property and integration tests.
+#
+# On a fresh Debian machine, run as root: it installs the system packages the
+# feature builds and the netns tests need when they are missing. Without root
+# it skips the install and runs what the machine can.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-config
+          iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd)
+
+step() { printf '\n==> %s\n' "$*"; }
+
+install_packages() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && { echo "system packages present"; return; }
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "not root: skipping install of ${missing[*]} (feature builds and netns tests may be skipped)"
+    return
+  fi
+  step "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+step "system packages"
+install_packages
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "clippy (default features, all targets)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "clippy (all features, all targets)"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+
+step "build: default features (pure Rust)"
+cargo build --workspace --locked
+
+step "build: all features, release"
+cargo build --workspace --all-features --release --locked
+
+step "tests: unit, property, sim and CLI (all features)"
+cargo test --workspace --all-features --locked --no-fail-fast
+
+step "README command: cargo run --release --bin ustack -- demo"
+cargo run --release --locked --bin ustack -- demo --duration 2 --no-tui >/dev/null
+
+echo
+echo "all tests passed"
