@@ -43,3 +43,8 @@ pub mod wire {
         UdpRepr,
     };
 }
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+mod readme {}
