@@ -26,8 +26,12 @@ install_packages() {
   step "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Wait for another apt to finish instead of failing on its lock, and
+  # finish any install an earlier run was interrupted in.
+  local apt_opts=(-o DPkg::Lock::Timeout=600)
+  dpkg --configure -a >/dev/null 2>&1 || true
+  apt-get "${apt_opts[@]}" update -qq
+  apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 step "system packages"
