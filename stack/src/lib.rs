@@ -23,6 +23,7 @@ pub mod icmp;
 pub mod pool;
 pub mod runtime;
 pub mod sim;
+pub mod tcp;
 pub mod stack;
 pub mod stats;
 pub mod time;
