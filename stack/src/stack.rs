@@ -122,7 +122,7 @@ impl RateLimit {
 
 /// What the IP layer tells the transport about a received datagram.
 #[derive(Debug, Clone, Copy)]
-struct IpMeta {
+pub(crate) struct IpMeta {
     src: Ipv4Addr,
     dst: Ipv4Addr,
     protocol: IpProtocol,
@@ -131,55 +131,65 @@ struct IpMeta {
     broadcast: bool,
 }
 
-/// One instance of the protocol engine.
+/// The layers below the transport: configuration, ARP, counters and the
+/// IPv4 transmit path. Kept apart from the socket tables so a transport can
+/// write a segment straight from its own buffers while `Link` emits it.
 #[derive(Debug)]
-pub struct Stack {
+pub(crate) struct Link {
     pub(crate) cfg: Config,
     checksum: ChecksumCapabilities,
     arp: ArpCache,
-    frags: Reassembler,
-    pub(crate) pings: PingTable,
-    pub(crate) udp: UdpTable,
-    stats: Stats,
+    pub(crate) stats: Stats,
     ip_ident: u16,
     announced: bool,
     icmp_errors: RateLimit,
     arp_retry: Vec<Ipv4Addr>,
 }
 
+/// One instance of the protocol engine.
+#[derive(Debug)]
+pub struct Stack {
+    pub(crate) link: Link,
+    frags: Reassembler,
+    pub(crate) pings: PingTable,
+    pub(crate) udp: UdpTable,
+}
+
 impl Stack {
     pub fn new(cfg: Config) -> Self {
         Stack {
-            arp: ArpCache::new(cfg.arp.clone()),
             frags: Reassembler::new(cfg.frag.clone()),
-            icmp_errors: RateLimit::new(cfg.icmp_error_rate),
-            announced: !cfg.announce,
-            cfg,
-            checksum: ChecksumCapabilities::default(),
+            link: Link {
+                arp: ArpCache::new(cfg.arp.clone()),
+                icmp_errors: RateLimit::new(cfg.icmp_error_rate),
+                announced: !cfg.announce,
+                cfg,
+                checksum: ChecksumCapabilities::default(),
+                stats: Stats::default(),
+                ip_ident: 0,
+                arp_retry: Vec::new(),
+            },
             pings: PingTable::default(),
             udp: UdpTable::default(),
-            stats: Stats::default(),
-            ip_ident: 0,
-            arp_retry: Vec::new(),
         }
     }
 
     pub fn config(&self) -> &Config {
-        &self.cfg
+        &self.link.cfg
     }
 
     pub fn ip(&self) -> Ipv4Addr {
-        self.cfg.ip.address()
+        self.link.cfg.ip.address()
     }
 
     pub fn mac(&self) -> EthernetAddress {
-        self.cfg.mac
+        self.link.cfg.mac
     }
 
     /// A copy of every counter, gauges filled in.
     pub fn stats(&self) -> Stats {
-        let mut s = self.stats.clone();
-        s.arp = self.arp.stats();
+        let mut s = self.link.stats.clone();
+        s.arp = self.link.arp.stats();
         s.ipv4.reassembly_bytes = self.frags.mem() as u64;
         s.ipv4.reassembly_bytes_hwm = self.frags.mem_hwm as u64;
         s.ipv4.reassembly_timeouts = self.frags.timeouts;
@@ -189,7 +199,7 @@ impl Stack {
 
     /// ARP entries that are fresh at `now`.
     pub fn arp_entries(&self, now: Instant) -> Vec<(Ipv4Addr, EthernetAddress)> {
-        self.arp.entries(now)
+        self.link.arp.entries(now)
     }
 
     // ---------------------------------------------------------------- receive
@@ -197,13 +207,13 @@ impl Stack {
     /// Process one received frame. Replies (ARP, echo, ICMP errors) are
     /// written to `tx` at once.
     pub fn receive<T: Tx>(&mut self, now: Instant, frame: &[u8], tx: &mut T) {
-        self.stats.eth.rx_frames += 1;
-        self.stats.eth.rx_bytes += frame.len() as u64;
+        self.link.stats.eth.rx_frames += 1;
+        self.link.stats.eth.rx_bytes += frame.len() as u64;
         match self.process_ethernet(now, frame, tx) {
-            Ok(()) => self.stats.eth.rx_accepted += 1,
+            Ok(()) => self.link.stats.eth.rx_accepted += 1,
             Err(reason) => {
                 trace!(reason = reason.name(), len = frame.len(), "drop");
-                self.stats.drops.inc(reason);
+                self.link.stats.drops.inc(reason);
             }
         }
     }
@@ -215,11 +225,11 @@ impl Stack {
         tx: &mut T,
     ) -> Result<(), DropReason> {
         let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::EthTruncated)?;
-        if frame.len() > ETH_LEN + self.cfg.mtu {
+        if frame.len() > ETH_LEN + self.link.cfg.mtu {
             return Err(DropReason::EthOversize);
         }
         let dst = eth.dst_addr();
-        if dst != self.cfg.mac && !dst.is_broadcast() {
+        if dst != self.link.cfg.mac && !dst.is_broadcast() {
             return Err(DropReason::EthNotForUs);
         }
         let src = eth.src_addr();
@@ -252,8 +262,8 @@ impl Stack {
             return Err(DropReason::ArpMalformed);
         };
         match operation {
-            ArpOperation::Request => self.arp.stats.rx_requests += 1,
-            ArpOperation::Reply => self.arp.stats.rx_replies += 1,
+            ArpOperation::Request => self.link.arp.stats.rx_requests += 1,
+            ArpOperation::Reply => self.link.arp.stats.rx_replies += 1,
             _ => return Err(DropReason::ArpMalformed),
         }
         if !sha.is_unicast() {
@@ -267,39 +277,23 @@ impl Stack {
         let for_us = tpa == me;
         let gratuitous = spa == tpa;
         if gratuitous {
-            self.arp.stats.rx_gratuitous += 1;
+            self.link.arp.stats.rx_gratuitous += 1;
         }
         let learnable = !spa.is_unspecified() && !spa.is_broadcast() && !spa.is_multicast();
-        let known = self.arp.knows(spa);
+        let known = self.link.arp.knows(spa);
         if learnable {
             // RFC 826: refresh a known sender; add it when the packet is for us.
-            let waiting = self.arp.learn(now, spa, sha, for_us);
-            self.flush_waiting(sha, waiting, tx);
+            let waiting = self.link.arp.learn(now, spa, sha, for_us);
+            self.link.flush_waiting(sha, waiting, tx);
         }
         if for_us && operation == ArpOperation::Request {
-            self.send_arp(tx, ArpOperation::Reply, sha, spa);
-            self.arp.stats.tx_replies += 1;
+            self.link.send_arp(tx, ArpOperation::Reply, sha, spa);
+            self.link.arp.stats.tx_replies += 1;
         }
         if for_us || (learnable && known) {
             Ok(())
         } else {
             Err(DropReason::ArpNotForUs)
-        }
-    }
-
-    fn flush_waiting<T: Tx>(
-        &mut self,
-        mac: EthernetAddress,
-        waiting: VecDeque<Vec<u8>>,
-        tx: &mut T,
-    ) {
-        for packet in waiting {
-            let src = self.cfg.mac;
-            let ok = tx.send(ETH_LEN + packet.len(), |buf| {
-                write_eth(buf, src, mac, EthernetProtocol::Ipv4);
-                buf[ETH_LEN..].copy_from_slice(&packet);
-            });
-            self.count_tx(ok, ETH_LEN + packet.len());
         }
     }
 
@@ -332,7 +326,7 @@ impl Stack {
         }
         let (src, dst) = (pkt.src_addr(), pkt.dst_addr());
         let me = self.ip();
-        let broadcast = dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast();
+        let broadcast = dst.is_broadcast() || Some(dst) == self.link.cfg.ip.broadcast();
         if dst != me && !broadcast {
             return Err(DropReason::Ipv4NotForUs);
         }
@@ -340,12 +334,12 @@ impl Stack {
             || src.is_multicast()
             || src.is_unspecified()
             || src == me
-            || Some(src) == self.cfg.ip.broadcast()
+            || Some(src) == self.link.cfg.ip.broadcast()
         {
             return Err(DropReason::Ipv4BadSource);
         }
-        self.stats.ipv4.rx_packets += 1;
-        self.stats.ipv4.rx_bytes += tl as u64;
+        self.link.stats.ipv4.rx_packets += 1;
+        self.link.stats.ipv4.rx_bytes += tl as u64;
         let meta = IpMeta {
             src,
             dst,
@@ -355,7 +349,7 @@ impl Stack {
         };
         let body = &payload[hl..tl];
         if pkt.more_frags() || pkt.frag_offset() != 0 {
-            self.stats.ipv4.rx_fragments += 1;
+            self.link.stats.ipv4.rx_fragments += 1;
             let key = FragKey {
                 src,
                 dst,
@@ -369,7 +363,7 @@ impl Stack {
             {
                 None => Ok(()),
                 Some(whole) => {
-                    self.stats.ipv4.reassembled += 1;
+                    self.link.stats.ipv4.reassembled += 1;
                     let meta = IpMeta {
                         ttl: whole.ttl,
                         ..meta
@@ -393,7 +387,7 @@ impl Stack {
             IpProtocol::Udp => self.process_udp(now, meta, body, tx),
             IpProtocol::Tcp => Err(DropReason::TcpUnsupported),
             _ => {
-                self.send_unreachable(now, tx, Icmpv4DstUnreachable::ProtoUnreachable, meta, body);
+                self.link.send_unreachable(now, tx, Icmpv4DstUnreachable::ProtoUnreachable, meta, body);
                 Err(DropReason::Ipv4UnknownProtocol)
             }
         }
@@ -412,8 +406,8 @@ impl Stack {
         }
         match pkt.msg_type() {
             Icmpv4Message::EchoRequest => {
-                self.stats.icmp.rx_echo_requests += 1;
-                if meta.broadcast && !self.cfg.answer_broadcast_ping {
+                self.link.stats.icmp.rx_echo_requests += 1;
+                if meta.broadcast && !self.link.cfg.answer_broadcast_ping {
                     return Err(DropReason::IcmpUnhandled);
                 }
                 let reply = Icmpv4Repr::EchoReply {
@@ -421,8 +415,8 @@ impl Stack {
                     seq_no: pkt.echo_seq_no(),
                     data: pkt.data(),
                 };
-                let caps = self.checksum.clone();
-                let sent = self.send_ip(
+                let caps = self.link.checksum.clone();
+                let sent = self.link.send_ip(
                     now,
                     tx,
                     meta.src,
@@ -433,7 +427,7 @@ impl Stack {
                     },
                 );
                 if sent.is_ok() {
-                    self.stats.icmp.tx_echo_replies += 1;
+                    self.link.stats.icmp.tx_echo_replies += 1;
                 }
                 Ok(())
             }
@@ -448,14 +442,14 @@ impl Stack {
                     sent_at: echo_timestamp(data),
                     received_at: now,
                 };
-                self.stats.icmp.rx_echo_replies += 1;
+                self.link.stats.icmp.rx_echo_replies += 1;
                 match self.pings.deliver(reply.ident, PingEvent::Reply(reply)) {
                     Some(true) => Ok(()),
                     _ => Err(DropReason::IcmpUnhandled),
                 }
             }
             Icmpv4Message::DstUnreachable => {
-                self.stats.icmp.rx_dest_unreachable += 1;
+                self.link.stats.icmp.rx_dest_unreachable += 1;
                 // The quoted datagram: our IPv4 header, then 8 bytes of ICMP.
                 // Only the header and 8 bytes are quoted, so the quoted total
                 // length exceeds what is here: check the header alone.
@@ -504,9 +498,9 @@ impl Stack {
             return Err(DropReason::UdpBadChecksum);
         }
         let data = pkt.payload();
-        let cap = self.cfg.udp_rx_queue_bytes;
+        let cap = self.link.cfg.udp_rx_queue_bytes;
         let Some(sock) = self.udp.by_port(pkt.dst_port()) else {
-            self.send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
+            self.link.send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
             return Err(DropReason::UdpNoSocket);
         };
         if sock.rx_bytes + data.len() > cap && !sock.rx.is_empty() {
@@ -515,14 +509,127 @@ impl Stack {
         sock.rx_bytes += data.len();
         sock.rx
             .push_back((SocketAddrV4::new(meta.src, pkt.src_port()), data.to_vec()));
-        self.stats.udp.rx_datagrams += 1;
-        self.stats.udp.rx_bytes += data.len() as u64;
+        self.link.stats.udp.rx_datagrams += 1;
+        self.link.stats.udp.rx_bytes += data.len() as u64;
         Ok(())
+    }
+
+    // ------------------------------------------------------------------- poll
+
+    /// Run timers and emit what sockets queued.
+    pub fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        if !self.link.announced {
+            self.link.announced = true;
+            let me = self.ip();
+            self.link.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, me);
+            self.link.arp.stats.tx_gratuitous += 1;
+        }
+        let mut retry = std::mem::take(&mut self.link.arp_retry);
+        self.link.arp.poll(now, &mut retry);
+        for ip in retry.drain(..) {
+            self.link.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, ip);
+            self.link.arp.stats.tx_requests += 1;
+        }
+        self.link.arp_retry = retry;
+        self.frags.poll(now);
+        self.emit_pings(now, tx);
+        self.emit_udp(now, tx);
+    }
+
+    /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
+    pub fn poll_at(&self) -> Option<Instant> {
+        if !self.link.announced || !self.pings.ready.is_empty() || !self.udp.ready.is_empty() {
+            return Some(Instant::ZERO);
+        }
+        earliest(self.link.arp.poll_at(), self.frags.poll_at())
+    }
+
+    fn emit_pings<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        while let Some(idx) = self.pings.ready.pop_front() {
+            let Some(sock) = self.pings.sockets.get_mut(idx).and_then(Option::as_mut) else {
+                continue;
+            };
+            sock.queued = false;
+            let ident = sock.ident;
+            let requests: Vec<_> = sock.tx.drain(..).collect();
+            for req in requests {
+                let len = 8 + req.size;
+                let sent = self.link.send_ip(now, tx, req.dst, IpProtocol::Icmp, len, |buf| {
+                    let mut p = Icmpv4Packet::new_unchecked(buf);
+                    p.set_msg_type(Icmpv4Message::EchoRequest);
+                    p.set_msg_code(0);
+                    p.set_echo_ident(ident);
+                    p.set_echo_seq_no(req.seq);
+                    fill_echo_data(p.data_mut(), now);
+                    p.fill_checksum();
+                });
+                if sent.is_ok() {
+                    self.link.stats.icmp.tx_echo_requests += 1;
+                }
+            }
+        }
+    }
+
+    fn emit_udp<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        while let Some(idx) = self.udp.ready.pop_front() {
+            let Some(sock) = self.udp.sockets.get_mut(idx).and_then(Option::as_mut) else {
+                continue;
+            };
+            sock.queued = false;
+            let port = sock.port;
+            let datagrams = std::mem::take(&mut sock.tx);
+            sock.tx_bytes = 0;
+            for (dst, data) in datagrams {
+                let src = IpAddress::Ipv4(self.ip());
+                let repr = UdpRepr {
+                    src_port: port,
+                    dst_port: dst.port(),
+                };
+                let caps = self.link.checksum.clone();
+                let len = repr.header_len() + data.len();
+                let sent = self.link.send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
+                    repr.emit(
+                        &mut UdpPacket::new_unchecked(buf),
+                        &src,
+                        &IpAddress::Ipv4(*dst.ip()),
+                        data.len(),
+                        |p| p.copy_from_slice(&data),
+                        &caps,
+                    );
+                });
+                if sent.is_ok() {
+                    self.link.stats.udp.tx_datagrams += 1;
+                    self.link.stats.udp.tx_bytes += data.len() as u64;
+                }
+            }
+        }
+    }
+}
+
+impl Link {
+    pub(crate) fn ip(&self) -> Ipv4Addr {
+        self.cfg.ip.address()
+    }
+
+    pub(crate) fn flush_waiting<T: Tx>(
+        &mut self,
+        mac: EthernetAddress,
+        waiting: VecDeque<Vec<u8>>,
+        tx: &mut T,
+    ) {
+        for packet in waiting {
+            let src = self.cfg.mac;
+            let ok = tx.send(ETH_LEN + packet.len(), |buf| {
+                write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+                buf[ETH_LEN..].copy_from_slice(&packet);
+            });
+            self.count_tx(ok, ETH_LEN + packet.len());
+        }
     }
 
     /// ICMP destination unreachable about a datagram we received, rate-limited,
     /// never about a broadcast or an ICMP error.
-    fn send_unreachable<T: Tx>(
+    pub(crate) fn send_unreachable<T: Tx>(
         &mut self,
         now: Instant,
         tx: &mut T,
@@ -565,100 +672,8 @@ impl Stack {
         }
     }
 
-    // ------------------------------------------------------------------- poll
-
-    /// Run timers and emit what sockets queued.
-    pub fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
-        if !self.announced {
-            self.announced = true;
-            let me = self.ip();
-            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, me);
-            self.arp.stats.tx_gratuitous += 1;
-        }
-        let mut retry = std::mem::take(&mut self.arp_retry);
-        self.arp.poll(now, &mut retry);
-        for ip in retry.drain(..) {
-            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, ip);
-            self.arp.stats.tx_requests += 1;
-        }
-        self.arp_retry = retry;
-        self.frags.poll(now);
-        self.emit_pings(now, tx);
-        self.emit_udp(now, tx);
-    }
-
-    /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
-    pub fn poll_at(&self) -> Option<Instant> {
-        if !self.announced || !self.pings.ready.is_empty() || !self.udp.ready.is_empty() {
-            return Some(Instant::ZERO);
-        }
-        earliest(self.arp.poll_at(), self.frags.poll_at())
-    }
-
-    fn emit_pings<T: Tx>(&mut self, now: Instant, tx: &mut T) {
-        while let Some(idx) = self.pings.ready.pop_front() {
-            let Some(sock) = self.pings.sockets.get_mut(idx).and_then(Option::as_mut) else {
-                continue;
-            };
-            sock.queued = false;
-            let ident = sock.ident;
-            let requests: Vec<_> = sock.tx.drain(..).collect();
-            for req in requests {
-                let len = 8 + req.size;
-                let sent = self.send_ip(now, tx, req.dst, IpProtocol::Icmp, len, |buf| {
-                    let mut p = Icmpv4Packet::new_unchecked(buf);
-                    p.set_msg_type(Icmpv4Message::EchoRequest);
-                    p.set_msg_code(0);
-                    p.set_echo_ident(ident);
-                    p.set_echo_seq_no(req.seq);
-                    fill_echo_data(p.data_mut(), now);
-                    p.fill_checksum();
-                });
-                if sent.is_ok() {
-                    self.stats.icmp.tx_echo_requests += 1;
-                }
-            }
-        }
-    }
-
-    fn emit_udp<T: Tx>(&mut self, now: Instant, tx: &mut T) {
-        while let Some(idx) = self.udp.ready.pop_front() {
-            let Some(sock) = self.udp.sockets.get_mut(idx).and_then(Option::as_mut) else {
-                continue;
-            };
-            sock.queued = false;
-            let port = sock.port;
-            let datagrams = std::mem::take(&mut sock.tx);
-            sock.tx_bytes = 0;
-            for (dst, data) in datagrams {
-                let src = IpAddress::Ipv4(self.ip());
-                let repr = UdpRepr {
-                    src_port: port,
-                    dst_port: dst.port(),
-                };
-                let caps = self.checksum.clone();
-                let len = repr.header_len() + data.len();
-                let sent = self.send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
-                    repr.emit(
-                        &mut UdpPacket::new_unchecked(buf),
-                        &src,
-                        &IpAddress::Ipv4(*dst.ip()),
-                        data.len(),
-                        |p| p.copy_from_slice(&data),
-                        &caps,
-                    );
-                });
-                if sent.is_ok() {
-                    self.stats.udp.tx_datagrams += 1;
-                    self.stats.udp.tx_bytes += data.len() as u64;
-                }
-            }
-        }
-    }
-
-    // --------------------------------------------------------------- transmit
-
-    fn count_tx(&mut self, ok: bool, len: usize) {
+    
+    pub(crate) fn count_tx(&mut self, ok: bool, len: usize) {
         if ok {
             self.stats.eth.tx_frames += 1;
             self.stats.eth.tx_bytes += len as u64;
@@ -667,7 +682,7 @@ impl Stack {
         }
     }
 
-    fn send_arp<T: Tx>(
+    pub(crate) fn send_arp<T: Tx>(
         &mut self,
         tx: &mut T,
         operation: ArpOperation,
@@ -695,7 +710,7 @@ impl Stack {
     }
 
     /// The next hop for `dst`, or `None` when there is no route.
-    fn next_hop(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+    pub(crate) fn next_hop(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
         if self.cfg.ip.contains_addr(&dst) {
             Some(dst)
         } else {
@@ -703,7 +718,7 @@ impl Stack {
         }
     }
 
-    fn next_ident(&mut self) -> u16 {
+    pub(crate) fn next_ident(&mut self) -> u16 {
         self.ip_ident = self.ip_ident.wrapping_add(1);
         self.ip_ident
     }
@@ -810,7 +825,7 @@ impl Stack {
         Ok(())
     }
 
-    fn hold_for_arp<T: Tx>(&mut self, now: Instant, tx: &mut T, hop: Ipv4Addr, packet: Vec<u8>) {
+    pub(crate) fn hold_for_arp<T: Tx>(&mut self, now: Instant, tx: &mut T, hop: Ipv4Addr, packet: Vec<u8>) {
         if self.arp.enqueue(now, hop, packet) == Enqueue::QueuedSendRequest {
             self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, hop);
             self.arp.stats.tx_requests += 1;

@@ -107,7 +107,7 @@ impl Stack {
         if data.len() > MAX_UDP_PAYLOAD {
             return Err(Error::TooLarge);
         }
-        let cap = self.cfg.udp_tx_queue_bytes;
+        let cap = self.link.cfg.udp_tx_queue_bytes;
         let s = self.udp.get_mut(h)?;
         if s.tx_bytes + data.len() > cap && !s.tx.is_empty() {
             return Err(Error::QueueFull);
