@@ -24,6 +24,7 @@ use crate::frag::{FragConfig, FragKey, Reassembler};
 use crate::icmp::{PingEvent, PingReply, PingTable, echo_timestamp, fill_echo_data};
 use crate::stats::{DropReason, Stats};
 use crate::time::{Instant, earliest};
+use crate::tcp::{TcpConfig, TcpTable};
 use crate::udp::UdpTable;
 
 /// Errors the app API returns.
@@ -41,6 +42,10 @@ pub enum Error {
     TooLarge,
     #[error("no route to host")]
     NoRoute,
+    #[error("connection closed")]
+    Closed,
+    #[error(transparent)]
+    Tcp(#[from] crate::tcp::ConnError),
 }
 
 /// Configuration of one stack instance.
@@ -67,6 +72,10 @@ pub struct Config {
     pub announce: bool,
     /// Answer echo requests sent to a broadcast address (Linux: no).
     pub answer_broadcast_ping: bool,
+    /// Defaults for every TCP connection.
+    pub tcp: TcpConfig,
+    /// Key for ISNs and SYN cookies (RFC 6528); give each stack its own.
+    pub secret: (u64, u64),
 }
 
 impl Config {
@@ -85,6 +94,8 @@ impl Config {
             udp_tx_queue_bytes: 1 << 20,
             announce: true,
             answer_broadcast_ping: false,
+            tcp: TcpConfig::default(),
+            secret: (0x7573_7461_636b_0001, 0x7463_705f_6973_6e00),
         }
     }
 }
@@ -123,12 +134,12 @@ impl RateLimit {
 /// What the IP layer tells the transport about a received datagram.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct IpMeta {
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    protocol: IpProtocol,
-    ttl: u8,
+    pub(crate) src: Ipv4Addr,
+    pub(crate) dst: Ipv4Addr,
+    pub(crate) protocol: IpProtocol,
+    pub(crate) ttl: u8,
     /// Addressed to a broadcast address (never answered with an ICMP error).
-    broadcast: bool,
+    pub(crate) broadcast: bool,
 }
 
 /// The layers below the transport: configuration, ARP, counters and the
@@ -137,7 +148,7 @@ pub(crate) struct IpMeta {
 #[derive(Debug)]
 pub(crate) struct Link {
     pub(crate) cfg: Config,
-    checksum: ChecksumCapabilities,
+    pub(crate) checksum: ChecksumCapabilities,
     arp: ArpCache,
     pub(crate) stats: Stats,
     ip_ident: u16,
@@ -153,10 +164,16 @@ pub struct Stack {
     frags: Reassembler,
     pub(crate) pings: PingTable,
     pub(crate) udp: UdpTable,
+    pub(crate) tcp: TcpTable,
+    /// The latest `now` seen (for API calls that need a time, like connect).
+    pub(crate) now: Instant,
 }
 
 impl Stack {
     pub fn new(cfg: Config) -> Self {
+        let mut cfg_tcp = cfg.tcp.clone();
+        cfg_tcp.mss = cfg_tcp.mss.min(cfg.mtu.saturating_sub(40)).max(64);
+        let secret = cfg.secret;
         Stack {
             frags: Reassembler::new(cfg.frag.clone()),
             link: Link {
@@ -171,6 +188,8 @@ impl Stack {
             },
             pings: PingTable::default(),
             udp: UdpTable::default(),
+            tcp: TcpTable::new(cfg_tcp, secret),
+            now: Instant::ZERO,
         }
     }
 
@@ -194,6 +213,7 @@ impl Stack {
         s.ipv4.reassembly_bytes_hwm = self.frags.mem_hwm as u64;
         s.ipv4.reassembly_timeouts = self.frags.timeouts;
         s.udp.sockets = self.udp.by_port.len() as u64;
+        s.tcp = self.tcp.stats.clone();
         s
     }
 
@@ -207,6 +227,7 @@ impl Stack {
     /// Process one received frame. Replies (ARP, echo, ICMP errors) are
     /// written to `tx` at once.
     pub fn receive<T: Tx>(&mut self, now: Instant, frame: &[u8], tx: &mut T) {
+        self.now = now;
         self.link.stats.eth.rx_frames += 1;
         self.link.stats.eth.rx_bytes += frame.len() as u64;
         match self.process_ethernet(now, frame, tx) {
@@ -385,7 +406,7 @@ impl Stack {
         match meta.protocol {
             IpProtocol::Icmp => self.process_icmp(now, meta, body, tx),
             IpProtocol::Udp => self.process_udp(now, meta, body, tx),
-            IpProtocol::Tcp => Err(DropReason::TcpUnsupported),
+            IpProtocol::Tcp => self.process_tcp(now, meta, body, tx),
             _ => {
                 self.link.send_unreachable(now, tx, Icmpv4DstUnreachable::ProtoUnreachable, meta, body);
                 Err(DropReason::Ipv4UnknownProtocol)
@@ -518,6 +539,7 @@ impl Stack {
 
     /// Run timers and emit what sockets queued.
     pub fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        self.now = now;
         if !self.link.announced {
             self.link.announced = true;
             let me = self.ip();
@@ -534,14 +556,20 @@ impl Stack {
         self.frags.poll(now);
         self.emit_pings(now, tx);
         self.emit_udp(now, tx);
+        self.poll_tcp(now, tx);
     }
 
     /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
     pub fn poll_at(&self) -> Option<Instant> {
-        if !self.link.announced || !self.pings.ready.is_empty() || !self.udp.ready.is_empty() {
+        if !self.link.announced
+            || !self.pings.ready.is_empty()
+            || !self.udp.ready.is_empty()
+            || !self.tcp.dirty.is_empty()
+        {
             return Some(Instant::ZERO);
         }
-        earliest(self.link.arp.poll_at(), self.frags.poll_at())
+        let tcp = self.tcp.timers.peek().map(|r| r.0.0);
+        earliest(earliest(self.link.arp.poll_at(), self.frags.poll_at()), tcp)
     }
 
     fn emit_pings<T: Tx>(&mut self, now: Instant, tx: &mut T) {

@@ -82,8 +82,14 @@ drop_reasons! {
     UdpNoSocket => "udp_no_socket",
     /// The socket's receive queue is full.
     UdpQueueFull => "udp_queue_full",
-    /// TCP segment while no TCP is configured.
-    TcpUnsupported => "tcp_unsupported",
+    /// TCP header or options malformed, or an invalid flag combination.
+    TcpMalformed => "tcp_malformed",
+    /// TCP checksum does not verify.
+    TcpBadChecksum => "tcp_bad_checksum",
+    /// Segment for no connection and no listener (answered with RST).
+    TcpNoSocket => "tcp_no_socket",
+    /// TCP segment sent to a broadcast address.
+    TcpBroadcast => "tcp_broadcast",
 }
 
 /// One counter per [`DropReason`].
@@ -205,6 +211,7 @@ pub struct Stats {
     pub ipv4: Ipv4Stats,
     pub icmp: IcmpStats,
     pub udp: UdpStats,
+    pub tcp: crate::tcp::TcpStats,
     pub drops: Drops,
 }
 

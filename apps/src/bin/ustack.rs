@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::app::ping::{Pinger, PingerConfig};
 use ustack::clock::Clock;
 use ustack::runtime::{App, Control};
@@ -53,6 +54,9 @@ struct DemoArgs {
     /// Seed of the wire's impairments.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Size of the TCP bulk transfer from A to B, in MiB (0 for none).
+    #[arg(long, default_value_t = 1024)]
+    tcp_mib: u64,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -164,19 +168,37 @@ impl App for UdpProbe {
     }
 }
 
-/// The apps of host A: a pinger and a UDP probe.
+/// The apps of host A: a pinger, a UDP probe and a TCP bulk sender.
 struct HostA {
     pinger: Pinger,
     probe: UdpProbe,
+    bulk: Option<BulkSend>,
 }
 
 impl App for HostA {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let _ = self.pinger.poll(now, stack);
+        if let Some(b) = self.bulk.as_mut() {
+            b.poll(now, stack);
+        }
         self.probe.poll(now, stack)
     }
     fn poll_at(&self) -> Option<Instant> {
-        ustack::time::earliest(self.pinger.poll_at(), self.probe.poll_at())
+        let b = self.bulk.as_ref().and_then(App::poll_at);
+        ustack::time::earliest(ustack::time::earliest(self.pinger.poll_at(), self.probe.poll_at()), b)
+    }
+}
+
+/// The apps of host B: UDP echo and a TCP bulk receiver.
+struct HostB {
+    echo: UdpEcho,
+    bulk: BulkRecv,
+}
+
+impl App for HostB {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        self.bulk.poll(now, stack);
+        self.echo.poll(now, stack)
     }
 }
 
@@ -213,10 +235,14 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
             echoed: 0,
             buf: vec![0; 2048],
         },
+        bulk: (args.tcp_mib > 0).then(|| BulkSend::new(SocketAddrV4::new(b_ip, 5001), args.tcp_mib << 20)),
     };
-    let mut host_b = UdpEcho {
-        h: None,
-        buf: vec![0; 65_536],
+    let mut host_b = HostB {
+        echo: UdpEcho {
+            h: None,
+            buf: vec![0; 65_536],
+        },
+        bulk: BulkRecv::new(5001, 4),
     };
 
     println!(
@@ -231,8 +257,9 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
         net.run_realtime(&clock, slice, &mut [&mut host_a, &mut host_b], |_| false);
         elapsed += slice;
         let s = host_a.pinger.summary();
+        let tcp = tcp_progress(&host_a, &net);
         println!(
-            "[{:5.1}s] ping {}/{} replies ({:.1}% loss) rtt avg {} ms | udp echo {}/{}",
+            "[{:5.1}s] ping {}/{} replies ({:.1}% loss) rtt avg {} ms | udp echo {}/{}{tcp}",
             elapsed.as_secs_f64(),
             s.received,
             s.transmitted,
@@ -272,6 +299,29 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
         "udp echo: {} sent, {} echoed",
         host_a_tail.probe.sent, host_a_tail.probe.echoed
     );
+    if let Some(b) = host_a_tail.bulk.as_ref() {
+        match (b.done(), host_b.bulk.completed.first()) {
+            (true, Some(t)) => {
+                let ok = t.bytes == b.transfer.bytes && t.crc == b.transfer.crc && host_b.bulk.corrupt_bytes == 0;
+                println!(
+                    "tcp: {} MiB in {:.3} s = {:.2} Gbit/s goodput, {} retransmits, {}",
+                    t.bytes >> 20,
+                    b.transfer.finished.zip(b.transfer.started).map_or(0.0, |(f, s)| f.saturating_duration_since(s).as_secs_f64()),
+                    b.transfer.bits_per_second().unwrap_or(0.0) / 1e9,
+                    net.nodes[a].stack.stats().tcp.retransmits,
+                    if ok { "byte-exact (CRC-32 matches)" } else { "MISMATCH" }
+                );
+                if !ok {
+                    bail!("tcp transfer was not byte-exact");
+                }
+            }
+            _ => println!(
+                "tcp: transfer not finished within the run ({} of {} MiB sent); try a longer --duration or a smaller --tcp-mib",
+                b.transfer.bytes >> 20,
+                args.tcp_mib
+            ),
+        }
+    }
     let link = net.link.stats();
     println!(
         "sim link: {} frames sent, {} delivered, {} lost",
@@ -301,6 +351,20 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+fn tcp_progress(a: &HostA, net: &SimNet) -> String {
+    let Some(b) = a.bulk.as_ref() else {
+        return String::new();
+    };
+    let secs = b
+        .transfer
+        .started
+        .map_or(0.0, |s| b.transfer.finished.unwrap_or(net.now).saturating_duration_since(s).as_secs_f64());
+    let acked = b.transfer.bytes.saturating_sub(b.handle().and_then(|h| net.nodes[0].stack.tcp_status(h).ok()).map_or(0, |s| s.unacked as u64));
+    let gbps = if secs > 0.0 { acked as f64 * 8.0 / secs / 1e9 } else { 0.0 };
+    let tag = if b.done() { " done" } else { "" };
+    format!(" | tcp {} MiB {gbps:.2} Gbit/s{tag}", acked >> 20)
 }
 
 fn fmt_loss(p: f64) -> String {

@@ -1,9 +1,294 @@
 //! TCP (RFC 9293) with window and congestion control.
+//!
+//! [`conn::TcpConn`] is one connection's state machine; this module holds the
+//! table of connections and listeners: a hashed demux (4-tuple to slot, so the
+//! cost per segment does not grow with the number of connections), listen
+//! backlogs, RFC 6528 initial sequence numbers, SYN cookies when a backlog is
+//! full, and a lazy timer heap so timers cost O(log n) rather than a scan.
 
+mod api;
+mod io;
 pub mod buffer;
 pub mod cc;
+pub mod conn;
 pub mod rtt;
 pub mod scoreboard;
 pub mod seq;
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::Hasher;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use siphasher::sip::SipHasher24;
+
+pub use api::TcpStatus;
+pub use conn::{ConnError, ConnInfo, Segment, State, TcpConfig, TcpConn};
 pub use seq::Seq;
+
+use crate::time::Instant;
+
+/// A connection handle: a slot and the generation that owned it, so a stale
+/// handle to a reused slot is refused rather than aliasing a new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TcpHandle {
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+}
+
+/// A listening socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenHandle(pub(crate) u16);
+
+/// The connection's demux key: local port and remote endpoint (the local
+/// address is always the stack's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct FlowKey {
+    pub local_port: u16,
+    pub remote: SocketAddrV4,
+}
+
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub generation: u32,
+    pub conn: Option<TcpConn>,
+    /// The app no longer holds a handle (closed or aborted it, or never accepted it).
+    pub released: bool,
+    /// Listener this embryonic connection belongs to, until accepted.
+    pub listener: Option<u16>,
+    /// Deadline registered in the timer heap.
+    pub timer: Option<Instant>,
+    /// Queued for `poll_transmit`.
+    pub dirty: bool,
+    /// Counted in its listener's embryonic (SYN-RECEIVED) total.
+    pub embryonic: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Listener {
+    pub backlog: usize,
+    /// Established connections waiting for `accept`.
+    pub ready: VecDeque<u32>,
+    /// Connections in SYN-RECEIVED.
+    pub embryonic: usize,
+}
+
+/// Counters of the TCP layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TcpStats {
+    pub active_opens: u64,
+    pub passive_opens: u64,
+    pub established: u64,
+    pub resets_sent: u64,
+    pub resets_received: u64,
+    pub syn_cookies_sent: u64,
+    pub syn_cookies_accepted: u64,
+    pub syn_cookies_failed: u64,
+    pub listen_overflows: u64,
+    pub segs_in: u64,
+    pub segs_out: u64,
+    pub retransmits: u64,
+    pub connections: u64,
+}
+
+/// All TCP state of one stack.
+#[derive(Debug)]
+pub(crate) struct TcpTable {
+    pub cfg: TcpConfig,
+    pub slots: Vec<Slot>,
+    pub free: Vec<u32>,
+    pub flows: HashMap<FlowKey, u32>,
+    pub listeners: HashMap<u16, Listener>,
+    pub timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    pub dirty: VecDeque<u32>,
+    pub next_port: u16,
+    secret: (u64, u64),
+    pub stats: TcpStats,
+}
+
+/// First ephemeral port for active opens.
+const EPHEMERAL_FIRST: u16 = 49_152;
+
+impl TcpTable {
+    pub fn new(cfg: TcpConfig, secret: (u64, u64)) -> Self {
+        TcpTable {
+            cfg,
+            slots: Vec::new(),
+            free: Vec::new(),
+            flows: HashMap::new(),
+            listeners: HashMap::new(),
+            timers: BinaryHeap::new(),
+            dirty: VecDeque::new(),
+            next_port: EPHEMERAL_FIRST,
+            secret,
+            stats: TcpStats::default(),
+        }
+    }
+
+    fn hash(&self, local: SocketAddrV4, remote: SocketAddrV4, extra: u32) -> u32 {
+        let mut h = SipHasher24::new_with_keys(self.secret.0, self.secret.1);
+        h.write(&local.ip().octets());
+        h.write_u16(local.port());
+        h.write(&remote.ip().octets());
+        h.write_u16(remote.port());
+        h.write_u32(extra);
+        h.finish() as u32
+    }
+
+    /// RFC 6528: ISN = M + F(localip, localport, remoteip, remoteport, secretkey),
+    /// M a 4 µs timer.
+    pub fn isn(&self, now: Instant, local: SocketAddrV4, remote: SocketAddrV4) -> Seq {
+        let m = (now.as_micros() / 4) as u32;
+        Seq(m.wrapping_add(self.hash(local, remote, 0)))
+    }
+
+    /// A SYN cookie: 5 bits of time (64 s units), 3 bits of MSS index, 24 bits of keyed hash.
+    pub fn cookie(&self, now: Instant, local: SocketAddrV4, remote: SocketAddrV4, peer_isn: Seq, mss: u16) -> Seq {
+        let t = ((now.as_millis() / 1000 / 64) & 31) as u32;
+        let m = COOKIE_MSS.iter().rposition(|&v| v <= mss).unwrap_or(0) as u32;
+        let h = self.hash(local, remote, peer_isn.0 ^ (t << 27)) & 0x00ff_ffff;
+        Seq((t << 27) | (m << 24) | h)
+    }
+
+    /// Check the cookie echoed in `ack - 1`; returns the MSS it encoded.
+    pub fn check_cookie(&self, now: Instant, local: SocketAddrV4, remote: SocketAddrV4, peer_isn: Seq, cookie: Seq) -> Option<u16> {
+        let t_now = ((now.as_millis() / 1000 / 64) & 31) as u32;
+        let t = cookie.0 >> 27;
+        // Valid for the current and the previous 64 s period.
+        if t != t_now && t != (t_now + 31) & 31 {
+            return None;
+        }
+        let h = self.hash(local, remote, peer_isn.0 ^ (t << 27)) & 0x00ff_ffff;
+        if cookie.0 & 0x00ff_ffff != h {
+            return None;
+        }
+        COOKIE_MSS.get(((cookie.0 >> 24) & 7) as usize).copied()
+    }
+
+    pub fn get(&self, h: TcpHandle) -> Option<&TcpConn> {
+        let s = self.slots.get(h.slot as usize)?;
+        if s.generation != h.generation || s.released {
+            return None;
+        }
+        s.conn.as_ref()
+    }
+
+    pub fn get_mut(&mut self, h: TcpHandle) -> Option<&mut TcpConn> {
+        let s = self.slots.get_mut(h.slot as usize)?;
+        if s.generation != h.generation || s.released {
+            return None;
+        }
+        s.conn.as_mut()
+    }
+
+    pub fn handle(&self, slot: u32) -> TcpHandle {
+        TcpHandle {
+            slot,
+            generation: self.slots.get(slot as usize).map_or(0, |s| s.generation),
+        }
+    }
+
+    /// Store a new connection; returns its slot.
+    pub fn insert(&mut self, conn: TcpConn, listener: Option<u16>) -> u32 {
+        let key = FlowKey {
+            local_port: conn.local().port(),
+            remote: conn.remote(),
+        };
+        let slot = Slot {
+            generation: 0,
+            conn: Some(conn),
+            released: listener.is_some(),
+            listener,
+            timer: None,
+            dirty: false,
+            embryonic: listener.is_some(),
+        };
+        let idx = match self.free.pop() {
+            Some(i) => {
+                let g = self.slots[i as usize].generation.wrapping_add(1);
+                self.slots[i as usize] = Slot { generation: g, ..slot };
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.flows.insert(key, idx);
+        self.stats.connections += 1;
+        self.mark_dirty(idx);
+        idx
+    }
+
+    pub fn mark_dirty(&mut self, slot: u32) {
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            if !s.dirty {
+                s.dirty = true;
+                self.dirty.push_back(slot);
+            }
+        }
+    }
+
+    /// Register the connection's next deadline in the timer heap (lazily:
+    /// only when earlier than the one already registered).
+    pub fn schedule(&mut self, slot: u32) {
+        let Some(s) = self.slots.get_mut(slot as usize) else { return };
+        let Some(at) = s.conn.as_ref().and_then(TcpConn::poll_at) else { return };
+        if s.timer.is_none_or(|t| at < t) {
+            s.timer = Some(at);
+            self.timers.push(Reverse((at, slot)));
+        }
+    }
+
+    /// Free a slot whose connection is finished and released by the app.
+    pub fn reap(&mut self, slot: u32) {
+        let Some(s) = self.slots.get_mut(slot as usize) else { return };
+        let done = s.conn.as_ref().is_none_or(TcpConn::is_finished);
+        if !(done && s.released) {
+            return;
+        }
+        if let Some(c) = s.conn.take() {
+            let key = FlowKey {
+                local_port: c.local().port(),
+                remote: c.remote(),
+            };
+            if self.flows.get(&key) == Some(&slot) {
+                self.flows.remove(&key);
+            }
+        }
+        if let Some(l) = s.listener.take() {
+            if let Some(lst) = self.listeners.get_mut(&l) {
+                if s.embryonic {
+                    lst.embryonic = lst.embryonic.saturating_sub(1);
+                }
+                lst.ready.retain(|&i| i != slot);
+            }
+        }
+        s.embryonic = false;
+        s.timer = None;
+        self.stats.connections = self.stats.connections.saturating_sub(1);
+        self.free.push(slot);
+    }
+
+    /// A free local port for an active open to `remote`.
+    pub fn pick_port(&mut self, remote: SocketAddrV4) -> Option<u16> {
+        let span = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
+        for _ in 0..span {
+            let p = self.next_port.max(EPHEMERAL_FIRST);
+            self.next_port = if p == u16::MAX { EPHEMERAL_FIRST } else { p + 1 };
+            let key = FlowKey { local_port: p, remote };
+            if !self.flows.contains_key(&key) && !self.listeners.contains_key(&p) {
+                return Some(p);
+            }
+        }
+        None
+    }
+}
+
+/// MSS values a SYN cookie can carry (3 bits).
+const COOKIE_MSS: [u16; 8] = [216, 536, 1024, 1220, 1360, 1440, 1460, 8960];
+
+/// The local address a connection uses.
+pub(crate) fn local(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(ip, port)
+}

@@ -1,0 +1,277 @@
+//! Bulk TCP transfer apps: [`BulkSend`] streams a deterministic byte pattern,
+//! [`BulkRecv`] checks every byte against it and keeps a CRC-32 of the stream,
+//! so a transfer is verified byte-exact on both ends.
+
+use std::net::SocketAddrV4;
+
+use crate::runtime::{App, Control};
+use crate::stack::{Error, Stack};
+use crate::tcp::{ListenHandle, State, TcpHandle};
+use crate::time::Instant;
+
+/// Byte `i` of the test stream.
+pub fn pattern_byte(i: u64) -> u8 {
+    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ (i as u8)
+}
+
+/// Fill `buf` with the stream starting at `offset`.
+pub fn fill_pattern(offset: u64, buf: &mut [u8]) {
+    for (k, b) in buf.iter_mut().enumerate() {
+        *b = pattern_byte(offset + k as u64);
+    }
+}
+
+/// How a transfer went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfer {
+    pub bytes: u64,
+    pub crc: u32,
+    pub started: Option<Instant>,
+    pub finished: Option<Instant>,
+}
+
+impl Transfer {
+    /// Goodput in bits per second, once finished.
+    pub fn bits_per_second(&self) -> Option<f64> {
+        let secs = self.finished?.saturating_duration_since(self.started?).as_secs_f64();
+        (secs > 0.0).then(|| self.bytes as f64 * 8.0 / secs)
+    }
+}
+
+/// Connects to `remote`, sends `total` bytes of the pattern, closes.
+#[derive(Debug)]
+pub struct BulkSend {
+    remote: SocketAddrV4,
+    total: u64,
+    conn: Option<TcpHandle>,
+    crc: crc32fast::Hasher,
+    buf: Vec<u8>,
+    shut: bool,
+    done: bool,
+    pub transfer: Transfer,
+    pub error: Option<Error>,
+}
+
+impl BulkSend {
+    pub fn new(remote: SocketAddrV4, total: u64) -> Self {
+        BulkSend {
+            remote,
+            total,
+            conn: None,
+            crc: crc32fast::Hasher::new(),
+            buf: vec![0; total.clamp(1, 64 << 10) as usize],
+            shut: false,
+            done: false,
+            transfer: Transfer::default(),
+            error: None,
+        }
+    }
+
+    /// All bytes sent and acknowledged, FIN exchanged (or failed).
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    pub fn handle(&self) -> Option<TcpHandle> {
+        self.conn
+    }
+}
+
+impl App for BulkSend {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        if self.done {
+            return Control::Exit;
+        }
+        let h = match self.conn {
+            Some(h) => h,
+            None => match stack.tcp_connect(self.remote) {
+                Ok(h) => {
+                    self.transfer.started = Some(now);
+                    *self.conn.insert(h)
+                }
+                Err(e) => {
+                    self.error = Some(e);
+                    self.done = true;
+                    return Control::Exit;
+                }
+            },
+        };
+        let status = match stack.tcp_status(h) {
+            Ok(s) => s,
+            Err(e) => {
+                self.error = Some(e);
+                self.done = true;
+                return Control::Exit;
+            }
+        };
+        if let Some(e) = status.error {
+            self.error = Some(Error::Tcp(e));
+            self.done = true;
+            let _ = stack.tcp_close(h);
+            return Control::Exit;
+        }
+        while self.transfer.bytes < self.total {
+            let want = (self.total - self.transfer.bytes).min(self.buf.len() as u64) as usize;
+            let room = match stack.tcp_status(h) {
+                Ok(s) => s.writable,
+                Err(_) => 0,
+            };
+            let n = want.min(room);
+            if n == 0 {
+                break;
+            }
+            fill_pattern(self.transfer.bytes, &mut self.buf[..n]);
+            match stack.tcp_send(h, &self.buf[..n]) {
+                Ok(sent) => {
+                    self.crc.update(&self.buf[..sent]);
+                    self.transfer.bytes += sent as u64;
+                    if sent < n {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.error = Some(e);
+                    self.done = true;
+                    return Control::Exit;
+                }
+            }
+        }
+        if self.transfer.bytes == self.total && !self.shut {
+            self.shut = true;
+            let _ = stack.tcp_shutdown(h);
+        }
+        if self.shut && status.unacked == 0 && matches!(status.state, State::FinWait2 | State::TimeWait | State::Closed | State::LastAck | State::Closing) {
+            if status.state != State::Closing && status.state != State::LastAck {
+                self.done = true;
+                self.transfer.finished = Some(now);
+                self.transfer.crc = self.crc.clone().finalize();
+                let _ = stack.tcp_close(h);
+                return Control::Exit;
+            }
+        }
+        Control::Continue
+    }
+}
+
+/// Listens on `port`, accepts connections, verifies and counts what arrives.
+#[derive(Debug)]
+pub struct BulkRecv {
+    port: u16,
+    backlog: usize,
+    listener: Option<ListenHandle>,
+    conns: Vec<(TcpHandle, u64, crc32fast::Hasher, Option<Instant>)>,
+    buf: Vec<u8>,
+    /// Completed transfers, one per connection, in completion order.
+    pub completed: Vec<Transfer>,
+    /// Bytes that differed from the pattern (must stay 0).
+    pub corrupt_bytes: u64,
+    pub errors: Vec<Error>,
+    /// A slow reader: at most this many bytes per interval, if set.
+    slow: Option<(usize, std::time::Duration)>,
+    next_read: Instant,
+}
+
+impl BulkRecv {
+    pub fn new(port: u16, backlog: usize) -> Self {
+        BulkRecv {
+            port,
+            backlog,
+            listener: None,
+            conns: Vec::new(),
+            buf: vec![0; 64 << 10],
+            completed: Vec::new(),
+            corrupt_bytes: 0,
+            errors: Vec::new(),
+            slow: None,
+            next_read: Instant::ZERO,
+        }
+    }
+
+    /// Read only `bytes` every `every` (to drive the sender into zero windows).
+    pub fn slow_reader(mut self, bytes: usize, every: std::time::Duration) -> Self {
+        self.slow = Some((bytes, every));
+        self
+    }
+
+    /// Connections accepted and still open.
+    pub fn open(&self) -> usize {
+        self.conns.len()
+    }
+}
+
+impl App for BulkRecv {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        let l = match self.listener {
+            Some(l) => l,
+            None => match stack.tcp_listen(self.port, self.backlog) {
+                Ok(l) => *self.listener.insert(l),
+                Err(e) => {
+                    self.errors.push(e);
+                    return Control::Exit;
+                }
+            },
+        };
+        while let Ok(Some(h)) = stack.tcp_accept(l) {
+            self.conns.push((h, 0, crc32fast::Hasher::new(), Some(now)));
+        }
+        let mut budget_all = usize::MAX;
+        if let Some((bytes, every)) = self.slow {
+            if now < self.next_read {
+                budget_all = 0;
+            } else {
+                budget_all = bytes;
+                self.next_read = now + every;
+            }
+        }
+        let mut i = 0;
+        while i < self.conns.len() {
+            let (h, ref mut got, ref mut crc, _) = self.conns[i];
+            let mut budget = budget_all;
+            let mut finished = false;
+            loop {
+                let want = self.buf.len().min(budget);
+                if want == 0 {
+                    break;
+                }
+                match stack.tcp_recv(h, &mut self.buf[..want]) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        for (k, b) in self.buf[..n].iter().enumerate() {
+                            if *b != pattern_byte(*got + k as u64) {
+                                self.corrupt_bytes += 1;
+                            }
+                        }
+                        crc.update(&self.buf[..n]);
+                        *got += n as u64;
+                        budget -= n;
+                    }
+                    Err(e) => {
+                        self.errors.push(e);
+                        finished = true;
+                        break;
+                    }
+                }
+            }
+            if stack.tcp_status(h).is_ok_and(|s| s.eof) {
+                finished = true;
+            }
+            if finished {
+                let (h, got, crc, started) = self.conns.swap_remove(i);
+                self.completed.push(Transfer {
+                    bytes: got,
+                    crc: crc.finalize(),
+                    started,
+                    finished: Some(now),
+                });
+                let _ = stack.tcp_close(h);
+            } else {
+                i += 1;
+            }
+        }
+        Control::Continue
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        self.slow.map(|_| self.next_read)
+    }
+}

@@ -1,0 +1,1701 @@
+//! One TCP connection (RFC 9293): the state machine, sans-IO.
+//!
+//! Input: [`TcpConn::on_segment`] with a parsed [`Segment`] and `now`.
+//! Output: [`TcpConn::poll_transmit`] returns the next segment to send as an
+//! [`Outgoing`] header plus a range of the send buffer, which the caller
+//! copies straight into the device buffer with [`TcpConn::copy_payload`].
+//! Timers: [`TcpConn::poll_at`] and [`TcpConn::on_timer`].
+
+use std::net::SocketAddrV4;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::buffer::{RecvBuffer, SendBuffer};
+use super::cc::{Algorithm, CongestionControl, new_controller};
+use super::rtt::{RttConfig, RttEstimator};
+use super::scoreboard::Scoreboard;
+use super::seq::Seq;
+use crate::time::Instant;
+
+/// RFC 9293 connection states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum State {
+    Closed,
+    Listen,
+    SynSent,
+    SynReceived,
+    Established,
+    FinWait1,
+    FinWait2,
+    CloseWait,
+    Closing,
+    LastAck,
+    TimeWait,
+}
+
+impl State {
+    /// Whether the three-way handshake has completed.
+    pub fn synchronized(self) -> bool {
+        !matches!(self, State::Closed | State::Listen | State::SynSent | State::SynReceived)
+    }
+}
+
+/// Per-connection tuning.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// MSS we announce (MTU minus 40).
+    pub mss: usize,
+    pub send_buffer: usize,
+    pub recv_buffer: usize,
+    pub window_scaling: bool,
+    pub timestamps: bool,
+    pub sack: bool,
+    /// Nagle's algorithm (RFC 9293 3.7.4); off is TCP_NODELAY.
+    pub nagle: bool,
+    /// Delayed ACK timeout; `None` acknowledges every segment at once.
+    pub delayed_ack: Option<Duration>,
+    pub congestion: Algorithm,
+    pub rtt: RttConfig,
+    /// TIME_WAIT length (2 MSL).
+    pub time_wait: Duration,
+    /// SYN (or SYN-ACK) retransmissions before giving up.
+    pub syn_retries: u32,
+    /// Data retransmission timeouts in a row before giving up.
+    pub max_retries: u32,
+    /// Out-of-order ranges a receive buffer holds.
+    pub max_ooo_ranges: usize,
+    /// Challenge ACKs per second (RFC 5961 §7).
+    pub challenge_ack_limit: u32,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            mss: 1460,
+            send_buffer: 256 << 10,
+            recv_buffer: 256 << 10,
+            window_scaling: true,
+            timestamps: true,
+            sack: true,
+            nagle: true,
+            delayed_ack: Some(Duration::from_millis(40)),
+            congestion: Algorithm::default(),
+            rtt: RttConfig::default(),
+            time_wait: Duration::from_secs(60),
+            syn_retries: 6,
+            max_retries: 15,
+            max_ooo_ranges: 32,
+            challenge_ack_limit: 100,
+        }
+    }
+}
+
+/// Why a connection ended abnormally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, thiserror::Error)]
+pub enum ConnError {
+    #[error("connection refused")]
+    Refused,
+    #[error("connection reset by peer")]
+    Reset,
+    #[error("connection timed out")]
+    TimedOut,
+    #[error("connection aborted")]
+    Aborted,
+}
+
+/// A parsed incoming segment (from `smoltcp::wire::TcpRepr`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Segment<'a> {
+    pub seq: Seq,
+    pub ack: Option<Seq>,
+    pub syn: bool,
+    pub fin: bool,
+    pub rst: bool,
+    pub window: u16,
+    pub mss: Option<u16>,
+    pub wscale: Option<u8>,
+    pub sack_permitted: bool,
+    pub sack: [Option<(Seq, Seq)>; 3],
+    pub timestamp: Option<(u32, u32)>,
+    pub payload: &'a [u8],
+}
+
+impl Segment<'_> {
+    /// Sequence space the segment occupies.
+    pub fn len(&self) -> usize {
+        self.payload.len() + usize::from(self.syn) + usize::from(self.fin)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A segment to send: header fields, options and a range of the send buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outgoing {
+    pub seq: Seq,
+    pub ack: Option<Seq>,
+    pub syn: bool,
+    pub fin: bool,
+    pub rst: bool,
+    pub window: u16,
+    pub mss: Option<u16>,
+    pub wscale: Option<u8>,
+    pub sack_permitted: bool,
+    pub sack: [Option<(Seq, Seq)>; 3],
+    pub timestamp: Option<(u32, u32)>,
+    /// Offset of the payload in the send buffer, and its length.
+    pub payload_offset: usize,
+    pub payload_len: usize,
+}
+
+/// Counters of one connection, for telemetry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ConnStats {
+    pub segs_in: u64,
+    pub segs_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub retransmits: u64,
+    pub fast_retransmits: u64,
+    pub timeouts: u64,
+    pub dup_acks: u64,
+    pub zero_window_probes: u64,
+    pub challenge_acks: u64,
+    pub ooo_dropped: u64,
+    pub bad_segments: u64,
+}
+
+/// A snapshot of one connection for telemetry and tests.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConnInfo {
+    pub local: SocketAddrV4,
+    pub remote: SocketAddrV4,
+    pub state: State,
+    pub cwnd: usize,
+    pub ssthresh: usize,
+    pub snd_wnd: usize,
+    pub rcv_wnd: usize,
+    pub srtt_us: Option<u64>,
+    pub rttvar_us: Option<u64>,
+    pub rto_us: u64,
+    pub in_flight: usize,
+    pub send_queued: usize,
+    pub recv_queued: usize,
+    pub ooo_bytes: usize,
+    pub mss: usize,
+    pub congestion: &'static str,
+    pub stats: ConnStats,
+}
+
+const DUP_THRESH: usize = 3;
+const MAX_WSCALE: u8 = 14;
+/// RFC 9293: the default MSS when the peer sends none.
+const DEFAULT_MSS: usize = 536;
+/// Least persist (zero-window probe) interval.
+const PERSIST_MIN: Duration = Duration::from_millis(200);
+const PERSIST_MAX: Duration = Duration::from_secs(60);
+
+/// One TCP connection.
+#[derive(Debug)]
+pub struct TcpConn {
+    cfg: TcpConfig,
+    state: State,
+    local: SocketAddrV4,
+    remote: SocketAddrV4,
+    error: Option<ConnError>,
+
+    // Send side.
+    iss: Seq,
+    snd_una: Seq,
+    snd_nxt: Seq,
+    /// Highest sequence number sent (snd_nxt may go back after a timeout).
+    snd_max: Seq,
+    snd_wnd: usize,
+    max_snd_wnd: usize,
+    snd_wl1: Seq,
+    snd_wl2: Seq,
+    snd_wscale: u8,
+    /// Sequence number of the first byte in `sndbuf`.
+    data_start: Seq,
+    sndbuf: SendBuffer,
+    /// The app has closed its sending side: a FIN follows the data.
+    fin_queued: bool,
+    /// MSS for segments we send.
+    mss: usize,
+
+    // Receive side.
+    irs: Seq,
+    rcv_nxt: Seq,
+    /// Right edge of the window we last advertised.
+    rcv_adv: Seq,
+    rcv_wscale: u8,
+    rcvbuf: RecvBuffer,
+    /// Peer's FIN, once seen (possibly ahead of rcv_nxt).
+    peer_fin: Option<Seq>,
+
+    // Options in use.
+    ts_enabled: bool,
+    ts_recent: u32,
+    ts_offset: u32,
+    last_ack_sent: Seq,
+    sack_enabled: bool,
+    scoreboard: Scoreboard,
+
+    // Loss recovery and congestion control.
+    cc: Box<dyn CongestionControl>,
+    rtt: RttEstimator,
+    /// Segment being timed for an RTT sample (Karn: cleared on retransmit).
+    rtt_probe: Option<(Seq, Instant)>,
+    dupacks: usize,
+    in_recovery: bool,
+    recovery_point: Seq,
+    high_rxt: Seq,
+    retries: u32,
+
+    // Timers.
+    rto_at: Option<Instant>,
+    persist_at: Option<Instant>,
+    persist_backoff: u32,
+    delack_at: Option<Instant>,
+    time_wait_at: Option<Instant>,
+
+    // What to send next.
+    ack_now: bool,
+    /// Duplicate ACKs owed: one per out-of-order segment (RFC 5681 4.2),
+    /// even when a burst of them is processed before we transmit.
+    dupacks_owed: u32,
+    /// Full-size segments received since our last ACK (ACK every second one).
+    unacked_segs: u32,
+    send_syn: bool,
+    rst_pending: Option<(Seq, Option<Seq>)>,
+    probe_pending: bool,
+    challenge_tokens: u32,
+    challenge_second: u64,
+
+    stats: ConnStats,
+}
+
+fn wscale_for(capacity: usize) -> u8 {
+    let mut s = 0u8;
+    while s < MAX_WSCALE && (capacity >> s) > usize::from(u16::MAX) {
+        s += 1;
+    }
+    s
+}
+
+impl TcpConn {
+    fn new(cfg: TcpConfig, local: SocketAddrV4, remote: SocketAddrV4, iss: Seq, state: State) -> Self {
+        let mss = cfg.mss.max(64);
+        TcpConn {
+            cc: new_controller(cfg.congestion, mss),
+            rtt: RttEstimator::new(cfg.rtt.clone()),
+            sndbuf: SendBuffer::new(cfg.send_buffer),
+            rcvbuf: RecvBuffer::new(cfg.recv_buffer, cfg.max_ooo_ranges),
+            rcv_wscale: if cfg.window_scaling { wscale_for(cfg.recv_buffer) } else { 0 },
+            state,
+            local,
+            remote,
+            error: None,
+            iss,
+            snd_una: iss,
+            snd_nxt: iss,
+            snd_max: iss,
+            snd_wnd: 0,
+            max_snd_wnd: 0,
+            snd_wl1: Seq(0),
+            snd_wl2: Seq(0),
+            snd_wscale: 0,
+            data_start: iss + 1,
+            fin_queued: false,
+            mss,
+            irs: Seq(0),
+            rcv_nxt: Seq(0),
+            rcv_adv: Seq(0),
+            peer_fin: None,
+            ts_enabled: false,
+            ts_recent: 0,
+            ts_offset: iss.0.rotate_left(13),
+            last_ack_sent: Seq(0),
+            sack_enabled: false,
+            scoreboard: Scoreboard::new(),
+            rtt_probe: None,
+            dupacks: 0,
+            in_recovery: false,
+            recovery_point: iss,
+            high_rxt: iss,
+            retries: 0,
+            rto_at: None,
+            persist_at: None,
+            persist_backoff: 0,
+            delack_at: None,
+            time_wait_at: None,
+            ack_now: false,
+            dupacks_owed: 0,
+            unacked_segs: 0,
+            send_syn: true,
+            rst_pending: None,
+            probe_pending: false,
+            challenge_tokens: cfg.challenge_ack_limit,
+            challenge_second: 0,
+            stats: ConnStats::default(),
+            cfg,
+        }
+    }
+
+    /// Active open: a SYN goes out on the next poll.
+    pub fn connect(cfg: TcpConfig, local: SocketAddrV4, remote: SocketAddrV4, iss: Seq) -> Self {
+        Self::new(cfg, local, remote, iss, State::SynSent)
+    }
+
+    /// Passive open from a listener that received `syn`: a SYN-ACK goes out on the next poll.
+    pub fn accept(
+        cfg: TcpConfig,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        iss: Seq,
+        syn: &Segment<'_>,
+    ) -> Self {
+        let mut c = Self::new(cfg, local, remote, iss, State::SynReceived);
+        c.take_syn_options(syn);
+        c.irs = syn.seq;
+        c.rcv_nxt = syn.seq + 1;
+        c.rcv_adv = c.rcv_nxt;
+        c.snd_wnd = usize::from(syn.window);
+        c.max_snd_wnd = c.snd_wnd;
+        c.snd_wl1 = syn.seq;
+        c
+    }
+
+    fn take_syn_options(&mut self, syn: &Segment<'_>) {
+        self.mss = self.cfg.mss.min(syn.mss.map_or(DEFAULT_MSS, usize::from)).max(64);
+        self.cc.set_mss(self.mss);
+        match syn.wscale {
+            Some(s) if self.cfg.window_scaling => self.snd_wscale = s.min(MAX_WSCALE),
+            _ => {
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+            }
+        }
+        self.sack_enabled = self.cfg.sack && syn.sack_permitted;
+        if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.timestamp) {
+            self.ts_enabled = true;
+            self.ts_recent = tsval;
+        } else {
+            self.ts_enabled = false;
+        }
+    }
+
+    /// The final ACK of a SYN-cookie handshake arrived: the connection is
+    /// established without ever having been in SYN-RECEIVED here.
+    pub fn cookie_established(&mut self) {
+        self.send_syn = false;
+        self.snd_nxt = self.iss + 1;
+        self.snd_max = self.snd_nxt;
+    }
+
+    // ------------------------------------------------------------ accessors
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+    pub fn local(&self) -> SocketAddrV4 {
+        self.local
+    }
+    pub fn remote(&self) -> SocketAddrV4 {
+        self.remote
+    }
+    pub fn error(&self) -> Option<ConnError> {
+        self.error
+    }
+    pub fn stats(&self) -> &ConnStats {
+        &self.stats
+    }
+    pub fn cwnd(&self) -> usize {
+        self.cc.cwnd()
+    }
+    pub fn ssthresh(&self) -> usize {
+        self.cc.ssthresh()
+    }
+    pub fn snd_wnd(&self) -> usize {
+        self.snd_wnd
+    }
+    pub fn mss(&self) -> usize {
+        self.mss
+    }
+    /// Bytes one connection with `cfg` occupies: the struct, its two rings
+    /// and its congestion controller (the demux entry and timer slot aside).
+    pub fn memory_estimate(cfg: &TcpConfig) -> usize {
+        std::mem::size_of::<TcpConn>() + cfg.send_buffer + cfg.recv_buffer + 128
+    }
+
+    /// Bytes in flight (sent, not yet acknowledged).
+    pub fn in_flight(&self) -> usize {
+        self.snd_max.since(self.snd_una)
+    }
+    pub fn info(&self) -> ConnInfo {
+        ConnInfo {
+            local: self.local,
+            remote: self.remote,
+            state: self.state,
+            cwnd: self.cc.cwnd(),
+            ssthresh: self.cc.ssthresh(),
+            snd_wnd: self.snd_wnd,
+            rcv_wnd: self.rcvbuf.window(),
+            srtt_us: self.rtt.srtt().map(|d| d.as_micros() as u64),
+            rttvar_us: self.rtt.rttvar().map(|d| d.as_micros() as u64),
+            rto_us: self.rtt.rto().as_micros() as u64,
+            in_flight: self.in_flight(),
+            send_queued: self.sndbuf.len(),
+            recv_queued: self.rcvbuf.readable(),
+            ooo_bytes: self.rcvbuf.ooo_bytes(),
+            mss: self.mss,
+            congestion: self.cc.name(),
+            stats: self.stats.clone(),
+        }
+    }
+
+    // ------------------------------------------------------------- app side
+
+    /// Bytes the app can read now.
+    pub fn recv_available(&self) -> usize {
+        self.rcvbuf.readable()
+    }
+
+    /// Whether the peer has closed its side and every byte was read.
+    pub fn recv_finished(&self) -> bool {
+        self.peer_fin.is_some_and(|f| self.rcv_nxt.diff(f) > 0) && self.rcvbuf.readable() == 0
+    }
+
+    /// Read received bytes. Opening the window may trigger a window update.
+    pub fn recv(&mut self, dst: &mut [u8]) -> usize {
+        let n = self.rcvbuf.read(dst);
+        if n > 0 && self.state.synchronized() {
+            let advertised = self.rcv_adv.since(self.rcv_nxt);
+            let could = self.advertisable_window();
+            // Receiver SWS avoidance: announce the opening only when it is
+            // worth a segment and the peer's view is less than half of it.
+            if advertised < could / 2 && could - advertised >= (self.rcvbuf.capacity() / 2).min(self.mss) {
+                self.ack_now = true;
+            }
+        }
+        n
+    }
+
+    /// Bytes the app can write now.
+    pub fn send_capacity(&self) -> usize {
+        if self.fin_queued || !matches!(self.state, State::SynSent | State::SynReceived | State::Established | State::CloseWait) {
+            return 0;
+        }
+        self.sndbuf.free()
+    }
+
+    /// Queue bytes to send; returns how many were taken.
+    pub fn send(&mut self, data: &[u8]) -> usize {
+        if self.send_capacity() == 0 {
+            return 0;
+        }
+        self.sndbuf.write(data)
+    }
+
+    /// Bytes written and not yet acknowledged.
+    pub fn send_queued(&self) -> usize {
+        self.sndbuf.len()
+    }
+
+    /// Close the sending side (FIN after queued data).
+    pub fn close(&mut self) {
+        match self.state {
+            State::SynSent => {
+                self.state = State::Closed;
+            }
+            // The FIN waits for the handshake to finish.
+            State::SynReceived => self.fin_queued = true,
+            State::Established => {
+                self.fin_queued = true;
+                self.state = State::FinWait1;
+            }
+            State::CloseWait => {
+                self.fin_queued = true;
+                self.state = State::LastAck;
+            }
+            _ => {}
+        }
+    }
+
+    /// Abort: send RST (if synchronized) and close at once.
+    pub fn abort(&mut self) {
+        if self.state.synchronized() || self.state == State::SynReceived {
+            self.rst_pending = Some((self.snd_nxt, None));
+        }
+        self.error = Some(ConnError::Aborted);
+        self.state = State::Closed;
+    }
+
+    /// Whether the connection can be forgotten (closed and nothing left to send).
+    pub fn is_finished(&self) -> bool {
+        self.state == State::Closed && self.rst_pending.is_none()
+    }
+
+    // ------------------------------------------------------------- windows
+
+    /// Receive window we could advertise now.
+    fn advertisable_window(&self) -> usize {
+        let max = usize::from(u16::MAX) << self.rcv_wscale;
+        self.rcvbuf.window().min(max)
+    }
+
+    /// The window field for an outgoing segment; moves `rcv_adv` forward only
+    /// (never shrinks the window) and only by useful amounts (SWS avoidance).
+    fn window_to_advertise(&mut self) -> u16 {
+        let new_edge = self.rcv_nxt + self.advertisable_window();
+        let grow = new_edge.since(self.rcv_adv);
+        if self.rcv_adv.diff(self.rcv_nxt) < 0 || grow >= (self.rcvbuf.capacity() / 2).min(self.mss) {
+            self.rcv_adv = new_edge;
+        }
+        let edge = self.rcv_adv.since(self.rcv_nxt);
+        u16::try_from(edge >> self.rcv_wscale).unwrap_or(u16::MAX)
+    }
+
+    fn tsval(&self, now: Instant) -> u32 {
+        (now.as_millis() as u32).wrapping_add(self.ts_offset)
+    }
+
+    // -------------------------------------------------------------- input
+
+    /// Process one segment addressed to this connection.
+    pub fn on_segment(&mut self, now: Instant, seg: &Segment<'_>) {
+        self.stats.segs_in += 1;
+        match self.state {
+            State::Closed | State::Listen => {}
+            State::SynSent => self.on_segment_syn_sent(now, seg),
+            _ => self.on_segment_synchronized(now, seg),
+        }
+    }
+
+    fn on_segment_syn_sent(&mut self, now: Instant, seg: &Segment<'_>) {
+        if let Some(ack) = seg.ack {
+            if ack.diff(self.iss) <= 0 || ack.diff(self.snd_max) > 0 {
+                if !seg.rst {
+                    self.rst_pending = Some((ack, None));
+                }
+                self.stats.bad_segments += 1;
+                return;
+            }
+        }
+        if seg.rst {
+            if seg.ack.is_some() {
+                self.error = Some(ConnError::Refused);
+                self.state = State::Closed;
+                self.clear_timers();
+            }
+            return;
+        }
+        if !seg.syn {
+            return;
+        }
+        self.take_syn_options(seg);
+        self.irs = seg.seq;
+        self.rcv_nxt = seg.seq + 1;
+        self.rcv_adv = self.rcv_nxt;
+        if let Some(ack) = seg.ack {
+            self.snd_una = ack;
+            self.data_start = ack;
+            self.sample_rtt(now, ack);
+            self.snd_wnd = usize::from(seg.window) << self.snd_wscale;
+            self.max_snd_wnd = self.snd_wnd;
+            self.snd_wl1 = seg.seq;
+            self.snd_wl2 = ack;
+            self.state = State::Established;
+            self.retries = 0;
+            self.rto_at = None;
+            self.ack_now = true;
+        } else {
+            // Simultaneous open: answer with SYN-ACK.
+            self.state = State::SynReceived;
+            self.snd_wnd = usize::from(seg.window);
+            self.snd_wl1 = seg.seq;
+            self.snd_nxt = self.iss;
+            self.send_syn = true;
+        }
+    }
+
+    /// RFC 9293 acceptability test.
+    fn acceptable(&self, seg: &Segment<'_>) -> bool {
+        // What we advertised, or more if the buffer has room for it.
+        let wnd = self.rcv_adv.since(self.rcv_nxt).max(self.advertisable_window());
+        let len = seg.len();
+        let start_ok = seg.seq.in_range(self.rcv_nxt, self.rcv_nxt + wnd);
+        match (len, wnd) {
+            (0, 0) => seg.seq == self.rcv_nxt,
+            (0, _) => start_ok,
+            (_, 0) => false,
+            _ => start_ok || (seg.seq + (len - 1)).in_range(self.rcv_nxt, self.rcv_nxt + wnd),
+        }
+    }
+
+    fn challenge_ack(&mut self, now: Instant) {
+        let second = now.as_nanos() / 1_000_000_000;
+        if second != self.challenge_second {
+            self.challenge_second = second;
+            self.challenge_tokens = self.cfg.challenge_ack_limit;
+        }
+        if self.challenge_tokens > 0 {
+            self.challenge_tokens -= 1;
+            self.stats.challenge_acks += 1;
+            self.ack_now = true;
+        }
+    }
+
+    fn on_segment_synchronized(&mut self, now: Instant, seg: &Segment<'_>) {
+        // PAWS (RFC 7323 §5): an old timestamp means an old duplicate.
+        if self.ts_enabled && !seg.rst {
+            if let Some((tsval, _)) = seg.timestamp {
+                if (tsval.wrapping_sub(self.ts_recent) as i32) < 0 && !seg.syn {
+                    self.ack_now = true;
+                    self.stats.bad_segments += 1;
+                    return;
+                }
+            }
+        }
+        if self.state == State::SynReceived && seg.syn && !seg.rst && seg.ack.is_none() && seg.seq == self.irs {
+            // The peer retransmitted its SYN: our SYN-ACK was lost.
+            self.snd_nxt = self.iss;
+            self.send_syn = true;
+            return;
+        }
+        if !self.acceptable(seg) {
+            if !seg.rst {
+                self.ack_now = true;
+            }
+            self.stats.bad_segments += 1;
+            return;
+        }
+        if seg.rst {
+            // RFC 5961 §3: only an exact match resets; in-window gets a challenge.
+            if seg.seq == self.rcv_nxt {
+                self.error = Some(if self.state == State::SynReceived {
+                    ConnError::Refused
+                } else {
+                    ConnError::Reset
+                });
+                self.state = State::Closed;
+                self.clear_timers();
+            } else {
+                self.challenge_ack(now);
+            }
+            return;
+        }
+        if seg.syn {
+            // RFC 5961 §4: a SYN in a synchronized state gets a challenge ACK.
+            self.challenge_ack(now);
+            return;
+        }
+        let Some(ack) = seg.ack else {
+            return;
+        };
+        if self.state == State::SynReceived {
+            if ack.diff(self.snd_una) > 0 && ack.diff(self.snd_max) <= 0 {
+                self.state = State::Established;
+                self.snd_wnd = usize::from(seg.window) << self.snd_wscale;
+                self.max_snd_wnd = self.snd_wnd;
+                self.snd_wl1 = seg.seq;
+                self.snd_wl2 = ack;
+                self.retries = 0;
+                if self.fin_queued {
+                    self.state = State::FinWait1;
+                }
+            } else {
+                self.rst_pending = Some((ack, None));
+                return;
+            }
+        }
+        // RFC 5961 §5: ACKs too far behind are challenged, ACKs ahead are answered.
+        if ack.diff(self.snd_max) > 0 {
+            self.ack_now = true;
+            return;
+        }
+        let floor = self.snd_una - self.max_snd_wnd.max(self.mss);
+        if ack.diff(floor) < 0 {
+            self.challenge_ack(now);
+            return;
+        }
+        if self.ts_enabled {
+            if let Some((tsval, _)) = seg.timestamp {
+                if seg.seq.diff(self.last_ack_sent) <= 0 && (tsval.wrapping_sub(self.ts_recent) as i32) >= 0 {
+                    self.ts_recent = tsval;
+                }
+            }
+        }
+        self.process_ack(now, seg, ack);
+        if self.state == State::Closed {
+            return;
+        }
+        self.process_data(now, seg);
+    }
+
+    fn process_ack(&mut self, now: Instant, seg: &Segment<'_>, ack: Seq) {
+        let window = usize::from(seg.window) << self.snd_wscale;
+        let mut newly_sacked = 0;
+        if self.sack_enabled {
+            let mut blocks = [(Seq(0), Seq(0)); 3];
+            let mut n = 0;
+            for b in seg.sack.iter().flatten() {
+                blocks[n] = *b;
+                n += 1;
+            }
+            if n > 0 {
+                newly_sacked = self.scoreboard.add(self.snd_una, self.snd_max, &blocks[..n]);
+            }
+        }
+        if ack.diff(self.snd_una) > 0 {
+            let acked = ack.since(self.snd_una);
+            self.snd_una = ack;
+            if self.snd_nxt.diff(ack) < 0 {
+                self.snd_nxt = ack;
+            }
+            // Bytes of data acknowledged (the SYN and FIN take sequence space too).
+            let data_acked = ack.since(self.data_start).min(self.sndbuf.len());
+            self.sndbuf.consume(data_acked);
+            self.data_start += data_acked;
+            self.stats.bytes_out += data_acked as u64;
+            self.scoreboard.advance(ack);
+            self.sample_rtt(now, ack);
+            self.retries = 0;
+            self.rtt.reset_backoff();
+            self.dupacks = 0;
+            if self.in_recovery {
+                if ack.diff(self.recovery_point) >= 0 {
+                    self.in_recovery = false;
+                    self.cc.on_recovery_end(now);
+                } else if !self.sack_enabled {
+                    // NewReno partial ACK (RFC 6582): retransmit the next hole now.
+                    self.high_rxt = self.snd_una;
+                }
+            } else {
+                self.cc.on_ack(now, acked, self.rtt.srtt());
+            }
+            self.rto_at = if self.snd_max.diff(self.snd_una) > 0 {
+                Some(now + self.rtt.rto())
+            } else {
+                None
+            };
+            self.on_fin_acked();
+        } else if ack == self.snd_una
+            && seg.payload.is_empty()
+            && !seg.fin
+            && window == self.snd_wnd
+            && self.snd_max.diff(self.snd_una) > 0
+        {
+            self.dupacks += 1;
+            self.stats.dup_acks += 1;
+            let lost = self.sack_enabled && self.scoreboard.is_lost(self.snd_una, self.mss, DUP_THRESH);
+            if !self.in_recovery && (self.dupacks >= DUP_THRESH || lost) {
+                self.enter_recovery(now);
+            }
+        } else if newly_sacked > 0
+            && !self.in_recovery
+            && self.scoreboard.is_lost(self.snd_una, self.mss, DUP_THRESH)
+        {
+            self.enter_recovery(now);
+        }
+        // Window update (RFC 9293 3.10.7.4).
+        if self.snd_wl1.diff(seg.seq) < 0 || (self.snd_wl1 == seg.seq && self.snd_wl2.diff(ack) <= 0) {
+            self.snd_wnd = window;
+            self.max_snd_wnd = self.max_snd_wnd.max(window);
+            self.snd_wl1 = seg.seq;
+            self.snd_wl2 = ack;
+            if window > 0 {
+                self.persist_at = None;
+                self.persist_backoff = 0;
+            }
+        }
+    }
+
+    fn enter_recovery(&mut self, now: Instant) {
+        self.in_recovery = true;
+        self.recovery_point = self.snd_max;
+        self.high_rxt = self.snd_una;
+        self.cc.on_congestion(now, self.in_flight());
+        self.stats.fast_retransmits += 1;
+        self.rtt_probe = None;
+    }
+
+    fn on_fin_acked(&mut self) {
+        let fin_acked = self.fin_queued && self.sndbuf.is_empty() && self.snd_una.diff(self.data_start) > 0;
+        if !fin_acked {
+            return;
+        }
+        match self.state {
+            State::FinWait1 => self.state = State::FinWait2,
+            State::Closing => self.enter_time_wait(),
+            State::LastAck => {
+                self.state = State::Closed;
+                self.clear_timers();
+            }
+            _ => {}
+        }
+    }
+
+    fn enter_time_wait(&mut self) {
+        self.state = State::TimeWait;
+        self.rto_at = None;
+        self.persist_at = None;
+        self.time_wait_at = None; // set on the next timer poll with `now`
+    }
+
+    fn sample_rtt(&mut self, now: Instant, ack: Seq) {
+        if let Some((seq, sent)) = self.rtt_probe {
+            if ack.diff(seq) > 0 {
+                self.rtt.sample(now.saturating_duration_since(sent));
+                self.rtt_probe = None;
+            }
+        }
+    }
+
+    fn process_data(&mut self, now: Instant, seg: &Segment<'_>) {
+        if seg.fin {
+            self.peer_fin = Some(seg.seq + seg.payload.len());
+        }
+        let receiving = matches!(self.state, State::Established | State::FinWait1 | State::FinWait2);
+        if receiving && !seg.payload.is_empty() {
+            // Trim what we already have.
+            let skip = self.rcv_nxt.since(seg.seq).min(seg.payload.len());
+            let data = &seg.payload[skip..];
+            let offset = seg.seq.since(self.rcv_nxt);
+            let before_ooo = self.rcvbuf.ooo_bytes();
+            let out = self.rcvbuf.write_at(offset, data);
+            if out.dropped {
+                self.stats.ooo_dropped += 1;
+            }
+            self.stats.bytes_in += out.advanced as u64;
+            self.rcv_nxt += out.advanced;
+            if offset > 0 {
+                // Out of order: an immediate duplicate ACK for each (with SACK).
+                self.dupacks_owed = (self.dupacks_owed + 1).min(64);
+                self.ack_now = true;
+            } else if before_ooo > 0 || out.advanced < data.len() {
+                // Filling a hole, or beyond the window: ACK now.
+                self.ack_now = true;
+            } else {
+                self.unacked_segs += 1;
+                match self.cfg.delayed_ack {
+                    Some(d) if self.unacked_segs < 2 && seg.payload.len() < 2 * self.mss => {
+                        self.delack_at.get_or_insert(now + d);
+                    }
+                    _ => self.ack_now = true,
+                }
+            }
+        }
+        if let Some(fin) = self.peer_fin {
+            if fin == self.rcv_nxt && self.state.synchronized() {
+                self.rcv_nxt += 1;
+                self.ack_now = true;
+                match self.state {
+                    State::Established => self.state = State::CloseWait,
+                    State::FinWait1 => {
+                        let fin_acked = self.fin_queued && self.sndbuf.is_empty() && self.snd_una.diff(self.data_start) > 0;
+                        if fin_acked {
+                            self.enter_time_wait();
+                        } else {
+                            self.state = State::Closing;
+                        }
+                    }
+                    State::FinWait2 => self.enter_time_wait(),
+                    _ => {}
+                }
+            } else if seg.fin && self.state == State::TimeWait && fin.diff(self.rcv_nxt) < 0 {
+                // A retransmitted FIN: ACK again and restart 2 MSL.
+                self.ack_now = true;
+                self.time_wait_at = None;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------- timers
+
+    fn clear_timers(&mut self) {
+        self.rto_at = None;
+        self.persist_at = None;
+        self.delack_at = None;
+    }
+
+    /// The next time [`on_timer`](Self::on_timer) or a transmit is due.
+    pub fn poll_at(&self) -> Option<Instant> {
+        if self.ack_now || self.send_syn && matches!(self.state, State::SynSent | State::SynReceived) || self.rst_pending.is_some() {
+            return Some(Instant::ZERO);
+        }
+        if self.state == State::TimeWait && self.time_wait_at.is_none() {
+            return Some(Instant::ZERO);
+        }
+        [self.rto_at, self.persist_at, self.delack_at, self.time_wait_at]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Run expired timers.
+    pub fn on_timer(&mut self, now: Instant) {
+        if self.state == State::TimeWait {
+            match self.time_wait_at {
+                None => self.time_wait_at = Some(now + self.cfg.time_wait),
+                Some(t) if now >= t => {
+                    self.state = State::Closed;
+                    self.time_wait_at = None;
+                }
+                Some(_) => {}
+            }
+        }
+        if self.delack_at.is_some_and(|t| now >= t) {
+            self.delack_at = None;
+            self.ack_now = true;
+        }
+        if self.persist_at.is_some_and(|t| now >= t) {
+            self.persist_at = None;
+            self.probe_pending = true;
+            self.stats.zero_window_probes += 1;
+            self.persist_backoff = (self.persist_backoff + 1).min(16);
+        }
+        if self.rto_at.is_some_and(|t| now >= t) {
+            self.on_rto(now);
+        }
+    }
+
+    fn on_rto(&mut self, now: Instant) {
+        self.rto_at = None;
+        self.stats.timeouts += 1;
+        self.retries += 1;
+        let limit = if self.state.synchronized() { self.cfg.max_retries } else { self.cfg.syn_retries };
+        if self.retries > limit {
+            self.error = Some(ConnError::TimedOut);
+            if self.state.synchronized() {
+                self.rst_pending = Some((self.snd_nxt, Some(self.rcv_nxt)));
+            }
+            self.state = State::Closed;
+            self.clear_timers();
+            return;
+        }
+        self.rtt.backoff();
+        self.rtt_probe = None;
+        match self.state {
+            State::SynSent | State::SynReceived => {
+                self.snd_nxt = self.iss;
+                self.send_syn = true;
+            }
+            _ => {
+                self.cc.on_timeout(now, self.in_flight());
+                self.in_recovery = false;
+                self.dupacks = 0;
+                self.scoreboard.clear();
+                // Go back: resend from the first unacknowledged byte.
+                self.snd_nxt = self.snd_una;
+                self.high_rxt = self.snd_una;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------- output
+
+    fn base_segment(&mut self, now: Instant) -> Outgoing {
+        let window = self.window_to_advertise();
+        let mut sack = [None; 3];
+        if self.sack_enabled && self.rcvbuf.ooo_bytes() > 0 {
+            let mut ranges = Vec::with_capacity(3);
+            self.rcvbuf.sack_ranges(&mut ranges, 3);
+            for (slot, (s, e)) in sack.iter_mut().zip(ranges) {
+                *slot = Some((self.rcv_nxt + s, self.rcv_nxt + e));
+            }
+        }
+        Outgoing {
+            seq: self.snd_nxt,
+            ack: Some(self.rcv_nxt),
+            window,
+            sack,
+            timestamp: self.ts_enabled.then(|| (self.tsval(now), self.ts_recent)),
+            ..Outgoing::default()
+        }
+    }
+
+    fn sent_ack(&mut self, seg: &Outgoing) {
+        if let Some(ack) = seg.ack {
+            self.last_ack_sent = ack;
+        }
+        self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
+        self.ack_now = self.dupacks_owed > 0;
+        self.delack_at = None;
+        self.unacked_segs = 0;
+        self.stats.segs_out += 1;
+    }
+
+    /// The next segment to send, if any. Call repeatedly until `None`.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
+        self.on_timer(now);
+        if let Some((seq, ack)) = self.rst_pending.take() {
+            self.stats.segs_out += 1;
+            return Some(Outgoing {
+                seq,
+                ack,
+                rst: true,
+                ..Outgoing::default()
+            });
+        }
+        match self.state {
+            State::Closed | State::Listen => return None,
+            State::SynSent => return self.transmit_syn(now),
+            State::SynReceived => {
+                if let Some(seg) = self.transmit_syn(now) {
+                    return Some(seg);
+                }
+                // Simultaneous open: acknowledge the peer's SYN-ACK.
+                if self.ack_now {
+                    let seg = self.base_segment(now);
+                    self.sent_ack(&seg);
+                    return Some(seg);
+                }
+                return None;
+            }
+            _ => {}
+        }
+        if let Some(seg) = self.transmit_data(now) {
+            return Some(seg);
+        }
+        if self.probe_pending {
+            self.probe_pending = false;
+            // Zero-window probe: an old sequence number draws an ACK with the window.
+            let mut seg = self.base_segment(now);
+            seg.seq = self.snd_una - 1;
+            self.sent_ack(&seg);
+            self.arm_persist(now);
+            return Some(seg);
+        }
+        if self.ack_now {
+            let seg = self.base_segment(now);
+            self.sent_ack(&seg);
+            return Some(seg);
+        }
+        None
+    }
+
+    fn transmit_syn(&mut self, now: Instant) -> Option<Outgoing> {
+        if !self.send_syn {
+            return None;
+        }
+        self.send_syn = false;
+        let synack = self.state == State::SynReceived;
+        let seg = Outgoing {
+            seq: self.iss,
+            ack: synack.then_some(self.rcv_nxt),
+            syn: true,
+            window: u16::try_from(self.rcvbuf.window()).unwrap_or(u16::MAX),
+            mss: Some(u16::try_from(self.cfg.mss).unwrap_or(u16::MAX)),
+            wscale: (self.cfg.window_scaling && (!synack || self.snd_wscale > 0 || self.rcv_wscale > 0))
+                .then_some(self.rcv_wscale),
+            sack_permitted: self.cfg.sack && (!synack || self.sack_enabled),
+            timestamp: (self.cfg.timestamps && (!synack || self.ts_enabled))
+                .then(|| (self.tsval(now), if synack { self.ts_recent } else { 0 })),
+            ..Outgoing::default()
+        };
+        if synack {
+            self.rcv_adv = self.rcv_nxt + usize::from(seg.window);
+        }
+        self.snd_nxt = self.iss + 1;
+        if self.snd_max.diff(self.snd_nxt) < 0 {
+            self.snd_max = self.snd_nxt;
+        }
+        if self.retries == 0 {
+            self.rtt_probe = Some((self.iss, now));
+        }
+        self.rto_at = Some(now + self.rtt.rto());
+        self.sent_ack(&seg);
+        Some(seg)
+    }
+
+    fn arm_persist(&mut self, now: Instant) {
+        let base = self.rtt.rto().max(PERSIST_MIN);
+        let d = base.saturating_mul(1 << self.persist_backoff.min(16)).min(PERSIST_MAX);
+        self.persist_at = Some(now + d);
+    }
+
+    /// Data (new or retransmitted) and FIN.
+    fn transmit_data(&mut self, now: Instant) -> Option<Outgoing> {
+        let data_end = self.data_start + self.sndbuf.len();
+        // Loss recovery: retransmit holes first.
+        if self.in_recovery {
+            if let Some(seg) = self.retransmit_in_recovery(now) {
+                return Some(seg);
+            }
+        }
+        let flight = self.flight_estimate();
+        let cwnd = self.cc.cwnd();
+        let wnd_edge = self.snd_una + self.snd_wnd;
+        let unsent = data_end.since(self.snd_nxt);
+        let fin_due = self.fin_queued
+            && matches!(self.state, State::FinWait1 | State::Closing | State::LastAck)
+            && self.snd_nxt.diff(data_end) >= 0
+            && self.snd_nxt.diff(data_end + 1) < 0;
+        if unsent == 0 && !fin_due {
+            return None;
+        }
+        let usable_wnd = wnd_edge.since(self.snd_nxt);
+        let usable_cwnd = cwnd.saturating_sub(flight);
+        let len = unsent.min(self.mss).min(usable_wnd).min(usable_cwnd);
+        // A persist expiry forces one segment past SWS avoidance and Nagle
+        // (RFC 9293 3.8.6.2.1 override timeout).
+        let forced = self.probe_pending && len > 0;
+        if unsent > 0 && len == 0 {
+            if usable_wnd == 0 && self.persist_at.is_none() && self.rto_at.is_none() {
+                // Zero window: keep probing while data waits.
+                self.arm_persist(now);
+            }
+            return None;
+        }
+        if len > 0 && len < self.mss && len < unsent && !forced && len < self.max_snd_wnd / 2 {
+            // Sender SWS avoidance: wait for a full segment, or for the
+            // override timer when nothing is in flight to clock us.
+            if self.persist_at.is_none() && self.rto_at.is_none() {
+                self.arm_persist(now);
+            }
+            return None;
+        }
+        if len > 0 && len < self.mss && self.cfg.nagle && !forced && self.snd_max.diff(self.snd_una) > 0 && !self.fin_queued {
+            // Nagle: one small segment in flight at a time.
+            return None;
+        }
+        if forced {
+            self.probe_pending = false;
+        }
+        let retransmit = self.snd_nxt.diff(self.snd_max) < 0;
+        let mut seg = self.base_segment(now);
+        seg.payload_offset = self.snd_nxt.since(self.data_start);
+        seg.payload_len = len;
+        let after = self.snd_nxt + len;
+        if self.fin_queued && after == data_end && matches!(self.state, State::FinWait1 | State::Closing | State::LastAck) {
+            seg.fin = true;
+        }
+        let advance = len + usize::from(seg.fin);
+        if advance == 0 {
+            return None;
+        }
+        if retransmit {
+            self.stats.retransmits += 1;
+        } else if self.rtt_probe.is_none() {
+            self.rtt_probe = Some((self.snd_nxt, now));
+        }
+        self.snd_nxt += advance;
+        if self.snd_max.diff(self.snd_nxt) < 0 {
+            self.snd_max = self.snd_nxt;
+        }
+        if self.rto_at.is_none() {
+            self.rto_at = Some(now + self.rtt.rto());
+        }
+        self.sent_ack(&seg);
+        Some(seg)
+    }
+
+    /// Bytes counted against cwnd: RFC 6675 pipe with SACK, else the flight
+    /// (inflated by duplicate ACKs during NewReno fast recovery).
+    fn flight_estimate(&self) -> usize {
+        if self.sack_enabled && !self.scoreboard.is_empty() {
+            return self.scoreboard.pipe(self.snd_una, self.snd_max, self.high_rxt, self.mss, DUP_THRESH);
+        }
+        let flight = self.snd_nxt.since(self.snd_una);
+        if self.in_recovery {
+            flight.saturating_sub(self.dupacks.saturating_sub(DUP_THRESH) * self.mss)
+        } else {
+            flight
+        }
+    }
+
+    fn retransmit_in_recovery(&mut self, now: Instant) -> Option<Outgoing> {
+        let (start, len) = if self.sack_enabled {
+            let pipe = self.flight_estimate();
+            if pipe + self.mss > self.cc.cwnd() && self.high_rxt.diff(self.snd_una) > 0 {
+                return None;
+            }
+            self.scoreboard
+                .next_lost(self.snd_una, self.snd_max, self.high_rxt, self.mss, DUP_THRESH)
+                .or_else(|| {
+                    // First retransmission of the recovery: the head segment.
+                    (self.high_rxt == self.snd_una).then(|| (self.snd_una, self.mss))
+                })?
+        } else {
+            // NewReno: retransmit the segment at snd_una once per (partial) ACK.
+            if self.high_rxt != self.snd_una {
+                return None;
+            }
+            (self.snd_una, self.mss)
+        };
+        let data_end = self.data_start + self.sndbuf.len();
+        let len = len.min(data_end.since(start));
+        let fin = self.fin_queued && start + len == data_end && self.snd_max.diff(data_end) > 0;
+        if len == 0 && !fin {
+            self.high_rxt = start + 1;
+            return None;
+        }
+        let mut seg = self.base_segment(now);
+        seg.seq = start;
+        seg.payload_offset = start.since(self.data_start);
+        seg.payload_len = len;
+        seg.fin = fin;
+        self.high_rxt = start + (len + usize::from(fin));
+        self.stats.retransmits += 1;
+        self.rto_at = Some(now + self.rtt.rto());
+        self.sent_ack(&seg);
+        Some(seg)
+    }
+
+    /// Copy a segment's payload from the send buffer into `dst`.
+    pub fn copy_payload(&self, seg: &Outgoing, dst: &mut [u8]) -> usize {
+        let n = seg.payload_len.min(dst.len());
+        self.sndbuf.read_at(seg.payload_offset, &mut dst[..n])
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    const A: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
+    const B: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 80);
+
+    /// A segment in flight, owning its payload.
+    #[derive(Debug, Clone)]
+    struct Wire {
+        out: Outgoing,
+        payload: Vec<u8>,
+    }
+
+    impl Wire {
+        fn seg(&self) -> Segment<'_> {
+            Segment {
+                seq: self.out.seq,
+                ack: self.out.ack,
+                syn: self.out.syn,
+                fin: self.out.fin,
+                rst: self.out.rst,
+                window: self.out.window,
+                mss: self.out.mss,
+                wscale: self.out.wscale,
+                sack_permitted: self.out.sack_permitted,
+                sack: self.out.sack,
+                timestamp: self.out.timestamp,
+                payload: &self.payload,
+            }
+        }
+    }
+
+    fn drain(c: &mut TcpConn, now: Instant) -> Vec<Wire> {
+        let mut v = Vec::new();
+        while let Some(out) = c.poll_transmit(now) {
+            let mut payload = vec![0; out.payload_len];
+            c.copy_payload(&out, &mut payload);
+            v.push(Wire { out, payload });
+            assert!(v.len() < 10_000, "runaway transmit");
+        }
+        v
+    }
+
+    fn cfg() -> TcpConfig {
+        TcpConfig {
+            delayed_ack: None,
+            ..TcpConfig::default()
+        }
+    }
+
+    /// Client and server with the handshake done.
+    fn established(ccfg: TcpConfig, scfg: TcpConfig) -> (TcpConn, TcpConn, Instant) {
+        let t = Instant::from_millis(1);
+        let mut c = TcpConn::connect(ccfg, A, B, Seq(1000));
+        let syn = drain(&mut c, t);
+        assert_eq!(syn.len(), 1);
+        assert!(syn[0].out.syn && syn[0].out.ack.is_none());
+        let mut s = TcpConn::accept(scfg, B, A, Seq(5000), &syn[0].seg());
+        let synack = drain(&mut s, t);
+        assert!(synack[0].out.syn && synack[0].out.ack == Some(Seq(1001)));
+        c.on_segment(t, &synack[0].seg());
+        assert_eq!(c.state(), State::Established);
+        for w in drain(&mut c, t) {
+            s.on_segment(t, &w.seg());
+        }
+        assert_eq!(s.state(), State::Established);
+        (c, s, t)
+    }
+
+    /// Exchange segments until quiet; `keep` decides which segments survive.
+    fn run(c: &mut TcpConn, s: &mut TcpConn, now: &mut Instant, step: Duration, mut keep: impl FnMut(bool, &Wire) -> bool) {
+        let limit = *now + Duration::from_secs(120);
+        for _ in 0..100_000 {
+            if *now > limit {
+                return;
+            }
+            let from_c = drain(c, *now);
+            let from_s = drain(s, *now);
+            if from_c.is_empty() && from_s.is_empty() {
+                let next = [c.poll_at(), s.poll_at()].into_iter().flatten().min();
+                match next {
+                    Some(t) if t > *now && t < *now + Duration::from_secs(300) => *now = t,
+                    _ => return,
+                }
+                continue;
+            }
+            for w in from_c {
+                if keep(true, &w) {
+                    s.on_segment(*now, &w.seg());
+                }
+            }
+            for w in from_s {
+                if keep(false, &w) {
+                    c.on_segment(*now, &w.seg());
+                }
+            }
+            *now += step;
+        }
+        panic!("no quiescence");
+    }
+
+    fn read_all(c: &mut TcpConn) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = c.recv(&mut buf);
+            if n == 0 {
+                return out;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    #[test]
+    fn handshake_negotiates_options() {
+        let (c, s, _) = established(cfg(), cfg());
+        assert!(c.ts_enabled && s.ts_enabled);
+        assert!(c.sack_enabled && s.sack_enabled);
+        assert_eq!(c.mss(), 1460);
+        // 256 KiB buffers need a shift of 3 to fit 16 bits.
+        assert_eq!(c.rcv_wscale, 3);
+        assert_eq!(s.snd_wscale, 3);
+    }
+
+    #[test]
+    fn options_off_when_peer_lacks_them() {
+        let plain = TcpConfig {
+            window_scaling: false,
+            timestamps: false,
+            sack: false,
+            mss: 536,
+            ..cfg()
+        };
+        let (c, s, _) = established(cfg(), plain);
+        assert!(!c.ts_enabled && !c.sack_enabled);
+        assert_eq!((c.rcv_wscale, c.snd_wscale), (0, 0));
+        assert_eq!(c.mss(), 536);
+        assert_eq!(s.mss(), 536);
+    }
+
+    #[test]
+    fn data_both_ways_and_graceful_close_to_time_wait() {
+        let (mut c, mut s, mut now) = established(cfg(), cfg());
+        let msg: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        assert_eq!(c.send(&msg), msg.len());
+        assert_eq!(s.send(b"hello"), 5);
+        let mut got = Vec::new();
+        let mut got_c = Vec::new();
+        for _ in 0..50 {
+            run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+            got.extend(read_all(&mut s));
+            got_c.extend(read_all(&mut c));
+        }
+        assert_eq!(got, msg);
+        assert_eq!(got_c, b"hello");
+        c.close();
+        assert_eq!(c.state(), State::FinWait1);
+        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+        assert_eq!(s.state(), State::CloseWait);
+        assert_eq!(c.state(), State::FinWait2);
+        assert!(s.recv_finished());
+        s.close();
+        let t0 = now;
+        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+        assert_eq!(s.state(), State::Closed);
+        // TIME_WAIT lasts 2 MSL, then the connection is gone.
+        assert_eq!(c.state(), State::Closed);
+        assert!(now >= t0 + Duration::from_secs(60));
+        assert_eq!(c.stats().retransmits, 0);
+    }
+
+    #[test]
+    fn simultaneous_open() {
+        let t = Instant::from_millis(1);
+        let mut a = TcpConn::connect(cfg(), A, B, Seq(100));
+        let mut b = TcpConn::connect(cfg(), B, A, Seq(900));
+        let sa = drain(&mut a, t);
+        let sb = drain(&mut b, t);
+        a.on_segment(t, &sb[0].seg());
+        b.on_segment(t, &sa[0].seg());
+        assert_eq!((a.state(), b.state()), (State::SynReceived, State::SynReceived));
+        let mut now = t;
+        run(&mut a, &mut b, &mut now, Duration::from_micros(10), |_, _| true);
+        assert_eq!((a.state(), b.state()), (State::Established, State::Established));
+    }
+
+    #[test]
+    fn simultaneous_close() {
+        let (mut c, mut s, mut now) = established(cfg(), cfg());
+        c.close();
+        s.close();
+        let fc = drain(&mut c, now);
+        let fs = drain(&mut s, now);
+        for w in &fs {
+            c.on_segment(now, &w.seg());
+        }
+        for w in &fc {
+            s.on_segment(now, &w.seg());
+        }
+        assert_eq!((c.state(), s.state()), (State::Closing, State::Closing));
+        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+        assert_eq!((c.state(), s.state()), (State::Closed, State::Closed));
+    }
+
+    #[test]
+    fn rst_in_window_gets_challenge_ack_exact_rst_resets() {
+        let (mut c, _s, now) = established(cfg(), cfg());
+        let rcv_nxt = c.rcv_nxt;
+        let rst = |seq| Wire {
+            out: Outgoing { seq, rst: true, ..Outgoing::default() },
+            payload: vec![],
+        };
+        c.on_segment(now, &rst(rcv_nxt + 100).seg());
+        assert_eq!(c.state(), State::Established);
+        assert_eq!(c.stats().challenge_acks, 1);
+        let ack = drain(&mut c, now);
+        assert_eq!(ack.len(), 1);
+        assert_eq!(ack[0].out.ack, Some(rcv_nxt));
+        // Out of window: silently ignored.
+        c.on_segment(now, &rst(rcv_nxt + 10_000_000).seg());
+        assert_eq!(c.stats().challenge_acks, 1);
+        c.on_segment(now, &rst(rcv_nxt).seg());
+        assert_eq!(c.state(), State::Closed);
+        assert_eq!(c.error(), Some(ConnError::Reset));
+    }
+
+    #[test]
+    fn syn_in_established_gets_challenge_ack() {
+        let (mut c, _s, now) = established(cfg(), cfg());
+        let syn = Wire {
+            out: Outgoing { seq: c.rcv_nxt + 5, syn: true, ..Outgoing::default() },
+            payload: vec![],
+        };
+        c.on_segment(now, &syn.seg());
+        assert_eq!(c.state(), State::Established);
+        assert_eq!(c.stats().challenge_acks, 1);
+    }
+
+    #[test]
+    fn refused_connection() {
+        let t = Instant::from_millis(1);
+        let mut c = TcpConn::connect(cfg(), A, B, Seq(1000));
+        let syn = drain(&mut c, t);
+        let rst = Wire {
+            out: Outgoing { seq: Seq(0), ack: Some(syn[0].out.seq + 1), rst: true, ..Outgoing::default() },
+            payload: vec![],
+        };
+        c.on_segment(t, &rst.seg());
+        assert_eq!(c.error(), Some(ConnError::Refused));
+        assert!(c.is_finished());
+    }
+
+    #[test]
+    fn syn_retries_then_times_out() {
+        let mut c = TcpConn::connect(cfg(), A, B, Seq(1000));
+        let mut now = Instant::from_millis(1);
+        let mut syns = 0;
+        for _ in 0..100 {
+            syns += drain(&mut c, now).len();
+            match c.poll_at() {
+                Some(t) => now = t.max(now),
+                None => break,
+            }
+        }
+        assert_eq!(c.error(), Some(ConnError::TimedOut));
+        assert_eq!(syns as u32, 1 + TcpConfig::default().syn_retries);
+    }
+
+    #[test]
+    fn slow_reader_zero_window_probe_and_recovery() {
+        let small = TcpConfig {
+            recv_buffer: 8192,
+            ..cfg()
+        };
+        let (mut c, mut s, mut now) = established(cfg(), small);
+        let msg: Vec<u8> = (0..50_000u32).map(|i| (i * 7) as u8).collect();
+        let mut sent = c.send(&msg);
+        run(&mut c, &mut s, &mut now, Duration::from_micros(50), |_, _| true);
+        // The receiver's buffer is full and nobody reads: the window is zero.
+        assert_eq!(s.recv_available(), 8192);
+        assert_eq!(c.snd_wnd(), 0);
+        // Time passes: the sender probes rather than giving up.
+        let mut probes_seen = 0;
+        for _ in 0..5 {
+            let t = c.poll_at().expect("persist timer armed");
+            now = now.max(t);
+            let out = drain(&mut c, now);
+            probes_seen += out.len();
+            for w in out {
+                s.on_segment(now, &w.seg());
+            }
+            for w in drain(&mut s, now) {
+                c.on_segment(now, &w.seg());
+            }
+        }
+        assert!(probes_seen >= 5 && c.stats().zero_window_probes >= 5);
+        assert_eq!(c.state(), State::Established);
+        // The reader drains: a window update restarts the flow; all data arrives.
+        let mut got = Vec::new();
+        for _ in 0..200 {
+            got.extend(read_all(&mut s));
+            if sent < msg.len() {
+                sent += c.send(&msg[sent..]);
+            }
+            run(&mut c, &mut s, &mut now, Duration::from_micros(50), |_, _| true);
+        }
+        got.extend(read_all(&mut s));
+        assert_eq!(got, msg);
+    }
+
+    #[test]
+    fn loss_triggers_fast_retransmit_and_cwnd_reduction() {
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            for sack in [true, false] {
+                let cc = TcpConfig { congestion: alg, sack, ..cfg() };
+                // The receiver's window never closes during the test.
+                let rc = TcpConfig { recv_buffer: 8 << 20, ..cc.clone() };
+                let (mut c, mut s, mut now) = established(cc, rc);
+                let msg = vec![0x5a; 4_000_000];
+                let mut sent = c.send(&msg);
+                // Grow cwnd first.
+                for _ in 0..5 {
+                    run(&mut c, &mut s, &mut now, Duration::from_micros(100), |_, _| true);
+                    read_all(&mut s);
+                    sent += c.send(&msg[sent..]);
+                }
+                assert!(sent < msg.len());
+                let before = c.cwnd();
+                let mut dropped = false;
+                run(&mut c, &mut s, &mut now, Duration::from_micros(100), |from_c, w| {
+                    // Drop exactly one data segment.
+                    if from_c && w.out.payload_len > 0 && !dropped {
+                        dropped = true;
+                        return false;
+                    }
+                    true
+                });
+                assert!(dropped);
+                assert!(c.stats().fast_retransmits >= 1, "{alg:?} sack={sack}: {:?}", c.stats());
+                assert_eq!(c.stats().timeouts, 0, "{alg:?} sack={sack} recovered without RTO");
+                let after = c.ssthresh();
+                let expect = match alg {
+                    Algorithm::NewReno => 0.5,
+                    Algorithm::Cubic => 0.7,
+                };
+                let ratio = after as f64 / before as f64;
+                assert!((ratio - expect).abs() < 0.15, "{alg:?}: ssthresh {after} after cwnd {before}");
+            }
+        }
+    }
+
+    #[test]
+    fn rto_recovers_from_tail_loss_with_backoff() {
+        let (mut c, mut s, mut now) = established(cfg(), cfg());
+        c.send(&[1u8; 3000]);
+        // Lose everything the client sends for a while.
+        let mut lost = 0;
+        let until = now + Duration::from_secs(3);
+        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |from_c, w| {
+            let _ = w;
+            if from_c && lost < 3 {
+                lost += 1;
+                return false;
+            }
+            true
+        });
+        let _ = until;
+        assert!(c.stats().timeouts >= 1);
+        assert_eq!(read_all(&mut s), vec![1u8; 3000]);
+        assert_eq!(c.in_flight(), 0);
+    }
+
+    #[test]
+    fn delayed_ack_acks_every_second_segment_or_on_timer() {
+        let dcfg = TcpConfig { delayed_ack: Some(Duration::from_millis(40)), ..TcpConfig::default() };
+        let (mut c, mut s, now) = established(cfg(), dcfg);
+        c.send(&[7u8; 1460]);
+        for w in drain(&mut c, now) {
+            s.on_segment(now, &w.seg());
+        }
+        // One segment: no ACK yet, the timer is set.
+        assert!(drain(&mut s, now).is_empty());
+        assert_eq!(s.poll_at(), Some(now + Duration::from_millis(40)));
+        assert_eq!(drain(&mut s, now + Duration::from_millis(40)).len(), 1);
+        // Two full segments: ACK at once.
+        c.send(&[7u8; 2920]);
+        let now2 = now + Duration::from_millis(50);
+        for w in drain(&mut c, now2) {
+            s.on_segment(now2, &w.seg());
+        }
+        assert_eq!(drain(&mut s, now2).len(), 1);
+    }
+
+    #[test]
+    fn nagle_holds_small_segments_while_data_is_unacked() {
+        let (mut c, _s, now) = established(TcpConfig { nagle: true, ..cfg() }, cfg());
+        c.send(b"a");
+        assert_eq!(drain(&mut c, now).len(), 1);
+        c.send(b"b");
+        assert!(drain(&mut c, now).is_empty(), "Nagle waits for the ACK");
+        let (mut c2, _s2, now2) = established(TcpConfig { nagle: false, ..cfg() }, cfg());
+        c2.send(b"a");
+        drain(&mut c2, now2);
+        c2.send(b"b");
+        assert_eq!(drain(&mut c2, now2).len(), 1, "no Nagle: sent at once");
+    }
+
+    #[test]
+    fn old_timestamps_are_rejected_paws() {
+        let (mut c, _s, now) = established(cfg(), cfg());
+        let mut w = Wire {
+            out: Outgoing {
+                seq: c.rcv_nxt,
+                ack: Some(c.snd_una),
+                window: 1000,
+                timestamp: Some((c.ts_recent.wrapping_sub(1000), 0)),
+                ..Outgoing::default()
+            },
+            payload: b"stale".to_vec(),
+        };
+        c.on_segment(now, &w.seg());
+        assert_eq!(c.recv_available(), 0);
+        w.out.timestamp = Some((c.ts_recent.wrapping_add(1), 0));
+        c.on_segment(now, &w.seg());
+        assert_eq!(c.recv_available(), 5);
+    }
+
+    #[test]
+    fn abort_sends_rst() {
+        let (mut c, mut s, now) = established(cfg(), cfg());
+        c.abort();
+        let out = drain(&mut c, now);
+        assert!(out[0].out.rst);
+        s.on_segment(now, &out[0].seg());
+        assert_eq!(s.error(), Some(ConnError::Reset));
+    }
+
+    #[test]
+    fn wscale_for_buffers() {
+        assert_eq!(wscale_for(65_535), 0);
+        assert_eq!(wscale_for(65_536), 1);
+        assert_eq!(wscale_for(1 << 20), 5);
+        assert_eq!(wscale_for(usize::MAX), MAX_WSCALE);
+    }
+}

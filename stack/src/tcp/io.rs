@@ -1,0 +1,277 @@
+//! TCP on the data path: segment demux on receive, emission on poll.
+
+use std::net::SocketAddrV4;
+
+use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTimestampRepr};
+
+use super::conn::{Outgoing, Segment, State, TcpConn};
+use super::{FlowKey, Seq, TcpTable, local};
+use crate::device::Tx;
+use crate::stack::{IpMeta, Link, Stack};
+use crate::stats::DropReason;
+use crate::time::Instant;
+
+fn segment_from<'a>(r: &TcpRepr<'a>) -> Segment<'a> {
+    let mut sack = [None; 3];
+    for (slot, range) in sack.iter_mut().zip(r.sack_ranges.iter()) {
+        *slot = range.map(|(a, b)| (Seq(a), Seq(b)));
+    }
+    Segment {
+        seq: r.seq_number.into(),
+        ack: r.ack_number.map(Seq::from),
+        syn: r.control == TcpControl::Syn,
+        fin: r.control == TcpControl::Fin,
+        rst: r.control == TcpControl::Rst,
+        window: r.window_len,
+        mss: r.max_seg_size,
+        wscale: r.window_scale,
+        sack_permitted: r.sack_permitted,
+        sack,
+        timestamp: r.timestamp.map(|t| (t.tsval, t.tsecr)),
+        payload: r.payload,
+    }
+}
+
+/// Emit one segment; `payload` writes `out.payload_len` bytes.
+fn emit<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    local_port: u16,
+    remote: SocketAddrV4,
+    out: &Outgoing,
+    payload: impl FnOnce(&mut [u8]),
+) -> bool {
+    let control = if out.syn {
+        TcpControl::Syn
+    } else if out.rst {
+        TcpControl::Rst
+    } else if out.fin {
+        TcpControl::Fin
+    } else if out.payload_len > 0 {
+        TcpControl::Psh
+    } else {
+        TcpControl::None
+    };
+    let mut sack_ranges = [None; 3];
+    for (slot, r) in sack_ranges.iter_mut().zip(out.sack.iter()) {
+        *slot = r.map(|(a, b)| (a.0, b.0));
+    }
+    let repr = TcpRepr {
+        src_port: local_port,
+        dst_port: remote.port(),
+        control,
+        seq_number: out.seq.into(),
+        ack_number: out.ack.map(Into::into),
+        window_len: out.window,
+        window_scale: out.wscale,
+        max_seg_size: out.mss,
+        sack_permitted: out.sack_permitted,
+        sack_ranges,
+        timestamp: out.timestamp.map(|(v, e)| TcpTimestampRepr::new(v, e)),
+        payload: &[],
+    };
+    let hdr = repr.header_len();
+    let src = IpAddress::Ipv4(link.ip());
+    let dst = IpAddress::Ipv4(*remote.ip());
+    let caps = link.checksum.clone();
+    let len = hdr + out.payload_len;
+    link.send_ip(now, tx, *remote.ip(), IpProtocol::Tcp, len, |buf| {
+        payload(&mut buf[hdr..]);
+        repr.emit(&mut TcpPacket::new_unchecked(buf), &src, &dst, &caps);
+    })
+    .is_ok()
+}
+
+impl Stack {
+    pub(crate) fn process_tcp<T: Tx>(
+        &mut self,
+        now: Instant,
+        meta: IpMeta,
+        body: &[u8],
+        tx: &mut T,
+    ) -> Result<(), DropReason> {
+        if meta.broadcast {
+            return Err(DropReason::TcpBroadcast);
+        }
+        let pkt = TcpPacket::new_checked(body).map_err(|_| DropReason::TcpMalformed)?;
+        let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
+        if !pkt.verify_checksum(&src, &dst) {
+            return Err(DropReason::TcpBadChecksum);
+        }
+        let repr = TcpRepr::parse(&pkt, &src, &dst, &smoltcp::phy::ChecksumCapabilities::ignored())
+            .map_err(|_| DropReason::TcpMalformed)?;
+        let seg = segment_from(&repr);
+        self.tcp.stats.segs_in += 1;
+        let remote = SocketAddrV4::new(meta.src, repr.src_port);
+        let key = FlowKey {
+            local_port: repr.dst_port,
+            remote,
+        };
+        if let Some(&slot) = self.tcp.flows.get(&key) {
+            self.deliver(now, slot, &seg);
+            return Ok(());
+        }
+        let me = local(self.ip(), repr.dst_port);
+        if self.tcp.listeners.contains_key(&repr.dst_port) && !seg.rst {
+            return self.listen_input(now, tx, me, remote, &seg);
+        }
+        if !seg.rst {
+            self.send_reset(now, tx, me, remote, &seg);
+        }
+        Err(DropReason::TcpNoSocket)
+    }
+
+    fn deliver(&mut self, now: Instant, slot: u32, seg: &Segment<'_>) {
+        let tcp = &mut self.tcp;
+        let Some(s) = tcp.slots.get_mut(slot as usize) else { return };
+        let Some(conn) = s.conn.as_mut() else { return };
+        let before = conn.state();
+        conn.on_segment(now, seg);
+        let after = conn.state();
+        if seg.rst && after == State::Closed {
+            tcp.stats.resets_received += 1;
+        }
+        if before != after && matches!(after, State::Established | State::FinWait1 | State::CloseWait) && matches!(before, State::SynSent | State::SynReceived) {
+            tcp.stats.established += 1;
+            if let (true, Some(port)) = (s.embryonic, s.listener) {
+                s.embryonic = false;
+                if let Some(l) = tcp.listeners.get_mut(&port) {
+                    l.embryonic = l.embryonic.saturating_sub(1);
+                    l.ready.push_back(slot);
+                }
+            }
+        }
+        tcp.mark_dirty(slot);
+    }
+
+    fn listen_input<T: Tx>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        me: SocketAddrV4,
+        remote: SocketAddrV4,
+        seg: &Segment<'_>,
+    ) -> Result<(), DropReason> {
+        let Some(l) = self.tcp.listeners.get(&me.port()) else {
+            return Err(DropReason::TcpNoSocket);
+        };
+        let full = l.ready.len() + l.embryonic >= l.backlog;
+        if seg.syn && seg.ack.is_none() {
+            if full {
+                // Backlog full: answer statelessly with a SYN cookie.
+                self.tcp.stats.listen_overflows += 1;
+                let mss = seg.mss.unwrap_or(536).min(u16::try_from(self.tcp.cfg.mss).unwrap_or(u16::MAX));
+                let cookie = self.tcp.cookie(now, me, remote, seg.seq, mss);
+                let out = Outgoing {
+                    seq: cookie,
+                    ack: Some(seg.seq + 1),
+                    syn: true,
+                    window: u16::try_from(self.tcp.cfg.recv_buffer).unwrap_or(u16::MAX),
+                    mss: Some(mss),
+                    ..Outgoing::default()
+                };
+                if emit(&mut self.link, now, tx, me.port(), remote, &out, |_| {}) {
+                    self.tcp.stats.syn_cookies_sent += 1;
+                    self.tcp.stats.segs_out += 1;
+                }
+                return Ok(());
+            }
+            let iss = self.tcp.isn(now, me, remote);
+            let conn = TcpConn::accept(self.tcp.cfg.clone(), me, remote, iss, seg);
+            let slot = self.tcp.insert(conn, Some(me.port()));
+            if let Some(l) = self.tcp.listeners.get_mut(&me.port()) {
+                l.embryonic += 1;
+            }
+            self.tcp.stats.passive_opens += 1;
+            self.tcp.schedule(slot);
+            return Ok(());
+        }
+        // An ACK for no connection: perhaps the third step of a cookie handshake.
+        if let (Some(ack), false) = (seg.ack, seg.syn) {
+            let peer_isn = seg.seq - 1;
+            if let Some(mss) = self.tcp.check_cookie(now, me, remote, peer_isn, ack - 1) {
+                self.tcp.stats.syn_cookies_accepted += 1;
+                let syn = Segment {
+                    seq: peer_isn,
+                    syn: true,
+                    window: seg.window,
+                    mss: Some(mss),
+                    ..Segment::default()
+                };
+                let mut conn = TcpConn::accept(self.tcp.cfg.clone(), me, remote, ack - 1, &syn);
+                conn.cookie_established();
+                let slot = self.tcp.insert(conn, Some(me.port()));
+                if let Some(l) = self.tcp.listeners.get_mut(&me.port()) {
+                    l.embryonic += 1;
+                }
+                self.tcp.stats.passive_opens += 1;
+                self.deliver(now, slot, seg);
+                return Ok(());
+            }
+            self.tcp.stats.syn_cookies_failed += 1;
+        }
+        self.send_reset(now, tx, me, remote, seg);
+        Err(DropReason::TcpNoSocket)
+    }
+
+    /// RFC 9293 3.10.7.1: the reset for a segment that belongs to nothing.
+    fn send_reset<T: Tx>(&mut self, now: Instant, tx: &mut T, me: SocketAddrV4, remote: SocketAddrV4, seg: &Segment<'_>) {
+        let out = match seg.ack {
+            Some(ack) => Outgoing {
+                seq: ack,
+                rst: true,
+                ..Outgoing::default()
+            },
+            None => Outgoing {
+                seq: Seq(0),
+                ack: Some(seg.seq + seg.len()),
+                rst: true,
+                ..Outgoing::default()
+            },
+        };
+        if emit(&mut self.link, now, tx, me.port(), remote, &out, |_| {}) {
+            self.tcp.stats.resets_sent += 1;
+            self.tcp.stats.segs_out += 1;
+        }
+    }
+
+    /// Timers that are due, then every connection with something to send.
+    pub(crate) fn poll_tcp<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        while let Some(std::cmp::Reverse((at, slot))) = self.tcp.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.tcp.timers.pop();
+            if let Some(s) = self.tcp.slots.get_mut(slot as usize) {
+                if s.timer == Some(at) {
+                    s.timer = None;
+                    self.tcp.mark_dirty(slot);
+                }
+            }
+        }
+        while let Some(slot) = self.tcp.dirty.pop_front() {
+            let Stack { link, tcp, .. } = self;
+            let TcpTable { slots, stats, .. } = tcp;
+            let Some(s) = slots.get_mut(slot as usize) else { continue };
+            s.dirty = false;
+            let Some(conn) = s.conn.as_mut() else { continue };
+            let before = conn.stats().retransmits;
+            while let Some(out) = conn.poll_transmit(now) {
+                let (port, remote) = (conn.local().port(), conn.remote());
+                let c: &TcpConn = conn;
+                if emit(link, now, tx, port, remote, &out, |buf| {
+                    c.copy_payload(&out, buf);
+                }) {
+                    stats.segs_out += 1;
+                    if out.rst {
+                        stats.resets_sent += 1;
+                    }
+                }
+            }
+            stats.retransmits += conn.stats().retransmits - before;
+            self.tcp.schedule(slot);
+            self.tcp.reap(slot);
+        }
+    }
+}
