@@ -213,7 +213,7 @@ impl Stack {
         s.ipv4.reassembly_bytes_hwm = self.frags.mem_hwm as u64;
         s.ipv4.reassembly_timeouts = self.frags.timeouts;
         s.udp.sockets = self.udp.by_port.len() as u64;
-        s.tcp = self.tcp.stats.clone();
+        s.tcp = self.tcp.stats();
         s
     }
 

@@ -35,32 +35,45 @@ fn mib() -> u64 {
 /// Transfer `bytes` each way at once between two stacks; assert byte-exact
 /// delivery, no errors and every buffer returned. Returns the net for more checks.
 fn both_ways(link: LinkConfig, bytes: u64, tweak: impl Fn(&mut Config), deadline_s: u64) -> (SimNet, [Both; 2]) {
+    both_ways_with(link, bytes, tweak, deadline_s, |r| r)
+}
+
+fn both_ways_with(
+    link: LinkConfig,
+    bytes: u64,
+    tweak: impl Fn(&mut Config),
+    deadline_s: u64,
+    recv: impl Fn(BulkRecv) -> BulkRecv,
+) -> (SimNet, [Both; 2]) {
     let mut net = SimNet::new(link);
     for n in [1u8, 2] {
         let mut cfg = host_config(n);
         tweak(&mut cfg);
         net.add(cfg);
     }
-    let ip = |n: u8| *host_config(n).ip.address().as_ref();
-    let _ = ip;
     let a = net.nodes[0].stack.ip();
     let b = net.nodes[1].stack.ip();
     let mut apps = [
         Both {
             send: BulkSend::new(SocketAddrV4::new(b, 5001), bytes),
-            recv: BulkRecv::new(5001, 8),
+            recv: recv(BulkRecv::new(5001, 8)),
         },
         Both {
             send: BulkSend::new(SocketAddrV4::new(a, 5001), bytes),
-            recv: BulkRecv::new(5001, 8),
+            recv: recv(BulkRecv::new(5001, 8)),
         },
     ];
     let deadline = Instant::from_secs(deadline_s);
     loop {
         let [x, y] = &mut apps;
+        let before = net.now;
         net.run_until(net.now + Duration::from_millis(500), &mut [x, y], |_| false);
+        let stuck = net.now == before;
         let finished = apps.iter().all(|h| h.send.done() && h.recv.completed.len() == 1);
-        if finished || net.now >= deadline {
+        if std::env::var_os("USTACK_DEBUG").is_some() {
+            eprintln!("t={} err={:?}/{:?} {:?}", net.now, apps[0].send.error, apps[1].send.error, net.nodes[0].stack.tcp_connections().map(|c| (c.state, c.cwnd, c.in_flight, c.send_queued, c.snd_wnd, c.stats.retransmits, c.stats.timeouts)).collect::<Vec<_>>());
+        }
+        if finished || stuck || net.now >= deadline {
             break;
         }
     }
@@ -98,19 +111,24 @@ fn clean_link() {
     let (net, _) = both_ways(LinkConfig::default(), bytes(), |_| {}, 600);
     let s = net.nodes[0].stack.stats().tcp;
     assert_eq!(s.retransmits, 0, "no loss, no retransmission");
+    assert_eq!(s.totals.timeouts, 0);
+    assert!(s.totals.bytes_out >= bytes());
 }
 
 #[test]
 fn one_percent_loss() {
     let link = LinkConfig { loss: 0.01, delay: Duration::from_micros(100), seed: 11, ..LinkConfig::default() };
     let (net, _) = both_ways(link, bytes(), |_| {}, 3600);
-    assert!(net.nodes[0].stack.stats().tcp.retransmits > 0);
+    let s = net.nodes[0].stack.stats().tcp;
+    assert!(s.retransmits > 0);
+    // Most losses are repaired by fast retransmit, not by timeouts.
+    assert!(s.totals.fast_retransmits > s.totals.timeouts, "{:?}", s.totals);
 }
 
 #[test]
 fn ten_percent_loss() {
     let link = LinkConfig { loss: 0.10, delay: Duration::from_micros(100), seed: 12, ..LinkConfig::default() };
-    both_ways(link, bytes() / 8, |_| {}, 36_000);
+    both_ways(link, bytes(), |_| {}, 36_000);
 }
 
 #[test]
@@ -140,13 +158,24 @@ fn corruption_point_one_percent() {
 }
 
 #[test]
-fn long_delay_small_buffer_window_scaling() {
-    // 50 ms each way with 64 KiB buffers... and 1 MiB buffers needing scaling.
+fn long_delay_small_buffer_window_scaling_and_zero_windows() {
+    // 50 ms each way. Buffers of 256 KiB need window scaling; readers that
+    // take 128 KiB every 500 ms leave the window at zero longer than the
+    // persist timer, so senders probe, and resume when the window opens.
     let link = LinkConfig { delay: Duration::from_millis(50), seed: 16, ..LinkConfig::default() };
-    both_ways(link, bytes() / 16, |c| {
-        c.tcp.recv_buffer = 128 << 10;
-        c.tcp.send_buffer = 128 << 10;
-    }, 36_000);
+    let (net, _) = both_ways_with(
+        link,
+        bytes(),
+        |c| {
+            c.tcp.recv_buffer = 256 << 10;
+            c.tcp.send_buffer = 256 << 10;
+        },
+        36_000,
+        |r| r.slow_reader(128 << 10, Duration::from_millis(500)),
+    );
+    let s = net.nodes[0].stack.stats().tcp;
+    assert!(s.totals.zero_window_probes > 0, "{:?}", s.totals);
+    assert_eq!(s.retransmits, 0, "{:?}", s.totals);
 }
 
 #[test]

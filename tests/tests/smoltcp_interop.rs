@@ -94,13 +94,19 @@ fn smol_now(t: Instant) -> SmolInstant {
 }
 
 /// Step the ustack node(s) and smoltcp together on virtual time until `done`.
-fn run(net: &mut SimNet, smol: &mut Smol, app: &mut dyn App, mut smol_app: impl FnMut(&mut tcp::Socket) -> bool, limit: Duration) -> bool {
+fn run(
+    net: &mut SimNet,
+    smol: &mut Smol,
+    app: &mut dyn App,
+    mut smol_app: impl FnMut(&mut tcp::Socket, &mut smoltcp::iface::Context) -> bool,
+    limit: Duration,
+) -> bool {
     let end = net.now + limit;
     while net.now < end {
         let busy = net.step(&mut [&mut *app]);
         smol.dev.now = net.now;
         let changed = smol.iface.poll(smol_now(net.now), &mut smol.dev, &mut smol.sockets);
-        let done = smol_app(smol.sockets.get_mut::<tcp::Socket>(smol.handle));
+        let done = smol_app(smol.sockets.get_mut::<tcp::Socket>(smol.handle), smol.iface.context());
         if done {
             return true;
         }
@@ -143,9 +149,9 @@ fn smoltcp_client_to_ustack_server() {
     let mut connected = false;
     let mut buf = vec![0u8; 16 << 10];
     let mut crc = crc32fast::Hasher::new();
-    let ok = run(&mut net, &mut smol, &mut server, |s| {
+    let ok = run(&mut net, &mut smol, &mut server, |s, cx| {
         if !connected {
-            s.connect_cx(IpAddress::v4(10, 0, 0, 1), 5001, 49_500);
+            s.connect(cx, (IpAddress::v4(10, 0, 0, 1), 5001), 49_500).unwrap();
             connected = true;
         }
         while s.can_send() && sent < BYTES {
@@ -165,7 +171,7 @@ fn smoltcp_client_to_ustack_server() {
     }, Duration::from_secs(600));
     assert!(ok, "smoltcp client did not finish");
     // Let the last ACKs and the server's close settle.
-    run(&mut net, &mut smol, &mut server, |_| false, Duration::from_secs(2));
+    run(&mut net, &mut smol, &mut server, |_, _| false, Duration::from_secs(2));
     assert_eq!(server.errors, vec![]);
     assert_eq!(server.corrupt_bytes, 0);
     assert_eq!(server.completed.len(), 1);
@@ -184,7 +190,7 @@ fn ustack_client_to_smoltcp_server() {
     let mut listening = false;
     let mut crc = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 16 << 10];
-    let ok = run(&mut net, &mut smol, &mut client, |s| {
+    let ok = run(&mut net, &mut smol, &mut client, |s, _| {
         if !listening {
             s.listen(5002).unwrap();
             listening = true;
@@ -205,7 +211,7 @@ fn ustack_client_to_smoltcp_server() {
         got == BYTES && matches!(s.state(), tcp::State::Closed | tcp::State::LastAck | tcp::State::TimeWait)
     }, Duration::from_secs(600));
     assert!(ok, "transfer to smoltcp did not finish: got {got}");
-    run(&mut net, &mut smol, &mut client, |_| false, Duration::from_secs(2));
+    run(&mut net, &mut smol, &mut client, |_, _| false, Duration::from_secs(2));
     assert_eq!(bad, 0);
     assert_eq!(client.error, None);
     assert!(client.done());

@@ -167,6 +167,24 @@ pub struct ConnStats {
     pub bad_segments: u64,
 }
 
+impl ConnStats {
+    /// Add another connection's counters to these.
+    pub fn add(&mut self, o: &ConnStats) {
+        self.segs_in += o.segs_in;
+        self.segs_out += o.segs_out;
+        self.bytes_in += o.bytes_in;
+        self.bytes_out += o.bytes_out;
+        self.retransmits += o.retransmits;
+        self.fast_retransmits += o.fast_retransmits;
+        self.timeouts += o.timeouts;
+        self.dup_acks += o.dup_acks;
+        self.zero_window_probes += o.zero_window_probes;
+        self.challenge_acks += o.challenge_acks;
+        self.ooo_dropped += o.ooo_dropped;
+        self.bad_segments += o.bad_segments;
+    }
+}
+
 /// A snapshot of one connection for telemetry and tests.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ConnInfo {
@@ -507,11 +525,13 @@ impl TcpConn {
     /// Close the sending side (FIN after queued data).
     pub fn close(&mut self) {
         match self.state {
-            State::SynSent => {
+            // Nothing was sent yet: there is nobody to say goodbye to.
+            State::SynSent if self.sndbuf.is_empty() => {
                 self.state = State::Closed;
+                self.clear_timers();
             }
-            // The FIN waits for the handshake to finish.
-            State::SynReceived => self.fin_queued = true,
+            // The FIN (after the queued data) waits for the handshake to finish.
+            State::SynSent | State::SynReceived => self.fin_queued = true,
             State::Established => {
                 self.fin_queued = true;
                 self.state = State::FinWait1;
@@ -607,7 +627,7 @@ impl TcpConn {
             self.max_snd_wnd = self.snd_wnd;
             self.snd_wl1 = seg.seq;
             self.snd_wl2 = ack;
-            self.state = State::Established;
+            self.state = if self.fin_queued { State::FinWait1 } else { State::Established };
             self.retries = 0;
             self.rto_at = None;
             self.ack_now = true;
@@ -1490,6 +1510,22 @@ mod test {
         c.on_segment(now, &syn.seg());
         assert_eq!(c.state(), State::Established);
         assert_eq!(c.stats().challenge_acks, 1);
+    }
+
+    #[test]
+    fn close_before_established_still_delivers_data() {
+        let t = Instant::from_millis(1);
+        let mut c = TcpConn::connect(cfg(), A, B, Seq(1000));
+        let syn = drain(&mut c, t);
+        c.send(b"queued before the handshake");
+        c.close();
+        assert_eq!(c.state(), State::SynSent);
+        let mut s = TcpConn::accept(cfg(), B, A, Seq(5000), &syn[0].seg());
+        let mut now = t;
+        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+        assert_eq!(read_all(&mut s), b"queued before the handshake");
+        assert!(s.recv_finished());
+        assert_eq!(c.state(), State::FinWait2);
     }
 
     #[test]

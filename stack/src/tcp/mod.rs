@@ -89,6 +89,8 @@ pub struct TcpStats {
     pub segs_out: u64,
     pub retransmits: u64,
     pub connections: u64,
+    /// Per-connection counters summed over every connection, live and closed.
+    pub totals: conn::ConnStats,
 }
 
 /// All TCP state of one stack.
@@ -104,6 +106,8 @@ pub(crate) struct TcpTable {
     pub next_port: u16,
     secret: (u64, u64),
     pub stats: TcpStats,
+    /// Counters of connections already reaped.
+    pub closed_totals: conn::ConnStats,
 }
 
 /// First ephemeral port for active opens.
@@ -122,6 +126,7 @@ impl TcpTable {
             next_port: EPHEMERAL_FIRST,
             secret,
             stats: TcpStats::default(),
+            closed_totals: conn::ConnStats::default(),
         }
     }
 
@@ -248,6 +253,7 @@ impl TcpTable {
             return;
         }
         if let Some(c) = s.conn.take() {
+            self.closed_totals.add(c.stats());
             let key = FlowKey {
                 local_port: c.local().port(),
                 remote: c.remote(),
@@ -268,6 +274,18 @@ impl TcpTable {
         s.timer = None;
         self.stats.connections = self.stats.connections.saturating_sub(1);
         self.free.push(slot);
+    }
+
+    /// Layer counters with per-connection totals over live and closed connections.
+    pub fn stats(&self) -> TcpStats {
+        let mut totals = self.closed_totals.clone();
+        for c in self.slots.iter().filter_map(|s| s.conn.as_ref()) {
+            totals.add(c.stats());
+        }
+        TcpStats {
+            totals,
+            ..self.stats.clone()
+        }
     }
 
     /// A free local port for an active open to `remote`.
