@@ -312,7 +312,15 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
                     if ok { "byte-exact (CRC-32 matches)" } else { "MISMATCH" }
                 );
                 if !ok {
-                    bail!("tcp transfer was not byte-exact");
+                    bail!(
+                        "tcp transfer was not byte-exact: received {} bytes crc {:08x} ({} corrupt, errors {:?}), sent {} bytes crc {:08x}",
+                        t.bytes,
+                        t.crc,
+                        host_b.bulk.corrupt_bytes,
+                        host_b.bulk.errors,
+                        b.transfer.bytes,
+                        b.transfer.crc
+                    );
                 }
             }
             _ => println!(

@@ -9,16 +9,54 @@ use crate::stack::{Error, Stack};
 use crate::tcp::{ListenHandle, State, TcpHandle};
 use crate::time::Instant;
 
+/// The stream repeats with this period: a prime, so it never lines up with
+/// segment or buffer sizes and a misplaced segment shows as a mismatch.
+const PERIOD: usize = 65_521;
+/// Longest slice handed out at once.
+const CHUNK: usize = 64 << 10;
+
+fn table() -> &'static [u8] {
+    static TABLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        // One period, then its start again, so any CHUNK-long slice from an
+        // offset below PERIOD is the stream, contiguous.
+        let period: Vec<u8> = (0..PERIOD as u64)
+            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ (i as u8))
+            .collect();
+        period.iter().chain(period.iter()).copied().take(PERIOD + CHUNK).collect()
+    })
+}
+
 /// Byte `i` of the test stream.
 pub fn pattern_byte(i: u64) -> u8 {
-    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ (i as u8)
+    table()[(i % PERIOD as u64) as usize]
 }
 
 /// Fill `buf` with the stream starting at `offset`.
 pub fn fill_pattern(offset: u64, buf: &mut [u8]) {
-    for (k, b) in buf.iter_mut().enumerate() {
-        *b = pattern_byte(offset + k as u64);
+    let t = table();
+    let mut off = offset;
+    for chunk in buf.chunks_mut(CHUNK) {
+        let at = (off % PERIOD as u64) as usize;
+        chunk.copy_from_slice(&t[at..at + chunk.len()]);
+        off += chunk.len() as u64;
     }
+}
+
+/// Bytes of `buf` that differ from the stream at `offset`.
+pub fn count_mismatches(offset: u64, buf: &[u8]) -> u64 {
+    let t = table();
+    let mut off = offset;
+    let mut bad = 0;
+    for chunk in buf.chunks(CHUNK) {
+        let at = (off % PERIOD as u64) as usize;
+        let want = &t[at..at + chunk.len()];
+        if chunk != want {
+            bad += chunk.iter().zip(want).filter(|(a, b)| a != b).count() as u64;
+        }
+        off += chunk.len() as u64;
+    }
+    bad
 }
 
 /// How a transfer went.
@@ -236,11 +274,7 @@ impl App for BulkRecv {
                 match stack.tcp_recv(h, &mut self.buf[..want]) {
                     Ok(0) => break,
                     Ok(n) => {
-                        for (k, b) in self.buf[..n].iter().enumerate() {
-                            if *b != pattern_byte(*got + k as u64) {
-                                self.corrupt_bytes += 1;
-                            }
-                        }
+                        self.corrupt_bytes += count_mismatches(*got, &self.buf[..n]);
                         crc.update(&self.buf[..n]);
                         *got += n as u64;
                         budget -= n;
@@ -273,5 +307,29 @@ impl App for BulkRecv {
 
     fn poll_at(&self) -> Option<Instant> {
         self.slow.map(|_| self.next_read)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn pattern_slices_agree_with_bytes() {
+        let mut buf = vec![0u8; 200_000];
+        fill_pattern(123_456, &mut buf);
+        for (k, b) in buf.iter().enumerate() {
+            assert_eq!(*b, pattern_byte(123_456 + k as u64));
+        }
+        assert_eq!(count_mismatches(123_456, &buf), 0);
+        buf[70_000] ^= 1;
+        assert_eq!(count_mismatches(123_456, &buf), 1);
+        // Shifted by one byte, almost everything differs.
+        assert!(count_mismatches(123_457, &buf) > 190_000);
+        // The stream is periodic.
+        assert_eq!(pattern_byte(5), pattern_byte(5 + PERIOD as u64));
+        let mut wrap = vec![0u8; 10];
+        fill_pattern(PERIOD as u64 - 5, &mut wrap);
+        assert_eq!(wrap[5..], buf[..0].iter().chain(table()[..5].iter()).copied().collect::<Vec<_>>()[..]);
     }
 }
