@@ -40,8 +40,8 @@ pub mod wire {
     pub use smoltcp::wire::{
         ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN, EthernetAddress, EthernetFrame,
         EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN, Icmpv4Packet, Icmpv4Repr, IpAddress,
-        IpProtocol, Ipv4Address, Ipv4Cidr, Ipv4Packet, Ipv4Repr, UDP_HEADER_LEN, UdpPacket,
-        UdpRepr,
+        IpProtocol, Ipv4Address, Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr,
+        TcpSeqNumber, TcpTimestampRepr, UDP_HEADER_LEN, UdpPacket, UdpRepr,
     };
 }
 

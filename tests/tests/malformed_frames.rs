@@ -18,7 +18,33 @@ fn stack() -> Stack {
     cfg.announce = false;
     let mut s = Stack::new(cfg);
     s.udp_bind(7).unwrap();
+    s.tcp_listen(5001, 16).unwrap();
     s
+}
+
+fn tcp_syn(dst_port: u16) -> Vec<u8> {
+    let repr = TcpRepr {
+        src_port: 40_000,
+        dst_port,
+        control: TcpControl::Syn,
+        seq_number: TcpSeqNumber(1000),
+        ack_number: None,
+        window_len: 65_535,
+        window_scale: Some(7),
+        max_seg_size: Some(1460),
+        sack_permitted: true,
+        sack_ranges: [None; 3],
+        timestamp: Some(TcpTimestampRepr::new(1, 0)),
+        payload: &[],
+    };
+    let mut b = vec![0u8; repr.buffer_len()];
+    repr.emit(
+        &mut TcpPacket::new_unchecked(&mut b[..]),
+        &IpAddress::Ipv4(PEER),
+        &IpAddress::Ipv4(US),
+        &ChecksumCapabilities::default(),
+    );
+    b
 }
 
 fn eth(ethertype: EthernetProtocol, payload: &[u8]) -> Vec<u8> {
@@ -99,7 +125,8 @@ fn seeds() -> Vec<Vec<u8>> {
         ip(IpProtocol::Udp, &udp(9), None),
         ip(IpProtocol::Udp, &udp(7)[..16], Some((0, true))),
         ip(IpProtocol::Udp, &udp(7)[16..], Some((16, false))),
-        ip(IpProtocol::Tcp, &[0; 20], None),
+        ip(IpProtocol::Tcp, &tcp_syn(5001), None),
+        ip(IpProtocol::Tcp, &tcp_syn(80), None),
         ip(IpProtocol::Unknown(99), &[1, 2, 3], None),
     ]
 }
@@ -120,6 +147,10 @@ fn assert_well_formed(frame: &[u8]) {
             if p.next_header() == IpProtocol::Icmp && p.frag_offset() == 0 && !p.more_frags() {
                 let i = Icmpv4Packet::new_checked(p.payload()).expect("icmp parses");
                 assert!(i.verify_checksum());
+            }
+            if p.next_header() == IpProtocol::Tcp {
+                let t = TcpPacket::new_checked(p.payload()).expect("tcp parses");
+                assert!(t.verify_checksum(&IpAddress::Ipv4(US), &IpAddress::Ipv4(p.dst_addr())));
             }
         }
         other => panic!("emitted unexpected ethertype {other}"),
@@ -184,7 +215,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_frames_never_panic(picks in proptest::collection::vec((0usize..8, proptest::collection::vec(mutation(), 1..4)), 1..24)) {
+    fn mutated_frames_never_panic(picks in proptest::collection::vec((0usize..9, proptest::collection::vec(mutation(), 1..4)), 1..24)) {
         let seeds = seeds();
         let frames: Vec<Vec<u8>> = picks
             .iter()
@@ -213,11 +244,13 @@ fn seeds_are_accepted_as_expected() {
         s.receive(Instant::ZERO, &f, &mut tx);
     }
     let st = s.stats();
-    // UDP to port 9 (no socket), TCP (not yet served) and protocol 99 are drops.
+    // UDP to port 9 (no socket), TCP to a closed port and protocol 99 are drops.
     assert_eq!(st.drops.get(DropReason::UdpNoSocket), 1);
-    assert_eq!(st.drops.get(DropReason::TcpUnsupported), 1);
+    assert_eq!(st.drops.get(DropReason::TcpNoSocket), 1);
     assert_eq!(st.drops.get(DropReason::Ipv4UnknownProtocol), 1);
-    assert_eq!(st.eth.rx_accepted, 5);
+    assert_eq!(st.eth.rx_accepted, 6);
+    assert_eq!(st.tcp.passive_opens, 1);
+    assert_eq!(st.tcp.resets_sent, 1);
     assert_eq!(st.ipv4.reassembled, 1);
     assert_eq!(st.udp.rx_datagrams, 2);
     for f in &tx.frames {
