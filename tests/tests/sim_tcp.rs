@@ -185,3 +185,12 @@ fn newreno_and_cubic_both_complete_under_loss() {
         both_ways(link, bytes() / 16, |c| c.tcp.congestion = alg, 3600);
     }
 }
+
+#[test]
+fn out_of_order_memory_cap_holds_and_transfer_survives() {
+    let link = LinkConfig { loss: 0.02, reorder: 0.05, delay: Duration::from_micros(200), seed: 18, ..LinkConfig::default() };
+    let (net, _) = both_ways(link, bytes() / 16, |c| c.tcp.max_ooo_total = 16 << 10, 3600);
+    let s = net.nodes[1].stack.stats().tcp;
+    assert!(s.ooo_pruned > 0, "the 16 KiB cap must have been hit: {s:?}");
+    assert_eq!(s.ooo_bytes, 0);
+}

@@ -67,6 +67,9 @@ pub struct TcpConfig {
     pub max_ooo_ranges: usize,
     /// Challenge ACKs per second (RFC 5961 §7).
     pub challenge_ack_limit: u32,
+    /// Out-of-order bytes held across all connections of a stack; beyond it
+    /// the connection that grew the total drops its out-of-order data.
+    pub max_ooo_total: usize,
 }
 
 impl Default for TcpConfig {
@@ -87,6 +90,7 @@ impl Default for TcpConfig {
             max_retries: 15,
             max_ooo_ranges: 32,
             challenge_ack_limit: 100,
+            max_ooo_total: 64 << 20,
         }
     }
 }
@@ -475,6 +479,20 @@ impl TcpConn {
     }
 
     // ------------------------------------------------------------- app side
+
+    /// Out-of-order bytes held.
+    pub fn ooo_bytes(&self) -> usize {
+        self.rcvbuf.ooo_bytes()
+    }
+
+    /// Drop out-of-order data under memory pressure (the peer resends it).
+    pub fn drop_ooo(&mut self) -> usize {
+        let n = self.rcvbuf.drop_ooo();
+        if n > 0 {
+            self.stats.ooo_dropped += 1;
+        }
+        n
+    }
 
     /// Bytes the app can read now.
     pub fn recv_available(&self) -> usize {
@@ -1725,6 +1743,25 @@ mod test {
         assert!(out[0].out.rst);
         s.on_segment(now, &out[0].seg());
         assert_eq!(s.error(), Some(ConnError::Reset));
+    }
+
+    #[test]
+    fn receiver_sws_avoidance_waits_for_a_useful_window() {
+        let small = TcpConfig { recv_buffer: 16_384, ..cfg() };
+        let (mut c, mut s, mut now) = established(cfg(), small);
+        c.send(&vec![1u8; 40_000]);
+        run(&mut c, &mut s, &mut now, Duration::from_micros(50), |_, _| true);
+        assert_eq!(s.recv_available(), 16_384);
+        // Reading less than an MSS must not announce a tiny window.
+        let mut buf = [0u8; 500];
+        s.recv(&mut buf);
+        assert!(drain(&mut s, now).is_empty(), "no window update for 500 bytes");
+        // Reading past half the buffer does.
+        let mut big = vec![0u8; 8000];
+        s.recv(&mut big);
+        let upd = drain(&mut s, now);
+        assert_eq!(upd.len(), 1);
+        assert!(usize::from(upd[0].out.window) << s.rcv_wscale >= 8000);
     }
 
     #[test]

@@ -127,8 +127,16 @@ impl Stack {
         let Some(s) = tcp.slots.get_mut(slot as usize) else { return };
         let Some(conn) = s.conn.as_mut() else { return };
         let before = conn.state();
+        let ooo_before = conn.ooo_bytes();
         conn.on_segment(now, seg);
         let after = conn.state();
+        tcp.ooo_total = (tcp.ooo_total + conn.ooo_bytes()).saturating_sub(ooo_before);
+        if tcp.ooo_total > tcp.cfg.max_ooo_total {
+            // Memory pressure: this connection gives its out-of-order data back.
+            let freed = conn.drop_ooo();
+            tcp.ooo_total = tcp.ooo_total.saturating_sub(freed);
+            tcp.stats.ooo_pruned += 1;
+        }
         if seg.rst && after == State::Closed {
             tcp.stats.resets_received += 1;
         }

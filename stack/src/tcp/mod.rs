@@ -89,6 +89,10 @@ pub struct TcpStats {
     pub segs_out: u64,
     pub retransmits: u64,
     pub connections: u64,
+    /// Out-of-order bytes held across connections now.
+    pub ooo_bytes: u64,
+    /// Times a connection's out-of-order data was dropped for the stack-wide cap.
+    pub ooo_pruned: u64,
     /// Per-connection counters summed over every connection, live and closed.
     pub totals: conn::ConnStats,
 }
@@ -108,6 +112,8 @@ pub(crate) struct TcpTable {
     pub stats: TcpStats,
     /// Counters of connections already reaped.
     pub closed_totals: conn::ConnStats,
+    /// Out-of-order bytes held by all connections.
+    pub ooo_total: usize,
 }
 
 /// First ephemeral port for active opens.
@@ -127,6 +133,7 @@ impl TcpTable {
             secret,
             stats: TcpStats::default(),
             closed_totals: conn::ConnStats::default(),
+            ooo_total: 0,
         }
     }
 
@@ -254,6 +261,7 @@ impl TcpTable {
         }
         if let Some(c) = s.conn.take() {
             self.closed_totals.add(c.stats());
+            self.ooo_total = self.ooo_total.saturating_sub(c.ooo_bytes());
             let key = FlowKey {
                 local_port: c.local().port(),
                 remote: c.remote(),
@@ -284,6 +292,7 @@ impl TcpTable {
         }
         TcpStats {
             totals,
+            ooo_bytes: self.ooo_total as u64,
             ..self.stats.clone()
         }
     }
@@ -309,4 +318,49 @@ const COOKIE_MSS: [u16; 8] = [216, 536, 1024, 1220, 1360, 1440, 1460, 8960];
 /// The local address a connection uses.
 pub(crate) fn local(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(ip, port)
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    const L: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 80);
+    const R: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 40_000);
+
+    fn table() -> TcpTable {
+        TcpTable::new(TcpConfig::default(), (1, 2))
+    }
+
+    #[test]
+    fn isn_is_keyed_per_tuple_and_advances_with_time() {
+        let t = table();
+        let other = SocketAddrV4::new(*R.ip(), 40_001);
+        let now = Instant::from_secs(10);
+        assert_ne!(t.isn(now, L, R), t.isn(now, L, other));
+        // M: one tick per 4 µs.
+        assert_eq!(t.isn(now + std::time::Duration::from_micros(400), L, R), t.isn(now, L, R) + 100);
+        // Another secret, another sequence space.
+        let t2 = TcpTable::new(TcpConfig::default(), (3, 4));
+        assert_ne!(t.isn(now, L, R), t2.isn(now, L, R));
+    }
+
+    #[test]
+    fn syn_cookie_round_trip_and_rejection() {
+        let t = table();
+        let now = Instant::from_secs(1000);
+        let peer = Seq(777);
+        let c = t.cookie(now, L, R, peer, 1460);
+        assert_eq!(t.check_cookie(now, L, R, peer, c), Some(1460));
+        // Still valid in the next 64 s period, not two periods later.
+        assert_eq!(t.check_cookie(now + std::time::Duration::from_secs(64), L, R, peer, c), Some(1460));
+        assert_eq!(t.check_cookie(now + std::time::Duration::from_secs(130), L, R, peer, c), None);
+        // Another peer, another ISN, a flipped bit: refused.
+        let other = SocketAddrV4::new(*R.ip(), 40_001);
+        assert_eq!(t.check_cookie(now, L, other, peer, c), None);
+        assert_eq!(t.check_cookie(now, L, R, Seq(778), c), None);
+        assert_eq!(t.check_cookie(now, L, R, peer, Seq(c.0 ^ 1)), None);
+        // The MSS rounds down to a value the cookie can carry.
+        let c = t.cookie(now, L, R, peer, 1400);
+        assert_eq!(t.check_cookie(now, L, R, peer, c), Some(1360));
+    }
 }
