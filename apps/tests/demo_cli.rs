@@ -48,9 +48,20 @@ fn clean_demo_pings_without_loss_and_returns_buffers() {
 
 #[test]
 fn demo_tcp_transfer_is_byte_exact_with_goodput() {
-    let (code, out, err) = demo(&["--duration", "8", "--no-tui", "--tcp-mib", "16", "--interval", "50"]);
+    let (code, out, err) = demo(&[
+        "--duration",
+        "8",
+        "--no-tui",
+        "--tcp-mib",
+        "16",
+        "--interval",
+        "50",
+    ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    let line = out.lines().find(|l| l.starts_with("tcp: ")).expect("tcp summary line");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("tcp: "))
+        .expect("tcp summary line");
     assert!(line.starts_with("tcp: 16 MiB in "), "{line}");
     assert!(line.contains("Gbit/s goodput"), "{line}");
     assert!(line.ends_with("byte-exact (CRC-32 matches)"), "{line}");

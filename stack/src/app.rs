@@ -1,5 +1,5 @@
 //! In-loop apps shared by the binaries and the tests.
 
 pub mod bulk;
-pub mod stream;
 pub mod ping;
+pub mod stream;

@@ -23,9 +23,9 @@ pub mod icmp;
 pub mod pool;
 pub mod runtime;
 pub mod sim;
-pub mod tcp;
 pub mod stack;
 pub mod stats;
+pub mod tcp;
 pub mod time;
 pub mod udp;
 

@@ -23,8 +23,8 @@ use crate::device::Tx;
 use crate::frag::{FragConfig, FragKey, Reassembler};
 use crate::icmp::{PingEvent, PingReply, PingTable, echo_timestamp, fill_echo_data};
 use crate::stats::{DropReason, Stats};
-use crate::time::{Instant, earliest};
 use crate::tcp::{TcpConfig, TcpTable};
+use crate::time::{Instant, earliest};
 use crate::udp::UdpTable;
 
 /// Errors the app API returns.
@@ -408,7 +408,13 @@ impl Stack {
             IpProtocol::Udp => self.process_udp(now, meta, body, tx),
             IpProtocol::Tcp => self.process_tcp(now, meta, body, tx),
             _ => {
-                self.link.send_unreachable(now, tx, Icmpv4DstUnreachable::ProtoUnreachable, meta, body);
+                self.link.send_unreachable(
+                    now,
+                    tx,
+                    Icmpv4DstUnreachable::ProtoUnreachable,
+                    meta,
+                    body,
+                );
                 Err(DropReason::Ipv4UnknownProtocol)
             }
         }
@@ -521,7 +527,8 @@ impl Stack {
         let data = pkt.payload();
         let cap = self.link.cfg.udp_rx_queue_bytes;
         let Some(sock) = self.udp.by_port(pkt.dst_port()) else {
-            self.link.send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
+            self.link
+                .send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
             return Err(DropReason::UdpNoSocket);
         };
         if sock.rx_bytes + data.len() > cap && !sock.rx.is_empty() {
@@ -543,13 +550,15 @@ impl Stack {
         if !self.link.announced {
             self.link.announced = true;
             let me = self.ip();
-            self.link.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, me);
+            self.link
+                .send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, me);
             self.link.arp.stats.tx_gratuitous += 1;
         }
         let mut retry = std::mem::take(&mut self.link.arp_retry);
         self.link.arp.poll(now, &mut retry);
         for ip in retry.drain(..) {
-            self.link.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, ip);
+            self.link
+                .send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, ip);
             self.link.arp.stats.tx_requests += 1;
         }
         self.link.arp_retry = retry;
@@ -582,15 +591,17 @@ impl Stack {
             let requests: Vec<_> = sock.tx.drain(..).collect();
             for req in requests {
                 let len = 8 + req.size;
-                let sent = self.link.send_ip(now, tx, req.dst, IpProtocol::Icmp, len, |buf| {
-                    let mut p = Icmpv4Packet::new_unchecked(buf);
-                    p.set_msg_type(Icmpv4Message::EchoRequest);
-                    p.set_msg_code(0);
-                    p.set_echo_ident(ident);
-                    p.set_echo_seq_no(req.seq);
-                    fill_echo_data(p.data_mut(), now);
-                    p.fill_checksum();
-                });
+                let sent = self
+                    .link
+                    .send_ip(now, tx, req.dst, IpProtocol::Icmp, len, |buf| {
+                        let mut p = Icmpv4Packet::new_unchecked(buf);
+                        p.set_msg_type(Icmpv4Message::EchoRequest);
+                        p.set_msg_code(0);
+                        p.set_echo_ident(ident);
+                        p.set_echo_seq_no(req.seq);
+                        fill_echo_data(p.data_mut(), now);
+                        p.fill_checksum();
+                    });
                 if sent.is_ok() {
                     self.link.stats.icmp.tx_echo_requests += 1;
                 }
@@ -615,16 +626,18 @@ impl Stack {
                 };
                 let caps = self.link.checksum.clone();
                 let len = repr.header_len() + data.len();
-                let sent = self.link.send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
-                    repr.emit(
-                        &mut UdpPacket::new_unchecked(buf),
-                        &src,
-                        &IpAddress::Ipv4(*dst.ip()),
-                        data.len(),
-                        |p| p.copy_from_slice(&data),
-                        &caps,
-                    );
-                });
+                let sent = self
+                    .link
+                    .send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
+                        repr.emit(
+                            &mut UdpPacket::new_unchecked(buf),
+                            &src,
+                            &IpAddress::Ipv4(*dst.ip()),
+                            data.len(),
+                            |p| p.copy_from_slice(&data),
+                            &caps,
+                        );
+                    });
                 if sent.is_ok() {
                     self.link.stats.udp.tx_datagrams += 1;
                     self.link.stats.udp.tx_bytes += data.len() as u64;
@@ -700,7 +713,6 @@ impl Link {
         }
     }
 
-    
     pub(crate) fn count_tx(&mut self, ok: bool, len: usize) {
         if ok {
             self.stats.eth.tx_frames += 1;
@@ -853,7 +865,13 @@ impl Link {
         Ok(())
     }
 
-    pub(crate) fn hold_for_arp<T: Tx>(&mut self, now: Instant, tx: &mut T, hop: Ipv4Addr, packet: Vec<u8>) {
+    pub(crate) fn hold_for_arp<T: Tx>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        hop: Ipv4Addr,
+        packet: Vec<u8>,
+    ) {
         if self.arp.enqueue(now, hop, packet) == Enqueue::QueuedSendRequest {
             self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, hop);
             self.arp.stats.tx_requests += 1;

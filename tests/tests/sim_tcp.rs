@@ -29,12 +29,20 @@ impl App for Both {
 }
 
 fn mib() -> u64 {
-    std::env::var("USTACK_TCP_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+    std::env::var("USTACK_TCP_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
 }
 
 /// Transfer `bytes` each way at once between two stacks; assert byte-exact
 /// delivery, no errors and every buffer returned. Returns the net for more checks.
-fn both_ways(link: LinkConfig, bytes: u64, tweak: impl Fn(&mut Config), deadline_s: u64) -> (SimNet, [Both; 2]) {
+fn both_ways(
+    link: LinkConfig,
+    bytes: u64,
+    tweak: impl Fn(&mut Config),
+    deadline_s: u64,
+) -> (SimNet, [Both; 2]) {
     both_ways_with(link, bytes, tweak, deadline_s, |r| r)
 }
 
@@ -69,9 +77,29 @@ fn both_ways_with(
         let before = net.now;
         net.run_until(net.now + Duration::from_millis(500), &mut [x, y], |_| false);
         let stuck = net.now == before;
-        let finished = apps.iter().all(|h| h.send.done() && h.recv.completed.len() == 1);
+        let finished = apps
+            .iter()
+            .all(|h| h.send.done() && h.recv.completed.len() == 1);
         if std::env::var_os("USTACK_DEBUG").is_some() {
-            eprintln!("t={} err={:?}/{:?} {:?}", net.now, apps[0].send.error, apps[1].send.error, net.nodes[0].stack.tcp_connections().map(|c| (c.state, c.cwnd, c.in_flight, c.send_queued, c.snd_wnd, c.stats.retransmits, c.stats.timeouts)).collect::<Vec<_>>());
+            eprintln!(
+                "t={} err={:?}/{:?} {:?}",
+                net.now,
+                apps[0].send.error,
+                apps[1].send.error,
+                net.nodes[0]
+                    .stack
+                    .tcp_connections()
+                    .map(|c| (
+                        c.state,
+                        c.cwnd,
+                        c.in_flight,
+                        c.send_queued,
+                        c.snd_wnd,
+                        c.stats.retransmits,
+                        c.stats.timeouts
+                    ))
+                    .collect::<Vec<_>>()
+            );
         }
         if finished || stuck || net.now >= deadline {
             break;
@@ -79,8 +107,17 @@ fn both_ways_with(
     }
     for (i, h) in apps.iter().enumerate() {
         assert_eq!(h.send.error, None, "host {i} sender");
-        assert!(h.send.done(), "host {i} sender not done at {}: {:?}", net.now, net.nodes[i].stack.tcp_connections().collect::<Vec<_>>());
-        assert!(h.recv.errors.is_empty(), "host {i} receiver: {:?}", h.recv.errors);
+        assert!(
+            h.send.done(),
+            "host {i} sender not done at {}: {:?}",
+            net.now,
+            net.nodes[i].stack.tcp_connections().collect::<Vec<_>>()
+        );
+        assert!(
+            h.recv.errors.is_empty(),
+            "host {i} receiver: {:?}",
+            h.recv.errors
+        );
         assert_eq!(h.recv.corrupt_bytes, 0, "host {i} received corrupt bytes");
         assert_eq!(h.recv.completed.len(), 1, "host {i}");
     }
@@ -97,7 +134,11 @@ fn both_ways_with(
     assert_eq!(net.link.in_flight(), 0);
     assert_eq!(net.pools_in_use(), 0, "buffers leaked");
     for n in &net.nodes {
-        assert_eq!(n.stack.tcp_connections().count(), 0, "connections left behind");
+        assert_eq!(
+            n.stack.tcp_connections().count(),
+            0,
+            "connections left behind"
+        );
     }
     (net, apps)
 }
@@ -117,17 +158,31 @@ fn clean_link() {
 
 #[test]
 fn one_percent_loss() {
-    let link = LinkConfig { loss: 0.01, delay: Duration::from_micros(100), seed: 11, ..LinkConfig::default() };
+    let link = LinkConfig {
+        loss: 0.01,
+        delay: Duration::from_micros(100),
+        seed: 11,
+        ..LinkConfig::default()
+    };
     let (net, _) = both_ways(link, bytes(), |_| {}, 3600);
     let s = net.nodes[0].stack.stats().tcp;
     assert!(s.retransmits > 0);
     // Most losses are repaired by fast retransmit, not by timeouts.
-    assert!(s.totals.fast_retransmits > s.totals.timeouts, "{:?}", s.totals);
+    assert!(
+        s.totals.fast_retransmits > s.totals.timeouts,
+        "{:?}",
+        s.totals
+    );
 }
 
 #[test]
 fn ten_percent_loss() {
-    let link = LinkConfig { loss: 0.10, delay: Duration::from_micros(100), seed: 12, ..LinkConfig::default() };
+    let link = LinkConfig {
+        loss: 0.10,
+        delay: Duration::from_micros(100),
+        seed: 12,
+        ..LinkConfig::default()
+    };
     both_ways(link, bytes(), |_| {}, 36_000);
 }
 
@@ -145,15 +200,29 @@ fn reordering() {
 
 #[test]
 fn duplication() {
-    let link = LinkConfig { duplicate: 0.05, delay: Duration::from_micros(100), seed: 14, ..LinkConfig::default() };
+    let link = LinkConfig {
+        duplicate: 0.05,
+        delay: Duration::from_micros(100),
+        seed: 14,
+        ..LinkConfig::default()
+    };
     both_ways(link, bytes(), |_| {}, 3600);
 }
 
 #[test]
 fn corruption_point_one_percent() {
-    let link = LinkConfig { corrupt: 0.001, delay: Duration::from_micros(100), seed: 15, ..LinkConfig::default() };
+    let link = LinkConfig {
+        corrupt: 0.001,
+        delay: Duration::from_micros(100),
+        seed: 15,
+        ..LinkConfig::default()
+    };
     let (net, _) = both_ways(link, bytes(), |_| {}, 3600);
-    let drops: u64 = net.nodes.iter().map(|n| n.stack.stats().drops.total()).sum();
+    let drops: u64 = net
+        .nodes
+        .iter()
+        .map(|n| n.stack.stats().drops.total())
+        .sum();
     assert!(drops > 0, "corrupted frames must be dropped by checksum");
 }
 
@@ -162,7 +231,11 @@ fn long_delay_small_buffer_window_scaling_and_zero_windows() {
     // 50 ms each way. Buffers of 256 KiB need window scaling; readers that
     // take 128 KiB every 500 ms leave the window at zero longer than the
     // persist timer, so senders probe, and resume when the window opens.
-    let link = LinkConfig { delay: Duration::from_millis(50), seed: 16, ..LinkConfig::default() };
+    let link = LinkConfig {
+        delay: Duration::from_millis(50),
+        seed: 16,
+        ..LinkConfig::default()
+    };
     let (net, _) = both_ways_with(
         link,
         bytes(),
@@ -181,14 +254,25 @@ fn long_delay_small_buffer_window_scaling_and_zero_windows() {
 #[test]
 fn newreno_and_cubic_both_complete_under_loss() {
     for alg in [Algorithm::NewReno, Algorithm::Cubic] {
-        let link = LinkConfig { loss: 0.02, delay: Duration::from_micros(200), seed: 17, ..LinkConfig::default() };
+        let link = LinkConfig {
+            loss: 0.02,
+            delay: Duration::from_micros(200),
+            seed: 17,
+            ..LinkConfig::default()
+        };
         both_ways(link, bytes() / 16, |c| c.tcp.congestion = alg, 3600);
     }
 }
 
 #[test]
 fn out_of_order_memory_cap_holds_and_transfer_survives() {
-    let link = LinkConfig { loss: 0.02, reorder: 0.05, delay: Duration::from_micros(200), seed: 18, ..LinkConfig::default() };
+    let link = LinkConfig {
+        loss: 0.02,
+        reorder: 0.05,
+        delay: Duration::from_micros(200),
+        seed: 18,
+        ..LinkConfig::default()
+    };
     let (net, _) = both_ways(link, bytes() / 16, |c| c.tcp.max_ooo_total = 16 << 10, 3600);
     let s = net.nodes[1].stack.stats().tcp;
     assert!(s.ooo_pruned > 0, "the 16 KiB cap must have been hit: {s:?}");

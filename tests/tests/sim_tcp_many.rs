@@ -41,7 +41,12 @@ fn small_buffers(n: u8) -> ustack::Config {
     c
 }
 
-fn run(clients: usize, bytes: u64, backlog: usize, per_poll: usize) -> (SimNet, ManyClients, BulkRecv) {
+fn run(
+    clients: usize,
+    bytes: u64,
+    backlog: usize,
+    per_poll: usize,
+) -> (SimNet, ManyClients, BulkRecv) {
     let mut net = SimNet::new(LinkConfig {
         delay: Duration::from_micros(50),
         queue_frames: 1 << 16,
@@ -59,7 +64,11 @@ fn run(clients: usize, bytes: u64, backlog: usize, per_poll: usize) -> (SimNet, 
     };
     let mut server = BulkRecv::new(5001, backlog);
     for _ in 0..10_000 {
-        net.run_until(net.now + Duration::from_millis(100), &mut [&mut many, &mut server], |_| false);
+        net.run_until(
+            net.now + Duration::from_millis(100),
+            &mut [&mut many, &mut server],
+            |_| false,
+        );
         if server.completed.len() == clients && many.clients.iter().all(BulkSend::done) {
             break;
         }
@@ -71,7 +80,10 @@ fn run(clients: usize, bytes: u64, backlog: usize, per_poll: usize) -> (SimNet, 
 fn ten_thousand_connections_each_moving_data_then_closed() {
     const N: usize = 10_000;
     let (mut net, many, server) = run(N, 2000, N, 500);
-    assert!(many.clients.iter().all(|c| c.error.is_none()), "client errors");
+    assert!(
+        many.clients.iter().all(|c| c.error.is_none()),
+        "client errors"
+    );
     assert_eq!(server.errors, vec![]);
     assert_eq!(server.corrupt_bytes, 0);
     assert_eq!(server.completed.len(), N);
@@ -112,7 +124,8 @@ struct IdleClients {
 impl App for IdleClients {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
         while self.handles.len() < self.want {
-            self.handles.push(stack.tcp_connect(self.dst).expect("connect"));
+            self.handles
+                .push(stack.tcp_connect(self.dst).expect("connect"));
         }
         Control::Continue
     }
@@ -126,7 +139,9 @@ struct IdleServer {
 
 impl App for IdleServer {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
-        let l = *self.listener.get_or_insert_with(|| stack.tcp_listen(5001, 4096).expect("listen"));
+        let l = *self
+            .listener
+            .get_or_insert_with(|| stack.tcp_listen(5001, 4096).expect("listen"));
         while let Ok(Some(h)) = stack.tcp_accept(l) {
             self.accepted.push(h);
         }
@@ -140,12 +155,26 @@ fn memory_per_idle_connection_is_reported() {
     net.add(small_buffers(1));
     net.add(small_buffers(2));
     let dst = SocketAddrV4::new(net.nodes[1].stack.ip(), 5001);
-    let mut clients = IdleClients { dst, want: 1000, handles: Vec::new() };
-    let mut server = IdleServer { listener: None, accepted: Vec::new() };
-    net.run_until(Instant::from_secs(5), &mut [&mut clients, &mut server], |_| false);
+    let mut clients = IdleClients {
+        dst,
+        want: 1000,
+        handles: Vec::new(),
+    };
+    let mut server = IdleServer {
+        listener: None,
+        accepted: Vec::new(),
+    };
+    net.run_until(
+        Instant::from_secs(5),
+        &mut [&mut clients, &mut server],
+        |_| false,
+    );
     assert_eq!(server.accepted.len(), 1000);
     for h in &server.accepted {
-        assert_eq!(net.nodes[1].stack.tcp_status(*h).unwrap().state, ustack::tcp::State::Established);
+        assert_eq!(
+            net.nodes[1].stack.tcp_status(*h).unwrap().state,
+            ustack::tcp::State::Established
+        );
     }
     let per_conn = ustack::tcp::TcpConn::memory_estimate(&net.nodes[1].stack.config().tcp);
     eprintln!("memory per idle connection: {per_conn} bytes (8 KiB send + 8 KiB receive buffers)");

@@ -83,10 +83,18 @@ fn smol_host(net: &SimNet) -> Smol {
     iface.update_ip_addrs(|a| {
         a.push(IpCidr::new(IpAddress::v4(10, 0, 0, 3), 24)).unwrap();
     });
-    let sock = tcp::Socket::new(tcp::SocketBuffer::new(vec![0; 65_536]), tcp::SocketBuffer::new(vec![0; 65_536]));
+    let sock = tcp::Socket::new(
+        tcp::SocketBuffer::new(vec![0; 65_536]),
+        tcp::SocketBuffer::new(vec![0; 65_536]),
+    );
     let mut sockets = SocketSet::new(vec![]);
     let handle = sockets.add(sock);
-    Smol { dev, iface, sockets, handle }
+    Smol {
+        dev,
+        iface,
+        sockets,
+        handle,
+    }
 }
 
 fn smol_now(t: Instant) -> SmolInstant {
@@ -105,8 +113,13 @@ fn run(
     while net.now < end {
         let busy = net.step(&mut [&mut *app]);
         smol.dev.now = net.now;
-        let changed = smol.iface.poll(smol_now(net.now), &mut smol.dev, &mut smol.sockets);
-        let done = smol_app(smol.sockets.get_mut::<tcp::Socket>(smol.handle), smol.iface.context());
+        let changed = smol
+            .iface
+            .poll(smol_now(net.now), &mut smol.dev, &mut smol.sockets);
+        let done = smol_app(
+            smol.sockets.get_mut::<tcp::Socket>(smol.handle),
+            smol.iface.context(),
+        );
         if done {
             return true;
         }
@@ -117,12 +130,16 @@ fn run(
             .iface
             .poll_delay(smol_now(net.now), &smol.sockets)
             .map(|d| net.now + Duration::from_micros(d.total_micros()));
-        let wake = [net.next_wakeup(&[&mut *app]), smol_at, smol.dev.port.poll_at()]
-            .into_iter()
-            .flatten()
-            .filter(|t| *t > net.now)
-            .min()
-            .unwrap_or(net.now + Duration::from_millis(1));
+        let wake = [
+            net.next_wakeup(&[&mut *app]),
+            smol_at,
+            smol.dev.port.poll_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|t| *t > net.now)
+        .min()
+        .unwrap_or(net.now + Duration::from_millis(1));
         net.now = wake.min(net.now + Duration::from_millis(10));
     }
     false
@@ -149,29 +166,42 @@ fn smoltcp_client_to_ustack_server() {
     let mut connected = false;
     let mut buf = vec![0u8; 16 << 10];
     let mut crc = crc32fast::Hasher::new();
-    let ok = run(&mut net, &mut smol, &mut server, |s, cx| {
-        if !connected {
-            s.connect(cx, (IpAddress::v4(10, 0, 0, 1), 5001), 49_500).unwrap();
-            connected = true;
-        }
-        while s.can_send() && sent < BYTES {
-            let n = ((BYTES - sent) as usize).min(buf.len());
-            fill_pattern(sent, &mut buf[..n]);
-            let k = s.send_slice(&buf[..n]).unwrap();
-            crc.update(&buf[..k]);
-            sent += k as u64;
-            if k < n {
-                break;
+    let ok = run(
+        &mut net,
+        &mut smol,
+        &mut server,
+        |s, cx| {
+            if !connected {
+                s.connect(cx, (IpAddress::v4(10, 0, 0, 1), 5001), 49_500)
+                    .unwrap();
+                connected = true;
             }
-        }
-        if sent == BYTES && s.send_queue() == 0 {
-            s.close();
-        }
-        !s.is_open()
-    }, Duration::from_secs(600));
+            while s.can_send() && sent < BYTES {
+                let n = ((BYTES - sent) as usize).min(buf.len());
+                fill_pattern(sent, &mut buf[..n]);
+                let k = s.send_slice(&buf[..n]).unwrap();
+                crc.update(&buf[..k]);
+                sent += k as u64;
+                if k < n {
+                    break;
+                }
+            }
+            if sent == BYTES && s.send_queue() == 0 {
+                s.close();
+            }
+            !s.is_open()
+        },
+        Duration::from_secs(600),
+    );
     assert!(ok, "smoltcp client did not finish");
     // Let the last ACKs and the server's close settle.
-    run(&mut net, &mut smol, &mut server, |_, _| false, Duration::from_secs(2));
+    run(
+        &mut net,
+        &mut smol,
+        &mut server,
+        |_, _| false,
+        Duration::from_secs(2),
+    );
     assert_eq!(server.errors, vec![]);
     assert_eq!(server.corrupt_bytes, 0);
     assert_eq!(server.completed.len(), 1);
@@ -190,28 +220,44 @@ fn ustack_client_to_smoltcp_server() {
     let mut listening = false;
     let mut crc = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 16 << 10];
-    let ok = run(&mut net, &mut smol, &mut client, |s, _| {
-        if !listening {
-            s.listen(5002).unwrap();
-            listening = true;
-        }
-        while s.can_recv() {
-            let n = s.recv_slice(&mut buf).unwrap();
-            for (k, b) in buf[..n].iter().enumerate() {
-                if *b != pattern_byte(got + k as u64) {
-                    bad += 1;
-                }
+    let ok = run(
+        &mut net,
+        &mut smol,
+        &mut client,
+        |s, _| {
+            if !listening {
+                s.listen(5002).unwrap();
+                listening = true;
             }
-            crc.update(&buf[..n]);
-            got += n as u64;
-        }
-        if !s.may_recv() && s.state() == tcp::State::CloseWait {
-            s.close();
-        }
-        got == BYTES && matches!(s.state(), tcp::State::Closed | tcp::State::LastAck | tcp::State::TimeWait)
-    }, Duration::from_secs(600));
+            while s.can_recv() {
+                let n = s.recv_slice(&mut buf).unwrap();
+                for (k, b) in buf[..n].iter().enumerate() {
+                    if *b != pattern_byte(got + k as u64) {
+                        bad += 1;
+                    }
+                }
+                crc.update(&buf[..n]);
+                got += n as u64;
+            }
+            if !s.may_recv() && s.state() == tcp::State::CloseWait {
+                s.close();
+            }
+            got == BYTES
+                && matches!(
+                    s.state(),
+                    tcp::State::Closed | tcp::State::LastAck | tcp::State::TimeWait
+                )
+        },
+        Duration::from_secs(600),
+    );
     assert!(ok, "transfer to smoltcp did not finish: got {got}");
-    run(&mut net, &mut smol, &mut client, |_, _| false, Duration::from_secs(2));
+    run(
+        &mut net,
+        &mut smol,
+        &mut client,
+        |_, _| false,
+        Duration::from_secs(2),
+    );
     assert_eq!(bad, 0);
     assert_eq!(client.error, None);
     assert!(client.done());

@@ -61,9 +61,12 @@ fn blocking_streams_both_ways_through_the_front() {
     let stop2 = stop.clone();
     let looper = std::thread::spawn(move || {
         let clock = Clock::new();
-        net.run_realtime(&clock, Duration::from_secs(120), &mut [&mut front_app, &mut host_b], |_| {
-            stop2.load(Ordering::Relaxed)
-        });
+        net.run_realtime(
+            &clock,
+            Duration::from_secs(120),
+            &mut [&mut front_app, &mut host_b],
+            |_| stop2.load(Ordering::Relaxed),
+        );
         (net, host_b)
     });
 
@@ -78,7 +81,9 @@ fn blocking_streams_both_ways_through_the_front() {
     });
 
     // Write to B with blocking writes, then close.
-    let mut out = connector.connect(SocketAddrV4::new(b, 5001)).expect("connect");
+    let mut out = connector
+        .connect(SocketAddrV4::new(b, 5001))
+        .expect("connect");
     let mut data = vec![0u8; BYTES];
     fill_pattern(0, &mut data);
     out.write_all(&data).expect("write_all");
@@ -116,13 +121,22 @@ fn connect_to_closed_port_is_refused() {
     let stop2 = stop.clone();
     let looper = std::thread::spawn(move || {
         let clock = Clock::new();
-        net.run_realtime(&clock, Duration::from_secs(30), &mut [&mut front_app], |_| stop2.load(Ordering::Relaxed));
+        net.run_realtime(
+            &clock,
+            Duration::from_secs(30),
+            &mut [&mut front_app],
+            |_| stop2.load(Ordering::Relaxed),
+        );
     });
-    let err = connector.connect(SocketAddrV4::new(b, 9)).expect_err("nothing listens on 9");
+    let err = connector
+        .connect(SocketAddrV4::new(b, 9))
+        .expect_err("nothing listens on 9");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
     stop.store(true, Ordering::Relaxed);
     looper.join().unwrap();
     // With the loop gone, the connector reports it instead of hanging.
-    let err = connector.connect(SocketAddrV4::new(b, 9)).expect_err("loop stopped");
+    let err = connector
+        .connect(SocketAddrV4::new(b, 9))
+        .expect_err("loop stopped");
     assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
 }

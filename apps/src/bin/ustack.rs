@@ -185,7 +185,10 @@ impl App for HostA {
     }
     fn poll_at(&self) -> Option<Instant> {
         let b = self.bulk.as_ref().and_then(App::poll_at);
-        ustack::time::earliest(ustack::time::earliest(self.pinger.poll_at(), self.probe.poll_at()), b)
+        ustack::time::earliest(
+            ustack::time::earliest(self.pinger.poll_at(), self.probe.poll_at()),
+            b,
+        )
     }
 }
 
@@ -235,7 +238,8 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
             echoed: 0,
             buf: vec![0; 2048],
         },
-        bulk: (args.tcp_mib > 0).then(|| BulkSend::new(SocketAddrV4::new(b_ip, 5001), args.tcp_mib << 20)),
+        bulk: (args.tcp_mib > 0)
+            .then(|| BulkSend::new(SocketAddrV4::new(b_ip, 5001), args.tcp_mib << 20)),
     };
     let mut host_b = HostB {
         echo: UdpEcho {
@@ -302,14 +306,23 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     if let Some(b) = host_a_tail.bulk.as_ref() {
         match (b.done(), host_b.bulk.completed.first()) {
             (true, Some(t)) => {
-                let ok = t.bytes == b.transfer.bytes && t.crc == b.transfer.crc && host_b.bulk.corrupt_bytes == 0;
+                let ok = t.bytes == b.transfer.bytes
+                    && t.crc == b.transfer.crc
+                    && host_b.bulk.corrupt_bytes == 0;
                 println!(
                     "tcp: {} MiB in {:.3} s = {:.2} Gbit/s goodput, {} retransmits, {}",
                     t.bytes >> 20,
-                    b.transfer.finished.zip(b.transfer.started).map_or(0.0, |(f, s)| f.saturating_duration_since(s).as_secs_f64()),
+                    b.transfer
+                        .finished
+                        .zip(b.transfer.started)
+                        .map_or(0.0, |(f, s)| f.saturating_duration_since(s).as_secs_f64()),
                     b.transfer.bits_per_second().unwrap_or(0.0) / 1e9,
                     net.nodes[a].stack.stats().tcp.retransmits,
-                    if ok { "byte-exact (CRC-32 matches)" } else { "MISMATCH" }
+                    if ok {
+                        "byte-exact (CRC-32 matches)"
+                    } else {
+                        "MISMATCH"
+                    }
                 );
                 if !ok {
                     bail!(
@@ -365,12 +378,23 @@ fn tcp_progress(a: &HostA, net: &SimNet) -> String {
     let Some(b) = a.bulk.as_ref() else {
         return String::new();
     };
-    let secs = b
-        .transfer
-        .started
-        .map_or(0.0, |s| b.transfer.finished.unwrap_or(net.now).saturating_duration_since(s).as_secs_f64());
-    let acked = b.transfer.bytes.saturating_sub(b.handle().and_then(|h| net.nodes[0].stack.tcp_status(h).ok()).map_or(0, |s| s.unacked as u64));
-    let gbps = if secs > 0.0 { acked as f64 * 8.0 / secs / 1e9 } else { 0.0 };
+    let secs = b.transfer.started.map_or(0.0, |s| {
+        b.transfer
+            .finished
+            .unwrap_or(net.now)
+            .saturating_duration_since(s)
+            .as_secs_f64()
+    });
+    let acked = b.transfer.bytes.saturating_sub(
+        b.handle()
+            .and_then(|h| net.nodes[0].stack.tcp_status(h).ok())
+            .map_or(0, |s| s.unacked as u64),
+    );
+    let gbps = if secs > 0.0 {
+        acked as f64 * 8.0 / secs / 1e9
+    } else {
+        0.0
+    };
     let tag = if b.done() { " done" } else { "" };
     format!(" | tcp {} MiB {gbps:.2} Gbit/s{tag}", acked >> 20)
 }

@@ -23,7 +23,12 @@ fn table() -> &'static [u8] {
         let period: Vec<u8> = (0..PERIOD as u64)
             .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ (i as u8))
             .collect();
-        period.iter().chain(period.iter()).copied().take(PERIOD + CHUNK).collect()
+        period
+            .iter()
+            .cycle()
+            .copied()
+            .take(PERIOD + CHUNK)
+            .collect()
     })
 }
 
@@ -71,7 +76,10 @@ pub struct Transfer {
 impl Transfer {
     /// Goodput in bits per second, once finished.
     pub fn bits_per_second(&self) -> Option<f64> {
-        let secs = self.finished?.saturating_duration_since(self.started?).as_secs_f64();
+        let secs = self
+            .finished?
+            .saturating_duration_since(self.started?)
+            .as_secs_f64();
         (secs > 0.0).then(|| self.bytes as f64 * 8.0 / secs)
     }
 }
@@ -178,14 +186,19 @@ impl App for BulkSend {
             self.shut = true;
             let _ = stack.tcp_shutdown(h);
         }
-        if self.shut && status.unacked == 0 && matches!(status.state, State::FinWait2 | State::TimeWait | State::Closed | State::LastAck | State::Closing) {
-            if status.state != State::Closing && status.state != State::LastAck {
-                self.done = true;
-                self.transfer.finished = Some(now);
-                self.transfer.crc = self.crc.clone().finalize();
-                let _ = stack.tcp_close(h);
-                return Control::Exit;
-            }
+        // Done once every byte and our FIN are acknowledged.
+        if self.shut
+            && status.unacked == 0
+            && matches!(
+                status.state,
+                State::FinWait2 | State::TimeWait | State::Closed
+            )
+        {
+            self.done = true;
+            self.transfer.finished = Some(now);
+            self.transfer.crc = self.crc.clone().finalize();
+            let _ = stack.tcp_close(h);
+            return Control::Exit;
         }
         Control::Continue
     }
@@ -326,10 +339,22 @@ mod test {
         assert_eq!(count_mismatches(123_456, &buf), 1);
         // Shifted by one byte, almost everything differs.
         assert!(count_mismatches(123_457, &buf) > 190_000);
+        // The worst offset (just below a period) with the longest chunk.
+        let mut edge = vec![0u8; CHUNK];
+        fill_pattern(PERIOD as u64 - 1, &mut edge);
+        assert_eq!(count_mismatches(PERIOD as u64 - 1, &edge), 0);
+        assert_eq!(edge[1], pattern_byte(0));
         // The stream is periodic.
         assert_eq!(pattern_byte(5), pattern_byte(5 + PERIOD as u64));
         let mut wrap = vec![0u8; 10];
         fill_pattern(PERIOD as u64 - 5, &mut wrap);
-        assert_eq!(wrap[5..], buf[..0].iter().chain(table()[..5].iter()).copied().collect::<Vec<_>>()[..]);
+        assert_eq!(
+            wrap[5..],
+            buf[..0]
+                .iter()
+                .chain(table()[..5].iter())
+                .copied()
+                .collect::<Vec<_>>()[..]
+        );
     }
 }

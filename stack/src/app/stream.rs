@@ -69,7 +69,9 @@ pub struct StreamFront {
 
 impl core::fmt::Debug for StreamFront {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("StreamFront").field("streams", &self.streams.len()).finish()
+        f.debug_struct("StreamFront")
+            .field("streams", &self.streams.len())
+            .finish()
     }
 }
 
@@ -108,21 +110,28 @@ fn io_err(e: Error) -> io::Error {
 }
 
 fn loop_gone() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "the stack's poll loop has stopped")
+    io::Error::new(
+        io::ErrorKind::BrokenPipe,
+        "the stack's poll loop has stopped",
+    )
 }
 
 impl Connector {
     /// Connect and wait until the connection is established (or fails).
     pub fn connect(&self, remote: SocketAddrV4) -> io::Result<TcpStream> {
         let (tx, rx) = bounded(1);
-        self.requests.send(Request::Connect(remote, tx)).map_err(|_| loop_gone())?;
+        self.requests
+            .send(Request::Connect(remote, tx))
+            .map_err(|_| loop_gone())?;
         rx.recv().map_err(|_| loop_gone())?
     }
 
     /// Listen on `port`.
     pub fn listen(&self, port: u16, backlog: usize) -> io::Result<TcpListener> {
         let (tx, rx) = bounded(1);
-        self.requests.send(Request::Listen(port, backlog, tx)).map_err(|_| loop_gone())?;
+        self.requests
+            .send(Request::Listen(port, backlog, tx))
+            .map_err(|_| loop_gone())?;
         rx.recv().map_err(|_| loop_gone())?
     }
 }
@@ -209,7 +218,9 @@ impl io::Read for TcpStream {
 impl io::Write for TcpStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = buf.len().min(CHUNK);
-        self.up.send(Up::Data(buf[..n].to_vec())).map_err(|_| loop_gone())?;
+        self.up
+            .send(Up::Data(buf[..n].to_vec()))
+            .map_err(|_| loop_gone())?;
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -273,7 +284,9 @@ impl StreamFront {
     fn accept(&mut self, stack: &mut Stack) {
         for li in &self.listeners {
             while !li.accepted.is_full() {
-                let Ok(Some(h)) = stack.tcp_accept(li.l) else { break };
+                let Ok(Some(h)) = stack.tcp_accept(li.l) else {
+                    break;
+                };
                 let (ls, ts) = stream_pair(h);
                 if li.accepted.try_send(ts).is_ok() {
                     self.streams.push(ls);
@@ -316,7 +329,9 @@ impl StreamFront {
                     }
                 }
             }
-            let Some((d, off)) = s.pending.as_mut() else { break };
+            let Some((d, off)) = s.pending.as_mut() else {
+                break;
+            };
             match stack.tcp_send(s.h, &d[*off..]) {
                 Ok(n) => {
                     *off += n;
@@ -326,7 +341,9 @@ impl StreamFront {
                     s.pending = None;
                 }
                 Err(e) => {
-                    let _ = s.down.try_send(Down::Error(io_err(e).kind(), e.to_string()));
+                    let _ = s
+                        .down
+                        .try_send(Down::Error(io_err(e).kind(), e.to_string()));
                     s.pending = None;
                     break;
                 }
@@ -348,7 +365,9 @@ impl StreamFront {
                 Ok(0) => break,
                 Ok(n) => s.held = Some(buf[..n].to_vec()),
                 Err(e) => {
-                    let _ = s.down.try_send(Down::Error(io_err(e).kind(), e.to_string()));
+                    let _ = s
+                        .down
+                        .try_send(Down::Error(io_err(e).kind(), e.to_string()));
                     break;
                 }
             }

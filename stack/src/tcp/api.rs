@@ -55,7 +55,12 @@ impl Stack {
     pub fn tcp_unlisten(&mut self, l: ListenHandle) {
         if let Some(lst) = self.tcp.listeners.remove(&l.0) {
             for slot in lst.ready {
-                if let Some(c) = self.tcp.slots.get_mut(slot as usize).and_then(|s| s.conn.as_mut()) {
+                if let Some(c) = self
+                    .tcp
+                    .slots
+                    .get_mut(slot as usize)
+                    .and_then(|s| s.conn.as_mut())
+                {
                     c.abort();
                 }
                 self.tcp.mark_dirty(slot);
@@ -65,7 +70,11 @@ impl Stack {
 
     /// The next established connection on a listener.
     pub fn tcp_accept(&mut self, l: ListenHandle) -> Result<Option<TcpHandle>, Error> {
-        let lst = self.tcp.listeners.get_mut(&l.0).ok_or(Error::InvalidHandle)?;
+        let lst = self
+            .tcp
+            .listeners
+            .get_mut(&l.0)
+            .ok_or(Error::InvalidHandle)?;
         let Some(slot) = lst.ready.pop_front() else {
             return Ok(None);
         };
@@ -97,7 +106,17 @@ impl Stack {
         if let Some(e) = c.error() {
             return Err(Error::Tcp(e));
         }
-        if c.send_capacity() == 0 && matches!(c.state(), State::Closed | State::FinWait1 | State::FinWait2 | State::Closing | State::LastAck | State::TimeWait) {
+        if c.send_capacity() == 0
+            && matches!(
+                c.state(),
+                State::Closed
+                    | State::FinWait1
+                    | State::FinWait2
+                    | State::Closing
+                    | State::LastAck
+                    | State::TimeWait
+            )
+        {
             return Err(Error::Closed);
         }
         let n = c.send(data);
@@ -140,7 +159,11 @@ impl Stack {
 
     /// Telemetry view of every connection.
     pub fn tcp_connections(&self) -> impl Iterator<Item = ConnInfo> + '_ {
-        self.tcp.slots.iter().filter_map(|s| s.conn.as_ref()).map(TcpConn::info)
+        self.tcp
+            .slots
+            .iter()
+            .filter_map(|s| s.conn.as_ref())
+            .map(TcpConn::info)
     }
 
     /// Close the sending side (FIN after queued data); the handle stays valid

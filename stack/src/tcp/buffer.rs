@@ -168,13 +168,22 @@ impl RecvBuffer {
             pos = pos.max(r.end);
         }
         if pos < end {
-            ring_write(&mut self.ring, self.head, base + pos, &data[pos - offset..end - offset]);
+            ring_write(
+                &mut self.ring,
+                self.head,
+                base + pos,
+                &data[pos - offset..end - offset],
+            );
             out.accepted += end - pos;
         }
         self.clock += 1;
         let merged = Range {
-            start: self.ranges[first..last].first().map_or(offset, |r| r.start.min(offset)),
-            end: self.ranges[first..last].last().map_or(end, |r| r.end.max(end)),
+            start: self.ranges[first..last]
+                .first()
+                .map_or(offset, |r| r.start.min(offset)),
+            end: self.ranges[first..last]
+                .last()
+                .map_or(end, |r| r.end.max(end)),
             stamp: self.clock,
         };
         self.ranges.splice(first..last, std::iter::once(merged));
@@ -206,7 +215,7 @@ impl RecvBuffer {
     pub fn sack_ranges(&self, out: &mut Vec<(usize, usize)>, max: usize) {
         out.clear();
         let mut v: Vec<&Range> = self.ranges.iter().collect();
-        v.sort_unstable_by(|a, b| b.stamp.cmp(&a.stamp));
+        v.sort_unstable_by_key(|r| std::cmp::Reverse(r.stamp));
         out.extend(v.into_iter().take(max).map(|r| (r.start, r.end)));
     }
 

@@ -127,7 +127,9 @@ pub struct NewReno {
 
 impl NewReno {
     pub fn new(mss: usize) -> Self {
-        NewReno { w: Window::new(mss) }
+        NewReno {
+            w: Window::new(mss),
+        }
     }
 }
 
@@ -142,7 +144,11 @@ impl CongestionControl for NewReno {
         self.w.ssthresh
     }
     fn on_ack(&mut self, _: Instant, acked: usize, _: Option<Duration>) {
-        let rest = if self.w.cwnd < self.w.ssthresh { self.w.slow_start(acked) } else { acked };
+        let rest = if self.w.cwnd < self.w.ssthresh {
+            self.w.slow_start(acked)
+        } else {
+            acked
+        };
         if rest > 0 {
             self.w.avoid(rest);
         }
@@ -210,7 +216,11 @@ impl Cubic {
     fn reduce(&mut self) {
         let cwnd = self.segs(self.w.cwnd);
         // Fast convergence (§4.7): release bandwidth when losses come early.
-        self.w_max = if cwnd < self.w_max { cwnd * (1.0 + BETA) / 2.0 } else { cwnd };
+        self.w_max = if cwnd < self.w_max {
+            cwnd * (1.0 + BETA) / 2.0
+        } else {
+            cwnd
+        };
         self.w.ssthresh = self.w.floor_ssthresh((self.w.cwnd as f64 * BETA) as usize);
         self.epoch = None;
         self.w.ca_acked = 0;
@@ -234,7 +244,11 @@ impl CongestionControl for Cubic {
     }
 
     fn on_ack(&mut self, now: Instant, acked: usize, rtt: Option<Duration>) {
-        let rest = if self.w.cwnd < self.w.ssthresh { self.w.slow_start(acked) } else { acked };
+        let rest = if self.w.cwnd < self.w.ssthresh {
+            self.w.slow_start(acked)
+        } else {
+            acked
+        };
         if rest == 0 {
             return;
         }
@@ -246,7 +260,11 @@ impl CongestionControl for Cubic {
                 self.epoch = Some(now);
                 self.cwnd_epoch = cwnd;
                 self.w_est = cwnd;
-                self.k = if self.w_max > cwnd { ((self.w_max - cwnd) / C).cbrt() } else { 0.0 };
+                self.k = if self.w_max > cwnd {
+                    ((self.w_max - cwnd) / C).cbrt()
+                } else {
+                    0.0
+                };
                 if self.w_max < cwnd {
                     self.w_max = cwnd;
                 }
@@ -374,16 +392,29 @@ mod test {
         }
         // K = cbrt(100 * 0.3 / 0.4) = 4.2 s: near K the window sits near W_max.
         let k_ms = ((100.0 * 0.3 / 0.4f64).cbrt() * 1000.0) as u64;
-        let at_k = samples.iter().find(|(t, _)| *t >= k_ms).map(|(_, w)| *w).unwrap();
+        let at_k = samples
+            .iter()
+            .find(|(t, _)| *t >= k_ms)
+            .map(|(_, w)| *w)
+            .unwrap();
         assert!((95..=106).contains(&at_k), "cwnd at K: {at_k}");
         // Concave before K: growth slows as W_max approaches.
         let g = |a: u64, b: u64| {
-            let w = |t: u64| samples.iter().find(|(x, _)| *x >= t).map(|(_, w)| *w as i64).unwrap();
+            let w = |t: u64| {
+                samples
+                    .iter()
+                    .find(|(x, _)| *x >= t)
+                    .map(|(_, w)| *w as i64)
+                    .unwrap()
+            };
             w(b) - w(a)
         };
         assert!(g(500, 1500) > g(2500, 3500), "concave before K");
         // Convex after K: growth speeds up again.
-        assert!(g(k_ms + 3000, k_ms + 4000) > g(k_ms, k_ms + 1000), "convex after K");
+        assert!(
+            g(k_ms + 3000, k_ms + 4000) > g(k_ms, k_ms + 1000),
+            "convex after K"
+        );
     }
 
     #[test]

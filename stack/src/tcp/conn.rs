@@ -37,7 +37,10 @@ pub enum State {
 impl State {
     /// Whether the three-way handshake has completed.
     pub fn synchronized(self) -> bool {
-        !matches!(self, State::Closed | State::Listen | State::SynSent | State::SynReceived)
+        !matches!(
+            self,
+            State::Closed | State::Listen | State::SynSent | State::SynReceived
+        )
     }
 }
 
@@ -308,14 +311,24 @@ fn wscale_for(capacity: usize) -> u8 {
 }
 
 impl TcpConn {
-    fn new(cfg: TcpConfig, local: SocketAddrV4, remote: SocketAddrV4, iss: Seq, state: State) -> Self {
+    fn new(
+        cfg: TcpConfig,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        iss: Seq,
+        state: State,
+    ) -> Self {
         let mss = cfg.mss.max(64);
         TcpConn {
             cc: new_controller(cfg.congestion, mss),
             rtt: RttEstimator::new(cfg.rtt.clone()),
             sndbuf: SendBuffer::new(cfg.send_buffer),
             rcvbuf: RecvBuffer::new(cfg.recv_buffer, cfg.max_ooo_ranges),
-            rcv_wscale: if cfg.window_scaling { wscale_for(cfg.recv_buffer) } else { 0 },
+            rcv_wscale: if cfg.window_scaling {
+                wscale_for(cfg.recv_buffer)
+            } else {
+                0
+            },
             state,
             local,
             remote,
@@ -391,7 +404,11 @@ impl TcpConn {
     }
 
     fn take_syn_options(&mut self, syn: &Segment<'_>) {
-        self.mss = self.cfg.mss.min(syn.mss.map_or(DEFAULT_MSS, usize::from)).max(64);
+        self.mss = self
+            .cfg
+            .mss
+            .min(syn.mss.map_or(DEFAULT_MSS, usize::from))
+            .max(64);
         self.cc.set_mss(self.mss);
         match syn.wscale {
             Some(s) if self.cfg.window_scaling => self.snd_wscale = s.min(MAX_WSCALE),
@@ -512,7 +529,9 @@ impl TcpConn {
             let could = self.advertisable_window();
             // Receiver SWS avoidance: announce the opening only when it is
             // worth a segment and the peer's view is less than half of it.
-            if advertised < could / 2 && could - advertised >= (self.rcvbuf.capacity() / 2).min(self.mss) {
+            if advertised < could / 2
+                && could - advertised >= (self.rcvbuf.capacity() / 2).min(self.mss)
+            {
                 self.ack_now = true;
             }
         }
@@ -521,7 +540,12 @@ impl TcpConn {
 
     /// Bytes the app can write now.
     pub fn send_capacity(&self) -> usize {
-        if self.fin_queued || !matches!(self.state, State::SynSent | State::SynReceived | State::Established | State::CloseWait) {
+        if self.fin_queued
+            || !matches!(
+                self.state,
+                State::SynSent | State::SynReceived | State::Established | State::CloseWait
+            )
+        {
             return 0;
         }
         self.sndbuf.free()
@@ -589,7 +613,8 @@ impl TcpConn {
     fn window_to_advertise(&mut self) -> u16 {
         let new_edge = self.rcv_nxt + self.advertisable_window();
         let grow = new_edge.since(self.rcv_adv);
-        if self.rcv_adv.diff(self.rcv_nxt) < 0 || grow >= (self.rcvbuf.capacity() / 2).min(self.mss) {
+        if self.rcv_adv.diff(self.rcv_nxt) < 0 || grow >= (self.rcvbuf.capacity() / 2).min(self.mss)
+        {
             self.rcv_adv = new_edge;
         }
         let edge = self.rcv_adv.since(self.rcv_nxt);
@@ -645,7 +670,11 @@ impl TcpConn {
             self.max_snd_wnd = self.snd_wnd;
             self.snd_wl1 = seg.seq;
             self.snd_wl2 = ack;
-            self.state = if self.fin_queued { State::FinWait1 } else { State::Established };
+            self.state = if self.fin_queued {
+                State::FinWait1
+            } else {
+                State::Established
+            };
             self.retries = 0;
             self.rto_at = None;
             self.ack_now = true;
@@ -662,7 +691,10 @@ impl TcpConn {
     /// RFC 9293 acceptability test.
     fn acceptable(&self, seg: &Segment<'_>) -> bool {
         // What we advertised, or more if the buffer has room for it.
-        let wnd = self.rcv_adv.since(self.rcv_nxt).max(self.advertisable_window());
+        let wnd = self
+            .rcv_adv
+            .since(self.rcv_nxt)
+            .max(self.advertisable_window());
         let len = seg.len();
         let start_ok = seg.seq.in_range(self.rcv_nxt, self.rcv_nxt + wnd);
         match (len, wnd) {
@@ -697,7 +729,12 @@ impl TcpConn {
                 }
             }
         }
-        if self.state == State::SynReceived && seg.syn && !seg.rst && seg.ack.is_none() && seg.seq == self.irs {
+        if self.state == State::SynReceived
+            && seg.syn
+            && !seg.rst
+            && seg.ack.is_none()
+            && seg.seq == self.irs
+        {
             // The peer retransmitted its SYN: our SYN-ACK was lost.
             self.snd_nxt = self.iss;
             self.send_syn = true;
@@ -761,7 +798,9 @@ impl TcpConn {
         }
         if self.ts_enabled {
             if let Some((tsval, _)) = seg.timestamp {
-                if seg.seq.diff(self.last_ack_sent) <= 0 && (tsval.wrapping_sub(self.ts_recent) as i32) >= 0 {
+                if seg.seq.diff(self.last_ack_sent) <= 0
+                    && (tsval.wrapping_sub(self.ts_recent) as i32) >= 0
+                {
                     self.ts_recent = tsval;
                 }
             }
@@ -784,7 +823,9 @@ impl TcpConn {
                 n += 1;
             }
             if n > 0 {
-                newly_sacked = self.scoreboard.add(self.snd_una, self.snd_max, &blocks[..n]);
+                newly_sacked = self
+                    .scoreboard
+                    .add(self.snd_una, self.snd_max, &blocks[..n]);
             }
         }
         if ack.diff(self.snd_una) > 0 {
@@ -828,7 +869,8 @@ impl TcpConn {
         {
             self.dupacks += 1;
             self.stats.dup_acks += 1;
-            let lost = self.sack_enabled && self.scoreboard.is_lost(self.snd_una, self.mss, DUP_THRESH);
+            let lost =
+                self.sack_enabled && self.scoreboard.is_lost(self.snd_una, self.mss, DUP_THRESH);
             if !self.in_recovery && (self.dupacks >= DUP_THRESH || lost) {
                 self.enter_recovery(now);
             }
@@ -839,7 +881,9 @@ impl TcpConn {
             self.enter_recovery(now);
         }
         // Window update (RFC 9293 3.10.7.4).
-        if self.snd_wl1.diff(seg.seq) < 0 || (self.snd_wl1 == seg.seq && self.snd_wl2.diff(ack) <= 0) {
+        if self.snd_wl1.diff(seg.seq) < 0
+            || (self.snd_wl1 == seg.seq && self.snd_wl2.diff(ack) <= 0)
+        {
             self.snd_wnd = window;
             self.max_snd_wnd = self.max_snd_wnd.max(window);
             self.snd_wl1 = seg.seq;
@@ -861,7 +905,8 @@ impl TcpConn {
     }
 
     fn on_fin_acked(&mut self) {
-        let fin_acked = self.fin_queued && self.sndbuf.is_empty() && self.snd_una.diff(self.data_start) > 0;
+        let fin_acked =
+            self.fin_queued && self.sndbuf.is_empty() && self.snd_una.diff(self.data_start) > 0;
         if !fin_acked {
             return;
         }
@@ -896,7 +941,10 @@ impl TcpConn {
         if seg.fin {
             self.peer_fin = Some(seg.seq + seg.payload.len());
         }
-        let receiving = matches!(self.state, State::Established | State::FinWait1 | State::FinWait2);
+        let receiving = matches!(
+            self.state,
+            State::Established | State::FinWait1 | State::FinWait2
+        );
         if receiving && !seg.payload.is_empty() {
             // Trim what we already have.
             let skip = self.rcv_nxt.since(seg.seq).min(seg.payload.len());
@@ -933,7 +981,9 @@ impl TcpConn {
                 match self.state {
                     State::Established => self.state = State::CloseWait,
                     State::FinWait1 => {
-                        let fin_acked = self.fin_queued && self.sndbuf.is_empty() && self.snd_una.diff(self.data_start) > 0;
+                        let fin_acked = self.fin_queued
+                            && self.sndbuf.is_empty()
+                            && self.snd_una.diff(self.data_start) > 0;
                         if fin_acked {
                             self.enter_time_wait();
                         } else {
@@ -961,16 +1011,24 @@ impl TcpConn {
 
     /// The next time [`on_timer`](Self::on_timer) or a transmit is due.
     pub fn poll_at(&self) -> Option<Instant> {
-        if self.ack_now || self.send_syn && matches!(self.state, State::SynSent | State::SynReceived) || self.rst_pending.is_some() {
+        if self.ack_now
+            || self.send_syn && matches!(self.state, State::SynSent | State::SynReceived)
+            || self.rst_pending.is_some()
+        {
             return Some(Instant::ZERO);
         }
         if self.state == State::TimeWait && self.time_wait_at.is_none() {
             return Some(Instant::ZERO);
         }
-        [self.rto_at, self.persist_at, self.delack_at, self.time_wait_at]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.rto_at,
+            self.persist_at,
+            self.delack_at,
+            self.time_wait_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Run expired timers.
@@ -1004,7 +1062,11 @@ impl TcpConn {
         self.rto_at = None;
         self.stats.timeouts += 1;
         self.retries += 1;
-        let limit = if self.state.synchronized() { self.cfg.max_retries } else { self.cfg.syn_retries };
+        let limit = if self.state.synchronized() {
+            self.cfg.max_retries
+        } else {
+            self.cfg.syn_retries
+        };
         if self.retries > limit {
             self.error = Some(ConnError::TimedOut);
             if self.state.synchronized() {
@@ -1127,7 +1189,8 @@ impl TcpConn {
             syn: true,
             window: u16::try_from(self.rcvbuf.window()).unwrap_or(u16::MAX),
             mss: Some(u16::try_from(self.cfg.mss).unwrap_or(u16::MAX)),
-            wscale: (self.cfg.window_scaling && (!synack || self.snd_wscale > 0 || self.rcv_wscale > 0))
+            wscale: (self.cfg.window_scaling
+                && (!synack || self.snd_wscale > 0 || self.rcv_wscale > 0))
                 .then_some(self.rcv_wscale),
             sack_permitted: self.cfg.sack && (!synack || self.sack_enabled),
             timestamp: (self.cfg.timestamps && (!synack || self.ts_enabled))
@@ -1151,7 +1214,9 @@ impl TcpConn {
 
     fn arm_persist(&mut self, now: Instant) {
         let base = self.rtt.rto().max(PERSIST_MIN);
-        let d = base.saturating_mul(1 << self.persist_backoff.min(16)).min(PERSIST_MAX);
+        let d = base
+            .saturating_mul(1 << self.persist_backoff.min(16))
+            .min(PERSIST_MAX);
         self.persist_at = Some(now + d);
     }
 
@@ -1169,7 +1234,10 @@ impl TcpConn {
         let wnd_edge = self.snd_una + self.snd_wnd;
         let unsent = data_end.since(self.snd_nxt);
         let fin_due = self.fin_queued
-            && matches!(self.state, State::FinWait1 | State::Closing | State::LastAck)
+            && matches!(
+                self.state,
+                State::FinWait1 | State::Closing | State::LastAck
+            )
             && self.snd_nxt.diff(data_end) >= 0
             && self.snd_nxt.diff(data_end + 1) < 0;
         if unsent == 0 && !fin_due {
@@ -1196,7 +1264,13 @@ impl TcpConn {
             }
             return None;
         }
-        if len > 0 && len < self.mss && self.cfg.nagle && !forced && self.snd_max.diff(self.snd_una) > 0 && !self.fin_queued {
+        if len > 0
+            && len < self.mss
+            && self.cfg.nagle
+            && !forced
+            && self.snd_max.diff(self.snd_una) > 0
+            && !self.fin_queued
+        {
             // Nagle: one small segment in flight at a time.
             return None;
         }
@@ -1208,7 +1282,13 @@ impl TcpConn {
         seg.payload_offset = self.snd_nxt.since(self.data_start);
         seg.payload_len = len;
         let after = self.snd_nxt + len;
-        if self.fin_queued && after == data_end && matches!(self.state, State::FinWait1 | State::Closing | State::LastAck) {
+        if self.fin_queued
+            && after == data_end
+            && matches!(
+                self.state,
+                State::FinWait1 | State::Closing | State::LastAck
+            )
+        {
             seg.fin = true;
         }
         let advance = len + usize::from(seg.fin);
@@ -1235,7 +1315,13 @@ impl TcpConn {
     /// (inflated by duplicate ACKs during NewReno fast recovery).
     fn flight_estimate(&self) -> usize {
         if self.sack_enabled && !self.scoreboard.is_empty() {
-            return self.scoreboard.pipe(self.snd_una, self.snd_max, self.high_rxt, self.mss, DUP_THRESH);
+            return self.scoreboard.pipe(
+                self.snd_una,
+                self.snd_max,
+                self.high_rxt,
+                self.mss,
+                DUP_THRESH,
+            );
         }
         let flight = self.snd_nxt.since(self.snd_una);
         if self.in_recovery {
@@ -1252,10 +1338,16 @@ impl TcpConn {
                 return None;
             }
             self.scoreboard
-                .next_lost(self.snd_una, self.snd_max, self.high_rxt, self.mss, DUP_THRESH)
+                .next_lost(
+                    self.snd_una,
+                    self.snd_max,
+                    self.high_rxt,
+                    self.mss,
+                    DUP_THRESH,
+                )
                 .or_else(|| {
                     // First retransmission of the recovery: the head segment.
-                    (self.high_rxt == self.snd_una).then(|| (self.snd_una, self.mss))
+                    (self.high_rxt == self.snd_una).then_some((self.snd_una, self.mss))
                 })?
         } else {
             // NewReno: retransmit the segment at snd_una once per (partial) ACK.
@@ -1362,7 +1454,13 @@ mod test {
     }
 
     /// Exchange segments until quiet; `keep` decides which segments survive.
-    fn run(c: &mut TcpConn, s: &mut TcpConn, now: &mut Instant, step: Duration, mut keep: impl FnMut(bool, &Wire) -> bool) {
+    fn run(
+        c: &mut TcpConn,
+        s: &mut TcpConn,
+        now: &mut Instant,
+        step: Duration,
+        mut keep: impl FnMut(bool, &Wire) -> bool,
+    ) {
         let limit = *now + Duration::from_secs(120);
         for _ in 0..100_000 {
             if *now > limit {
@@ -1441,7 +1539,13 @@ mod test {
         let mut got = Vec::new();
         let mut got_c = Vec::new();
         for _ in 0..50 {
-            run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+            run(
+                &mut c,
+                &mut s,
+                &mut now,
+                Duration::from_micros(10),
+                |_, _| true,
+            );
             got.extend(read_all(&mut s));
             got_c.extend(read_all(&mut c));
         }
@@ -1449,13 +1553,25 @@ mod test {
         assert_eq!(got_c, b"hello");
         c.close();
         assert_eq!(c.state(), State::FinWait1);
-        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(10),
+            |_, _| true,
+        );
         assert_eq!(s.state(), State::CloseWait);
         assert_eq!(c.state(), State::FinWait2);
         assert!(s.recv_finished());
         s.close();
         let t0 = now;
-        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(10),
+            |_, _| true,
+        );
         assert_eq!(s.state(), State::Closed);
         // TIME_WAIT lasts 2 MSL, then the connection is gone.
         assert_eq!(c.state(), State::Closed);
@@ -1472,10 +1588,22 @@ mod test {
         let sb = drain(&mut b, t);
         a.on_segment(t, &sb[0].seg());
         b.on_segment(t, &sa[0].seg());
-        assert_eq!((a.state(), b.state()), (State::SynReceived, State::SynReceived));
+        assert_eq!(
+            (a.state(), b.state()),
+            (State::SynReceived, State::SynReceived)
+        );
         let mut now = t;
-        run(&mut a, &mut b, &mut now, Duration::from_micros(10), |_, _| true);
-        assert_eq!((a.state(), b.state()), (State::Established, State::Established));
+        run(
+            &mut a,
+            &mut b,
+            &mut now,
+            Duration::from_micros(10),
+            |_, _| true,
+        );
+        assert_eq!(
+            (a.state(), b.state()),
+            (State::Established, State::Established)
+        );
     }
 
     #[test]
@@ -1492,7 +1620,13 @@ mod test {
             s.on_segment(now, &w.seg());
         }
         assert_eq!((c.state(), s.state()), (State::Closing, State::Closing));
-        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(10),
+            |_, _| true,
+        );
         assert_eq!((c.state(), s.state()), (State::Closed, State::Closed));
     }
 
@@ -1501,7 +1635,11 @@ mod test {
         let (mut c, _s, now) = established(cfg(), cfg());
         let rcv_nxt = c.rcv_nxt;
         let rst = |seq| Wire {
-            out: Outgoing { seq, rst: true, ..Outgoing::default() },
+            out: Outgoing {
+                seq,
+                rst: true,
+                ..Outgoing::default()
+            },
             payload: vec![],
         };
         c.on_segment(now, &rst(rcv_nxt + 100).seg());
@@ -1522,7 +1660,11 @@ mod test {
     fn syn_in_established_gets_challenge_ack() {
         let (mut c, _s, now) = established(cfg(), cfg());
         let syn = Wire {
-            out: Outgoing { seq: c.rcv_nxt + 5, syn: true, ..Outgoing::default() },
+            out: Outgoing {
+                seq: c.rcv_nxt + 5,
+                syn: true,
+                ..Outgoing::default()
+            },
             payload: vec![],
         };
         c.on_segment(now, &syn.seg());
@@ -1540,7 +1682,13 @@ mod test {
         assert_eq!(c.state(), State::SynSent);
         let mut s = TcpConn::accept(cfg(), B, A, Seq(5000), &syn[0].seg());
         let mut now = t;
-        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |_, _| true);
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(10),
+            |_, _| true,
+        );
         assert_eq!(read_all(&mut s), b"queued before the handshake");
         assert!(s.recv_finished());
         assert_eq!(c.state(), State::FinWait2);
@@ -1552,7 +1700,12 @@ mod test {
         let mut c = TcpConn::connect(cfg(), A, B, Seq(1000));
         let syn = drain(&mut c, t);
         let rst = Wire {
-            out: Outgoing { seq: Seq(0), ack: Some(syn[0].out.seq + 1), rst: true, ..Outgoing::default() },
+            out: Outgoing {
+                seq: Seq(0),
+                ack: Some(syn[0].out.seq + 1),
+                rst: true,
+                ..Outgoing::default()
+            },
             payload: vec![],
         };
         c.on_segment(t, &rst.seg());
@@ -1585,7 +1738,13 @@ mod test {
         let (mut c, mut s, mut now) = established(cfg(), small);
         let msg: Vec<u8> = (0..50_000u32).map(|i| (i * 7) as u8).collect();
         let mut sent = c.send(&msg);
-        run(&mut c, &mut s, &mut now, Duration::from_micros(50), |_, _| true);
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(50),
+            |_, _| true,
+        );
         // The receiver's buffer is full and nobody reads: the window is zero.
         assert_eq!(s.recv_available(), 8192);
         assert_eq!(c.snd_wnd(), 0);
@@ -1612,7 +1771,13 @@ mod test {
             if sent < msg.len() {
                 sent += c.send(&msg[sent..]);
             }
-            run(&mut c, &mut s, &mut now, Duration::from_micros(50), |_, _| true);
+            run(
+                &mut c,
+                &mut s,
+                &mut now,
+                Duration::from_micros(50),
+                |_, _| true,
+            );
         }
         got.extend(read_all(&mut s));
         assert_eq!(got, msg);
@@ -1622,39 +1787,69 @@ mod test {
     fn loss_triggers_fast_retransmit_and_cwnd_reduction() {
         for alg in [Algorithm::NewReno, Algorithm::Cubic] {
             for sack in [true, false] {
-                let cc = TcpConfig { congestion: alg, sack, ..cfg() };
+                let cc = TcpConfig {
+                    congestion: alg,
+                    sack,
+                    ..cfg()
+                };
                 // The receiver's window never closes during the test.
-                let rc = TcpConfig { recv_buffer: 8 << 20, ..cc.clone() };
+                let rc = TcpConfig {
+                    recv_buffer: 8 << 20,
+                    ..cc.clone()
+                };
                 let (mut c, mut s, mut now) = established(cc, rc);
                 let msg = vec![0x5a; 4_000_000];
                 let mut sent = c.send(&msg);
                 // Grow cwnd first.
                 for _ in 0..5 {
-                    run(&mut c, &mut s, &mut now, Duration::from_micros(100), |_, _| true);
+                    run(
+                        &mut c,
+                        &mut s,
+                        &mut now,
+                        Duration::from_micros(100),
+                        |_, _| true,
+                    );
                     read_all(&mut s);
                     sent += c.send(&msg[sent..]);
                 }
                 assert!(sent < msg.len());
                 let before = c.cwnd();
                 let mut dropped = false;
-                run(&mut c, &mut s, &mut now, Duration::from_micros(100), |from_c, w| {
-                    // Drop exactly one data segment.
-                    if from_c && w.out.payload_len > 0 && !dropped {
-                        dropped = true;
-                        return false;
-                    }
-                    true
-                });
+                run(
+                    &mut c,
+                    &mut s,
+                    &mut now,
+                    Duration::from_micros(100),
+                    |from_c, w| {
+                        // Drop exactly one data segment.
+                        if from_c && w.out.payload_len > 0 && !dropped {
+                            dropped = true;
+                            return false;
+                        }
+                        true
+                    },
+                );
                 assert!(dropped);
-                assert!(c.stats().fast_retransmits >= 1, "{alg:?} sack={sack}: {:?}", c.stats());
-                assert_eq!(c.stats().timeouts, 0, "{alg:?} sack={sack} recovered without RTO");
+                assert!(
+                    c.stats().fast_retransmits >= 1,
+                    "{alg:?} sack={sack}: {:?}",
+                    c.stats()
+                );
+                assert_eq!(
+                    c.stats().timeouts,
+                    0,
+                    "{alg:?} sack={sack} recovered without RTO"
+                );
                 let after = c.ssthresh();
                 let expect = match alg {
                     Algorithm::NewReno => 0.5,
                     Algorithm::Cubic => 0.7,
                 };
                 let ratio = after as f64 / before as f64;
-                assert!((ratio - expect).abs() < 0.15, "{alg:?}: ssthresh {after} after cwnd {before}");
+                assert!(
+                    (ratio - expect).abs() < 0.15,
+                    "{alg:?}: ssthresh {after} after cwnd {before}"
+                );
             }
         }
     }
@@ -1666,14 +1861,20 @@ mod test {
         // Lose everything the client sends for a while.
         let mut lost = 0;
         let until = now + Duration::from_secs(3);
-        run(&mut c, &mut s, &mut now, Duration::from_micros(10), |from_c, w| {
-            let _ = w;
-            if from_c && lost < 3 {
-                lost += 1;
-                return false;
-            }
-            true
-        });
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(10),
+            |from_c, w| {
+                let _ = w;
+                if from_c && lost < 3 {
+                    lost += 1;
+                    return false;
+                }
+                true
+            },
+        );
         let _ = until;
         assert!(c.stats().timeouts >= 1);
         assert_eq!(read_all(&mut s), vec![1u8; 3000]);
@@ -1682,7 +1883,10 @@ mod test {
 
     #[test]
     fn delayed_ack_acks_every_second_segment_or_on_timer() {
-        let dcfg = TcpConfig { delayed_ack: Some(Duration::from_millis(40)), ..TcpConfig::default() };
+        let dcfg = TcpConfig {
+            delayed_ack: Some(Duration::from_millis(40)),
+            ..TcpConfig::default()
+        };
         let (mut c, mut s, now) = established(cfg(), dcfg);
         c.send(&[7u8; 1460]);
         for w in drain(&mut c, now) {
@@ -1703,12 +1907,24 @@ mod test {
 
     #[test]
     fn nagle_holds_small_segments_while_data_is_unacked() {
-        let (mut c, _s, now) = established(TcpConfig { nagle: true, ..cfg() }, cfg());
+        let (mut c, _s, now) = established(
+            TcpConfig {
+                nagle: true,
+                ..cfg()
+            },
+            cfg(),
+        );
         c.send(b"a");
         assert_eq!(drain(&mut c, now).len(), 1);
         c.send(b"b");
         assert!(drain(&mut c, now).is_empty(), "Nagle waits for the ACK");
-        let (mut c2, _s2, now2) = established(TcpConfig { nagle: false, ..cfg() }, cfg());
+        let (mut c2, _s2, now2) = established(
+            TcpConfig {
+                nagle: false,
+                ..cfg()
+            },
+            cfg(),
+        );
         c2.send(b"a");
         drain(&mut c2, now2);
         c2.send(b"b");
@@ -1747,15 +1963,27 @@ mod test {
 
     #[test]
     fn receiver_sws_avoidance_waits_for_a_useful_window() {
-        let small = TcpConfig { recv_buffer: 16_384, ..cfg() };
+        let small = TcpConfig {
+            recv_buffer: 16_384,
+            ..cfg()
+        };
         let (mut c, mut s, mut now) = established(cfg(), small);
         c.send(&vec![1u8; 40_000]);
-        run(&mut c, &mut s, &mut now, Duration::from_micros(50), |_, _| true);
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(50),
+            |_, _| true,
+        );
         assert_eq!(s.recv_available(), 16_384);
         // Reading less than an MSS must not announce a tiny window.
         let mut buf = [0u8; 500];
         s.recv(&mut buf);
-        assert!(drain(&mut s, now).is_empty(), "no window update for 500 bytes");
+        assert!(
+            drain(&mut s, now).is_empty(),
+            "no window update for 500 bytes"
+        );
         // Reading past half the buffer does.
         let mut big = vec![0u8; 8000];
         s.recv(&mut big);

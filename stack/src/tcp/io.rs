@@ -99,8 +99,13 @@ impl Stack {
         if !pkt.verify_checksum(&src, &dst) {
             return Err(DropReason::TcpBadChecksum);
         }
-        let repr = TcpRepr::parse(&pkt, &src, &dst, &smoltcp::phy::ChecksumCapabilities::ignored())
-            .map_err(|_| DropReason::TcpMalformed)?;
+        let repr = TcpRepr::parse(
+            &pkt,
+            &src,
+            &dst,
+            &smoltcp::phy::ChecksumCapabilities::ignored(),
+        )
+        .map_err(|_| DropReason::TcpMalformed)?;
         let seg = segment_from(&repr);
         self.tcp.stats.segs_in += 1;
         let remote = SocketAddrV4::new(meta.src, repr.src_port);
@@ -124,7 +129,9 @@ impl Stack {
 
     fn deliver(&mut self, now: Instant, slot: u32, seg: &Segment<'_>) {
         let tcp = &mut self.tcp;
-        let Some(s) = tcp.slots.get_mut(slot as usize) else { return };
+        let Some(s) = tcp.slots.get_mut(slot as usize) else {
+            return;
+        };
         let Some(conn) = s.conn.as_mut() else { return };
         let before = conn.state();
         let ooo_before = conn.ooo_bytes();
@@ -140,7 +147,13 @@ impl Stack {
         if seg.rst && after == State::Closed {
             tcp.stats.resets_received += 1;
         }
-        if before != after && matches!(after, State::Established | State::FinWait1 | State::CloseWait) && matches!(before, State::SynSent | State::SynReceived) {
+        if before != after
+            && matches!(
+                after,
+                State::Established | State::FinWait1 | State::CloseWait
+            )
+            && matches!(before, State::SynSent | State::SynReceived)
+        {
             tcp.stats.established += 1;
             if let (true, Some(port)) = (s.embryonic, s.listener) {
                 s.embryonic = false;
@@ -169,7 +182,10 @@ impl Stack {
             if full {
                 // Backlog full: answer statelessly with a SYN cookie.
                 self.tcp.stats.listen_overflows += 1;
-                let mss = seg.mss.unwrap_or(536).min(u16::try_from(self.tcp.cfg.mss).unwrap_or(u16::MAX));
+                let mss = seg
+                    .mss
+                    .unwrap_or(536)
+                    .min(u16::try_from(self.tcp.cfg.mss).unwrap_or(u16::MAX));
                 let cookie = self.tcp.cookie(now, me, remote, seg.seq, mss);
                 let out = Outgoing {
                     seq: cookie,
@@ -224,7 +240,14 @@ impl Stack {
     }
 
     /// RFC 9293 3.10.7.1: the reset for a segment that belongs to nothing.
-    fn send_reset<T: Tx>(&mut self, now: Instant, tx: &mut T, me: SocketAddrV4, remote: SocketAddrV4, seg: &Segment<'_>) {
+    fn send_reset<T: Tx>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        me: SocketAddrV4,
+        remote: SocketAddrV4,
+        seg: &Segment<'_>,
+    ) {
         let out = match seg.ack {
             Some(ack) => Outgoing {
                 seq: ack,
@@ -261,9 +284,13 @@ impl Stack {
         while let Some(slot) = self.tcp.dirty.pop_front() {
             let Stack { link, tcp, .. } = self;
             let TcpTable { slots, stats, .. } = tcp;
-            let Some(s) = slots.get_mut(slot as usize) else { continue };
+            let Some(s) = slots.get_mut(slot as usize) else {
+                continue;
+            };
             s.dirty = false;
-            let Some(conn) = s.conn.as_mut() else { continue };
+            let Some(conn) = s.conn.as_mut() else {
+                continue;
+            };
             let before = conn.stats().retransmits;
             while let Some(out) = conn.poll_transmit(now) {
                 let (port, remote) = (conn.local().port(), conn.remote());

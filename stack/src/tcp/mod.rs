@@ -7,10 +7,10 @@
 //! full, and a lazy timer heap so timers cost O(log n) rather than a scan.
 
 mod api;
-mod io;
 pub mod buffer;
 pub mod cc;
 pub mod conn;
+mod io;
 pub mod rtt;
 pub mod scoreboard;
 pub mod seq;
@@ -155,7 +155,14 @@ impl TcpTable {
     }
 
     /// A SYN cookie: 5 bits of time (64 s units), 3 bits of MSS index, 24 bits of keyed hash.
-    pub fn cookie(&self, now: Instant, local: SocketAddrV4, remote: SocketAddrV4, peer_isn: Seq, mss: u16) -> Seq {
+    pub fn cookie(
+        &self,
+        now: Instant,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        peer_isn: Seq,
+        mss: u16,
+    ) -> Seq {
         let t = ((now.as_millis() / 1000 / 64) & 31) as u32;
         let m = COOKIE_MSS.iter().rposition(|&v| v <= mss).unwrap_or(0) as u32;
         let h = self.hash(local, remote, peer_isn.0 ^ (t << 27)) & 0x00ff_ffff;
@@ -163,7 +170,14 @@ impl TcpTable {
     }
 
     /// Check the cookie echoed in `ack - 1`; returns the MSS it encoded.
-    pub fn check_cookie(&self, now: Instant, local: SocketAddrV4, remote: SocketAddrV4, peer_isn: Seq, cookie: Seq) -> Option<u16> {
+    pub fn check_cookie(
+        &self,
+        now: Instant,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        peer_isn: Seq,
+        cookie: Seq,
+    ) -> Option<u16> {
         let t_now = ((now.as_millis() / 1000 / 64) & 31) as u32;
         let t = cookie.0 >> 27;
         // Valid for the current and the previous 64 s period.
@@ -218,7 +232,10 @@ impl TcpTable {
         let idx = match self.free.pop() {
             Some(i) => {
                 let g = self.slots[i as usize].generation.wrapping_add(1);
-                self.slots[i as usize] = Slot { generation: g, ..slot };
+                self.slots[i as usize] = Slot {
+                    generation: g,
+                    ..slot
+                };
                 i
             }
             None => {
@@ -244,8 +261,12 @@ impl TcpTable {
     /// Register the connection's next deadline in the timer heap (lazily:
     /// only when earlier than the one already registered).
     pub fn schedule(&mut self, slot: u32) {
-        let Some(s) = self.slots.get_mut(slot as usize) else { return };
-        let Some(at) = s.conn.as_ref().and_then(TcpConn::poll_at) else { return };
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        let Some(at) = s.conn.as_ref().and_then(TcpConn::poll_at) else {
+            return;
+        };
         if s.timer.is_none_or(|t| at < t) {
             s.timer = Some(at);
             self.timers.push(Reverse((at, slot)));
@@ -254,7 +275,9 @@ impl TcpTable {
 
     /// Free a slot whose connection is finished and released by the app.
     pub fn reap(&mut self, slot: u32) {
-        let Some(s) = self.slots.get_mut(slot as usize) else { return };
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
         let done = s.conn.as_ref().is_none_or(TcpConn::is_finished);
         if !(done && s.released) {
             return;
@@ -302,8 +325,15 @@ impl TcpTable {
         let span = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
         for _ in 0..span {
             let p = self.next_port.max(EPHEMERAL_FIRST);
-            self.next_port = if p == u16::MAX { EPHEMERAL_FIRST } else { p + 1 };
-            let key = FlowKey { local_port: p, remote };
+            self.next_port = if p == u16::MAX {
+                EPHEMERAL_FIRST
+            } else {
+                p + 1
+            };
+            let key = FlowKey {
+                local_port: p,
+                remote,
+            };
             if !self.flows.contains_key(&key) && !self.listeners.contains_key(&p) {
                 return Some(p);
             }
@@ -338,7 +368,10 @@ mod test {
         let now = Instant::from_secs(10);
         assert_ne!(t.isn(now, L, R), t.isn(now, L, other));
         // M: one tick per 4 µs.
-        assert_eq!(t.isn(now + std::time::Duration::from_micros(400), L, R), t.isn(now, L, R) + 100);
+        assert_eq!(
+            t.isn(now + std::time::Duration::from_micros(400), L, R),
+            t.isn(now, L, R) + 100
+        );
         // Another secret, another sequence space.
         let t2 = TcpTable::new(TcpConfig::default(), (3, 4));
         assert_ne!(t.isn(now, L, R), t2.isn(now, L, R));
@@ -352,8 +385,14 @@ mod test {
         let c = t.cookie(now, L, R, peer, 1460);
         assert_eq!(t.check_cookie(now, L, R, peer, c), Some(1460));
         // Still valid in the next 64 s period, not two periods later.
-        assert_eq!(t.check_cookie(now + std::time::Duration::from_secs(64), L, R, peer, c), Some(1460));
-        assert_eq!(t.check_cookie(now + std::time::Duration::from_secs(130), L, R, peer, c), None);
+        assert_eq!(
+            t.check_cookie(now + std::time::Duration::from_secs(64), L, R, peer, c),
+            Some(1460)
+        );
+        assert_eq!(
+            t.check_cookie(now + std::time::Duration::from_secs(130), L, R, peer, c),
+            None
+        );
         // Another peer, another ISN, a flipped bit: refused.
         let other = SocketAddrV4::new(*R.ip(), 40_001);
         assert_eq!(t.check_cookie(now, L, other, peer, c), None);

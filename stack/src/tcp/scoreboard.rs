@@ -51,7 +51,8 @@ impl Scoreboard {
             let last = self.ranges.partition_point(|r| key(r.0) <= key(e));
             let start = self.ranges[first..last].first().map_or(s, |r| r.0.min(s));
             let end = self.ranges[first..last].last().map_or(e, |r| r.1.max(e));
-            self.ranges.splice(first..last, std::iter::once((start, end)));
+            self.ranges
+                .splice(first..last, std::iter::once((start, end)));
             if self.ranges.len() > MAX_RANGES {
                 self.ranges.pop();
             }
@@ -90,7 +91,10 @@ impl Scoreboard {
 
     /// RFC 6675 IsLost(seq).
     pub fn is_lost(&self, seq: Seq, mss: usize, dup_thresh: usize) -> bool {
-        !self.is_sacked(seq) && self.loss_edge(mss, dup_thresh).is_some_and(|edge| seq.diff(edge) < 0)
+        !self.is_sacked(seq)
+            && self
+                .loss_edge(mss, dup_thresh)
+                .is_some_and(|edge| seq.diff(edge) < 0)
     }
 
     /// UnSACKed bytes in [a, b).
@@ -110,7 +114,14 @@ impl Scoreboard {
     }
 
     /// RFC 6675 pipe, in bytes.
-    pub fn pipe(&self, snd_una: Seq, snd_nxt: Seq, high_rxt: Seq, mss: usize, dup_thresh: usize) -> usize {
+    pub fn pipe(
+        &self,
+        snd_una: Seq,
+        snd_nxt: Seq,
+        high_rxt: Seq,
+        mss: usize,
+        dup_thresh: usize,
+    ) -> usize {
         let outstanding = self.unsacked_in(snd_una, snd_nxt);
         let lost = match self.loss_edge(mss, dup_thresh) {
             Some(edge) => self.unsacked_in(snd_una, edge.min(snd_nxt)),
@@ -122,7 +133,14 @@ impl Scoreboard {
 
     /// RFC 6675 NextSeg() rule 1: the first lost, unSACKed byte at or above
     /// max(high_rxt, snd_una), as (start, len <= mss).
-    pub fn next_lost(&self, snd_una: Seq, snd_nxt: Seq, high_rxt: Seq, mss: usize, dup_thresh: usize) -> Option<(Seq, usize)> {
+    pub fn next_lost(
+        &self,
+        snd_una: Seq,
+        snd_nxt: Seq,
+        high_rxt: Seq,
+        mss: usize,
+        dup_thresh: usize,
+    ) -> Option<(Seq, usize)> {
         let edge = self.loss_edge(mss, dup_thresh)?;
         let mut at = high_rxt.max(snd_una);
         for &(s, e) in &self.ranges {
@@ -158,7 +176,14 @@ mod test {
         assert_eq!(sb.add(UNA, nxt, &[seg(2), seg(3)]), 2000);
         assert_eq!(sb.ranges, vec![(UNA + 2000, UNA + 4000)]);
         assert_eq!(sb.add(UNA, nxt, &[seg(3)]), 0);
-        assert_eq!(sb.add(UNA, nxt, &[(UNA - 5, UNA + 10), (nxt, nxt + 1), (UNA + 50, UNA + 50)]), 0);
+        assert_eq!(
+            sb.add(
+                UNA,
+                nxt,
+                &[(UNA - 5, UNA + 10), (nxt, nxt + 1), (UNA + 50, UNA + 50)]
+            ),
+            0
+        );
         sb.add(UNA, nxt, &[seg(6)]);
         assert_eq!(sb.sacked_bytes(), 3000);
         sb.advance(UNA + 3500);
@@ -182,7 +207,10 @@ mod test {
         assert_eq!(sb.next_lost(UNA, nxt, UNA, MSS, 3), Some((UNA, MSS)));
         // Retransmit segment 0: it counts in the pipe again.
         assert_eq!(sb.pipe(UNA, nxt, UNA + 1000, MSS, 3), 5 * MSS);
-        assert_eq!(sb.next_lost(UNA, nxt, UNA + 1000, MSS, 3), Some((UNA + 2000, MSS)));
+        assert_eq!(
+            sb.next_lost(UNA, nxt, UNA + 1000, MSS, 3),
+            Some((UNA + 2000, MSS))
+        );
         assert_eq!(sb.next_lost(UNA, nxt, UNA + 3000, MSS, 3), None);
     }
 
@@ -201,7 +229,15 @@ mod test {
         let una = Seq(u32::MAX - 1500);
         let nxt = una + 10 * MSS;
         let mut sb = Scoreboard::new();
-        sb.add(una, nxt, &[(una + 1000, una + 2000), (una + 3000, una + 4000), (una + 5000, una + 6000)]);
+        sb.add(
+            una,
+            nxt,
+            &[
+                (una + 1000, una + 2000),
+                (una + 3000, una + 4000),
+                (una + 5000, una + 6000),
+            ],
+        );
         assert!(sb.is_lost(una, MSS, 3));
         assert_eq!(sb.next_lost(una, nxt, una, MSS, 3), Some((una, MSS)));
         sb.advance(una + 2500);
