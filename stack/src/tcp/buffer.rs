@@ -211,12 +211,23 @@ impl RecvBuffer {
         n
     }
 
-    /// Out-of-order ranges (offsets from rcv_nxt), most recently updated first.
+    /// Out-of-order ranges (offsets from rcv_nxt), most recently updated
+    /// first, at most `max`. Allocation-free: picks by descending stamp.
     pub fn sack_ranges(&self, out: &mut Vec<(usize, usize)>, max: usize) {
         out.clear();
-        let mut v: Vec<&Range> = self.ranges.iter().collect();
-        v.sort_unstable_by_key(|r| std::cmp::Reverse(r.stamp));
-        out.extend(v.into_iter().take(max).map(|r| (r.start, r.end)));
+        let mut below = u64::MAX;
+        for _ in 0..max {
+            let Some(r) = self
+                .ranges
+                .iter()
+                .filter(|r| r.stamp < below)
+                .max_by_key(|r| r.stamp)
+            else {
+                break;
+            };
+            out.push((r.start, r.end));
+            below = r.stamp;
+        }
     }
 
     /// Forget out-of-order data (memory pressure); returns bytes freed.

@@ -298,6 +298,8 @@ pub struct TcpConn {
     probe_pending: bool,
     challenge_tokens: u32,
     challenge_second: u64,
+    /// Reused for SACK blocks so building an ACK never allocates.
+    sack_scratch: Vec<(usize, usize)>,
 
     stats: ConnStats,
 }
@@ -374,6 +376,7 @@ impl TcpConn {
             probe_pending: false,
             challenge_tokens: cfg.challenge_ack_limit,
             challenge_second: 0,
+            sack_scratch: Vec::with_capacity(3),
             stats: ConnStats::default(),
             cfg,
         }
@@ -1101,9 +1104,8 @@ impl TcpConn {
         let window = self.window_to_advertise();
         let mut sack = [None; 3];
         if self.sack_enabled && self.rcvbuf.ooo_bytes() > 0 {
-            let mut ranges = Vec::with_capacity(3);
-            self.rcvbuf.sack_ranges(&mut ranges, 3);
-            for (slot, (s, e)) in sack.iter_mut().zip(ranges) {
+            self.rcvbuf.sack_ranges(&mut self.sack_scratch, 3);
+            for (slot, &(s, e)) in sack.iter_mut().zip(self.sack_scratch.iter()) {
                 *slot = Some((self.rcv_nxt + s, self.rcv_nxt + e));
             }
         }

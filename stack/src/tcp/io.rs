@@ -203,11 +203,7 @@ impl Stack {
             }
             let iss = self.tcp.isn(now, me, remote);
             let conn = TcpConn::accept(self.tcp.cfg.clone(), me, remote, iss, seg);
-            let slot = self.tcp.insert(conn, Some(me.port()));
-            if let Some(l) = self.tcp.listeners.get_mut(&me.port()) {
-                l.embryonic += 1;
-            }
-            self.tcp.stats.passive_opens += 1;
+            let slot = self.tcp.insert_passive(conn, me.port());
             self.tcp.schedule(slot);
             return Ok(());
         }
@@ -225,11 +221,7 @@ impl Stack {
                 };
                 let mut conn = TcpConn::accept(self.tcp.cfg.clone(), me, remote, ack - 1, &syn);
                 conn.cookie_established();
-                let slot = self.tcp.insert(conn, Some(me.port()));
-                if let Some(l) = self.tcp.listeners.get_mut(&me.port()) {
-                    l.embryonic += 1;
-                }
-                self.tcp.stats.passive_opens += 1;
+                let slot = self.tcp.insert_passive(conn, me.port());
                 self.deliver(now, slot, seg);
                 return Ok(());
             }

@@ -249,6 +249,17 @@ impl TcpTable {
         idx
     }
 
+    /// Store a connection opened through the listener on `port`; it counts
+    /// in the backlog until it is established.
+    pub fn insert_passive(&mut self, conn: TcpConn, port: u16) -> u32 {
+        let slot = self.insert(conn, Some(port));
+        if let Some(l) = self.listeners.get_mut(&port) {
+            l.embryonic += 1;
+        }
+        self.stats.passive_opens += 1;
+        slot
+    }
+
     pub fn mark_dirty(&mut self, slot: u32) {
         if let Some(s) = self.slots.get_mut(slot as usize) {
             if !s.dirty {
