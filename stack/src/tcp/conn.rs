@@ -304,6 +304,17 @@ pub struct TcpConn {
     stats: ConnStats,
 }
 
+/// RFC 9293 3.10.7.4, the four cases of segment acceptability.
+pub fn segment_acceptable(seq: Seq, len: usize, rcv_nxt: Seq, wnd: usize) -> bool {
+    let start_ok = seq.in_range(rcv_nxt, rcv_nxt + wnd);
+    match (len, wnd) {
+        (0, 0) => seq == rcv_nxt,
+        (0, _) => start_ok,
+        (_, 0) => false,
+        _ => start_ok || (seq + (len - 1)).in_range(rcv_nxt, rcv_nxt + wnd),
+    }
+}
+
 fn wscale_for(capacity: usize) -> u8 {
     let mut s = 0u8;
     while s < MAX_WSCALE && (capacity >> s) > usize::from(u16::MAX) {
@@ -691,21 +702,14 @@ impl TcpConn {
         }
     }
 
-    /// RFC 9293 acceptability test.
+    /// RFC 9293 acceptability test against what we advertised, or more if
+    /// the buffer has room for it.
     fn acceptable(&self, seg: &Segment<'_>) -> bool {
-        // What we advertised, or more if the buffer has room for it.
         let wnd = self
             .rcv_adv
             .since(self.rcv_nxt)
             .max(self.advertisable_window());
-        let len = seg.len();
-        let start_ok = seg.seq.in_range(self.rcv_nxt, self.rcv_nxt + wnd);
-        match (len, wnd) {
-            (0, 0) => seg.seq == self.rcv_nxt,
-            (0, _) => start_ok,
-            (_, 0) => false,
-            _ => start_ok || (seg.seq + (len - 1)).in_range(self.rcv_nxt, self.rcv_nxt + wnd),
-        }
+        segment_acceptable(seg.seq, seg.len(), self.rcv_nxt, wnd)
     }
 
     fn challenge_ack(&mut self, now: Instant) {
@@ -1992,6 +1996,32 @@ mod test {
         let upd = drain(&mut s, now);
         assert_eq!(upd.len(), 1);
         assert!(usize::from(upd[0].out.window) << s.rcv_wscale >= 8000);
+    }
+
+    proptest::proptest! {
+        /// Acceptability agrees with the RFC's inequalities computed in
+        /// unwrapped 64-bit space, wherever the window sits in sequence space.
+        #[test]
+        fn acceptance_matches_unwrapped_model(
+            base in proptest::prelude::any::<u32>(),
+            rel in -70_000i64..70_000,
+            len in 0usize..3000,
+            wnd in proptest::prop_oneof![proptest::strategy::Just(0usize), 1usize..65_536],
+        ) {
+            let rcv_nxt = Seq(base);
+            let seq = Seq((i64::from(base) + rel).rem_euclid(1 << 32) as u32);
+            let (nxt, w) = (0i64, wnd as i64);
+            let first = rel;
+            let last = rel + len as i64 - 1;
+            let inside = |x: i64| nxt <= x && x < nxt + w;
+            let model = match (len, wnd) {
+                (0, 0) => first == nxt,
+                (0, _) => inside(first),
+                (_, 0) => false,
+                _ => inside(first) || inside(last),
+            };
+            proptest::prop_assert_eq!(segment_acceptable(seq, len, rcv_nxt, wnd), model);
+        }
     }
 
     #[test]
