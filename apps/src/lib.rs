@@ -1,4 +1,6 @@
 //! Pieces shared by the `ustack`, `uping` and `uperf` binaries.
 #![forbid(unsafe_code)]
 
+pub mod net;
 pub mod report;
+pub mod services;

@@ -54,6 +54,10 @@ pub trait Device {
     fn poll_at(&self) -> Option<Instant> {
         None
     }
+    /// Why the port stopped working (interface down, device gone), if it did.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Where the engine writes outgoing frames.

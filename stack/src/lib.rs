@@ -16,6 +16,7 @@
 
 pub mod app;
 pub mod arp;
+pub mod backend;
 pub mod clock;
 pub mod device;
 pub mod frag;

@@ -184,6 +184,8 @@ impl Default for LoopConfig {
 pub enum RunError {
     #[error("cannot pin to core {0}: no such core or not permitted")]
     Pin(usize),
+    #[error("{0}")]
+    Device(String),
 }
 
 /// Pin the calling thread to `core`.
@@ -227,6 +229,10 @@ pub fn run<D: Device, A: App + ?Sized>(
         if report.exit || end.is_some_and(|e| now >= e) || stop() {
             on_stats(&node.snapshot(now));
             return Ok(());
+        }
+        if let Some(why) = node.dev.failure() {
+            on_stats(&node.snapshot(now));
+            return Err(RunError::Device(why));
         }
         let IdleMode::Backoff { max_sleep } = cfg.idle else {
             continue;

@@ -128,6 +128,10 @@ fn both_ways_with(
         assert_eq!(got.bytes, bytes);
         assert_eq!(got.crc, sent.crc, "CRC-32 of the stream differs");
     }
+    // Segments fit the MTU with their options: nothing was fragmented.
+    for n in &net.nodes {
+        assert_eq!(n.stack.stats().ipv4.tx_fragments, 0);
+    }
     // Let TIME_WAIT and the wire drain, then every buffer is home.
     let end = net.now + Duration::from_secs(130);
     net.run_until(end, &mut [], |_| false);

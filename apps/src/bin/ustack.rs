@@ -7,14 +7,20 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::app::ping::{Pinger, PingerConfig};
+
 use ustack::clock::Clock;
-use ustack::runtime::{App, Control};
+use ustack::device::Device;
+use ustack::runtime::{self, App, Control, LoopConfig, Node};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::udp::UdpHandle;
 use ustack::{Instant, Stack};
+use ustack_apps::net::{NetArgs, NodeUser, with_node};
 use ustack_apps::report::{counters, ms};
+use ustack_apps::services::Services;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,9 +35,41 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// The daemon: answers ARP and ping, serves TCP echo (7) and discard (9).
+    /// Stops on Ctrl-C or SIGTERM and prints its counters.
+    Run(RunArgs),
+    /// Send a verified byte stream to a TCP server and report goodput.
+    Send(SendArgs),
     /// Two stacks on the simulated link: ARP, pings and UDP echo, with live progress.
     /// Needs no root, no NIC and no system library.
     Demo(DemoArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    net: NetArgs,
+    /// Show the live monitor (arrives with telemetry; prints counters until then).
+    #[arg(long)]
+    tui: bool,
+    /// Stop after this many seconds.
+    #[arg(long, value_parser = positive_secs)]
+    duration: Option<f64>,
+}
+
+#[derive(clap::Args, Debug)]
+struct SendArgs {
+    #[command(flatten)]
+    net: NetArgs,
+    /// Server to send to.
+    #[arg(long, value_name = "A.B.C.D:PORT")]
+    to: SocketAddrV4,
+    /// Bytes to send.
+    #[arg(long, default_value_t = 64 << 20)]
+    bytes: u64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = positive_secs)]
+    timeout: f64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,6 +133,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Demo(args) => demo(&args),
+        Cmd::Run(args) => run(&args),
+        Cmd::Send(args) => send(&args),
     };
     match result {
         Ok(code) => code,
@@ -103,6 +143,130 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Set by Ctrl-C / SIGTERM.
+fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    ctrlc::set_handler(move || s.store(true, Ordering::Relaxed))
+        .context("installing the signal handler")?;
+    Ok(stop)
+}
+
+fn loop_config(core: Option<usize>, duration: Option<f64>) -> LoopConfig {
+    LoopConfig {
+        core,
+        duration: duration.map(Duration::from_secs_f64),
+        ..LoopConfig::default()
+    }
+}
+
+struct Daemon<'a> {
+    args: &'a RunArgs,
+    stop: Arc<AtomicBool>,
+}
+
+impl NodeUser for Daemon<'_> {
+    type Output = ExitCode;
+    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+        if self.args.tui {
+            tracing::debug!("no TUI in this build yet: counters are printed at exit");
+        }
+        let mut services = Services::new();
+        println!(
+            "ustack: {} ({}) on {}; answering ARP and ping, TCP echo on 7 and discard on 9",
+            node.stack.config().ip,
+            node.stack.mac(),
+            self.args.net.describe()
+        );
+        let clock = Clock::new();
+        let cfg = loop_config(self.args.net.core, self.args.duration);
+        let mut last = None;
+        let stop = self.stop.clone();
+        let result = runtime::run(
+            &mut node,
+            &mut services,
+            &cfg,
+            &clock,
+            || stop.load(Ordering::Relaxed),
+            |s| last = Some(s.clone()),
+        );
+        if let Some(s) = &last {
+            print!(
+                "{}",
+                counters(&format!("ustack {}", node.stack.config().ip), s)
+            );
+        }
+        println!(
+            "tcp services: {} bytes in, {} echoed",
+            services.bytes_in, services.bytes_echoed
+        );
+        if let Some(e) = &services.error {
+            bail!("{e}");
+        }
+        result?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn run(args: &RunArgs) -> Result<ExitCode> {
+    let stop = stop_flag()?;
+    with_node(&args.net, Daemon { args, stop })
+}
+
+struct Sender<'a> {
+    args: &'a SendArgs,
+    stop: Arc<AtomicBool>,
+}
+
+impl NodeUser for Sender<'_> {
+    type Output = ExitCode;
+    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+        let mut app = BulkSend::new(self.args.to, self.args.bytes);
+        let clock = Clock::new();
+        let cfg = loop_config(self.args.net.core, Some(self.args.timeout));
+        let stop = self.stop.clone();
+        runtime::run(
+            &mut node,
+            &mut app,
+            &cfg,
+            &clock,
+            || stop.load(Ordering::Relaxed),
+            |_| {},
+        )?;
+        if let Some(e) = app.error {
+            bail!("{}: {e}", self.args.to);
+        }
+        if !app.done() {
+            bail!(
+                "{}: not finished after {} s ({} bytes written)",
+                self.args.to,
+                self.args.timeout,
+                app.transfer.bytes
+            );
+        }
+        let t = app.transfer;
+        let secs = t
+            .finished
+            .zip(t.started)
+            .map_or(0.0, |(f, s)| f.saturating_duration_since(s).as_secs_f64());
+        println!(
+            "sent {} bytes to {} in {:.3} s = {:.3} Gbit/s, crc32 {:08x}, {} retransmits",
+            t.bytes,
+            self.args.to,
+            secs,
+            t.bits_per_second().unwrap_or(0.0) / 1e9,
+            t.crc,
+            node.stack.stats().tcp.retransmits
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn send(args: &SendArgs) -> Result<ExitCode> {
+    let stop = stop_flag()?;
+    with_node(&args.net, Sender { args, stop })
 }
 
 /// Echoes UDP datagrams back (port 7).

@@ -140,6 +140,11 @@ impl RecvBuffer {
         self.ranges.iter().map(|r| r.end - r.start).sum()
     }
 
+    /// Out-of-order ranges held.
+    pub fn ooo_ranges(&self) -> usize {
+        self.ranges.len()
+    }
+
     /// Store a segment whose first byte is `offset` bytes after rcv_nxt.
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> WriteOutcome {
         let mut out = WriteOutcome::default();

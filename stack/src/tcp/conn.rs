@@ -635,6 +635,22 @@ impl TcpConn {
         u16::try_from(edge >> self.rcv_wscale).unwrap_or(u16::MAX)
     }
 
+    /// TCP option bytes a data segment carries now (timestamps, SACK
+    /// blocks), padded to 4 as smoltcp emits them. The MSS excludes options
+    /// (RFC 6691), so payloads shrink by this much.
+    fn option_overhead(&self) -> usize {
+        let mut n = if self.ts_enabled { 10 } else { 0 };
+        if self.sack_enabled && self.rcvbuf.ooo_bytes() > 0 {
+            n += 2 + 8 * self.rcvbuf.ooo_ranges().min(3);
+        }
+        n.div_ceil(4) * 4
+    }
+
+    /// Largest payload of a segment sent now.
+    fn max_payload(&self) -> usize {
+        self.mss.saturating_sub(self.option_overhead()).max(1)
+    }
+
     fn tsval(&self, now: Instant) -> u32 {
         (now.as_millis() as u32).wrapping_add(self.ts_offset)
     }
@@ -1251,7 +1267,8 @@ impl TcpConn {
         }
         let usable_wnd = wnd_edge.since(self.snd_nxt);
         let usable_cwnd = cwnd.saturating_sub(flight);
-        let len = unsent.min(self.mss).min(usable_wnd).min(usable_cwnd);
+        let max_payload = self.max_payload();
+        let len = unsent.min(max_payload).min(usable_wnd).min(usable_cwnd);
         // A persist expiry forces one segment past SWS avoidance and Nagle
         // (RFC 9293 3.8.6.2.1 override timeout).
         let forced = self.probe_pending && len > 0;
@@ -1262,7 +1279,7 @@ impl TcpConn {
             }
             return None;
         }
-        if len > 0 && len < self.mss && len < unsent && !forced && len < self.max_snd_wnd / 2 {
+        if len > 0 && len < max_payload && len < unsent && !forced && len < self.max_snd_wnd / 2 {
             // Sender SWS avoidance: wait for a full segment, or for the
             // override timer when nothing is in flight to clock us.
             if self.persist_at.is_none() && self.rto_at.is_none() {
@@ -1271,7 +1288,7 @@ impl TcpConn {
             return None;
         }
         if len > 0
-            && len < self.mss
+            && len < max_payload
             && self.cfg.nagle
             && !forced
             && self.snd_max.diff(self.snd_una) > 0
@@ -1363,7 +1380,7 @@ impl TcpConn {
             (self.snd_una, self.mss)
         };
         let data_end = self.data_start + self.sndbuf.len();
-        let len = len.min(data_end.since(start));
+        let len = len.min(data_end.since(start)).min(self.max_payload());
         let fin = self.fin_queued && start + len == data_end && self.snd_max.diff(data_end) > 0;
         if len == 0 && !fin {
             self.high_rxt = start + 1;
@@ -1518,6 +1535,21 @@ mod test {
         // 256 KiB buffers need a shift of 3 to fit 16 bits.
         assert_eq!(c.rcv_wscale, 3);
         assert_eq!(s.snd_wscale, 3);
+    }
+
+    #[test]
+    fn segments_leave_room_for_options() {
+        let (mut c, _s, now) = established(cfg(), cfg());
+        c.send(&[0u8; 100_000]);
+        let out = drain(&mut c, now);
+        assert!(!out.is_empty());
+        // 1460 MSS minus 12 bytes of timestamp option.
+        assert!(
+            out.iter().all(|w| w.out.payload_len <= 1448),
+            "{:?}",
+            out.iter().map(|w| w.out.payload_len).max()
+        );
+        assert_eq!(out[0].out.payload_len, 1448);
     }
 
     #[test]

@@ -1,0 +1,172 @@
+//! The `NET` flags every app takes, and opening the backend they name.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use ustack::device::Device;
+use ustack::runtime::Node;
+use ustack::wire::{EthernetAddress, Ipv4Cidr};
+use ustack::{Config, Stack};
+
+/// `NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim`, plus addressing.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NetArgs {
+    /// Run on this interface through libpcap (the stack takes its own MAC and IP).
+    #[arg(long, value_name = "IFACE", conflicts_with_all = ["dpdk", "sim"])]
+    pub pcap: Option<String>,
+    /// Run on DPDK port 0 with these EAL arguments.
+    #[arg(long, value_name = "EAL ARGS", conflicts_with = "sim")]
+    pub dpdk: Option<String>,
+    /// Run on the in-process simulated link.
+    #[arg(long)]
+    pub sim: bool,
+    /// Our address and prefix length.
+    #[arg(long, value_name = "A.B.C.D/LEN", value_parser = parse_cidr)]
+    pub ip: Option<Ipv4Cidr>,
+    /// Gateway for addresses outside the subnet.
+    #[arg(long, value_name = "A.B.C.D")]
+    pub gw: Option<Ipv4Addr>,
+    /// Our MAC (default: 02:75:73 followed by the last three bytes of the address).
+    #[arg(long, value_parser = parse_mac)]
+    pub mac: Option<EthernetAddress>,
+    /// Pin the poll loop to this CPU.
+    #[arg(long)]
+    pub core: Option<usize>,
+    /// Publish telemetry on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub telemetry: Option<PathBuf>,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long, value_name = "FILE.pcap")]
+    pub capture: Option<PathBuf>,
+    /// IP MTU.
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
+    pub mtu: u16,
+}
+
+fn parse_cidr(s: &str) -> Result<Ipv4Cidr, String> {
+    let (ip, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("'{s}' is not A.B.C.D/LEN (for example 10.77.0.2/24)"))?;
+    let ip: Ipv4Addr = ip
+        .parse()
+        .map_err(|_| format!("'{ip}' is not an IPv4 address"))?;
+    let len: u8 = len
+        .parse()
+        .ok()
+        .filter(|l| (1..=32).contains(l))
+        .ok_or_else(|| format!("'{len}' is not a prefix length from 1 to 32"))?;
+    Ok(Ipv4Cidr::new(ip, len))
+}
+
+fn parse_mac(s: &str) -> Result<EthernetAddress, String> {
+    let bytes: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("'{s}' is not a MAC address like 02:00:00:00:00:01"))?;
+    let b: [u8; 6] = bytes
+        .try_into()
+        .map_err(|_| format!("'{s}' is not a MAC address like 02:00:00:00:00:01"))?;
+    let mac = EthernetAddress(b);
+    if !mac.is_unicast() {
+        return Err(format!("'{s}' is not a unicast MAC address"));
+    }
+    Ok(mac)
+}
+
+impl NetArgs {
+    /// The stack's configuration from these flags.
+    pub fn config(&self) -> Result<Config> {
+        let Some(ip) = self.ip else {
+            bail!("--ip A.B.C.D/LEN is required");
+        };
+        let o = ip.address().octets();
+        let mac = self
+            .mac
+            .unwrap_or(EthernetAddress([0x02, 0x75, 0x73, o[1], o[2], o[3]]));
+        let mut cfg = Config::new(mac, ip);
+        cfg.gateway = self.gw;
+        cfg.mtu = usize::from(self.mtu);
+        cfg.tcp.mss = cfg.mtu - 40;
+        // A per-process secret for ISNs and SYN cookies.
+        let seed = std::collections::hash_map::RandomState::new();
+        use std::hash::BuildHasher;
+        cfg.secret = (seed.hash_one(1u8), seed.hash_one(2u8));
+        Ok(cfg)
+    }
+
+    /// A short description of the backend for log lines.
+    pub fn describe(&self) -> String {
+        match (&self.pcap, &self.dpdk) {
+            (Some(i), _) => format!("pcap {i}"),
+            (_, Some(a)) => format!("dpdk \"{a}\""),
+            _ => "sim".into(),
+        }
+    }
+}
+
+/// Code that runs a node, whatever its device type.
+pub trait NodeUser {
+    type Output;
+    fn run<D: Device>(self, node: Node<D>) -> Result<Self::Output>;
+}
+
+/// Open the backend the flags name and hand a node on it to `user`.
+pub fn with_node<U: NodeUser>(net: &NetArgs, user: U) -> Result<U::Output> {
+    let cfg = net.config()?;
+    if let Some(iface) = &net.pcap {
+        return open_pcap(net, iface, cfg, user);
+    }
+    if net.dpdk.is_some() {
+        bail!(
+            "this build has no DPDK backend yet (--dpdk arrives with the dpdk feature); use --pcap IFACE"
+        );
+    }
+    if net.sim {
+        bail!(
+            "--sim needs a peer on the same link: run `ustack demo`, which puts two stacks on the simulated link"
+        );
+    }
+    bail!("choose a backend: --pcap IFACE, --dpdk \"EAL ARGS\" or --sim")
+}
+
+#[cfg(feature = "pcap")]
+fn open_pcap<U: NodeUser>(net: &NetArgs, iface: &str, cfg: Config, user: U) -> Result<U::Output> {
+    use ustack::backend::pcap::{Captured, PcapPort};
+    let port = PcapPort::open(iface, cfg.mac, cfg.mtu)?;
+    let stack = Stack::new(cfg);
+    match &net.capture {
+        Some(path) => user.run(Node::new(stack, Captured::new(port, path)?)),
+        None => user.run(Node::new(stack, port)),
+    }
+}
+
+#[cfg(not(feature = "pcap"))]
+fn open_pcap<U: NodeUser>(_: &NetArgs, _: &str, _: Config, _: U) -> Result<U::Output> {
+    let _ = Stack::new;
+    bail!("this build has no pcap backend: rebuild with `--features pcap` (needs libpcap-dev)")
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn parses_addresses() {
+        assert_eq!(
+            parse_cidr("10.77.0.2/24").unwrap(),
+            Ipv4Cidr::new(Ipv4Addr::new(10, 77, 0, 2), 24)
+        );
+        assert!(parse_cidr("10.77.0.2").is_err());
+        assert!(parse_cidr("10.77.0.300/24").is_err());
+        assert!(parse_cidr("10.77.0.2/33").is_err());
+        assert_eq!(
+            parse_mac("02:00:00:00:00:01").unwrap(),
+            EthernetAddress([2, 0, 0, 0, 0, 1])
+        );
+        assert!(parse_mac("ff:ff:ff:ff:ff:ff").is_err());
+        assert!(parse_mac("02:00:00").is_err());
+        assert!(parse_mac("zz:00:00:00:00:01").is_err());
+    }
+}

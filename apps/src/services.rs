@@ -1,0 +1,127 @@
+//! What `ustack run` serves: TCP echo (7) and discard (9).
+
+use ustack::runtime::{App, Control};
+use ustack::tcp::{ListenHandle, TcpHandle};
+use ustack::{Instant, Stack};
+
+struct Conn {
+    h: TcpHandle,
+    echo: bool,
+    /// Echo bytes read but not yet written back.
+    pending: Vec<u8>,
+    sent: usize,
+}
+
+/// TCP echo and discard servers.
+#[derive(Default)]
+pub struct Services {
+    echo: Option<ListenHandle>,
+    discard: Option<ListenHandle>,
+    conns: Vec<Conn>,
+    buf: Vec<u8>,
+    /// Bytes received over all connections.
+    pub bytes_in: u64,
+    /// Bytes echoed back.
+    pub bytes_echoed: u64,
+    /// Listening failed (a port in use): the reason.
+    pub error: Option<String>,
+}
+
+impl core::fmt::Debug for Services {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Services")
+            .field("conns", &self.conns.len())
+            .finish()
+    }
+}
+
+impl Services {
+    pub fn new() -> Self {
+        Services {
+            buf: vec![0; 64 << 10],
+            ..Default::default()
+        }
+    }
+
+    fn listen(&mut self, stack: &mut Stack) {
+        if self.echo.is_some() || self.error.is_some() {
+            return;
+        }
+        match (stack.tcp_listen(7, 128), stack.tcp_listen(9, 128)) {
+            (Ok(e), Ok(d)) => {
+                self.echo = Some(e);
+                self.discard = Some(d);
+            }
+            (Err(e), _) | (_, Err(e)) => self.error = Some(format!("cannot listen: {e}")),
+        }
+    }
+}
+
+impl App for Services {
+    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
+        self.listen(stack);
+        for (l, echo) in [(self.echo, true), (self.discard, false)] {
+            let Some(l) = l else { continue };
+            while let Ok(Some(h)) = stack.tcp_accept(l) {
+                self.conns.push(Conn {
+                    h,
+                    echo,
+                    pending: Vec::new(),
+                    sent: 0,
+                });
+            }
+        }
+        let buf = &mut self.buf;
+        let (bytes_in, bytes_echoed) = (&mut self.bytes_in, &mut self.bytes_echoed);
+        self.conns.retain_mut(|c| {
+            // Write back what is pending before reading more (backpressure).
+            while c.sent < c.pending.len() {
+                match stack.tcp_send(c.h, &c.pending[c.sent..]) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        c.sent += n;
+                        *bytes_echoed += n as u64;
+                    }
+                    Err(_) => {
+                        let _ = stack.tcp_abort(c.h);
+                        return false;
+                    }
+                }
+            }
+            if c.sent == c.pending.len() {
+                c.pending.clear();
+                c.sent = 0;
+                loop {
+                    match stack.tcp_recv(c.h, buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            *bytes_in += n as u64;
+                            if c.echo {
+                                c.pending.extend_from_slice(&buf[..n]);
+                                break;
+                            }
+                        }
+                        Err(_) => {
+                            let _ = stack.tcp_close(c.h);
+                            return false;
+                        }
+                    }
+                }
+            }
+            match stack.tcp_status(c.h) {
+                Ok(s) if s.eof && c.pending.is_empty() => {
+                    // The peer is done and everything was echoed: close our side.
+                    let _ = stack.tcp_close(c.h);
+                    false
+                }
+                Ok(s) if s.error.is_some() || s.closed() => {
+                    let _ = stack.tcp_close(c.h);
+                    false
+                }
+                Ok(_) => true,
+                Err(_) => false,
+            }
+        });
+        Control::Continue
+    }
+}

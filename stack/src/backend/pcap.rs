@@ -1,0 +1,284 @@
+//! The libpcap backend: the stack takes its own MAC and IP on an existing
+//! interface (laptops, any NIC), and [`Captured`]: any device, with every
+//! frame it sends and receives written to a pcap file Wireshark opens.
+//!
+//! Receive is batched (up to a burst per call, non-blocking); transmit is
+//! one `pcap_sendpacket` per frame. The capture sees inbound frames only,
+//! through a BPF filter for our MAC, broadcast and multicast, so the stack
+//! neither sees its own frames nor copies unrelated traffic.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ::pcap::{Active, Capture, Direction, Linktype, Packet, PacketHeader, Savefile};
+use smoltcp::wire::EthernetAddress;
+
+use crate::device::{Device, DeviceCaps, PortStats};
+use crate::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
+use crate::time::Instant;
+
+/// Why a pcap port could not be opened or stopped working.
+#[derive(Debug, thiserror::Error)]
+pub enum PcapError {
+    #[error("no interface named '{0}' (see `ip link`)")]
+    NoSuchInterface(String),
+    #[error(
+        "no permission to capture on '{0}': run as root or give the binary CAP_NET_RAW and CAP_NET_ADMIN"
+    )]
+    Permission(String),
+    #[error("interface '{0}' is down")]
+    Down(String),
+    #[error("pcap on '{iface}': {msg}")]
+    Other { iface: String, msg: String },
+}
+
+/// Buffers in a pcap port's pool.
+const POOL_BUFS: usize = 4096;
+
+/// A network interface driven through libpcap.
+pub struct PcapPort {
+    iface: String,
+    cap: Capture<Active>,
+    pool: SlabPool,
+    stats: PortStats,
+    mtu: usize,
+    failed: Option<PcapError>,
+}
+
+impl core::fmt::Debug for PcapPort {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PcapPort")
+            .field("iface", &self.iface)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+fn classify(iface: &str, e: ::pcap::Error) -> PcapError {
+    let msg = e.to_string();
+    let lower = msg.to_lowercase();
+    if lower.contains("permission") || lower.contains("not permitted") {
+        PcapError::Permission(iface.to_string())
+    } else if lower.contains("no such device") || lower.contains("doesn't exist") {
+        PcapError::NoSuchInterface(iface.to_string())
+    } else if lower.contains("not up")
+        || lower.contains("network is down")
+        || lower.contains("went down")
+    {
+        PcapError::Down(iface.to_string())
+    } else {
+        PcapError::Other {
+            iface: iface.to_string(),
+            msg,
+        }
+    }
+}
+
+impl PcapPort {
+    /// Open `iface` for the stack whose MAC is `mac`.
+    pub fn open(iface: &str, mac: EthernetAddress, mtu: usize) -> Result<Self, PcapError> {
+        let known = ::pcap::Device::list().map_err(|e| classify(iface, e))?;
+        if !known.iter().any(|d| d.name == iface) {
+            return Err(PcapError::NoSuchInterface(iface.to_string()));
+        }
+        let cap = Capture::from_device(iface)
+            .map_err(|e| classify(iface, e))?
+            .promisc(true)
+            .immediate_mode(true)
+            .snaplen(65_535)
+            .buffer_size(16 << 20)
+            .timeout(1)
+            .open()
+            .map_err(|e| classify(iface, e))?;
+        cap.direction(Direction::In)
+            .map_err(|e| classify(iface, e))?;
+        let mut cap = cap.setnonblock().map_err(|e| classify(iface, e))?;
+        cap.filter(
+            &format!("ether dst {mac} or ether broadcast or ether multicast"),
+            true,
+        )
+        .map_err(|e| classify(iface, e))?;
+        Ok(PcapPort {
+            iface: iface.to_string(),
+            cap,
+            pool: SlabPool::new(format!("pcap-{iface}"), POOL_BUFS, (mtu + 14).max(2048)),
+            stats: PortStats::default(),
+            mtu,
+            failed: None,
+        })
+    }
+
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+}
+
+impl Device for PcapPort {
+    type Buf = SlabBuf;
+
+    fn caps(&self) -> DeviceCaps {
+        DeviceCaps {
+            mtu: self.mtu,
+            busy_poll_only: false,
+        }
+    }
+
+    fn rx_burst(&mut self, _: Instant, out: &mut Vec<SlabBuf>, max: usize) -> usize {
+        let mut n = 0;
+        while n < max && self.failed.is_none() {
+            let pkt = match self.cap.next_packet() {
+                Ok(p) => p,
+                Err(::pcap::Error::TimeoutExpired | ::pcap::Error::NoMorePackets) => break,
+                Err(e) => {
+                    self.failed = Some(classify(&self.iface, e));
+                    break;
+                }
+            };
+            let data: &[u8] = pkt.data;
+            let Some(mut buf) = self.pool.alloc() else {
+                self.stats.rx_nombuf += 1;
+                continue;
+            };
+            if !buf.set_len(data.len()) {
+                // Larger than any frame the stack accepts: count and drop.
+                self.stats.rx_missed += 1;
+                continue;
+            }
+            buf.as_mut().copy_from_slice(data);
+            self.stats.rx_packets += 1;
+            self.stats.rx_bytes += data.len() as u64;
+            out.push(buf);
+            n += 1;
+        }
+        n
+    }
+
+    fn tx_burst(&mut self, _: Instant, pkts: &mut Vec<SlabBuf>) -> usize {
+        let mut sent = 0;
+        for buf in pkts.drain(..) {
+            match self.cap.sendpacket(buf.as_ref()) {
+                Ok(()) => {
+                    self.stats.tx_packets += 1;
+                    self.stats.tx_bytes += buf.len() as u64;
+                    sent += 1;
+                }
+                Err(e) => {
+                    self.stats.tx_errors += 1;
+                    if self.failed.is_none() {
+                        self.failed = Some(classify(&self.iface, e));
+                    }
+                }
+            }
+        }
+        sent
+    }
+
+    fn alloc_tx(&mut self) -> Option<SlabBuf> {
+        self.pool.alloc()
+    }
+
+    fn port_stats(&self) -> PortStats {
+        self.stats.clone()
+    }
+
+    fn pool_stats(&self, out: &mut Vec<PoolStats>) {
+        out.push(self.pool.stats());
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failed.as_ref().map(ToString::to_string)
+    }
+}
+
+/// A device whose frames, both ways, are also written to a pcap file.
+pub struct Captured<D: Device> {
+    inner: D,
+    file: Savefile,
+}
+
+impl<D: Device> core::fmt::Debug for Captured<D> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Captured").finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> Captured<D> {
+    /// Write every frame of `inner` to `path` (created or truncated).
+    pub fn new(inner: D, path: &std::path::Path) -> Result<Self, PcapError> {
+        let what = path.display().to_string();
+        let dead = Capture::dead(Linktype::ETHERNET).map_err(|e| classify(&what, e))?;
+        let file = dead.savefile(path).map_err(|e| classify(&what, e))?;
+        Ok(Captured { inner, file })
+    }
+
+    fn write(&mut self, frame: &[u8]) {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let header = PacketHeader {
+            ts: libc::timeval {
+                tv_sec: t.as_secs() as libc::time_t,
+                tv_usec: t.subsec_micros() as libc::suseconds_t,
+            },
+            caplen: frame.len() as u32,
+            len: frame.len() as u32,
+        };
+        self.file.write(&Packet::new(&header, frame));
+    }
+
+    /// Flush buffered records to the file.
+    pub fn flush(&mut self) {
+        let _ = self.file.flush();
+    }
+}
+
+impl<D: Device> Device for Captured<D> {
+    type Buf = D::Buf;
+
+    fn caps(&self) -> DeviceCaps {
+        self.inner.caps()
+    }
+
+    fn rx_burst(&mut self, now: Instant, out: &mut Vec<D::Buf>, max: usize) -> usize {
+        let start = out.len();
+        let n = self.inner.rx_burst(now, out, max);
+        for i in start..out.len() {
+            let frame = out[i].as_ref().to_vec();
+            self.write(&frame);
+        }
+        n
+    }
+
+    fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<D::Buf>) -> usize {
+        for p in pkts.iter() {
+            let frame = p.as_ref().to_vec();
+            self.write(&frame);
+        }
+        self.inner.tx_burst(now, pkts)
+    }
+
+    fn alloc_tx(&mut self) -> Option<D::Buf> {
+        self.inner.alloc_tx()
+    }
+
+    fn port_stats(&self) -> PortStats {
+        self.inner.port_stats()
+    }
+
+    fn pool_stats(&self, out: &mut Vec<PoolStats>) {
+        self.inner.pool_stats(out);
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        self.inner.poll_at()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+}
+
+impl<D: Device> Drop for Captured<D> {
+    fn drop(&mut self) {
+        let _ = self.file.flush();
+    }
+}
