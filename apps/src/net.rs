@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use ustack::device::Device;
+use ustack::impair::Impaired;
 use ustack::runtime::Node;
+use ustack::sim::LinkConfig;
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
 use ustack::{Config, Stack};
 
@@ -39,6 +41,11 @@ pub struct NetArgs {
     /// Write every frame sent and received to this pcap file.
     #[arg(long, value_name = "FILE.pcap")]
     pub capture: Option<PathBuf>,
+    /// Testing aid: impair this port's frames both ways, as
+    /// `loss=0.02,reorder=0.1,reorder_ms=1,corrupt=0.001,delay_ms=0,seed=1`
+    /// (for kernels without tc netem).
+    #[arg(long, value_name = "SPEC", value_parser = parse_impair)]
+    pub impair: Option<LinkConfig>,
     /// IP MTU.
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
     pub mtu: u16,
@@ -57,6 +64,40 @@ fn parse_cidr(s: &str) -> Result<Ipv4Cidr, String> {
         .filter(|l| (1..=32).contains(l))
         .ok_or_else(|| format!("'{len}' is not a prefix length from 1 to 32"))?;
     Ok(Ipv4Cidr::new(ip, len))
+}
+
+fn parse_impair(s: &str) -> Result<LinkConfig, String> {
+    let mut cfg = LinkConfig::default();
+    for item in s.split(',').filter(|i| !i.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}' is not key=value"))?;
+        let num: f64 = v.parse().map_err(|_| format!("'{v}' is not a number"))?;
+        let prob = || {
+            if (0.0..=1.0).contains(&num) {
+                Ok(num)
+            } else {
+                Err(format!("{k}={v}: a probability from 0 to 1"))
+            }
+        };
+        match k {
+            "loss" => cfg.loss = prob()?,
+            "reorder" => cfg.reorder = prob()?,
+            "corrupt" => cfg.corrupt = prob()?,
+            "duplicate" => return Err("duplicate is not supported by --impair".into()),
+            "reorder_ms" => {
+                cfg.reorder_delay = std::time::Duration::from_secs_f64(num.max(0.0) / 1e3)
+            }
+            "delay_ms" => cfg.delay = std::time::Duration::from_secs_f64(num.max(0.0) / 1e3),
+            "seed" => cfg.seed = num as u64,
+            _ => {
+                return Err(format!(
+                    "unknown impairment '{k}' (loss, reorder, reorder_ms, corrupt, delay_ms, seed)"
+                ));
+            }
+        }
+    }
+    Ok(cfg)
 }
 
 fn parse_mac(s: &str) -> Result<EthernetAddress, String> {
@@ -136,15 +177,20 @@ fn open_pcap<U: NodeUser>(net: &NetArgs, iface: &str, cfg: Config, user: U) -> R
     use ustack::backend::pcap::{Captured, PcapPort};
     let port = PcapPort::open(iface, cfg.mac, cfg.mtu)?;
     let stack = Stack::new(cfg);
-    match &net.capture {
-        Some(path) => user.run(Node::new(stack, Captured::new(port, path)?)),
-        None => user.run(Node::new(stack, port)),
+    match (&net.capture, &net.impair) {
+        (Some(path), Some(imp)) => user.run(Node::new(
+            stack,
+            Captured::new(Impaired::new(port, imp.clone()), path)?,
+        )),
+        (Some(path), None) => user.run(Node::new(stack, Captured::new(port, path)?)),
+        (None, Some(imp)) => user.run(Node::new(stack, Impaired::new(port, imp.clone()))),
+        (None, None) => user.run(Node::new(stack, port)),
     }
 }
 
 #[cfg(not(feature = "pcap"))]
 fn open_pcap<U: NodeUser>(_: &NetArgs, _: &str, _: Config, _: U) -> Result<U::Output> {
-    let _ = Stack::new;
+    let _ = (Stack::new, Impaired::<ustack::sim::SimPort>::new);
     bail!("this build has no pcap backend: rebuild with `--features pcap` (needs libpcap-dev)")
 }
 
@@ -168,5 +214,11 @@ mod test {
         assert!(parse_mac("ff:ff:ff:ff:ff:ff").is_err());
         assert!(parse_mac("02:00:00").is_err());
         assert!(parse_mac("zz:00:00:00:00:01").is_err());
+        let i = parse_impair("loss=0.02,reorder=0.1,reorder_ms=2,seed=9").unwrap();
+        assert_eq!((i.loss, i.reorder, i.seed), (0.02, 0.1, 9));
+        assert_eq!(i.reorder_delay, std::time::Duration::from_millis(2));
+        assert!(parse_impair("loss=2").is_err());
+        assert!(parse_impair("bogus=1").is_err());
+        assert!(parse_impair("loss").is_err());
     }
 }

@@ -21,6 +21,7 @@ pub mod clock;
 pub mod device;
 pub mod frag;
 pub mod icmp;
+pub mod impair;
 pub mod pool;
 pub mod runtime;
 pub mod sim;

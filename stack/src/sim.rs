@@ -160,33 +160,23 @@ impl Wire {
         mut frame: SlabBuf,
         pool: &SlabPool,
     ) {
-        let cfg = &self.cfg;
-        if cfg.loss > 0.0 && self.rng.f64() < cfg.loss {
+        if lose(&mut self.rng, &self.cfg) {
             self.stats.lost += 1;
             return;
         }
-        if cfg.corrupt > 0.0 && self.rng.f64() < cfg.corrupt && !frame.is_empty() {
-            let byte = self.rng.usize(..frame.len());
-            let bit = self.rng.u8(..8);
-            frame.as_mut()[byte] ^= 1 << bit;
+        if corrupt(&mut self.rng, &self.cfg, frame.as_mut()) {
             self.stats.corrupted += 1;
         }
-        let copy = if cfg.duplicate > 0.0 && self.rng.f64() < cfg.duplicate {
+        let copy = if self.cfg.duplicate > 0.0 && self.rng.f64() < self.cfg.duplicate {
             self.stats.duplicated += 1;
             frame.try_clone_from(pool)
         } else {
             None
         };
         for f in std::iter::once(frame).chain(copy) {
-            let mut at = depart + self.cfg.delay;
-            if !self.cfg.jitter.is_zero() {
-                let j = self
-                    .rng
-                    .u64(..u64::try_from(self.cfg.jitter.as_nanos()).unwrap_or(u64::MAX));
-                at += Duration::from_nanos(j);
-            }
-            if self.cfg.reorder > 0.0 && self.rng.f64() < self.cfg.reorder {
-                at += self.cfg.reorder_delay;
+            let (extra, reordered) = delay(&mut self.rng, &self.cfg);
+            let at = depart + extra;
+            if reordered {
                 self.stats.reordered += 1;
             }
             let slot = &mut self.ports[to];
@@ -202,6 +192,38 @@ impl Wire {
             });
         }
     }
+}
+
+/// Whether this frame is lost.
+pub(crate) fn lose(rng: &mut fastrand::Rng, cfg: &LinkConfig) -> bool {
+    cfg.loss > 0.0 && rng.f64() < cfg.loss
+}
+
+/// Maybe flip one random bit; returns whether it did.
+pub(crate) fn corrupt(rng: &mut fastrand::Rng, cfg: &LinkConfig, frame: &mut [u8]) -> bool {
+    if cfg.corrupt > 0.0 && rng.f64() < cfg.corrupt && !frame.is_empty() {
+        let byte = rng.usize(..frame.len());
+        let bit = rng.u8(..8);
+        frame[byte] ^= 1 << bit;
+        return true;
+    }
+    false
+}
+
+/// Delay for one frame: propagation, jitter, and reordering (held back by
+/// `reorder_delay`); the flag says whether it was held back.
+pub(crate) fn delay(rng: &mut fastrand::Rng, cfg: &LinkConfig) -> (Duration, bool) {
+    let mut d = cfg.delay;
+    if !cfg.jitter.is_zero() {
+        d += Duration::from_nanos(
+            rng.u64(..u64::try_from(cfg.jitter.as_nanos()).unwrap_or(u64::MAX)),
+        );
+    }
+    let reordered = cfg.reorder > 0.0 && rng.f64() < cfg.reorder;
+    if reordered {
+        d += cfg.reorder_delay;
+    }
+    (d, reordered)
 }
 
 /// A shared simulated wire. Cloning gives another handle to the same wire.

@@ -42,6 +42,23 @@ pub struct PcapPort {
     stats: PortStats,
     mtu: usize,
     failed: Option<PcapError>,
+    next_link_check: Instant,
+}
+
+/// How often the interface's state is looked at (libpcap does not report an
+/// interface going down; it just stops delivering).
+const LINK_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether `iface` exists and is administratively up (IFF_UP in sysfs).
+fn link_up(iface: &str) -> Result<(), PcapError> {
+    let path = format!("/sys/class/net/{iface}/flags");
+    let flags = std::fs::read_to_string(&path)
+        .map_err(|_| PcapError::NoSuchInterface(iface.to_string()))?;
+    let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap_or(1);
+    if flags & 1 == 0 {
+        return Err(PcapError::Down(iface.to_string()));
+    }
+    Ok(())
 }
 
 impl core::fmt::Debug for PcapPort {
@@ -80,6 +97,7 @@ impl PcapPort {
         if !known.iter().any(|d| d.name == iface) {
             return Err(PcapError::NoSuchInterface(iface.to_string()));
         }
+        link_up(iface)?;
         let cap = Capture::from_device(iface)
             .map_err(|e| classify(iface, e))?
             .promisc(true)
@@ -104,6 +122,7 @@ impl PcapPort {
             stats: PortStats::default(),
             mtu,
             failed: None,
+            next_link_check: Instant::ZERO,
         })
     }
 
@@ -122,7 +141,13 @@ impl Device for PcapPort {
         }
     }
 
-    fn rx_burst(&mut self, _: Instant, out: &mut Vec<SlabBuf>, max: usize) -> usize {
+    fn rx_burst(&mut self, now: Instant, out: &mut Vec<SlabBuf>, max: usize) -> usize {
+        if now >= self.next_link_check && self.failed.is_none() {
+            self.next_link_check = now + LINK_CHECK;
+            if let Err(e) = link_up(&self.iface) {
+                self.failed = Some(e);
+            }
+        }
         let mut n = 0;
         while n < max && self.failed.is_none() {
             let pkt = match self.cap.next_packet() {
@@ -241,17 +266,15 @@ impl<D: Device> Device for Captured<D> {
     fn rx_burst(&mut self, now: Instant, out: &mut Vec<D::Buf>, max: usize) -> usize {
         let start = out.len();
         let n = self.inner.rx_burst(now, out, max);
-        for i in start..out.len() {
-            let frame = out[i].as_ref().to_vec();
-            self.write(&frame);
+        for buf in &out[start..] {
+            self.write(buf.as_ref());
         }
         n
     }
 
     fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<D::Buf>) -> usize {
         for p in pkts.iter() {
-            let frame = p.as_ref().to_vec();
-            self.write(&frame);
+            self.write(p.as_ref());
         }
         self.inner.tx_burst(now, pkts)
     }

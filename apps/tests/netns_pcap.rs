@@ -1,0 +1,477 @@
+//! The pcap backend against the real Linux kernel, in network namespaces the
+//! test makes and removes itself (tools/netns.sh): ping and arping answered,
+//! TCP both ways byte-exact (clean and under netem loss and reordering),
+//! counters that agree with Linux's, and clear errors. Needs root; the
+//! all-features build (`--features pcap`) runs it.
+#![cfg(feature = "pcap")]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ustack::app::bulk::fill_pattern;
+
+fn root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false)
+}
+
+/// Skip (loudly) where namespaces cannot be made; CI runs as root.
+macro_rules! need_root {
+    () => {
+        if !root() {
+            eprintln!("skipped: network namespaces need root");
+            return;
+        }
+    };
+}
+
+fn netns_sh() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/netns.sh")
+}
+
+/// A topology of our own; removed on drop, also when the test fails.
+struct Topo {
+    tag: String,
+}
+
+impl Topo {
+    fn up(short: &str, netem: Option<&str>) -> Topo {
+        let tag = format!("{short}{}", std::process::id() % 10_000);
+        // The guard exists before anything is made, so a failing `up` is cleaned too.
+        let topo = Topo { tag: tag.clone() };
+        let mut cmd = Command::new(netns_sh());
+        cmd.args(["up", &tag]);
+        if let Some(n) = netem {
+            cmd.env("NETEM", n);
+        }
+        let out = cmd.output().expect("run netns.sh");
+        assert!(
+            out.status.success(),
+            "netns.sh up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        topo
+    }
+
+    fn ns(&self, side: &str) -> String {
+        format!("{}-{side}", self.tag)
+    }
+
+    fn stack_if(&self) -> String {
+        format!("{}-s", self.tag)
+    }
+
+    /// Run a command on the Linux host.
+    fn linux(&self, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns("linux")])
+            .args(args)
+            .output()
+            .expect("run in the linux namespace")
+    }
+
+    /// A ustack command in the stack namespace.
+    fn ustack(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            &self.ns("stack"),
+            env!("CARGO_BIN_EXE_ustack"),
+        ]);
+        c.args(args);
+        c
+    }
+
+    fn daemon(&self) -> Daemon {
+        self.daemon_with(&[])
+    }
+
+    fn daemon_with(&self, extra: &[&str]) -> Daemon {
+        let child = self
+            .ustack(&["run", "--pcap", &self.stack_if(), "--ip", "10.77.0.2/24"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start ustack run");
+        let d = Daemon { child: Some(child) };
+        // Ready when it answers ARP.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self
+                .linux(&[
+                    "arping",
+                    "-c",
+                    "1",
+                    "-w",
+                    "1",
+                    "-I",
+                    &format!("{}-l", self.tag),
+                    "10.77.0.2",
+                ])
+                .status
+                .success()
+            {
+                return d;
+            }
+        }
+        panic!("ustack run did not come up");
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        let _ = Command::new(netns_sh()).args(["down", &self.tag]).output();
+    }
+}
+
+/// `ustack run`; stopped with SIGTERM (and killed if it lingers) on drop.
+struct Daemon {
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// SIGTERM, wait, and return (exit code, stdout, stderr).
+    fn stop(mut self) -> (i32, String, String) {
+        let child = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let out = child.wait_with_output().expect("wait for ustack");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A number after `key` in `text` ("5 received" -> key "received" looks back).
+fn count_before(text: &str, word: &str) -> u64 {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches(',') == word)
+        .unwrap_or_else(|| panic!("'{word}' in {text}"));
+    words[i - 1]
+        .parse()
+        .unwrap_or_else(|_| panic!("number before '{word}' in {text}"))
+}
+
+/// (rx, tx) packets from a `port   rx N pkts ... tx M pkts` counters line.
+fn port_packets(report: &str) -> (u64, u64) {
+    let line = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("port"))
+        .expect("port line");
+    let w: Vec<&str> = line.split_whitespace().collect();
+    (w[2].parse().unwrap(), w[7].parse().unwrap())
+}
+
+fn random_file(bytes: usize) -> (tempfile::TempPath, Vec<u8>) {
+    let mut data = vec![0u8; bytes];
+    fill_pattern(7, &mut data);
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(&data).unwrap();
+    (f.into_temp_path(), data)
+}
+
+#[test]
+fn linux_ping_and_arping_are_answered_and_counters_agree() {
+    need_root!();
+    let topo = Topo::up("pg", None);
+    let d = topo.daemon();
+    let ping = topo.linux(&["ping", "-c", "20", "-i", "0.05", "10.77.0.2"]);
+    let text = String::from_utf8_lossy(&ping.stdout);
+    assert!(ping.status.success(), "{text}");
+    assert_eq!(count_before(&text, "received"), 20, "{text}");
+    let arping = topo.linux(&[
+        "arping",
+        "-c",
+        "3",
+        "-I",
+        &format!("{}-l", topo.tag),
+        "10.77.0.2",
+    ]);
+    let text = String::from_utf8_lossy(&arping.stdout);
+    assert!(arping.status.success(), "{text}");
+    assert!(text.contains("3 packets received"), "{text}");
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("echo req in/out 20/0"), "{out}");
+    assert!(!err.contains("panicked"));
+    // What Linux sent is what the stack received, and the other way round.
+    let link = topo.linux(&[
+        "ip",
+        "-s",
+        "-j",
+        "link",
+        "show",
+        "dev",
+        &format!("{}-l", topo.tag),
+    ]);
+    let j: serde_json::Value = serde_json::from_slice(&link.stdout).expect("ip -j output");
+    let stats = &j[0]["stats64"];
+    let (linux_rx, linux_tx) = (
+        stats["rx"]["packets"].as_u64().unwrap(),
+        stats["tx"]["packets"].as_u64().unwrap(),
+    );
+    let (ustack_rx, ustack_tx) = port_packets(&out);
+    assert_eq!(ustack_rx, linux_tx, "{out}\n{stats}");
+    assert_eq!(ustack_tx, linux_rx, "{out}\n{stats}");
+}
+
+/// 64 MiB from a Linux client through ustack's echo and back, byte-exact,
+/// then 64 MiB from a ustack client to a Linux server.
+fn tcp_both_ways(short: &str, impair: &[&str]) {
+    let topo = Topo::up(short, None);
+    let d = topo.daemon_with(impair);
+    const BYTES: usize = 64 << 20;
+    let (input, data) = random_file(BYTES);
+    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let shell = format!(
+        "nc -N -w 30 10.77.0.2 7 < {} > {}",
+        input.display(),
+        output.display()
+    );
+    let nc = topo.linux(&["sh", "-c", &shell]);
+    assert!(
+        nc.status.success(),
+        "nc: {}",
+        String::from_utf8_lossy(&nc.stderr)
+    );
+    let echoed = std::fs::read(&output).unwrap();
+    assert_eq!(echoed.len(), BYTES);
+    assert!(echoed == data, "echo differs from what was sent");
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!("tcp services: {BYTES} bytes in, {BYTES} echoed")),
+        "{out}"
+    );
+
+    // ustack client -> Linux server.
+    let received = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let server = Command::new("ip")
+        .args(["netns", "exec", &topo.ns("linux"), "sh", "-c"])
+        .arg(format!(
+            "nc -l -N -w 60 10.77.0.1 5001 > {}",
+            received.display()
+        ))
+        .spawn()
+        .expect("nc -l");
+    let mut server = scopeguard(server);
+    std::thread::sleep(Duration::from_millis(300));
+    let send = topo
+        .ustack(&[
+            "send",
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+            "--to",
+            "10.77.0.1:5001",
+            "--bytes",
+            &BYTES.to_string(),
+        ])
+        .args(impair)
+        .output()
+        .expect("ustack send");
+    let text = String::from_utf8_lossy(&send.stdout);
+    assert!(
+        send.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&send.stderr)
+    );
+    let status = server.0.take().unwrap().wait().unwrap();
+    assert!(status.success());
+    let got = std::fs::read(&received).unwrap();
+    let mut want = vec![0u8; BYTES];
+    fill_pattern(0, &mut want);
+    assert_eq!(got.len(), BYTES);
+    assert!(got == want, "bytes at the Linux server differ");
+    assert!(
+        text.contains(&format!("crc32 {:08x}", crc32fast::hash(&want))),
+        "{text}"
+    );
+}
+
+/// Kills a child on drop unless taken.
+struct Guard(Option<Child>);
+fn scopeguard(c: Child) -> Guard {
+    Guard(Some(c))
+}
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn tcp_with_linux_both_ways_clean() {
+    need_root!();
+    tcp_both_ways("tc", &[]);
+}
+
+/// 2% loss and 10% reordering on every frame in and out of the stack. This
+/// kernel has no tc netem, so ustack's own `--impair` layer does it; Linux
+/// has to recover from what it loses, and ustack from what Linux's frames lose.
+#[test]
+fn tcp_with_linux_both_ways_under_loss_and_reordering() {
+    need_root!();
+    tcp_both_ways(
+        "tl",
+        &["--impair", "loss=0.02,reorder=0.1,reorder_ms=1,seed=3"],
+    );
+}
+
+#[test]
+fn clear_errors_for_bad_interface_permission_and_link_down() {
+    need_root!();
+    let topo = Topo::up("er", None);
+    let out = topo
+        .ustack(&["run", "--pcap", "nosuch0", "--ip", "10.77.0.2/24"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        err.trim(),
+        "ustack: no interface named 'nosuch0' (see `ip link`)"
+    );
+
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.ns("stack"),
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
+        .args([
+            env!("CARGO_BIN_EXE_ustack"),
+            "run",
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.starts_with("ustack: no permission to capture"), "{err}");
+    assert_eq!(err.lines().count(), 1);
+
+    let d = topo.daemon();
+    let down = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.ns("stack"),
+            "ip",
+            "link",
+            "set",
+            &topo.stack_if(),
+            "down",
+        ])
+        .status()
+        .unwrap();
+    assert!(down.success());
+    let mut d = d;
+    let mut child = d.child.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ustack did not notice the interface going down"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(2));
+    assert_eq!(
+        err.trim(),
+        format!("ustack: interface '{}' is down", topo.stack_if())
+    );
+}
+
+#[test]
+fn capture_file_opens_in_tshark() {
+    need_root!();
+    let topo = Topo::up("cp", None);
+    let pcap = tempfile::Builder::new()
+        .suffix(".pcap")
+        .tempfile()
+        .unwrap()
+        .into_temp_path();
+    let child = topo
+        .ustack(&[
+            "run",
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+            "--capture",
+            &pcap.display().to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let d = Daemon { child: Some(child) };
+    std::thread::sleep(Duration::from_millis(500));
+    let ping = topo.linux(&["ping", "-c", "3", "-i", "0.1", "10.77.0.2"]);
+    assert!(ping.status.success());
+    let (code, _, err) = d.stop();
+    assert_eq!(code, 0, "{err}");
+    let tshark = Command::new("tshark")
+        .args([
+            "-r",
+            &pcap.display().to_string(),
+            "-Y",
+            "icmp",
+            "-T",
+            "fields",
+            "-e",
+            "icmp.type",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        tshark.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tshark.stderr)
+    );
+    let types: Vec<String> = String::from_utf8_lossy(&tshark.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // Three requests in, three replies out, both in the file.
+    assert_eq!(types.iter().filter(|t| *t == "8").count(), 3, "{types:?}");
+    assert_eq!(types.iter().filter(|t| *t == "0").count(), 3, "{types:?}");
+}
