@@ -475,3 +475,185 @@ fn capture_file_opens_in_tshark() {
     assert_eq!(types.iter().filter(|t| *t == "8").count(), 3, "{types:?}");
     assert_eq!(types.iter().filter(|t| *t == "0").count(), 3, "{types:?}");
 }
+
+/// iputils ping's output, as regexes; Linux ping and uping must both match.
+struct PingFormat {
+    header: regex::Regex,
+    reply: regex::Regex,
+    summary: regex::Regex,
+    rtt: regex::Regex,
+}
+
+impl PingFormat {
+    fn new() -> Self {
+        PingFormat {
+            header: regex::Regex::new(r"^PING (\S+) \((\S+)\) (\d+)\((\d+)\) bytes of data\.$").unwrap(),
+            reply: regex::Regex::new(r"^(\d+) bytes from ([\d.]+): icmp_seq=(\d+) ttl=(\d+) time=([\d.]+) ms$").unwrap(),
+            summary: regex::Regex::new(
+                r"^(\d+) packets transmitted, (\d+) received(?:, \+(\d+) duplicates)?(?:, \+(\d+) errors)?, ([\d.]+)% packet loss, time (\d+)ms$",
+            )
+            .unwrap(),
+            rtt: regex::Regex::new(r"^rtt min/avg/max/mdev = ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms$").unwrap(),
+        }
+    }
+
+    /// Check every line; returns (reply seqs, transmitted, received, loss%).
+    fn parse(&self, out: &str, host: &str) -> (Vec<u32>, u64, u64, f64) {
+        let lines: Vec<&str> = out.lines().collect();
+        let h = self
+            .header
+            .captures(lines[0])
+            .unwrap_or_else(|| panic!("header: {}", lines[0]));
+        assert_eq!(&h[1], host);
+        let mut seqs = Vec::new();
+        let mut i = 1;
+        while i < lines.len() && !lines[i].is_empty() {
+            let c = self
+                .reply
+                .captures(lines[i])
+                .unwrap_or_else(|| panic!("reply line: {:?}", lines[i]));
+            assert_eq!(&c[2], host);
+            assert_eq!(&c[1], "64");
+            seqs.push(c[3].parse().unwrap());
+            i += 1;
+        }
+        assert_eq!(
+            lines.get(i + 1).copied(),
+            Some(format!("--- {host} ping statistics ---").as_str())
+        );
+        let s = self
+            .summary
+            .captures(lines[i + 2])
+            .unwrap_or_else(|| panic!("summary: {}", lines[i + 2]));
+        let (tx, rx, loss) = (
+            s[1].parse().unwrap(),
+            s[2].parse().unwrap(),
+            s[5].parse().unwrap(),
+        );
+        if rx > 0 {
+            let r = self
+                .rtt
+                .captures(lines[i + 3])
+                .unwrap_or_else(|| panic!("rtt: {}", lines[i + 3]));
+            let v: Vec<f64> = (1..=4).map(|k| r[k].parse().unwrap()).collect();
+            assert!(v[0] <= v[1] && v[1] <= v[2], "min <= avg <= max: {v:?}");
+        }
+        (seqs, tx, rx, loss)
+    }
+}
+
+#[test]
+fn uping_output_matches_iputils_against_linux_and_ustack() {
+    need_root!();
+    let fmt = PingFormat::new();
+    let topo = Topo::up("up", None);
+    // The format, learnt from Linux's own ping first.
+    let d = topo.daemon();
+    let linux = topo.linux(&["ping", "-c", "3", "-i", "0.1", "10.77.0.2"]);
+    let (seqs, tx, rx, loss) = fmt.parse(&String::from_utf8_lossy(&linux.stdout), "10.77.0.2");
+    assert_eq!((seqs, tx, rx, loss), (vec![1, 2, 3], 3, 3, 0.0));
+
+    // uping on the Linux side of the link (own address 10.77.0.3) to `ustack run`.
+    let up = topo.linux(&[
+        env!("CARGO_BIN_EXE_uping"),
+        "--pcap",
+        &format!("{}-l", topo.tag),
+        "--ip",
+        "10.77.0.3/24",
+        "-c",
+        "5",
+        "-i",
+        "0.1",
+        "10.77.0.2",
+    ]);
+    let text = String::from_utf8_lossy(&up.stdout);
+    assert_eq!(
+        up.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    assert_eq!(
+        fmt.parse(&text, "10.77.0.2"),
+        (vec![1, 2, 3, 4, 5], 5, 5, 0.0)
+    );
+    drop(d.stop());
+
+    // uping in the stack's namespace to the Linux kernel.
+    let up = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.ns("stack"),
+            env!("CARGO_BIN_EXE_uping"),
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+        ])
+        .args(["-c", "4", "-i", "0.1", "10.77.0.1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&up.stdout);
+    assert_eq!(
+        up.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    assert_eq!(fmt.parse(&text, "10.77.0.1"), (vec![1, 2, 3, 4], 4, 4, 0.0));
+
+    // Nobody at .99: no reply, 100% loss, exit status 1.
+    let up = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.ns("stack"),
+            env!("CARGO_BIN_EXE_uping"),
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+        ])
+        .args(["-c", "2", "-i", "0.1", "-W", "1", "10.77.0.99"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&up.stdout);
+    assert_eq!(up.status.code(), Some(1), "{text}");
+    assert_eq!(fmt.parse(&text, "10.77.0.99"), (vec![], 2, 0, 100.0));
+
+    // Loss is counted: the stack drops 30% of frames each way.
+    let up = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.ns("stack"),
+            env!("CARGO_BIN_EXE_uping"),
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+        ])
+        .args([
+            "--impair",
+            "loss=0.3,seed=4",
+            "-c",
+            "40",
+            "-i",
+            "0.02",
+            "-W",
+            "1",
+            "10.77.0.1",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&up.stdout);
+    let (seqs, tx, rx, loss) = fmt.parse(&text, "10.77.0.1");
+    assert_eq!(tx, 40);
+    assert!(rx < 40 && rx > 5, "{text}");
+    assert_eq!(seqs.len() as u64, rx);
+    assert!(
+        (loss - 100.0 * (40 - rx) as f64 / 40.0).abs() < 0.01,
+        "{text}"
+    );
+}

@@ -113,6 +113,7 @@ pub struct Pinger {
     cfg: PingerConfig,
     handle: Option<PingHandle>,
     next_send: Option<Instant>,
+    first_send: Option<Instant>,
     last_send: Option<Instant>,
     /// Sequence numbers sent and not yet answered, with their send time.
     outstanding: HashMap<u16, Instant>,
@@ -130,6 +131,7 @@ impl Pinger {
             cfg,
             handle: None,
             next_send: None,
+            first_send: None,
             last_send: None,
             outstanding: HashMap::new(),
             answered: HashSet::new(),
@@ -154,6 +156,15 @@ impl Pinger {
     /// The error that stopped the pinger, if any (identifier in use, no route).
     pub fn error(&self) -> Option<crate::stack::Error> {
         self.error
+    }
+
+    pub fn config(&self) -> &PingerConfig {
+        &self.cfg
+    }
+
+    /// When the first request left, if one did.
+    pub fn started(&self) -> Option<Instant> {
+        self.first_send
     }
 
     /// Events since the last call.
@@ -240,12 +251,14 @@ impl App for Pinger {
             self.on_event(ev);
         }
         if let Some(t) = self.next_send.filter(|t| now >= *t && !self.all_sent()) {
-            let seq = (self.summary.transmitted % 65_536) as u16;
+            // icmp_seq counts from 1, as iputils does.
+            let seq = ((self.summary.transmitted + 1) % 65_536) as u16;
             match stack.ping_send(h, self.cfg.dst, seq, self.cfg.size) {
                 Ok(()) => {
                     self.summary.transmitted += 1;
                     self.outstanding.insert(seq, now);
                     self.answered.remove(&seq);
+                    self.first_send.get_or_insert(now);
                     self.last_send = Some(now);
                 }
                 Err(e) => {

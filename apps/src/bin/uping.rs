@@ -1,0 +1,288 @@
+//! `uping`: ICMP echo over a ustack instance, with iputils ping's options and output.
+#![forbid(unsafe_code)]
+
+use std::net::Ipv4Addr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use ustack::app::ping::{PingSummary, Pinger, PingerConfig, PingerEvent};
+use ustack::clock::Clock;
+use ustack::device::Device;
+use ustack::icmp::MAX_PING_DATA;
+use ustack::runtime::{self, App, Control, LoopConfig, Node};
+use ustack::{Instant, Stack};
+use ustack_apps::net::{NetArgs, NodeUser, with_node};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "uping",
+    version,
+    about = "ICMP echo over ustack, with iputils ping's output"
+)]
+struct Cli {
+    #[command(flatten)]
+    net: NetArgs,
+    /// Stop after sending this many requests.
+    #[arg(short = 'c', value_name = "COUNT", value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
+    /// Seconds between requests.
+    #[arg(short = 'i', value_name = "INTERVAL", default_value_t = 1.0, value_parser = interval)]
+    interval: f64,
+    /// Bytes of data per request.
+    #[arg(short = 's', value_name = "PACKETSIZE", default_value_t = 56)]
+    size: usize,
+    /// Seconds to wait for the last reply.
+    #[arg(short = 'W', value_name = "TIMEOUT", default_value_t = 10.0, value_parser = interval)]
+    timeout: f64,
+    /// Quiet: print only the summary.
+    #[arg(short = 'q')]
+    quiet: bool,
+    /// Print the result as JSON instead.
+    #[arg(long)]
+    json: bool,
+    /// The host to ping (an IPv4 address).
+    host: String,
+}
+
+fn interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v >= 0.000_01 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match ping(&cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("uping: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// RTT as iputils prints a reply's time: more decimals for shorter times.
+fn reply_time(d: Duration) -> String {
+    // Rounded to the microsecond, like the summary, so the two agree.
+    let us = (d.as_nanos() + 500) / 1000;
+    match us {
+        100_000.. => format!("{}", us / 1000),
+        10_000.. => format!("{}.{:01}", us / 1000, (us % 1000) / 100),
+        1_000.. => format!("{}.{:02}", us / 1000, (us % 1000) / 10),
+        _ => format!("{}.{:03}", us / 1000, us % 1000),
+    }
+}
+
+fn ms3(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// Prints reply lines as they come and stops on Ctrl-C.
+struct Front {
+    pinger: Pinger,
+    quiet: bool,
+    json: bool,
+    replies: Vec<serde_json::Value>,
+}
+
+impl App for Front {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        let ctl = self.pinger.poll(now, stack);
+        let events: Vec<PingerEvent> = self.pinger.drain_events().collect();
+        for ev in events {
+            match ev {
+                PingerEvent::Reply { reply, duplicate } => {
+                    let time = reply.rtt();
+                    if self.json {
+                        self.replies.push(serde_json::json!({
+                            "seq": reply.seq, "ttl": reply.ttl, "bytes": reply.bytes,
+                            "time_ms": time.map(|t| t.as_secs_f64() * 1e3), "duplicate": duplicate,
+                        }));
+                    } else if !self.quiet {
+                        let t = time
+                            .map(|t| format!(" time={} ms", reply_time(t)))
+                            .unwrap_or_default();
+                        let dup = if duplicate { " (DUP!)" } else { "" };
+                        println!(
+                            "{} bytes from {}: icmp_seq={} ttl={}{t}{dup}",
+                            reply.bytes, reply.from, reply.seq, reply.ttl
+                        );
+                    }
+                }
+                PingerEvent::Unreachable { from, seq, code } => {
+                    if !self.quiet && !self.json {
+                        let what = match code {
+                            0 => "Destination Net Unreachable",
+                            1 => "Destination Host Unreachable",
+                            2 => "Destination Protocol Unreachable",
+                            3 => "Destination Port Unreachable",
+                            _ => "Destination Unreachable",
+                        };
+                        println!("From {from} icmp_seq={seq} {what}");
+                    }
+                }
+            }
+        }
+        ctl
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        self.pinger.poll_at()
+    }
+}
+
+struct Run<'a> {
+    cli: &'a Cli,
+    dst: Ipv4Addr,
+}
+
+impl NodeUser for Run<'_> {
+    type Output = ExitCode;
+    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+        let cli = self.cli;
+        let mut cfg = PingerConfig::new(self.dst);
+        cfg.count = cli.count;
+        cfg.interval = Duration::from_secs_f64(cli.interval);
+        cfg.size = cli.size;
+        cfg.timeout = Duration::from_secs_f64(cli.timeout);
+        cfg.ident = (std::process::id() & 0xffff) as u16;
+        let mut front = Front {
+            pinger: Pinger::new(cfg),
+            quiet: cli.quiet,
+            json: cli.json,
+            replies: Vec::new(),
+        };
+        if !cli.json {
+            println!(
+                "PING {dst} ({dst}) {}({}) bytes of data.",
+                cli.size,
+                cli.size + 28,
+                dst = self.dst
+            );
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        ctrlc::set_handler(move || s.store(true, Ordering::Relaxed))
+            .context("installing the signal handler")?;
+        let clock = Clock::new();
+        let lcfg = LoopConfig {
+            core: cli.net.core,
+            ..LoopConfig::default()
+        };
+        runtime::run(
+            &mut node,
+            &mut front,
+            &lcfg,
+            &clock,
+            || stop.load(Ordering::Relaxed),
+            |_| {},
+        )?;
+        if let Some(e) = front.pinger.error() {
+            bail!("{}: {e}", self.dst);
+        }
+        let s = front.pinger.summary();
+        let elapsed = front
+            .pinger
+            .started()
+            .map_or(Duration::ZERO, |t| clock.now().saturating_duration_since(t));
+        if cli.json {
+            println!("{}", json_summary(self.dst, &s, elapsed, front.replies));
+        } else {
+            print_summary(self.dst, &s, elapsed);
+        }
+        Ok(if s.received > 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    }
+}
+
+fn print_summary(dst: Ipv4Addr, s: &PingSummary, elapsed: Duration) {
+    println!();
+    println!("--- {dst} ping statistics ---");
+    let mut line = format!(
+        "{} packets transmitted, {} received",
+        s.transmitted, s.received
+    );
+    if s.duplicates > 0 {
+        line += &format!(", +{} duplicates", s.duplicates);
+    }
+    if s.errors > 0 {
+        line += &format!(", +{} errors", s.errors);
+    }
+    let loss = s.loss_percent();
+    let loss = if loss == loss.trunc() {
+        format!("{loss:.0}")
+    } else {
+        format!("{loss:.4}").trim_end_matches('0').to_string()
+    };
+    line += &format!(", {loss}% packet loss, time {}ms", elapsed.as_millis());
+    println!("{line}");
+    if s.rtt.count > 0 {
+        println!(
+            "rtt min/avg/max/mdev = {}/{}/{}/{} ms",
+            ms3(s.rtt.min),
+            ms3(s.rtt.avg()),
+            ms3(s.rtt.max),
+            ms3(s.rtt.mdev())
+        );
+    }
+}
+
+fn json_summary(
+    dst: Ipv4Addr,
+    s: &PingSummary,
+    elapsed: Duration,
+    replies: Vec<serde_json::Value>,
+) -> serde_json::Value {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    serde_json::json!({
+        "host": dst.to_string(),
+        "transmitted": s.transmitted,
+        "received": s.received,
+        "duplicates": s.duplicates,
+        "errors": s.errors,
+        "loss_percent": s.loss_percent(),
+        "time_ms": elapsed.as_millis() as u64,
+        "rtt_ms": (s.rtt.count > 0).then(|| serde_json::json!({
+            "min": ms(s.rtt.min), "avg": ms(s.rtt.avg()), "max": ms(s.rtt.max), "mdev": ms(s.rtt.mdev()),
+        })),
+        "replies": replies,
+    })
+}
+
+fn ping(cli: &Cli) -> Result<ExitCode> {
+    let dst: Ipv4Addr = cli.host.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "{}: not an IPv4 address (uping does no name resolution)",
+            cli.host
+        )
+    })?;
+    if cli.size > MAX_PING_DATA {
+        bail!(
+            "invalid -s value: '{}': out of range: 0 <= value <= {MAX_PING_DATA}",
+            cli.size
+        );
+    }
+    with_node(&cli.net, Run { cli, dst })
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn reply_time_like_iputils() {
+        assert_eq!(reply_time(Duration::from_micros(46)), "0.046");
+        assert_eq!(reply_time(Duration::from_micros(1234)), "1.23");
+        assert_eq!(reply_time(Duration::from_micros(12_345)), "12.3");
+        assert_eq!(reply_time(Duration::from_micros(123_456)), "123");
+        assert_eq!(reply_time(Duration::from_nanos(63_500)), "0.064");
+    }
+}
