@@ -657,3 +657,75 @@ fn uping_output_matches_iputils_against_linux_and_ustack() {
         "{text}"
     );
 }
+
+/// Stock iperf3 client against `uperf -s`: forward, reverse, parallel.
+#[test]
+fn stock_iperf3_client_against_uperf_server() {
+    need_root!();
+    let topo = Topo::up("ip", None);
+    for args in [
+        &["-t", "2"][..],
+        &["-t", "2", "-R"],
+        &["-t", "2", "-P", "2"],
+        &["-t", "2", "-R", "-P", "3"],
+    ] {
+        let server = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &topo.ns("stack"),
+                env!("CARGO_BIN_EXE_uperf"),
+                "--pcap",
+                &topo.stack_if(),
+                "--ip",
+                "10.77.0.2/24",
+                "-s",
+                "-1",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut server = scopeguard(server);
+        std::thread::sleep(Duration::from_millis(700));
+        let client = topo.linux(&[&["iperf3", "-c", "10.77.0.2", "-J"][..], args].concat());
+        let json: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
+            panic!(
+                "iperf3 {args:?} JSON: {e}: {}",
+                String::from_utf8_lossy(&client.stdout)
+            )
+        });
+        assert!(client.status.success(), "iperf3 {args:?}: {json}");
+        assert!(json.get("error").is_none(), "{json}");
+        let sent = json["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+        let received = json["end"]["sum_received"]["bytes"].as_u64().unwrap();
+        let streams = json["end"]["streams"].as_array().unwrap().len();
+        let want = args
+            .iter()
+            .position(|a| *a == "-P")
+            .map_or(1, |i| args[i + 1].parse().unwrap());
+        assert_eq!(streams, want, "{args:?}");
+        assert!(sent > 10 << 20, "{args:?}: only {sent} bytes");
+        // What arrived is what was sent, less what was still in flight at the end.
+        assert!(
+            received <= sent && received + (8 << 20) * want as u64 >= sent,
+            "{args:?}: sent {sent}, received {received}"
+        );
+        let out = server.0.take().unwrap().wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "uperf {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("Accepted connection from 10.77.0.1"),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|l| l.ends_with("receiver"))
+                && text.lines().any(|l| l.ends_with("sender")),
+            "{text}"
+        );
+    }
+}

@@ -1,244 +1,369 @@
 //! TCP send and receive rings.
 //!
-//! Both are allocated once and never grow. [`RecvBuffer`] keeps out-of-order
-//! data in place (at its offset in the same ring) and a short list of the
-//! ranges it holds, from which SACK blocks are built.
+//! Both rings are allocated once, at construction, and never grow: no
+//! per-segment call allocates. [`SendBuffer`] holds what the app wrote until
+//! the peer acknowledges it; [`RecvBuffer`] holds what arrived until the app
+//! reads it, including out-of-order data, which sits at its final position in
+//! the same ring (so filling the hole in front of it makes it readable with no
+//! copy). A short, bounded list of the out-of-order ranges gives the SACK
+//! blocks to advertise (RFC 2018).
+//!
+//! No method panics on any argument: offsets and lengths out of range are
+//! clamped or ignored, as each method documents.
 
-/// Copy `src` into the ring at logical position `pos` (from the ring's start `head`).
-fn ring_write(ring: &mut [u8], head: usize, pos: usize, src: &[u8]) {
-    let cap = ring.len();
-    if cap == 0 || src.is_empty() {
-        return;
-    }
-    let at = (head + pos) % cap;
-    let first = src.len().min(cap - at);
-    ring[at..at + first].copy_from_slice(&src[..first]);
-    let rest = src.len() - first;
-    ring[..rest].copy_from_slice(&src[first..]);
+/// A fixed byte ring addressed by logical position from its start (`head`).
+///
+/// Every method clamps: bytes that would fall outside `[0, capacity)` are not
+/// copied.
+#[derive(Debug)]
+struct Ring {
+    buf: Box<[u8]>,
+    head: usize,
 }
 
-/// Copy from the ring at logical position `pos` into `dst`.
-fn ring_read(ring: &[u8], head: usize, pos: usize, dst: &mut [u8]) {
-    let cap = ring.len();
-    if cap == 0 || dst.is_empty() {
-        return;
+impl Ring {
+    fn new(capacity: usize) -> Self {
+        Ring {
+            buf: vec![0; capacity].into_boxed_slice(),
+            head: 0,
+        }
     }
-    let at = (head + pos) % cap;
-    let first = dst.len().min(cap - at);
-    dst[..first].copy_from_slice(&ring[at..at + first]);
-    let rest = dst.len() - first;
-    dst[first..].copy_from_slice(&ring[..rest]);
+
+    fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Physical index of logical position `pos` (`pos < capacity`).
+    fn index(&self, pos: usize) -> usize {
+        let cap = self.buf.len();
+        // head < cap and pos < cap: the sum cannot overflow (a slice is at
+        // most isize::MAX bytes).
+        let i = self.head + pos;
+        if i >= cap { i - cap } else { i }
+    }
+
+    /// Copy `src` to logical positions `pos..`; what would run past the
+    /// capacity is not copied. Returns bytes copied.
+    fn write(&mut self, pos: usize, src: &[u8]) -> usize {
+        let cap = self.buf.len();
+        if pos >= cap {
+            return 0;
+        }
+        let n = src.len().min(cap - pos);
+        let at = self.index(pos);
+        let first = n.min(cap - at);
+        let (a, b) = src[..n].split_at(first);
+        self.buf[at..at + first].copy_from_slice(a);
+        self.buf[..b.len()].copy_from_slice(b);
+        n
+    }
+
+    /// Copy logical positions `pos..` into `dst`; what would run past the
+    /// capacity is not copied. Returns bytes copied.
+    fn read(&self, pos: usize, dst: &mut [u8]) -> usize {
+        let cap = self.buf.len();
+        if pos >= cap {
+            return 0;
+        }
+        let n = dst.len().min(cap - pos);
+        let at = self.index(pos);
+        let first = n.min(cap - at);
+        let (a, b) = dst[..n].split_at_mut(first);
+        a.copy_from_slice(&self.buf[at..at + first]);
+        let rest = b.len();
+        b.copy_from_slice(&self.buf[..rest]);
+        n
+    }
+
+    /// Move the start forward by `n` bytes (`n <= capacity`).
+    fn advance(&mut self, n: usize) {
+        let cap = self.buf.len();
+        if cap == 0 {
+            return;
+        }
+        self.head = self.index(n.min(cap) % cap);
+    }
 }
 
-/// Bytes the app wrote that the peer has not acknowledged.
+/// Bytes the app wrote that the peer has not acknowledged: a ring of fixed
+/// capacity. The first held byte is the oldest unacknowledged one; sent and
+/// unsent bytes are not told apart here (the connection knows how far it
+/// sent).
 #[derive(Debug)]
 pub struct SendBuffer {
-    ring: Box<[u8]>,
-    head: usize,
+    ring: Ring,
     len: usize,
 }
 
 impl SendBuffer {
+    /// An empty buffer of `capacity` bytes, allocated now and never resized.
     pub fn new(capacity: usize) -> Self {
         SendBuffer {
-            ring: vec![0; capacity].into_boxed_slice(),
-            head: 0,
+            ring: Ring::new(capacity),
             len: 0,
         }
     }
+
+    /// Bytes the buffer can hold.
     pub fn capacity(&self) -> usize {
-        self.ring.len()
+        self.ring.capacity()
     }
+
     /// Bytes held (sent-unacked plus unsent).
     pub fn len(&self) -> usize {
         self.len
     }
+
+    /// Whether no byte is held.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Room left for [`write`](Self::write).
     pub fn free(&self) -> usize {
-        self.ring.len() - self.len
+        self.capacity() - self.len
     }
-    /// Append as much of `data` as fits; returns bytes taken.
+
+    /// Append as much of `data` as fits; returns bytes taken (possibly 0).
     pub fn write(&mut self, data: &[u8]) -> usize {
         let n = data.len().min(self.free());
-        ring_write(&mut self.ring, self.head, self.len, &data[..n]);
+        let n = self.ring.write(self.len, &data[..n]);
         self.len += n;
         n
     }
-    /// Copy bytes from `offset` after the first held byte into `dst`; returns bytes copied.
+
+    /// Copy the bytes starting `offset` bytes after the first held byte into
+    /// `dst`; returns bytes copied, `min(dst.len(), len - offset)`, and 0 when
+    /// `offset >= len`.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> usize {
         let n = dst.len().min(self.len.saturating_sub(offset));
-        ring_read(&self.ring, self.head, offset, &mut dst[..n]);
-        n
+        if n == 0 {
+            return 0;
+        }
+        self.ring.read(offset, &mut dst[..n])
     }
-    /// Drop the first `n` bytes (acknowledged); clamped to what is held.
+
+    /// Drop the first `n` bytes (acknowledged); `n` is clamped to
+    /// [`len`](Self::len).
     pub fn consume(&mut self, n: usize) {
         let n = n.min(self.len);
-        if self.ring.is_empty() {
-            return;
-        }
-        self.head = (self.head + n) % self.ring.len();
+        self.ring.advance(n);
         self.len -= n;
     }
 }
 
-/// What [`RecvBuffer::write_at`] did.
+/// What [`RecvBuffer::write_at`] did with a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WriteOutcome {
     /// Bytes that became readable in order: how far rcv_nxt moves.
     pub advanced: usize,
-    /// New bytes stored (in order or not).
+    /// New bytes stored, in order or not (bytes already held and bytes
+    /// trimmed at the window do not count).
     pub accepted: usize,
-    /// An out-of-order segment refused because the range list is full.
+    /// The segment was out of order, touched no range already held, and
+    /// holding it would have exceeded the range limit: nothing was stored.
     pub dropped: bool,
 }
 
-/// One out-of-order range, offsets relative to rcv_nxt, with the time it was last extended.
+/// One out-of-order range, as offsets from rcv_nxt, and when it was last
+/// touched by a segment (for the SACK block order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Range {
+struct Ooo {
     start: usize,
     end: usize,
     stamp: u64,
 }
 
-/// Received bytes not yet read, and out-of-order bytes held at their offset.
+/// Received bytes: in-order data the app has not read, plus out-of-order data
+/// held at its offset in the same ring, with the list of out-of-order ranges.
+///
+/// Offsets are relative to rcv_nxt, the next byte expected in order (the
+/// first byte after the readable ones). The caller moves its rcv_nxt by
+/// [`WriteOutcome::advanced`] after each [`write_at`](Self::write_at).
+///
+/// Out-of-order ranges are kept sorted, disjoint and never adjacent (touching
+/// ranges merge), and there are at most `max_ranges` of them. They always lie
+/// inside the window, so `readable + ooo_bytes <= capacity`.
 #[derive(Debug)]
 pub struct RecvBuffer {
-    ring: Box<[u8]>,
-    head: usize,
+    ring: Ring,
     readable: usize,
-    /// Sorted, disjoint, non-adjacent.
-    ranges: Vec<Range>,
+    /// Sorted by start, disjoint, separated by at least one missing byte, all
+    /// starting after rcv_nxt (start >= 1) and ending within the window.
+    ranges: Vec<Ooo>,
     max_ranges: usize,
+    /// Sum of the ranges' lengths.
+    ooo: usize,
+    /// Stamp given to the range a segment last touched.
     clock: u64,
 }
 
 impl RecvBuffer {
+    /// An empty buffer of `capacity` bytes holding at most `max_ranges`
+    /// out-of-order ranges; both are allocated now and never resized.
+    ///
+    /// `max_ranges` is clamped to `capacity / 2`, the most disjoint,
+    /// non-adjacent ranges a window of that size can hold. With
+    /// `max_ranges == 0` every out-of-order segment is dropped.
     pub fn new(capacity: usize, max_ranges: usize) -> Self {
+        let max_ranges = max_ranges.min(capacity / 2);
         RecvBuffer {
-            ring: vec![0; capacity].into_boxed_slice(),
-            head: 0,
+            ring: Ring::new(capacity),
             readable: 0,
-            ranges: Vec::with_capacity(max_ranges + 1),
-            max_ranges: max_ranges.max(1),
+            ranges: Vec::with_capacity(max_ranges),
+            max_ranges,
+            ooo: 0,
             clock: 0,
         }
     }
+
+    /// Bytes the buffer can hold.
     pub fn capacity(&self) -> usize {
-        self.ring.len()
+        self.ring.capacity()
     }
+
     /// Contiguous bytes ready for the app.
     pub fn readable(&self) -> usize {
         self.readable
     }
-    /// Room from rcv_nxt to the end of the ring: the window to advertise.
+
+    /// `capacity - readable`: the receive window the connection may
+    /// advertise. Out-of-order bytes sit inside this window, so they do not
+    /// reduce it.
     pub fn window(&self) -> usize {
-        self.ring.len() - self.readable
-    }
-    pub fn ooo_bytes(&self) -> usize {
-        self.ranges.iter().map(|r| r.end - r.start).sum()
+        self.capacity() - self.readable
     }
 
-    /// Out-of-order ranges held.
+    /// Out-of-order bytes held (not yet readable).
+    pub fn ooo_bytes(&self) -> usize {
+        self.ooo
+    }
+
+    /// Out-of-order ranges held (at most the `max_ranges` given to
+    /// [`new`](Self::new), after clamping).
     pub fn ooo_ranges(&self) -> usize {
         self.ranges.len()
     }
 
     /// Store a segment whose first byte is `offset` bytes after rcv_nxt.
+    ///
+    /// Bytes beyond the window (`offset + len > window()`) are trimmed; a
+    /// segment starting at or past the window stores nothing. Bytes already
+    /// held are ignored (first copy wins). In-order data (`offset == 0`)
+    /// extends the readable bytes and merges every out-of-order range that
+    /// became contiguous. An out-of-order segment that overlaps or touches a
+    /// held range merges with it; one that touches none needs a new range,
+    /// and is refused (`dropped`) when `max_ranges` are already held.
+    ///
+    /// Segments starting before rcv_nxt cannot be expressed: the caller trims
+    /// what it already has before calling.
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> WriteOutcome {
         let mut out = WriteOutcome::default();
-        let limit = self.window();
-        let end = offset.saturating_add(data.len()).min(limit);
-        if offset >= end {
+        let window = self.window();
+        if data.is_empty() || offset >= window {
             return out;
         }
-        // Merge with every range this one touches (overlap or adjacency).
+        // offset < window, so neither sum overflows.
+        let end = offset + data.len().min(window - offset);
+        // Ranges overlapping or adjacent to [offset, end): [first, last).
         let first = self.ranges.partition_point(|r| r.end < offset);
         let last = self.ranges.partition_point(|r| r.start <= end);
-        let touches = last - first;
-        if offset > 0 && touches == 0 && self.ranges.len() >= self.max_ranges {
+        let touched = &self.ranges[first..last];
+        if offset > 0 && touched.is_empty() && self.ranges.len() >= self.max_ranges {
             out.dropped = true;
             return out;
         }
-        // Copy only the gaps: bytes already held keep their first copy.
+        // Copy only the gaps between held ranges: first copy wins.
         let base = self.readable;
         let mut pos = offset;
-        for r in &self.ranges[first..last] {
-            if r.start > pos {
-                let gap = &data[pos - offset..r.start.min(end) - offset];
-                ring_write(&mut self.ring, self.head, base + pos, gap);
-                out.accepted += gap.len();
+        for r in touched {
+            let gap_end = r.start.min(end);
+            if gap_end > pos {
+                out.accepted += self.ring.write(
+                    base + pos,
+                    data.get(pos - offset..gap_end - offset).unwrap_or_default(),
+                );
             }
             pos = pos.max(r.end);
         }
-        if pos < end {
-            ring_write(
-                &mut self.ring,
-                self.head,
+        if end > pos {
+            out.accepted += self.ring.write(
                 base + pos,
-                &data[pos - offset..end - offset],
+                data.get(pos - offset..end - offset).unwrap_or_default(),
             );
-            out.accepted += end - pos;
         }
-        self.clock += 1;
-        let merged = Range {
-            start: self.ranges[first..last]
-                .first()
-                .map_or(offset, |r| r.start.min(offset)),
-            end: self.ranges[first..last]
-                .last()
-                .map_or(end, |r| r.end.max(end)),
-            stamp: self.clock,
-        };
-        self.ranges.splice(first..last, std::iter::once(merged));
-        // In order now? Then the first range becomes readable.
-        if self.ranges.first().is_some_and(|r| r.start == 0) {
-            let r = self.ranges.remove(0);
-            out.advanced = r.end;
-            self.readable += r.end;
-            for x in &mut self.ranges {
-                x.start -= r.end;
-                x.end -= r.end;
+        let start = touched.first().map_or(offset, |r| r.start.min(offset));
+        let merged_end = touched.last().map_or(end, |r| r.end.max(end));
+        let held_before: usize = touched.iter().map(|r| r.end - r.start).sum();
+        self.clock = self.clock.wrapping_add(1);
+        if start == 0 {
+            // In order: the merged block becomes readable, rcv_nxt moves past
+            // it and every remaining range shifts down.
+            self.ranges.drain(first..last);
+            self.ooo -= held_before;
+            self.readable += merged_end;
+            out.advanced = merged_end;
+            for r in &mut self.ranges {
+                r.start -= merged_end;
+                r.end -= merged_end;
             }
+        } else {
+            let merged = Ooo {
+                start,
+                end: merged_end,
+                stamp: self.clock,
+            };
+            if first == last {
+                // A new range; room was checked above, so no reallocation.
+                self.ranges.insert(first, merged);
+            } else {
+                self.ranges[first] = merged;
+                self.ranges.drain(first + 1..last);
+            }
+            self.ooo = self.ooo - held_before + (merged_end - start);
         }
         out
     }
 
-    /// Copy readable bytes out and free them.
+    /// Copy up to `dst.len()` readable bytes out and free them; returns bytes
+    /// read.
     pub fn read(&mut self, dst: &mut [u8]) -> usize {
         let n = dst.len().min(self.readable);
-        ring_read(&self.ring, self.head, 0, &mut dst[..n]);
-        if !self.ring.is_empty() {
-            self.head = (self.head + n) % self.ring.len();
-        }
+        let n = self.ring.read(0, &mut dst[..n]);
+        self.ring.advance(n);
         self.readable -= n;
         n
     }
 
-    /// Out-of-order ranges (offsets from rcv_nxt), most recently updated
-    /// first, at most `max`. Allocation-free: picks by descending stamp.
+    /// Out-of-order ranges as `(start, end)` offsets from rcv_nxt, written
+    /// into `out` (cleared first): the range holding the most recently
+    /// received segment first, then the others, most recently updated first
+    /// (RFC 2018 §4); at most `max` of them.
+    ///
+    /// Allocates nothing once `out` has room for `max` entries.
     pub fn sack_ranges(&self, out: &mut Vec<(usize, usize)>, max: usize) {
         out.clear();
-        let mut below = u64::MAX;
-        for _ in 0..max {
-            let Some(r) = self
+        // Selection by descending stamp (stamps are distinct): O(max * ranges)
+        // with both small, and no scratch space.
+        let mut below: Option<u64> = None;
+        while out.len() < max {
+            let next = self
                 .ranges
                 .iter()
-                .filter(|r| r.stamp < below)
-                .max_by_key(|r| r.stamp)
-            else {
-                break;
-            };
+                .filter(|r| below.is_none_or(|b| r.stamp < b))
+                .max_by_key(|r| r.stamp);
+            let Some(r) = next else { break };
             out.push((r.start, r.end));
-            below = r.stamp;
+            below = Some(r.stamp);
         }
     }
 
-    /// Forget out-of-order data (memory pressure); returns bytes freed.
+    /// Drop all out-of-order data (memory pressure); returns bytes freed. The
+    /// peer will send it again.
     pub fn drop_ooo(&mut self) -> usize {
-        let n = self.ooo_bytes();
+        let n = self.ooo;
         self.ranges.clear();
+        self.ooo = 0;
         n
     }
 }
@@ -247,123 +372,335 @@ impl RecvBuffer {
 mod test {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::VecDeque;
 
+    /// A byte stream whose bytes differ from their neighbours and repeat only
+    /// after a long period.
     fn stream(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i * 31 + i / 251) as u8).collect()
+        (0..n).map(|i| (i * 7 + i / 253) as u8).collect()
+    }
+
+    /// The ranges' invariants: sorted, disjoint, non-adjacent, after rcv_nxt,
+    /// inside the window, bounded, and summing to `ooo_bytes`.
+    fn check_ranges(r: &RecvBuffer) {
+        let mut prev_end = 0;
+        for x in &r.ranges {
+            assert!(x.start > prev_end, "{:?}", r.ranges);
+            assert!(x.end > x.start);
+            prev_end = x.end;
+        }
+        assert!(prev_end <= r.window());
+        assert!(r.ranges.len() <= r.max_ranges);
+        let sum: usize = r.ranges.iter().map(|x| x.end - x.start).sum();
+        assert_eq!(sum, r.ooo_bytes());
+        assert!(r.readable() + r.ooo_bytes() <= r.capacity());
     }
 
     #[test]
-    fn send_ring_wraps() {
+    fn send_write_read_consume_wraps() {
         let mut s = SendBuffer::new(10);
+        assert_eq!(s.capacity(), 10);
         assert_eq!(s.write(b"abcdefgh"), 8);
         s.consume(6);
-        assert_eq!(s.write(b"ijklmnop"), 8);
+        assert_eq!(s.write(b"ijklmnopqrs"), 8);
         assert_eq!(s.len(), 10);
+        assert_eq!(s.free(), 0);
+        assert_eq!(s.write(b"x"), 0);
         let mut out = [0u8; 10];
         assert_eq!(s.read_at(0, &mut out), 10);
         assert_eq!(&out, b"ghijklmnop");
+        let mut out = [0u8; 4];
+        assert_eq!(s.read_at(3, &mut out), 4);
+        assert_eq!(&out, b"jklm");
         assert_eq!(s.read_at(8, &mut out), 2);
-        assert_eq!(s.read_at(11, &mut out), 0);
-        s.consume(100);
-        assert!(s.is_empty());
+        assert_eq!(&out[..2], b"op");
     }
 
     #[test]
-    fn in_order_and_out_of_order() {
+    fn send_out_of_range_is_clamped() {
+        let mut s = SendBuffer::new(8);
+        s.write(b"abc");
+        let mut out = [0u8; 8];
+        assert_eq!(s.read_at(3, &mut out), 0);
+        assert_eq!(s.read_at(usize::MAX, &mut out), 0);
+        assert_eq!(s.read_at(1, &mut []), 0);
+        s.consume(usize::MAX);
+        assert!(s.is_empty());
+        // Zero capacity: nothing fits, nothing breaks.
+        let mut z = SendBuffer::new(0);
+        assert_eq!(z.write(b"abc"), 0);
+        assert_eq!(z.read_at(0, &mut out), 0);
+        z.consume(5);
+        assert_eq!((z.len(), z.free()), (0, 0));
+    }
+
+    #[test]
+    fn recv_in_order_and_out_of_order() {
         let d = stream(100);
         let mut r = RecvBuffer::new(64, 4);
         let o = r.write_at(20, &d[20..30]);
-        assert_eq!((o.advanced, o.accepted), (0, 10));
-        assert_eq!(r.ooo_bytes(), 10);
+        assert_eq!(
+            o,
+            WriteOutcome {
+                advanced: 0,
+                accepted: 10,
+                dropped: false
+            }
+        );
+        assert_eq!((r.ooo_bytes(), r.ooo_ranges(), r.readable()), (10, 1, 0));
+        assert_eq!(r.window(), 64);
         let o = r.write_at(0, &d[0..20]);
-        assert_eq!(o.advanced, 30);
-        assert_eq!(r.ooo_bytes(), 0);
-        let mut out = vec![0u8; 30];
+        assert_eq!((o.advanced, o.accepted), (30, 20));
+        assert_eq!((r.ooo_bytes(), r.ooo_ranges(), r.readable()), (0, 0, 30));
+        assert_eq!(r.window(), 34);
+        let mut out = vec![0u8; 40];
         assert_eq!(r.read(&mut out), 30);
-        assert_eq!(out, &d[..30]);
+        assert_eq!(&out[..30], &d[..30]);
+        assert_eq!(r.window(), 64);
+        check_ranges(&r);
     }
 
     #[test]
-    fn trims_to_window_and_first_copy_wins() {
+    fn recv_merges_bridging_segment_and_shifts_ranges() {
+        let d = stream(200);
+        let mut r = RecvBuffer::new(200, 8);
+        r.write_at(10, &d[10..20]);
+        r.write_at(30, &d[30..40]);
+        r.write_at(60, &d[60..70]);
+        assert_eq!(r.ooo_ranges(), 3);
+        // Bridges the first two ranges, overlapping both.
+        let o = r.write_at(15, &d[15..35]);
+        assert_eq!((o.advanced, o.accepted), (0, 10));
+        assert_eq!(r.ooo_ranges(), 2);
+        assert_eq!(r.ooo_bytes(), 40);
+        // Adjacent (touching) data merges too.
+        let o = r.write_at(40, &d[40..45]);
+        assert_eq!(o.accepted, 5);
+        assert_eq!(r.ooo_ranges(), 2);
+        // Fill the head: [0, 45) becomes readable; [60, 70) shifts to [15, 25).
+        let o = r.write_at(0, &d[0..10]);
+        assert_eq!((o.advanced, o.accepted), (45, 10));
+        let mut v = Vec::new();
+        r.sack_ranges(&mut v, 4);
+        assert_eq!(v, vec![(15, 25)]);
+        check_ranges(&r);
+        let mut out = vec![0u8; 45];
+        assert_eq!(r.read(&mut out), 45);
+        assert_eq!(out, &d[..45]);
+    }
+
+    #[test]
+    fn recv_trims_to_window_and_first_copy_wins() {
         let mut r = RecvBuffer::new(16, 4);
         let o = r.write_at(4, &[1u8; 20]);
         assert_eq!(o.accepted, 12);
         let o = r.write_at(4, &[2u8; 4]);
-        assert_eq!(o.accepted, 0);
+        assert_eq!((o.accepted, o.advanced, o.dropped), (0, 0, false));
         let o = r.write_at(0, &[3u8; 8]);
-        assert_eq!(o.advanced, 16);
+        assert_eq!((o.advanced, o.accepted), (16, 4));
+        assert_eq!(r.window(), 0);
+        // A closed window takes nothing.
+        assert_eq!(r.write_at(0, &[4u8; 4]), WriteOutcome::default());
         let mut out = [0u8; 16];
-        r.read(&mut out);
+        assert_eq!(r.read(&mut out), 16);
         assert_eq!(&out[..4], &[3; 4]);
         assert_eq!(&out[4..], &[1; 12]);
     }
 
     #[test]
-    fn sack_order_and_range_limit() {
+    fn recv_out_of_range_offsets_are_ignored() {
+        let mut r = RecvBuffer::new(32, 4);
+        assert_eq!(r.write_at(32, &[1; 4]), WriteOutcome::default());
+        assert_eq!(r.write_at(usize::MAX, &[1; 4]), WriteOutcome::default());
+        assert_eq!(r.write_at(usize::MAX - 1, &[]), WriteOutcome::default());
+        let o = r.write_at(31, &[9; 15]);
+        assert_eq!(o.accepted, 1);
+        check_ranges(&r);
+        let mut z = RecvBuffer::new(0, 4);
+        assert_eq!(z.write_at(0, &[1; 4]), WriteOutcome::default());
+        assert_eq!(z.read(&mut [0; 4]), 0);
+        assert_eq!(z.window(), 0);
+    }
+
+    #[test]
+    fn recv_ring_wraps_with_out_of_order_data() {
+        let d = stream(1000);
+        let mut r = RecvBuffer::new(100, 4);
+        let mut out = vec![0u8; 100];
+        // Move the ring start near its end.
+        r.write_at(0, &d[0..90]);
+        assert_eq!(r.read(&mut out[..90]), 90);
+        // Out of order across the physical end of the ring, then the hole.
+        r.write_at(20, &d[110..150]);
+        let o = r.write_at(0, &d[90..110]);
+        assert_eq!(o.advanced, 60);
+        assert_eq!(r.read(&mut out), 60);
+        assert_eq!(&out[..60], &d[90..150]);
+    }
+
+    #[test]
+    fn recv_range_limit_drops_new_ranges_only() {
         let mut r = RecvBuffer::new(1000, 2);
         r.write_at(100, &[0; 10]);
         r.write_at(300, &[0; 10]);
         let o = r.write_at(500, &[0; 10]);
-        assert!(o.dropped);
-        r.write_at(110, &[0; 10]);
-        let mut v = Vec::new();
+        assert_eq!(
+            o,
+            WriteOutcome {
+                advanced: 0,
+                accepted: 0,
+                dropped: true
+            }
+        );
+        // Touching a held range is still fine, and so is in-order data.
+        assert!(!r.write_at(110, &[0; 10]).dropped);
+        assert!(!r.write_at(290, &[0; 10]).dropped);
+        assert_eq!(r.write_at(0, &[0; 10]).advanced, 10);
+        assert_eq!(r.ooo_bytes(), 40);
+        assert_eq!(r.drop_ooo(), 40);
+        assert_eq!((r.ooo_bytes(), r.ooo_ranges()), (0, 0));
+        assert_eq!(r.readable(), 10);
+        // No ranges allowed: every out-of-order segment is dropped.
+        let mut r = RecvBuffer::new(1000, 0);
+        assert!(r.write_at(5, &[0; 10]).dropped);
+        assert_eq!(r.write_at(0, &[0; 10]).advanced, 10);
+    }
+
+    #[test]
+    fn sack_order_most_recent_first() {
+        let mut r = RecvBuffer::new(1000, 8);
+        r.write_at(100, &[0; 10]); // A
+        r.write_at(300, &[0; 10]); // B
+        r.write_at(500, &[0; 10]); // C
+        let mut v = Vec::with_capacity(3);
         r.sack_ranges(&mut v, 3);
-        assert_eq!(v, vec![(100, 120), (300, 310)]);
-        assert_eq!(r.drop_ooo(), 30);
+        assert_eq!(v, vec![(500, 510), (300, 310), (100, 110)]);
+        // A duplicate inside A names A first: it holds the latest segment.
+        r.write_at(102, &[0; 3]);
+        r.sack_ranges(&mut v, 3);
+        assert_eq!(v, vec![(100, 110), (500, 510), (300, 310)]);
+        // Extending B moves it up; `max` bounds the count.
+        r.write_at(310, &[0; 5]);
+        r.sack_ranges(&mut v, 2);
+        assert_eq!(v, vec![(300, 315), (100, 110)]);
+        r.sack_ranges(&mut v, 0);
+        assert!(v.is_empty());
+        // In-order data reaching A makes A readable too; the others shift.
+        assert_eq!(r.write_at(0, &[0; 100]).advanced, 110);
+        r.sack_ranges(&mut v, 3);
+        assert_eq!(v, vec![(190, 205), (390, 400)]);
     }
 
     proptest! {
         #[test]
-        fn receive_reassembles_any_order(
+        fn recv_yields_exactly_the_stream_prefix(
             segs in proptest::collection::vec((0usize..3000, 1usize..400), 1..80),
-            reads in proptest::collection::vec(1usize..500, 1..40),
+            reads in proptest::collection::vec(0usize..500, 1..40),
+            max_ranges in 0usize..6,
         ) {
+            const CAP: usize = 1024;
             let d = stream(4000);
-            let mut r = RecvBuffer::new(1024, 8);
+            let mut r = RecvBuffer::new(CAP, max_ranges);
             let mut nxt = 0usize;
+            // Per-byte model of what is held out of order (absolute positions).
+            let mut held = vec![false; d.len()];
             let mut got = Vec::new();
             let mut reads = reads.into_iter().cycle();
-            for (start, len) in segs.into_iter().chain((0..40).map(|i| (i * 100, 100))) {
+            for (start, len) in segs {
                 let end = (start + len).min(d.len());
-                if start >= end { continue; }
-                // Segments may lie before rcv_nxt: trim as a connection would.
+                // Trim what was already delivered, as a connection does.
                 let s = start.max(nxt);
-                if s >= end { continue; }
+                if s >= end {
+                    continue;
+                }
+                let win_end = nxt + r.window();
+                let new_ooo_range = s > nxt
+                    && !(s.saturating_sub(1)..(end + 1).min(d.len())).any(|i| held[i]);
+                let runs = held.windows(2).filter(|w| !w[0] && w[1]).count()
+                    + usize::from(held[0]);
+                let want_drop = s < win_end && new_ooo_range && runs >= max_ranges.min(CAP / 2);
+                let want_accepted = if want_drop {
+                    0
+                } else {
+                    (s..end.min(win_end)).filter(|&i| !held[i]).count()
+                };
                 let o = r.write_at(s - nxt, &d[s..end]);
-                nxt += o.advanced;
-                prop_assert!(r.readable() + r.ooo_bytes() <= r.capacity());
+                prop_assert_eq!(o.dropped, want_drop);
+                prop_assert_eq!(o.accepted, want_accepted);
+                if !want_drop {
+                    for h in held.iter_mut().take(end.min(win_end)).skip(s) {
+                        *h = true;
+                    }
+                }
+                // The model: bytes from nxt held contiguously become readable.
+                let adv = held[nxt..].iter().take_while(|h| **h).count();
+                prop_assert_eq!(o.advanced, adv);
+                for h in held.iter_mut().skip(nxt).take(adv) {
+                    *h = false;
+                }
+                nxt += adv;
+                prop_assert_eq!(r.ooo_bytes(), held.iter().filter(|h| **h).count());
+                check_ranges(&r);
                 let mut buf = vec![0u8; reads.next().unwrap_or(1)];
                 let n = r.read(&mut buf);
                 got.extend_from_slice(&buf[..n]);
+                prop_assert_eq!(r.window(), CAP - r.readable());
             }
-            let mut buf = vec![0u8; 4096];
-            let n = r.read(&mut buf);
-            got.extend_from_slice(&buf[..n]);
-            prop_assert_eq!(&got[..], &d[..got.len()]);
+            // Then the rest of the stream in order, the app reading everything.
+            let mut buf = vec![0u8; CAP + 1];
+            loop {
+                let n = r.read(&mut buf);
+                got.extend_from_slice(&buf[..n]);
+                if nxt == d.len() {
+                    break;
+                }
+                let end = (nxt + 100).min(d.len());
+                let o = r.write_at(0, &d[nxt..end]);
+                prop_assert!(o.advanced >= end - nxt);
+                nxt += o.advanced;
+                check_ranges(&r);
+            }
             prop_assert_eq!(got.len(), nxt);
+            prop_assert_eq!(&got[..], &d[..nxt]);
+            prop_assert_eq!(nxt, d.len());
         }
 
         #[test]
-        fn send_matches_model(ops in proptest::collection::vec((0u8..3, 0usize..300), 1..100)) {
+        fn send_matches_a_vecdeque_model(
+            ops in proptest::collection::vec((0u8..3, 0usize..300), 1..150),
+        ) {
             let mut s = SendBuffer::new(256);
-            let mut model = std::collections::VecDeque::new();
+            let mut model = VecDeque::new();
             let mut k = 0u8;
             for (op, n) in ops {
                 match op {
                     0 => {
-                        let data: Vec<u8> = (0..n).map(|_| { k = k.wrapping_add(1); k }).collect();
+                        let data: Vec<u8> = (0..n)
+                            .map(|_| {
+                                k = k.wrapping_add(1);
+                                k
+                            })
+                            .collect();
                         let w = s.write(&data);
+                        prop_assert_eq!(w, n.min(256 - model.len()));
                         model.extend(&data[..w]);
                     }
-                    1 => { s.consume(n); for _ in 0..n.min(model.len()) { model.pop_front(); } }
+                    1 => {
+                        s.consume(n);
+                        model.drain(..n.min(model.len()));
+                    }
                     _ => {
-                        let mut buf = vec![0u8; 64];
-                        let got = s.read_at(n % 257, &mut buf);
-                        let want: Vec<u8> = model.iter().skip(n % 257).take(64).copied().collect();
+                        let off = n % 270;
+                        let mut buf = vec![0u8; 1 + n % 97];
+                        let got = s.read_at(off, &mut buf);
+                        let want: Vec<u8> =
+                            model.iter().skip(off).take(buf.len()).copied().collect();
                         prop_assert_eq!(&buf[..got], &want[..]);
                     }
                 }
                 prop_assert_eq!(s.len(), model.len());
+                prop_assert_eq!(s.free(), 256 - model.len());
+                prop_assert_eq!(s.is_empty(), model.is_empty());
             }
         }
     }

@@ -1,5 +1,13 @@
-//! Congestion control behind a small trait: NewReno (RFC 5681/6582) and
-//! CUBIC (RFC 9438). Windows are in bytes.
+//! Congestion control behind a small trait: NewReno (RFC 5681, RFC 6582) and
+//! CUBIC (RFC 9438).
+//!
+//! Windows are in bytes. The connection owns loss detection and recovery
+//! (which segments to resend, `pipe`); a controller only answers how large
+//! the window is and reacts to ACKs, losses and timeouts.
+//!
+//! Both controllers share slow start with appropriate byte counting (RFC 3465,
+//! L = 2 MSS, so a delayed-ACK receiver still doubles the window per round
+//! trip) and start from the RFC 6928 initial window.
 
 use std::time::Duration;
 
@@ -7,19 +15,28 @@ use crate::time::Instant;
 
 /// A congestion controller of one connection.
 pub trait CongestionControl: core::fmt::Debug + Send {
+    /// Short name of the algorithm, as [`Algorithm`] displays it.
     fn name(&self) -> &'static str;
     /// Congestion window in bytes.
     fn cwnd(&self) -> usize;
+    /// Slow-start threshold in bytes.
     fn ssthresh(&self) -> usize;
-    /// New data acknowledged outside loss recovery; `rtt` is the smoothed RTT.
+    /// New data cumulatively acknowledged outside loss recovery: `acked`
+    /// bytes; `rtt` is the latest RTT estimate if any; `now` lets CUBIC
+    /// track its epoch.
     fn on_ack(&mut self, now: Instant, acked: usize, rtt: Option<Duration>);
-    /// Loss detected by duplicate ACKs or SACK, with `flight` bytes outstanding.
+    /// Loss detected by duplicate ACKs or SACK (entering fast recovery) with
+    /// `flight` bytes outstanding: cut ssthresh and set cwnd to it.
     fn on_congestion(&mut self, now: Instant, flight: usize);
-    /// Loss recovery ended: deflate to ssthresh.
+    /// Loss recovery ended (everything outstanding at its start is
+    /// acknowledged): cwnd = ssthresh.
     fn on_recovery_end(&mut self, now: Instant);
-    /// Retransmission timeout: ssthresh from `flight`, cwnd of one segment.
+    /// Retransmission timeout with `flight` bytes outstanding: ssthresh as
+    /// on congestion, cwnd = 1 MSS (the loss window, RFC 5681 §3.1).
     fn on_timeout(&mut self, now: Instant, flight: usize);
+    /// The sender's MSS changed (normally once, from the peer's SYN).
     fn set_mss(&mut self, mss: usize);
+    /// Whether in slow start (cwnd < ssthresh).
     fn in_slow_start(&self) -> bool {
         self.cwnd() < self.ssthresh()
     }
@@ -28,23 +45,30 @@ pub trait CongestionControl: core::fmt::Debug + Send {
 /// Which controller a connection uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Algorithm {
+    /// NewReno: halve on loss, one segment per round trip in avoidance.
     NewReno,
+    /// CUBIC (RFC 9438), the default.
     #[default]
     Cubic,
 }
 
-/// An unknown algorithm name.
+/// A congestion-control name that [`Algorithm`] does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown congestion control '{0}' (expected newreno or cubic)")]
+#[error("unknown congestion control {0:?} (expected newreno, reno or cubic)")]
 pub struct UnknownAlgorithm(pub String);
 
 impl core::str::FromStr for Algorithm {
     type Err = UnknownAlgorithm;
+
+    /// `newreno` or `reno`, and `cubic`, in any case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "newreno" | "reno" => Ok(Algorithm::NewReno),
-            "cubic" => Ok(Algorithm::Cubic),
-            _ => Err(UnknownAlgorithm(s.to_string())),
+        let name = s.trim();
+        if name.eq_ignore_ascii_case("newreno") || name.eq_ignore_ascii_case("reno") {
+            Ok(Algorithm::NewReno)
+        } else if name.eq_ignore_ascii_case("cubic") {
+            Ok(Algorithm::Cubic)
+        } else {
+            Err(UnknownAlgorithm(s.to_owned()))
         }
     }
 }
@@ -58,7 +82,7 @@ impl core::fmt::Display for Algorithm {
     }
 }
 
-/// A new controller of the given kind.
+/// A controller of kind `alg` for a sender with this MSS.
 pub fn new_controller(alg: Algorithm, mss: usize) -> Box<dyn CongestionControl> {
     match alg {
         Algorithm::NewReno => Box::new(NewReno::new(mss)),
@@ -66,66 +90,123 @@ pub fn new_controller(alg: Algorithm, mss: usize) -> Box<dyn CongestionControl> 
     }
 }
 
-/// "Infinite" initial ssthresh, small enough that sums never overflow.
-const SSTHRESH_INIT: usize = usize::MAX >> 2;
-
-/// RFC 6928 initial window.
-fn initial_window(mss: usize) -> usize {
+/// The RFC 6928 initial window: min(10 MSS, max(2 MSS, 14600 bytes)).
+pub fn initial_window(mss: usize) -> usize {
+    let mss = mss.clamp(1, MAX_MSS);
     (10 * mss).min((2 * mss).max(14_600))
 }
 
-/// Shared slow-start and congestion-avoidance arithmetic.
+/// "Infinite" ssthresh and the ceiling of cwnd: far above any real window,
+/// far enough below `usize::MAX` that sums of a few windows cannot overflow.
+const UNLIMITED: usize = usize::MAX >> 4;
+
+/// The largest MSS taken (the MSS option is 16 bits); keeps window
+/// arithmetic far from overflow.
+const MAX_MSS: usize = u16::MAX as usize;
+
+/// Bytes of one ACK that count toward slow-start growth (RFC 3465, L = 2).
+const ABC_LIMIT_SEGMENTS: usize = 2;
+
+/// Window state and arithmetic shared by both controllers.
 #[derive(Debug, Clone)]
 struct Window {
     mss: usize,
     cwnd: usize,
     ssthresh: usize,
-    /// Bytes acknowledged toward the next +1 MSS in congestion avoidance.
+    /// Bytes acknowledged in congestion avoidance toward the next +1 MSS.
     ca_acked: usize,
+    /// Nothing has happened yet: an MSS change re-derives the initial window.
+    fresh: bool,
+    /// The window was already cut for the current loss episode (a loss or
+    /// timeout with no new data acknowledged since): a further timeout keeps
+    /// ssthresh (RFC 5681 §3.1: a segment retransmitted by the timer more
+    /// than once does not lower it again).
+    cut: bool,
 }
 
 impl Window {
     fn new(mss: usize) -> Self {
-        let mss = mss.max(1);
+        let mss = mss.clamp(1, MAX_MSS);
         Window {
             mss,
             cwnd: initial_window(mss),
-            ssthresh: SSTHRESH_INIT,
+            ssthresh: UNLIMITED,
             ca_acked: 0,
+            fresh: true,
+            cut: false,
         }
     }
 
-    /// Slow start with appropriate byte counting (RFC 3465, L = 2 MSS).
-    /// Returns the bytes left over once cwnd reaches ssthresh.
+    fn in_slow_start(&self) -> bool {
+        self.cwnd < self.ssthresh
+    }
+
+    /// Note an ACK of new data (ends the loss episode).
+    fn acked(&mut self) {
+        self.fresh = false;
+        self.cut = false;
+    }
+
+    /// Slow start: cwnd += min(acked, L), not past ssthresh. Returns the
+    /// bytes of this ACK left over for congestion avoidance once cwnd
+    /// reaches ssthresh (zero while still in slow start).
     fn slow_start(&mut self, acked: usize) -> usize {
-        let inc = acked.min(2 * self.mss);
         let room = self.ssthresh.saturating_sub(self.cwnd);
-        let used = inc.min(room);
-        self.cwnd += used;
-        if used < inc { acked - used } else { 0 }
-    }
-
-    /// One MSS per cwnd of acknowledged bytes (RFC 5681 3.1, byte counted).
-    fn avoid(&mut self, acked: usize) {
-        self.ca_acked += acked;
-        if self.ca_acked >= self.cwnd {
-            self.ca_acked -= self.cwnd;
-            self.cwnd += self.mss;
+        let inc = acked.min(ABC_LIMIT_SEGMENTS * self.mss);
+        if inc < room {
+            self.cwnd += inc;
+            0
+        } else {
+            self.cwnd = self.ssthresh;
+            acked - room
         }
     }
 
-    fn floor_ssthresh(&self, v: usize) -> usize {
-        v.max(2 * self.mss)
+    /// Congestion avoidance by byte counting (RFC 5681 §3.1, RFC 3465 §2.1):
+    /// exactly one MSS per cwnd of acknowledged bytes.
+    fn avoid(&mut self, acked: usize) {
+        self.ca_acked = self.ca_acked.saturating_add(acked);
+        if self.ca_acked >= self.cwnd {
+            let steps = self.ca_acked / self.cwnd;
+            self.ca_acked -= steps * self.cwnd;
+            self.cwnd = self
+                .cwnd
+                .saturating_add(steps.saturating_mul(self.mss))
+                .min(UNLIMITED);
+        }
+    }
+
+    /// Set ssthresh (at least 2 MSS), and cwnd to it, or to one segment
+    /// (the loss window) after a timeout.
+    fn reduce(&mut self, ssthresh: usize, loss_window: bool) {
+        self.ssthresh = ssthresh.clamp(2 * self.mss, UNLIMITED);
+        self.cwnd = if loss_window { self.mss } else { self.ssthresh };
+        self.ca_acked = 0;
+        self.fresh = false;
+        self.cut = true;
+    }
+
+    fn set_mss(&mut self, mss: usize) {
+        let mss = mss.clamp(1, MAX_MSS);
+        if self.fresh {
+            *self = Window::new(mss);
+            return;
+        }
+        self.mss = mss;
+        self.cwnd = self.cwnd.clamp(mss, UNLIMITED);
+        self.ssthresh = self.ssthresh.clamp(2 * mss, UNLIMITED);
     }
 }
 
-/// NewReno: halve on loss, one segment on timeout.
+/// NewReno (RFC 5681, RFC 6582): slow start, one MSS per round trip in
+/// congestion avoidance, half the flight on loss, one segment on timeout.
 #[derive(Debug, Clone)]
 pub struct NewReno {
     w: Window,
 }
 
 impl NewReno {
+    /// A controller at the initial window for this MSS.
     pub fn new(mss: usize) -> Self {
         NewReno {
             w: Window::new(mss),
@@ -137,14 +218,21 @@ impl CongestionControl for NewReno {
     fn name(&self) -> &'static str {
         "newreno"
     }
+
     fn cwnd(&self) -> usize {
         self.w.cwnd
     }
+
     fn ssthresh(&self) -> usize {
         self.w.ssthresh
     }
-    fn on_ack(&mut self, _: Instant, acked: usize, _: Option<Duration>) {
-        let rest = if self.w.cwnd < self.w.ssthresh {
+
+    fn on_ack(&mut self, _now: Instant, acked: usize, _rtt: Option<Duration>) {
+        if acked == 0 {
+            return;
+        }
+        self.w.acked();
+        let rest = if self.w.in_slow_start() {
             self.w.slow_start(acked)
         } else {
             acked
@@ -153,82 +241,178 @@ impl CongestionControl for NewReno {
             self.w.avoid(rest);
         }
     }
-    fn on_congestion(&mut self, _: Instant, flight: usize) {
-        self.w.ssthresh = self.w.floor_ssthresh(flight / 2);
+
+    /// ssthresh = max(flight / 2, 2 MSS), cwnd = ssthresh (RFC 5681 §3.2,
+    /// RFC 6675 §5 step 4.2).
+    fn on_congestion(&mut self, _now: Instant, flight: usize) {
+        let ssthresh = flight / 2;
+        self.w.reduce(ssthresh, false);
+    }
+
+    fn on_recovery_end(&mut self, _now: Instant) {
         self.w.cwnd = self.w.ssthresh;
-        self.w.ca_acked = 0;
     }
-    fn on_recovery_end(&mut self, _: Instant) {
-        self.w.cwnd = self.w.ssthresh;
+
+    /// ssthresh = max(flight / 2, 2 MSS) unless the window was already cut
+    /// for this loss episode; cwnd = 1 MSS.
+    fn on_timeout(&mut self, _now: Instant, flight: usize) {
+        let ssthresh = if self.w.cut {
+            self.w.ssthresh
+        } else {
+            flight / 2
+        };
+        self.w.reduce(ssthresh, true);
     }
-    fn on_timeout(&mut self, _: Instant, flight: usize) {
-        self.w.ssthresh = self.w.floor_ssthresh(flight / 2);
-        self.w.cwnd = self.w.mss;
-        self.w.ca_acked = 0;
-    }
+
     fn set_mss(&mut self, mss: usize) {
-        *self = NewReno::new(mss);
+        self.w.set_mss(mss);
     }
 }
 
-/// CUBIC constants (RFC 9438 §5).
-const C: f64 = 0.4;
-const BETA: f64 = 0.7;
+/// CUBIC's C, in segments per second cubed (RFC 9438 §5.1).
+const CUBIC_C: f64 = 0.4;
+/// CUBIC's multiplicative decrease factor β_cubic (RFC 9438 §4.6).
+const CUBIC_BETA: f64 = 0.7;
+/// α_cubic = 3 (1 - β) / (1 + β): the Reno-friendly additive increase per
+/// round trip that matches Reno's average rate (RFC 9438 §4.3).
+const CUBIC_ALPHA: f64 = 3.0 * (1.0 - CUBIC_BETA) / (1.0 + CUBIC_BETA);
 
-/// CUBIC (RFC 9438): a cubic function of the time since the last congestion
-/// event, with a Reno-friendly floor. Slow start as NewReno.
+/// CUBIC (RFC 9438): after a loss the window follows
+/// W_cubic(t) = C (t - K)^3 + W_max, concave up to the window where the loss
+/// happened and convex past it, with a Reno-friendly floor W_est. Slow start
+/// is NewReno's.
+///
+/// The cubic quantities are kept in bytes as `f64` (windows in segments times
+/// the MSS); cwnd stays an integer, with a sub-byte carry so small
+/// increments are not lost. The `t + RTT` look-ahead uses the smallest RTT
+/// the caller has reported (an estimate of the path's base RTT that queueing
+/// does not inflate), or zero before any.
 #[derive(Debug, Clone)]
 pub struct Cubic {
     w: Window,
-    /// Window before the last reduction, in segments.
+    /// W_max: the window just before the last reduction (after fast
+    /// convergence), bytes. Zero before any loss.
     w_max: f64,
-    /// Start of the current congestion-avoidance epoch.
+    /// cwnd_prior: the window when ssthresh was last set, bytes.
+    cwnd_prior: f64,
+    /// Start of the current congestion-avoidance epoch, `None` outside one.
     epoch: Option<Instant>,
-    /// K in seconds.
-    k: f64,
-    /// Reno-friendly window estimate, in segments (RFC 9438 §4.3).
-    w_est: f64,
-    /// cwnd at the start of the epoch, in segments.
+    /// cwnd at the start of the epoch, bytes.
     cwnd_epoch: f64,
+    /// K: seconds for W_cubic to climb from cwnd_epoch back to W_max.
+    k: f64,
+    /// W_est: the window Reno would have now, bytes (RFC 9438 §4.3).
+    w_est: f64,
+    /// Smallest RTT reported so far.
+    min_rtt: Option<Duration>,
+    /// Fraction of a byte of growth not yet added to cwnd.
+    carry: f64,
+    /// The last reduction was a timeout: the next epoch starts with K = 0
+    /// and W_max = cwnd_epoch (RFC 9438 §4.8).
+    after_timeout: bool,
 }
 
 impl Cubic {
+    /// A controller at the initial window for this MSS.
     pub fn new(mss: usize) -> Self {
         Cubic {
             w: Window::new(mss),
             w_max: 0.0,
+            cwnd_prior: 0.0,
             epoch: None,
+            cwnd_epoch: 0.0,
             k: 0.0,
             w_est: 0.0,
-            cwnd_epoch: 0.0,
+            min_rtt: None,
+            carry: 0.0,
+            after_timeout: false,
         }
     }
 
-    fn segs(&self, bytes: usize) -> f64 {
-        bytes as f64 / self.w.mss as f64
+    fn mss(&self) -> f64 {
+        self.w.mss as f64
     }
 
-    /// W_cubic(t) in segments.
+    /// W_cubic(t) in bytes (RFC 9438 §4.2, eq. 1).
     fn w_cubic(&self, t: f64) -> f64 {
-        C * (t - self.k).powi(3) + self.w_max
+        CUBIC_C * (t - self.k).powi(3) * self.mss() + self.w_max
     }
 
-    fn reduce(&mut self) {
-        let cwnd = self.segs(self.w.cwnd);
-        // Fast convergence (§4.7): release bandwidth when losses come early.
+    /// Start an epoch at `now` (RFC 9438 §4.2): K from the distance between
+    /// cwnd_epoch and W_max, K = cbrt((W_max - cwnd_epoch) / C) in segments
+    /// (K = cbrt(W_max (1 - β) / C) right after a loss without fast
+    /// convergence). Negative when cwnd is already above W_max.
+    fn start_epoch(&mut self, now: Instant) {
+        let cwnd = self.w.cwnd as f64;
+        self.epoch = Some(now);
+        self.cwnd_epoch = cwnd;
+        if self.after_timeout || self.w_max <= 0.0 {
+            self.w_max = cwnd;
+        }
+        self.after_timeout = false;
+        self.k = ((self.w_max - cwnd) / self.mss() / CUBIC_C).cbrt();
+        self.w_est = cwnd;
+    }
+
+    /// Congestion avoidance for `acked` bytes (RFC 9438 §4.3 to §4.5).
+    fn avoid(&mut self, now: Instant, acked: usize) {
+        let epoch = match self.epoch {
+            Some(e) => e,
+            None => {
+                self.start_epoch(now);
+                now
+            }
+        };
+        let mss = self.mss();
+        let cwnd = self.w.cwnd as f64;
+        let acked = acked as f64;
+        let t = now.saturating_duration_since(epoch).as_secs_f64();
+        let rtt = self.min_rtt.map_or(0.0, |d| d.as_secs_f64());
+
+        // Reno-friendly estimate: α_cubic per window of ACKs, then 1 once
+        // it has reached the window before the reduction.
+        let alpha = if self.w_est >= self.cwnd_prior {
+            1.0
+        } else {
+            CUBIC_ALPHA
+        };
+        self.w_est += alpha * acked * mss / cwnd;
+
+        let next = if self.w_cubic(t) < self.w_est {
+            // Reno-friendly region (§4.3): follow Reno.
+            self.w_est.max(cwnd)
+        } else {
+            // Concave (§4.4) and convex (§4.5) regions: close the gap to
+            // where the curve will be one RTT from now, by at most half a
+            // window per window of ACKs.
+            let target = self.w_cubic(t + rtt).max(cwnd).min(1.5 * cwnd);
+            cwnd + (target - cwnd) * acked / cwnd
+        };
+        self.carry += next - cwnd;
+        if self.carry >= 1.0 {
+            let whole = self.carry.floor();
+            self.carry -= whole;
+            // `as` saturates; the cap keeps sums in range.
+            self.w.cwnd = self.w.cwnd.saturating_add(whole as usize).min(UNLIMITED);
+        }
+    }
+
+    /// W_max with fast convergence (§4.7), cwnd_prior, and ssthresh =
+    /// max(cwnd β, 2 MSS) (§4.6); the epoch ends.
+    fn cut(&mut self) -> usize {
+        let cwnd = self.w.cwnd as f64;
         self.w_max = if cwnd < self.w_max {
-            cwnd * (1.0 + BETA) / 2.0
+            // Lost before regaining the last W_max: release bandwidth.
+            cwnd * (1.0 + CUBIC_BETA) / 2.0
         } else {
             cwnd
         };
-        self.w.ssthresh = self.w.floor_ssthresh((self.w.cwnd as f64 * BETA) as usize);
+        self.cwnd_prior = cwnd;
         self.epoch = None;
-        self.w.ca_acked = 0;
-    }
-
-    /// W_max for tests and telemetry, in bytes.
-    pub fn w_max_bytes(&self) -> usize {
-        (self.w_max * self.w.mss as f64) as usize
+        self.carry = 0.0;
+        // cwnd * 0.7, exactly (the float product can land a byte short).
+        let w = self.w.cwnd;
+        w / 10 * 7 + w % 10 * 7 / 10
     }
 }
 
@@ -236,75 +420,70 @@ impl CongestionControl for Cubic {
     fn name(&self) -> &'static str {
         "cubic"
     }
+
     fn cwnd(&self) -> usize {
         self.w.cwnd
     }
+
     fn ssthresh(&self) -> usize {
         self.w.ssthresh
     }
 
     fn on_ack(&mut self, now: Instant, acked: usize, rtt: Option<Duration>) {
-        let rest = if self.w.cwnd < self.w.ssthresh {
+        if let Some(r) = rtt.filter(|r| !r.is_zero()) {
+            self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
+        }
+        if acked == 0 {
+            return;
+        }
+        self.w.acked();
+        let rest = if self.w.in_slow_start() {
             self.w.slow_start(acked)
         } else {
             acked
         };
-        if rest == 0 {
-            return;
+        if rest > 0 {
+            self.avoid(now, rest);
         }
-        let cwnd = self.segs(self.w.cwnd);
-        let epoch = match self.epoch {
-            Some(e) => e,
-            None => {
-                // A new epoch (§4.2): K from the distance to W_max.
-                self.epoch = Some(now);
-                self.cwnd_epoch = cwnd;
-                self.w_est = cwnd;
-                self.k = if self.w_max > cwnd {
-                    ((self.w_max - cwnd) / C).cbrt()
-                } else {
-                    0.0
-                };
-                if self.w_max < cwnd {
-                    self.w_max = cwnd;
-                }
-                now
-            }
-        };
-        let rtt = rtt.map_or(0.0, |d| d.as_secs_f64());
-        let t = now.saturating_duration_since(epoch).as_secs_f64();
-        // Target one RTT ahead, clamped to [cwnd, 1.5 cwnd] (§4.4).
-        let target = self.w_cubic(t + rtt).clamp(cwnd, 1.5 * cwnd);
-        // Reno-friendly estimate (§4.3).
-        let alpha = 3.0 * (1.0 - BETA) / (1.0 + BETA);
-        let acked_segs = self.segs(rest);
-        self.w_est += alpha * acked_segs / cwnd;
-        let next = if self.w_est > target {
-            // Reno-friendly region: grow like Reno would.
-            cwnd + (self.w_est - cwnd).max(0.0).min(acked_segs)
+    }
+
+    /// W_max with fast convergence, ssthresh = max(cwnd β, 2 MSS),
+    /// cwnd = ssthresh (RFC 9438 §4.6, §4.7). `flight` is not used: the
+    /// reduction follows cwnd, as deployed CUBIC does.
+    fn on_congestion(&mut self, _now: Instant, _flight: usize) {
+        self.after_timeout = false;
+        let ssthresh = self.cut();
+        self.w.reduce(ssthresh, false);
+    }
+
+    fn on_recovery_end(&mut self, _now: Instant) {
+        self.w.cwnd = self.w.ssthresh;
+    }
+
+    /// As on congestion unless the window was already cut for this loss
+    /// episode, then cwnd = 1 MSS and the next epoch restarts the curve at
+    /// the window where avoidance begins (RFC 9438 §4.8).
+    fn on_timeout(&mut self, _now: Instant, _flight: usize) {
+        let ssthresh = if self.w.cut {
+            self.epoch = None;
+            self.carry = 0.0;
+            self.w.ssthresh
         } else {
-            cwnd + (target - cwnd) / cwnd * acked_segs
+            self.cut()
         };
-        let bytes = (next * self.w.mss as f64) as usize;
-        self.w.cwnd = bytes.max(self.w.cwnd);
-    }
-
-    fn on_congestion(&mut self, _: Instant, _flight: usize) {
-        self.reduce();
-        self.w.cwnd = self.w.ssthresh;
-    }
-
-    fn on_recovery_end(&mut self, _: Instant) {
-        self.w.cwnd = self.w.ssthresh;
-    }
-
-    fn on_timeout(&mut self, _: Instant, _flight: usize) {
-        self.reduce();
-        self.w.cwnd = self.w.mss;
+        self.after_timeout = true;
+        self.w.reduce(ssthresh, true);
     }
 
     fn set_mss(&mut self, mss: usize) {
-        *self = Cubic::new(mss);
+        if self.w.fresh {
+            *self = Cubic {
+                min_rtt: self.min_rtt,
+                ..Cubic::new(mss)
+            };
+        } else {
+            self.w.set_mss(mss);
+        }
     }
 }
 
@@ -314,145 +493,412 @@ mod test {
 
     const MSS: usize = 1000;
 
-    /// Ack a whole window, one MSS at a time, `rtt` apart per window.
-    fn ack_window(cc: &mut dyn CongestionControl, now: &mut Instant, rtt: Duration) {
-        let segs = cc.cwnd() / MSS;
-        for _ in 0..segs {
-            cc.on_ack(*now, MSS, Some(rtt));
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    /// One round trip of ACK clocking: a cumulative ACK per `per_ack` bytes
+    /// for the whole window, spread evenly over `rtt`.
+    fn round_trip(
+        cc: &mut dyn CongestionControl,
+        now: &mut Instant,
+        rtt: Duration,
+        per_ack: usize,
+    ) {
+        let acks = cc.cwnd().div_ceil(per_ack).max(1);
+        let step = rtt / u32::try_from(acks).unwrap_or(u32::MAX);
+        for _ in 0..acks {
+            *now += step;
+            cc.on_ack(*now, per_ack, Some(rtt));
         }
-        *now += rtt;
+    }
+
+    /// A controller in congestion avoidance at `w` segments, as after a loss
+    /// at `w / 0.7` (CUBIC) or `2 w` (NewReno) segments.
+    fn cubic_after_loss_at(segments: usize) -> Cubic {
+        let mut cc = Cubic::new(MSS);
+        cc.w.cwnd = segments * MSS;
+        cc.on_congestion(Instant::ZERO, segments * MSS);
+        cc
     }
 
     #[test]
-    fn initial_window_rfc6928() {
+    fn initial_window_per_rfc6928() {
         assert_eq!(initial_window(1460), 14_600);
-        assert_eq!(initial_window(536), 5360);
+        assert_eq!(initial_window(1000), 10_000);
+        assert_eq!(initial_window(536), 5_360);
         assert_eq!(initial_window(9000), 18_000);
+        assert_eq!(initial_window(0), 10);
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            let cc = new_controller(alg, 1460);
+            assert_eq!(cc.cwnd(), 14_600);
+            assert!(cc.ssthresh() >= UNLIMITED);
+            assert!(cc.in_slow_start());
+            assert_eq!(cc.name(), alg.to_string());
+        }
     }
 
     #[test]
-    fn slow_start_doubles_per_rtt() {
+    fn slow_start_doubles_per_round_trip() {
         for alg in [Algorithm::NewReno, Algorithm::Cubic] {
-            let mut cc = new_controller(alg, MSS);
-            let mut now = Instant::ZERO;
-            let w0 = cc.cwnd();
-            ack_window(cc.as_mut(), &mut now, Duration::from_millis(10));
-            assert_eq!(cc.cwnd(), 2 * w0, "{alg}");
-            assert!(cc.in_slow_start());
+            // One ACK per segment, and one per two segments (delayed ACKs):
+            // with L = 2 MSS both double the window.
+            for per_ack in [MSS, 2 * MSS] {
+                let mut cc = new_controller(alg, MSS);
+                let mut now = Instant::ZERO;
+                let mut expect = cc.cwnd();
+                for _ in 0..5 {
+                    round_trip(cc.as_mut(), &mut now, ms(10), per_ack);
+                    expect *= 2;
+                    assert_eq!(cc.cwnd(), expect, "{alg} per_ack={per_ack}");
+                }
+                assert!(cc.in_slow_start());
+            }
         }
+    }
+
+    #[test]
+    fn slow_start_counts_at_most_two_segments_per_ack() {
+        let mut cc = NewReno::new(MSS);
+        let w0 = cc.cwnd();
+        cc.on_ack(Instant::ZERO, 5 * MSS, None);
+        assert_eq!(cc.cwnd(), w0 + 2 * MSS);
+    }
+
+    #[test]
+    fn slow_start_stops_at_ssthresh_and_spills_into_avoidance() {
+        let mut cc = NewReno::new(MSS);
+        cc.w.cwnd = 19 * MSS;
+        cc.w.ssthresh = 20 * MSS;
+        cc.on_ack(Instant::ZERO, 2 * MSS, None);
+        assert_eq!(cc.cwnd(), 20 * MSS);
+        assert!(!cc.in_slow_start());
+        assert_eq!(cc.w.ca_acked, MSS);
     }
 
     #[test]
     fn newreno_avoidance_adds_one_mss_per_window() {
         let mut cc = NewReno::new(MSS);
+        cc.w.cwnd = 40 * MSS;
         cc.on_congestion(Instant::ZERO, 40 * MSS);
-        assert_eq!(cc.cwnd(), 20 * MSS);
+        assert_eq!((cc.cwnd(), cc.ssthresh()), (20 * MSS, 20 * MSS));
         let mut now = Instant::ZERO;
-        ack_window(&mut cc, &mut now, Duration::from_millis(10));
+        for n in 1..=10 {
+            round_trip(&mut cc, &mut now, ms(10), MSS);
+            assert_eq!(cc.cwnd(), (20 + n) * MSS);
+        }
+    }
+
+    #[test]
+    fn newreno_avoidance_byte_counting_has_no_drift() {
+        let mut cc = NewReno::new(MSS);
+        cc.w.cwnd = 20 * MSS;
+        cc.w.ssthresh = 20 * MSS;
+        // 29 ACKs of 700 bytes: 20300 bytes, one window and 300 more.
+        for _ in 0..29 {
+            cc.on_ack(Instant::ZERO, 700, None);
+        }
         assert_eq!(cc.cwnd(), 21 * MSS);
-        ack_window(&mut cc, &mut now, Duration::from_millis(10));
+        assert_eq!(cc.w.ca_acked, 300);
+        // The next window is 21000 bytes: 20700 more bytes complete it.
+        cc.on_ack(Instant::ZERO, 20_699, None);
+        assert_eq!(cc.cwnd(), 21 * MSS);
+        cc.on_ack(Instant::ZERO, 1, None);
         assert_eq!(cc.cwnd(), 22 * MSS);
     }
 
     #[test]
-    fn reductions() {
-        let mut reno = NewReno::new(MSS);
-        let mut cubic = Cubic::new(MSS);
-        for cc in [&mut reno as &mut dyn CongestionControl, &mut cubic] {
-            let mut now = Instant::ZERO;
-            for _ in 0..4 {
-                ack_window(cc, &mut now, Duration::from_millis(10));
-            }
+    fn newreno_halves_flight_on_congestion() {
+        let mut cc = NewReno::new(MSS);
+        let mut now = Instant::ZERO;
+        for _ in 0..3 {
+            round_trip(&mut cc, &mut now, ms(10), MSS);
         }
-        let (r0, c0) = (reno.cwnd(), cubic.cwnd());
-        reno.on_congestion(Instant::ZERO, r0);
-        cubic.on_congestion(Instant::ZERO, c0);
-        assert_eq!(reno.cwnd(), r0 / 2);
-        assert_eq!(cubic.cwnd(), (c0 as f64 * 0.7) as usize);
-        reno.on_timeout(Instant::ZERO, r0);
-        cubic.on_timeout(Instant::ZERO, c0);
-        assert_eq!((reno.cwnd(), cubic.cwnd()), (MSS, MSS));
-        assert!(reno.ssthresh() >= 2 * MSS && cubic.ssthresh() >= 2 * MSS);
+        assert_eq!(cc.cwnd(), 80 * MSS);
+        cc.on_congestion(now, 60 * MSS);
+        assert_eq!((cc.cwnd(), cc.ssthresh()), (30 * MSS, 30 * MSS));
+        cc.on_recovery_end(now);
+        assert_eq!(cc.cwnd(), 30 * MSS);
+        // Tiny flights floor at 2 MSS.
+        cc.on_congestion(now, MSS);
+        assert_eq!((cc.cwnd(), cc.ssthresh()), (2 * MSS, 2 * MSS));
+    }
+
+    #[test]
+    fn cubic_multiplies_by_beta_on_congestion() {
+        let mut cc = Cubic::new(MSS);
+        let mut now = Instant::ZERO;
+        for _ in 0..3 {
+            round_trip(&mut cc, &mut now, ms(10), MSS);
+        }
+        assert_eq!(cc.cwnd(), 80 * MSS);
+        // The flight does not matter: cwnd does.
+        cc.on_congestion(now, 10 * MSS);
+        assert_eq!((cc.cwnd(), cc.ssthresh()), (56 * MSS, 56 * MSS));
+        assert_eq!(cc.w_max, (80 * MSS) as f64);
+        assert!(!cc.in_slow_start());
+    }
+
+    #[test]
+    fn timeout_collapses_to_one_segment() {
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            let mut cc = new_controller(alg, MSS);
+            let mut now = Instant::ZERO;
+            for _ in 0..3 {
+                round_trip(cc.as_mut(), &mut now, ms(10), MSS);
+            }
+            cc.on_timeout(now, 80 * MSS);
+            assert_eq!(cc.cwnd(), MSS, "{alg}");
+            let expect = match alg {
+                Algorithm::NewReno => 40 * MSS,
+                Algorithm::Cubic => 56 * MSS,
+            };
+            assert_eq!(cc.ssthresh(), expect, "{alg}");
+            assert!(cc.in_slow_start());
+            // Timer expires again with nothing acknowledged: ssthresh holds.
+            cc.on_timeout(now, 80 * MSS);
+            assert_eq!((cc.cwnd(), cc.ssthresh()), (MSS, expect), "{alg}");
+            // Slow start from one segment back to ssthresh.
+            cc.on_ack(now, MSS, Some(ms(10)));
+            assert_eq!(cc.cwnd(), 2 * MSS, "{alg}");
+            // After progress, a new timeout is a new loss and cuts again.
+            cc.on_timeout(now, 2 * MSS);
+            assert_eq!((cc.cwnd(), cc.ssthresh()), (MSS, 2 * MSS), "{alg}");
+        }
+    }
+
+    #[test]
+    fn timeout_during_recovery_keeps_the_cut_ssthresh() {
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            let mut cc = new_controller(alg, MSS);
+            let mut now = Instant::ZERO;
+            for _ in 0..3 {
+                round_trip(cc.as_mut(), &mut now, ms(10), MSS);
+            }
+            cc.on_congestion(now, 80 * MSS);
+            let ssthresh = cc.ssthresh();
+            cc.on_timeout(now, 80 * MSS);
+            assert_eq!((cc.cwnd(), cc.ssthresh()), (MSS, ssthresh), "{alg}");
+        }
+    }
+
+    #[test]
+    fn cubic_after_timeout_restarts_the_curve_at_the_avoidance_window() {
+        let mut cc = Cubic::new(MSS);
+        let mut now = Instant::ZERO;
+        for _ in 0..3 {
+            round_trip(&mut cc, &mut now, ms(10), MSS);
+        }
+        cc.on_timeout(now, 0);
+        assert_eq!(cc.ssthresh(), 56 * MSS);
+        while cc.in_slow_start() {
+            round_trip(&mut cc, &mut now, ms(10), MSS);
+        }
+        // RFC 9438 §4.8: K = 0 and W_max = cwnd at the start of avoidance.
+        assert!(cc.epoch.is_some());
+        assert_eq!(cc.k, 0.0);
+        assert_eq!(cc.w_max, cc.cwnd_epoch);
+        assert_eq!(cc.cwnd_epoch, (56 * MSS) as f64);
     }
 
     #[test]
     fn cubic_is_concave_then_convex_around_w_max() {
-        let mut cc = Cubic::new(MSS);
-        // Grow to 100 segments, then lose.
-        cc.w.cwnd = 100 * MSS;
-        cc.w.ssthresh = 100 * MSS;
-        cc.on_congestion(Instant::ZERO, 100 * MSS);
-        assert_eq!(cc.cwnd(), 70 * MSS);
-        let rtt = Duration::from_millis(100);
+        // A large window on a 100 ms path, so the curve, not the
+        // Reno-friendly estimate, drives the window.
+        let w_max = 1000.0;
+        let mut cc = cubic_after_loss_at(1000);
+        assert_eq!(cc.cwnd(), 700 * MSS);
         let mut now = Instant::ZERO;
-        let mut samples = Vec::new();
-        for _ in 0..120 {
-            ack_window(&mut cc, &mut now, rtt);
-            samples.push((now.as_millis(), cc.cwnd() / MSS));
+        let mut trace = Vec::new();
+        for _ in 0..180 {
+            round_trip(&mut cc, &mut now, ms(100), MSS);
+            let start = cc.epoch.unwrap_or(now);
+            let t = now.saturating_duration_since(start).as_secs_f64();
+            trace.push((t, cc.cwnd() as f64 / MSS as f64));
         }
-        // K = cbrt(100 * 0.3 / 0.4) = 4.2 s: near K the window sits near W_max.
-        let k_ms = ((100.0 * 0.3 / 0.4f64).cbrt() * 1000.0) as u64;
-        let at_k = samples
-            .iter()
-            .find(|(t, _)| *t >= k_ms)
-            .map(|(_, w)| *w)
-            .unwrap();
-        assert!((95..=106).contains(&at_k), "cwnd at K: {at_k}");
-        // Concave before K: growth slows as W_max approaches.
-        let g = |a: u64, b: u64| {
-            let w = |t: u64| {
-                samples
-                    .iter()
-                    .find(|(x, _)| *x >= t)
-                    .map(|(_, w)| *w as i64)
-                    .unwrap()
-            };
-            w(b) - w(a)
-        };
-        assert!(g(500, 1500) > g(2500, 3500), "concave before K");
-        // Convex after K: growth speeds up again.
-        assert!(
-            g(k_ms + 3000, k_ms + 4000) > g(k_ms, k_ms + 1000),
-            "convex after K"
-        );
+        // K = cbrt(1000 * 0.3 / 0.4) ≈ 9.09 s.
+        let k = (w_max * (1.0 - CUBIC_BETA) / CUBIC_C).cbrt();
+        assert!((cc.k - k).abs() < 1e-9, "K = {}", cc.k);
+        let at = |t: f64| trace.iter().find(|(x, _)| *x >= t).map_or(0.0, |(_, w)| *w);
+        let at_k = at(k);
+        assert!((at_k - w_max).abs() / w_max < 0.03, "cwnd at K: {at_k}");
+        // The plateau: from K - 1 s to K + 1 s the window barely moves.
+        let plateau = at(k + 1.0) - at(k - 1.0);
+        assert!(plateau < 10.0, "moved {plateau} segments around K");
+        // Concave before K: growth slows down approaching W_max.
+        let early = at(1.5) - at(0.5);
+        let late = at(k - 1.0) - at(k - 2.0);
+        assert!(early > 10.0 * late, "concave: {early} then {late}");
+        assert!(at(k - 1.0) < w_max);
+        // Convex after K: growth speeds up past W_max.
+        let first = at(k + 1.5) - at(k + 0.5);
+        let second = at(k + 4.5) - at(k + 3.5);
+        assert!(second > 5.0 * first, "convex: {first} then {second}");
+        assert!(at(k + 4.5) > w_max * 1.03);
+        // The window tracks W_cubic(t) within a few percent all along.
+        for t in [1.0, 3.0, 5.0, 7.0, 11.0, 13.0, 15.0, 17.0] {
+            let curve = CUBIC_C * (t - k).powi(3) + w_max;
+            let got = at(t);
+            assert!(
+                (got - curve).abs() / curve < 0.03,
+                "t={t}: cwnd {got} vs W_cubic {curve}"
+            );
+        }
+        // Cubic stayed above Reno's estimate the whole time.
+        assert!(cc.cwnd() as f64 > cc.w_est);
+    }
+
+    #[test]
+    fn cubic_growth_per_window_is_bounded_by_half_a_window() {
+        // Far past K the curve is steep; cwnd may only grow 1.5x per RTT.
+        let mut cc = cubic_after_loss_at(100);
+        let mut now = Instant::ZERO;
+        round_trip(&mut cc, &mut now, ms(100), MSS);
+        now += Duration::from_secs(60);
+        let before = cc.cwnd();
+        round_trip(&mut cc, &mut now, ms(100), MSS);
+        let after = cc.cwnd();
+        assert!(after > before * 14 / 10, "{before} -> {after}");
+        assert!(after <= before * 16 / 10 + MSS, "{before} -> {after}");
     }
 
     #[test]
     fn cubic_fast_convergence() {
-        let mut cc = Cubic::new(MSS);
-        cc.w.cwnd = 100 * MSS;
-        cc.w.ssthresh = 100 * MSS;
-        cc.on_congestion(Instant::ZERO, 0);
-        assert_eq!(cc.w_max_bytes(), 100 * MSS);
-        // A second loss before regaining W_max lowers W_max below the window.
-        cc.on_congestion(Instant::ZERO, 0);
-        assert!(cc.w_max_bytes() < 70 * MSS + MSS && cc.w_max_bytes() > 50 * MSS);
+        let mut cc = cubic_after_loss_at(100);
+        assert_eq!(cc.w_max, (100 * MSS) as f64);
+        // Grow to 80 segments, short of W_max, then lose again.
+        let mut now = Instant::ZERO;
+        while cc.cwnd() < 80 * MSS {
+            round_trip(&mut cc, &mut now, ms(100), MSS);
+        }
+        let at_loss = cc.cwnd() as f64;
+        assert!(at_loss < (100 * MSS) as f64);
+        cc.on_congestion(now, 0);
+        // W_max = cwnd (1 + β) / 2, below the window at the loss.
+        let expect = at_loss * (1.0 + CUBIC_BETA) / 2.0;
+        assert!((cc.w_max - expect).abs() < 1.0, "{} vs {expect}", cc.w_max);
+        assert!(cc.w_max < at_loss);
+        assert_eq!(cc.ssthresh(), cc.cwnd());
+        assert!((cc.ssthresh() as f64 - at_loss * CUBIC_BETA).abs() < 1.0);
+        // Without the early loss W_max is the window itself.
+        let mut cc = cubic_after_loss_at(100);
+        while cc.cwnd() <= 110 * MSS {
+            round_trip(&mut cc, &mut now, ms(100), MSS);
+        }
+        let at_loss = cc.cwnd() as f64;
+        cc.on_congestion(now, 0);
+        assert_eq!(cc.w_max, at_loss);
     }
 
     #[test]
     fn cubic_reno_friendly_at_small_bdp() {
-        // Short RTT, small W_max: the cubic curve is flat, Reno's line wins.
-        let mut cubic = Cubic::new(MSS);
-        cubic.w.cwnd = 10 * MSS;
-        cubic.w.ssthresh = 10 * MSS;
-        cubic.on_congestion(Instant::ZERO, 0);
-        let start = cubic.cwnd();
+        // W_max of 10 segments on a 100 µs path: K ≈ 1.96 s is ~20000
+        // round trips away, so the cubic curve alone is flat.
+        let mut cc = cubic_after_loss_at(10);
+        assert_eq!(cc.cwnd(), 7 * MSS);
+        let rtt = Duration::from_micros(100);
         let mut now = Instant::ZERO;
         for _ in 0..20 {
-            ack_window(&mut cubic, &mut now, Duration::from_micros(100));
+            round_trip(&mut cc, &mut now, rtt, MSS);
         }
-        // 20 RTTs of 0.1 ms: cubic alone would barely move; Reno-friendly
-        // growth adds about alpha (0.53) segment per RTT.
-        let grown = (cubic.cwnd() - start) / MSS;
-        assert!((5..=20).contains(&grown), "grew {grown} segments");
+        let curve = cc.w_cubic(
+            now.saturating_duration_since(cc.epoch.unwrap_or(now))
+                .as_secs_f64(),
+        ) / MSS as f64;
+        assert!(curve < 7.1, "cubic alone: {curve}");
+        // Reno-friendly: α ≈ 0.53 segment per RTT up to cwnd_prior
+        // (~6 RTTs for 3 segments), then 1 per RTT: about 7 + 3 + 14.
+        let grown = cc.cwnd() as f64 / MSS as f64;
+        assert!((21.0..=26.0).contains(&grown), "cwnd {grown} segments");
+        assert!(cc.w_est >= cc.cwnd_prior);
     }
 
     #[test]
-    fn parse_algorithm() {
+    fn cubic_not_reno_limited_at_large_bdp() {
+        // The same loss at 1000 segments and 100 ms: the curve outruns Reno.
+        let mut cc = cubic_after_loss_at(1000);
+        let mut now = Instant::ZERO;
+        for _ in 0..20 {
+            round_trip(&mut cc, &mut now, ms(100), MSS);
+        }
+        assert!(cc.cwnd() as f64 > cc.w_est + (20 * MSS) as f64);
+    }
+
+    #[test]
+    fn cubic_rtt_lookahead_uses_the_smallest_rtt() {
+        let mut cc = cubic_after_loss_at(100);
+        cc.on_ack(Instant::ZERO, MSS, Some(ms(50)));
+        cc.on_ack(Instant::ZERO, MSS, Some(ms(300)));
+        cc.on_ack(Instant::ZERO, MSS, None);
+        assert_eq!(cc.min_rtt, Some(ms(50)));
+    }
+
+    #[test]
+    fn floors_hold() {
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            let mut cc = new_controller(alg, MSS);
+            for _ in 0..20 {
+                cc.on_congestion(Instant::ZERO, 0);
+                assert!(cc.cwnd() >= MSS && cc.ssthresh() >= 2 * MSS, "{alg}");
+                cc.on_recovery_end(Instant::ZERO);
+                cc.on_timeout(Instant::ZERO, 0);
+                assert!(cc.cwnd() >= MSS && cc.ssthresh() >= 2 * MSS, "{alg}");
+                cc.on_ack(Instant::ZERO, 1, None);
+            }
+            assert_eq!(cc.ssthresh(), 2 * MSS, "{alg}");
+        }
+    }
+
+    #[test]
+    fn absurd_inputs_do_not_panic_or_overflow() {
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            let mut cc = new_controller(alg, 0);
+            cc.set_mss(usize::MAX);
+            cc.on_ack(Instant::FAR_FUTURE, usize::MAX, Some(Duration::MAX));
+            cc.on_congestion(Instant::ZERO, usize::MAX);
+            for _ in 0..100 {
+                cc.on_ack(Instant::FAR_FUTURE, usize::MAX, Some(Duration::MAX));
+                cc.on_ack(Instant::ZERO, usize::MAX, Some(Duration::ZERO));
+            }
+            assert!(cc.cwnd() <= UNLIMITED && cc.ssthresh() <= UNLIMITED);
+            cc.on_timeout(Instant::ZERO, usize::MAX);
+            cc.set_mss(1);
+            cc.on_ack(Instant::FAR_FUTURE, usize::MAX, None);
+            assert!(cc.cwnd() >= 1);
+        }
+    }
+
+    #[test]
+    fn set_mss_before_traffic_rederives_the_initial_window() {
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            let mut cc = new_controller(alg, 536);
+            assert_eq!(cc.cwnd(), 5_360);
+            cc.set_mss(1460);
+            assert_eq!(cc.cwnd(), 14_600, "{alg}");
+            // Later changes keep the window but respect the new floors.
+            cc.on_timeout(Instant::ZERO, 0);
+            assert_eq!(cc.cwnd(), 1460);
+            cc.set_mss(9000);
+            assert_eq!((cc.cwnd(), cc.ssthresh()), (9000, 18_000), "{alg}");
+        }
+    }
+
+    #[test]
+    fn algorithm_parses_and_displays() {
         assert_eq!("cubic".parse::<Algorithm>(), Ok(Algorithm::Cubic));
+        assert_eq!("CUBIC".parse::<Algorithm>(), Ok(Algorithm::Cubic));
+        assert_eq!("newreno".parse::<Algorithm>(), Ok(Algorithm::NewReno));
         assert_eq!("NewReno".parse::<Algorithm>(), Ok(Algorithm::NewReno));
         assert_eq!("reno".parse::<Algorithm>(), Ok(Algorithm::NewReno));
-        assert!("bbr".parse::<Algorithm>().is_err());
-        assert_eq!(Algorithm::Cubic.to_string(), "cubic");
+        assert_eq!(
+            "bbr".parse::<Algorithm>(),
+            Err(UnknownAlgorithm("bbr".to_owned()))
+        );
+        assert!("".parse::<Algorithm>().is_err());
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            assert_eq!(alg.to_string().parse::<Algorithm>(), Ok(alg));
+        }
+        assert_eq!(Algorithm::default(), Algorithm::Cubic);
+        assert!(UnknownAlgorithm("x".into()).to_string().contains("newreno"));
     }
 }

@@ -1,0 +1,448 @@
+//! The iperf3-compatible server run by `uperf -s` (and later `ustack run`).
+
+use std::fmt::Write as _;
+
+use ustack::app::bulk::fill_pattern;
+use ustack::runtime::{App, Control};
+use ustack::tcp::{ListenHandle, TcpHandle};
+use ustack::{Instant, Stack};
+
+use crate::iperf::*;
+
+struct Pending {
+    h: TcpHandle,
+    cookie: Vec<u8>,
+}
+
+struct Stream {
+    h: TcpHandle,
+    id: u32,
+    bytes: u64,
+    interval_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Params,
+    Streams,
+    Running,
+    ClientResults,
+    Done,
+}
+
+struct Test {
+    ctrl: TcpHandle,
+    cookie: Vec<u8>,
+    phase: Phase,
+    inbuf: Vec<u8>,
+    out: Vec<u8>,
+    params: Option<Params>,
+    streams: Vec<Stream>,
+    started: Instant,
+    interval_start: Instant,
+    client_bytes: u64,
+}
+
+/// One finished test, for the caller and the tests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TestSummary {
+    pub reverse: bool,
+    pub streams: usize,
+    /// Bytes we received (forward) or sent (reverse).
+    pub bytes: u64,
+    /// Bytes the client reported.
+    pub client_bytes: u64,
+    pub seconds: f64,
+}
+
+/// The server: one test at a time, as iperf3's.
+pub struct IperfServer {
+    port: u16,
+    listener: Option<ListenHandle>,
+    pending: Vec<Pending>,
+    test: Option<Test>,
+    buf: Vec<u8>,
+    one_off: bool,
+    /// Lines to print (interval reports, summaries, errors).
+    pub output: Vec<String>,
+    pub finished: Vec<TestSummary>,
+    pub error: Option<String>,
+}
+
+impl core::fmt::Debug for IperfServer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("IperfServer")
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+fn send_all(stack: &mut Stack, h: TcpHandle, out: &mut Vec<u8>) {
+    if out.is_empty() {
+        return;
+    }
+    if let Ok(n) = stack.tcp_send(h, out) {
+        out.drain(..n);
+    }
+}
+
+impl IperfServer {
+    pub fn new(port: u16, one_off: bool) -> Self {
+        IperfServer {
+            port,
+            listener: None,
+            pending: Vec::new(),
+            test: None,
+            buf: vec![0; 128 << 10],
+            one_off,
+            output: Vec::new(),
+            finished: Vec::new(),
+            error: None,
+        }
+    }
+
+    fn say(&mut self, line: String) {
+        self.output.push(line);
+    }
+
+    fn new_conn(&mut self, stack: &mut Stack, h: TcpHandle, cookie: Vec<u8>, now: Instant) {
+        match self.test.as_mut() {
+            Some(t) if t.phase == Phase::Streams && cookie == t.cookie => {
+                let id = stream_id(t.streams.len());
+                t.streams.push(Stream {
+                    h,
+                    id,
+                    bytes: 0,
+                    interval_bytes: 0,
+                });
+                let want = t.params.as_ref().map_or(1, |p| p.parallel);
+                if t.streams.len() == want {
+                    t.out.extend([TEST_START, TEST_RUNNING]);
+                    t.phase = Phase::Running;
+                    t.started = now;
+                    t.interval_start = now;
+                }
+            }
+            Some(t) if t.phase != Phase::Done => {
+                // Busy, or a data stream with the wrong cookie.
+                let _ = stack.tcp_send(h, &[ACCESS_DENIED]);
+                let _ = stack.tcp_close(h);
+            }
+            _ => {
+                self.say(format!(
+                    "Accepted connection from {}",
+                    stack
+                        .tcp_info(h)
+                        .map_or("?".into(), |i| i.remote.to_string())
+                ));
+                self.test = Some(Test {
+                    ctrl: h,
+                    cookie,
+                    phase: Phase::Params,
+                    inbuf: Vec::new(),
+                    out: vec![PARAM_EXCHANGE],
+                    params: None,
+                    streams: Vec::new(),
+                    started: now,
+                    interval_start: now,
+                    client_bytes: 0,
+                });
+            }
+        }
+    }
+
+    fn report_interval(&mut self, now: Instant, end: bool) {
+        let Some(t) = self.test.as_mut() else { return };
+        let from = t
+            .interval_start
+            .saturating_duration_since(t.started)
+            .as_secs_f64();
+        let to = now.saturating_duration_since(t.started).as_secs_f64();
+        if to - from < 0.000_1 {
+            return;
+        }
+        let mut lines = Vec::new();
+        let mut sum = 0;
+        for s in &mut t.streams {
+            let rate = s.interval_bytes as f64 * 8.0 / (to - from);
+            lines.push(format!(
+                "[{:3}] {:6.2}-{:<6.2} sec  {}  {}",
+                s.id + 4,
+                from,
+                to,
+                fmt_bytes(s.interval_bytes),
+                fmt_rate(rate)
+            ));
+            sum += s.interval_bytes;
+            s.interval_bytes = 0;
+        }
+        if t.streams.len() > 1 {
+            lines.push(format!(
+                "[SUM] {:6.2}-{:<6.2} sec  {}  {}",
+                from,
+                to,
+                fmt_bytes(sum),
+                fmt_rate(sum as f64 * 8.0 / (to - from))
+            ));
+        }
+        t.interval_start = now;
+        let _ = end;
+        self.output.extend(lines);
+    }
+
+    fn results_json(t: &Test, reverse: bool, stack: &Stack) -> serde_json::Value {
+        let streams: Vec<serde_json::Value> = t
+            .streams
+            .iter()
+            .map(|s| {
+                let retrans = if reverse {
+                    stack.tcp_info(s.h).map_or(0, |i| i.stats.retransmits as i64)
+                } else {
+                    -1
+                };
+                serde_json::json!({"id": s.id, "bytes": s.bytes, "retransmits": retrans, "jitter": 0, "errors": 0, "packets": 0})
+            })
+            .collect();
+        serde_json::json!({
+            "cpu_util_total": 0.0, "cpu_util_user": 0.0, "cpu_util_system": 0.0,
+            "sender_has_retransmits": if reverse { 1 } else { -1 },
+            "streams": streams,
+        })
+    }
+
+    fn finish(&mut self, stack: &mut Stack, now: Instant) {
+        let Some(t) = self.test.take() else { return };
+        let reverse = t.params.as_ref().is_some_and(|p| p.reverse);
+        let secs = now.saturating_duration_since(t.started).as_secs_f64();
+        let bytes: u64 = t.streams.iter().map(|s| s.bytes).sum();
+        let mut text = String::from(
+            "- - - - - - - - - - - - - - - - - - - - - - - - -\n[ ID] Interval           Transfer     Bitrate\n",
+        );
+        let (ours, theirs) = if reverse {
+            ("sender", "receiver")
+        } else {
+            ("receiver", "sender")
+        };
+        let rate = |b: u64| {
+            fmt_rate(if secs > 0.0 {
+                b as f64 * 8.0 / secs
+            } else {
+                0.0
+            })
+        };
+        let _ = writeln!(
+            text,
+            "[SUM]   0.00-{secs:<6.2} sec  {}  {}                  {theirs}",
+            fmt_bytes(t.client_bytes),
+            rate(t.client_bytes)
+        );
+        let _ = write!(
+            text,
+            "[SUM]   0.00-{secs:<6.2} sec  {}  {}                  {ours}",
+            fmt_bytes(bytes),
+            rate(bytes)
+        );
+        self.say(text);
+        for s in &t.streams {
+            let _ = stack.tcp_close(s.h);
+        }
+        let _ = stack.tcp_close(t.ctrl);
+        self.finished.push(TestSummary {
+            reverse,
+            streams: t.streams.len(),
+            bytes,
+            client_bytes: t.client_bytes,
+            seconds: secs,
+        });
+    }
+
+    /// Whether a one-off server has served its test.
+    pub fn done(&self) -> bool {
+        self.one_off && !self.finished.is_empty()
+    }
+}
+
+impl App for IperfServer {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        let l = match self.listener {
+            Some(l) => l,
+            None => match stack.tcp_listen(self.port, 64) {
+                Ok(l) => {
+                    self.say(format!("-----------------------------------------------------------\nServer listening on {}\n-----------------------------------------------------------", self.port));
+                    *self.listener.insert(l)
+                }
+                Err(e) => {
+                    self.error = Some(format!("cannot listen on port {}: {e}", self.port));
+                    return Control::Exit;
+                }
+            },
+        };
+        while let Ok(Some(h)) = stack.tcp_accept(l) {
+            self.pending.push(Pending {
+                h,
+                cookie: Vec::new(),
+            });
+        }
+        // Read cookies of new connections.
+        let mut ready = Vec::new();
+        self.pending.retain_mut(|p| {
+            let mut b = [0u8; COOKIE_LEN];
+            let want = COOKIE_LEN - p.cookie.len();
+            match stack.tcp_recv(p.h, &mut b[..want]) {
+                Ok(n) => p.cookie.extend_from_slice(&b[..n]),
+                Err(_) => return false,
+            }
+            if p.cookie.len() == COOKIE_LEN {
+                ready.push((p.h, std::mem::take(&mut p.cookie)));
+                return false;
+            }
+            !stack
+                .tcp_status(p.h)
+                .is_ok_and(|s| s.eof || s.error.is_some())
+        });
+        for (h, cookie) in ready {
+            self.new_conn(stack, h, cookie, now);
+        }
+        let Some(t) = self.test.as_mut() else {
+            return Control::Continue;
+        };
+        // Control channel in.
+        let mut b = [0u8; 4096];
+        let mut ctrl_gone = false;
+        loop {
+            match stack.tcp_recv(t.ctrl, &mut b) {
+                Ok(0) => break,
+                Ok(n) => t.inbuf.extend_from_slice(&b[..n]),
+                Err(_) => {
+                    ctrl_gone = true;
+                    break;
+                }
+            }
+        }
+        if stack.tcp_status(t.ctrl).is_ok_and(|s| s.eof) {
+            ctrl_gone = true;
+        }
+        let mut error = None;
+        let mut end_test = false;
+        match t.phase {
+            Phase::Params => match take_json(&mut t.inbuf) {
+                Ok(Some(json)) => match parse_params(&json) {
+                    Ok(p) => {
+                        t.params = Some(p);
+                        t.out.push(CREATE_STREAMS);
+                        t.phase = Phase::Streams;
+                    }
+                    Err(e) => error = Some(e),
+                },
+                Ok(None) => {}
+                Err(e) => error = Some(e),
+            },
+            Phase::Running => {
+                if let Some(&state) = t.inbuf.first() {
+                    t.inbuf.remove(0);
+                    match state {
+                        TEST_END => {
+                            // A reverse test's client reads its streams to
+                            // the end: close our sending side.
+                            if t.params.as_ref().is_some_and(|p| p.reverse) {
+                                for s in &t.streams {
+                                    let _ = stack.tcp_shutdown(s.h);
+                                }
+                            }
+                            t.out.push(EXCHANGE_RESULTS);
+                            t.phase = Phase::ClientResults;
+                            end_test = true;
+                        }
+                        CLIENT_TERMINATE => error = Some("the client terminated the test".into()),
+                        other => error = Some(format!("unexpected state {other} from the client")),
+                    }
+                }
+            }
+            Phase::ClientResults => match take_json(&mut t.inbuf) {
+                Ok(Some(json)) => {
+                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&json) {
+                        t.client_bytes = v["streams"]
+                            .as_array()
+                            .map_or(0, |a| a.iter().filter_map(|s| s["bytes"].as_u64()).sum());
+                    }
+                    let reverse = t.params.as_ref().is_some_and(|p| p.reverse);
+                    let results = Self::results_json(t, reverse, stack);
+                    t.out.extend(frame_json(&results));
+                    t.out.push(DISPLAY_RESULTS);
+                    t.phase = Phase::Done;
+                }
+                Ok(None) => {}
+                Err(e) => error = Some(e),
+            },
+            Phase::Streams | Phase::Done => {}
+        }
+        // Data streams.
+        let reverse = t.params.as_ref().is_some_and(|p| p.reverse);
+        let len = t.params.as_ref().map_or(128 << 10, |p| p.len);
+        if t.phase == Phase::Running {
+            for s in &mut t.streams {
+                if reverse {
+                    loop {
+                        let room = stack
+                            .tcp_status(s.h)
+                            .map_or(0, |st| st.writable)
+                            .min(len)
+                            .min(self.buf.len());
+                        if room == 0 {
+                            break;
+                        }
+                        fill_pattern(s.bytes, &mut self.buf[..room]);
+                        match stack.tcp_send(s.h, &self.buf[..room]) {
+                            Ok(n) if n > 0 => {
+                                s.bytes += n as u64;
+                                s.interval_bytes += n as u64;
+                            }
+                            _ => break,
+                        }
+                    }
+                }
+            }
+        }
+        if !reverse {
+            for s in &mut t.streams {
+                while let Ok(n) = stack.tcp_recv(s.h, &mut self.buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    s.bytes += n as u64;
+                    s.interval_bytes += n as u64;
+                }
+            }
+        }
+        send_all(stack, t.ctrl, &mut t.out);
+        let phase = t.phase;
+        let interval_due = phase == Phase::Running
+            && now
+                .saturating_duration_since(t.interval_start)
+                .as_secs_f64()
+                >= 1.0;
+        if interval_due || end_test {
+            self.report_interval(now, end_test);
+        }
+        if let Some(e) = error {
+            self.say(format!("iperf3: error - {e}"));
+            self.finish(stack, now);
+        } else if phase == Phase::Done
+            && (ctrl_gone
+                || self
+                    .test
+                    .as_ref()
+                    .is_some_and(|t| t.inbuf.first() == Some(&IPERF_DONE)))
+        {
+            self.finish(stack, now);
+        } else if ctrl_gone && phase != Phase::Done {
+            self.say("iperf3: the client has unexpectedly closed the connection".into());
+            self.finish(stack, now);
+        }
+        if self.done() {
+            Control::Exit
+        } else {
+            Control::Continue
+        }
+    }
+}
