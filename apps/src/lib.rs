@@ -6,3 +6,27 @@ pub mod iperf_server;
 pub mod net;
 pub mod report;
 pub mod services;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A flag set by Ctrl-C or SIGTERM (one handler per process).
+pub fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    ctrlc::set_handler(move || s.store(true, Ordering::Relaxed))
+        .map_err(|e| anyhow::anyhow!("installing the signal handler: {e}"))?;
+    Ok(stop)
+}
+
+/// A binary's exit: its code, or one error line (`NAME: reason`) and status 2.
+pub fn exit(name: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

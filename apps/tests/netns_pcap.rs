@@ -92,6 +92,24 @@ impl Topo {
         self.daemon_with(&[])
     }
 
+    /// `uping` in the stack namespace as 10.77.0.2.
+    fn uping(&self, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns("stack"),
+                env!("CARGO_BIN_EXE_uping"),
+                "--pcap",
+                &self.stack_if(),
+                "--ip",
+                "10.77.0.2/24",
+            ])
+            .args(args)
+            .output()
+            .expect("run uping")
+    }
+
     fn daemon_with(&self, extra: &[&str]) -> Daemon {
         let child = self
             .ustack(&["run", "--pcap", &self.stack_if(), "--ip", "10.77.0.2/24"])
@@ -580,20 +598,7 @@ fn uping_output_matches_iputils_against_linux_and_ustack() {
     drop(d.stop());
 
     // uping in the stack's namespace to the Linux kernel.
-    let up = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &topo.ns("stack"),
-            env!("CARGO_BIN_EXE_uping"),
-            "--pcap",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-        ])
-        .args(["-c", "4", "-i", "0.1", "10.77.0.1"])
-        .output()
-        .unwrap();
+    let up = topo.uping(&["-c", "4", "-i", "0.1", "10.77.0.1"]);
     let text = String::from_utf8_lossy(&up.stdout);
     assert_eq!(
         up.status.code(),
@@ -604,49 +609,23 @@ fn uping_output_matches_iputils_against_linux_and_ustack() {
     assert_eq!(fmt.parse(&text, "10.77.0.1"), (vec![1, 2, 3, 4], 4, 4, 0.0));
 
     // Nobody at .99: no reply, 100% loss, exit status 1.
-    let up = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &topo.ns("stack"),
-            env!("CARGO_BIN_EXE_uping"),
-            "--pcap",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-        ])
-        .args(["-c", "2", "-i", "0.1", "-W", "1", "10.77.0.99"])
-        .output()
-        .unwrap();
+    let up = topo.uping(&["-c", "2", "-i", "0.1", "-W", "1", "10.77.0.99"]);
     let text = String::from_utf8_lossy(&up.stdout);
     assert_eq!(up.status.code(), Some(1), "{text}");
     assert_eq!(fmt.parse(&text, "10.77.0.99"), (vec![], 2, 0, 100.0));
 
     // Loss is counted: the stack drops 30% of frames each way.
-    let up = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &topo.ns("stack"),
-            env!("CARGO_BIN_EXE_uping"),
-            "--pcap",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-        ])
-        .args([
-            "--impair",
-            "loss=0.3,seed=4",
-            "-c",
-            "40",
-            "-i",
-            "0.02",
-            "-W",
-            "1",
-            "10.77.0.1",
-        ])
-        .output()
-        .unwrap();
+    let up = topo.uping(&[
+        "--impair",
+        "loss=0.3,seed=4",
+        "-c",
+        "40",
+        "-i",
+        "0.02",
+        "-W",
+        "1",
+        "10.77.0.1",
+    ]);
     let text = String::from_utf8_lossy(&up.stdout);
     let (seqs, tx, rx, loss) = fmt.parse(&text, "10.77.0.1");
     assert_eq!(tx, 40);

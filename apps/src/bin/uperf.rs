@@ -79,11 +79,5 @@ impl NodeUser for Serve<'_> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match with_node(&cli.net, Serve(&cli)) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("uperf: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    ustack_apps::exit("uperf", with_node(&cli.net, Serve(&cli)))
 }

@@ -57,13 +57,7 @@ fn interval(s: &str) -> Result<f64, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match ping(&cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("uping: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    ustack_apps::exit("uping", ping(&cli))
 }
 
 /// RTT as iputils prints a reply's time: more decimals for shorter times.

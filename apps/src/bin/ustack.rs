@@ -21,6 +21,7 @@ use ustack::{Instant, Stack};
 use ustack_apps::net::{NetArgs, NodeUser, with_node};
 use ustack_apps::report::{counters, ms};
 use ustack_apps::services::Services;
+use ustack_apps::stop_flag;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -136,22 +137,7 @@ fn main() -> ExitCode {
         Cmd::Run(args) => run(&args),
         Cmd::Send(args) => send(&args),
     };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("ustack: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// Set by Ctrl-C / SIGTERM.
-fn stop_flag() -> Result<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    ctrlc::set_handler(move || s.store(true, Ordering::Relaxed))
-        .context("installing the signal handler")?;
-    Ok(stop)
+    ustack_apps::exit("ustack", result)
 }
 
 fn loop_config(core: Option<usize>, duration: Option<f64>) -> LoopConfig {

@@ -104,7 +104,8 @@ const UNLIMITED: usize = usize::MAX >> 4;
 /// arithmetic far from overflow.
 const MAX_MSS: usize = u16::MAX as usize;
 
-/// Bytes of one ACK that count toward slow-start growth (RFC 3465, L = 2).
+/// L of RFC 3465: at most this many segments of one ACK count toward
+/// slow-start growth.
 const ABC_LIMIT_SEGMENTS: usize = 2;
 
 /// Window state and arithmetic shared by both controllers.

@@ -243,6 +243,11 @@ mod test {
             ..RttConfig::default()
         });
         assert_eq!(r.rto(), Duration::from_secs(60));
+        let r = RttEstimator::new(RttConfig {
+            initial_rto: ms(50),
+            ..RttConfig::default()
+        });
+        assert_eq!(r.rto(), ms(200));
         // Crossed bounds: the ceiling wins, nothing panics.
         let mut r = RttEstimator::new(RttConfig {
             min_rto: Duration::from_secs(10),
