@@ -1,4 +1,4 @@
-//! The iperf3-compatible server run by `uperf -s` (and later `ustack run`).
+//! The iperf3-compatible server run by `uperf -s` and by `ustack run` on 5201.
 
 use std::fmt::Write as _;
 

@@ -1,4 +1,4 @@
-//! What `ustack run` serves: TCP echo (7) and discard (9).
+//! TCP echo (7) and discard (9), served by `ustack run` (beside iperf3 on 5201).
 
 use ustack::runtime::{App, Control};
 use ustack::tcp::{ListenHandle, TcpHandle};

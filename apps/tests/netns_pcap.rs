@@ -708,3 +708,23 @@ fn stock_iperf3_client_against_uperf_server() {
         );
     }
 }
+
+/// `ustack run` serves iperf3 on 5201, test after test.
+#[test]
+fn ustack_run_serves_iperf3() {
+    need_root!();
+    let topo = Topo::up("ir", None);
+    let d = topo.daemon();
+    for args in [&["-t", "1"][..], &["-t", "1", "-R"]] {
+        let client = topo.linux(&[&["iperf3", "-c", "10.77.0.2", "-J"][..], args].concat());
+        let json: serde_json::Value = serde_json::from_slice(&client.stdout).expect("iperf3 JSON");
+        assert!(client.status.success(), "iperf3 {args:?}: {json}");
+        assert!(
+            json["end"]["sum_received"]["bytes"].as_u64().unwrap() > 1 << 20,
+            "{json}"
+        );
+    }
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("; 2 iperf3 tests"), "{out}");
+}

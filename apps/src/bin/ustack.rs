@@ -18,6 +18,7 @@ use ustack::runtime::{self, App, Control, LoopConfig, Node};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::udp::UdpHandle;
 use ustack::{Instant, Stack};
+use ustack_apps::iperf_server::IperfServer;
 use ustack_apps::net::{NetArgs, NodeUser, with_node};
 use ustack_apps::report::{counters, ms};
 use ustack_apps::services::Services;
@@ -148,6 +149,23 @@ fn loop_config(core: Option<usize>, duration: Option<f64>) -> LoopConfig {
     }
 }
 
+/// What `ustack run` serves: echo and discard, and the iperf3 server.
+struct DaemonApps {
+    services: Services,
+    iperf: IperfServer,
+}
+
+impl App for DaemonApps {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        self.services.poll(now, stack);
+        self.iperf.poll(now, stack);
+        for line in self.iperf.output.drain(..) {
+            println!("{line}");
+        }
+        Control::Continue
+    }
+}
+
 struct Daemon<'a> {
     args: &'a RunArgs,
     stop: Arc<AtomicBool>,
@@ -159,9 +177,12 @@ impl NodeUser for Daemon<'_> {
         if self.args.tui {
             tracing::debug!("no TUI in this build yet: counters are printed at exit");
         }
-        let mut services = Services::new();
+        let mut services = DaemonApps {
+            services: Services::new(),
+            iperf: IperfServer::new(5201, false),
+        };
         println!(
-            "ustack: {} ({}) on {}; answering ARP and ping, TCP echo on 7 and discard on 9",
+            "ustack: {} ({}) on {}; answering ARP and ping, TCP echo on 7, discard on 9, iperf3 on 5201",
             node.stack.config().ip,
             node.stack.mac(),
             self.args.net.describe()
@@ -184,11 +205,13 @@ impl NodeUser for Daemon<'_> {
                 counters(&format!("ustack {}", node.stack.config().ip), s)
             );
         }
+        let iperf_tests = services.iperf.finished.len();
+        let (echo, iperf) = (&services.services, &services.iperf);
         println!(
-            "tcp services: {} bytes in, {} echoed",
-            services.bytes_in, services.bytes_echoed
+            "tcp services: {} bytes in, {} echoed; {iperf_tests} iperf3 tests",
+            echo.bytes_in, echo.bytes_echoed
         );
-        if let Some(e) = &services.error {
+        if let Some(e) = echo.error.as_ref().or(iperf.error.as_ref()) {
             bail!("{e}");
         }
         result?;
