@@ -111,9 +111,9 @@ pub enum ConnError {
     Aborted,
 }
 
-/// A parsed incoming segment (from `smoltcp::wire::TcpRepr`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Segment<'a> {
+/// The header fields and options of a segment, in either direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Header {
     pub seq: Seq,
     pub ack: Option<Seq>,
     pub syn: bool,
@@ -125,36 +125,50 @@ pub struct Segment<'a> {
     pub sack_permitted: bool,
     pub sack: [Option<(Seq, Seq)>; 3],
     pub timestamp: Option<(u32, u32)>,
+}
+
+/// A parsed incoming segment (from `smoltcp::wire::TcpRepr`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Segment<'a> {
+    pub hdr: Header,
     pub payload: &'a [u8],
 }
 
 impl Segment<'_> {
     /// Sequence space the segment occupies.
     pub fn len(&self) -> usize {
-        self.payload.len() + usize::from(self.syn) + usize::from(self.fin)
+        self.payload.len() + usize::from(self.hdr.syn) + usize::from(self.hdr.fin)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
-/// A segment to send: header fields, options and a range of the send buffer.
+/// A segment to send: its header and a range of the send buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outgoing {
-    pub seq: Seq,
-    pub ack: Option<Seq>,
-    pub syn: bool,
-    pub fin: bool,
-    pub rst: bool,
-    pub window: u16,
-    pub mss: Option<u16>,
-    pub wscale: Option<u8>,
-    pub sack_permitted: bool,
-    pub sack: [Option<(Seq, Seq)>; 3],
-    pub timestamp: Option<(u32, u32)>,
+    pub hdr: Header,
     /// Offset of the payload in the send buffer, and its length.
     pub payload_offset: usize,
     pub payload_len: usize,
+}
+
+impl From<Header> for Outgoing {
+    /// A segment without payload.
+    fn from(hdr: Header) -> Self {
+        Outgoing {
+            hdr,
+            payload_offset: 0,
+            payload_len: 0,
+        }
+    }
+}
+
+impl From<Header> for Segment<'_> {
+    /// A segment without payload.
+    fn from(hdr: Header) -> Self {
+        Segment { hdr, payload: &[] }
+    }
 }
 
 /// Counters of one connection, for telemetry.
@@ -408,12 +422,12 @@ impl TcpConn {
     ) -> Self {
         let mut c = Self::new(cfg, local, remote, iss, State::SynReceived);
         c.take_syn_options(syn);
-        c.irs = syn.seq;
-        c.rcv_nxt = syn.seq + 1;
+        c.irs = syn.hdr.seq;
+        c.rcv_nxt = syn.hdr.seq + 1;
         c.rcv_adv = c.rcv_nxt;
-        c.snd_wnd = usize::from(syn.window);
+        c.snd_wnd = usize::from(syn.hdr.window);
         c.max_snd_wnd = c.snd_wnd;
-        c.snd_wl1 = syn.seq;
+        c.snd_wl1 = syn.hdr.seq;
         c
     }
 
@@ -421,18 +435,18 @@ impl TcpConn {
         self.mss = self
             .cfg
             .mss
-            .min(syn.mss.map_or(DEFAULT_MSS, usize::from))
+            .min(syn.hdr.mss.map_or(DEFAULT_MSS, usize::from))
             .max(64);
         self.cc.set_mss(self.mss);
-        match syn.wscale {
+        match syn.hdr.wscale {
             Some(s) if self.cfg.window_scaling => self.snd_wscale = s.min(MAX_WSCALE),
             _ => {
                 self.snd_wscale = 0;
                 self.rcv_wscale = 0;
             }
         }
-        self.sack_enabled = self.cfg.sack && syn.sack_permitted;
-        if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.timestamp) {
+        self.sack_enabled = self.cfg.sack && syn.hdr.sack_permitted;
+        if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.hdr.timestamp) {
             self.ts_enabled = true;
             self.ts_recent = tsval;
         } else {
@@ -668,37 +682,37 @@ impl TcpConn {
     }
 
     fn on_segment_syn_sent(&mut self, now: Instant, seg: &Segment<'_>) {
-        if let Some(ack) = seg.ack {
+        if let Some(ack) = seg.hdr.ack {
             if ack.diff(self.iss) <= 0 || ack.diff(self.snd_max) > 0 {
-                if !seg.rst {
+                if !seg.hdr.rst {
                     self.rst_pending = Some((ack, None));
                 }
                 self.stats.bad_segments += 1;
                 return;
             }
         }
-        if seg.rst {
-            if seg.ack.is_some() {
+        if seg.hdr.rst {
+            if seg.hdr.ack.is_some() {
                 self.error = Some(ConnError::Refused);
                 self.state = State::Closed;
                 self.clear_timers();
             }
             return;
         }
-        if !seg.syn {
+        if !seg.hdr.syn {
             return;
         }
         self.take_syn_options(seg);
-        self.irs = seg.seq;
-        self.rcv_nxt = seg.seq + 1;
+        self.irs = seg.hdr.seq;
+        self.rcv_nxt = seg.hdr.seq + 1;
         self.rcv_adv = self.rcv_nxt;
-        if let Some(ack) = seg.ack {
+        if let Some(ack) = seg.hdr.ack {
             self.snd_una = ack;
             self.data_start = ack;
             self.sample_rtt(now, ack);
-            self.snd_wnd = usize::from(seg.window) << self.snd_wscale;
+            self.snd_wnd = usize::from(seg.hdr.window) << self.snd_wscale;
             self.max_snd_wnd = self.snd_wnd;
-            self.snd_wl1 = seg.seq;
+            self.snd_wl1 = seg.hdr.seq;
             self.snd_wl2 = ack;
             self.state = if self.fin_queued {
                 State::FinWait1
@@ -711,8 +725,8 @@ impl TcpConn {
         } else {
             // Simultaneous open: answer with SYN-ACK.
             self.state = State::SynReceived;
-            self.snd_wnd = usize::from(seg.window);
-            self.snd_wl1 = seg.seq;
+            self.snd_wnd = usize::from(seg.hdr.window);
+            self.snd_wl1 = seg.hdr.seq;
             self.snd_nxt = self.iss;
             self.send_syn = true;
         }
@@ -725,7 +739,7 @@ impl TcpConn {
             .rcv_adv
             .since(self.rcv_nxt)
             .max(self.advertisable_window());
-        segment_acceptable(seg.seq, seg.len(), self.rcv_nxt, wnd)
+        segment_acceptable(seg.hdr.seq, seg.len(), self.rcv_nxt, wnd)
     }
 
     fn challenge_ack(&mut self, now: Instant) {
@@ -743,9 +757,9 @@ impl TcpConn {
 
     fn on_segment_synchronized(&mut self, now: Instant, seg: &Segment<'_>) {
         // PAWS (RFC 7323 §5): an old timestamp means an old duplicate.
-        if self.ts_enabled && !seg.rst {
-            if let Some((tsval, _)) = seg.timestamp {
-                if (tsval.wrapping_sub(self.ts_recent) as i32) < 0 && !seg.syn {
+        if self.ts_enabled && !seg.hdr.rst {
+            if let Some((tsval, _)) = seg.hdr.timestamp {
+                if (tsval.wrapping_sub(self.ts_recent) as i32) < 0 && !seg.hdr.syn {
                     self.ack_now = true;
                     self.stats.bad_segments += 1;
                     return;
@@ -753,10 +767,10 @@ impl TcpConn {
             }
         }
         if self.state == State::SynReceived
-            && seg.syn
-            && !seg.rst
-            && seg.ack.is_none()
-            && seg.seq == self.irs
+            && seg.hdr.syn
+            && !seg.hdr.rst
+            && seg.hdr.ack.is_none()
+            && seg.hdr.seq == self.irs
         {
             // The peer retransmitted its SYN: our SYN-ACK was lost.
             self.snd_nxt = self.iss;
@@ -764,15 +778,15 @@ impl TcpConn {
             return;
         }
         if !self.acceptable(seg) {
-            if !seg.rst {
+            if !seg.hdr.rst {
                 self.ack_now = true;
             }
             self.stats.bad_segments += 1;
             return;
         }
-        if seg.rst {
+        if seg.hdr.rst {
             // RFC 5961 §3: only an exact match resets; in-window gets a challenge.
-            if seg.seq == self.rcv_nxt {
+            if seg.hdr.seq == self.rcv_nxt {
                 self.error = Some(if self.state == State::SynReceived {
                     ConnError::Refused
                 } else {
@@ -785,20 +799,20 @@ impl TcpConn {
             }
             return;
         }
-        if seg.syn {
+        if seg.hdr.syn {
             // RFC 5961 §4: a SYN in a synchronized state gets a challenge ACK.
             self.challenge_ack(now);
             return;
         }
-        let Some(ack) = seg.ack else {
+        let Some(ack) = seg.hdr.ack else {
             return;
         };
         if self.state == State::SynReceived {
             if ack.diff(self.snd_una) > 0 && ack.diff(self.snd_max) <= 0 {
                 self.state = State::Established;
-                self.snd_wnd = usize::from(seg.window) << self.snd_wscale;
+                self.snd_wnd = usize::from(seg.hdr.window) << self.snd_wscale;
                 self.max_snd_wnd = self.snd_wnd;
-                self.snd_wl1 = seg.seq;
+                self.snd_wl1 = seg.hdr.seq;
                 self.snd_wl2 = ack;
                 self.retries = 0;
                 if self.fin_queued {
@@ -820,8 +834,8 @@ impl TcpConn {
             return;
         }
         if self.ts_enabled {
-            if let Some((tsval, _)) = seg.timestamp {
-                if seg.seq.diff(self.last_ack_sent) <= 0
+            if let Some((tsval, _)) = seg.hdr.timestamp {
+                if seg.hdr.seq.diff(self.last_ack_sent) <= 0
                     && (tsval.wrapping_sub(self.ts_recent) as i32) >= 0
                 {
                     self.ts_recent = tsval;
@@ -836,12 +850,12 @@ impl TcpConn {
     }
 
     fn process_ack(&mut self, now: Instant, seg: &Segment<'_>, ack: Seq) {
-        let window = usize::from(seg.window) << self.snd_wscale;
+        let window = usize::from(seg.hdr.window) << self.snd_wscale;
         let mut newly_sacked = 0;
         if self.sack_enabled {
             let mut blocks = [(Seq(0), Seq(0)); 3];
             let mut n = 0;
-            for b in seg.sack.iter().flatten() {
+            for b in seg.hdr.sack.iter().flatten() {
                 blocks[n] = *b;
                 n += 1;
             }
@@ -886,7 +900,7 @@ impl TcpConn {
             self.on_fin_acked();
         } else if ack == self.snd_una
             && seg.payload.is_empty()
-            && !seg.fin
+            && !seg.hdr.fin
             && window == self.snd_wnd
             && self.snd_max.diff(self.snd_una) > 0
         {
@@ -904,12 +918,12 @@ impl TcpConn {
             self.enter_recovery(now);
         }
         // Window update (RFC 9293 3.10.7.4).
-        if self.snd_wl1.diff(seg.seq) < 0
-            || (self.snd_wl1 == seg.seq && self.snd_wl2.diff(ack) <= 0)
+        if self.snd_wl1.diff(seg.hdr.seq) < 0
+            || (self.snd_wl1 == seg.hdr.seq && self.snd_wl2.diff(ack) <= 0)
         {
             self.snd_wnd = window;
             self.max_snd_wnd = self.max_snd_wnd.max(window);
-            self.snd_wl1 = seg.seq;
+            self.snd_wl1 = seg.hdr.seq;
             self.snd_wl2 = ack;
             if window > 0 {
                 self.persist_at = None;
@@ -961,8 +975,8 @@ impl TcpConn {
     }
 
     fn process_data(&mut self, now: Instant, seg: &Segment<'_>) {
-        if seg.fin {
-            self.peer_fin = Some(seg.seq + seg.payload.len());
+        if seg.hdr.fin {
+            self.peer_fin = Some(seg.hdr.seq + seg.payload.len());
         }
         let receiving = matches!(
             self.state,
@@ -970,9 +984,9 @@ impl TcpConn {
         );
         if receiving && !seg.payload.is_empty() {
             // Trim what we already have.
-            let skip = self.rcv_nxt.since(seg.seq).min(seg.payload.len());
+            let skip = self.rcv_nxt.since(seg.hdr.seq).min(seg.payload.len());
             let data = &seg.payload[skip..];
-            let offset = seg.seq.since(self.rcv_nxt);
+            let offset = seg.hdr.seq.since(self.rcv_nxt);
             let before_ooo = self.rcvbuf.ooo_bytes();
             let out = self.rcvbuf.write_at(offset, data);
             if out.dropped {
@@ -1016,7 +1030,7 @@ impl TcpConn {
                     State::FinWait2 => self.enter_time_wait(),
                     _ => {}
                 }
-            } else if seg.fin && self.state == State::TimeWait && fin.diff(self.rcv_nxt) < 0 {
+            } else if seg.hdr.fin && self.state == State::TimeWait && fin.diff(self.rcv_nxt) < 0 {
                 // A retransmitted FIN: ACK again and restart 2 MSL.
                 self.ack_now = true;
                 self.time_wait_at = None;
@@ -1129,18 +1143,18 @@ impl TcpConn {
                 *slot = Some((self.rcv_nxt + s, self.rcv_nxt + e));
             }
         }
-        Outgoing {
+        Outgoing::from(Header {
             seq: self.snd_nxt,
             ack: Some(self.rcv_nxt),
             window,
             sack,
             timestamp: self.ts_enabled.then(|| (self.tsval(now), self.ts_recent)),
-            ..Outgoing::default()
-        }
+            ..Header::default()
+        })
     }
 
     fn sent_ack(&mut self, seg: &Outgoing) {
-        if let Some(ack) = seg.ack {
+        if let Some(ack) = seg.hdr.ack {
             self.last_ack_sent = ack;
         }
         self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
@@ -1155,12 +1169,12 @@ impl TcpConn {
         self.on_timer(now);
         if let Some((seq, ack)) = self.rst_pending.take() {
             self.stats.segs_out += 1;
-            return Some(Outgoing {
+            return Some(Outgoing::from(Header {
                 seq,
                 ack,
                 rst: true,
-                ..Outgoing::default()
-            });
+                ..Header::default()
+            }));
         }
         match self.state {
             State::Closed | State::Listen => return None,
@@ -1186,7 +1200,7 @@ impl TcpConn {
             self.probe_pending = false;
             // Zero-window probe: an old sequence number draws an ACK with the window.
             let mut seg = self.base_segment(now);
-            seg.seq = self.snd_una - 1;
+            seg.hdr.seq = self.snd_una - 1;
             self.sent_ack(&seg);
             self.arm_persist(now);
             return Some(seg);
@@ -1205,7 +1219,7 @@ impl TcpConn {
         }
         self.send_syn = false;
         let synack = self.state == State::SynReceived;
-        let seg = Outgoing {
+        let seg = Outgoing::from(Header {
             seq: self.iss,
             ack: synack.then_some(self.rcv_nxt),
             syn: true,
@@ -1217,10 +1231,10 @@ impl TcpConn {
             sack_permitted: self.cfg.sack && (!synack || self.sack_enabled),
             timestamp: (self.cfg.timestamps && (!synack || self.ts_enabled))
                 .then(|| (self.tsval(now), if synack { self.ts_recent } else { 0 })),
-            ..Outgoing::default()
-        };
+            ..Header::default()
+        });
         if synack {
-            self.rcv_adv = self.rcv_nxt + usize::from(seg.window);
+            self.rcv_adv = self.rcv_nxt + usize::from(seg.hdr.window);
         }
         self.snd_nxt = self.iss + 1;
         if self.snd_max.diff(self.snd_nxt) < 0 {
@@ -1312,9 +1326,9 @@ impl TcpConn {
                 State::FinWait1 | State::Closing | State::LastAck
             )
         {
-            seg.fin = true;
+            seg.hdr.fin = true;
         }
-        let advance = len + usize::from(seg.fin);
+        let advance = len + usize::from(seg.hdr.fin);
         if advance == 0 {
             return None;
         }
@@ -1387,10 +1401,10 @@ impl TcpConn {
             return None;
         }
         let mut seg = self.base_segment(now);
-        seg.seq = start;
+        seg.hdr.seq = start;
         seg.payload_offset = start.since(self.data_start);
         seg.payload_len = len;
-        seg.fin = fin;
+        seg.hdr.fin = fin;
         self.high_rxt = start + (len + usize::from(fin));
         self.stats.retransmits += 1;
         self.rto_at = Some(now + self.rtt.rto());
@@ -1423,17 +1437,7 @@ mod test {
     impl Wire {
         fn seg(&self) -> Segment<'_> {
             Segment {
-                seq: self.out.seq,
-                ack: self.out.ack,
-                syn: self.out.syn,
-                fin: self.out.fin,
-                rst: self.out.rst,
-                window: self.out.window,
-                mss: self.out.mss,
-                wscale: self.out.wscale,
-                sack_permitted: self.out.sack_permitted,
-                sack: self.out.sack,
-                timestamp: self.out.timestamp,
+                hdr: self.out.hdr,
                 payload: &self.payload,
             }
         }
@@ -1463,10 +1467,10 @@ mod test {
         let mut c = TcpConn::connect(ccfg, A, B, Seq(1000));
         let syn = drain(&mut c, t);
         assert_eq!(syn.len(), 1);
-        assert!(syn[0].out.syn && syn[0].out.ack.is_none());
+        assert!(syn[0].out.hdr.syn && syn[0].out.hdr.ack.is_none());
         let mut s = TcpConn::accept(scfg, B, A, Seq(5000), &syn[0].seg());
         let synack = drain(&mut s, t);
-        assert!(synack[0].out.syn && synack[0].out.ack == Some(Seq(1001)));
+        assert!(synack[0].out.hdr.syn && synack[0].out.hdr.ack == Some(Seq(1001)));
         c.on_segment(t, &synack[0].seg());
         assert_eq!(c.state(), State::Established);
         for w in drain(&mut c, t) {
@@ -1673,11 +1677,11 @@ mod test {
         let (mut c, _s, now) = established(cfg(), cfg());
         let rcv_nxt = c.rcv_nxt;
         let rst = |seq| Wire {
-            out: Outgoing {
+            out: Outgoing::from(Header {
                 seq,
                 rst: true,
-                ..Outgoing::default()
-            },
+                ..Header::default()
+            }),
             payload: vec![],
         };
         c.on_segment(now, &rst(rcv_nxt + 100).seg());
@@ -1685,7 +1689,7 @@ mod test {
         assert_eq!(c.stats().challenge_acks, 1);
         let ack = drain(&mut c, now);
         assert_eq!(ack.len(), 1);
-        assert_eq!(ack[0].out.ack, Some(rcv_nxt));
+        assert_eq!(ack[0].out.hdr.ack, Some(rcv_nxt));
         // Out of window: silently ignored.
         c.on_segment(now, &rst(rcv_nxt + 10_000_000).seg());
         assert_eq!(c.stats().challenge_acks, 1);
@@ -1698,11 +1702,11 @@ mod test {
     fn syn_in_established_gets_challenge_ack() {
         let (mut c, _s, now) = established(cfg(), cfg());
         let syn = Wire {
-            out: Outgoing {
+            out: Outgoing::from(Header {
                 seq: c.rcv_nxt + 5,
                 syn: true,
-                ..Outgoing::default()
-            },
+                ..Header::default()
+            }),
             payload: vec![],
         };
         c.on_segment(now, &syn.seg());
@@ -1738,12 +1742,12 @@ mod test {
         let mut c = TcpConn::connect(cfg(), A, B, Seq(1000));
         let syn = drain(&mut c, t);
         let rst = Wire {
-            out: Outgoing {
+            out: Outgoing::from(Header {
                 seq: Seq(0),
-                ack: Some(syn[0].out.seq + 1),
+                ack: Some(syn[0].out.hdr.seq + 1),
                 rst: true,
-                ..Outgoing::default()
-            },
+                ..Header::default()
+            }),
             payload: vec![],
         };
         c.on_segment(t, &rst.seg());
@@ -1973,18 +1977,18 @@ mod test {
     fn old_timestamps_are_rejected_paws() {
         let (mut c, _s, now) = established(cfg(), cfg());
         let mut w = Wire {
-            out: Outgoing {
+            out: Outgoing::from(Header {
                 seq: c.rcv_nxt,
                 ack: Some(c.snd_una),
                 window: 1000,
                 timestamp: Some((c.ts_recent.wrapping_sub(1000), 0)),
-                ..Outgoing::default()
-            },
+                ..Header::default()
+            }),
             payload: b"stale".to_vec(),
         };
         c.on_segment(now, &w.seg());
         assert_eq!(c.recv_available(), 0);
-        w.out.timestamp = Some((c.ts_recent.wrapping_add(1), 0));
+        w.out.hdr.timestamp = Some((c.ts_recent.wrapping_add(1), 0));
         c.on_segment(now, &w.seg());
         assert_eq!(c.recv_available(), 5);
     }
@@ -1994,7 +1998,7 @@ mod test {
         let (mut c, mut s, now) = established(cfg(), cfg());
         c.abort();
         let out = drain(&mut c, now);
-        assert!(out[0].out.rst);
+        assert!(out[0].out.hdr.rst);
         s.on_segment(now, &out[0].seg());
         assert_eq!(s.error(), Some(ConnError::Reset));
     }
@@ -2027,7 +2031,7 @@ mod test {
         s.recv(&mut big);
         let upd = drain(&mut s, now);
         assert_eq!(upd.len(), 1);
-        assert!(usize::from(upd[0].out.window) << s.rcv_wscale >= 8000);
+        assert!(usize::from(upd[0].out.hdr.window) << s.rcv_wscale >= 8000);
     }
 
     proptest::proptest! {

@@ -4,7 +4,7 @@ use std::net::SocketAddrV4;
 
 use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTimestampRepr};
 
-use super::conn::{Outgoing, Segment, State, TcpConn};
+use super::conn::{Header, Outgoing, Segment, State, TcpConn};
 use super::{FlowKey, Seq, TcpTable, local};
 use crate::device::Tx;
 use crate::stack::{IpMeta, Link, Stack};
@@ -17,17 +17,19 @@ fn segment_from<'a>(r: &TcpRepr<'a>) -> Segment<'a> {
         *slot = range.map(|(a, b)| (Seq(a), Seq(b)));
     }
     Segment {
-        seq: r.seq_number.into(),
-        ack: r.ack_number.map(Seq::from),
-        syn: r.control == TcpControl::Syn,
-        fin: r.control == TcpControl::Fin,
-        rst: r.control == TcpControl::Rst,
-        window: r.window_len,
-        mss: r.max_seg_size,
-        wscale: r.window_scale,
-        sack_permitted: r.sack_permitted,
-        sack,
-        timestamp: r.timestamp.map(|t| (t.tsval, t.tsecr)),
+        hdr: Header {
+            seq: r.seq_number.into(),
+            ack: r.ack_number.map(Seq::from),
+            syn: r.control == TcpControl::Syn,
+            fin: r.control == TcpControl::Fin,
+            rst: r.control == TcpControl::Rst,
+            window: r.window_len,
+            mss: r.max_seg_size,
+            wscale: r.window_scale,
+            sack_permitted: r.sack_permitted,
+            sack,
+            timestamp: r.timestamp.map(|t| (t.tsval, t.tsecr)),
+        },
         payload: r.payload,
     }
 }
@@ -42,11 +44,11 @@ fn emit<T: Tx>(
     out: &Outgoing,
     payload: impl FnOnce(&mut [u8]),
 ) -> bool {
-    let control = if out.syn {
+    let control = if out.hdr.syn {
         TcpControl::Syn
-    } else if out.rst {
+    } else if out.hdr.rst {
         TcpControl::Rst
-    } else if out.fin {
+    } else if out.hdr.fin {
         TcpControl::Fin
     } else if out.payload_len > 0 {
         TcpControl::Psh
@@ -54,21 +56,21 @@ fn emit<T: Tx>(
         TcpControl::None
     };
     let mut sack_ranges = [None; 3];
-    for (slot, r) in sack_ranges.iter_mut().zip(out.sack.iter()) {
+    for (slot, r) in sack_ranges.iter_mut().zip(out.hdr.sack.iter()) {
         *slot = r.map(|(a, b)| (a.0, b.0));
     }
     let repr = TcpRepr {
         src_port: local_port,
         dst_port: remote.port(),
         control,
-        seq_number: out.seq.into(),
-        ack_number: out.ack.map(Into::into),
-        window_len: out.window,
-        window_scale: out.wscale,
-        max_seg_size: out.mss,
-        sack_permitted: out.sack_permitted,
+        seq_number: out.hdr.seq.into(),
+        ack_number: out.hdr.ack.map(Into::into),
+        window_len: out.hdr.window,
+        window_scale: out.hdr.wscale,
+        max_seg_size: out.hdr.mss,
+        sack_permitted: out.hdr.sack_permitted,
         sack_ranges,
-        timestamp: out.timestamp.map(|(v, e)| TcpTimestampRepr::new(v, e)),
+        timestamp: out.hdr.timestamp.map(|(v, e)| TcpTimestampRepr::new(v, e)),
         payload: &[],
     };
     let hdr = repr.header_len();
@@ -118,10 +120,10 @@ impl Stack {
             return Ok(());
         }
         let me = local(self.ip(), repr.dst_port);
-        if self.tcp.listeners.contains_key(&repr.dst_port) && !seg.rst {
+        if self.tcp.listeners.contains_key(&repr.dst_port) && !seg.hdr.rst {
             return self.listen_input(now, tx, me, remote, &seg);
         }
-        if !seg.rst {
+        if !seg.hdr.rst {
             self.send_reset(now, tx, me, remote, &seg);
         }
         Err(DropReason::TcpNoSocket)
@@ -144,7 +146,7 @@ impl Stack {
             tcp.ooo_total = tcp.ooo_total.saturating_sub(freed);
             tcp.stats.ooo_pruned += 1;
         }
-        if seg.rst && after == State::Closed {
+        if seg.hdr.rst && after == State::Closed {
             tcp.stats.resets_received += 1;
         }
         if before != after
@@ -178,23 +180,24 @@ impl Stack {
             return Err(DropReason::TcpNoSocket);
         };
         let full = l.ready.len() + l.embryonic >= l.backlog;
-        if seg.syn && seg.ack.is_none() {
+        if seg.hdr.syn && seg.hdr.ack.is_none() {
             if full {
                 // Backlog full: answer statelessly with a SYN cookie.
                 self.tcp.stats.listen_overflows += 1;
                 let mss = seg
+                    .hdr
                     .mss
                     .unwrap_or(536)
                     .min(u16::try_from(self.tcp.cfg.mss).unwrap_or(u16::MAX));
-                let cookie = self.tcp.cookie(now, me, remote, seg.seq, mss);
-                let out = Outgoing {
+                let cookie = self.tcp.cookie(now, me, remote, seg.hdr.seq, mss);
+                let out = Outgoing::from(Header {
                     seq: cookie,
-                    ack: Some(seg.seq + 1),
+                    ack: Some(seg.hdr.seq + 1),
                     syn: true,
                     window: u16::try_from(self.tcp.cfg.recv_buffer).unwrap_or(u16::MAX),
                     mss: Some(mss),
-                    ..Outgoing::default()
-                };
+                    ..Header::default()
+                });
                 if emit(&mut self.link, now, tx, me.port(), remote, &out, |_| {}) {
                     self.tcp.stats.syn_cookies_sent += 1;
                     self.tcp.stats.segs_out += 1;
@@ -208,17 +211,17 @@ impl Stack {
             return Ok(());
         }
         // An ACK for no connection: perhaps the third step of a cookie handshake.
-        if let (Some(ack), false) = (seg.ack, seg.syn) {
-            let peer_isn = seg.seq - 1;
+        if let (Some(ack), false) = (seg.hdr.ack, seg.hdr.syn) {
+            let peer_isn = seg.hdr.seq - 1;
             if let Some(mss) = self.tcp.check_cookie(now, me, remote, peer_isn, ack - 1) {
                 self.tcp.stats.syn_cookies_accepted += 1;
-                let syn = Segment {
+                let syn = Segment::from(Header {
                     seq: peer_isn,
                     syn: true,
-                    window: seg.window,
+                    window: seg.hdr.window,
                     mss: Some(mss),
-                    ..Segment::default()
-                };
+                    ..Header::default()
+                });
                 let mut conn = TcpConn::accept(self.tcp.cfg.clone(), me, remote, ack - 1, &syn);
                 conn.cookie_established();
                 let slot = self.tcp.insert_passive(conn, me.port());
@@ -240,18 +243,18 @@ impl Stack {
         remote: SocketAddrV4,
         seg: &Segment<'_>,
     ) {
-        let out = match seg.ack {
-            Some(ack) => Outgoing {
+        let out = match seg.hdr.ack {
+            Some(ack) => Outgoing::from(Header {
                 seq: ack,
                 rst: true,
-                ..Outgoing::default()
-            },
-            None => Outgoing {
+                ..Header::default()
+            }),
+            None => Outgoing::from(Header {
                 seq: Seq(0),
-                ack: Some(seg.seq + seg.len()),
+                ack: Some(seg.hdr.seq + seg.len()),
                 rst: true,
-                ..Outgoing::default()
-            },
+                ..Header::default()
+            }),
         };
         if emit(&mut self.link, now, tx, me.port(), remote, &out, |_| {}) {
             self.tcp.stats.resets_sent += 1;
@@ -291,7 +294,7 @@ impl Stack {
                     c.copy_payload(&out, buf);
                 }) {
                     stats.segs_out += 1;
-                    if out.rst {
+                    if out.hdr.rst {
                         stats.resets_sent += 1;
                     }
                 }
