@@ -403,7 +403,9 @@ impl App for IperfServer {
                 }
             }
         }
-        if !reverse {
+        // A forward test counts what arrives until the results go out, so
+        // the summary and the results JSON tell the same number.
+        if !reverse && t.phase != Phase::Done {
             for s in &mut t.streams {
                 while let Ok(n) = stack.tcp_recv(s.h, &mut self.buf) {
                     if n == 0 {

@@ -1,11 +1,16 @@
 //! Pieces shared by the `ustack`, `uping` and `uperf` binaries.
 #![forbid(unsafe_code)]
 
+pub mod cpu;
 pub mod iperf;
+pub mod iperf_client;
 pub mod iperf_server;
+pub mod mesh;
 pub mod net;
+pub mod rdma;
 pub mod report;
 pub mod services;
+pub mod telemetry;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use ustack::device::Device;
 use ustack::impair::Impaired;
-use ustack::runtime::Node;
+use ustack::runtime::{IdleMode, LoopConfig, Node};
 use ustack::sim::LinkConfig;
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
 use ustack::{Config, Stack};
@@ -17,9 +17,22 @@ pub struct NetArgs {
     /// Run on this interface through libpcap (the stack takes its own MAC and IP).
     #[arg(long, value_name = "IFACE", conflicts_with_all = ["dpdk", "sim"])]
     pub pcap: Option<String>,
-    /// Run on DPDK port 0 with these EAL arguments.
-    #[arg(long, value_name = "EAL ARGS", conflicts_with = "sim")]
+    /// Run on a DPDK port (0 unless --dpdk-port) with these EAL arguments,
+    /// e.g. "--no-huge -m 256 --no-pci --vdev=net_af_packet0,iface=eth1".
+    #[arg(
+        long,
+        value_name = "EAL ARGS",
+        conflicts_with = "sim",
+        allow_hyphen_values = true
+    )]
     pub dpdk: Option<String>,
+    /// With --dpdk: the port to run on.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "dpdk")]
+    pub dpdk_port: u16,
+    /// With --dpdk: mbufs in the port's pool (receive and transmit).
+    #[arg(long, value_name = "N", default_value_t = 8191, requires = "dpdk",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub dpdk_mbufs: u32,
     /// Run on the in-process simulated link.
     #[arg(long)]
     pub sim: bool,
@@ -137,6 +150,22 @@ impl NetArgs {
         Ok(cfg)
     }
 
+    /// The poll loop's settings from these flags: pinned to --core if given,
+    /// and busy-polling when that core is dedicated to a DPDK port (without
+    /// --core the loop backs off when idle, so shared CPUs are not starved).
+    pub fn loop_config(&self) -> LoopConfig {
+        let idle = if self.dpdk.is_some() && self.core.is_some() {
+            IdleMode::BusyPoll
+        } else {
+            LoopConfig::default().idle
+        };
+        LoopConfig {
+            core: self.core,
+            idle,
+            ..LoopConfig::default()
+        }
+    }
+
     /// A short description of the backend for log lines.
     pub fn describe(&self) -> String {
         match (&self.pcap, &self.dpdk) {
@@ -159,10 +188,8 @@ pub fn with_node<U: NodeUser>(net: &NetArgs, user: U) -> Result<U::Output> {
     if let Some(iface) = &net.pcap {
         return open_pcap(net, iface, cfg, user);
     }
-    if net.dpdk.is_some() {
-        bail!(
-            "this build has no DPDK backend yet (--dpdk arrives with the dpdk feature); use --pcap IFACE"
-        );
+    if let Some(eal_args) = &net.dpdk {
+        return open_dpdk(net, eal_args, cfg, user);
     }
     if net.sim {
         bail!(
@@ -192,6 +219,48 @@ fn open_pcap<U: NodeUser>(net: &NetArgs, iface: &str, cfg: Config, user: U) -> R
 fn open_pcap<U: NodeUser>(_: &NetArgs, _: &str, _: Config, _: U) -> Result<U::Output> {
     let _ = (Stack::new, Impaired::<ustack::sim::SimPort>::new);
     bail!("this build has no pcap backend: rebuild with `--features pcap` (needs libpcap-dev)")
+}
+
+#[cfg(feature = "dpdk")]
+fn open_dpdk<U: NodeUser>(
+    net: &NetArgs,
+    eal_args: &str,
+    cfg: Config,
+    user: U,
+) -> Result<U::Output> {
+    use ustack_dpdk::{DpdkPort, DpdkPortConfig, Eal};
+    let eal = Eal::init(eal_args)?;
+    let mut pcfg = DpdkPortConfig::new(net.dpdk_port);
+    pcfg.mbufs = net.dpdk_mbufs;
+    pcfg.mtu = cfg.mtu;
+    // The port holds the EAL; it is cleaned up when the node (port) drops.
+    let port = DpdkPort::open(&eal, &pcfg)?;
+    drop(eal);
+    let stack = Stack::new(cfg);
+    match (&net.capture, &net.impair) {
+        #[cfg(feature = "pcap")]
+        (Some(path), imp) => {
+            use ustack::backend::pcap::Captured;
+            match imp {
+                Some(imp) => user.run(Node::new(
+                    stack,
+                    Captured::new(Impaired::new(port, imp.clone()), path)?,
+                )),
+                None => user.run(Node::new(stack, Captured::new(port, path)?)),
+            }
+        }
+        #[cfg(not(feature = "pcap"))]
+        (Some(_), _) => {
+            bail!("--capture needs the pcap feature: rebuild with `--features dpdk,pcap`")
+        }
+        (None, Some(imp)) => user.run(Node::new(stack, Impaired::new(port, imp.clone()))),
+        (None, None) => user.run(Node::new(stack, port)),
+    }
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk<U: NodeUser>(_: &NetArgs, _: &str, _: Config, _: U) -> Result<U::Output> {
+    bail!("this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)")
 }
 
 #[cfg(test)]

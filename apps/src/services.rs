@@ -10,6 +10,9 @@ struct Conn {
     /// Echo bytes read but not yet written back.
     pending: Vec<u8>,
     sent: usize,
+    /// Discard: CRC-32 and count of the bytes received.
+    crc: crc32fast::Hasher,
+    got: u64,
 }
 
 /// TCP echo and discard servers.
@@ -25,6 +28,8 @@ pub struct Services {
     pub bytes_echoed: u64,
     /// Listening failed (a port in use): the reason.
     pub error: Option<String>,
+    /// (bytes, CRC-32) of each discard connection the peer finished cleanly.
+    pub discarded: Vec<(u64, u32)>,
 }
 
 impl core::fmt::Debug for Services {
@@ -68,11 +73,14 @@ impl App for Services {
                     echo,
                     pending: Vec::new(),
                     sent: 0,
+                    crc: crc32fast::Hasher::new(),
+                    got: 0,
                 });
             }
         }
         let buf = &mut self.buf;
         let (bytes_in, bytes_echoed) = (&mut self.bytes_in, &mut self.bytes_echoed);
+        let discarded = &mut self.discarded;
         self.conns.retain_mut(|c| {
             // Write back what is pending before reading more (backpressure).
             while c.sent < c.pending.len() {
@@ -96,6 +104,10 @@ impl App for Services {
                         Ok(0) => break,
                         Ok(n) => {
                             *bytes_in += n as u64;
+                            if !c.echo {
+                                c.crc.update(&buf[..n]);
+                                c.got += n as u64;
+                            }
                             if c.echo {
                                 c.pending.extend_from_slice(&buf[..n]);
                                 break;
@@ -111,6 +123,9 @@ impl App for Services {
             match stack.tcp_status(c.h) {
                 Ok(s) if s.eof && c.pending.is_empty() => {
                     // The peer is done and everything was echoed: close our side.
+                    if !c.echo {
+                        discarded.push((c.got, c.crc.clone().finalize()));
+                    }
                     let _ = stack.tcp_close(c.h);
                     false
                 }

@@ -728,3 +728,146 @@ fn ustack_run_serves_iperf3() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("; 2 iperf3 tests"), "{out}");
 }
+
+/// `uperf -c` against a stock `iperf3 -s`: forward, reverse, parallel. Both
+/// sides print iperf3 JSON, and each side's view of the bytes sent and
+/// received is the same numbers.
+#[test]
+fn uperf_client_against_stock_iperf3_server() {
+    need_root!();
+    let topo = Topo::up("ic", None);
+    for args in [
+        &["-t", "2"][..],
+        &["-t", "2", "-R"],
+        &["-t", "2", "-P", "2"],
+        &["-t", "2", "-R", "-P", "3"],
+    ] {
+        let server = Command::new("ip")
+            .args(["netns", "exec", &topo.ns("linux")])
+            .args(["iperf3", "-s", "-1", "-J", "-B", "10.77.0.1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut server = scopeguard(server);
+        std::thread::sleep(Duration::from_millis(500));
+        let client = Command::new("ip")
+            .args(["netns", "exec", &topo.ns("stack")])
+            .arg(env!("CARGO_BIN_EXE_uperf"))
+            .args(["--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"])
+            .args(["-c", "10.77.0.1", "-J"])
+            .args(args)
+            .output()
+            .unwrap();
+        let ours: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
+            panic!(
+                "uperf {args:?} JSON: {e}: {}{}",
+                String::from_utf8_lossy(&client.stdout),
+                String::from_utf8_lossy(&client.stderr)
+            )
+        });
+        assert!(client.status.success(), "uperf {args:?}: {ours}");
+        assert!(ours.get("error").is_none(), "{ours}");
+        let out = server.0.take().unwrap().wait_with_output().unwrap();
+        let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "iperf3 -s JSON: {e}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        assert!(out.status.success(), "iperf3 -s: {theirs}");
+        let want = args
+            .iter()
+            .position(|a| *a == "-P")
+            .map_or(1, |i| args[i + 1].parse().unwrap());
+        for key in ["sum_sent", "sum_received"] {
+            let a = ours["end"][key]["bytes"].as_u64().unwrap();
+            let b = theirs["end"][key]["bytes"].as_u64().unwrap();
+            assert_eq!(a, b, "{args:?} {key}: uperf says {a}, iperf3 says {b}");
+        }
+        let sent = ours["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+        let received = ours["end"]["sum_received"]["bytes"].as_u64().unwrap();
+        assert!(sent > 10 << 20, "{args:?}: only {sent} bytes");
+        assert!(
+            received <= sent && received + (8 << 20) * want as u64 >= sent,
+            "{args:?}: sent {sent}, received {received}"
+        );
+        assert_eq!(ours["end"]["streams"].as_array().unwrap().len(), want);
+        assert_eq!(theirs["end"]["streams"].as_array().unwrap().len(), want);
+        assert!(ours["intervals"].as_array().unwrap().len() >= 2);
+    }
+}
+
+/// `uperf -c` text output is iperf3's, and its mistakes are iperf3's too.
+#[test]
+fn uperf_client_text_output_and_errors() {
+    need_root!();
+    let topo = Topo::up("it", None);
+    let uperf = |args: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", &topo.ns("stack")])
+            .arg(env!("CARGO_BIN_EXE_uperf"))
+            .args(["--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // Nobody listens: refused, exit 1 like iperf3.
+    let out = uperf(&["-c", "10.77.0.1", "-t", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("unable to connect to server") && err.contains("refused"),
+        "{err}"
+    );
+    // An address nobody has: no answer within the connect timeout.
+    let out = uperf(&["-c", "10.77.0.9", "-t", "1", "--connect-timeout", "1500"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no answer from 10.77.0.9:5201"), "{err}");
+    // Bad flags: clap's usage error, exit 2.
+    let out = uperf(&["-c", "10.77.0.1", "-P", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    // A real test: the lines a user knows.
+    let server = Command::new("ip")
+        .args(["netns", "exec", &topo.ns("linux")])
+        .args(["iperf3", "-s", "-1", "-B", "10.77.0.1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _server = scopeguard(server);
+    std::thread::sleep(Duration::from_millis(500));
+    let out = uperf(&["-c", "10.77.0.1", "-t", "2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let interval = regex::Regex::new(
+        r"^\[\s*\d+\]\s+\d+\.\d\d-\d+\.\d\d\s+sec\s+[\d.]+ [KMG]?Bytes\s+[\d.]+ [KMG]?bits/sec\s+\d+\s+[\d.]+ [KMG]?Bytes\s*$",
+    )
+    .unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("Connecting to host 10.77.0.1, port 5201"),
+        "{text}"
+    );
+    assert!(lines[1].contains("local 10.77.0.2 port"), "{text}");
+    assert!(lines[2].starts_with("[ ID] Interval"), "{text}");
+    assert_eq!(
+        lines.iter().filter(|l| interval.is_match(l)).count(),
+        2,
+        "{text}"
+    );
+    assert!(
+        lines.iter().any(|l| l.trim_end().ends_with("sender")),
+        "{text}"
+    );
+    assert!(
+        lines.iter().any(|l| l.trim_end().ends_with("receiver")),
+        "{text}"
+    );
+    assert_eq!(lines.last(), Some(&"iperf Done."), "{text}");
+}

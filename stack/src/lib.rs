@@ -28,7 +28,9 @@ pub mod sim;
 pub mod stack;
 pub mod stats;
 pub mod tcp;
+pub mod telemetry;
 pub mod time;
+pub mod ud;
 pub mod udp;
 
 pub use device::{Device, PortStats, Tx, VecTx};

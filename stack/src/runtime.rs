@@ -14,6 +14,7 @@ use crate::device::{Device, DeviceTx, PortStats};
 use crate::pool::PoolStats;
 use crate::stack::Stack;
 use crate::stats::Stats;
+use crate::tcp::ConnInfo;
 use crate::time::{Instant, earliest};
 
 /// Frames per rx or tx burst.
@@ -85,6 +86,10 @@ pub struct Snapshot {
     pub stack: Stats,
     pub port: PortStats,
     pub pools: Vec<PoolStats>,
+    /// TCP connections in slot order, at most [`crate::telemetry::MAX_CONNECTIONS`].
+    pub connections: Vec<ConnInfo>,
+    /// Every live TCP connection, listed or not.
+    pub connections_total: u64,
 }
 
 /// A stack bound to a device.
@@ -135,9 +140,14 @@ impl<D: Device> Node<D> {
     pub fn snapshot(&self, now: Instant) -> Snapshot {
         let mut pools = Vec::new();
         self.dev.pool_stats(&mut pools);
+        let stack = self.stack.stats();
         Snapshot {
             at_ns: now.as_nanos(),
-            stack: self.stack.stats(),
+            connections: (self.stack.tcp_connections())
+                .take(crate::telemetry::MAX_CONNECTIONS)
+                .collect(),
+            connections_total: stack.tcp.connections,
+            stack,
             port: self.dev.port_stats(),
             pools,
         }

@@ -25,6 +25,7 @@ use crate::icmp::{PingEvent, PingReply, PingTable, echo_timestamp, fill_echo_dat
 use crate::stats::{DropReason, Stats};
 use crate::tcp::{TcpConfig, TcpTable};
 use crate::time::{Instant, earliest};
+use crate::ud::UdTable;
 use crate::udp::UdpTable;
 
 /// Errors the app API returns.
@@ -165,6 +166,7 @@ pub struct Stack {
     pub(crate) pings: PingTable,
     pub(crate) udp: UdpTable,
     pub(crate) tcp: TcpTable,
+    pub(crate) ud: UdTable,
     /// The latest `now` seen (for API calls that need a time, like connect).
     pub(crate) now: Instant,
 }
@@ -189,6 +191,7 @@ impl Stack {
             pings: PingTable::default(),
             udp: UdpTable::default(),
             tcp: TcpTable::new(cfg_tcp, secret),
+            ud: UdTable::default(),
             now: Instant::ZERO,
         }
     }
@@ -214,6 +217,7 @@ impl Stack {
         s.ipv4.reassembly_timeouts = self.frags.timeouts;
         s.udp.sockets = self.udp.by_port.len() as u64;
         s.tcp = self.tcp.stats();
+        s.ud.qps = self.ud.count() as u64;
         s
     }
 
@@ -389,11 +393,11 @@ impl Stack {
                         ttl: whole.ttl,
                         ..meta
                     };
-                    self.process_transport(now, meta, &whole.payload, tx)
+                    self.process_transport(now, meta, &whole.payload, None, tx)
                 }
             };
         }
-        self.process_transport(now, meta, body, tx)
+        self.process_transport(now, meta, body, Some(&payload[..tl]), tx)
     }
 
     fn process_transport<T: Tx>(
@@ -401,11 +405,13 @@ impl Stack {
         now: Instant,
         meta: IpMeta,
         body: &[u8],
+        // The whole IPv4 packet, header included (not for reassembled ones).
+        ip: Option<&[u8]>,
         tx: &mut T,
     ) -> Result<(), DropReason> {
         match meta.protocol {
             IpProtocol::Icmp => self.process_icmp(now, meta, body, tx),
-            IpProtocol::Udp => self.process_udp(now, meta, body, tx),
+            IpProtocol::Udp => self.process_udp(now, meta, body, ip, tx),
             IpProtocol::Tcp => self.process_tcp(now, meta, body, tx),
             _ => {
                 self.link.send_unreachable(
@@ -514,6 +520,7 @@ impl Stack {
         now: Instant,
         meta: IpMeta,
         body: &[u8],
+        ip: Option<&[u8]>,
         tx: &mut T,
     ) -> Result<(), DropReason> {
         let pkt = UdpPacket::new_checked(body).map_err(|_| DropReason::UdpMalformed)?;
@@ -523,6 +530,9 @@ impl Stack {
         let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
         if pkt.checksum() != 0 && !pkt.verify_checksum(&src, &dst) {
             return Err(DropReason::UdpBadChecksum);
+        }
+        if pkt.dst_port() == crate::ud::wire::ROCE_PORT {
+            return self.process_roce(now, ip, pkt.payload());
         }
         let data = pkt.payload();
         let cap = self.link.cfg.udp_rx_queue_bytes;
@@ -566,6 +576,7 @@ impl Stack {
         self.emit_pings(now, tx);
         self.emit_udp(now, tx);
         self.poll_tcp(now, tx);
+        self.emit_ud(now, tx);
     }
 
     /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
@@ -574,6 +585,7 @@ impl Stack {
             || !self.pings.ready.is_empty()
             || !self.udp.ready.is_empty()
             || !self.tcp.dirty.is_empty()
+            || self.ud.has_work()
         {
             return Some(Instant::ZERO);
         }
@@ -862,6 +874,72 @@ impl Link {
         }
         self.stats.ipv4.tx_packets += 1;
         self.stats.ipv4.tx_bytes += (IP_LEN + payload_len) as u64;
+        Ok(())
+    }
+
+    /// Send one unfragmented IPv4 packet whose `fill` sees the whole packet,
+    /// header written (for trailers that cover the IP header, like the
+    /// RoCEv2 ICRC). Errors with `TooLarge` above the MTU; otherwise as
+    /// [`send_ip`](Self::send_ip).
+    pub(crate) fn send_ip_packet<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
+        let len = IP_LEN + payload_len;
+        if len > self.cfg.mtu {
+            return Err(Error::TooLarge);
+        }
+        let me = self.ip();
+        let broadcast = dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast();
+        let hop = if broadcast {
+            Some(dst)
+        } else {
+            self.next_hop(dst)
+        };
+        let Some(hop) = hop.filter(|_| dst != me && !dst.is_unspecified()) else {
+            self.stats.ipv4.tx_no_route += 1;
+            return Err(Error::NoRoute);
+        };
+        let mac = if broadcast {
+            Some(EthernetAddress::BROADCAST)
+        } else {
+            self.arp.lookup(now, hop)
+        };
+        let header = IpHeader {
+            src: me,
+            dst,
+            protocol,
+            ttl: self.cfg.ttl,
+            ident: self.next_ident(),
+        };
+        match mac {
+            Some(mac) => {
+                let src = self.cfg.mac;
+                let ok = tx.send(ETH_LEN + len, |buf| {
+                    write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+                    let ip = &mut buf[ETH_LEN..];
+                    header.write(ip, payload_len, 0, false);
+                    fill(ip);
+                });
+                self.count_tx(ok, ETH_LEN + len);
+                if !ok {
+                    return Err(Error::QueueFull);
+                }
+            }
+            None => {
+                let mut packet = vec![0u8; len];
+                header.write(&mut packet, payload_len, 0, false);
+                fill(&mut packet);
+                self.hold_for_arp(now, tx, hop, packet);
+            }
+        }
+        self.stats.ipv4.tx_packets += 1;
+        self.stats.ipv4.tx_bytes += len as u64;
         Ok(())
     }
 

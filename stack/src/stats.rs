@@ -90,6 +90,24 @@ drop_reasons! {
     TcpNoSocket => "tcp_no_socket",
     /// TCP segment sent to a broadcast address.
     TcpBroadcast => "tcp_broadcast",
+    /// RoCEv2 packet too short for its headers, or not a whole IPv4 packet.
+    UdMalformed => "ud_malformed",
+    /// RoCEv2 invariant CRC does not verify.
+    UdBadIcrc => "ud_bad_icrc",
+    /// BTH opcode other than UD SEND_ONLY (with or without immediate).
+    UdBadOpcode => "ud_bad_opcode",
+    /// P_Key not of the default partition.
+    UdBadPkey => "ud_bad_pkey",
+    /// Destination QP number we do not have.
+    UdUnknownQpn => "ud_unknown_qpn",
+    /// Q_Key differs from the destination QP's.
+    UdBadQkey => "ud_bad_qkey",
+    /// No receive buffer posted on the destination QP.
+    UdNoRecvBuffer => "ud_no_recv_buffer",
+    /// Message larger than the posted receive buffer (completed in error).
+    UdRecvTooSmall => "ud_recv_too_small",
+    /// The QP's completion queue is full.
+    UdCqFull => "ud_cq_full",
 }
 
 /// One counter per [`DropReason`].
@@ -203,6 +221,18 @@ pub struct UdpStats {
     pub sockets: u64,
 }
 
+/// RDMA UD (RoCEv2) counters: payload bytes of SENDs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct UdStats {
+    pub qps: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Sends completed in error (no route).
+    pub tx_errors: u64,
+}
+
 /// All engine counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
@@ -212,6 +242,7 @@ pub struct Stats {
     pub icmp: IcmpStats,
     pub udp: UdpStats,
     pub tcp: crate::tcp::TcpStats,
+    pub ud: UdStats,
     pub drops: Drops,
 }
 

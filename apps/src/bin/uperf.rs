@@ -1,16 +1,19 @@
 //! `uperf`: an iperf3-compatible throughput tool over a ustack instance.
 #![forbid(unsafe_code)]
 
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Parser;
 use ustack::clock::Clock;
 use ustack::device::Device;
-use ustack::runtime::{self, App, Control, LoopConfig, Node};
+use ustack::runtime::{self, App, Control, Node};
 use ustack::{Instant, Stack};
+use ustack_apps::iperf_client::{ClientConfig, IperfClient};
 use ustack_apps::iperf_server::IperfServer;
 use ustack_apps::net::{NetArgs, NodeUser, with_node};
 
@@ -18,26 +21,98 @@ use ustack_apps::net::{NetArgs, NodeUser, with_node};
 #[command(
     name = "uperf",
     version,
-    about = "iperf3-compatible throughput tests over ustack"
+    about = "iperf3-compatible throughput tests over ustack",
+    group(clap::ArgGroup::new("mode").required(true).args(["server", "client"]))
 )]
 struct Cli {
     #[command(flatten)]
     net: NetArgs,
-    /// Run as a server (a stock `iperf3 -c` is the client).
-    #[arg(short = 's', long = "server", required = true)]
+    /// Run as a server (a stock `iperf3 -c` or `uperf -c` is the client).
+    #[arg(short = 's', long = "server")]
     server: bool,
-    /// Port to listen on.
-    #[arg(short = 'p', long = "port", default_value_t = 5201)]
+    /// Run as a client of the server at HOST (a stock `iperf3 -s` or `uperf -s`).
+    #[arg(short = 'c', long = "client", value_name = "HOST")]
+    client: Option<Ipv4Addr>,
+    /// Server port.
+    #[arg(short = 'p', long = "port", default_value_t = 5201, value_parser = clap::value_parser!(u16).range(1..))]
     port: u16,
-    /// Serve one test, then exit.
-    #[arg(short = '1', long = "one-off")]
+    /// Server: serve one test, then exit.
+    #[arg(short = '1', long = "one-off", conflicts_with = "client")]
     one_off: bool,
+    /// Client: seconds to transmit for.
+    #[arg(short = 't', long = "time", default_value_t = 10.0, value_parser = seconds, conflicts_with = "server")]
+    time: f64,
+    /// Client: number of parallel streams.
+    #[arg(short = 'P', long = "parallel", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=128), conflicts_with = "server")]
+    parallel: u16,
+    /// Client: reverse mode, the server sends.
+    #[arg(short = 'R', long = "reverse", conflicts_with = "server")]
+    reverse: bool,
+    /// Client: length of a write, with an optional K or M suffix (iperf3's 128K by default).
+    #[arg(short = 'l', long = "length", default_value = "128K", value_parser = length, conflicts_with = "server")]
+    len: usize,
+    /// Client: seconds between interval reports (0 turns them off).
+    #[arg(short = 'i', long = "interval", default_value_t = 1.0, value_parser = seconds_or_zero)]
+    interval: f64,
+    /// Client: output in JSON, as iperf3 -J.
+    #[arg(short = 'J', long = "json", conflicts_with = "server")]
+    json: bool,
+    /// Client: give up connecting after this many milliseconds.
+    #[arg(
+        long = "connect-timeout",
+        value_name = "MS",
+        default_value_t = 5000,
+        conflicts_with = "server"
+    )]
+    connect_timeout: u64,
+    /// RDMA UD (RoCEv2): client sweeps message sizes like ib_send_bw; server is the UD sink.
+    #[arg(long)]
+    rdma: bool,
+    /// With --rdma: the sink's QP number (client), or the QPN to serve on (server).
+    #[arg(long, value_name = "N", default_value = ustack_apps::rdma::DEFAULT_QPN_STR, value_parser = ustack_apps::rdma::parse_qpn, requires = "rdma")]
+    qpn: u32,
+    /// With --rdma: the Q_Key (perftest's default).
+    #[arg(long, value_name = "K", default_value = ustack_apps::rdma::DEFAULT_QKEY_STR, value_parser = ustack_apps::rdma::parse_u32, requires = "rdma")]
+    qkey: u32,
+    /// With --rdma: messages per size.
+    #[arg(long = "iters", value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..), requires = "rdma")]
+    iters: u64,
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("'{s}' is not a number of seconds from 0 to 86400")),
+    }
+}
+
+fn seconds_or_zero(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(0.0) => Ok(0.0),
+        Ok(v) if (0.1..=60.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "'{s}' is not 0 or an interval from 0.1 to 60 seconds"
+        )),
+    }
+}
+
+/// iperf3's length syntax: bytes, or K/M (1024-based).
+fn length(s: &str) -> Result<usize, String> {
+    let (num, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1024),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    match num.parse::<usize>() {
+        Ok(n) if n >= 1 && n * mult <= 1 << 20 => Ok(n * mult),
+        _ => Err(format!("'{s}' is not a length from 1 byte to 1M")),
+    }
 }
 
 /// Prints the server's lines as they come.
-struct Front(IperfServer);
+struct ServerFront(IperfServer);
 
-impl App for Front {
+impl App for ServerFront {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let c = self.0.poll(now, stack);
         for line in self.0.output.drain(..) {
@@ -47,37 +122,162 @@ impl App for Front {
     }
 }
 
-struct Serve<'a>(&'a Cli);
+/// Prints the client's lines as they come (text mode).
+struct ClientFront {
+    client: IperfClient,
+    json: bool,
+}
 
-impl NodeUser for Serve<'_> {
+impl App for ClientFront {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        let c = self.client.poll(now, stack);
+        for line in self.client.output.drain(..) {
+            if !self.json {
+                println!("{line}");
+            }
+        }
+        c
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.client.poll_at()
+    }
+}
+
+struct Run<'a>(&'a Cli);
+
+impl NodeUser for Run<'_> {
     type Output = ExitCode;
     fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
         let cli = self.0;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        ctrlc::set_handler(move || s.store(true, Ordering::Relaxed))
-            .context("installing the signal handler")?;
-        let mut front = Front(IperfServer::new(cli.port, cli.one_off));
-        let lcfg = LoopConfig {
-            core: cli.net.core,
-            ..LoopConfig::default()
+        let stop = ustack_apps::stop_flag()?;
+        let lcfg = cli.net.loop_config();
+        let tele = ustack_apps::telemetry::Telemetry::start(&cli.net, "uperf")?;
+        let Some(host) = cli.client else {
+            let mut front = ServerFront(IperfServer::new(cli.port, cli.one_off));
+            runtime::run(
+                &mut node,
+                &mut front,
+                &lcfg,
+                &Clock::new(),
+                || stop.load(Ordering::Relaxed),
+                |s| tele.publish(s),
+            )?;
+            if let Some(e) = front.0.error.take() {
+                bail!("{e}");
+            }
+            return Ok(ExitCode::SUCCESS);
         };
-        runtime::run(
+        let cfg = ClientConfig {
+            server: SocketAddrV4::new(host, cli.port),
+            time: cli.time,
+            parallel: usize::from(cli.parallel),
+            reverse: cli.reverse,
+            len: cli.len,
+            interval: cli.interval,
+            connect_timeout: Duration::from_millis(cli.connect_timeout.max(1)),
+        };
+        let wall = std::time::SystemTime::now();
+        // The client sees Ctrl-C itself, to tell the server before it stops.
+        let mut front = ClientFront {
+            client: IperfClient::new(cfg, Arc::clone(&stop)),
+            json: cli.json,
+        };
+        let run = runtime::run(
             &mut node,
             &mut front,
             &lcfg,
             &Clock::new(),
-            || stop.load(Ordering::Relaxed),
-            |_| {},
-        )?;
-        if let Some(e) = front.0.error.take() {
-            bail!("{e}");
+            || false,
+            |s| tele.publish(s),
+        );
+        let client = &front.client;
+        if cli.json {
+            let mut v = client.json(wall);
+            if let Err(e) = &run {
+                v["error"] = serde_json::json!(e.to_string());
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
+            );
         }
-        Ok(ExitCode::SUCCESS)
+        run?;
+        match &client.error {
+            Some(e) => {
+                if !cli.json {
+                    eprintln!("uperf: error - {e}");
+                }
+                Ok(ExitCode::from(1))
+            }
+            None if client.succeeded() => Ok(ExitCode::SUCCESS),
+            None => {
+                if !cli.json {
+                    eprintln!("uperf: error - the test did not finish");
+                }
+                Ok(ExitCode::from(1))
+            }
+        }
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    ustack_apps::exit("uperf", with_node(&cli.net, Serve(&cli)))
+    if cli.rdma {
+        use ustack_apps::rdma::{BwOpts, BwUser, SinkUser};
+        let r = match cli.client {
+            Some(dst) => with_node(
+                &cli.net,
+                BwUser(BwOpts {
+                    dst,
+                    qpn: cli.qpn,
+                    qkey: cli.qkey,
+                    iterations: cli.iters,
+                    size: None,
+                    core: cli.net.core,
+                }),
+            ),
+            None => with_node(
+                &cli.net,
+                SinkUser {
+                    qpn: cli.qpn,
+                    qkey: cli.qkey,
+                    core: cli.net.core,
+                },
+            ),
+        };
+        return ustack_apps::exit("uperf", r);
+    }
+    ustack_apps::exit("uperf", with_node(&cli.net, Run(&cli)))
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn lengths_like_iperf3() {
+        assert_eq!(length("128K"), Ok(131_072));
+        assert_eq!(length("1M"), Ok(1 << 20));
+        assert_eq!(length("1400"), Ok(1400));
+        assert!(length("0").is_err());
+        assert!(length("2M").is_err());
+        assert!(length("abc").is_err());
+    }
+
+    #[test]
+    fn flags_are_checked() {
+        assert!(Cli::try_parse_from(["uperf", "--sim"]).is_err());
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "-c", "10.0.0.1"]).is_err());
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "-R"]).is_err());
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-c", "10.0.0.1", "-P", "0"]).is_err());
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-c", "host.example"]).is_err());
+        let c = Cli::try_parse_from([
+            "uperf", "--sim", "-c", "10.0.0.1", "-t", "2", "-P", "4", "-R", "-J",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.time, c.parallel, c.reverse, c.json),
+            (2.0, 4, true, true)
+        );
+    }
 }

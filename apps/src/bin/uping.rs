@@ -13,7 +13,7 @@ use ustack::app::ping::{PingSummary, Pinger, PingerConfig, PingerEvent};
 use ustack::clock::Clock;
 use ustack::device::Device;
 use ustack::icmp::MAX_PING_DATA;
-use ustack::runtime::{self, App, Control, LoopConfig, Node};
+use ustack::runtime::{self, App, Control, Node};
 use ustack::{Instant, Stack};
 use ustack_apps::net::{NetArgs, NodeUser, with_node};
 
@@ -44,8 +44,40 @@ struct Cli {
     /// Print the result as JSON instead.
     #[arg(long)]
     json: bool,
+    /// RDMA UD ping (RoCEv2) instead of ICMP, to a UD responder such as `ustack run`.
+    #[arg(long)]
+    rdma: bool,
+    /// With --rdma: the responder's QP number.
+    #[arg(long, value_name = "N", default_value = ustack_apps::rdma::DEFAULT_QPN_STR, value_parser = ustack_apps::rdma::parse_qpn, requires = "rdma")]
+    qpn: u32,
+    /// With --rdma: the Q_Key (perftest's default).
+    #[arg(long, value_name = "K", default_value = ustack_apps::rdma::DEFAULT_QKEY_STR, value_parser = ustack_apps::rdma::parse_u32, requires = "rdma")]
+    qkey: u32,
+    /// With --rdma: use the host's RNIC through ibverbs instead of the stack
+    /// (needs the `verbs` feature; NET flags are then ignored).
+    #[arg(long, requires = "rdma")]
+    verbs: bool,
+    /// Mesh mode: ping every target in FILE (one `A.B.C.D [label]` per line).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "count", "interval"])]
+    pinglist: Option<std::path::PathBuf>,
+    /// Mesh mode: requests per second, spread across all targets.
+    #[arg(long, value_name = "PPS", default_value_t = 100.0, value_parser = rate, requires = "pinglist")]
+    rate: f64,
+    /// Mesh mode: seconds to send for.
+    #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = interval, requires = "pinglist")]
+    duration: f64,
     /// The host to ping (an IPv4 address).
-    host: String,
+    #[arg(required_unless_present = "pinglist")]
+    host: Option<String>,
+}
+
+fn rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=10_000_000.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "'{s}' is not a rate from 0.1 to 10000000 per second"
+        )),
+    }
 }
 
 fn interval(s: &str) -> Result<f64, String> {
@@ -164,17 +196,15 @@ impl NodeUser for Run<'_> {
         ctrlc::set_handler(move || s.store(true, Ordering::Relaxed))
             .context("installing the signal handler")?;
         let clock = Clock::new();
-        let lcfg = LoopConfig {
-            core: cli.net.core,
-            ..LoopConfig::default()
-        };
+        let lcfg = cli.net.loop_config();
+        let tele = ustack_apps::telemetry::Telemetry::start(&cli.net, "uping")?;
         runtime::run(
             &mut node,
             &mut front,
             &lcfg,
             &clock,
             || stop.load(Ordering::Relaxed),
-            |_| {},
+            |s| tele.publish(s),
         )?;
         if let Some(e) = front.pinger.error() {
             bail!("{}: {e}", self.dst);
@@ -252,19 +282,106 @@ fn json_summary(
 }
 
 fn ping(cli: &Cli) -> Result<ExitCode> {
-    let dst: Ipv4Addr = cli.host.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "{}: not an IPv4 address (uping does no name resolution)",
-            cli.host
-        )
-    })?;
     if cli.size > MAX_PING_DATA {
         bail!(
             "invalid -s value: '{}': out of range: 0 <= value <= {MAX_PING_DATA}",
             cli.size
         );
     }
+    if let Some(list) = &cli.pinglist {
+        return mesh(cli, list);
+    }
+    let host = cli.host.as_deref().unwrap_or_default();
+    let dst: Ipv4Addr = host.parse().map_err(|_| {
+        anyhow::anyhow!("{host}: not an IPv4 address (uping does no name resolution)")
+    })?;
+    if cli.rdma {
+        let opts = ustack_apps::rdma::PingOpts {
+            dst,
+            qpn: cli.qpn,
+            qkey: cli.qkey,
+            count: cli.count,
+            interval: Duration::from_secs_f64(cli.interval),
+            size: cli.size,
+            timeout: Duration::from_secs_f64(cli.timeout),
+            quiet: cli.quiet,
+            json: cli.json,
+            core: cli.net.core,
+        };
+        if cli.verbs {
+            return ustack_apps::rdma::verbs_ping(&opts);
+        }
+        return with_node(&cli.net, ustack_apps::rdma::PingUser(opts));
+    }
     with_node(&cli.net, Run { cli, dst })
+}
+
+/// Mesh mode: every target of the ping list at `--rate` for `--duration`.
+fn mesh(cli: &Cli, list: &std::path::Path) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(list)
+        .with_context(|| format!("cannot read the ping list {}", list.display()))?;
+    let targets = ustack_apps::mesh::parse_pinglist(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", list.display()))?;
+    if cli.size < 8 {
+        bail!("mesh mode needs -s 8 or more (the request carries its send time)");
+    }
+    if cli.rdma {
+        bail!("mesh mode over --rdma is not supported yet; use ICMP mesh mode");
+    }
+    let cfg = ustack_apps::mesh::MeshConfig {
+        targets,
+        rate: cli.rate,
+        duration: Duration::from_secs_f64(cli.duration),
+        wait: Duration::from_secs_f64(cli.timeout.min(2.0)),
+        size: cli.size,
+        ident: (std::process::id() & 0xffff) as u16,
+    };
+    with_node(&cli.net, MeshRun { cli, cfg })
+}
+
+struct MeshRun<'a> {
+    cli: &'a Cli,
+    cfg: ustack_apps::mesh::MeshConfig,
+}
+
+impl NodeUser for MeshRun<'_> {
+    type Output = ExitCode;
+    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+        let cli = self.cli;
+        let mut pinger = ustack_apps::mesh::MeshPinger::new(self.cfg);
+        if !cli.json && !cli.quiet {
+            println!(
+                "MESH {} targets, {} pings/s for {} s, {} bytes of data.",
+                pinger.stats.len(),
+                cli.rate,
+                cli.duration,
+                cli.size
+            );
+        }
+        let stop = ustack_apps::stop_flag()?;
+        let lcfg = cli.net.loop_config();
+        runtime::run(
+            &mut node,
+            &mut pinger,
+            &lcfg,
+            &Clock::new(),
+            || stop.load(Ordering::Relaxed),
+            |_| {},
+        )?;
+        if let Some(e) = &pinger.error {
+            bail!("{e}");
+        }
+        if cli.json {
+            println!("{}", pinger.json());
+        } else {
+            print!("{}", pinger.report());
+        }
+        Ok(if pinger.all_answered() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use ustack_apps::net::{NetArgs, NodeUser, with_node};
 use ustack_apps::report::{counters, ms};
 use ustack_apps::services::Services;
 use ustack_apps::stop_flag;
+use ustack_apps::telemetry::{Telemetry, sibling};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -51,7 +52,7 @@ enum Cmd {
 struct RunArgs {
     #[command(flatten)]
     net: NetArgs,
-    /// Show the live monitor (arrives with telemetry; prints counters until then).
+    /// Show the live monitor (utop) in this terminal while the daemon runs.
     #[arg(long)]
     tui: bool,
     /// Stop after this many seconds.
@@ -79,9 +80,13 @@ struct DemoArgs {
     /// How long to run, in seconds.
     #[arg(long, default_value_t = 10.0, value_parser = positive_secs)]
     duration: f64,
-    /// Plain line output instead of the live monitor.
+    /// Plain line output instead of the live monitor (the monitor shows
+    /// only when stdout is a terminal).
     #[arg(long)]
     no_tui: bool,
+    /// Publish telemetry: host A on PATH, host B beside it (`PATH-b`).
+    #[arg(long, value_name = "PATH")]
+    telemetry: Option<std::path::PathBuf>,
     /// Loss on the simulated wire, in percent (each direction).
     #[arg(long, default_value_t = 0.0, value_parser = percent)]
     loss: f64,
@@ -141,11 +146,10 @@ fn main() -> ExitCode {
     ustack_apps::exit("ustack", result)
 }
 
-fn loop_config(core: Option<usize>, duration: Option<f64>) -> LoopConfig {
+fn loop_config(net: &NetArgs, duration: Option<f64>) -> LoopConfig {
     LoopConfig {
-        core,
         duration: duration.map(Duration::from_secs_f64),
-        ..LoopConfig::default()
+        ..net.loop_config()
     }
 }
 
@@ -153,14 +157,21 @@ fn loop_config(core: Option<usize>, duration: Option<f64>) -> LoopConfig {
 struct DaemonApps {
     services: Services,
     iperf: IperfServer,
+    ud: ustack::ud::ping::UdResponder,
+    /// iperf3 lines held while the monitor owns the terminal.
+    held: Option<Vec<String>>,
 }
 
 impl App for DaemonApps {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         self.services.poll(now, stack);
         self.iperf.poll(now, stack);
+        self.ud.poll(now, stack);
         for line in self.iperf.output.drain(..) {
-            println!("{line}");
+            match self.held.as_mut() {
+                Some(held) => held.push(line),
+                None => println!("{line}"),
+            }
         }
         Control::Continue
     }
@@ -174,31 +185,47 @@ struct Daemon<'a> {
 impl NodeUser for Daemon<'_> {
     type Output = ExitCode;
     fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
-        if self.args.tui {
-            tracing::debug!("no TUI in this build yet: counters are printed at exit");
+        let tui = self.args.tui && ustack_apps::telemetry::can_show_tui();
+        if self.args.tui && !tui {
+            tracing::warn!("--tui needs a terminal on stdout: counters are printed at exit");
         }
+        let name = format!("ustack {}", node.stack.config().ip);
+        let tele = Telemetry::open(self.args.net.telemetry.as_deref(), &name, tui)?;
         let mut services = DaemonApps {
             services: Services::new(),
             iperf: IperfServer::new(5201, false),
+            ud: ustack::ud::ping::UdResponder::default(),
+            held: tui.then(Vec::new),
         };
         println!(
-            "ustack: {} ({}) on {}; answering ARP and ping, TCP echo on 7, discard on 9, iperf3 on 5201",
+            "ustack: {} ({}) on {}; answering ARP and ping, TCP echo on 7, discard on 9, iperf3 on 5201, RDMA UD responder on qpn 2 (qkey 0x11111111)",
             node.stack.config().ip,
             node.stack.mac(),
             self.args.net.describe()
         );
         let clock = Clock::new();
-        let cfg = loop_config(self.args.net.core, self.args.duration);
+        let cfg = loop_config(&self.args.net, self.args.duration);
         let mut last = None;
         let stop = self.stop.clone();
+        let monitor = tui.then(|| tele.spawn_tui(&name, stop.clone())).flatten();
         let result = runtime::run(
             &mut node,
             &mut services,
             &cfg,
             &clock,
             || stop.load(Ordering::Relaxed),
-            |s| last = Some(s.clone()),
+            |s| {
+                tele.publish(s);
+                last = Some(s.clone());
+            },
         );
+        drop(tele); // ends the monitor, removes the socket
+        if let Some(m) = monitor {
+            let _ = m.join();
+        }
+        for line in services.held.take().unwrap_or_default() {
+            println!("{line}");
+        }
         if let Some(s) = &last {
             print!(
                 "{}",
@@ -211,6 +238,10 @@ impl NodeUser for Daemon<'_> {
             "tcp services: {} bytes in, {} echoed; {iperf_tests} iperf3 tests",
             echo.bytes_in, echo.bytes_echoed
         );
+        for (bytes, crc) in &echo.discarded {
+            println!("tcp discard: {bytes} bytes, crc32 {crc:08x}");
+        }
+        println!("{}", ustack_apps::rdma::responder_line(&services.ud));
         if let Some(e) = echo.error.as_ref().or(iperf.error.as_ref()) {
             bail!("{e}");
         }
@@ -234,7 +265,7 @@ impl NodeUser for Sender<'_> {
     fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
         let mut app = BulkSend::new(self.args.to, self.args.bytes);
         let clock = Clock::new();
-        let cfg = loop_config(self.args.net.core, Some(self.args.timeout));
+        let cfg = loop_config(&self.args.net, Some(self.args.timeout));
         let stop = self.stop.clone();
         runtime::run(
             &mut node,
@@ -346,18 +377,23 @@ struct HostA {
     pinger: Pinger,
     probe: UdpProbe,
     bulk: Option<BulkSend>,
+    ud: ustack::ud::ping::UdPinger,
 }
 
 impl App for HostA {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let _ = self.pinger.poll(now, stack);
+        let _ = self.ud.poll(now, stack);
         if let Some(b) = self.bulk.as_mut() {
             b.poll(now, stack);
         }
         self.probe.poll(now, stack)
     }
     fn poll_at(&self) -> Option<Instant> {
-        let b = self.bulk.as_ref().and_then(App::poll_at);
+        let b = ustack::time::earliest(
+            self.bulk.as_ref().and_then(App::poll_at),
+            self.ud.next_wakeup(),
+        );
         ustack::time::earliest(
             ustack::time::earliest(self.pinger.poll_at(), self.probe.poll_at()),
             b,
@@ -369,21 +405,19 @@ impl App for HostA {
 struct HostB {
     echo: UdpEcho,
     bulk: BulkRecv,
+    ud: ustack::ud::ping::UdResponder,
 }
 
 impl App for HostB {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         self.bulk.poll(now, stack);
+        self.ud.poll(now, stack);
         self.echo.poll(now, stack)
     }
 }
 
 fn demo(args: &DemoArgs) -> Result<ExitCode> {
-    if !args.no_tui {
-        // The live monitor arrives with the telemetry work; until then the
-        // demo prints one progress line per second either way.
-        tracing::debug!("no TUI in this build: printing progress lines");
-    }
+    let tui = !args.no_tui && ustack_apps::telemetry::can_show_tui();
     let link = LinkConfig {
         loss: args.loss / 100.0,
         delay: Duration::from_secs_f64(args.delay / 1e3),
@@ -395,6 +429,9 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     let b = net.add(host_config(2));
     let b_ip = net.nodes[b].stack.ip();
     let a_ip = net.nodes[a].stack.ip();
+    let tele_a = Telemetry::open(args.telemetry.as_deref(), &format!("demo A {a_ip}"), tui)?;
+    let path_b = args.telemetry.as_deref().map(|p| sibling(p, "b"));
+    let tele_b = Telemetry::open(path_b.as_deref(), &format!("demo B {b_ip}"), false)?;
 
     let interval = Duration::from_secs_f64(args.interval / 1e3);
     let mut ping_cfg = PingerConfig::new(b_ip);
@@ -413,6 +450,16 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
         },
         bulk: (args.tcp_mib > 0)
             .then(|| BulkSend::new(SocketAddrV4::new(b_ip, 5001), args.tcp_mib << 20)),
+        ud: {
+            let dst = ustack::ud::UdAddr {
+                ip: b_ip,
+                qpn: ustack::ud::RESPONDER_QPN,
+            };
+            let mut c = ustack::ud::ping::UdPingerConfig::new(dst);
+            c.interval = interval;
+            c.timeout = Duration::from_secs(1).max(interval * 2);
+            ustack::ud::ping::UdPinger::new(c).quiet()
+        },
     };
     let mut host_b = HostB {
         echo: UdpEcho {
@@ -420,6 +467,7 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
             buf: vec![0; 65_536],
         },
         bulk: BulkRecv::new(5001, 4),
+        ud: ustack::ud::ping::UdResponder::default(),
     };
 
     println!(
@@ -429,10 +477,25 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     let clock = Clock::new();
     let total = Duration::from_secs_f64(args.duration);
     let mut elapsed = Duration::ZERO;
-    while elapsed < total {
+    let stop = Arc::new(AtomicBool::new(false));
+    let monitor = tui
+        .then(|| tele_a.spawn_tui(&format!("ustack demo, host A {a_ip}"), stop.clone()))
+        .flatten();
+    let (stats_interval, mut next_stats) = (LoopConfig::default().stats_interval, clock.now());
+    while elapsed < total && !stop.load(Ordering::Relaxed) {
         let slice = Duration::from_secs(1).min(total - elapsed);
-        net.run_realtime(&clock, slice, &mut [&mut host_a, &mut host_b], |_| false);
+        net.run_realtime(&clock, slice, &mut [&mut host_a, &mut host_b], |n| {
+            if n.now >= next_stats && (tele_a.enabled() || tele_b.enabled()) {
+                tele_a.publish(&n.nodes[a].snapshot(n.now));
+                tele_b.publish(&n.nodes[b].snapshot(n.now));
+                next_stats = n.now + stats_interval;
+            }
+            stop.load(Ordering::Relaxed)
+        });
         elapsed += slice;
+        if monitor.is_some() {
+            continue; // the monitor owns the terminal
+        }
         let s = host_a.pinger.summary();
         let tcp = tcp_progress(&host_a, &net);
         println!(
@@ -445,6 +508,10 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
             host_a.probe.echoed,
             host_a.probe.sent
         );
+    }
+    drop((tele_a, tele_b)); // ends the monitor, removes the sockets
+    if let Some(m) = monitor {
+        let _ = m.join();
     }
     // Let replies in flight arrive before the summary.
     let grace = Duration::from_millis(200) + Duration::from_secs_f64(args.delay * 2.0 / 1e3);
@@ -475,6 +542,17 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     println!(
         "udp echo: {} sent, {} echoed",
         host_a_tail.probe.sent, host_a_tail.probe.echoed
+    );
+    let u = host_a_tail.ud.summary();
+    let p = |q| u.percentile(q).map(ms).unwrap_or_else(|| "-".into());
+    println!(
+        "rdma ud ping: {} sent, {} answered, {}% loss, rtt p50/p99 {}/{} ms (RoCEv2 UD to qpn {})",
+        u.transmitted,
+        u.received,
+        fmt_loss(u.loss_percent()),
+        p(0.5),
+        p(0.99),
+        ustack::ud::RESPONDER_QPN
     );
     if let Some(b) = host_a_tail.bulk.as_ref() {
         match (b.done(), host_b.bulk.completed.first()) {

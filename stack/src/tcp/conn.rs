@@ -867,6 +867,12 @@ impl TcpConn {
         }
         if ack.diff(self.snd_una) > 0 {
             let acked = ack.since(self.snd_una);
+            // Grow the window only while it limits the sender (RFC 7661):
+            // an app-limited or receiver-limited flow must not inflate it.
+            let flight = self.snd_max.since(self.snd_una);
+            let cwnd = self.cc.cwnd();
+            let cwnd_limited =
+                flight + self.mss >= cwnd || (self.cc.in_slow_start() && flight * 2 >= cwnd);
             self.snd_una = ack;
             if self.snd_nxt.diff(ack) < 0 {
                 self.snd_nxt = ack;
@@ -889,7 +895,7 @@ impl TcpConn {
                     // NewReno partial ACK (RFC 6582): retransmit the next hole now.
                     self.high_rxt = self.snd_una;
                 }
-            } else {
+            } else if cwnd_limited {
                 self.cc.on_ack(now, acked, self.rtt.srtt());
             }
             self.rto_at = if self.snd_max.diff(self.snd_una) > 0 {

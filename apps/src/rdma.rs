@@ -1,0 +1,498 @@
+//! The RDMA UD front ends: `uping --rdma` (ping/pong over RoCEv2 UD),
+//! `uperf -c HOST --rdma` (ib_send_bw-style message-size sweep) and
+//! `uperf -s --rdma` (the sink), over the stack's own RoCEv2 transport on
+//! any backend. `ustack run` hosts the same [`UdResponder`].
+
+use std::net::Ipv4Addr;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use ustack::clock::Clock;
+use ustack::device::Device;
+use ustack::runtime::{self, App, Control, LoopConfig, Node};
+use ustack::ud::ping::{
+    BwResult, UdBandwidth, UdBandwidthConfig, UdPingSummary, UdPinger, UdPingerConfig, UdPong,
+    UdResponder,
+};
+use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
+use ustack::{Instant, Stack};
+
+use crate::net::NodeUser;
+
+/// A QPN or Q_Key: decimal or 0x-prefixed hex.
+pub fn parse_u32(s: &str) -> Result<u32, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("'{s}' is not a number (decimal or 0x hex)"))
+}
+
+/// A QPN: 2..=0xffffff.
+pub fn parse_qpn(s: &str) -> Result<u32, String> {
+    match parse_u32(s)? {
+        q @ 2..=0xff_ffff => Ok(q),
+        q => Err(format!("QPN {q} is out of range (2..=0xffffff)")),
+    }
+}
+
+/// Defaults for the flags: the responder's QPN and perftest's Q_Key.
+pub const DEFAULT_QPN_STR: &str = "2";
+pub const DEFAULT_QKEY_STR: &str = "0x11111111";
+const _: () = assert!(RESPONDER_QPN == 2 && DEFAULT_QKEY == 0x1111_1111);
+
+fn ms3(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// RTT with more decimals for shorter times, as iputils prints them.
+fn reply_time(d: Duration) -> String {
+    let us = (d.as_nanos() + 500) / 1000;
+    match us {
+        100_000.. => format!("{}", us / 1000),
+        10_000.. => format!("{}.{:01}", us / 1000, (us % 1000) / 100),
+        1_000.. => format!("{}.{:02}", us / 1000, (us % 1000) / 10),
+        _ => format!("{}.{:03}", us / 1000, us % 1000),
+    }
+}
+
+// ---------------------------------------------------------------- uping
+
+/// `uping --rdma` settings.
+#[derive(Debug, Clone)]
+pub struct PingOpts {
+    pub dst: Ipv4Addr,
+    pub qpn: u32,
+    pub qkey: u32,
+    pub count: Option<u64>,
+    pub interval: Duration,
+    pub size: usize,
+    pub timeout: Duration,
+    pub quiet: bool,
+    pub json: bool,
+    pub core: Option<usize>,
+}
+
+/// One reply line, shaped like uping's ICMP lines.
+pub fn pong_line(p: &UdPong) -> String {
+    let dup = if p.duplicate { " (DUP!)" } else { "" };
+    let time = if p.duplicate {
+        String::new()
+    } else {
+        format!(" time={} ms", reply_time(p.rtt))
+    };
+    format!(
+        "{} bytes from {}: ud_seq={}{time}{dup}",
+        p.bytes, p.from, p.seq
+    )
+}
+
+/// The summary lines, shaped like ping's, plus the percentiles.
+pub fn ping_summary(dst: UdAddr, s: &UdPingSummary, elapsed: Duration) -> String {
+    let mut out = format!("\n--- {dst} rdma ud ping statistics ---\n");
+    let mut line = format!(
+        "{} packets transmitted, {} received",
+        s.transmitted, s.received
+    );
+    if s.duplicates > 0 {
+        line += &format!(", +{} duplicates", s.duplicates);
+    }
+    if s.errors > 0 {
+        line += &format!(", +{} errors", s.errors);
+    }
+    let loss = s.loss_percent();
+    let loss = if loss == loss.trunc() {
+        format!("{loss:.0}")
+    } else {
+        format!("{loss:.4}").trim_end_matches('0').to_string()
+    };
+    line += &format!(", {loss}% packet loss, time {}ms", elapsed.as_millis());
+    out += &line;
+    out.push('\n');
+    if s.rtt.count > 0 {
+        out += &format!(
+            "rtt min/avg/max/mdev = {}/{}/{}/{} ms\n",
+            ms3(s.rtt.min),
+            ms3(s.rtt.avg()),
+            ms3(s.rtt.max),
+            ms3(s.rtt.mdev())
+        );
+        let p = |q| s.percentile(q).map(ms3).unwrap_or_default();
+        out += &format!(
+            "rtt p50/p99/max = {}/{}/{} ms\n",
+            p(0.5),
+            p(0.99),
+            ms3(s.rtt.max)
+        );
+    }
+    out
+}
+
+fn ping_json(
+    dst: UdAddr,
+    s: &UdPingSummary,
+    elapsed: Duration,
+    replies: Vec<serde_json::Value>,
+) -> serde_json::Value {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    serde_json::json!({
+        "host": dst.ip.to_string(),
+        "qpn": dst.qpn,
+        "transmitted": s.transmitted,
+        "received": s.received,
+        "duplicates": s.duplicates,
+        "errors": s.errors,
+        "loss_percent": s.loss_percent(),
+        "time_ms": elapsed.as_millis() as u64,
+        "rtt_ms": (s.rtt.count > 0).then(|| serde_json::json!({
+            "min": ms(s.rtt.min), "avg": ms(s.rtt.avg()), "max": ms(s.rtt.max),
+            "mdev": ms(s.rtt.mdev()),
+            "p50": s.percentile(0.5).map(ms), "p99": s.percentile(0.99).map(ms),
+        })),
+        "replies": replies,
+    })
+}
+
+struct PingFront {
+    pinger: UdPinger,
+    quiet: bool,
+    json: bool,
+    replies: Vec<serde_json::Value>,
+}
+
+impl App for PingFront {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        let ctl = self.pinger.poll(now, stack);
+        let events: Vec<UdPong> = self.pinger.drain_events().collect();
+        for p in events {
+            if self.json {
+                self.replies.push(serde_json::json!({
+                    "seq": p.seq, "bytes": p.bytes, "qpn": p.from.qpn,
+                    "time_ms": p.rtt.as_secs_f64() * 1e3, "duplicate": p.duplicate,
+                }));
+            } else if !self.quiet {
+                println!("{}", pong_line(&p));
+            }
+        }
+        ctl
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.pinger.next_wakeup()
+    }
+}
+
+/// Runs `uping --rdma` on a node.
+#[derive(Debug)]
+pub struct PingUser(pub PingOpts);
+
+impl NodeUser for PingUser {
+    type Output = ExitCode;
+    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+        let o = self.0;
+        let dst = UdAddr {
+            ip: o.dst,
+            qpn: o.qpn,
+        };
+        let max = node.stack.ud_max_msg();
+        if o.size > max {
+            bail!(
+                "invalid -s value: '{}': a UD message holds at most {max} bytes here",
+                o.size
+            );
+        }
+        let mut cfg = UdPingerConfig::new(dst);
+        cfg.qkey = o.qkey;
+        cfg.count = o.count;
+        cfg.interval = o.interval;
+        cfg.size = o.size;
+        cfg.timeout = o.timeout;
+        let size = cfg.size.max(ustack::ud::ping::PING_LEN);
+        let mut front = PingFront {
+            pinger: UdPinger::new(cfg),
+            quiet: o.quiet,
+            json: o.json,
+            replies: Vec::new(),
+        };
+        if !o.json {
+            println!(
+                "RDMA UD PING {dst} qkey {:#010x}: {size} bytes per message, RoCEv2 from {}",
+                o.qkey,
+                node.stack.ip()
+            );
+        }
+        let stop = crate::stop_flag()?;
+        let clock = Clock::new();
+        let lcfg = LoopConfig {
+            core: o.core,
+            ..LoopConfig::default()
+        };
+        runtime::run(
+            &mut node,
+            &mut front,
+            &lcfg,
+            &clock,
+            || stop.load(Ordering::Relaxed),
+            |_| {},
+        )?;
+        if let Some(e) = front.pinger.error() {
+            bail!("{dst}: {e}");
+        }
+        let s = front.pinger.summary().clone();
+        let elapsed = front
+            .pinger
+            .started()
+            .map_or(Duration::ZERO, |t| clock.now().saturating_duration_since(t));
+        if o.json {
+            println!("{}", ping_json(dst, &s, elapsed, front.replies));
+        } else {
+            print!("{}", ping_summary(dst, &s, elapsed));
+        }
+        Ok(if s.received > 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    }
+}
+
+/// `uping --rdma --verbs`: the same pinger on a real RNIC through ibverbs
+/// (NIC completion timestamps where the device has them).
+#[cfg(feature = "verbs")]
+pub fn verbs_ping(o: &PingOpts) -> Result<ExitCode> {
+    use ustack_verbs::{VerbsConfig, VerbsUd};
+    let mut dev = VerbsUd::open(&VerbsConfig::default())?;
+    let dst = UdAddr {
+        ip: o.dst,
+        qpn: o.qpn,
+    };
+    let mut cfg = UdPingerConfig::new(dst);
+    cfg.qkey = o.qkey;
+    cfg.count = o.count;
+    cfg.interval = o.interval;
+    cfg.size = o.size;
+    cfg.timeout = o.timeout;
+    let mut p = UdPinger::new(cfg);
+    println!(
+        "RDMA UD PING {dst} qkey {:#010x}: verbs device {} ({})",
+        o.qkey,
+        dev.device(),
+        dev.local_ip()
+    );
+    let stop = crate::stop_flag()?;
+    let clock = Clock::new();
+    while !stop.load(Ordering::Relaxed) {
+        let now = clock.now();
+        let done = p.poll_transport(now, &mut dev) == Control::Exit;
+        for e in p.drain_events() {
+            if !o.quiet {
+                println!("{}", pong_line(&e));
+            }
+        }
+        if done {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    if let Some(e) = p.error() {
+        bail!("{dst}: {e}");
+    }
+    let elapsed = p
+        .started()
+        .map_or(Duration::ZERO, |t| clock.now().saturating_duration_since(t));
+    print!("{}", ping_summary(dst, p.summary(), elapsed));
+    Ok(if p.summary().received > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Without the `verbs` feature: say how to get it.
+#[cfg(not(feature = "verbs"))]
+pub fn verbs_ping(_: &PingOpts) -> Result<ExitCode> {
+    bail!("this build has no ibverbs transport: rebuild with --features verbs")
+}
+
+// ---------------------------------------------------------------- uperf
+
+/// `uperf -c HOST --rdma` settings.
+#[derive(Debug, Clone)]
+pub struct BwOpts {
+    pub dst: Ipv4Addr,
+    pub qpn: u32,
+    pub qkey: u32,
+    pub iterations: u64,
+    /// One size instead of the sweep.
+    pub size: Option<usize>,
+    pub core: Option<usize>,
+}
+
+/// The ib_send_bw table header.
+pub fn bw_header() -> String {
+    let rule = "-".repeat(95);
+    format!(
+        "{rule}\n #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]   Delivered\n"
+    )
+}
+
+/// One row of the table (MB = 2^20 bytes, as perftest).
+pub fn bw_row(r: &BwResult) -> String {
+    let delivered = match r.delivered {
+        Some(d) => format!("{d}/{}", r.iterations),
+        None => "n/a".to_string(),
+    };
+    format!(
+        " {:<10} {:<14} {:<18.2} {:<20.2} {:<15.6} {delivered}",
+        r.bytes, r.iterations, r.bw_peak_mbs, r.bw_avg_mbs, r.msg_rate_mpps
+    )
+}
+
+struct BwFront(UdBandwidth);
+
+impl App for BwFront {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        let c = self.0.poll(now, stack);
+        for r in self.0.take_results() {
+            println!("{}", bw_row(&r));
+        }
+        c
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.0.next_wakeup()
+    }
+}
+
+/// Runs `uperf -c HOST --rdma` on a node.
+#[derive(Debug)]
+pub struct BwUser(pub BwOpts);
+
+impl NodeUser for BwUser {
+    type Output = ExitCode;
+    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+        let o = self.0;
+        let max = node.stack.ud_max_msg();
+        let dst = UdAddr {
+            ip: o.dst,
+            qpn: o.qpn,
+        };
+        let mut cfg = UdBandwidthConfig::new(dst, max);
+        cfg.qkey = o.qkey;
+        cfg.iterations = o.iterations;
+        if let Some(s) = o.size {
+            if s == 0 || s > max {
+                bail!("message size {s} is out of range: a UD message holds 1 to {max} bytes here");
+            }
+            cfg.sizes = vec![s];
+        }
+        println!(
+            "                    Send BW Test (RoCEv2 UD by ustack)\n Dual-port: OFF  Transport: RoCEv2 UD  QP: to {dst}  Q_Key {:#010x}\n TX depth: {}  Max msg: {max} bytes  Iterations: {}",
+            o.qkey, cfg.tx_depth, cfg.iterations
+        );
+        print!("{}", bw_header());
+        let mut front = BwFront(UdBandwidth::new(cfg));
+        let stop = crate::stop_flag()?;
+        let lcfg = LoopConfig {
+            core: o.core,
+            ..LoopConfig::default()
+        };
+        runtime::run(
+            &mut node,
+            &mut front,
+            &lcfg,
+            &Clock::new(),
+            || stop.load(Ordering::Relaxed),
+            |_| {},
+        )?;
+        println!("{}", "-".repeat(95));
+        if let Some(e) = front.0.error() {
+            bail!("{dst}: {e}");
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Runs `uperf -s --rdma`: the UD responder as a sink until Ctrl-C.
+#[derive(Debug)]
+pub struct SinkUser {
+    pub qpn: u32,
+    pub qkey: u32,
+    pub core: Option<usize>,
+}
+
+impl NodeUser for SinkUser {
+    type Output = ExitCode;
+    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+        let mut r = UdResponder::new(self.qpn, self.qkey);
+        println!(
+            "uperf: RDMA UD sink on {} qpn {} qkey {:#010x} (also answers UD pings)",
+            node.stack.ip(),
+            self.qpn,
+            self.qkey
+        );
+        let stop = crate::stop_flag()?;
+        let lcfg = LoopConfig {
+            core: self.core,
+            ..LoopConfig::default()
+        };
+        runtime::run(
+            &mut node,
+            &mut r,
+            &lcfg,
+            &Clock::new(),
+            || stop.load(Ordering::Relaxed),
+            |_| {},
+        )?;
+        if let Some(e) = r.error() {
+            bail!("{e}");
+        }
+        println!("{}", responder_line(&r));
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// One line about a responder's work (for `ustack run` and the sink).
+pub fn responder_line(r: &UdResponder) -> String {
+    let s = r.stats();
+    format!(
+        "rdma ud: qpn {}: {} pings answered, {} sink messages ({} bytes)",
+        r.qpn(),
+        s.pongs,
+        s.sink_msgs,
+        s.sink_bytes
+    )
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn numbers_parse_decimal_and_hex() {
+        assert_eq!(parse_u32("0x11111111"), Ok(0x1111_1111));
+        assert_eq!(parse_u32("17"), Ok(17));
+        assert!(parse_u32("x").is_err());
+        assert!(parse_qpn("1").is_err());
+        assert!(parse_qpn("0x1000000").is_err());
+        assert_eq!(parse_qpn(DEFAULT_QPN_STR), Ok(RESPONDER_QPN));
+        assert_eq!(parse_u32(DEFAULT_QKEY_STR), Ok(DEFAULT_QKEY));
+    }
+
+    #[test]
+    fn table_row_like_perftest() {
+        let r = BwResult {
+            bytes: 64,
+            iterations: 1000,
+            bw_peak_mbs: 12.5,
+            bw_avg_mbs: 10.25,
+            msg_rate_mpps: 0.167_936,
+            delivered: Some(1000),
+        };
+        let row = bw_row(&r);
+        assert!(row.starts_with(" 64 "));
+        assert!(row.contains("12.50") && row.contains("10.25") && row.contains("0.167936"));
+        assert!(row.ends_with("1000/1000"));
+        assert!(bw_header().contains("#bytes     #iterations    BW peak[MB/sec]"));
+    }
+}

@@ -1,0 +1,516 @@
+//! The DPDK backend with virtual devices and no hugepages, in network
+//! namespaces the test makes and removes itself (tools/netns.sh):
+//! `net_af_packet` on a veth answers Linux ping/arping and echoes TCP
+//! byte-exact, `net_tap` answers the kernel, two stacks joined by `net_memif`
+//! ping each other and move TCP byte-exact, mbufs all come back, and bad
+//! input gives one error line and exit status 2 or a counted drop.
+//! Needs root and `--features dpdk` (the all-features build).
+#![cfg(feature = "dpdk")]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ustack::app::bulk::fill_pattern;
+
+/// EAL without hugepages or PCI; each process gets its own file prefix.
+const EAL: &str = "--no-huge -m 256 --no-pci";
+
+fn root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false)
+}
+
+macro_rules! need_root {
+    () => {
+        if !root() {
+            eprintln!("skipped: network namespaces and DPDK vdevs need root");
+            return;
+        }
+    };
+}
+
+fn netns_sh() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/netns.sh")
+}
+
+/// A topology of our own; removed on drop, also when the test fails.
+struct Topo {
+    tag: String,
+}
+
+impl Topo {
+    fn up(short: &str) -> Topo {
+        let tag = format!("{short}{}", std::process::id() % 10_000);
+        let topo = Topo { tag: tag.clone() };
+        let out = Command::new(netns_sh())
+            .args(["up", &tag])
+            .output()
+            .expect("run netns.sh");
+        assert!(
+            out.status.success(),
+            "netns.sh up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        topo
+    }
+
+    fn ns(&self, side: &str) -> String {
+        format!("{}-{side}", self.tag)
+    }
+
+    fn in_ns(&self, side: &str, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns(side)])
+            .args(args)
+            .output()
+            .expect("run in a namespace")
+    }
+
+    fn linux(&self, args: &[&str]) -> Output {
+        self.in_ns("linux", args)
+    }
+
+    /// A binary of ours in the stack namespace.
+    fn bin(&self, exe: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns("stack"), exe]);
+        c.args(args);
+        c
+    }
+
+    fn af_packet(&self) -> String {
+        format!("{EAL} --vdev=net_af_packet0,iface={}-s", self.tag)
+    }
+
+    /// `ustack run` with these EAL arguments and flags.
+    fn daemon(&self, eal: &str, ip: &str, extra: &[&str]) -> Daemon {
+        let child = self
+            .bin(
+                env!("CARGO_BIN_EXE_ustack"),
+                &["run", "--dpdk", eal, "--ip", ip],
+            )
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start ustack run");
+        Daemon { child: Some(child) }
+    }
+
+    /// Wait until the stack at 10.77.0.2 answers ARP from the Linux side.
+    fn wait_arp(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            let out = self.linux(&[
+                "arping",
+                "-c",
+                "1",
+                "-w",
+                "1",
+                "-I",
+                &format!("{}-l", self.tag),
+                "10.77.0.2",
+            ]);
+            if out.status.success() {
+                return;
+            }
+        }
+        panic!("ustack run --dpdk did not come up");
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        let _ = Command::new(netns_sh()).args(["down", &self.tag]).output();
+    }
+}
+
+/// A running binary; SIGTERM on `stop`, killed on drop.
+struct Daemon {
+    child: Option<Child>,
+}
+
+impl Daemon {
+    fn stop(mut self) -> (i32, String, String) {
+        let child = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let out = child.wait_with_output().expect("wait");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn count_before(text: &str, word: &str) -> u64 {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches(',') == word)
+        .unwrap_or_else(|| panic!("'{word}' in {text}"));
+    words[i - 1]
+        .parse()
+        .unwrap_or_else(|_| panic!("number before '{word}' in {text}"))
+}
+
+/// (in use, capacity, alloc failures) from the report's `pool` line.
+fn pool_line(report: &str) -> (u64, u64, u64) {
+    let line = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("pool"))
+        .unwrap_or_else(|| panic!("pool line in {report}"));
+    // "  pool   NAME: X of Y in use, Z alloc failures"
+    let w: Vec<&str> = line.split_whitespace().collect();
+    (
+        w[2].parse().unwrap(),
+        w[4].parse().unwrap(),
+        w[7].parse().unwrap(),
+    )
+}
+
+/// The mbuf accounting every run must end with: nothing taken (af_packet
+/// and memif hold no mbufs at rest, so the baseline is 0) and no leak
+/// reported when the port closed.
+fn assert_mbufs_returned(out: &str, err: &str) {
+    let (in_use, capacity, _) = pool_line(out);
+    assert!(capacity > 0, "{out}");
+    assert_eq!(in_use, 0, "mbufs not back at baseline: {out}");
+    assert!(!err.contains("not returned"), "{err}");
+}
+
+fn no_crash(err: &str) {
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("stack backtrace"), "{err}");
+}
+
+fn random_file(bytes: usize) -> (tempfile::TempPath, Vec<u8>) {
+    let mut data = vec![0u8; bytes];
+    fill_pattern(11, &mut data);
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(&data).unwrap();
+    (f.into_temp_path(), data)
+}
+
+fn sha256(path: &std::path::Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn af_packet_answers_ping_arping_and_echoes_tcp_from_linux() {
+    need_root!();
+    let topo = Topo::up("da");
+    let d = topo.daemon(&topo.af_packet(), "10.77.0.2/24", &[]);
+    topo.wait_arp();
+    let ping = topo.linux(&["ping", "-c", "10", "-i", "0.05", "10.77.0.2"]);
+    let text = String::from_utf8_lossy(&ping.stdout);
+    assert!(ping.status.success(), "{text}");
+    assert_eq!(count_before(&text, "received"), 10, "{text}");
+    let arping = topo.linux(&[
+        "arping",
+        "-c",
+        "3",
+        "-I",
+        &format!("{}-l", topo.tag),
+        "10.77.0.2",
+    ]);
+    let text = String::from_utf8_lossy(&arping.stdout);
+    assert!(text.contains("3 packets received"), "{text}");
+
+    const BYTES: usize = 4 << 20;
+    let (input, _) = random_file(BYTES);
+    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let nc = topo.linux(&[
+        "sh",
+        "-c",
+        &format!(
+            "nc -N -w 30 10.77.0.2 7 < {} > {}",
+            input.display(),
+            output.display()
+        ),
+    ]);
+    assert!(
+        nc.status.success(),
+        "nc: {}",
+        String::from_utf8_lossy(&nc.stderr)
+    );
+    assert_eq!(std::fs::metadata(&output).unwrap().len(), BYTES as u64);
+    assert_eq!(sha256(&input), sha256(&output), "echo differs");
+
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
+    no_crash(&err);
+    assert!(out.contains("echo req in/out 10/0"), "{out}");
+    assert!(
+        out.contains(&format!("tcp services: {BYTES} bytes in, {BYTES} echoed")),
+        "{out}"
+    );
+    assert_mbufs_returned(&out, &err);
+}
+
+/// net_tap makes a kernel tap interface in the stack's namespace; the
+/// kernel there (10.77.2.1 on the tap) pings the stack on the other side.
+#[test]
+fn tap_vdev_answers_the_kernel() {
+    need_root!();
+    let topo = Topo::up("dt");
+    let tap = format!("{}t", topo.tag);
+    let d = topo.daemon(
+        &format!("{EAL} --vdev=net_tap0,iface={tap}"),
+        "10.77.2.2/24",
+        &[],
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !topo
+        .in_ns("stack", &["ip", "link", "show", &tap])
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "no tap interface {tap}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        topo.in_ns("stack", &["ip", "addr", "add", "10.77.2.1/24", "dev", &tap])
+            .status
+            .success()
+    );
+    assert!(
+        topo.in_ns("stack", &["ip", "link", "set", &tap, "up"])
+            .status
+            .success()
+    );
+    let ping = topo.in_ns(
+        "stack",
+        &["ping", "-c", "5", "-i", "0.1", "-W", "2", "10.77.2.2"],
+    );
+    let text = String::from_utf8_lossy(&ping.stdout);
+    assert!(ping.status.success(), "{text}");
+    assert_eq!(count_before(&text, "received"), 5, "{text}");
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
+    no_crash(&err);
+    assert!(out.contains("echo req in/out 5/0"), "{out}");
+    // The tap driver keeps its rx ring filled with mbufs, so in use is not
+    // 0 at rest; after the port closes every one must be back.
+    let (in_use, capacity, _) = pool_line(&out);
+    assert!(in_use < capacity, "{out}");
+    assert!(!err.contains("not returned"), "{err}");
+}
+
+/// Two stack processes joined by memif: uping, then a TCP transfer to the
+/// discard service checked by CRC-32 on both ends.
+#[test]
+fn two_stacks_over_memif_ping_and_move_tcp_byte_exact() {
+    need_root!();
+    let topo = Topo::up("dm");
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("memif.sock");
+    let memif = |role: &str| {
+        format!(
+            "{EAL} --vdev=net_memif0,role={role},socket={},socket-abstract=no",
+            sock.display()
+        )
+    };
+    let d = topo.daemon(&memif("server"), "10.77.1.2/24", &[]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "memif server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let up = topo
+        .bin(
+            env!("CARGO_BIN_EXE_uping"),
+            &[
+                "--dpdk",
+                &memif("client"),
+                "--ip",
+                "10.77.1.3/24",
+                "-c",
+                "5",
+                "-i",
+                "0.1",
+                "-W",
+                "3",
+                "10.77.1.2",
+            ],
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&up.stdout);
+    assert_eq!(
+        up.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    assert_eq!(count_before(&text, "received"), 5, "{text}");
+
+    const BYTES: usize = 16 << 20;
+    let send = topo
+        .bin(
+            env!("CARGO_BIN_EXE_ustack"),
+            &[
+                "send",
+                "--dpdk",
+                &memif("client"),
+                "--ip",
+                "10.77.1.3/24",
+                "--to",
+                "10.77.1.2:9",
+                "--bytes",
+                &BYTES.to_string(),
+            ],
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&send.stdout);
+    let serr = String::from_utf8_lossy(&send.stderr);
+    assert!(send.status.success(), "{text}{serr}");
+    assert!(!serr.contains("not returned"), "{serr}");
+    let mut want = vec![0u8; BYTES];
+    fill_pattern(0, &mut want);
+    let crc = format!("{:08x}", crc32fast::hash(&want));
+    assert!(text.contains(&format!("crc32 {crc}")), "{text}");
+    eprintln!("memif: {}", text.trim());
+
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
+    no_crash(&err);
+    assert!(out.contains("echo req in/out 5/0"), "{out}");
+    assert!(
+        out.contains(&format!("tcp discard: {BYTES} bytes, crc32 {crc}")),
+        "{out}"
+    );
+    assert_mbufs_returned(&out, &err);
+}
+
+#[test]
+fn bad_arguments_missing_port_and_tiny_pool() {
+    need_root!();
+    let topo = Topo::up("de");
+    let run = |eal: &str| {
+        topo.bin(
+            env!("CARGO_BIN_EXE_ustack"),
+            &["run", "--dpdk", eal, "--ip", "10.77.0.2/24"],
+        )
+        .output()
+        .unwrap()
+    };
+    // Bad EAL arguments.
+    let out = run("--no-huge --bogus-option");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    no_crash(&err);
+    assert!(
+        err.trim_end()
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("ustack: EAL initialisation failed: invalid arguments"),
+        "{err}"
+    );
+    // No vdev, so no port 0.
+    let out = run(EAL);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    no_crash(&err);
+    assert!(
+        err.trim_end()
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("ustack: no DPDK port 0: EAL found 0 port(s)"),
+        "{err}"
+    );
+    // A port number that does not exist.
+    let out = topo
+        .bin(
+            env!("CARGO_BIN_EXE_ustack"),
+            &[
+                "run",
+                "--dpdk",
+                &topo.af_packet(),
+                "--dpdk-port",
+                "3",
+                "--ip",
+                "10.77.0.2/24",
+            ],
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("ustack: no DPDK port 3: EAL found 1 port(s)"),
+        "{err}"
+    );
+
+    // A pool of 8 mbufs under a burst of pings and a TCP echo: drops are
+    // counted, the stack keeps going, TCP recovers, every mbuf comes back.
+    let d = topo.daemon(&topo.af_packet(), "10.77.0.2/24", &["--dpdk-mbufs", "8"]);
+    topo.wait_arp();
+    let ping = topo.linux(&[
+        "ping",
+        "-f",
+        "-l",
+        "100",
+        "-c",
+        "3000",
+        "-s",
+        "1200",
+        "-W",
+        "2",
+        "10.77.0.2",
+    ]);
+    let ptext = String::from_utf8_lossy(&ping.stdout);
+    let replies = count_before(&ptext, "received");
+    assert!(replies > 0, "{ptext}");
+    const BYTES: usize = 1 << 20;
+    let (input, _) = random_file(BYTES);
+    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let nc = topo.linux(&[
+        "sh",
+        "-c",
+        &format!(
+            "nc -N -w 30 10.77.0.2 7 < {} > {}",
+            input.display(),
+            output.display()
+        ),
+    ]);
+    assert!(nc.status.success());
+    assert_eq!(sha256(&input), sha256(&output), "echo differs");
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
+    no_crash(&err);
+    let (_, capacity, failures) = pool_line(&out);
+    assert_eq!(capacity, 8, "{out}");
+    // Every request the stack could not answer is an allocation failure.
+    assert!(
+        failures > 0,
+        "no counted drop under a dry pool: {out}\n{ptext}"
+    );
+    let answered = 3000 - replies;
+    assert!(failures >= answered.min(1), "{out}");
+    assert_mbufs_returned(&out, &err);
+}

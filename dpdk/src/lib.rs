@@ -1,0 +1,77 @@
+//! A safe wrapper over the system DPDK (crate `dpdk-sys`) and ustack's DPDK
+//! [`Device`](ustack::device::Device).
+//!
+//! - [`Eal`]: EAL initialised once per process from an argument string;
+//!   cleaned up when the last handle (held by pools and ports) drops.
+//! - [`MbufPool`] / [`Mbuf`]: an mbuf mempool with ustack's pool counters,
+//!   and an owned mbuf that frees itself on drop. Its bytes are the mbuf's
+//!   data room: the engine reads received frames and writes outgoing ones in
+//!   place, no copy.
+//! - [`Port`]: an ethdev port (N rx/tx queues, descriptors, MTU, promiscuous
+//!   mode, link, stats and xstats), stopped and closed on drop.
+//! - [`DpdkPort`]: port + pool as a ustack `Device`.
+//!
+//! This crate is the unsafe boundary: every `unsafe` block says why it is
+//! sound (`// SAFETY:`), and no raw DPDK pointer appears in a public
+//! signature.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod device;
+mod eal;
+mod mbuf;
+mod port;
+
+pub use device::{DpdkPort, DpdkPortConfig};
+pub use eal::Eal;
+pub use mbuf::{Mbuf, MbufPool};
+pub use port::{EthStats, LinkStatus, Port, PortConfig, PortInfo};
+
+/// Everything that can go wrong setting DPDK up.
+#[derive(Debug, thiserror::Error)]
+pub enum DpdkError {
+    #[error("the DPDK EAL is already initialised in this process (one rte_eal_init per process)")]
+    AlreadyInitialized,
+    #[error("EAL arguments '{0}' cannot be split (unbalanced quotes?)")]
+    BadArgs(String),
+    #[error("EAL initialisation failed: {reason} (EAL arguments: '{args}')")]
+    EalInit { args: String, reason: String },
+    #[error(
+        "no DPDK port {port}: EAL found {available} port(s); add a virtual device (e.g. --vdev=net_af_packet0,iface=IFACE) or bind a NIC"
+    )]
+    NoSuchPort { port: u16, available: u16 },
+    #[error("mbuf pool '{name}' of {count} mbufs: {reason}")]
+    Pool {
+        name: String,
+        count: u32,
+        reason: String,
+    },
+    #[error("DPDK port {port}: {what}: {reason}")]
+    Port {
+        port: u16,
+        what: &'static str,
+        reason: String,
+    },
+}
+
+/// DPDK's text for an errno value (negative or positive).
+pub(crate) fn strerror(err: i32) -> String {
+    // SAFETY: rte_strerror returns a pointer to a static or thread-local
+    // NUL-terminated string that stays valid until the next call on this
+    // thread; it is copied out immediately.
+    unsafe {
+        let p = dpdk_sys::rte_strerror(err.abs());
+        if p.is_null() {
+            return format!("error {}", err.abs());
+        }
+        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// The calling thread's `rte_errno`.
+pub(crate) fn rte_errno() -> i32 {
+    // SAFETY: reads a thread-local integer; no preconditions.
+    unsafe { dpdk_sys::ustack_errno() }
+}
+
+#[cfg(test)]
+mod test;

@@ -1,0 +1,528 @@
+//! Telemetry: a stack's [`Snapshot`]s published as JSON lines on a Unix
+//! socket, the way DPDK telemetry does, without slowing the poll loop.
+//!
+//! The loop calls [`Publisher::publish`] from its stats callback. That only
+//! clones the snapshot into a bounded channel with `try_send`; when the
+//! channel is full the snapshot is skipped (and counted). A publisher thread
+//! serializes each snapshot once and writes it to every client through a
+//! non-blocking socket; a client that falls more than [`MAX_BACKLOG`] bytes
+//! behind, or whose socket fails, is dropped. Nothing the loop does waits on
+//! a client.
+//!
+//! Each line is one JSON object: `name`, `pid`, `seq`, `publisher` (clients,
+//! skipped snapshots, dropped clients) and the fields of [`Snapshot`]
+//! (`at_ns`, `stack`, `port`, `pools`, `connections`, `connections_total`).
+//! A client that connects gets the latest line at once, then every new one.
+//!
+//! The socket is created with mode 0600 (bound under a temporary name,
+//! chmod'ed, then renamed into place), a stale socket left by a dead stack is
+//! replaced, and the file is removed when the publisher is dropped.
+
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender, TrySendError};
+use serde::Serialize;
+
+use crate::runtime::Snapshot;
+
+/// Most TCP connections listed in one snapshot (`connections_total` counts all).
+pub const MAX_CONNECTIONS: usize = 256;
+/// Bytes a client may fall behind before it is dropped.
+pub const MAX_BACKLOG: usize = 1 << 20;
+/// Most socket clients at once; more are refused.
+pub const MAX_CLIENTS: usize = 32;
+/// Snapshots waiting for the publisher thread; more are skipped.
+const QUEUE: usize = 2;
+/// How often the publisher thread looks for new clients when idle.
+const ACCEPT_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Why telemetry could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("telemetry socket {}: directory {} does not exist", .path.display(), .dir.display())]
+    NoDir { path: PathBuf, dir: PathBuf },
+    #[error("telemetry socket {}: exists and is not a socket (left alone)", .0.display())]
+    NotSocket(PathBuf),
+    #[error("telemetry socket {}: a running stack already publishes there", .0.display())]
+    InUse(PathBuf),
+    #[error("telemetry socket {}: {what}: {err}", .path.display())]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        err: io::Error,
+    },
+}
+
+fn io_err(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> TelemetryError + use<> {
+    let path = path.to_owned();
+    move |err| TelemetryError::Io { path, what, err }
+}
+
+/// The directory stacks publish in when given a bare name, and where `utop`
+/// looks for them: `$XDG_RUNTIME_DIR/ustack`, else `/tmp/ustack-$UID`.
+pub fn default_dir() -> PathBuf {
+    if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let run = PathBuf::from(run);
+        if run.is_dir() {
+            return run.join("ustack");
+        }
+    }
+    // The owner of /proc/self is our uid (std has no getuid).
+    let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+    PathBuf::from(format!("/tmp/ustack-{uid}"))
+}
+
+/// Where `--telemetry ARG` means: a value with a `/` is a path as given; a
+/// bare name is `NAME.sock` in [`default_dir`], where `utop` finds it.
+pub fn resolve(arg: &Path) -> PathBuf {
+    if arg.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return arg.to_owned();
+    }
+    let mut name = arg.as_os_str().to_owned();
+    if arg.extension().is_none_or(|e| e != "sock") {
+        name.push(".sock");
+    }
+    default_dir().join(name)
+}
+
+/// [`resolve`], creating the default directory (mode 0700) for a bare name.
+pub fn socket_path(arg: &Path) -> Result<PathBuf, TelemetryError> {
+    let path = resolve(arg);
+    if path != arg {
+        let dir = default_dir();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io_err(&dir, "cannot create the telemetry directory"))?;
+    }
+    Ok(path)
+}
+
+/// Live stack sockets in `dir` (those that accept a connection), sorted.
+/// Stale sockets of dead stacks are skipped.
+pub fn discover(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let is_socket = entry.file_type().is_ok_and(|t| t.is_socket());
+        if is_socket && UnixStream::connect(entry.path()).is_ok() {
+            found.push(entry.path());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Counters of the publisher itself, sent in every line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PublisherStats {
+    /// Socket clients attached now.
+    pub clients: u64,
+    /// Snapshots the loop skipped because the publisher thread was behind.
+    pub skipped: u64,
+    /// Clients dropped for being slow or gone.
+    pub dropped_clients: u64,
+}
+
+#[derive(Serialize)]
+struct Line<'a> {
+    name: &'a str,
+    pid: u32,
+    seq: u64,
+    publisher: PublisherStats,
+    #[serde(flatten)]
+    snapshot: &'a Snapshot,
+}
+
+/// Hands snapshots from the poll loop to the publisher thread.
+#[derive(Debug)]
+pub struct Publisher {
+    tx: Option<Sender<Snapshot>>,
+    subscribe: Sender<Sender<Arc<str>>>,
+    skipped: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+    path: Option<PathBuf>,
+}
+
+impl Publisher {
+    /// Start publishing snapshots of the stack called `name`, on the Unix
+    /// socket `socket` when given (see [`socket_path`]), and to in-process
+    /// subscribers ([`Publisher::subscribe`]).
+    pub fn start(name: &str, socket: Option<&Path>) -> Result<Publisher, TelemetryError> {
+        let listener = socket.map(bind).transpose()?;
+        let (tx, rx) = channel::bounded(QUEUE);
+        let (subscribe, subs) = channel::unbounded();
+        let skipped = Arc::new(AtomicU64::new(0));
+        let mut worker = Worker {
+            name: name.to_owned(),
+            pid: std::process::id(),
+            seq: 0,
+            listener,
+            clients: Vec::new(),
+            subscribers: Vec::new(),
+            last: None,
+            dropped_clients: 0,
+            skipped: skipped.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("ustack-telemetry".into())
+            .spawn(move || worker.run(&rx, &subs))
+            .map_err(io_err(socket.unwrap_or(Path::new("-")), "cannot start"))?;
+        Ok(Publisher {
+            tx: Some(tx),
+            subscribe,
+            skipped,
+            thread: Some(thread),
+            path: socket.map(Path::to_owned),
+        })
+    }
+
+    /// The socket's path, if it has one.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Hand a snapshot to the publisher thread. Never blocks: when the thread
+    /// is behind, the snapshot is skipped (and counted).
+    pub fn publish(&self, s: &Snapshot) {
+        let Some(tx) = &self.tx else { return };
+        if tx.is_full() {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if let Err(TrySendError::Full(_)) = tx.try_send(s.clone()) {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Snapshots skipped so far.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// An in-process feed of the same JSON lines (without the newline). It
+    /// holds a few lines; a subscriber that does not keep up misses some. The
+    /// channel disconnects when the publisher is dropped.
+    pub fn subscribe(&self) -> Receiver<Arc<str>> {
+        let (tx, rx) = channel::bounded(4);
+        let _ = self.subscribe.send(tx);
+        rx
+    }
+}
+
+impl Drop for Publisher {
+    /// Publishes what is queued, closes every client and removes the socket.
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Bind `path` with mode 0600, replacing a stale socket.
+fn bind(path: &Path) -> Result<UnixListener, TelemetryError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(TelemetryError::NoDir {
+            path: path.to_owned(),
+            dir: dir.to_owned(),
+        });
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(TelemetryError::NotSocket(path.to_owned()));
+        }
+        Ok(_) => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(TelemetryError::InUse(path.to_owned()));
+            }
+            std::fs::remove_file(path).map_err(io_err(path, "cannot remove the stale socket"))?;
+        }
+        Err(_) => {}
+    }
+    // Bind under a temporary name, restrict it, then move it into place, so
+    // the socket is never reachable with looser permissions.
+    let tmp = dir.join(format!(".ustack-{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(io_err(path, "cannot create the socket"))?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .and_then(|()| listener.set_nonblocking(true));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err(path, "cannot create the socket")(e));
+    }
+    Ok(listener)
+}
+
+/// One socket client and the bytes it has yet to receive.
+struct Client {
+    stream: UnixStream,
+    pending: Vec<u8>,
+}
+
+impl Client {
+    /// Queue `line` and write what the socket takes; false when the client
+    /// is gone or too far behind.
+    fn push(&mut self, line: &[u8]) -> bool {
+        if self.pending.len() + line.len() > MAX_BACKLOG {
+            return false;
+        }
+        self.pending.extend_from_slice(line);
+        self.flush()
+    }
+
+    fn flush(&mut self) -> bool {
+        let mut done = 0;
+        let alive = loop {
+            if done == self.pending.len() {
+                break true;
+            }
+            match self.stream.write(&self.pending[done..]) {
+                Ok(0) => break false,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break false,
+            }
+        };
+        self.pending.drain(..done);
+        alive
+    }
+}
+
+struct Worker {
+    name: String,
+    pid: u32,
+    seq: u64,
+    listener: Option<UnixListener>,
+    clients: Vec<Client>,
+    subscribers: Vec<Sender<Arc<str>>>,
+    /// The latest line, for clients that connect between snapshots.
+    last: Option<Arc<str>>,
+    dropped_clients: u64,
+    skipped: Arc<AtomicU64>,
+}
+
+impl Worker {
+    fn run(&mut self, rx: &Receiver<Snapshot>, subs: &Receiver<Sender<Arc<str>>>) {
+        loop {
+            let next = rx.recv_timeout(ACCEPT_INTERVAL);
+            self.subscribers.extend(subs.try_iter());
+            self.accept();
+            match next {
+                Ok(s) => self.broadcast(&s),
+                Err(RecvTimeoutError::Timeout) => self.flush(),
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        // Give slow clients what is still queued, without waiting on them.
+        self.flush();
+    }
+
+    fn accept(&mut self) {
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        while let Ok((stream, _)) = listener.accept() {
+            if self.clients.len() >= MAX_CLIENTS || stream.set_nonblocking(true).is_err() {
+                self.dropped_clients += 1;
+                continue;
+            }
+            let mut c = Client {
+                stream,
+                pending: Vec::new(),
+            };
+            let alive = match &self.last {
+                Some(line) => c.push(line.as_bytes()) && c.push(b"\n"),
+                None => true,
+            };
+            if alive {
+                self.clients.push(c);
+            } else {
+                self.dropped_clients += 1;
+            }
+        }
+    }
+
+    fn broadcast(&mut self, s: &Snapshot) {
+        self.seq += 1;
+        let line = Line {
+            name: &self.name,
+            pid: self.pid,
+            seq: self.seq,
+            publisher: PublisherStats {
+                clients: self.clients.len() as u64,
+                skipped: self.skipped.load(Ordering::Relaxed),
+                dropped_clients: self.dropped_clients,
+            },
+            snapshot: s,
+        };
+        let Ok(mut bytes) = serde_json::to_vec(&line) else {
+            return;
+        };
+        let text: Arc<str> = String::from_utf8_lossy(&bytes).into();
+        bytes.push(b'\n');
+        let before = self.clients.len();
+        self.clients.retain_mut(|c| c.push(&bytes));
+        self.dropped_clients += (before - self.clients.len()) as u64;
+        self.subscribers.retain(|tx| {
+            !matches!(
+                tx.try_send(text.clone()),
+                Err(TrySendError::Disconnected(_))
+            )
+        });
+        self.last = Some(text);
+    }
+
+    fn flush(&mut self) {
+        let before = self.clients.len();
+        self.clients.retain_mut(Client::flush);
+        self.dropped_clients += (before - self.clients.len()) as u64;
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::pool::PoolStats;
+    use std::io::{BufRead, BufReader};
+
+    fn snapshot(at_ns: u64) -> Snapshot {
+        Snapshot {
+            at_ns,
+            stack: Default::default(),
+            port: Default::default(),
+            pools: vec![PoolStats {
+                name: "rx".into(),
+                capacity: 8,
+                in_use: 1,
+                alloc_failures: 0,
+                buf_size: 2048,
+            }],
+            connections: Vec::new(),
+            connections_total: 0,
+        }
+    }
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ustack-tele-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn publishes_json_lines_with_mode_0600_and_cleans_up() {
+        let dir = tmpdir("lines");
+        let path = dir.join("a.sock");
+        let p = Publisher::start("test", Some(&path)).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let local = p.subscribe();
+        let mut r = BufReader::new(UnixStream::connect(&path).unwrap());
+        // Let the thread accept the client, then publish.
+        std::thread::sleep(ACCEPT_INTERVAL * 3);
+        p.publish(&snapshot(7));
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["name"], "test");
+        assert_eq!(v["seq"], 1);
+        assert_eq!(v["at_ns"], 7);
+        assert_eq!(v["pools"][0]["name"], "rx");
+        assert_eq!(v["pid"], std::process::id());
+        let l = local.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(&*l, line.trim_end());
+        // A late client gets the latest line at once.
+        let mut late = BufReader::new(UnixStream::connect(&path).unwrap());
+        let mut again = String::new();
+        late.read_line(&mut again).unwrap();
+        assert_eq!(again, line);
+        drop(p);
+        assert!(!path.exists(), "socket removed on drop");
+        // Clients see the end of the stream.
+        let mut rest = String::new();
+        assert_eq!(r.read_line(&mut rest).unwrap(), 0);
+        assert!(local.recv().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn replaces_a_stale_socket_and_refuses_a_live_one() {
+        let dir = tmpdir("stale");
+        let path = dir.join("s.sock");
+        drop(UnixListener::bind(&path).unwrap()); // stale: nobody listens
+        let p = Publisher::start("one", Some(&path)).unwrap();
+        let e = Publisher::start("two", Some(&path)).unwrap_err();
+        assert!(matches!(e, TelemetryError::InUse(_)), "{e}");
+        drop(p);
+        std::fs::write(&path, b"x").unwrap();
+        let e = Publisher::start("three", Some(&path)).unwrap_err();
+        assert!(matches!(e, TelemetryError::NotSocket(_)), "{e}");
+        assert!(path.exists(), "a regular file is never removed");
+        let e = Publisher::start("four", Some(&dir.join("no/such/dir.sock"))).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_client_that_never_reads_is_dropped_and_the_loop_never_waits() {
+        let dir = tmpdir("slow");
+        let path = dir.join("slow.sock");
+        let p = Publisher::start("slow", Some(&path)).unwrap();
+        let _sleeper = UnixStream::connect(&path).unwrap();
+        std::thread::sleep(ACCEPT_INTERVAL * 3);
+        let mut big = snapshot(1);
+        big.pools = (0..2000)
+            .map(|i| PoolStats {
+                name: format!("pool-{i}"),
+                capacity: i,
+                in_use: 0,
+                alloc_failures: 0,
+                buf_size: 2048,
+            })
+            .collect();
+        // Each line is ~150 KB; the client reads nothing. publish() returns at
+        // once whatever happens (skips are counted, not waited for).
+        for i in 0..200 {
+            big.at_ns = i;
+            p.publish(&big);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut r = BufReader::new(UnixStream::connect(&path).unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert!(
+            v["publisher"]["dropped_clients"].as_u64().unwrap() >= 1,
+            "{}",
+            v["publisher"]
+        );
+        drop(p);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bare_names_go_in_the_default_dir() {
+        assert_eq!(resolve(Path::new("demo")), default_dir().join("demo.sock"));
+        assert_eq!(resolve(Path::new("a.sock")), default_dir().join("a.sock"));
+        assert_eq!(resolve(Path::new("./x.sock")), PathBuf::from("./x.sock"));
+    }
+}

@@ -1,0 +1,575 @@
+//! RDMA Unreliable Datagram: one API, two transports.
+//!
+//! [`UdTransport`] is the verbs shape: create a UD queue pair with a Q_Key,
+//! post receive buffers, post sends to (address, QPN, Q_Key) with optional
+//! immediate data, poll a completion queue whose entries carry timestamps.
+//!
+//! - [`Stack`] implements it with RoCEv2 on the wire, built by the stack
+//!   itself (`Ethernet | IPv4 | UDP 4791 | BTH | DETH | [ImmDt] | payload |
+//!   pad | ICRC`), so any backend (sim, pcap, DPDK) talks to real RNICs.
+//!   Timestamps are the poll loop's `now` when the packet was processed
+//!   (receive) or written to the device (send): [`TsSource::Poll`].
+//! - The `ustack-verbs` crate implements it on a real RNIC through ibverbs,
+//!   with hardware completion timestamps where the device offers them.
+//!
+//! Receive buffers follow the verbs convention: the first [`GRH_LEN`] (40)
+//! bytes are reserved for the GRH; for RoCEv2 over IPv4 bytes 0-19 are zero
+//! and bytes 20-39 hold the received IPv4 header; the payload starts at byte
+//! 40, and a completion's `byte_len` counts the 40 bytes. Each QP has its
+//! own completion queue (sends and receives), bounded by its work requests.
+
+pub mod ping;
+pub mod wire;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
+
+use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
+
+use crate::device::Tx;
+use crate::stack::{Error, Stack};
+use crate::stats::DropReason;
+use crate::time::Instant;
+use wire::{
+    BTH_LEN, DEFAULT_PKEY, DETH_LEN, ICRC_LEN, IMM_LEN, MAX_QPN, PSN_MASK, ROCE_PORT, UdSendRepr,
+    WireError,
+};
+
+/// Bytes reserved at the head of every receive buffer (the GRH space).
+pub const GRH_LEN: usize = 40;
+/// perftest's default Q_Key.
+pub const DEFAULT_QKEY: u32 = 0x1111_1111;
+/// The QPN of `ustack run`'s ping responder (and uperf sink).
+pub const RESPONDER_QPN: u32 = 2;
+/// First QPN handed out when none is asked for (0 and 1 are the IB SMI and
+/// GSI QPs; a few below 0x100 stay free for well-known services).
+const FIRST_DYNAMIC_QPN: u32 = 0x100;
+/// Bytes of IPv4, UDP, BTH, DETH, immediate data and ICRC around a payload.
+pub const ROCE_OVERHEAD: usize = IP_LEN + 8 + BTH_LEN + DETH_LEN + IMM_LEN + ICRC_LEN;
+
+/// A UD peer: an IPv4 address (the GID's IPv4 form) and a QP number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdAddr {
+    pub ip: Ipv4Addr,
+    pub qpn: u32,
+}
+
+impl std::fmt::Display for UdAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} qpn {}", self.ip, self.qpn)
+    }
+}
+
+/// A queue pair of one transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpHandle(pub usize);
+
+/// How to create a UD QP.
+#[derive(Debug, Clone)]
+pub struct QpConfig {
+    pub qkey: u32,
+    /// Ask for a QP number (the stack's transport only; verbs picks its own).
+    pub qpn: Option<u32>,
+    /// Outstanding sends (posted, not yet completed).
+    pub max_send_wr: usize,
+    /// Posted receive buffers.
+    pub max_recv_wr: usize,
+}
+
+impl QpConfig {
+    pub fn new(qkey: u32) -> Self {
+        QpConfig {
+            qkey,
+            qpn: None,
+            max_send_wr: 256,
+            max_recv_wr: 256,
+        }
+    }
+}
+
+/// A send work request.
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub dest: UdAddr,
+    /// The Q_Key to send with; with the high bit set the QP's own Q_Key is
+    /// used instead (the verbs rule for controlled Q_Keys).
+    pub remote_qkey: u32,
+    pub imm: Option<u32>,
+    pub solicited: bool,
+    pub data: &'a [u8],
+}
+
+/// What a completion is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcOpcode {
+    Send,
+    Recv,
+}
+
+/// A completion's status (the verbs `ibv_wc_status` values we produce).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcStatus {
+    Success,
+    /// The message did not fit the posted receive buffer.
+    LocalLengthError,
+    /// The send could not leave (no route to the address).
+    GeneralError,
+    /// The QP was destroyed with the request outstanding.
+    Flushed,
+    /// Any other status a device reported (its numeric code).
+    Other(u32),
+}
+
+/// Where a completion's timestamp came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TsSource {
+    /// The NIC's completion timestamp (converted to nanoseconds of its clock).
+    Nic,
+    /// The poll loop's `now` when the packet was received or sent.
+    Poll,
+}
+
+/// A completion queue entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub opcode: WcOpcode,
+    pub status: WcStatus,
+    /// Bytes received including the 40 GRH bytes (receives), or sent.
+    pub byte_len: usize,
+    pub imm: Option<u32>,
+    /// The sender (receives).
+    pub src: Option<UdAddr>,
+    pub timestamp: Instant,
+    pub ts_source: TsSource,
+    /// The posted receive buffer, handed back with the data in it.
+    pub buf: Option<Vec<u8>>,
+}
+
+impl Completion {
+    /// The payload of a successful receive (after the GRH space).
+    pub fn payload(&self) -> &[u8] {
+        match &self.buf {
+            Some(b) if self.opcode == WcOpcode::Recv && self.status == WcStatus::Success => b
+                .get(GRH_LEN..self.byte_len.min(b.len()))
+                .unwrap_or_default(),
+            _ => &[],
+        }
+    }
+}
+
+/// Errors of the UD API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UdError {
+    #[error("no such queue pair")]
+    InvalidQp,
+    #[error("QP number {0} is in use")]
+    QpnInUse(u32),
+    #[error("QP number {0} is out of range (2..=0xffffff)")]
+    BadQpn(u32),
+    #[error("work queue full")]
+    QueueFull,
+    #[error("message of {0} bytes exceeds the largest UD message ({1} bytes)")]
+    TooLarge(usize, usize),
+    #[error("receive buffer of {0} bytes is smaller than the 40-byte GRH space")]
+    BufferTooSmall(usize),
+    #[error("no RDMA device")]
+    NoDevice,
+    #[error("{0}")]
+    Unsupported(&'static str),
+    #[error("{op}: {msg}")]
+    Device { op: &'static str, msg: String },
+}
+
+impl From<UdError> for Error {
+    fn from(e: UdError) -> Self {
+        match e {
+            UdError::QueueFull => Error::QueueFull,
+            UdError::TooLarge(..) => Error::TooLarge,
+            UdError::QpnInUse(_) => Error::AddrInUse,
+            _ => Error::InvalidHandle,
+        }
+    }
+}
+
+/// The UD verbs both transports implement.
+pub trait UdTransport {
+    /// Create a UD QP, ready to send and receive (verbs: INIT, RTR, RTS).
+    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError>;
+    /// The QP's number (what peers send to).
+    fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError>;
+    /// Largest message a single UD SEND carries on this transport.
+    fn max_msg_size(&self) -> usize;
+    /// Post a receive buffer; its length is what may be received (40 GRH
+    /// bytes included). It comes back in the completion.
+    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), UdError>;
+    /// Post a send; the data is copied, completion is always signaled.
+    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), UdError>;
+    /// Move up to `max` completions of the QP into `out`; returns how many.
+    /// `now` stamps completions of transports without their own timestamps.
+    fn poll_cq(
+        &mut self,
+        qp: QpHandle,
+        now: Instant,
+        max: usize,
+        out: &mut Vec<Completion>,
+    ) -> Result<usize, UdError>;
+    /// Destroy a QP; outstanding work is discarded.
+    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError>;
+}
+
+#[derive(Debug)]
+struct PendingSend {
+    wr_id: u64,
+    dest: UdAddr,
+    qkey: u32,
+    imm: Option<u32>,
+    solicited: bool,
+    data: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Qp {
+    qpn: u32,
+    qkey: u32,
+    psn: u32,
+    max_send: usize,
+    max_recv: usize,
+    recv: VecDeque<(u64, Vec<u8>)>,
+    send: VecDeque<PendingSend>,
+    /// Sends completed but not polled, counted against `max_send` (as a
+    /// verbs send queue slot stays taken until the app sees it).
+    send_cqes: usize,
+    cq: VecDeque<Completion>,
+    queued: bool,
+}
+
+/// The stack's UD queue pairs: a slot per QP, hashed by QPN.
+#[derive(Debug, Default)]
+pub(crate) struct UdTable {
+    qps: Vec<Option<Qp>>,
+    by_qpn: HashMap<u32, usize>,
+    next_qpn: u32,
+    ready: VecDeque<usize>,
+}
+
+impl UdTable {
+    fn get(&self, h: QpHandle) -> Result<&Qp, UdError> {
+        self.qps
+            .get(h.0)
+            .and_then(Option::as_ref)
+            .ok_or(UdError::InvalidQp)
+    }
+
+    fn get_mut(&mut self, h: QpHandle) -> Result<&mut Qp, UdError> {
+        self.qps
+            .get_mut(h.0)
+            .and_then(Option::as_mut)
+            .ok_or(UdError::InvalidQp)
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.by_qpn.len()
+    }
+
+    pub(crate) fn has_work(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    fn pick_qpn(&mut self) -> Option<u32> {
+        for _ in 0..MAX_QPN {
+            let q = self.next_qpn.max(FIRST_DYNAMIC_QPN);
+            self.next_qpn = if q >= MAX_QPN {
+                FIRST_DYNAMIC_QPN
+            } else {
+                q + 1
+            };
+            if !self.by_qpn.contains_key(&q) {
+                return Some(q);
+            }
+        }
+        None
+    }
+}
+
+impl Stack {
+    /// Largest UD message: one packet within the IP MTU, with room for
+    /// immediate data, rounded down to a multiple of 4.
+    pub fn ud_max_msg(&self) -> usize {
+        self.link.cfg.mtu.saturating_sub(ROCE_OVERHEAD) & !3
+    }
+
+    /// Receive path for UDP datagrams to port 4791. `ip` is the IPv4 packet
+    /// (header through the end of the UDP datagram, for the ICRC), `udp`
+    /// the UDP payload within it.
+    pub(crate) fn process_roce(
+        &mut self,
+        now: Instant,
+        ip: Option<&[u8]>,
+        udp_payload: &[u8],
+    ) -> Result<(), DropReason> {
+        // Reassembled datagrams have no single header to check: RoCE is
+        // never fragmented (RNICs set DF).
+        let ip = ip.ok_or(DropReason::UdMalformed)?;
+        let ihl = usize::from(ip.first().copied().unwrap_or(0) & 0x0f) * 4;
+        let ip = ip
+            .get(..ihl + 8 + udp_payload.len())
+            .ok_or(DropReason::UdMalformed)?;
+        if udp_payload.len() < BTH_LEN + ICRC_LEN {
+            return Err(DropReason::UdMalformed);
+        }
+        if !wire::icrc_verify(ip) {
+            return Err(DropReason::UdBadIcrc);
+        }
+        let repr = UdSendRepr::parse(udp_payload).map_err(|e| match e {
+            WireError::BadOpcode => DropReason::UdBadOpcode,
+            _ => DropReason::UdMalformed,
+        })?;
+        if repr.pkey & 0x7fff != DEFAULT_PKEY & 0x7fff {
+            return Err(DropReason::UdBadPkey);
+        }
+        let slot = *self
+            .ud
+            .by_qpn
+            .get(&repr.dest_qp)
+            .ok_or(DropReason::UdUnknownQpn)?;
+        let qp = self
+            .ud
+            .qps
+            .get_mut(slot)
+            .and_then(Option::as_mut)
+            .ok_or(DropReason::UdUnknownQpn)?;
+        if repr.qkey != qp.qkey {
+            return Err(DropReason::UdBadQkey);
+        }
+        if qp.cq.len() >= qp.max_send + qp.max_recv {
+            return Err(DropReason::UdCqFull);
+        }
+        let (wr_id, mut buf) = qp.recv.pop_front().ok_or(DropReason::UdNoRecvBuffer)?;
+        let src = UdAddr {
+            ip: Ipv4Packet::new_unchecked(ip).src_addr(),
+            qpn: repr.src_qp,
+        };
+        let need = GRH_LEN + repr.payload.len();
+        let status = if buf.len() < need {
+            WcStatus::LocalLengthError
+        } else {
+            buf[..GRH_LEN - IP_LEN].fill(0);
+            let hdr = &ip[..IP_LEN];
+            buf[GRH_LEN - IP_LEN..GRH_LEN].copy_from_slice(hdr);
+            buf[GRH_LEN..need].copy_from_slice(repr.payload);
+            WcStatus::Success
+        };
+        qp.cq.push_back(Completion {
+            wr_id,
+            opcode: WcOpcode::Recv,
+            status,
+            byte_len: need,
+            imm: repr.imm,
+            src: Some(src),
+            timestamp: now,
+            ts_source: TsSource::Poll,
+            buf: Some(buf),
+        });
+        if status != WcStatus::Success {
+            return Err(DropReason::UdRecvTooSmall);
+        }
+        self.link.stats.ud.rx_packets += 1;
+        self.link.stats.ud.rx_bytes += repr.payload.len() as u64;
+        Ok(())
+    }
+
+    /// Emit queued sends (called from [`Stack::poll`]).
+    pub(crate) fn emit_ud<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        let mut retry = Vec::new();
+        while let Some(idx) = self.ud.ready.pop_front() {
+            let Some(qp) = self.ud.qps.get_mut(idx).and_then(Option::as_mut) else {
+                continue;
+            };
+            qp.queued = false;
+            while let Some(wr) = qp.send.pop_front() {
+                let repr = UdSendRepr {
+                    solicited: wr.solicited,
+                    mig_req: true,
+                    pkey: DEFAULT_PKEY,
+                    fecn: false,
+                    becn: false,
+                    dest_qp: wr.dest.qpn,
+                    ack_req: false,
+                    psn: qp.psn,
+                    qkey: wr.qkey,
+                    src_qp: qp.qpn,
+                    imm: wr.imm,
+                    payload: &wr.data,
+                };
+                let sport = wire::udp_source_port(qp.qpn, wr.dest.qpn);
+                let udp_len = 8 + repr.buffer_len();
+                let sent =
+                    self.link
+                        .send_ip_packet(now, tx, wr.dest.ip, IpProtocol::Udp, udp_len, |ip| {
+                            let mut p = Ipv4Packet::new_unchecked(&mut *ip);
+                            p.set_dont_frag(true);
+                            p.fill_checksum();
+                            let udp = &mut ip[IP_LEN..];
+                            udp[0..2].copy_from_slice(&sport.to_be_bytes());
+                            udp[2..4].copy_from_slice(&ROCE_PORT.to_be_bytes());
+                            udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+                            udp[6..8].fill(0);
+                            repr.emit(&mut udp[8..]);
+                            wire::icrc_fill(ip);
+                        });
+                let status = match sent {
+                    Ok(()) => WcStatus::Success,
+                    Err(Error::QueueFull) => {
+                        // No device buffer now: try again on the next poll.
+                        qp.send.push_front(wr);
+                        retry.push(idx);
+                        break;
+                    }
+                    Err(_) => WcStatus::GeneralError,
+                };
+                if status == WcStatus::Success {
+                    qp.psn = (qp.psn + 1) & PSN_MASK;
+                    self.link.stats.ud.tx_packets += 1;
+                    self.link.stats.ud.tx_bytes += wr.data.len() as u64;
+                } else {
+                    self.link.stats.ud.tx_errors += 1;
+                }
+                qp.send_cqes += 1;
+                qp.cq.push_back(Completion {
+                    wr_id: wr.wr_id,
+                    opcode: WcOpcode::Send,
+                    status,
+                    byte_len: wr.data.len(),
+                    imm: wr.imm,
+                    src: None,
+                    timestamp: now,
+                    ts_source: TsSource::Poll,
+                    buf: None,
+                });
+            }
+        }
+        for idx in retry {
+            if let Some(qp) = self.ud.qps.get_mut(idx).and_then(Option::as_mut) {
+                if !qp.queued {
+                    qp.queued = true;
+                    self.ud.ready.push_back(idx);
+                }
+            }
+        }
+    }
+}
+
+impl UdTransport for Stack {
+    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
+        let qpn = match cfg.qpn {
+            Some(q) if !(2..=MAX_QPN).contains(&q) => return Err(UdError::BadQpn(q)),
+            Some(q) if self.ud.by_qpn.contains_key(&q) => return Err(UdError::QpnInUse(q)),
+            Some(q) => q,
+            None => self.ud.pick_qpn().ok_or(UdError::QueueFull)?,
+        };
+        let qp = Qp {
+            qpn,
+            qkey: cfg.qkey,
+            psn: 0,
+            max_send: cfg.max_send_wr.max(1),
+            max_recv: cfg.max_recv_wr.max(1),
+            recv: VecDeque::new(),
+            send: VecDeque::new(),
+            send_cqes: 0,
+            cq: VecDeque::new(),
+            queued: false,
+        };
+        let idx = match self.ud.qps.iter().position(Option::is_none) {
+            Some(i) => {
+                self.ud.qps[i] = Some(qp);
+                i
+            }
+            None => {
+                self.ud.qps.push(Some(qp));
+                self.ud.qps.len() - 1
+            }
+        };
+        self.ud.by_qpn.insert(qpn, idx);
+        Ok(QpHandle(idx))
+    }
+
+    fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError> {
+        Ok(self.ud.get(qp)?.qpn)
+    }
+
+    fn max_msg_size(&self) -> usize {
+        self.ud_max_msg()
+    }
+
+    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), UdError> {
+        if buf.len() < GRH_LEN {
+            return Err(UdError::BufferTooSmall(buf.len()));
+        }
+        let q = self.ud.get_mut(qp)?;
+        if q.recv.len() >= q.max_recv {
+            return Err(UdError::QueueFull);
+        }
+        q.recv.push_back((wr_id, buf));
+        Ok(())
+    }
+
+    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), UdError> {
+        let max = self.ud_max_msg();
+        if wr.data.len() > max {
+            return Err(UdError::TooLarge(wr.data.len(), max));
+        }
+        let q = self.ud.get_mut(qp)?;
+        if q.send.len() + q.send_cqes >= q.max_send {
+            return Err(UdError::QueueFull);
+        }
+        let qkey = if wr.remote_qkey & 0x8000_0000 != 0 {
+            q.qkey
+        } else {
+            wr.remote_qkey
+        };
+        q.send.push_back(PendingSend {
+            wr_id: wr.wr_id,
+            dest: UdAddr {
+                ip: wr.dest.ip,
+                qpn: wr.dest.qpn & MAX_QPN,
+            },
+            qkey,
+            imm: wr.imm,
+            solicited: wr.solicited,
+            data: wr.data.to_vec(),
+        });
+        if !q.queued {
+            q.queued = true;
+            self.ud.ready.push_back(qp.0);
+        }
+        Ok(())
+    }
+
+    fn poll_cq(
+        &mut self,
+        qp: QpHandle,
+        _now: Instant,
+        max: usize,
+        out: &mut Vec<Completion>,
+    ) -> Result<usize, UdError> {
+        let q = self.ud.get_mut(qp)?;
+        let n = max.min(q.cq.len());
+        for c in q.cq.drain(..n) {
+            if c.opcode == WcOpcode::Send {
+                q.send_cqes -= 1;
+            }
+            out.push(c);
+        }
+        Ok(n)
+    }
+
+    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError> {
+        let qpn = self.ud.get(qp)?.qpn;
+        self.ud.qps[qp.0] = None;
+        self.ud.by_qpn.remove(&qpn);
+        self.ud.ready.retain(|&i| i != qp.0);
+        Ok(())
+    }
+}

@@ -1,0 +1,988 @@
+//! UD apps over any [`UdTransport`]: [`UdPinger`] (ping/pong with send and
+//! receive completion timestamps, PingWeave-style statistics),
+//! [`UdResponder`] (answers pings, sinks everything else, reports its sink
+//! counters) and [`UdBandwidth`] (ib_send_bw-style message-size sweep).
+//!
+//! Each is an [`App`] for the stack's own RoCEv2 transport and has a
+//! `poll_transport` that drives any other transport (ibverbs) the same way.
+//!
+//! Message layout (big-endian), at least [`PING_LEN`] bytes:
+//! `"UDPG" | kind (1 ping, 2 pong, 3 stats request, 4 stats reply) | 3 zero |
+//! seq u64 | a u64 | b u64 | c u64 | filler`. A ping carries its post time in
+//! `a`; a pong echoes seq and `a`, and carries the responder's receive
+//! completion time in `b` and its processing delay (post of the pong minus
+//! receive) in `c`. A stats reply carries the sink's messages in `a`, bytes
+//! in `b`. Anything else is sink data.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use crate::app::ping::RttStats;
+use crate::runtime::{App, Control};
+use crate::stack::Stack;
+use crate::time::Instant;
+use crate::ud::{
+    Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, RESPONDER_QPN, SendWr, TsSource, UdAddr,
+    UdError, UdTransport, WcOpcode, WcStatus,
+};
+
+/// Smallest ping message.
+pub const PING_LEN: usize = 40;
+const MAGIC: &[u8; 4] = b"UDPG";
+const KIND_PING: u8 = 1;
+const KIND_PONG: u8 = 2;
+const KIND_STATS_REQ: u8 = 3;
+const KIND_STATS: u8 = 4;
+
+/// A decoded control message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Msg {
+    kind: u8,
+    seq: u64,
+    a: u64,
+    b: u64,
+    c: u64,
+}
+
+impl Msg {
+    fn parse(p: &[u8]) -> Option<Msg> {
+        if p.len() < PING_LEN || &p[..4] != MAGIC {
+            return None;
+        }
+        let u = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&p[at..at + 8]);
+            u64::from_be_bytes(b)
+        };
+        Some(Msg {
+            kind: p[4],
+            seq: u(8),
+            a: u(16),
+            b: u(24),
+            c: u(32),
+        })
+    }
+
+    /// Write into `buf` (at least [`PING_LEN`]); the rest is a counting pattern.
+    fn write(&self, buf: &mut [u8]) {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        buf[..4].copy_from_slice(MAGIC);
+        buf[4] = self.kind;
+        buf[5..8].fill(0);
+        buf[8..16].copy_from_slice(&self.seq.to_be_bytes());
+        buf[16..24].copy_from_slice(&self.a.to_be_bytes());
+        buf[24..32].copy_from_slice(&self.b.to_be_bytes());
+        buf[32..40].copy_from_slice(&self.c.to_be_bytes());
+    }
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Post `n` receive buffers of `size` payload bytes (plus the GRH space).
+fn post_recvs<T: UdTransport + ?Sized>(
+    t: &mut T,
+    qp: QpHandle,
+    n: usize,
+    size: usize,
+) -> Result<(), UdError> {
+    for i in 0..n {
+        t.post_recv(qp, i as u64, vec![0u8; GRH_LEN + size])?;
+    }
+    Ok(())
+}
+
+/// Give a receive buffer back to the QP.
+fn repost<T: UdTransport + ?Sized>(t: &mut T, qp: QpHandle, c: &mut Completion) {
+    if let Some(buf) = c.buf.take() {
+        // Only fails if the queue is full, which cannot be: this buffer
+        // just left it.
+        let _ = t.post_recv(qp, c.wr_id, buf);
+    }
+}
+
+// ------------------------------------------------------------------ pinger
+
+/// What to ping and how.
+#[derive(Debug, Clone)]
+pub struct UdPingerConfig {
+    pub dst: UdAddr,
+    pub qkey: u32,
+    /// Pings to send; `None` for no limit.
+    pub count: Option<u64>,
+    pub interval: Duration,
+    /// Message bytes (at least [`PING_LEN`]).
+    pub size: usize,
+    /// How long to wait for the last pong.
+    pub timeout: Duration,
+}
+
+impl UdPingerConfig {
+    pub fn new(dst: UdAddr) -> Self {
+        UdPingerConfig {
+            dst,
+            qkey: DEFAULT_QKEY,
+            count: None,
+            interval: Duration::from_secs(1),
+            size: 64,
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One pong, for a front end to print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdPong {
+    pub seq: u64,
+    pub from: UdAddr,
+    pub bytes: usize,
+    /// Round trip: our receive completion minus our send completion, less
+    /// the responder's processing delay.
+    pub rtt: Duration,
+    pub server_delay: Duration,
+    pub duplicate: bool,
+    /// Where our timestamps came from.
+    pub ts_source: TsSource,
+}
+
+/// Totals of a UD ping run, with percentiles.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UdPingSummary {
+    pub transmitted: u64,
+    pub received: u64,
+    pub duplicates: u64,
+    /// Sends that completed in error.
+    pub errors: u64,
+    pub rtt: RttStats,
+    /// RTT samples in nanoseconds (the first million).
+    samples: Vec<u64>,
+}
+
+/// Most RTT samples kept for percentiles.
+const MAX_SAMPLES: usize = 1 << 20;
+
+impl UdPingSummary {
+    pub fn loss_percent(&self) -> f64 {
+        if self.transmitted == 0 {
+            return 0.0;
+        }
+        100.0 * self.transmitted.saturating_sub(self.received) as f64 / self.transmitted as f64
+    }
+
+    /// Lost pings (sent, never answered).
+    pub fn lost(&self) -> u64 {
+        self.transmitted.saturating_sub(self.received)
+    }
+
+    /// The `q` quantile (0.0..=1.0) of the RTTs, nearest rank.
+    pub fn percentile(&self, q: f64) -> Option<Duration> {
+        if self.samples.is_empty() {
+            return None;
+        }
+        let mut s = self.samples.clone();
+        s.sort_unstable();
+        let rank = ((q.clamp(0.0, 1.0) * s.len() as f64).ceil() as usize).clamp(1, s.len());
+        Some(Duration::from_nanos(s[rank - 1]))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    posted: Instant,
+    tx_ts: Option<Instant>,
+}
+
+/// An app that pings one UD peer.
+#[derive(Debug)]
+pub struct UdPinger {
+    cfg: UdPingerConfig,
+    qp: Option<QpHandle>,
+    qpn: u32,
+    next_send: Option<Instant>,
+    first_send: Option<Instant>,
+    last_send: Option<Instant>,
+    outstanding: HashMap<u64, Sent>,
+    answered: HashMap<u64, ()>,
+    summary: UdPingSummary,
+    events: VecDeque<UdPong>,
+    keep_events: bool,
+    error: Option<UdError>,
+    done: bool,
+    cqes: Vec<Completion>,
+    msg: Vec<u8>,
+}
+
+const EVENT_BACKLOG: usize = 65_536;
+const RECV_DEPTH: usize = 64;
+
+impl UdPinger {
+    pub fn new(mut cfg: UdPingerConfig) -> Self {
+        cfg.size = cfg.size.max(PING_LEN);
+        UdPinger {
+            msg: vec![0; cfg.size],
+            cfg,
+            qp: None,
+            qpn: 0,
+            next_send: None,
+            first_send: None,
+            last_send: None,
+            outstanding: HashMap::new(),
+            answered: HashMap::new(),
+            summary: UdPingSummary::default(),
+            events: VecDeque::new(),
+            keep_events: true,
+            error: None,
+            done: false,
+            cqes: Vec::new(),
+        }
+    }
+
+    /// Keep no per-pong events (summary only).
+    pub fn quiet(mut self) -> Self {
+        self.keep_events = false;
+        self
+    }
+
+    pub fn config(&self) -> &UdPingerConfig {
+        &self.cfg
+    }
+    pub fn summary(&self) -> &UdPingSummary {
+        &self.summary
+    }
+    pub fn error(&self) -> Option<&UdError> {
+        self.error.as_ref()
+    }
+    /// Our QP number, once created.
+    pub fn local_qpn(&self) -> Option<u32> {
+        self.qp.map(|_| self.qpn)
+    }
+    pub fn started(&self) -> Option<Instant> {
+        self.first_send
+    }
+    pub fn drain_events(&mut self) -> impl Iterator<Item = UdPong> + '_ {
+        self.events.drain(..)
+    }
+
+    fn all_sent(&self) -> bool {
+        self.cfg
+            .count
+            .is_some_and(|c| self.summary.transmitted >= c)
+    }
+
+    /// All pings sent and each answered or timed out.
+    pub fn finished(&self, now: Instant) -> bool {
+        self.error.is_some()
+            || (self.all_sent()
+                && (self.outstanding.is_empty()
+                    || self.last_send.is_some_and(|t| now >= t + self.cfg.timeout)))
+    }
+
+    fn on_completion(&mut self, c: &Completion) {
+        match c.opcode {
+            WcOpcode::Send => {
+                if c.status != WcStatus::Success {
+                    if self.outstanding.remove(&c.wr_id).is_some() {
+                        self.summary.errors += 1;
+                    }
+                } else if let Some(s) = self.outstanding.get_mut(&c.wr_id) {
+                    s.tx_ts = Some(c.timestamp);
+                }
+            }
+            WcOpcode::Recv => {
+                if c.status != WcStatus::Success {
+                    return;
+                }
+                let Some(m) = Msg::parse(c.payload()).filter(|m| m.kind == KIND_PONG) else {
+                    return;
+                };
+                let Some(from) = c.src else { return };
+                let duplicate = match self.outstanding.remove(&m.seq) {
+                    Some(sent) => {
+                        let tx = sent.tx_ts.unwrap_or(sent.posted);
+                        let server = Duration::from_nanos(m.c);
+                        let rtt = c
+                            .timestamp
+                            .saturating_duration_since(tx)
+                            .saturating_sub(server);
+                        self.summary.received += 1;
+                        self.summary.rtt.add(rtt);
+                        if self.summary.samples.len() < MAX_SAMPLES {
+                            self.summary.samples.push(ns(rtt));
+                        }
+                        self.answered.insert(m.seq, ());
+                        self.push(UdPong {
+                            seq: m.seq,
+                            from,
+                            bytes: c.payload().len(),
+                            rtt,
+                            server_delay: server,
+                            duplicate: false,
+                            ts_source: c.ts_source,
+                        });
+                        false
+                    }
+                    None => true,
+                };
+                if duplicate && self.answered.contains_key(&m.seq) {
+                    self.summary.duplicates += 1;
+                    self.push(UdPong {
+                        seq: m.seq,
+                        from,
+                        bytes: c.payload().len(),
+                        rtt: Duration::ZERO,
+                        server_delay: Duration::ZERO,
+                        duplicate: true,
+                        ts_source: c.ts_source,
+                    });
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, ev: UdPong) {
+        if !self.keep_events {
+            return;
+        }
+        if self.events.len() >= EVENT_BACKLOG {
+            self.events.pop_front();
+        }
+        self.events.push_back(ev);
+    }
+
+    /// One turn against any transport.
+    pub fn poll_transport<T: UdTransport + ?Sized>(&mut self, now: Instant, t: &mut T) -> Control {
+        if self.error.is_some() {
+            return Control::Exit;
+        }
+        let qp = match self.qp {
+            Some(qp) => qp,
+            None => match self.open(t) {
+                Ok(qp) => {
+                    self.next_send = Some(now);
+                    qp
+                }
+                Err(e) => {
+                    self.error = Some(e);
+                    return Control::Exit;
+                }
+            },
+        };
+        let mut cqes = std::mem::take(&mut self.cqes);
+        while t.poll_cq(qp, now, 64, &mut cqes).unwrap_or(0) > 0 {
+            for mut c in cqes.drain(..) {
+                self.on_completion(&c);
+                if c.opcode == WcOpcode::Recv {
+                    repost(t, qp, &mut c);
+                }
+            }
+        }
+        self.cqes = cqes;
+        if let Some(due) = self.next_send.filter(|d| now >= *d && !self.all_sent()) {
+            let seq = self.summary.transmitted + 1;
+            Msg {
+                kind: KIND_PING,
+                seq,
+                a: now.as_nanos(),
+                b: 0,
+                c: 0,
+            }
+            .write(&mut self.msg);
+            let wr = SendWr {
+                wr_id: seq,
+                dest: self.cfg.dst,
+                remote_qkey: self.cfg.qkey,
+                imm: None,
+                solicited: false,
+                data: &self.msg,
+            };
+            match t.post_send(qp, &wr) {
+                Ok(()) => {
+                    self.summary.transmitted += 1;
+                    self.outstanding.insert(
+                        seq,
+                        Sent {
+                            posted: now,
+                            tx_ts: None,
+                        },
+                    );
+                    self.first_send.get_or_insert(now);
+                    self.last_send = Some(now);
+                }
+                Err(UdError::QueueFull) => {}
+                Err(e) => {
+                    self.error = Some(e);
+                    return Control::Exit;
+                }
+            }
+            let next = due + self.cfg.interval;
+            self.next_send = Some(if next < now { now } else { next });
+        }
+        let timeout = self.cfg.timeout;
+        if self.outstanding.len() > 1024 {
+            self.outstanding.retain(|_, s| now < s.posted + timeout);
+        }
+        if self.answered.len() > 4096 {
+            self.answered.clear();
+        }
+        if self.finished(now) {
+            self.done = true;
+            Control::Exit
+        } else {
+            Control::Continue
+        }
+    }
+
+    fn open<T: UdTransport + ?Sized>(&mut self, t: &mut T) -> Result<QpHandle, UdError> {
+        let mut qc = QpConfig::new(self.cfg.qkey);
+        qc.max_recv_wr = RECV_DEPTH;
+        qc.max_send_wr = 256;
+        let qp = t.create_qp(&qc)?;
+        self.qpn = t.qp_num(qp)?;
+        post_recvs(t, qp, RECV_DEPTH, t.max_msg_size().max(self.cfg.size))?;
+        self.qp = Some(qp);
+        Ok(qp)
+    }
+
+    /// When the pinger next needs a turn.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        if self.error.is_some() || self.done {
+            return None;
+        }
+        if self.qp.is_none() {
+            return Some(Instant::ZERO);
+        }
+        if !self.all_sent() {
+            return self.next_send;
+        }
+        if self.outstanding.is_empty() {
+            return None;
+        }
+        self.last_send.map(|t| t + self.cfg.timeout)
+    }
+}
+
+impl App for UdPinger {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        self.poll_transport(now, stack)
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.next_wakeup()
+    }
+}
+
+// --------------------------------------------------------------- responder
+
+/// Counters of a responder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResponderStats {
+    pub pings: u64,
+    pub pongs: u64,
+    /// Pongs not sent (send queue full).
+    pub pong_drops: u64,
+    pub sink_msgs: u64,
+    pub sink_bytes: u64,
+}
+
+/// Answers UD pings on a well-known QPN and sinks other messages.
+#[derive(Debug)]
+pub struct UdResponder {
+    qkey: u32,
+    qpn: u32,
+    depth: usize,
+    qp: Option<QpHandle>,
+    stats: ResponderStats,
+    error: Option<UdError>,
+    cqes: Vec<Completion>,
+    msg: Vec<u8>,
+}
+
+impl Default for UdResponder {
+    fn default() -> Self {
+        UdResponder::new(RESPONDER_QPN, DEFAULT_QKEY)
+    }
+}
+
+impl UdResponder {
+    /// A responder on `qpn` (the stack's transport honours it; verbs picks
+    /// its own, see [`qpn`](Self::qpn)) with Q_Key `qkey`.
+    pub fn new(qpn: u32, qkey: u32) -> Self {
+        UdResponder {
+            qkey,
+            qpn,
+            depth: 512,
+            qp: None,
+            stats: ResponderStats::default(),
+            error: None,
+            cqes: Vec::new(),
+            msg: vec![0; PING_LEN],
+        }
+    }
+
+    /// Receive buffers kept posted (default 512).
+    pub fn with_depth(mut self, depth: usize) -> Self {
+        self.depth = depth.max(1);
+        self
+    }
+
+    pub fn stats(&self) -> ResponderStats {
+        self.stats
+    }
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    pub fn error(&self) -> Option<&UdError> {
+        self.error.as_ref()
+    }
+
+    fn open<T: UdTransport + ?Sized>(&mut self, t: &mut T) -> Result<QpHandle, UdError> {
+        let mut qc = QpConfig::new(self.qkey);
+        qc.qpn = Some(self.qpn);
+        qc.max_recv_wr = self.depth;
+        qc.max_send_wr = self.depth;
+        let qp = t.create_qp(&qc)?;
+        self.qpn = t.qp_num(qp)?;
+        post_recvs(t, qp, self.depth, t.max_msg_size())?;
+        Ok(qp)
+    }
+
+    pub fn poll_transport<T: UdTransport + ?Sized>(&mut self, now: Instant, t: &mut T) -> Control {
+        if self.error.is_some() {
+            return Control::Continue;
+        }
+        let qp = match self.qp {
+            Some(qp) => qp,
+            None => match self.open(t) {
+                Ok(qp) => {
+                    self.qp = Some(qp);
+                    qp
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "UD responder not started");
+                    self.error = Some(e);
+                    return Control::Continue;
+                }
+            },
+        };
+        let mut cqes = std::mem::take(&mut self.cqes);
+        while t.poll_cq(qp, now, 64, &mut cqes).unwrap_or(0) > 0 {
+            for mut c in cqes.drain(..) {
+                if c.opcode == WcOpcode::Recv {
+                    self.on_recv(now, t, qp, &c);
+                    repost(t, qp, &mut c);
+                }
+            }
+        }
+        self.cqes = cqes;
+        Control::Continue
+    }
+
+    fn on_recv<T: UdTransport + ?Sized>(
+        &mut self,
+        now: Instant,
+        t: &mut T,
+        qp: QpHandle,
+        c: &Completion,
+    ) {
+        if c.status != WcStatus::Success {
+            return;
+        }
+        let payload = c.payload();
+        let (Some(m), Some(src)) = (Msg::parse(payload), c.src) else {
+            self.stats.sink_msgs += 1;
+            self.stats.sink_bytes += payload.len() as u64;
+            return;
+        };
+        let reply = match m.kind {
+            KIND_PING => {
+                self.stats.pings += 1;
+                // Answer with the same size, so the RTT covers both ways alike.
+                self.msg.resize(payload.len(), 0);
+                Msg {
+                    kind: KIND_PONG,
+                    seq: m.seq,
+                    a: m.a,
+                    b: c.timestamp.as_nanos(),
+                    c: ns(now.saturating_duration_since(c.timestamp)),
+                }
+            }
+            KIND_STATS_REQ => {
+                self.msg.resize(PING_LEN, 0);
+                Msg {
+                    kind: KIND_STATS,
+                    seq: m.seq,
+                    a: self.stats.sink_msgs,
+                    b: self.stats.sink_bytes,
+                    c: 0,
+                }
+            }
+            _ => {
+                self.stats.sink_msgs += 1;
+                self.stats.sink_bytes += payload.len() as u64;
+                return;
+            }
+        };
+        reply.write(&mut self.msg);
+        let wr = SendWr {
+            wr_id: m.seq,
+            dest: src,
+            remote_qkey: self.qkey,
+            imm: None,
+            solicited: false,
+            data: &self.msg,
+        };
+        match t.post_send(qp, &wr) {
+            Ok(()) if m.kind == KIND_PING => self.stats.pongs += 1,
+            Ok(()) => {}
+            Err(_) => self.stats.pong_drops += 1,
+        }
+    }
+}
+
+impl App for UdResponder {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        self.poll_transport(now, stack)
+    }
+}
+
+// --------------------------------------------------------------- bandwidth
+
+/// One row of the bandwidth table.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BwResult {
+    pub bytes: usize,
+    pub iterations: u64,
+    /// MB/s (2^20 bytes), as perftest reports by default.
+    pub bw_peak_mbs: f64,
+    pub bw_avg_mbs: f64,
+    pub msg_rate_mpps: f64,
+    /// Messages the sink counted for this size, if it answered.
+    pub delivered: Option<u64>,
+}
+
+/// Bandwidth-test settings.
+#[derive(Debug, Clone)]
+pub struct UdBandwidthConfig {
+    pub dst: UdAddr,
+    pub qkey: u32,
+    pub sizes: Vec<usize>,
+    pub iterations: u64,
+    /// Sends kept outstanding (perftest's tx-depth).
+    pub tx_depth: usize,
+    /// How long to wait for the sink's counters after each size.
+    pub stats_timeout: Duration,
+}
+
+impl UdBandwidthConfig {
+    pub fn new(dst: UdAddr, max_msg: usize) -> Self {
+        UdBandwidthConfig {
+            dst,
+            qkey: DEFAULT_QKEY,
+            sizes: sweep_sizes(max_msg),
+            iterations: 1000,
+            tx_depth: 128,
+            stats_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+/// 64, 128, ... powers of two below `max`, then `max` itself.
+pub fn sweep_sizes(max: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = 64;
+    while s < max {
+        v.push(s);
+        s *= 2;
+    }
+    if max >= PING_LEN {
+        v.push(max);
+    }
+    v
+}
+
+#[derive(Debug)]
+enum BwPhase {
+    Sending,
+    AwaitStats { asked: Instant },
+}
+
+/// Sends `iterations` messages of each size as fast as the send queue
+/// allows and measures from send completion timestamps (sender side, like
+/// ib_send_bw); after each size asks the sink how many arrived.
+#[derive(Debug)]
+pub struct UdBandwidth {
+    cfg: UdBandwidthConfig,
+    qp: Option<QpHandle>,
+    size_idx: usize,
+    phase: BwPhase,
+    posted: u64,
+    completed: u64,
+    first_post: Option<Instant>,
+    tx_ts: Vec<Instant>,
+    in_flight: usize,
+    sink_before: Option<u64>,
+    pending: Option<BwResult>,
+    results: Vec<BwResult>,
+    error: Option<UdError>,
+    stats_seq: u64,
+    cqes: Vec<Completion>,
+    msg: Vec<u8>,
+}
+
+impl UdBandwidth {
+    pub fn new(cfg: UdBandwidthConfig) -> Self {
+        UdBandwidth {
+            cfg,
+            qp: None,
+            size_idx: 0,
+            phase: BwPhase::AwaitStats {
+                asked: Instant::FAR_FUTURE,
+            },
+            posted: 0,
+            completed: 0,
+            first_post: None,
+            tx_ts: Vec::new(),
+            in_flight: 0,
+            sink_before: None,
+            pending: None,
+            results: Vec::new(),
+            error: None,
+            stats_seq: 0,
+            cqes: Vec::new(),
+            msg: Vec::new(),
+        }
+    }
+
+    /// Rows finished so far (take them to print as they come).
+    pub fn take_results(&mut self) -> Vec<BwResult> {
+        std::mem::take(&mut self.results)
+    }
+    pub fn error(&self) -> Option<&UdError> {
+        self.error.as_ref()
+    }
+    pub fn done(&self) -> bool {
+        self.error.is_some() || self.size_idx > self.cfg.sizes.len()
+    }
+
+    fn ask_stats<T: UdTransport + ?Sized>(&mut self, now: Instant, t: &mut T, qp: QpHandle) {
+        self.stats_seq += 1;
+        let mut m = vec![0u8; PING_LEN];
+        Msg {
+            kind: KIND_STATS_REQ,
+            seq: self.stats_seq,
+            a: 0,
+            b: 0,
+            c: 0,
+        }
+        .write(&mut m);
+        let wr = SendWr {
+            wr_id: u64::MAX,
+            dest: self.cfg.dst,
+            remote_qkey: self.cfg.qkey,
+            imm: None,
+            solicited: false,
+            data: &m,
+        };
+        let _ = t.post_send(qp, &wr);
+        self.phase = BwPhase::AwaitStats { asked: now };
+    }
+
+    fn finish_size(&mut self, sink_now: Option<u64>) {
+        if let Some(mut r) = self.pending.take() {
+            r.delivered = match (self.sink_before, sink_now) {
+                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                _ => None,
+            };
+            self.results.push(r);
+        }
+        self.sink_before = sink_now;
+        // Next size.
+        self.size_idx += 1;
+        self.posted = 0;
+        self.completed = 0;
+        self.first_post = None;
+        self.tx_ts.clear();
+        self.phase = BwPhase::Sending;
+        if let Some(&size) = self.cfg.sizes.get(self.size_idx - 1) {
+            self.msg = (0..size).map(|i| i as u8).collect();
+        } else {
+            self.size_idx = self.cfg.sizes.len() + 1;
+        }
+    }
+
+    fn result(&self, size: usize) -> BwResult {
+        let ts = &self.tx_ts;
+        let start = self.first_post.unwrap_or(Instant::ZERO);
+        let end = ts.last().copied().unwrap_or(start);
+        let secs = end.saturating_duration_since(start).as_secs_f64();
+        let mb = |msgs: f64, secs: f64| msgs * size as f64 / secs / f64::from(1u32 << 20);
+        let n = ts.len() as f64;
+        let (avg, rate) = if secs > 0.0 {
+            (mb(n, secs), n / secs / 1e6)
+        } else {
+            (0.0, 0.0)
+        };
+        // Peak: the best window of tx-depth consecutive completions.
+        let w = self.cfg.tx_depth.clamp(1, ts.len().max(1));
+        let mut peak = avg;
+        for i in w..ts.len() {
+            let d = ts[i].saturating_duration_since(ts[i - w]).as_secs_f64();
+            if d > 0.0 {
+                peak = peak.max(mb(w as f64, d));
+            }
+        }
+        BwResult {
+            bytes: size,
+            iterations: self.tx_ts.len() as u64,
+            bw_peak_mbs: peak,
+            bw_avg_mbs: avg,
+            msg_rate_mpps: rate,
+            delivered: None,
+        }
+    }
+
+    pub fn poll_transport<T: UdTransport + ?Sized>(&mut self, now: Instant, t: &mut T) -> Control {
+        if self.done() {
+            return Control::Exit;
+        }
+        let qp = match self.qp {
+            Some(qp) => qp,
+            None => {
+                let mut qc = QpConfig::new(self.cfg.qkey);
+                qc.max_send_wr = self.cfg.tx_depth.max(2) + 1;
+                qc.max_recv_wr = 16;
+                let opened = t.create_qp(&qc).and_then(|qp| {
+                    post_recvs(t, qp, 16, PING_LEN)?;
+                    Ok(qp)
+                });
+                match opened {
+                    Ok(qp) => {
+                        self.qp = Some(qp);
+                        // Ask the sink's counters before the first size.
+                        self.ask_stats(now, t, qp);
+                        qp
+                    }
+                    Err(e) => {
+                        self.error = Some(e);
+                        return Control::Exit;
+                    }
+                }
+            }
+        };
+        let mut cqes = std::mem::take(&mut self.cqes);
+        let mut sink = None;
+        while t.poll_cq(qp, now, 256, &mut cqes).unwrap_or(0) > 0 {
+            for mut c in cqes.drain(..) {
+                match c.opcode {
+                    WcOpcode::Send if c.wr_id != u64::MAX => {
+                        self.in_flight = self.in_flight.saturating_sub(1);
+                        self.completed += 1;
+                        if c.status == WcStatus::Success {
+                            self.tx_ts.push(c.timestamp);
+                        }
+                    }
+                    WcOpcode::Send => {}
+                    WcOpcode::Recv => {
+                        if let Some(m) = Msg::parse(c.payload()) {
+                            if m.kind == KIND_STATS && m.seq == self.stats_seq {
+                                sink = Some(m.a);
+                            }
+                        }
+                        repost(t, qp, &mut c);
+                    }
+                }
+            }
+        }
+        self.cqes = cqes;
+        match self.phase {
+            BwPhase::AwaitStats { asked } => {
+                if sink.is_some() || now >= asked + self.cfg.stats_timeout {
+                    self.finish_size(sink);
+                }
+            }
+            BwPhase::Sending => {
+                let size = self.msg.len();
+                while self.posted < self.cfg.iterations && self.in_flight < self.cfg.tx_depth {
+                    let wr = SendWr {
+                        wr_id: self.posted,
+                        dest: self.cfg.dst,
+                        remote_qkey: self.cfg.qkey,
+                        imm: None,
+                        solicited: false,
+                        data: &self.msg,
+                    };
+                    match t.post_send(qp, &wr) {
+                        Ok(()) => {
+                            self.posted += 1;
+                            self.in_flight += 1;
+                            self.first_post.get_or_insert(now);
+                        }
+                        Err(UdError::QueueFull) => break,
+                        Err(e) => {
+                            self.error = Some(e);
+                            return Control::Exit;
+                        }
+                    }
+                }
+                if self.completed >= self.cfg.iterations {
+                    self.pending = Some(self.result(size));
+                    self.ask_stats(now, t, qp);
+                }
+            }
+        }
+        if self.done() {
+            Control::Exit
+        } else {
+            Control::Continue
+        }
+    }
+
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        match self.phase {
+            _ if self.done() => None,
+            BwPhase::AwaitStats { asked } if self.qp.is_some() => {
+                Some(asked + self.cfg.stats_timeout)
+            }
+            _ => Some(Instant::ZERO),
+        }
+    }
+}
+
+impl App for UdBandwidth {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        self.poll_transport(now, stack)
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.next_wakeup()
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn msg_round_trip_and_percentiles() {
+        let m = Msg {
+            kind: KIND_PONG,
+            seq: 9,
+            a: 1,
+            b: 2,
+            c: 3,
+        };
+        let mut b = vec![0u8; 64];
+        m.write(&mut b);
+        assert_eq!(Msg::parse(&b), Some(m));
+        assert_eq!(Msg::parse(&b[..39]), None);
+        let mut s = UdPingSummary::default();
+        for ms in 1..=100u64 {
+            s.samples.push(ms * 1_000_000);
+        }
+        assert_eq!(s.percentile(0.5), Some(Duration::from_millis(50)));
+        assert_eq!(s.percentile(0.99), Some(Duration::from_millis(99)));
+        assert_eq!(s.percentile(1.0), Some(Duration::from_millis(100)));
+        assert_eq!(sweep_sizes(1444), vec![64, 128, 256, 512, 1024, 1444]);
+    }
+}

@@ -1,0 +1,387 @@
+//! RDMA UD (RoCEv2 by the stack) on the sim link: SENDs with and without
+//! immediate data, completions with source and timestamps, UD ping under
+//! loss, ICRC / Q_Key / QPN / receive-buffer drops, pools back to baseline.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use ustack::VecTx;
+use ustack::sim::{LinkConfig, SimNet, host_config};
+use ustack::stats::DropReason;
+use ustack::ud::ping::{UdBandwidth, UdBandwidthConfig, UdPinger, UdPingerConfig, UdResponder};
+use ustack::ud::wire::{BTH_LEN, DETH_LEN, icrc_fill};
+use ustack::ud::{
+    Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, RESPONDER_QPN, SendWr, TsSource, UdAddr,
+    UdTransport, WcOpcode, WcStatus,
+};
+use ustack::{Instant, Stack};
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const QKEY: u32 = 0x1234_5678;
+const DELAY: Duration = Duration::from_micros(50);
+
+fn two_hosts(cfg: LinkConfig) -> SimNet {
+    let mut net = SimNet::new(cfg);
+    net.add(host_config(1));
+    net.add(host_config(2));
+    net
+}
+
+fn drain_and_check_pools(net: &mut SimNet) {
+    let deadline = net.now + Duration::from_secs(60);
+    net.run_until(deadline, &mut [], |n| n.link.in_flight() == 0);
+    assert_eq!(net.link.in_flight(), 0);
+    assert_eq!(net.pools_in_use(), 0, "buffers leaked");
+}
+
+fn qp(s: &mut Stack, qpn: Option<u32>, qkey: u32) -> QpHandle {
+    let mut c = QpConfig::new(qkey);
+    c.qpn = qpn;
+    s.create_qp(&c).unwrap()
+}
+
+fn poll_all(s: &mut Stack, q: QpHandle) -> Vec<Completion> {
+    let mut out = Vec::new();
+    s.poll_cq(q, Instant::ZERO, usize::MAX, &mut out).unwrap();
+    out
+}
+
+fn send<'a>(dest: UdAddr, data: &'a [u8], imm: Option<u32>, wr_id: u64) -> SendWr<'a> {
+    SendWr {
+        wr_id,
+        dest,
+        remote_qkey: QKEY,
+        imm,
+        solicited: false,
+        data,
+    }
+}
+
+/// Total drops of every UD reason and the invariant every frame is counted once.
+fn drop_count(s: &Stack, r: DropReason) -> u64 {
+    let st = s.stats();
+    assert_eq!(st.eth.rx_frames, st.eth.rx_accepted + st.drops.total());
+    st.drops.get(r)
+}
+
+#[test]
+fn ud_sends_with_and_without_immediate_complete_with_source_and_timestamps() {
+    let mut net = two_hosts(LinkConfig {
+        delay: DELAY,
+        ..LinkConfig::default()
+    });
+    let qa = qp(&mut net.nodes[0].stack, None, QKEY);
+    let qb = qp(&mut net.nodes[1].stack, Some(77), QKEY);
+    let qpn_a = net.nodes[0].stack.qp_num(qa).unwrap();
+    assert_eq!(net.nodes[1].stack.qp_num(qb).unwrap(), 77);
+    for i in 0..4 {
+        net.nodes[1]
+            .stack
+            .post_recv(qb, 100 + i, vec![0xee; GRH_LEN + 1024])
+            .unwrap();
+    }
+    let to_b = UdAddr { ip: B, qpn: 77 };
+    let small: Vec<u8> = (0..13).collect();
+    let big: Vec<u8> = (0..1024u32).map(|i| (i * 31) as u8).collect();
+    let a = &mut net.nodes[0].stack;
+    a.post_send(qa, &send(to_b, &small, None, 1)).unwrap();
+    a.post_send(qa, &send(to_b, &big, Some(0xdead_beef), 2))
+        .unwrap();
+
+    let mut got_b = Vec::new();
+    let mut got_a = Vec::new();
+    let ok = net.run_until(Instant::from_secs(5), &mut [], |n| {
+        got_a.extend(poll_all(&mut n.nodes[0].stack, qa));
+        got_b.extend(poll_all(&mut n.nodes[1].stack, qb));
+        got_a.len() == 2 && got_b.len() == 2
+    });
+    assert!(ok, "completions: a {got_a:?} b {got_b:?}");
+
+    // Send completions, in order, stamped when they left.
+    assert_eq!(
+        got_a
+            .iter()
+            .map(|c| (c.wr_id, c.opcode, c.status, c.byte_len))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcOpcode::Send, WcStatus::Success, 13),
+            (2, WcOpcode::Send, WcStatus::Success, 1024)
+        ]
+    );
+    // Receives: source address and QPN, immediate data, payload after the
+    // 40-byte GRH space which holds the IPv4 header in bytes 20..40.
+    for (c, (data, imm, wr_id)) in got_b
+        .iter()
+        .zip([(&small, None, 100), (&big, Some(0xdead_beef), 101)])
+    {
+        assert_eq!(c.opcode, WcOpcode::Recv);
+        assert_eq!(c.status, WcStatus::Success);
+        assert_eq!(c.wr_id, wr_id);
+        assert_eq!(c.src, Some(UdAddr { ip: A, qpn: qpn_a }));
+        assert_eq!(c.imm, imm);
+        assert_eq!(c.byte_len, GRH_LEN + data.len());
+        assert_eq!(c.payload(), &data[..]);
+        let buf = c.buf.as_ref().unwrap();
+        assert_eq!(&buf[..20], &[0u8; 20]);
+        assert_eq!(buf[20], 0x45);
+        assert_eq!(&buf[32..36], &A.octets());
+        assert_eq!(&buf[36..40], &B.octets());
+        assert_eq!(c.ts_source, TsSource::Poll);
+    }
+    // Timestamps: both sends waited for ARP; a send held for ARP keeps the
+    // time it was queued, so the gap includes resolution.
+    for (tx, rx) in got_a.iter().zip(&got_b) {
+        assert_eq!(tx.timestamp, Instant::ZERO);
+        assert!(rx.timestamp.saturating_duration_since(tx.timestamp) > DELAY);
+    }
+    // Resolved now: the receive is exactly one link delay after the send.
+    let sent_at = net.now;
+    net.nodes[0]
+        .stack
+        .post_send(qa, &send(to_b, &small, Some(5), 3))
+        .unwrap();
+    got_a.clear();
+    got_b.clear();
+    assert!(net.run_until(Instant::from_secs(5), &mut [], |n| {
+        got_a.extend(poll_all(&mut n.nodes[0].stack, qa));
+        got_b.extend(poll_all(&mut n.nodes[1].stack, qb));
+        got_a.len() == 1 && got_b.len() == 1
+    }));
+    assert!(got_a[0].timestamp >= sent_at);
+    assert_eq!(
+        got_b[0]
+            .timestamp
+            .saturating_duration_since(got_a[0].timestamp),
+        DELAY
+    );
+    assert_eq!((got_b[0].imm, got_b[0].payload()), (Some(5), &small[..]));
+    let (sa, sb) = (net.nodes[0].stack.stats(), net.nodes[1].stack.stats());
+    assert_eq!((sa.ud.tx_packets, sa.ud.tx_bytes), (3, 13 + 1024 + 13));
+    assert_eq!((sb.ud.rx_packets, sb.ud.rx_bytes), (3, 13 + 1024 + 13));
+    assert_eq!((sa.ud.qps, sb.ud.qps), (1, 1));
+    drain_and_check_pools(&mut net);
+}
+
+fn pinger(count: u64, qpn: u32) -> UdPinger {
+    let mut cfg = UdPingerConfig::new(UdAddr { ip: B, qpn });
+    cfg.count = Some(count);
+    cfg.interval = Duration::from_millis(1);
+    cfg.timeout = Duration::from_millis(100);
+    UdPinger::new(cfg)
+}
+
+#[test]
+fn ud_ping_clean_link_rtt_is_two_delays() {
+    let mut net = two_hosts(LinkConfig {
+        delay: DELAY,
+        ..LinkConfig::default()
+    });
+    let mut p = pinger(200, RESPONDER_QPN);
+    let mut r = UdResponder::default();
+    net.run_until(Instant::from_secs(30), &mut [&mut p, &mut r], |_| false);
+    assert!(p.finished(net.now));
+    let s = p.summary();
+    assert_eq!((s.transmitted, s.received, s.errors), (200, 200, 0));
+    assert_eq!(r.stats().pings, 200);
+    // Timestamps on the virtual clock: exactly one delay each way, except
+    // the first ping, which also waited for ARP (as with Linux ping).
+    assert_eq!(s.rtt.min, 2 * DELAY);
+    assert!(s.rtt.max > 2 * DELAY);
+    assert_eq!(s.percentile(0.5), Some(2 * DELAY));
+    assert_eq!(s.percentile(0.99), Some(2 * DELAY));
+    let events: Vec<_> = p.drain_events().collect();
+    assert_eq!(events.len(), 200);
+    assert_eq!(
+        events[0].from,
+        UdAddr {
+            ip: B,
+            qpn: RESPONDER_QPN
+        }
+    );
+    drain_and_check_pools(&mut net);
+}
+
+#[test]
+fn ud_ping_loss_is_counted_exactly() {
+    let mut net = two_hosts(LinkConfig {
+        loss: 0.2,
+        delay: DELAY,
+        seed: 7,
+        ..LinkConfig::default()
+    });
+    let mut p = pinger(1000, RESPONDER_QPN);
+    let mut r = UdResponder::default();
+    net.run_until(Instant::from_secs(60), &mut [&mut p, &mut r], |_| false);
+    assert!(p.finished(net.now));
+    let s = p.summary().clone();
+    let (sa, sb) = (net.nodes[0].stack.stats(), net.nodes[1].stack.stats());
+    assert_eq!(s.transmitted, 1000);
+    assert_eq!(sa.ud.tx_packets, 1000);
+    // Every ping lost is a ping or a pong the link dropped.
+    let pings_lost = sa.ud.tx_packets - sb.ud.rx_packets;
+    let pongs_lost = sb.ud.tx_packets - sa.ud.rx_packets;
+    assert_eq!(r.stats().pongs, sb.ud.tx_packets);
+    assert_eq!(s.received, sa.ud.rx_packets);
+    assert_eq!(s.lost(), pings_lost + pongs_lost);
+    // About 1 - 0.8^2 = 36% lost.
+    assert!(
+        (25.0..47.0).contains(&s.loss_percent()),
+        "{}",
+        s.loss_percent()
+    );
+    assert!(s.percentile(0.99).is_some());
+    drain_and_check_pools(&mut net);
+}
+
+#[test]
+fn ud_bandwidth_sweep_delivers_everything_on_a_clean_link() {
+    let mut net = two_hosts(LinkConfig::default());
+    let max = net.nodes[0].stack.ud_max_msg();
+    assert_eq!(max, 1500 - 56);
+    let mut cfg = UdBandwidthConfig::new(
+        UdAddr {
+            ip: B,
+            qpn: RESPONDER_QPN,
+        },
+        max,
+    );
+    cfg.iterations = 500;
+    cfg.tx_depth = 64;
+    let mut bw = UdBandwidth::new(cfg);
+    let mut r = UdResponder::default();
+    net.run_until(Instant::from_secs(30), &mut [&mut bw, &mut r], |_| false);
+    assert!(bw.done() && bw.error().is_none());
+    let rows = bw.take_results();
+    assert_eq!(
+        rows.iter().map(|r| r.bytes).collect::<Vec<_>>(),
+        vec![64, 128, 256, 512, 1024, max]
+    );
+    for row in &rows {
+        assert_eq!(row.iterations, 500);
+        assert_eq!(row.delivered, Some(500), "{row:?}");
+    }
+    assert_eq!(r.stats().sink_msgs, 500 * rows.len() as u64);
+    drain_and_check_pools(&mut net);
+}
+
+/// Capture the frame `a` emits for one send (ARP already resolved).
+fn frame_for(net: &mut SimNet, qa: QpHandle, wr: &SendWr<'_>) -> Vec<u8> {
+    let now = net.now;
+    let a = &mut net.nodes[0].stack;
+    a.post_send(qa, wr).unwrap();
+    let mut tx = VecTx::new();
+    a.poll(now, &mut tx);
+    poll_all(a, qa);
+    assert_eq!(tx.frames.len(), 1);
+    tx.frames.pop().unwrap()
+}
+
+fn feed_b(net: &mut SimNet, frame: &[u8]) {
+    let now = net.now;
+    net.nodes[1].stack.receive(now, frame, &mut VecTx::new());
+}
+
+#[test]
+fn bad_icrc_qkey_qpn_opcode_and_missing_buffers_are_counted() {
+    let mut net = two_hosts(LinkConfig::default());
+    let qa = qp(&mut net.nodes[0].stack, None, QKEY);
+    let qb = qp(&mut net.nodes[1].stack, Some(9), QKEY);
+    // Resolve ARP both ways with one good exchange.
+    net.nodes[1]
+        .stack
+        .post_recv(qb, 1, vec![0; GRH_LEN + 64])
+        .unwrap();
+    let to_b = UdAddr { ip: B, qpn: 9 };
+    net.nodes[0]
+        .stack
+        .post_send(qa, &send(to_b, b"hello", None, 1))
+        .unwrap();
+    assert!(net.run_until(Instant::from_secs(5), &mut [], |n| {
+        n.nodes[1].stack.stats().ud.rx_packets == 1
+    }));
+    poll_all(&mut net.nodes[1].stack, qb);
+    let data = [0x5au8; 32];
+    let good = frame_for(&mut net, qa, &send(to_b, &data, None, 2));
+    let payload_at = 14 + 20 + 8 + BTH_LEN + DETH_LEN;
+    let b = |net: &SimNet, r| drop_count(&net.nodes[1].stack, r);
+
+    // No receive buffer posted.
+    feed_b(&mut net, &good);
+    assert_eq!(b(&net, DropReason::UdNoRecvBuffer), 1);
+
+    // One flipped bit in the payload: the ICRC rejects it, nothing delivered.
+    net.nodes[1]
+        .stack
+        .post_recv(qb, 2, vec![0; GRH_LEN + 64])
+        .unwrap();
+    let mut flipped = good.clone();
+    flipped[payload_at + 3] ^= 0x10;
+    feed_b(&mut net, &flipped);
+    assert_eq!(b(&net, DropReason::UdBadIcrc), 1);
+    assert!(poll_all(&mut net.nodes[1].stack, qb).is_empty());
+
+    // A bad opcode with a valid ICRC.
+    let mut rc = good.clone();
+    rc[14 + 28] = 0x04;
+    assert!(icrc_fill(&mut rc[14..]));
+    feed_b(&mut net, &rc);
+    assert_eq!(b(&net, DropReason::UdBadOpcode), 1);
+
+    // Q_Key mismatch and unknown QPN.
+    let mut wrong = send(to_b, &data, None, 3);
+    wrong.remote_qkey = DEFAULT_QKEY;
+    let f = frame_for(&mut net, qa, &wrong);
+    feed_b(&mut net, &f);
+    assert_eq!(b(&net, DropReason::UdBadQkey), 1);
+    let f = frame_for(
+        &mut net,
+        qa,
+        &send(UdAddr { ip: B, qpn: 10 }, &data, None, 4),
+    );
+    feed_b(&mut net, &f);
+    assert_eq!(b(&net, DropReason::UdUnknownQpn), 1);
+
+    // Truncated after the UDP header.
+    let mut short = good[..14 + 28 + 10].to_vec();
+    short[14 + 2..14 + 4].copy_from_slice(&38u16.to_be_bytes());
+    short[14 + 24..14 + 26].copy_from_slice(&18u16.to_be_bytes());
+    short[14 + 10..14 + 12].fill(0);
+    let csum = {
+        let h = &short[14..34];
+        let mut sum = 0u32;
+        for w in h.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    };
+    short[14 + 10..14 + 12].copy_from_slice(&csum.to_be_bytes());
+    feed_b(&mut net, &short);
+    assert_eq!(b(&net, DropReason::UdMalformed), 1);
+
+    // The good frame is still accepted with the posted buffer; a buffer too
+    // small for the next one completes in error, as verbs does.
+    feed_b(&mut net, &good);
+    let c = poll_all(&mut net.nodes[1].stack, qb);
+    assert_eq!(c.len(), 1);
+    assert_eq!((c[0].wr_id, c[0].payload()), (2, &data[..]));
+    net.nodes[1]
+        .stack
+        .post_recv(qb, 3, vec![0; GRH_LEN + 8])
+        .unwrap();
+    feed_b(&mut net, &good);
+    assert_eq!(b(&net, DropReason::UdRecvTooSmall), 1);
+    let c = poll_all(&mut net.nodes[1].stack, qb);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].byte_len),
+        (3, WcStatus::LocalLengthError, GRH_LEN + 32)
+    );
+    assert_eq!(net.nodes[1].stack.stats().ud.rx_packets, 2);
+    // PSNs counted up per packet sent.
+    net.nodes[0].stack.destroy_qp(qa).unwrap();
+    assert_eq!(net.nodes[0].stack.stats().ud.qps, 0);
+    drain_and_check_pools(&mut net);
+}

@@ -1,0 +1,24 @@
+//! utop: a terminal monitor of running ustack stacks.
+//!
+//! A stack publishes snapshots as JSON lines on a Unix socket
+//! (`ustack::telemetry`); [`feed`] attaches to one and turns its lines into
+//! [`feed::Update`]s, [`monitor::Monitor`] keeps the latest snapshot, the
+//! rates between the last two and the view (pane, sort, filter), and
+//! [`term`] draws it with ratatui: only when something shown changed, and
+//! then only the changed cells (ratatui's buffer diff), through a
+//! [`term::CountingWriter`] that counts the bytes each frame writes.
+//!
+//! The same monitor runs in-process (`ustack run --tui`, `ustack demo`) on
+//! a publisher's local feed ([`feed::from_lines`]).
+#![forbid(unsafe_code)]
+
+pub mod feed;
+pub mod model;
+pub mod monitor;
+pub mod term;
+mod view;
+
+pub use feed::Update;
+pub use model::Frame;
+pub use monitor::{Monitor, Pane};
+pub use view::buffer_text;
