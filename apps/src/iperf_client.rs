@@ -204,11 +204,18 @@ impl IperfClient {
     }
 
     fn close_all(&mut self, stack: &mut Stack, now: Instant) {
+        // What is still queued for the server (IPERF_DONE, CLIENT_TERMINATE)
+        // goes out ahead of our FIN.
+        if let Some(c) = self.ctrl {
+            send_out(stack, c, &mut self.out);
+        }
         for s in &self.streams {
             let _ = stack.tcp_close(s.h);
         }
+        // The control connection is only shut down here, so the closing
+        // phase can watch our last bytes get acknowledged.
         if let Some(c) = self.ctrl {
-            let _ = stack.tcp_close(c);
+            let _ = stack.tcp_shutdown(c);
         }
         self.phase = Phase::Closing;
         self.linger_until = Some(now + LINGER);
@@ -786,8 +793,10 @@ impl App for IperfClient {
                     s.state,
                     State::Closed | State::TimeWait | State::FinWait2 | State::LastAck
                 ) && s.unacked == 0
+                    || s.error.is_some()
             });
             if gone || self.linger_until.is_some_and(|t| now >= t) {
+                let _ = stack.tcp_close(ctrl);
                 self.phase = Phase::Done;
                 return Control::Exit;
             }

@@ -514,3 +514,96 @@ fn bad_arguments_missing_port_and_tiny_pool() {
     assert!(failures >= answered.min(1), "{out}");
     assert_mbufs_returned(&out, &err);
 }
+
+/// iperf3 interop on DPDK af_packet: a stock `iperf3 -c` against `uperf -s`
+/// both ways, and `uperf -c` against a stock `iperf3 -s`; the JSON parses
+/// and the byte counts agree.
+#[test]
+fn iperf3_both_ways_on_af_packet() {
+    need_root!();
+    let topo = Topo::up("di");
+    let eal = topo.af_packet();
+    for reverse in [false, true] {
+        let server = topo
+            .bin(
+                env!("CARGO_BIN_EXE_uperf"),
+                &["--dpdk", &eal, "--ip", "10.77.0.2/24", "-s", "-1"],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start uperf -s");
+        let server = Daemon {
+            child: Some(server),
+        };
+        topo.wait_arp();
+        let mut args = vec!["iperf3", "-c", "10.77.0.2", "-J", "-t", "2"];
+        if reverse {
+            args.push("-R");
+        }
+        let client = topo.linux(&args);
+        let json: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
+            panic!(
+                "iperf3 JSON: {e}: {}",
+                String::from_utf8_lossy(&client.stdout)
+            )
+        });
+        assert!(client.status.success(), "iperf3 -R={reverse}: {json}");
+        let sent = json["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+        let received = json["end"]["sum_received"]["bytes"].as_u64().unwrap();
+        assert!(sent > 1 << 20, "{json}");
+        assert!(received <= sent && received + (8 << 20) >= sent, "{json}");
+        let (code, out, err) = server.stop();
+        assert_eq!(code, 0, "{out}{err}");
+        no_crash(&err);
+        assert!(out.lines().any(|l| l.ends_with("receiver")), "{out}");
+    }
+    // Our client, their server.
+    let server = Command::new("ip")
+        .args(["netns", "exec", &topo.ns("linux")])
+        .args(["iperf3", "-s", "-1", "-J", "-B", "10.77.0.1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut server = Daemon {
+        child: Some(server),
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let client = topo
+        .bin(
+            env!("CARGO_BIN_EXE_uperf"),
+            &[
+                "--dpdk",
+                &eal,
+                "--ip",
+                "10.77.0.2/24",
+                "-c",
+                "10.77.0.1",
+                "-J",
+                "-t",
+                "2",
+                "-P",
+                "2",
+            ],
+        )
+        .output()
+        .unwrap();
+    let ours: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
+        panic!(
+            "uperf JSON: {e}: {}{}",
+            String::from_utf8_lossy(&client.stdout),
+            String::from_utf8_lossy(&client.stderr)
+        )
+    });
+    assert!(client.status.success(), "{ours}");
+    // `iperf3 -s -1` exits by itself after the test.
+    let out = server.child.take().unwrap().wait_with_output().unwrap();
+    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 -s JSON");
+    // The server's own count (iperf3 -s reports only what it measured).
+    assert_eq!(
+        ours["end"]["sum_received"]["bytes"], theirs["end"]["sum_received"]["bytes"],
+        "{ours} vs {theirs}"
+    );
+    assert!(ours["end"]["sum_received"]["bytes"].as_u64().unwrap() > 1 << 20);
+}
