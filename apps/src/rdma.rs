@@ -3,6 +3,7 @@
 //! `uperf -s --rdma` (the sink), over the stack's own RoCEv2 transport on
 //! any backend. `ustack run` hosts the same [`UdResponder`].
 
+use crate::report::ms;
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -42,10 +43,6 @@ pub fn parse_qpn(s: &str) -> Result<u32, String> {
 pub const DEFAULT_QPN_STR: &str = "2";
 pub const DEFAULT_QKEY_STR: &str = "0x11111111";
 const _: () = assert!(RESPONDER_QPN == 2 && DEFAULT_QKEY == 0x1111_1111);
-
-fn ms3(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
 
 /// RTT with more decimals for shorter times, as iputils prints them.
 fn reply_time(d: Duration) -> String {
@@ -91,40 +88,20 @@ pub fn pong_line(p: &UdPong) -> String {
 
 /// The summary lines, shaped like ping's, plus the percentiles.
 pub fn ping_summary(dst: UdAddr, s: &UdPingSummary, elapsed: Duration) -> String {
-    let mut out = format!("\n--- {dst} rdma ud ping statistics ---\n");
-    let mut line = format!(
-        "{} packets transmitted, {} received",
-        s.transmitted, s.received
+    let mut out = crate::report::ping_statistics(
+        &dst.to_string(),
+        "rdma ud ping",
+        [s.transmitted, s.received, s.duplicates, s.errors],
+        &s.rtt,
+        elapsed,
     );
-    if s.duplicates > 0 {
-        line += &format!(", +{} duplicates", s.duplicates);
-    }
-    if s.errors > 0 {
-        line += &format!(", +{} errors", s.errors);
-    }
-    let loss = s.loss_percent();
-    let loss = if loss == loss.trunc() {
-        format!("{loss:.0}")
-    } else {
-        format!("{loss:.4}").trim_end_matches('0').to_string()
-    };
-    line += &format!(", {loss}% packet loss, time {}ms", elapsed.as_millis());
-    out += &line;
-    out.push('\n');
     if s.rtt.count > 0 {
-        out += &format!(
-            "rtt min/avg/max/mdev = {}/{}/{}/{} ms\n",
-            ms3(s.rtt.min),
-            ms3(s.rtt.avg()),
-            ms3(s.rtt.max),
-            ms3(s.rtt.mdev())
-        );
-        let p = |q| s.percentile(q).map(ms3).unwrap_or_default();
+        let p = |q| s.percentile(q).map(ms).unwrap_or_default();
         out += &format!(
             "rtt p50/p99/max = {}/{}/{} ms\n",
             p(0.5),
             p(0.99),
-            ms3(s.rtt.max)
+            ms(s.rtt.max)
         );
     }
     out

@@ -86,3 +86,50 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
 pub fn ms(d: std::time::Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
+
+/// iputils ping's closing lines: the header, "N packets transmitted, M
+/// received, [+D duplicates, ][+E errors, ]L% packet loss, time Tms", and
+/// "rtt min/avg/max/mdev = ..." when there were replies. `what` is `ping`
+/// for ICMP (`--- HOST ping statistics ---`).
+pub fn ping_statistics(
+    dst: &str,
+    what: &str,
+    counts: [u64; 4],
+    rtt: &ustack::app::ping::RttStats,
+    elapsed: std::time::Duration,
+) -> String {
+    let [transmitted, received, duplicates, errors] = counts;
+    let mut out = format!("\n--- {dst} {what} statistics ---\n");
+    let _ = write!(
+        out,
+        "{transmitted} packets transmitted, {received} received"
+    );
+    if duplicates > 0 {
+        let _ = write!(out, ", +{duplicates} duplicates");
+    }
+    if errors > 0 {
+        let _ = write!(out, ", +{errors} errors");
+    }
+    let loss = if transmitted == 0 {
+        0.0
+    } else {
+        100.0 * transmitted.saturating_sub(received) as f64 / transmitted as f64
+    };
+    let loss = if loss == loss.trunc() {
+        format!("{loss:.0}")
+    } else {
+        format!("{loss:.4}").trim_end_matches('0').to_string()
+    };
+    let _ = writeln!(out, ", {loss}% packet loss, time {}ms", elapsed.as_millis());
+    if rtt.count > 0 {
+        let _ = writeln!(
+            out,
+            "rtt min/avg/max/mdev = {}/{}/{}/{} ms",
+            ms(rtt.min),
+            ms(rtt.avg()),
+            ms(rtt.max),
+            ms(rtt.mdev())
+        );
+    }
+    out
+}

@@ -7,9 +7,11 @@
 //! Needs root and `--features dpdk` (the all-features build).
 #![cfg(feature = "dpdk")]
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+#[macro_use]
+mod common;
+use common::*;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ustack::app::bulk::fill_pattern;
@@ -17,72 +19,7 @@ use ustack::app::bulk::fill_pattern;
 /// EAL without hugepages or PCI; each process gets its own file prefix.
 const EAL: &str = "--no-huge -m 256 --no-pci";
 
-fn root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout == b"0\n")
-        .unwrap_or(false)
-}
-
-macro_rules! need_root {
-    () => {
-        if !root() {
-            eprintln!("skipped: network namespaces and DPDK vdevs need root");
-            return;
-        }
-    };
-}
-
-fn netns_sh() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/netns.sh")
-}
-
-/// A topology of our own; removed on drop, also when the test fails.
-struct Topo {
-    tag: String,
-}
-
 impl Topo {
-    fn up(short: &str) -> Topo {
-        let tag = format!("{short}{}", std::process::id() % 10_000);
-        let topo = Topo { tag: tag.clone() };
-        let out = Command::new(netns_sh())
-            .args(["up", &tag])
-            .output()
-            .expect("run netns.sh");
-        assert!(
-            out.status.success(),
-            "netns.sh up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        topo
-    }
-
-    fn ns(&self, side: &str) -> String {
-        format!("{}-{side}", self.tag)
-    }
-
-    fn in_ns(&self, side: &str, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.ns(side)])
-            .args(args)
-            .output()
-            .expect("run in a namespace")
-    }
-
-    fn linux(&self, args: &[&str]) -> Output {
-        self.in_ns("linux", args)
-    }
-
-    /// A binary of ours in the stack namespace.
-    fn bin(&self, exe: &str, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns("stack"), exe]);
-        c.args(args);
-        c
-    }
-
     fn af_packet(&self) -> String {
         format!("{EAL} --vdev=net_af_packet0,iface={}-s", self.tag)
     }
@@ -124,52 +61,6 @@ impl Topo {
     }
 }
 
-impl Drop for Topo {
-    fn drop(&mut self) {
-        let _ = Command::new(netns_sh()).args(["down", &self.tag]).output();
-    }
-}
-
-/// A running binary; SIGTERM on `stop`, killed on drop.
-struct Daemon {
-    child: Option<Child>,
-}
-
-impl Daemon {
-    fn stop(mut self) -> (i32, String, String) {
-        let child = self.child.take().expect("running");
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let out = child.wait_with_output().expect("wait");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn count_before(text: &str, word: &str) -> u64 {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let i = words
-        .iter()
-        .position(|w| w.trim_end_matches(',') == word)
-        .unwrap_or_else(|| panic!("'{word}' in {text}"));
-    words[i - 1]
-        .parse()
-        .unwrap_or_else(|_| panic!("number before '{word}' in {text}"))
-}
-
 /// (in use, capacity, alloc failures) from the report's `pool` line.
 fn pool_line(report: &str) -> (u64, u64, u64) {
     let line = report
@@ -193,28 +84,6 @@ fn assert_mbufs_returned(out: &str, err: &str) {
     assert!(capacity > 0, "{out}");
     assert_eq!(in_use, 0, "mbufs not back at baseline: {out}");
     assert!(!err.contains("not returned"), "{err}");
-}
-
-fn no_crash(err: &str) {
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(!err.contains("stack backtrace"), "{err}");
-}
-
-fn random_file(bytes: usize) -> (tempfile::TempPath, Vec<u8>) {
-    let mut data = vec![0u8; bytes];
-    fill_pattern(11, &mut data);
-    let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(&data).unwrap();
-    (f.into_temp_path(), data)
-}
-
-fn sha256(path: &std::path::Path) -> String {
-    let out = Command::new("sha256sum").arg(path).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
 }
 
 #[test]

@@ -5,76 +5,16 @@
 //! all-features build (`--features pcap`) runs it.
 #![cfg(feature = "pcap")]
 
-use std::io::Write;
-use std::path::PathBuf;
+#[macro_use]
+mod common;
+use common::*;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ustack::app::bulk::fill_pattern;
 
-fn root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout == b"0\n")
-        .unwrap_or(false)
-}
-
-/// Skip (loudly) where namespaces cannot be made; CI runs as root.
-macro_rules! need_root {
-    () => {
-        if !root() {
-            eprintln!("skipped: network namespaces need root");
-            return;
-        }
-    };
-}
-
-fn netns_sh() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/netns.sh")
-}
-
-/// A topology of our own; removed on drop, also when the test fails.
-struct Topo {
-    tag: String,
-}
-
 impl Topo {
-    fn up(short: &str, netem: Option<&str>) -> Topo {
-        let tag = format!("{short}{}", std::process::id() % 10_000);
-        // The guard exists before anything is made, so a failing `up` is cleaned too.
-        let topo = Topo { tag: tag.clone() };
-        let mut cmd = Command::new(netns_sh());
-        cmd.args(["up", &tag]);
-        if let Some(n) = netem {
-            cmd.env("NETEM", n);
-        }
-        let out = cmd.output().expect("run netns.sh");
-        assert!(
-            out.status.success(),
-            "netns.sh up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        topo
-    }
-
-    fn ns(&self, side: &str) -> String {
-        format!("{}-{side}", self.tag)
-    }
-
-    fn stack_if(&self) -> String {
-        format!("{}-s", self.tag)
-    }
-
-    /// Run a command on the Linux host.
-    fn linux(&self, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.ns("linux")])
-            .args(args)
-            .output()
-            .expect("run in the linux namespace")
-    }
-
     /// A ustack command in the stack namespace.
     fn ustack(&self, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
@@ -143,54 +83,6 @@ impl Topo {
     }
 }
 
-impl Drop for Topo {
-    fn drop(&mut self) {
-        let _ = Command::new(netns_sh()).args(["down", &self.tag]).output();
-    }
-}
-
-/// `ustack run`; stopped with SIGTERM (and killed if it lingers) on drop.
-struct Daemon {
-    child: Option<Child>,
-}
-
-impl Daemon {
-    /// SIGTERM, wait, and return (exit code, stdout, stderr).
-    fn stop(mut self) -> (i32, String, String) {
-        let child = self.child.take().expect("running");
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let out = child.wait_with_output().expect("wait for ustack");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A number after `key` in `text` ("5 received" -> key "received" looks back).
-fn count_before(text: &str, word: &str) -> u64 {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let i = words
-        .iter()
-        .position(|w| w.trim_end_matches(',') == word)
-        .unwrap_or_else(|| panic!("'{word}' in {text}"));
-    words[i - 1]
-        .parse()
-        .unwrap_or_else(|_| panic!("number before '{word}' in {text}"))
-}
-
 /// (rx, tx) packets from a `port   rx N pkts ... tx M pkts` counters line.
 fn port_packets(report: &str) -> (u64, u64) {
     let line = report
@@ -201,18 +93,10 @@ fn port_packets(report: &str) -> (u64, u64) {
     (w[2].parse().unwrap(), w[7].parse().unwrap())
 }
 
-fn random_file(bytes: usize) -> (tempfile::TempPath, Vec<u8>) {
-    let mut data = vec![0u8; bytes];
-    fill_pattern(7, &mut data);
-    let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(&data).unwrap();
-    (f.into_temp_path(), data)
-}
-
 #[test]
 fn linux_ping_and_arping_are_answered_and_counters_agree() {
     need_root!();
-    let topo = Topo::up("pg", None);
+    let topo = Topo::up("pg");
     let d = topo.daemon();
     let ping = topo.linux(&["ping", "-c", "20", "-i", "0.05", "10.77.0.2"]);
     let text = String::from_utf8_lossy(&ping.stdout);
@@ -257,7 +141,7 @@ fn linux_ping_and_arping_are_answered_and_counters_agree() {
 /// 64 MiB from a Linux client through ustack's echo and back, byte-exact,
 /// then 64 MiB from a ustack client to a Linux server.
 fn tcp_both_ways(short: &str, impair: &[&str]) {
-    let topo = Topo::up(short, None);
+    let topo = Topo::up(short);
     let d = topo.daemon_with(impair);
     const BYTES: usize = 64 << 20;
     let (input, data) = random_file(BYTES);
@@ -364,7 +248,7 @@ fn tcp_with_linux_both_ways_under_loss_and_reordering() {
 #[test]
 fn clear_errors_for_bad_interface_permission_and_link_down() {
     need_root!();
-    let topo = Topo::up("er", None);
+    let topo = Topo::up("er");
     let out = topo
         .ustack(&["run", "--pcap", "nosuch0", "--ip", "10.77.0.2/24"])
         .output()
@@ -441,7 +325,7 @@ fn clear_errors_for_bad_interface_permission_and_link_down() {
 #[test]
 fn capture_file_opens_in_tshark() {
     need_root!();
-    let topo = Topo::up("cp", None);
+    let topo = Topo::up("cp");
     let pcap = tempfile::Builder::new()
         .suffix(".pcap")
         .tempfile()
@@ -564,7 +448,7 @@ impl PingFormat {
 fn uping_output_matches_iputils_against_linux_and_ustack() {
     need_root!();
     let fmt = PingFormat::new();
-    let topo = Topo::up("up", None);
+    let topo = Topo::up("up");
     // The format, learnt from Linux's own ping first.
     let d = topo.daemon();
     let linux = topo.linux(&["ping", "-c", "3", "-i", "0.1", "10.77.0.2"]);
@@ -641,7 +525,7 @@ fn uping_output_matches_iputils_against_linux_and_ustack() {
 #[test]
 fn stock_iperf3_client_against_uperf_server() {
     need_root!();
-    let topo = Topo::up("ip", None);
+    let topo = Topo::up("ip");
     for args in [
         &["-t", "2"][..],
         &["-t", "2", "-R"],
@@ -713,7 +597,7 @@ fn stock_iperf3_client_against_uperf_server() {
 #[test]
 fn ustack_run_serves_iperf3() {
     need_root!();
-    let topo = Topo::up("ir", None);
+    let topo = Topo::up("ir");
     let d = topo.daemon();
     for args in [&["-t", "1"][..], &["-t", "1", "-R"]] {
         let client = topo.linux(&[&["iperf3", "-c", "10.77.0.2", "-J"][..], args].concat());
@@ -735,7 +619,7 @@ fn ustack_run_serves_iperf3() {
 #[test]
 fn uperf_client_against_stock_iperf3_server() {
     need_root!();
-    let topo = Topo::up("ic", None);
+    let topo = Topo::up("ic");
     for args in [
         &["-t", "2"][..],
         &["-t", "2", "-R"],
@@ -808,7 +692,7 @@ fn uperf_client_against_stock_iperf3_server() {
 #[test]
 fn uperf_client_text_output_and_errors() {
     need_root!();
-    let topo = Topo::up("it", None);
+    let topo = Topo::up("it");
     let uperf = |args: &[&str]| {
         Command::new("ip")
             .args(["netns", "exec", &topo.ns("stack")])

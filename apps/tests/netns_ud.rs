@@ -6,56 +6,15 @@
 //! table. Needs root and the `pcap` feature; skips with the reason otherwise.
 #![cfg(feature = "pcap")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+#[macro_use]
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout == b"0\n")
-        .unwrap_or(false)
-}
-
-macro_rules! need_root {
-    () => {
-        if !root() {
-            eprintln!("skipped: network namespaces need root");
-            return;
-        }
-    };
-}
-
-fn netns_sh() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/netns.sh")
-}
-
-/// Our namespaces; removed on drop, also when the test fails.
-struct Topo {
-    tag: String,
-}
-
 impl Topo {
-    fn up(short: &str) -> Topo {
-        let tag = format!("{short}{}", std::process::id() % 10_000);
-        let topo = Topo { tag: tag.clone() };
-        let out = Command::new(netns_sh())
-            .args(["up", &tag])
-            .output()
-            .expect("run netns.sh");
-        assert!(
-            out.status.success(),
-            "netns.sh up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        topo
-    }
-
-    fn ns(&self, side: &str) -> String {
-        format!("{}-{side}", self.tag)
-    }
-
     /// `ustack run` as 10.77.0.2 in the stack namespace, ready when it
     /// answers ARP.
     fn daemon(&self, extra: &[&str]) -> Daemon {
@@ -95,40 +54,6 @@ impl Topo {
             .args(args)
             .output()
             .expect("run the app")
-    }
-}
-
-impl Drop for Topo {
-    fn drop(&mut self) {
-        let _ = Command::new(netns_sh()).args(["down", &self.tag]).output();
-    }
-}
-
-struct Daemon {
-    child: Option<Child>,
-}
-
-impl Daemon {
-    fn stop(mut self) -> (i32, String, String) {
-        let child = self.child.take().expect("running");
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let out = child.wait_with_output().expect("wait for ustack");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 

@@ -104,10 +104,6 @@ fn reply_time(d: Duration) -> String {
     }
 }
 
-fn ms3(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
-
 /// Prints reply lines as they come and stops on Ctrl-C.
 struct Front {
     pinger: Pinger,
@@ -228,35 +224,16 @@ impl NodeUser for Run<'_> {
 }
 
 fn print_summary(dst: Ipv4Addr, s: &PingSummary, elapsed: Duration) {
-    println!();
-    println!("--- {dst} ping statistics ---");
-    let mut line = format!(
-        "{} packets transmitted, {} received",
-        s.transmitted, s.received
+    print!(
+        "{}",
+        ustack_apps::report::ping_statistics(
+            &dst.to_string(),
+            "ping",
+            [s.transmitted, s.received, s.duplicates, s.errors],
+            &s.rtt,
+            elapsed
+        )
     );
-    if s.duplicates > 0 {
-        line += &format!(", +{} duplicates", s.duplicates);
-    }
-    if s.errors > 0 {
-        line += &format!(", +{} errors", s.errors);
-    }
-    let loss = s.loss_percent();
-    let loss = if loss == loss.trunc() {
-        format!("{loss:.0}")
-    } else {
-        format!("{loss:.4}").trim_end_matches('0').to_string()
-    };
-    line += &format!(", {loss}% packet loss, time {}ms", elapsed.as_millis());
-    println!("{line}");
-    if s.rtt.count > 0 {
-        println!(
-            "rtt min/avg/max/mdev = {}/{}/{}/{} ms",
-            ms3(s.rtt.min),
-            ms3(s.rtt.avg()),
-            ms3(s.rtt.max),
-            ms3(s.rtt.mdev())
-        );
-    }
 }
 
 fn json_summary(

@@ -608,7 +608,7 @@ mod test {
     fn real_rnic_capture_parses_and_passes_icrc() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/testdata/rnic_roce_ud_send.pcap"
+            "/../testdata/rnic_roce_ud_send.pcap"
         );
         let data = match std::fs::read(path) {
             Ok(d) => d,

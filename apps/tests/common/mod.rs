@@ -1,0 +1,206 @@
+//! What every netns test shares: the root check, the topology guard made by
+//! `tools/netns.sh` (removed on drop, also when a test fails), a daemon that
+//! is stopped with SIGTERM and killed if it lingers, and small parsers.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+
+use ustack::app::bulk::fill_pattern;
+
+pub fn root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false)
+}
+
+/// Skip (loudly) where namespaces cannot be made; CI runs as root.
+macro_rules! need_root {
+    () => {
+        if !common::root() {
+            eprintln!("skipped: network namespaces need root");
+            return;
+        }
+    };
+}
+
+pub fn netns_sh() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/netns.sh")
+}
+
+/// A topology of our own: `TAG-linux` (10.77.0.1 on `TAG-l`) and `TAG-stack`
+/// (`TAG-s`, no kernel address); removed on drop.
+pub struct Topo {
+    pub tag: String,
+}
+
+impl Topo {
+    /// `short` names the test (a few letters); `netem` is passed to tc.
+    pub fn up_with(short: &str, netem: Option<&str>) -> Topo {
+        let tag = format!("{short}{}", std::process::id() % 10_000);
+        // The guard exists before anything is made, so a failing `up` is cleaned too.
+        let topo = Topo { tag: tag.clone() };
+        let mut cmd = Command::new(netns_sh());
+        cmd.args(["up", &tag]);
+        if let Some(n) = netem {
+            cmd.env("NETEM", n);
+        }
+        let out = cmd.output().expect("run netns.sh");
+        assert!(
+            out.status.success(),
+            "netns.sh up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        topo
+    }
+
+    pub fn up(short: &str) -> Topo {
+        Topo::up_with(short, None)
+    }
+
+    pub fn ns(&self, side: &str) -> String {
+        format!("{}-{side}", self.tag)
+    }
+
+    /// The veth end in the stack namespace (no kernel address).
+    pub fn stack_if(&self) -> String {
+        format!("{}-s", self.tag)
+    }
+
+    /// The veth end in the Linux namespace.
+    pub fn linux_if(&self) -> String {
+        format!("{}-l", self.tag)
+    }
+
+    pub fn in_ns(&self, side: &str, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns(side)])
+            .args(args)
+            .output()
+            .expect("run in a namespace")
+    }
+
+    /// Run a command on the Linux host.
+    pub fn linux(&self, args: &[&str]) -> Output {
+        self.in_ns("linux", args)
+    }
+
+    /// A binary of ours in the stack namespace.
+    pub fn bin(&self, exe: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns("stack"), exe]);
+        c.args(args);
+        c
+    }
+
+    /// Whether the Linux host gets an ARP answer for 10.77.0.2 within a second.
+    pub fn arping_once(&self) -> bool {
+        self.linux(&[
+            "arping",
+            "-c",
+            "1",
+            "-w",
+            "1",
+            "-I",
+            &self.linux_if(),
+            "10.77.0.2",
+        ])
+        .status
+        .success()
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        let _ = Command::new(netns_sh()).args(["down", &self.tag]).output();
+    }
+}
+
+/// A long-running process (`ustack run`, a server); stopped with SIGTERM by
+/// `stop`, killed on drop.
+pub struct Daemon {
+    pub child: Option<Child>,
+}
+
+impl Daemon {
+    pub fn new(child: Child) -> Self {
+        Daemon { child: Some(child) }
+    }
+
+    /// SIGTERM, wait, and return (exit code, stdout, stderr).
+    pub fn stop(mut self) -> (i32, String, String) {
+        let child = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let out = child.wait_with_output().expect("wait for the daemon");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Wait for it to exit by itself: (exit code, stdout, stderr).
+    pub fn wait(mut self) -> (i32, String, String) {
+        let out = self
+            .child
+            .take()
+            .expect("running")
+            .wait_with_output()
+            .expect("wait for the process");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The number before `word` in `text` ("5 received" -> 5).
+pub fn count_before(text: &str, word: &str) -> u64 {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches(',') == word)
+        .unwrap_or_else(|| panic!("'{word}' in {text}"));
+    words[i - 1]
+        .parse()
+        .unwrap_or_else(|_| panic!("number before '{word}' in {text}"))
+}
+
+/// A temp file of `bytes` bytes of the bulk pattern, and the bytes.
+pub fn random_file(bytes: usize) -> (tempfile::TempPath, Vec<u8>) {
+    let mut data = vec![0u8; bytes];
+    fill_pattern(7, &mut data);
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(&data).unwrap();
+    (f.into_temp_path(), data)
+}
+
+pub fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// No panic and no backtrace in a process's stderr.
+pub fn no_crash(err: &str) {
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("stack backtrace"), "{err}");
+}
