@@ -67,6 +67,10 @@ pub struct IperfServer {
     pub output: Vec<String>,
     pub finished: Vec<TestSummary>,
     pub error: Option<String>,
+    /// Print each test as iperf3 -s -J does (one JSON object per test)
+    /// instead of text lines.
+    pub json: bool,
+    json_intervals: Vec<serde_json::Value>,
 }
 
 impl core::fmt::Debug for IperfServer {
@@ -98,10 +102,15 @@ impl IperfServer {
             output: Vec::new(),
             finished: Vec::new(),
             error: None,
+            json: false,
+            json_intervals: Vec::new(),
         }
     }
 
     fn say(&mut self, line: String) {
+        if self.json {
+            return;
+        }
         self.output.push(line);
     }
 
@@ -163,7 +172,9 @@ impl IperfServer {
         }
         let mut lines = Vec::new();
         let mut sum = 0;
+        let mut interval_bytes = Vec::new();
         for s in &mut t.streams {
+            interval_bytes.push((s.id, s.interval_bytes));
             let rate = s.interval_bytes as f64 * 8.0 / (to - from);
             lines.push(format!(
                 "[{:3}] {:6.2}-{:<6.2} sec  {}  {}",
@@ -185,9 +196,26 @@ impl IperfServer {
                 fmt_rate(sum as f64 * 8.0 / (to - from))
             ));
         }
+        let sender = t.params.as_ref().is_some_and(|p| p.reverse);
+        let streams: Vec<serde_json::Value> = interval_bytes
+            .iter()
+            .map(|&(id, b)| {
+                serde_json::json!({"socket": id + 4, "start": from, "end": to, "seconds": to - from,
+                    "bytes": b, "bits_per_second": b as f64 * 8.0 / (to - from),
+                    "omitted": false, "sender": sender})
+            })
+            .collect();
+        self.json_intervals.push(serde_json::json!({
+            "streams": streams,
+            "sum": {"start": from, "end": to, "seconds": to - from, "bytes": sum,
+                    "bits_per_second": sum as f64 * 8.0 / (to - from), "omitted": false,
+                    "sender": sender},
+        }));
         t.interval_start = now;
         let _ = end;
-        self.output.extend(lines);
+        if !self.json {
+            self.output.extend(lines);
+        }
     }
 
     fn results_json(t: &Test, reverse: bool, stack: &Stack) -> serde_json::Value {
@@ -243,6 +271,11 @@ impl IperfServer {
             rate(bytes)
         );
         self.say(text);
+        if self.json {
+            let v = self.test_json(&t, reverse, secs, bytes);
+            self.output
+                .push(serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string()));
+        }
         for s in &t.streams {
             let _ = stack.tcp_close(s.h);
         }
@@ -254,6 +287,55 @@ impl IperfServer {
             client_bytes: t.client_bytes,
             seconds: secs,
         });
+    }
+
+    /// One test as iperf3 -s -J prints it: what this side measured, and
+    /// the client's own count (from its results) on the other side.
+    fn test_json(&mut self, t: &Test, reverse: bool, secs: f64, bytes: u64) -> serde_json::Value {
+        let rate = |b: u64| {
+            if secs > 0.0 {
+                b as f64 * 8.0 / secs
+            } else {
+                0.0
+            }
+        };
+        let (sent, received) = if reverse {
+            (bytes, t.client_bytes)
+        } else {
+            (t.client_bytes, bytes)
+        };
+        let streams: Vec<serde_json::Value> = t
+            .streams
+            .iter()
+            .map(|s| {
+                let mine = serde_json::json!({"socket": s.id + 4, "start": 0, "end": secs,
+                    "seconds": secs, "bytes": s.bytes, "bits_per_second": rate(s.bytes),
+                    "sender": reverse});
+                if reverse {
+                    serde_json::json!({"sender": mine})
+                } else {
+                    serde_json::json!({"receiver": mine})
+                }
+            })
+            .collect();
+        let sum = |b: u64| {
+            serde_json::json!({"start": 0, "end": secs, "seconds": secs, "bytes": b,
+                "bits_per_second": rate(b), "sender": reverse})
+        };
+        serde_json::json!({
+            "start": {
+                "version": concat!("uperf ", env!("CARGO_PKG_VERSION"), " (iperf 3.12 protocol)"),
+                "cookie": String::from_utf8_lossy(&t.cookie[..t.cookie.len().saturating_sub(1)]),
+                "test_start": {"protocol": "TCP", "num_streams": t.streams.len(),
+                    "reverse": u8::from(reverse)},
+            },
+            "intervals": std::mem::take(&mut self.json_intervals),
+            "end": {
+                "streams": streams,
+                "sum_sent": sum(sent),
+                "sum_received": sum(received),
+            },
+        })
     }
 
     /// Whether a one-off server has served its test.

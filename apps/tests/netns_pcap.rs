@@ -544,6 +544,7 @@ fn stock_iperf3_client_against_uperf_server() {
                 "10.77.0.2/24",
                 "-s",
                 "-1",
+                "-J",
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -580,16 +581,22 @@ fn stock_iperf3_client_against_uperf_server() {
             "uperf {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains("Accepted connection from 10.77.0.1"),
-            "{text}"
+        // uperf -s -J: iperf3's keys, and the count it measured is the one
+        // the client reports for the server's side.
+        let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("uperf -s -J: {e}: {}", String::from_utf8_lossy(&out.stdout))
+        });
+        let key = if args.contains(&"-R") {
+            "sum_sent"
+        } else {
+            "sum_received"
+        };
+        assert_eq!(
+            ours["end"][key]["bytes"], json["end"][key]["bytes"],
+            "{args:?} {key}: {ours} vs {json}"
         );
-        assert!(
-            text.lines().any(|l| l.ends_with("receiver"))
-                && text.lines().any(|l| l.ends_with("sender")),
-            "{text}"
-        );
+        assert_eq!(ours["end"]["streams"].as_array().unwrap().len(), want);
+        assert!(!ours["intervals"].as_array().unwrap().is_empty(), "{ours}");
     }
 }
 

@@ -54,8 +54,8 @@ struct Cli {
     /// Client: seconds between interval reports (0 turns them off).
     #[arg(short = 'i', long = "interval", default_value_t = 1.0, value_parser = seconds_or_zero)]
     interval: f64,
-    /// Client: output in JSON, as iperf3 -J.
-    #[arg(short = 'J', long = "json", conflicts_with = "server")]
+    /// Output in JSON, as iperf3 -J (a server prints one object per test).
+    #[arg(short = 'J', long = "json")]
     json: bool,
     /// Client: give up connecting after this many milliseconds.
     #[arg(
@@ -153,7 +153,9 @@ impl NodeUser for Run<'_> {
         let lcfg = cli.net.loop_config();
         let tele = ustack_apps::telemetry::Telemetry::start(&cli.net, "uperf")?;
         let Some(host) = cli.client else {
-            let mut front = ServerFront(IperfServer::new(cli.port, cli.one_off));
+            let mut server = IperfServer::new(cli.port, cli.one_off);
+            server.json = cli.json;
+            let mut front = ServerFront(server);
             runtime::run(
                 &mut node,
                 &mut front,
