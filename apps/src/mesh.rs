@@ -106,10 +106,56 @@ impl TargetStats {
             (self.sent.saturating_sub(self.received)) as f64 * 100.0 / self.sent as f64
         }
     }
+}
 
-    fn quantile_ms(&self, q: f64) -> Option<f64> {
-        (!self.rtt.is_empty()).then(|| self.rtt.value_at_quantile(q) as f64 / 1e6)
+/// One target's line of the mesh table.
+#[derive(Debug)]
+pub struct Row<'a> {
+    pub target: &'a Target,
+    pub sent: u64,
+    pub received: u64,
+    /// min, p50, p99, max in milliseconds, when anything came back.
+    pub rtt_ms: Option<[f64; 4]>,
+}
+
+/// The mesh summary table (text), for ICMP and UD mesh modes alike.
+pub fn report_table(what: &str, rows: &[Row<'_>], elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    let sent: u64 = rows.iter().map(|r| r.sent).sum();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "--- {what} statistics: {} targets, {sent} requests in {secs:.2} s ({:.0}/s) ---",
+        rows.len(),
+        if secs > 0.0 { sent as f64 / secs } else { 0.0 }
+    );
+    let _ = writeln!(
+        out,
+        "{:<15} {:<12} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "target", "label", "sent", "recv", "loss", "min ms", "p50 ms", "p99 ms", "max ms"
+    );
+    for r in rows {
+        let loss = if r.sent == 0 {
+            0.0
+        } else {
+            r.sent.saturating_sub(r.received) as f64 * 100.0 / r.sent as f64
+        };
+        let q = |i: usize| r.rtt_ms.map_or("-".to_string(), |v| format!("{:.3}", v[i]));
+        let _ = writeln!(
+            out,
+            "{:<15} {:<12} {:>8} {:>8} {:>6.2}% {:>9} {:>9} {:>9} {:>9}",
+            r.target.addr.to_string(),
+            r.target.label.as_deref().unwrap_or("-"),
+            r.sent,
+            r.received,
+            loss,
+            q(0),
+            q(1),
+            q(2),
+            q(3),
+        );
     }
+    out
 }
 
 /// The mesh pinger, run in the poll loop.
@@ -260,43 +306,24 @@ impl MeshPinger {
 
     /// The summary table, one line per target.
     pub fn report(&self) -> String {
-        let secs = self.elapsed().as_secs_f64();
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "--- mesh ping statistics: {} targets, {} requests in {:.2} s ({:.0}/s) ---",
-            self.stats.len(),
-            self.sent_total,
-            secs,
-            if secs > 0.0 {
-                self.sent_total as f64 / secs
-            } else {
-                0.0
-            }
-        );
-        let _ = writeln!(
-            out,
-            "{:<15} {:<12} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
-            "target", "label", "sent", "recv", "loss", "min ms", "p50 ms", "p99 ms", "max ms"
-        );
-        for t in &self.stats {
-            let q = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
-            let label = t.target.label.as_deref().unwrap_or("-");
-            let _ = writeln!(
-                out,
-                "{:<15} {:<12} {:>8} {:>8} {:>6.2}% {:>9} {:>9} {:>9} {:>9}",
-                t.target.addr.to_string(),
-                label,
-                t.sent,
-                t.received,
-                t.loss_percent(),
-                q((!t.rtt.is_empty()).then(|| t.rtt.min() as f64 / 1e6)),
-                q(t.quantile_ms(0.5)),
-                q(t.quantile_ms(0.99)),
-                q((!t.rtt.is_empty()).then(|| t.rtt.max() as f64 / 1e6)),
-            );
-        }
-        out
+        let rows: Vec<Row<'_>> = self
+            .stats
+            .iter()
+            .map(|t| Row {
+                target: &t.target,
+                sent: t.sent,
+                received: t.received,
+                rtt_ms: (!t.rtt.is_empty()).then(|| {
+                    [
+                        t.rtt.min() as f64 / 1e6,
+                        t.rtt.value_at_quantile(0.5) as f64 / 1e6,
+                        t.rtt.value_at_quantile(0.99) as f64 / 1e6,
+                        t.rtt.max() as f64 / 1e6,
+                    ]
+                }),
+            })
+            .collect();
+        report_table("mesh ping", &rows, self.elapsed())
     }
 
     /// The summary as JSON.

@@ -473,3 +473,128 @@ mod test {
         assert!(bw_header().contains("#bytes     #iterations    BW peak[MB/sec]"));
     }
 }
+
+/// `uping --rdma --pinglist`: mesh mode over UD, one UD pinger (one QP) per
+/// target, each at its share of the rate, reported in the mesh table.
+#[derive(Debug)]
+pub struct UdMeshUser {
+    pub targets: Vec<crate::mesh::Target>,
+    pub rate: f64,
+    pub duration: Duration,
+    pub wait: Duration,
+    pub size: usize,
+    pub qpn: u32,
+    pub qkey: u32,
+    pub json: bool,
+    pub lcfg: LoopConfig,
+}
+
+impl UdMeshUser {
+    /// The pingers, before they run.
+    pub fn pingers(&self) -> Vec<UdPinger> {
+        let n = self.targets.len().max(1) as f64;
+        let per_target = (self.rate * self.duration.as_secs_f64() / n)
+            .ceil()
+            .max(1.0) as u64;
+        self.targets
+            .iter()
+            .map(|t| {
+                let mut cfg = UdPingerConfig::new(UdAddr {
+                    ip: t.addr,
+                    qpn: self.qpn,
+                });
+                cfg.qkey = self.qkey;
+                cfg.count = Some(per_target);
+                cfg.interval = Duration::from_secs_f64(n / self.rate);
+                cfg.size = self.size.max(ustack::ud::ping::PING_LEN);
+                cfg.timeout = self.wait;
+                UdPinger::new(cfg).quiet()
+            })
+            .collect()
+    }
+
+    /// The mesh table and JSON of finished pingers.
+    pub fn report(&self, pingers: &[UdPinger]) -> (String, serde_json::Value) {
+        let ms_of = |d: Duration| d.as_secs_f64() * 1e3;
+        let rows: Vec<crate::mesh::Row<'_>> = self
+            .targets
+            .iter()
+            .zip(pingers)
+            .map(|(t, p)| {
+                let s = p.summary();
+                crate::mesh::Row {
+                    target: t,
+                    sent: s.transmitted,
+                    received: s.received,
+                    rtt_ms: (s.rtt.count > 0).then(|| {
+                        let q = |x| s.percentile(x).map_or(0.0, ms_of);
+                        [ms_of(s.rtt.min), q(0.5), q(0.99), ms_of(s.rtt.max)]
+                    }),
+                }
+            })
+            .collect();
+        let text = crate::mesh::report_table("rdma ud mesh", &rows, self.duration);
+        let targets: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "host": r.target.addr.to_string(), "label": r.target.label,
+                    "sent": r.sent, "received": r.received,
+                    "loss_percent": if r.sent == 0 { 0.0 } else {
+                        r.sent.saturating_sub(r.received) as f64 * 100.0 / r.sent as f64 },
+                    "rtt_ms": r.rtt_ms.map(|v| serde_json::json!({
+                        "min": v[0], "p50": v[1], "p99": v[2], "max": v[3]})),
+                })
+            })
+            .collect();
+        let json = serde_json::json!({
+            "transport": "rdma-ud",
+            "targets": targets,
+            "sent": rows.iter().map(|r| r.sent).sum::<u64>(),
+            "received": rows.iter().map(|r| r.received).sum::<u64>(),
+            "seconds": self.duration.as_secs_f64(),
+            "rate_target": self.rate,
+        });
+        (text, json)
+    }
+}
+
+impl NodeUser for UdMeshUser {
+    type Output = ExitCode;
+    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+        let mut pingers = self.pingers();
+        if !self.json {
+            println!(
+                "RDMA UD MESH {} targets (qpn {} qkey {:#010x}), {} pings/s for {} s",
+                self.targets.len(),
+                self.qpn,
+                self.qkey,
+                self.rate,
+                self.duration.as_secs_f64()
+            );
+        }
+        let stop = crate::stop_flag()?;
+        runtime::run(
+            &mut node,
+            &mut pingers,
+            &self.lcfg,
+            &Clock::new(),
+            || stop.load(Ordering::Relaxed),
+            |_| {},
+        )?;
+        if let Some(e) = pingers.iter().find_map(|p| p.error()) {
+            bail!("{e}");
+        }
+        let (text, json) = self.report(&pingers);
+        if self.json {
+            println!("{json}");
+        } else {
+            print!("{text}");
+        }
+        Ok(if pingers.iter().all(|p| p.summary().received > 0) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    }
+}

@@ -96,3 +96,58 @@ fn loss_is_counted_per_target() {
     assert_eq!(silent.loss_percent(), 100.0);
     assert!(!p.all_answered());
 }
+
+/// Mesh mode over RDMA UD: four UD responders, 10,000 pings/s in all.
+#[test]
+fn ud_mesh_at_ten_thousand_per_second() {
+    use ustack::runtime::App;
+    use ustack::ud::ping::UdResponder;
+    use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN};
+    use ustack_apps::rdma::UdMeshUser;
+
+    let mut net = SimNet::new(LinkConfig::default());
+    for n in 1..=5 {
+        net.add(host_config(n));
+    }
+    let baseline = net.pools_in_use();
+    let user = UdMeshUser {
+        targets: four_targets(),
+        rate: 10_000.0,
+        duration: Duration::from_secs(2),
+        wait: Duration::from_secs(1),
+        size: 64,
+        qpn: RESPONDER_QPN,
+        qkey: DEFAULT_QKEY,
+        json: true,
+        lcfg: Default::default(),
+    };
+    let mut pingers = user.pingers();
+    let mut responders: Vec<UdResponder> = (0..4)
+        .map(|_| UdResponder::new(RESPONDER_QPN, DEFAULT_QKEY))
+        .collect();
+    {
+        let [r1, r2, r3, r4] = &mut responders[..] else {
+            unreachable!()
+        };
+        let apps: &mut [&mut dyn App] = &mut [&mut pingers, r1, r2, r3, r4];
+        net.run_until(Instant::ZERO + Duration::from_secs(10), apps, |_| false);
+    }
+    let (text, json) = user.report(&pingers);
+    assert_eq!(json["sent"], 20_000, "{text}");
+    assert_eq!(json["received"], 20_000, "{text}");
+    for t in json["targets"].as_array().unwrap() {
+        assert_eq!(t["sent"], 5_000);
+        assert_eq!(t["loss_percent"], 0.0);
+        assert!(t["rtt_ms"]["p99"].as_f64().unwrap() >= t["rtt_ms"]["p50"].as_f64().unwrap());
+    }
+    for r in &responders {
+        assert_eq!(r.stats().pongs, 5_000, "{:?}", r.stats());
+    }
+    assert!(
+        text.contains("rdma ud mesh statistics: 4 targets, 20000 requests"),
+        "{text}"
+    );
+    drop(pingers);
+    net.run_until(net.now + Duration::from_millis(100), &mut [], |_| false);
+    assert_eq!(net.pools_in_use(), baseline, "leaked buffers");
+}

@@ -303,7 +303,23 @@ fn mesh(cli: &Cli, list: &std::path::Path) -> Result<ExitCode> {
         bail!("mesh mode needs -s 8 or more (the request carries its send time)");
     }
     if cli.rdma {
-        bail!("mesh mode over --rdma is not supported yet; use ICMP mesh mode");
+        if cli.verbs {
+            bail!("mesh mode over --verbs is not supported; use --rdma on the stack");
+        }
+        return with_node(
+            &cli.net,
+            ustack_apps::rdma::UdMeshUser {
+                targets,
+                rate: cli.rate,
+                duration: Duration::from_secs_f64(cli.duration),
+                wait: Duration::from_secs_f64(cli.timeout.min(2.0)),
+                size: cli.size,
+                qpn: cli.qpn,
+                qkey: cli.qkey,
+                json: cli.json,
+                lcfg: cli.net.loop_config(),
+            },
+        );
     }
     let cfg = ustack_apps::mesh::MeshConfig {
         targets,
