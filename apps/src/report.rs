@@ -64,6 +64,18 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
         "  udp    rx {} dgrams {} B  tx {} dgrams {} B",
         st.udp.rx_datagrams, st.udp.rx_bytes, st.udp.tx_datagrams, st.udp.tx_bytes
     );
+    if st.ud.qps > 0 || st.ud.rx_packets > 0 {
+        let _ = writeln!(
+            out,
+            "  ud     qps {}  rx {} pkts {} B  tx {} pkts {} B  tx errors {}",
+            st.ud.qps,
+            st.ud.rx_packets,
+            st.ud.rx_bytes,
+            st.ud.tx_packets,
+            st.ud.tx_bytes,
+            st.ud.tx_errors
+        );
+    }
     let drops: Vec<String> = st
         .drops
         .nonzero()
