@@ -134,8 +134,15 @@ fn linux_ping_and_arping_are_answered_and_counters_agree() {
         stats["tx"]["packets"].as_u64().unwrap(),
     );
     let (ustack_rx, ustack_tx) = port_packets(&out);
-    assert_eq!(ustack_rx, linux_tx, "{out}\n{stats}");
+    // Every frame the stack sent reached Linux. Linux's counters are read
+    // after the stack stopped, so a frame the kernel sends on its own in
+    // between (a neighbour probe) is on Linux's side only: allow one or two.
     assert_eq!(ustack_tx, linux_rx, "{out}\n{stats}");
+    assert!(
+        ustack_rx <= linux_tx && linux_tx - ustack_rx <= 2,
+        "stack rx {ustack_rx}, Linux tx {linux_tx}: {out}\n{stats}"
+    );
+    assert!(ustack_rx >= 20 + 3, "{out}");
 }
 
 /// 64 MiB from a Linux client through ustack's echo and back, byte-exact,
