@@ -35,3 +35,27 @@ pub fn exit(name: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
         }
     }
 }
+
+/// Run `app` on `node` until it exits or Ctrl-C/SIGTERM, publishing
+/// telemetry when `tele` is given.
+pub fn run_app<D: ustack::Device, A: ustack::runtime::App + ?Sized>(
+    node: &mut ustack::runtime::Node<D>,
+    app: &mut A,
+    lcfg: &ustack::runtime::LoopConfig,
+    tele: Option<&telemetry::Telemetry>,
+) -> anyhow::Result<()> {
+    let stop = stop_flag()?;
+    ustack::runtime::run(
+        node,
+        app,
+        lcfg,
+        &ustack::clock::Clock::new(),
+        || stop.load(Ordering::Relaxed),
+        |s| {
+            if let Some(t) = tele {
+                t.publish(s);
+            }
+        },
+    )?;
+    Ok(())
+}

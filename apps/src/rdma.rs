@@ -369,19 +369,11 @@ impl NodeUser for BwUser {
         );
         print!("{}", bw_header());
         let mut front = BwFront(UdBandwidth::new(cfg));
-        let stop = crate::stop_flag()?;
         let lcfg = LoopConfig {
             core: o.core,
             ..LoopConfig::default()
         };
-        runtime::run(
-            &mut node,
-            &mut front,
-            &lcfg,
-            &Clock::new(),
-            || stop.load(Ordering::Relaxed),
-            |_| {},
-        )?;
+        crate::run_app(&mut node, &mut front, &lcfg, None)?;
         println!("{}", "-".repeat(95));
         if let Some(e) = front.0.error() {
             bail!("{dst}: {e}");
@@ -408,19 +400,11 @@ impl NodeUser for SinkUser {
             self.qpn,
             self.qkey
         );
-        let stop = crate::stop_flag()?;
         let lcfg = LoopConfig {
             core: self.core,
             ..LoopConfig::default()
         };
-        runtime::run(
-            &mut node,
-            &mut r,
-            &lcfg,
-            &Clock::new(),
-            || stop.load(Ordering::Relaxed),
-            |_| {},
-        )?;
+        crate::run_app(&mut node, &mut r, &lcfg, None)?;
         if let Some(e) = r.error() {
             bail!("{e}");
         }
@@ -573,15 +557,7 @@ impl NodeUser for UdMeshUser {
                 self.duration.as_secs_f64()
             );
         }
-        let stop = crate::stop_flag()?;
-        runtime::run(
-            &mut node,
-            &mut pingers,
-            &self.lcfg,
-            &Clock::new(),
-            || stop.load(Ordering::Relaxed),
-            |_| {},
-        )?;
+        crate::run_app(&mut node, &mut pingers, &self.lcfg, None)?;
         if let Some(e) = pingers.iter().find_map(|p| p.error()) {
             bail!("{e}");
         }

@@ -351,16 +351,8 @@ impl NodeUser for MeshRun<'_> {
                 cli.size
             );
         }
-        let stop = ustack_apps::stop_flag()?;
-        let lcfg = cli.net.loop_config();
-        runtime::run(
-            &mut node,
-            &mut pinger,
-            &lcfg,
-            &Clock::new(),
-            || stop.load(Ordering::Relaxed),
-            |_| {},
-        )?;
+        let tele = ustack_apps::telemetry::Telemetry::start(&cli.net, "uping")?;
+        ustack_apps::run_app(&mut node, &mut pinger, &cli.net.loop_config(), Some(&tele))?;
         if let Some(e) = &pinger.error {
             bail!("{e}");
         }
