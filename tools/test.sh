@@ -58,5 +58,29 @@ cargo test --workspace --all-features --locked --no-fail-fast
 step "README command: cargo run --release --bin ustack -- demo"
 cargo run --release --locked --bin ustack -- demo --duration 2 --no-tui >/dev/null
 
+step "fuzz: every target for ${FUZZ_SECONDS:-6} s (fuzz/README.md for longer runs)"
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "SKIP fuzz: no nightly toolchain (rustup toolchain install nightly)"
+elif ! command -v cargo-fuzz >/dev/null 2>&1 && [ "$(id -u)" -ne 0 ]; then
+  echo "SKIP fuzz: cargo-fuzz missing and not root (cargo install cargo-fuzz --locked)"
+else
+  command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked -q
+  cargo +nightly fuzz build -O
+  fuzz_new=$(mktemp -d)
+  for t in $(cargo +nightly fuzz list); do
+    mkdir -p "$fuzz_new/$t"
+    # New inputs go to the temp dir; the seed corpus stays as committed.
+    if cargo +nightly fuzz run -O "$t" "$fuzz_new/$t" "fuzz/corpus/$t" -- \
+        -max_total_time="${FUZZ_SECONDS:-6}" >"$fuzz_new/$t.log" 2>&1; then
+      echo "$t: $(grep -E '^Done [0-9]+ runs' "$fuzz_new/$t.log" | tail -1)"
+    else
+      tail -40 "$fuzz_new/$t.log"
+      echo "fuzz target $t failed (reproducer in fuzz/artifacts/$t/)"
+      exit 1
+    fi
+  done
+  rm -rf "$fuzz_new"
+fi
+
 echo
 echo "all tests passed"

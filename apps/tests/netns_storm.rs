@@ -151,19 +151,23 @@ fn storm_during_a_transfer_is_counted_and_survived() {
     while !topo.arping_once() {
         assert!(Instant::now() < deadline, "ustack run did not come up");
     }
-    // The stack's MAC, as the Linux host resolved it.
+    // The stack's MAC, as the Linux host resolved it (ping fills the table).
+    let ping = topo.linux(&["ping", "-c", "1", "-W", "2", "10.77.0.2"]);
+    assert!(ping.status.success(), "ping before the storm");
     let neigh = topo.linux(&["ip", "-j", "neigh", "show", "10.77.0.2"]);
     let j: serde_json::Value = serde_json::from_slice(&neigh.stdout).expect("ip -j neigh");
     let stack_mac = j[0]["lladdr"].as_str().expect("stack MAC").to_string();
 
-    // The transfer: 16 MiB through the echo service, in the background.
+    // The transfer: 16 MiB through the echo service, in the background,
+    // written 1 MiB every 0.5 s so it lasts as long as the storm.
     const BYTES: usize = 16 << 20;
     let (input, _) = random_file(BYTES);
     let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
     let nc = Command::new("ip")
         .args(["netns", "exec", &topo.ns("linux"), "sh", "-c"])
         .arg(format!(
-            "nc -N -w 60 10.77.0.2 7 < {} > {}",
+            "for i in $(seq 0 15); do dd if={} bs=1M skip=$i count=1 status=none; sleep 0.5; done \
+             | nc -N -w 60 10.77.0.2 7 > {}",
             input.display(),
             output.display()
         ))
