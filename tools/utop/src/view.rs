@@ -368,7 +368,13 @@ fn protocol_lines(f: &Frame, width: u16) -> Vec<Line<'static>> {
 }
 
 fn section_line(text: String) -> Line<'static> {
-    let (head, tail) = text.split_at(6.min(text.len()));
+    // The first six bytes, backed off to a character boundary (names come
+    // from the wire and may hold any UTF-8).
+    let mut at = 6.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let (head, tail) = text.split_at(at);
     Line::from(vec![
         Span::raw(head.to_string()).bold(),
         Span::raw(tail.to_string()),
@@ -387,5 +393,21 @@ fn flatten(prefix: &str, o: &Map<String, Value>, out: &mut Vec<String>) {
             Value::Number(n) => out.push(format!("{key} {n}")),
             other => out.push(format!("{key} {other}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod section_line_test {
+    use super::section_line;
+
+    /// Found by the telemetry_line fuzz target: a name with a multi-byte
+    /// character across byte 6 panicked in `split_at`.
+    #[test]
+    fn multibyte_names_do_not_panic() {
+        let l = section_line("e\u{fffd}\u{fffd}th rx 1".to_string());
+        let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
+        assert_eq!(text, "e\u{fffd}\u{fffd}th rx 1");
+        let l = section_line("ab".to_string());
+        assert_eq!(l.spans.len(), 2);
     }
 }
