@@ -790,57 +790,14 @@ impl Link {
         if IP_LEN + payload_len > usize::from(u16::MAX) {
             return Err(Error::TooLarge);
         }
-        let me = self.ip();
-        if dst == me || dst.is_unspecified() {
-            self.stats.ipv4.tx_no_route += 1;
-            return Err(Error::NoRoute);
-        }
-        let broadcast = dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast();
-        let (hop, mac) = if broadcast {
-            (dst, Some(EthernetAddress::BROADCAST))
-        } else {
-            let Some(hop) = self.next_hop(dst) else {
-                self.stats.ipv4.tx_no_route += 1;
-                return Err(Error::NoRoute);
-            };
-            (hop, self.arp.lookup(now, hop))
-        };
-        let ident = self.next_ident();
-        let header = IpHeader {
-            src: me,
-            dst,
-            protocol,
-            ttl: self.cfg.ttl,
-            ident,
-        };
         let max_payload = self.cfg.mtu.saturating_sub(IP_LEN);
         if payload_len <= max_payload {
-            let len = IP_LEN + payload_len;
-            match mac {
-                Some(mac) => {
-                    let src = self.cfg.mac;
-                    let ok = tx.send(ETH_LEN + len, |buf| {
-                        write_eth(buf, src, mac, EthernetProtocol::Ipv4);
-                        let ip = &mut buf[ETH_LEN..];
-                        header.write(ip, payload_len, 0, false);
-                        fill(&mut ip[IP_LEN..]);
-                    });
-                    self.count_tx(ok, ETH_LEN + len);
-                    if !ok {
-                        return Err(Error::QueueFull);
-                    }
-                }
-                None => {
-                    let mut packet = vec![0u8; len];
-                    header.write(&mut packet, payload_len, 0, false);
-                    fill(&mut packet[IP_LEN..]);
-                    self.hold_for_arp(now, tx, hop, packet);
-                }
-            }
-            self.stats.ipv4.tx_packets += 1;
-            self.stats.ipv4.tx_bytes += len as u64;
-            return Ok(());
+            return self.send_ip_packet(now, tx, dst, protocol, payload_len, |ip| {
+                fill(&mut ip[IP_LEN..]);
+            });
         }
+        let (hop, mac) = self.resolve(now, dst)?;
+        let header = self.header(dst, protocol);
         // Fragment: build the payload once, then cut it at multiples of 8.
         let chunk = max_payload & !7;
         if chunk == 0 {
@@ -894,29 +851,8 @@ impl Link {
         if len > self.cfg.mtu {
             return Err(Error::TooLarge);
         }
-        let me = self.ip();
-        let broadcast = dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast();
-        let hop = if broadcast {
-            Some(dst)
-        } else {
-            self.next_hop(dst)
-        };
-        let Some(hop) = hop.filter(|_| dst != me && !dst.is_unspecified()) else {
-            self.stats.ipv4.tx_no_route += 1;
-            return Err(Error::NoRoute);
-        };
-        let mac = if broadcast {
-            Some(EthernetAddress::BROADCAST)
-        } else {
-            self.arp.lookup(now, hop)
-        };
-        let header = IpHeader {
-            src: me,
-            dst,
-            protocol,
-            ttl: self.cfg.ttl,
-            ident: self.next_ident(),
-        };
+        let (hop, mac) = self.resolve(now, dst)?;
+        let header = self.header(dst, protocol);
         match mac {
             Some(mac) => {
                 let src = self.cfg.mac;
@@ -941,6 +877,37 @@ impl Link {
         self.stats.ipv4.tx_packets += 1;
         self.stats.ipv4.tx_bytes += len as u64;
         Ok(())
+    }
+
+    /// The next hop for `dst` and its MAC if known (broadcast needs no ARP).
+    fn resolve(
+        &mut self,
+        now: Instant,
+        dst: Ipv4Addr,
+    ) -> Result<(Ipv4Addr, Option<EthernetAddress>), Error> {
+        if dst == self.ip() || dst.is_unspecified() {
+            self.stats.ipv4.tx_no_route += 1;
+            return Err(Error::NoRoute);
+        }
+        if dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast() {
+            return Ok((dst, Some(EthernetAddress::BROADCAST)));
+        }
+        let Some(hop) = self.next_hop(dst) else {
+            self.stats.ipv4.tx_no_route += 1;
+            return Err(Error::NoRoute);
+        };
+        Ok((hop, self.arp.lookup(now, hop)))
+    }
+
+    /// The header of a datagram we originate (a fresh identification).
+    fn header(&mut self, dst: Ipv4Addr, protocol: IpProtocol) -> IpHeader {
+        IpHeader {
+            src: self.ip(),
+            dst,
+            protocol,
+            ttl: self.cfg.ttl,
+            ident: self.next_ident(),
+        }
     }
 
     pub(crate) fn hold_for_arp<T: Tx>(
