@@ -179,6 +179,11 @@ impl Pinger {
     }
 
     /// All requests sent and each answered or timed out (as of `now`).
+    /// Send no more requests (a deadline passed); replies are still taken.
+    pub fn stop_sending(&mut self) {
+        self.next_send = None;
+    }
+
     pub fn finished(&self, now: Instant) -> bool {
         if self.error.is_some() {
             return true;
