@@ -6,6 +6,7 @@
 //! per target, a bitmap of the 65,536 sequence numbers tells answered from
 //! outstanding, so duplicates and late replies are counted right at any rate.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -164,6 +165,8 @@ pub struct MeshPinger {
     cfg: MeshConfig,
     sock: Option<PingHandle>,
     pub stats: Vec<TargetStats>,
+    /// Target index by address: a reply finds its target without a scan.
+    by_addr: HashMap<Ipv4Addr, usize>,
     started: Option<Instant>,
     next_send: Instant,
     next_target: usize,
@@ -198,10 +201,17 @@ const CATCH_UP: u32 = 256;
 impl MeshPinger {
     pub fn new(cfg: MeshConfig) -> Self {
         let stats = cfg.targets.iter().cloned().map(TargetStats::new).collect();
+        let by_addr = cfg
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.addr, i))
+            .collect();
         MeshPinger {
             cfg,
             sock: None,
             stats,
+            by_addr,
             started: None,
             next_send: Instant::ZERO,
             next_target: 0,
@@ -234,7 +244,7 @@ impl MeshPinger {
         while let Ok(Some(ev)) = stack.ping_recv(sock) {
             match ev {
                 PingEvent::Reply(r) => {
-                    let Some(t) = self.stats.iter_mut().find(|t| t.target.addr == r.from) else {
+                    let Some(t) = self.by_addr.get(&r.from).map(|&i| &mut self.stats[i]) else {
                         continue;
                     };
                     let (w, b) = TargetStats::bit(r.seq);
@@ -283,7 +293,7 @@ impl MeshPinger {
         };
         while let Ok(Some(ev)) = stack.ping_recv(sock) {
             if let PingEvent::Reply(r) = ev
-                && let Some(i) = self.stats.iter().position(|t| t.target.addr == r.from)
+                && let Some(&i) = self.by_addr.get(&r.from)
             {
                 w.answered[i] = true;
             }
