@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::clock::Clock;
 use crate::device::{Device, DeviceTx, PortStats};
 use crate::pool::PoolStats;
+use crate::shard::{Mail, Route, Shard, ShardStats};
 use crate::stack::Stack;
 use crate::stats::Stats;
 use crate::tcp::ConnInfo;
@@ -90,6 +91,19 @@ pub struct Snapshot {
     pub connections: Vec<ConnInfo>,
     /// Every live TCP connection, listed or not.
     pub connections_total: u64,
+    /// This stack's shard (index, count) and mailbox counters, on a host
+    /// with several queues.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardSnapshot>,
+}
+
+/// A shard's place and mailbox counters in a [`Snapshot`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ShardSnapshot {
+    pub index: usize,
+    pub count: usize,
+    #[serde(flatten)]
+    pub stats: ShardStats,
 }
 
 /// A stack bound to a device.
@@ -97,6 +111,8 @@ pub struct Snapshot {
 pub struct Node<D: Device> {
     pub stack: Stack,
     pub dev: D,
+    /// The mailboxes to sibling shards, on a host with several queues.
+    pub shard: Option<Shard>,
     rx: Vec<D::Buf>,
     txq: Vec<D::Buf>,
 }
@@ -106,17 +122,43 @@ impl<D: Device> Node<D> {
         Node {
             stack,
             dev,
+            shard: None,
             rx: Vec::with_capacity(BURST),
             txq: Vec::with_capacity(BURST),
         }
     }
 
+    /// A node that is shard `shard.id` of a host with several queues; its
+    /// stack's config must carry the same [`crate::shard::ShardId`].
+    pub fn sharded(stack: Stack, dev: D, shard: Shard) -> Self {
+        let mut node = Node::new(stack, dev);
+        node.shard = Some(shard);
+        node
+    }
+
     /// One loop iteration at `now`.
     pub fn step<A: App + ?Sized>(&mut self, now: Instant, app: &mut A) -> StepReport {
-        let rx = self.dev.rx_burst(now, &mut self.rx, BURST);
+        let mut rx = self.dev.rx_burst(now, &mut self.rx, BURST);
         let mut tx = DeviceTx::new(&mut self.dev, &mut self.txq, now, BURST);
+        if let Some(shard) = &mut self.shard {
+            for mail in shard.take_mail(BURST) {
+                rx += 1;
+                match mail {
+                    Mail::Frame(f) => self.stack.receive(now, &f, &mut tx),
+                    Mail::ArpReplica(f) => self.stack.receive_replica(now, &f, &mut tx),
+                }
+            }
+        }
         for buf in self.rx.drain(..) {
-            self.stack.receive(now, buf.as_ref(), &mut tx);
+            let frame = buf.as_ref();
+            match self.shard.as_mut().map(|s| (s.route(frame), s)) {
+                None | Some((Route::Local, _)) => self.stack.receive(now, frame, &mut tx),
+                Some((Route::LocalAndReplicate, shard)) => {
+                    shard.replicate_arp(frame);
+                    self.stack.receive(now, frame, &mut tx);
+                }
+                Some((Route::Forward(to), shard)) => shard.forward(to, frame),
+            }
             // `buf` drops here: the frame's buffer goes back to its pool.
         }
         let exit = app.poll(now, &mut self.stack) == Control::Exit;
@@ -131,6 +173,9 @@ impl<D: Device> Node<D> {
 
     /// When this node next has work without outside input.
     pub fn poll_at<A: App + ?Sized>(&self, app: &A) -> Option<Instant> {
+        if self.shard.as_ref().is_some_and(Shard::has_mail) {
+            return Some(Instant::ZERO);
+        }
         earliest(
             earliest(self.stack.poll_at(), self.dev.poll_at()),
             app.poll_at(),
@@ -147,6 +192,11 @@ impl<D: Device> Node<D> {
                 .take(crate::telemetry::MAX_CONNECTIONS)
                 .collect(),
             connections_total: stack.tcp.connections,
+            shard: self.shard.as_ref().map(|s| ShardSnapshot {
+                index: s.id.index,
+                count: s.id.count,
+                stats: s.stats,
+            }),
             stack,
             port: self.dev.port_stats(),
             pools,

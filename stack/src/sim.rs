@@ -21,6 +21,7 @@ use crate::clock::Clock;
 use crate::device::{Device, DeviceCaps, PortStats};
 use crate::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
 use crate::runtime::{App, Node};
+use crate::shard::SteerRule;
 use crate::stack::{Config, Stack};
 use crate::time::{Instant, earliest};
 
@@ -105,6 +106,10 @@ impl Ord for InFlight {
 #[derive(Debug)]
 struct PortSlot {
     mac: EthernetAddress,
+    /// This port's queue among its host's `queues` (slots of one host are
+    /// consecutive; frames reach a queue by software RSS).
+    queue: usize,
+    queues: usize,
     inbox: BinaryHeap<InFlight>,
     busy_until: Instant,
     pool: SlabPool,
@@ -134,10 +139,17 @@ impl Wire {
         }
         let dst = EthernetAddress::from_bytes(buf.as_ref().get(..6).unwrap_or(&[0xff; 6]));
         let owner = self.ports.iter().position(|p| p.mac == dst);
+        // The first slot of the sender's host.
+        let from_host = from - self.ports[from].queue;
         let recipients: Vec<usize> = match owner {
-            Some(i) if dst.is_unicast() && i != from => vec![i],
+            Some(i) if dst.is_unicast() && i != from_host => {
+                vec![i + crate::rss::frame_queue(buf.as_ref(), self.ports[i].queues)]
+            }
             Some(_) if dst.is_unicast() => Vec::new(),
-            _ => (0..self.ports.len()).filter(|&i| i != from).collect(),
+            // Broadcast reaches queue 0 of every other host, as on a NIC.
+            _ => (0..self.ports.len())
+                .filter(|&i| self.ports[i].queue == 0 && i != from_host)
+                .collect(),
         };
         let pool = self.ports[from].pool.clone();
         let mut original = Some(buf);
@@ -258,11 +270,42 @@ impl SimLink {
 
     /// Attach a port with MAC `mac` and a pool of `pool_bufs` buffers.
     pub fn attach(&self, mac: EthernetAddress, pool_bufs: usize) -> SimPort {
+        self.attach_queue(mac, 0, 1, pool_bufs)
+    }
+
+    /// Attach a host with `queues` receive/transmit queue pairs, each a port
+    /// with its own pool; frames for `mac` reach a queue by symmetric RSS
+    /// ([`crate::rss::frame_queue`]), broadcasts reach queue 0.
+    pub fn attach_queues(
+        &self,
+        mac: EthernetAddress,
+        queues: usize,
+        pool_bufs: usize,
+    ) -> Vec<SimPort> {
+        let queues = queues.max(1);
+        (0..queues)
+            .map(|q| self.attach_queue(mac, q, queues, pool_bufs))
+            .collect()
+    }
+
+    fn attach_queue(
+        &self,
+        mac: EthernetAddress,
+        queue: usize,
+        queues: usize,
+        pool_bufs: usize,
+    ) -> SimPort {
         let mut w = self.lock();
         let buf_size = (w.cfg.mtu + 14).max(SIM_BUF_SIZE);
-        let pool = SlabPool::new(format!("sim-{mac}"), pool_bufs, buf_size);
+        let name = match queues {
+            1 => format!("sim-{mac}"),
+            _ => format!("sim-{mac}-q{queue}"),
+        };
+        let pool = SlabPool::new(name, pool_bufs, buf_size);
         w.ports.push(PortSlot {
             mac,
+            queue,
+            queues,
             inbox: BinaryHeap::new(),
             busy_until: Instant::ZERO,
             pool: pool.clone(),
@@ -410,6 +453,23 @@ impl SimNet {
         let port = self.link.attach(cfg.mac, SIM_POOL_BUFS);
         self.nodes.push(Node::new(Stack::new(cfg), port));
         self.nodes.len() - 1
+    }
+
+    /// Add a host with `queues` queues: one stack per queue (shards wired
+    /// to each other, `steer` rules applied), fed by software RSS. Returns
+    /// the node indices, shard 0 first.
+    pub fn add_sharded(&mut self, cfg: Config, queues: usize, steer: &[SteerRule]) -> Vec<usize> {
+        let ports = self.link.attach_queues(cfg.mac, queues, SIM_POOL_BUFS);
+        let shards = crate::shard::shards(ports.len(), steer);
+        let first = self.nodes.len();
+        for (port, shard) in ports.into_iter().zip(shards) {
+            let mut c = cfg.clone();
+            c.shard = shard.id;
+            // One gratuitous ARP per host is enough.
+            c.announce &= shard.id.index == 0;
+            self.nodes.push(Node::sharded(Stack::new(c), port, shard));
+        }
+        (first..self.nodes.len()).collect()
     }
 
     /// Step every node once at `self.now`; `apps[i]` runs in node `i` (nodes

@@ -77,6 +77,9 @@ pub struct Config {
     pub tcp: TcpConfig,
     /// Key for ISNs and SYN cookies (RFC 6528); give each stack its own.
     pub secret: (u64, u64),
+    /// Which of a host's per-queue stacks this is (active opens pick local
+    /// ports whose flows hash back to this queue).
+    pub shard: crate::shard::ShardId,
 }
 
 impl Config {
@@ -97,6 +100,7 @@ impl Config {
             answer_broadcast_ping: false,
             tcp: TcpConfig::default(),
             secret: (0x7573_7461_636b_0001, 0x7463_705f_6973_6e00),
+            shard: crate::shard::ShardId::SINGLE,
         }
     }
 }
@@ -156,6 +160,8 @@ pub(crate) struct Link {
     announced: bool,
     icmp_errors: RateLimit,
     arp_retry: Vec<Ipv4Addr>,
+    /// Processing a sibling shard's copy of an ARP frame: learn, never answer.
+    replica: bool,
 }
 
 /// One instance of the protocol engine.
@@ -187,6 +193,7 @@ impl Stack {
                 stats: Stats::default(),
                 ip_ident: 0,
                 arp_retry: Vec::new(),
+                replica: false,
             },
             pings: PingTable::default(),
             udp: UdpTable::default(),
@@ -241,6 +248,16 @@ impl Stack {
                 self.link.stats.drops.inc(reason);
             }
         }
+    }
+
+    /// Learn from a copy of an ARP frame a sibling shard received (see
+    /// [`crate::shard`]): the cache and the packets waiting on it are
+    /// updated as by [`Stack::receive`], but no reply is sent (the shard
+    /// that received the frame answers it).
+    pub fn receive_replica<T: Tx>(&mut self, now: Instant, frame: &[u8], tx: &mut T) {
+        self.link.replica = true;
+        self.receive(now, frame, tx);
+        self.link.replica = false;
     }
 
     fn process_ethernet<T: Tx>(
@@ -311,7 +328,7 @@ impl Stack {
             let waiting = self.link.arp.learn(now, spa, sha, for_us);
             self.link.flush_waiting(sha, waiting, tx);
         }
-        if for_us && operation == ArpOperation::Request {
+        if for_us && operation == ArpOperation::Request && !self.link.replica {
             self.link.send_arp(tx, ArpOperation::Reply, sha, spa);
             self.link.arp.stats.tx_replies += 1;
         }

@@ -39,7 +39,7 @@ pub const MAX_BACKLOG: usize = 1 << 20;
 /// Most socket clients at once; more are refused.
 pub const MAX_CLIENTS: usize = 32;
 /// Snapshots waiting for the publisher thread; more are skipped.
-const QUEUE: usize = 2;
+const QUEUE: usize = 8;
 /// How often the publisher thread looks for new clients when idle.
 const ACCEPT_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -140,7 +140,7 @@ struct Line<'a> {
     seq: u64,
     publisher: PublisherStats,
     #[serde(flatten)]
-    snapshot: &'a Snapshot,
+    snapshot: &'a serde_json::Value,
 }
 
 /// Hands snapshots from the poll loop to the publisher thread.
@@ -172,6 +172,7 @@ impl Publisher {
             last: None,
             dropped_clients: 0,
             skipped: skipped.clone(),
+            shards: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("ustack-telemetry".into())
@@ -318,6 +319,8 @@ struct Worker {
     last: Option<Arc<str>>,
     dropped_clients: u64,
     skipped: Arc<AtomicU64>,
+    /// The latest snapshot of each shard, on a host with several queues.
+    shards: Vec<Option<serde_json::Value>>,
 }
 
 impl Worker {
@@ -361,7 +364,23 @@ impl Worker {
         }
     }
 
+    /// The value to publish for `s`: the snapshot itself, or for a shard
+    /// of a multi-queue host the totals over the latest snapshot of every
+    /// shard, with each shard's own figures under `shards`.
+    fn value(&mut self, s: &Snapshot) -> Option<serde_json::Value> {
+        let value = serde_json::to_value(s).ok()?;
+        let Some(shard) = s.shard.filter(|sh| sh.count > 1) else {
+            return Some(value);
+        };
+        self.shards.resize(shard.count, None);
+        *self.shards.get_mut(shard.index)? = Some(value);
+        Some(merge_shards(&self.shards))
+    }
+
     fn broadcast(&mut self, s: &Snapshot) {
+        let Some(snapshot) = self.value(s) else {
+            return;
+        };
         self.seq += 1;
         let line = Line {
             name: &self.name,
@@ -372,7 +391,7 @@ impl Worker {
                 skipped: self.skipped.load(Ordering::Relaxed),
                 dropped_clients: self.dropped_clients,
             },
-            snapshot: s,
+            snapshot: &snapshot,
         };
         let Ok(mut bytes) = serde_json::to_vec(&line) else {
             return;
@@ -398,6 +417,75 @@ impl Worker {
     }
 }
 
+/// Totals over shard snapshots (JSON objects of [`Snapshot`]): counters are
+/// summed, `at_ns` is the latest, pools and connections are listed together
+/// (connections up to [`MAX_CONNECTIONS`]); `shards` keeps each shard's
+/// `shard`, `stack`, `port` and `connections_total`.
+fn merge_shards(shards: &[Option<serde_json::Value>]) -> serde_json::Value {
+    use serde_json::{Map, Value};
+    let mut total = Map::new();
+    let mut per_shard = Vec::new();
+    let (mut pools, mut conns) = (Vec::new(), Vec::new());
+    let mut at_ns = 0u64;
+    for snap in shards.iter().flatten() {
+        let Value::Object(obj) = snap else { continue };
+        at_ns = at_ns.max(obj.get("at_ns").and_then(Value::as_u64).unwrap_or(0));
+        let mut one = Map::new();
+        for (k, v) in obj {
+            match k.as_str() {
+                "at_ns" => {}
+                "pools" => pools.extend(v.as_array().into_iter().flatten().cloned()),
+                "connections" => conns.extend(v.as_array().into_iter().flatten().cloned()),
+                "shard" => {
+                    one.insert(k.clone(), v.clone());
+                }
+                _ => {
+                    one.insert(k.clone(), v.clone());
+                    match total.get_mut(k) {
+                        Some(acc) => add_json(acc, v),
+                        None => {
+                            total.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+        }
+        per_shard.push(Value::Object(one));
+    }
+    conns.truncate(MAX_CONNECTIONS);
+    total.insert("at_ns".into(), at_ns.into());
+    total.insert("pools".into(), Value::Array(pools));
+    total.insert("connections".into(), Value::Array(conns));
+    total.insert("shards".into(), Value::Array(per_shard));
+    Value::Object(total)
+}
+
+/// `acc += v` over matching JSON trees: integers add, objects add key by
+/// key, anything else keeps `acc`.
+fn add_json(acc: &mut serde_json::Value, v: &serde_json::Value) {
+    use serde_json::Value;
+    match (acc, v) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, bv) in b {
+                match a.get_mut(k) {
+                    Some(av) => add_json(av, bv),
+                    None => {
+                        a.insert(k.clone(), bv.clone());
+                    }
+                }
+            }
+        }
+        (acc @ Value::Number(_), Value::Number(b)) => {
+            if let (Some(x), Some(y)) = (acc.as_u64(), b.as_u64()) {
+                *acc = x.saturating_add(y).into();
+            } else if let (Some(x), Some(y)) = (acc.as_f64(), b.as_f64()) {
+                *acc = (x + y).into();
+            }
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -418,6 +506,7 @@ mod test {
             }],
             connections: Vec::new(),
             connections_total: 0,
+            shard: None,
         }
     }
 
@@ -428,6 +517,41 @@ mod test {
         d
     }
 
+    #[test]
+    fn shard_snapshots_publish_as_totals_and_per_shard() {
+        use crate::runtime::ShardSnapshot;
+        use crate::shard::ShardStats;
+        let mut a = snapshot(5);
+        a.port.rx_packets = 3;
+        a.shard = Some(ShardSnapshot {
+            index: 0,
+            count: 2,
+            stats: ShardStats::default(),
+        });
+        let mut b = snapshot(7);
+        b.port.rx_packets = 4;
+        b.connections_total = 2;
+        b.shard = Some(ShardSnapshot {
+            index: 1,
+            count: 2,
+            stats: ShardStats {
+                mail_in: 2,
+                ..ShardStats::default()
+            },
+        });
+        let values = [a, b].map(|s| Some(serde_json::to_value(&s).unwrap()));
+        let m = merge_shards(&values);
+        assert_eq!(m["port"]["rx_packets"], 7);
+        assert_eq!(m["connections_total"], 2);
+        assert_eq!(m["at_ns"], 7);
+        assert_eq!(m["pools"].as_array().unwrap().len(), 2);
+        assert_eq!(m["shards"][0]["port"]["rx_packets"], 3);
+        assert_eq!(m["shards"][1]["shard"]["index"], 1);
+        assert_eq!(m["shards"][1]["shard"]["mail_in"], 2);
+        // One shard not heard from yet: the totals are the others'.
+        let m = merge_shards(&[None, values[1].clone()]);
+        assert_eq!(m["port"]["rx_packets"], 4);
+    }
     #[test]
     fn publishes_json_lines_with_mode_0600_and_cleans_up() {
         let dir = tmpdir("lines");

@@ -86,7 +86,10 @@ impl Stack {
 
     /// Open a connection to `remote` from an ephemeral port; the SYN leaves on the next poll.
     pub fn tcp_connect(&mut self, remote: SocketAddrV4) -> Result<TcpHandle, Error> {
-        let port = self.tcp.pick_port(remote).ok_or(Error::NoFreePort)?;
+        let (me, shard) = (self.ip(), self.link.cfg.shard);
+        let port = (self.tcp)
+            .pick_port(remote, |p| shard.owns_tcp(me, p, remote))
+            .ok_or(Error::NoFreePort)?;
         let local = local(self.ip(), port);
         let iss = self.tcp.isn(self.now, local, remote);
         let conn = TcpConn::connect(self.tcp.cfg.clone(), local, remote, iss);

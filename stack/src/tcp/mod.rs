@@ -331,8 +331,9 @@ impl TcpTable {
         }
     }
 
-    /// A free local port for an active open to `remote`.
-    pub fn pick_port(&mut self, remote: SocketAddrV4) -> Option<u16> {
+    /// A free local port for an active open to `remote` that `fits` (one
+    /// whose flow hashes back to this stack's queue, see [`crate::rss`]).
+    pub fn pick_port(&mut self, remote: SocketAddrV4, fits: impl Fn(u16) -> bool) -> Option<u16> {
         let span = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
         for _ in 0..span {
             let p = self.next_port.max(EPHEMERAL_FIRST);
@@ -345,7 +346,7 @@ impl TcpTable {
                 local_port: p,
                 remote,
             };
-            if !self.flows.contains_key(&key) && !self.listeners.contains_key(&p) {
+            if !self.flows.contains_key(&key) && !self.listeners.contains_key(&p) && fits(p) {
                 return Some(p);
             }
         }

@@ -1,0 +1,294 @@
+//! One stack per queue: shared-nothing shards of one host.
+//!
+//! A host with N queues runs N [`Stack`](crate::Stack)s, each on its own core
+//! with its own pools and connection table, all with the same MAC and IP.
+//! Symmetric RSS ([`crate::rss`]) puts both directions of a TCP flow on one
+//! queue, so the data path never crosses cores. Three kinds of traffic
+//! belong to no one core, and go through bounded mailboxes between shards
+//! (crossbeam channels; never on the data path of a hashed flow):
+//!
+//! - **ARP** arrives on one queue (a NIC gives it to queue 0) but every
+//!   shard needs the neighbour: the receiving shard handles it and sends a
+//!   copy to each sibling, which learns from it without answering
+//!   ([`Stack::receive_replica`](crate::Stack::receive_replica)).
+//! - **Steered traffic**: a [`SteerRule`] names frames that one shard must
+//!   handle wherever they arrive (the software form of a NIC flow rule): an
+//!   iperf3 server's port, whose control and data connections must meet in
+//!   one shard, or the ICMP and UD replies of a ping tool running on shard 0.
+//! - **Listeners** need no mail: every shard listens on the same ports, so a
+//!   SYN is accepted by whichever shard its flow hashes to.
+//!
+//! Active opens pick a local port whose flow hashes back to the opening
+//! shard ([`ShardId::owns_tcp`]).
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use crossbeam::channel::{self, Receiver, Sender, TrySendError};
+use serde::Serialize;
+use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet};
+
+use crate::rss;
+
+/// Which shard of how many a stack is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ShardId {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl ShardId {
+    /// A host with one queue.
+    pub const SINGLE: ShardId = ShardId { index: 0, count: 1 };
+
+    /// Whether a TCP flow from local `port` to `remote` hashes to this shard.
+    pub fn owns_tcp(&self, me: Ipv4Addr, port: u16, remote: SocketAddrV4) -> bool {
+        self.count <= 1
+            || rss::tcp_queue(me, port, *remote.ip(), remote.port(), self.count) == self.index
+    }
+}
+
+/// Frames a [`SteerRule`] matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steer {
+    /// TCP with this port at either end.
+    TcpPort(u16),
+    /// UDP with this port at either end.
+    UdpPort(u16),
+    /// Every ICMP packet.
+    Icmp,
+}
+
+/// Frames matching `what` are handled by shard `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SteerRule {
+    pub what: Steer,
+    pub to: usize,
+}
+
+/// What one shard hands another.
+#[derive(Debug)]
+pub enum Mail {
+    /// A frame to process as if it had arrived on the recipient's queue.
+    Frame(Vec<u8>),
+    /// A copy of an ARP frame to learn from, never to answer.
+    ArpReplica(Vec<u8>),
+}
+
+/// Counters of a shard's mailboxes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ShardStats {
+    /// Frames sent to the sibling a steering rule names.
+    pub steered_out: u64,
+    /// ARP copies sent to siblings.
+    pub arp_replicas_out: u64,
+    /// Mail received and processed.
+    pub mail_in: u64,
+    /// Mail lost because a sibling's mailbox was full.
+    pub mailbox_full: u64,
+}
+
+/// Where a received frame goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Process it here.
+    Local,
+    /// Process it here and send siblings a copy (ARP).
+    LocalAndReplicate,
+    /// Hand it to this shard.
+    Forward(usize),
+}
+
+/// One shard's end of the mailboxes.
+#[derive(Debug)]
+pub struct Shard {
+    pub id: ShardId,
+    inbox: Receiver<Mail>,
+    /// Senders to every shard, by index (our own is unused).
+    peers: Vec<Sender<Mail>>,
+    steer: Vec<SteerRule>,
+    pub stats: ShardStats,
+}
+
+/// Mail a shard may hold before senders drop (and count) more.
+pub const MAILBOX: usize = 4096;
+
+/// The shards of a host with `count` queues, wired to each other.
+pub fn shards(count: usize, steer: &[SteerRule]) -> Vec<Shard> {
+    let count = count.max(1);
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..count).map(|_| channel::bounded(MAILBOX)).unzip();
+    receivers
+        .into_iter()
+        .enumerate()
+        .map(|(index, inbox)| Shard {
+            id: ShardId { index, count },
+            inbox,
+            peers: senders.clone(),
+            steer: steer.iter().copied().filter(|r| r.to < count).collect(),
+            stats: ShardStats::default(),
+        })
+        .collect()
+}
+
+impl Shard {
+    /// Decide where a frame received on this shard's queue is handled.
+    pub fn route(&self, frame: &[u8]) -> Route {
+        if self.id.count <= 1 {
+            return Route::Local;
+        }
+        if frame.get(12..14) == Some(&[0x08, 0x06]) {
+            return Route::LocalAndReplicate;
+        }
+        match self.steered(frame) {
+            Some(to) if to != self.id.index => Route::Forward(to),
+            _ => Route::Local,
+        }
+    }
+
+    fn steered(&self, frame: &[u8]) -> Option<usize> {
+        if self.steer.is_empty() {
+            return None;
+        }
+        let eth = EthernetFrame::new_checked(frame).ok()?;
+        if eth.ethertype() != EthernetProtocol::Ipv4 {
+            return None;
+        }
+        let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+        let proto = ip.next_header();
+        // Ports sit at the same place in TCP and UDP; a non-first fragment has none.
+        let ports = (ip.frag_offset() == 0)
+            .then(|| ip.payload().get(..4))
+            .flatten()
+            .map(|p| {
+                (
+                    u16::from_be_bytes([p[0], p[1]]),
+                    u16::from_be_bytes([p[2], p[3]]),
+                )
+            });
+        let hit = |port: u16| ports.is_some_and(|(s, d)| s == port || d == port);
+        self.steer.iter().find_map(|r| {
+            let matched = match r.what {
+                Steer::TcpPort(p) => proto == IpProtocol::Tcp && hit(p),
+                Steer::UdpPort(p) => proto == IpProtocol::Udp && hit(p),
+                Steer::Icmp => proto == IpProtocol::Icmp,
+            };
+            matched.then_some(r.to)
+        })
+    }
+
+    fn send(&mut self, to: usize, mail: Mail) -> bool {
+        let Some(peer) = self.peers.get(to) else {
+            return false;
+        };
+        match peer.try_send(mail) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.stats.mailbox_full += 1;
+                false
+            }
+        }
+    }
+
+    /// Hand a frame to shard `to` (a copy: the device buffer goes back to
+    /// this shard's pool).
+    pub fn forward(&mut self, to: usize, frame: &[u8]) {
+        if self.send(to, Mail::Frame(frame.to_vec())) {
+            self.stats.steered_out += 1;
+        }
+    }
+
+    /// Send every sibling a copy of an ARP frame.
+    pub fn replicate_arp(&mut self, frame: &[u8]) {
+        let me = self.id;
+        for to in (0..me.count).filter(|&i| i != me.index) {
+            if self.send(to, Mail::ArpReplica(frame.to_vec())) {
+                self.stats.arp_replicas_out += 1;
+            }
+        }
+    }
+
+    /// Mail waiting, at most `max` of it.
+    pub fn take_mail(&mut self, max: usize) -> Vec<Mail> {
+        let mail: Vec<Mail> = self.inbox.try_iter().take(max).collect();
+        self.stats.mail_in += mail.len() as u64;
+        mail
+    }
+
+    /// Whether mail is waiting.
+    pub fn has_mail(&self) -> bool {
+        !self.inbox.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn tcp_frame(sport: u16, dport: u16) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&40u16.to_be_bytes());
+        f[23] = 6;
+        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+        f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
+        f[46] = 0x50;
+        f
+    }
+
+    #[test]
+    fn steers_arp_and_ruled_ports() {
+        let rules = [SteerRule {
+            what: Steer::TcpPort(5201),
+            to: 0,
+        }];
+        let mut s = shards(2, &rules);
+        let one = &s[1];
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(one.route(&arp), Route::LocalAndReplicate);
+        assert_eq!(one.route(&tcp_frame(40000, 5201)), Route::Forward(0));
+        assert_eq!(one.route(&tcp_frame(5201, 40000)), Route::Forward(0));
+        assert_eq!(one.route(&tcp_frame(40000, 7)), Route::Local);
+        assert_eq!(s[0].route(&tcp_frame(40000, 5201)), Route::Local);
+        s[1].replicate_arp(&arp);
+        s[1].forward(0, &tcp_frame(1, 5201));
+        let mail = s[0].take_mail(10);
+        assert_eq!(mail.len(), 2);
+        assert!(matches!(mail[0], Mail::ArpReplica(_)));
+        assert!(matches!(mail[1], Mail::Frame(_)));
+        assert_eq!(s[0].stats.mail_in, 2);
+        assert_eq!(
+            (s[1].stats.arp_replicas_out, s[1].stats.steered_out),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn a_full_mailbox_counts_and_drops() {
+        let mut s = shards(2, &[]);
+        let arp = [0u8; 42];
+        for _ in 0..MAILBOX + 5 {
+            s[1].replicate_arp(&arp);
+        }
+        assert_eq!(s[1].stats.mailbox_full, 5);
+        assert_eq!(s[0].take_mail(usize::MAX).len(), MAILBOX);
+    }
+
+    #[test]
+    fn active_opens_own_their_flows() {
+        let me = Ipv4Addr::new(10, 0, 0, 1);
+        let remote = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 9);
+        for count in 1..=4 {
+            for index in 0..count {
+                let id = ShardId { index, count };
+                let port = (49152..65535)
+                    .find(|&p| id.owns_tcp(me, p, remote))
+                    .unwrap();
+                assert_eq!(rss::tcp_queue(me, port, *remote.ip(), 9, count), index);
+            }
+        }
+    }
+}
