@@ -4,9 +4,12 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use std::sync::atomic::{AtomicBool, Ordering};
 use ustack::device::Device;
 use ustack::impair::Impaired;
-use ustack::runtime::{IdleMode, LoopConfig, Node};
+
+use ustack::runtime::{App, IdleMode, LoopConfig, Node, Snapshot};
+use ustack::shard::{ShardId, SteerRule};
 use ustack::sim::LinkConfig;
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
 use ustack::{Config, Stack};
@@ -46,8 +49,17 @@ pub struct NetArgs {
     #[arg(long, value_parser = parse_mac)]
     pub mac: Option<EthernetAddress>,
     /// Pin the poll loop to this CPU.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cores")]
     pub core: Option<usize>,
+    /// With --dpdk: one poll loop per CPU in LIST (`0,1` or `0-3`), each
+    /// pinned, with its own queue pair of the port, its own stack, pools and
+    /// connections (symmetric RSS keeps a flow on one core).
+    #[arg(long, value_name = "LIST", value_parser = parse_cores, requires = "dpdk")]
+    pub cores: Option<CoreList>,
+    /// Keep the idle back-off on pinned cores instead of busy-polling (for
+    /// machines where the cores are shared).
+    #[arg(long)]
+    pub backoff: bool,
     /// Publish telemetry on this Unix socket.
     #[arg(long, value_name = "PATH")]
     pub telemetry: Option<PathBuf>,
@@ -77,6 +89,36 @@ fn parse_cidr(s: &str) -> Result<Ipv4Cidr, String> {
         .filter(|l| (1..=32).contains(l))
         .ok_or_else(|| format!("'{len}' is not a prefix length from 1 to 32"))?;
     Ok(Ipv4Cidr::new(ip, len))
+}
+
+/// The CPUs of `--cores`, in the order given (shard `i` runs on the `i`th).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreList(pub Vec<usize>);
+
+fn parse_cores(s: &str) -> Result<CoreList, String> {
+    let bad = || format!("'{s}' is not a list of CPUs like 0,1 or 2-5");
+    let mut cores = Vec::new();
+    for part in s.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if a > b || b >= 1024 {
+            return Err(bad());
+        }
+        cores.extend(a..=b);
+    }
+    let mut sorted = cores.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != cores.len() {
+        return Err(format!("'{s}' names a CPU twice"));
+    }
+    if cores.len() > 64 {
+        return Err(format!("'{s}': at most 64 cores"));
+    }
+    Ok(CoreList(cores))
 }
 
 fn parse_impair(s: &str) -> Result<LinkConfig, String> {
@@ -154,7 +196,7 @@ impl NetArgs {
     /// and busy-polling when that core is dedicated to a DPDK port (without
     /// --core the loop backs off when idle, so shared CPUs are not starved).
     pub fn loop_config(&self) -> LoopConfig {
-        let idle = if self.dpdk.is_some() && self.core.is_some() {
+        let idle = if self.dpdk.is_some() && self.core.is_some() && !self.backoff {
             IdleMode::BusyPoll
         } else {
             LoopConfig::default().idle
@@ -174,6 +216,139 @@ impl NetArgs {
             _ => "sim".into(),
         }
     }
+}
+
+/// One shard's app and its last snapshot, after a sharded run.
+pub type ShardResult<A> = (A, Option<Snapshot>);
+
+/// Run one poll loop per core of `--cores`, each on its own queue pair of
+/// the DPDK port with its own stack (shard `i` of N, `steer` rules between
+/// them) and the app `make(shard)`, until every app exits, the duration
+/// passes or `stop` is set. Snapshots of all shards go to `tele`, which
+/// publishes their totals and each shard's figures.
+pub fn run_sharded<A, F>(
+    net: &NetArgs,
+    steer: &[SteerRule],
+    duration: Option<std::time::Duration>,
+    stop: &AtomicBool,
+    tele: Option<&crate::telemetry::Telemetry>,
+    make: F,
+) -> Result<Vec<ShardResult<A>>>
+where
+    A: App + Send,
+    F: Fn(ShardId) -> A + Sync,
+{
+    let Some(CoreList(cores)) = net.cores.clone() else {
+        bail!("--cores LIST is required for a sharded run");
+    };
+    let Some(eal_args) = &net.dpdk else {
+        bail!("--cores needs --dpdk: each core owns one queue pair of a DPDK port");
+    };
+    let cfg = net.config()?;
+    let ports = open_dpdk_queues(net, eal_args, &cfg, cores.len())?;
+    let shards = ustack::shard::shards(cores.len(), steer);
+    let idle = if net.backoff {
+        LoopConfig::default().idle
+    } else {
+        IdleMode::BusyPoll
+    };
+    let results = std::thread::scope(|scope| {
+        let threads: Vec<_> = ports
+            .into_iter()
+            .zip(shards)
+            .zip(&cores)
+            .map(|((port, shard), &core)| {
+                let mut c = cfg.clone();
+                c.shard = shard.id;
+                c.announce &= shard.id.index == 0;
+                let mut app = make(shard.id);
+                let lcfg = LoopConfig {
+                    core: Some(core),
+                    idle,
+                    duration,
+                    ..LoopConfig::default()
+                };
+                std::thread::Builder::new()
+                    .name(format!("ustack-core{core}"))
+                    .spawn_scoped(scope, move || {
+                        let mut node = Node::sharded(Stack::new(c), port, shard);
+                        let mut last = None;
+                        let r = ustack::runtime::run(
+                            &mut node,
+                            &mut app,
+                            &lcfg,
+                            &ustack::clock::Clock::new(),
+                            || stop.load(Ordering::Relaxed),
+                            |s| {
+                                if let Some(t) = tele {
+                                    t.publish(s);
+                                }
+                                last = Some(s.clone());
+                            },
+                        );
+                        // One shard failing (or exiting) ends the others.
+                        stop.store(true, Ordering::Relaxed);
+                        r.map(|()| (app, last))
+                    })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| match t {
+                Ok(t) => t
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("a poll-loop thread panicked"))?
+                    .map_err(anyhow::Error::from),
+                Err(e) => Err(anyhow::anyhow!("cannot start a poll-loop thread: {e}")),
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    Ok(results)
+}
+
+#[cfg(feature = "dpdk")]
+fn open_dpdk_queues(
+    net: &NetArgs,
+    eal_args: &str,
+    cfg: &Config,
+    queues: usize,
+) -> Result<Vec<ustack_dpdk::DpdkPort>> {
+    use ustack_dpdk::{DpdkPort, DpdkPortConfig, Eal};
+    if net.capture.is_some() || net.impair.is_some() {
+        bail!("--capture and --impair work with one core: drop --cores, or use --core N");
+    }
+    let eal = Eal::init(eal_args)?;
+    let mut pcfg = DpdkPortConfig::new(net.dpdk_port);
+    pcfg.mbufs = net.dpdk_mbufs;
+    pcfg.mtu = cfg.mtu;
+    let queues = u16::try_from(queues).unwrap_or(u16::MAX);
+    let ports = DpdkPort::open_queues(&eal, &pcfg, queues)?;
+    if let Some(p) = ports.first() {
+        let info = p.port().info();
+        tracing::info!(
+            "DPDK port {} ({}): {} queue pairs, {}",
+            net.dpdk_port,
+            info.driver,
+            ports.len(),
+            if info.rss {
+                "symmetric RSS"
+            } else {
+                "the driver's own flow distribution"
+            }
+        );
+    }
+    Ok(ports)
+}
+
+/// Without DPDK there are no queues to shard over.
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk_queues(
+    _: &NetArgs,
+    _: &str,
+    _: &Config,
+    _: usize,
+) -> Result<Vec<ustack::sim::SimPort>> {
+    bail!("this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)")
 }
 
 /// Code that runs a node, whatever its device type.
@@ -289,5 +464,11 @@ mod test {
         assert!(parse_impair("loss=2").is_err());
         assert!(parse_impair("bogus=1").is_err());
         assert!(parse_impair("loss").is_err());
+        assert_eq!(parse_cores("0,1").unwrap().0, vec![0, 1]);
+        assert_eq!(parse_cores("2-4,0").unwrap().0, vec![2, 3, 4, 0]);
+        assert!(parse_cores("1,1").is_err());
+        assert!(parse_cores("3-1").is_err());
+        assert!(parse_cores("a").is_err());
+        assert!(parse_cores("").is_err());
     }
 }

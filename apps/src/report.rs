@@ -64,6 +64,29 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
         "  udp    rx {} dgrams {} B  tx {} dgrams {} B",
         st.udp.rx_datagrams, st.udp.rx_bytes, st.udp.tx_datagrams, st.udp.tx_bytes
     );
+    let _ = writeln!(
+        out,
+        "  tcp    active {} passive {} established {}  resets out/in {}/{}  retransmits {}",
+        st.tcp.active_opens,
+        st.tcp.passive_opens,
+        st.tcp.established,
+        st.tcp.resets_sent,
+        st.tcp.resets_received,
+        st.tcp.retransmits
+    );
+    if let Some(sh) = &s.shard {
+        let _ = writeln!(
+            out,
+            "  shard  {} of {}  steered out {}  passed on {}  arp copies out {}  mail in {}  mailbox full {}",
+            sh.index,
+            sh.count,
+            sh.stats.steered_out,
+            sh.stats.passed_on,
+            sh.stats.arp_replicas_out,
+            sh.stats.mail_in,
+            sh.stats.mailbox_full
+        );
+    }
     if st.ud.qps > 0 || st.ud.rx_packets > 0 {
         let _ = writeln!(
             out,

@@ -6,7 +6,7 @@ use ustack::Instant;
 use ustack::device::{Device, DeviceCaps, PortStats};
 use ustack::pool::{PacketBuf, Pool, PoolStats};
 
-use crate::port::{Port, PortConfig};
+use crate::port::{Port, PortConfig, PortQueue};
 use crate::{DpdkError, Eal, Mbuf, MbufPool};
 
 /// How to open a [`DpdkPort`].
@@ -36,30 +36,54 @@ impl DpdkPortConfig {
     }
 }
 
-/// A DPDK port as a ustack device: rx queue 0 and tx queue 0, one mbuf pool.
+/// One queue pair of a DPDK port as a ustack device, with its own mbuf
+/// pool (receive and transmit). A port opened with one queue is one
+/// `DpdkPort`; with N queues ([`DpdkPort::open_queues`]) each shard's thread
+/// owns one.
 ///
 /// Zero copy both ways: received frames are the mbufs the driver filled,
 /// and the engine writes outgoing frames into mbufs from the pool, which
 /// `tx_burst` hands to the driver.
 #[derive(Debug)]
 pub struct DpdkPort {
-    /// Stopped and closed first in `drop`, while the pool is still alive.
-    port: ManuallyDrop<Port>,
+    /// Taken in `drop`: the last queue closes the port while the pools are
+    /// still alive.
+    queue: ManuallyDrop<PortQueue>,
     pool: MbufPool,
+    /// Every queue's pool, for the leak check when the port closes.
+    all_pools: Vec<MbufPool>,
     mtu: usize,
     /// Frames the tx ring refused.
     tx_refused: u64,
     /// Chained (multi-segment) frames received, dropped: the engine reads
     /// one contiguous frame.
     rx_chained: u64,
-    /// Our own count of what crossed the port: some drivers reset theirs
-    /// (memif does when its peer reconnects).
+    /// Our own count of what crossed this queue: some drivers reset theirs
+    /// (memif does when its peer reconnects), and port counters are for
+    /// all queues.
     sw: PortStats,
 }
 
 impl DpdkPort {
-    /// Create the pool, configure and start the port.
+    /// Create the pool, configure and start the port with one queue pair.
     pub fn open(eal: &Eal, cfg: &DpdkPortConfig) -> Result<Self, DpdkError> {
+        let mut ports = DpdkPort::open_queues(eal, cfg, 1)?;
+        ports.pop().ok_or(DpdkError::Port {
+            port: cfg.port,
+            what: "configure",
+            reason: "no queue".into(),
+        })
+    }
+
+    /// Configure and start the port with `queues` rx/tx queue pairs (symmetric
+    /// RSS where the port hashes), each with a pool of `cfg.mbufs` mbufs;
+    /// one device per queue, queue 0 first.
+    pub fn open_queues(
+        eal: &Eal,
+        cfg: &DpdkPortConfig,
+        queues: u16,
+    ) -> Result<Vec<Self>, DpdkError> {
+        let queues = queues.max(1);
         let frame = cfg.mtu + 14;
         let room =
             (frame.max(2048) + dpdk_sys::RTE_PKTMBUF_HEADROOM as usize).min(u16::MAX as usize);
@@ -71,44 +95,59 @@ impl DpdkPort {
             1 << (31 - half.leading_zeros())
         }
         .max(32) as u16;
-        let pool = MbufPool::new(
-            eal,
-            &format!("ustack-p{}", cfg.port),
-            cfg.mbufs,
-            room as u16,
-            None,
-        )?;
+        let pools = (0..queues)
+            .map(|q| {
+                let name = match q {
+                    0 => format!("ustack-p{}", cfg.port),
+                    _ => format!("ustack-p{}-q{q}", cfg.port),
+                };
+                MbufPool::new(eal, &name, cfg.mbufs, room as u16, None)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let pcfg = PortConfig {
+            rx_queues: queues,
+            tx_queues: queues,
             rx_desc: desc,
             tx_desc: desc,
             mtu: Some(cfg.mtu.min(usize::from(u16::MAX)) as u16),
             promiscuous: cfg.promiscuous,
-            ..PortConfig::default()
         };
-        let port = Port::open(eal, cfg.port, &pcfg, std::slice::from_ref(&pool))?;
+        let port = Port::open(eal, cfg.port, &pcfg, &pools)?;
         let deadline = std::time::Instant::now() + cfg.link_wait;
         while port.link().is_some_and(|l| !l.up) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         tracing::debug!(
-            "DPDK port {} ({}, driver {}): {} mbufs, {desc} descriptors",
+            "DPDK port {} ({}, driver {}): {queues} queue(s), RSS {}, {} mbufs each, {desc} descriptors",
             cfg.port,
             port.info().name,
             port.info().driver,
+            port.info().rss,
             cfg.mbufs
         );
-        Ok(DpdkPort {
-            port: ManuallyDrop::new(port),
-            pool,
-            mtu: cfg.mtu,
-            tx_refused: 0,
-            rx_chained: 0,
-            sw: PortStats::default(),
-        })
+        Ok(port
+            .into_queues()
+            .into_iter()
+            .zip(pools.iter().cloned())
+            .map(|(queue, pool)| DpdkPort {
+                queue: ManuallyDrop::new(queue),
+                pool,
+                all_pools: pools.clone(),
+                mtu: cfg.mtu,
+                tx_refused: 0,
+                rx_chained: 0,
+                sw: PortStats::default(),
+            })
+            .collect())
     }
 
     pub fn port(&self) -> &Port {
-        &self.port
+        self.queue.port()
+    }
+
+    /// This device's queue on the port.
+    pub fn queue(&self) -> u16 {
+        self.queue.queue()
     }
 
     pub fn pool(&self) -> &MbufPool {
@@ -128,7 +167,7 @@ impl Device for DpdkPort {
 
     fn rx_burst(&mut self, _: Instant, out: &mut Vec<Mbuf>, max: usize) -> usize {
         let start = out.len();
-        let n = self.port.rx_burst(0, out, max);
+        let n = self.queue.rx_burst(out, max);
         if n > 0 && out[start..].iter().any(|m| m.segments() != 1) {
             let before = out.len();
             let mut i = start;
@@ -148,7 +187,7 @@ impl Device for DpdkPort {
 
     fn tx_burst(&mut self, _: Instant, pkts: &mut Vec<Mbuf>) -> usize {
         let bytes: u64 = pkts.iter().map(|m| m.len() as u64).sum();
-        let n = self.port.tx_burst(0, pkts);
+        let n = self.queue.tx_burst(pkts);
         let refused: u64 = pkts.iter().map(|m| m.len() as u64).sum();
         self.sw.tx_packets += n as u64;
         self.sw.tx_bytes += bytes - refused;
@@ -161,39 +200,57 @@ impl Device for DpdkPort {
     }
 
     fn port_stats(&self) -> PortStats {
-        let s = self.port.stats();
-        // The driver's counters, unless it reset them below ours.
-        PortStats {
-            rx_packets: s.ipackets.max(self.sw.rx_packets),
-            rx_bytes: s.ibytes.max(self.sw.rx_bytes),
-            tx_packets: s.opackets.max(self.sw.tx_packets),
-            tx_bytes: s.obytes.max(self.sw.tx_bytes),
-            rx_missed: s.imissed + s.ierrors + self.rx_chained,
-            rx_nombuf: s.rx_nombuf,
-            tx_errors: s.oerrors + self.tx_refused,
+        let mut stats = PortStats {
+            rx_missed: self.rx_chained,
+            tx_errors: self.tx_refused,
+            ..self.sw.clone()
+        };
+        let q = &self.queue;
+        let s = q.port().stats();
+        if q.port().info().rx_queues <= 1 {
+            // The driver's counters, unless it reset them below ours.
+            stats.rx_packets = s.ipackets.max(stats.rx_packets);
+            stats.rx_bytes = s.ibytes.max(stats.rx_bytes);
+            stats.tx_packets = s.opackets.max(stats.tx_packets);
+            stats.tx_bytes = s.obytes.max(stats.tx_bytes);
         }
+        // Port-wide drops are reported once, by queue 0.
+        if q.queue() == 0 {
+            stats.rx_missed += s.imissed + s.ierrors;
+            stats.rx_nombuf = s.rx_nombuf;
+            stats.tx_errors += s.oerrors;
+        }
+        stats
     }
 
     fn pool_stats(&self, out: &mut Vec<PoolStats>) {
         let mut s = self.pool.stats();
-        // The driver's receive allocations from this pool that failed.
-        s.alloc_failures += self.port.stats().rx_nombuf;
+        // The driver's receive allocations that failed (port-wide: queue 0).
+        if self.queue.queue() == 0 {
+            s.alloc_failures += self.queue.port().stats().rx_nombuf;
+        }
         out.push(s);
     }
 }
 
 impl Drop for DpdkPort {
     fn drop(&mut self) {
-        // SAFETY: `port` is dropped exactly once, here, and never used after.
-        unsafe { ManuallyDrop::drop(&mut self.port) };
-        // The closed port gave back what its queues held: whatever is still
-        // taken now is a leaked mbuf.
-        let leaked = self.pool.in_use();
-        if leaked != 0 {
-            tracing::error!(
-                "mbuf pool {}: {leaked} mbufs not returned after the port closed (leak)",
-                self.pool.stats().name
-            );
+        // The last queue's handle closes the port (its queues give back
+        // the mbufs they held); whatever is still taken then is a leak.
+        // SAFETY: `queue` is taken exactly once, here, and never used after.
+        let queue = unsafe { ManuallyDrop::take(&mut self.queue) };
+        let Some(port) = queue.into_port() else {
+            return;
+        };
+        drop(port);
+        for pool in &self.all_pools {
+            let leaked = pool.in_use();
+            if leaked != 0 {
+                tracing::error!(
+                    "mbuf pool {}: {leaked} mbufs not returned after the port closed (leak)",
+                    pool.stats().name
+                );
+            }
         }
     }
 }

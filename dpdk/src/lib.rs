@@ -24,7 +24,7 @@ mod port;
 pub use device::{DpdkPort, DpdkPortConfig};
 pub use eal::Eal;
 pub use mbuf::{Mbuf, MbufPool};
-pub use port::{EthStats, LinkStatus, Port, PortConfig, PortInfo};
+pub use port::{EthStats, LinkStatus, Port, PortConfig, PortInfo, PortQueue};
 
 /// Everything that can go wrong setting DPDK up.
 #[derive(Debug, thiserror::Error)]

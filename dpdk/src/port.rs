@@ -2,6 +2,7 @@
 
 use std::ffi::CStr;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use dpdk_sys::offload::*;
 use dpdk_sys::{rte_eth_conf, rte_eth_dev_info, rte_mbuf};
@@ -53,6 +54,10 @@ pub struct PortInfo {
     /// The port validates IPv4/TCP/UDP checksums on receive.
     pub rx_checksum: bool,
     pub promiscuous: bool,
+    /// Receive queues configured.
+    pub rx_queues: u16,
+    /// The port spreads flows over its rx queues with our symmetric RSS key.
+    pub rss: bool,
 }
 
 /// Link state (`rte_eth_link_get_nowait`).
@@ -78,6 +83,40 @@ pub struct EthStats {
     pub rx_nombuf: u64,
 }
 
+/// One rx/tx queue pair of a started port, owned by one thread (the
+/// shard of that queue). Not `Clone`: exactly one owner per queue.
+#[derive(Debug)]
+pub struct PortQueue {
+    port: Arc<Port>,
+    queue: u16,
+}
+
+impl PortQueue {
+    pub fn queue(&self) -> u16 {
+        self.queue
+    }
+
+    pub fn port(&self) -> &Port {
+        &self.port
+    }
+
+    /// Receive up to `max` frames from this queue.
+    pub fn rx_burst(&mut self, out: &mut Vec<Mbuf>, max: usize) -> usize {
+        self.port.rx_burst_on(self.queue, out, max)
+    }
+
+    /// Transmit from the front of `pkts` on this queue (see [`Port::tx_burst`]).
+    pub fn tx_burst(&mut self, pkts: &mut Vec<Mbuf>) -> usize {
+        self.port.tx_burst_on(self.queue, pkts)
+    }
+
+    /// Give up this queue: the port itself when this was its last queue
+    /// handle (dropping it stops and closes the port), else `None`.
+    pub fn into_port(self) -> Option<Port> {
+        Arc::into_inner(self.port)
+    }
+}
+
 /// A started ethdev port; stopped and closed on drop.
 #[derive(Debug)]
 pub struct Port {
@@ -86,6 +125,8 @@ pub struct Port {
     info: PortInfo,
     /// One pool per rx queue; the driver may hold their mbufs until close.
     _rx_pools: Vec<MbufPool>,
+    /// The RSS key the port was configured with (drivers read it at start).
+    _rss_key: Box<[u8; 40]>,
     _eal: Eal,
 }
 
@@ -146,6 +187,28 @@ impl Port {
         let mut conf = rte_eth_conf::default();
         // Every transmitted mbuf comes from our pools with refcount 1.
         conf.txmode.offloads = dev.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE;
+        // Several rx queues: symmetric RSS where the port hashes (both
+        // directions of a flow on one queue; see `ustack::rss`). Ports that
+        // do not (memif pairs queues with its peer's, af_packet fans out by
+        // the kernel's symmetric flow hash) keep their own distribution.
+        let mut rss_key = Box::new(ustack::rss::SYMMETRIC_KEY);
+        let rss_hf = dev.flow_type_rss_offloads
+            & (RTE_ETH_RSS_IPV4
+                | RTE_ETH_RSS_FRAG_IPV4
+                | RTE_ETH_RSS_NONFRAG_IPV4_TCP
+                | RTE_ETH_RSS_NONFRAG_IPV4_OTHER);
+        let rss = cfg.rx_queues > 1 && rss_hf != 0;
+        if rss {
+            conf.rxmode.mq_mode = dpdk_sys::RTE_ETH_MQ_RX_RSS;
+            let rss_conf = &mut conf.rx_adv_conf.rss_conf;
+            rss_conf.rss_hf = rss_hf;
+            // A port with another key size keeps its own (flows may then
+            // not hash back to the core that opened them).
+            if matches!(dev.hash_key_size, 0 | 40) {
+                rss_conf.rss_key = rss_key.as_mut_ptr();
+                rss_conf.rss_key_len = 40;
+            }
+        }
         // SAFETY: `id` is valid, `conf` is a fully initialised configuration.
         check(id, "configure", unsafe {
             dpdk_sys::rte_eth_dev_configure(id, cfg.rx_queues, cfg.tx_queues, &conf)
@@ -228,8 +291,11 @@ impl Port {
                         | RTE_ETH_RX_OFFLOAD_UDP_CKSUM)
                     != 0,
                 promiscuous: false,
+                rx_queues: cfg.rx_queues,
+                rss,
             },
             _rx_pools: rx_pools.to_vec(),
+            _rss_key: rss_key,
             _eal: eal.clone(),
         };
         if !dev.driver_name.is_null() {
@@ -281,6 +347,27 @@ impl Port {
 
     /// Receive up to `max` frames from queue `queue` into `out`; returns how many.
     pub fn rx_burst(&mut self, queue: u16, out: &mut Vec<Mbuf>, max: usize) -> usize {
+        self.rx_burst_on(queue, out, max)
+    }
+
+    /// Split the port into its queue pairs (rx queue `q` with tx queue
+    /// `q`), each to be owned by one thread. The port closes when the last
+    /// pair drops.
+    pub fn into_queues(self) -> Vec<PortQueue> {
+        let n = self.info.rx_queues.min(self.tx_queues);
+        let port = Arc::new(self);
+        (0..n)
+            .map(|queue| PortQueue {
+                port: port.clone(),
+                queue,
+            })
+            .collect()
+    }
+
+    /// Callers hold exclusive use of `queue` (`&mut Port`, or the one
+    /// [`PortQueue`] for it): DPDK's burst functions are not thread-safe
+    /// per queue.
+    fn rx_burst_on(&self, queue: u16, out: &mut Vec<Mbuf>, max: usize) -> usize {
         let Some(pool) = self._rx_pools.get(usize::from(queue)) else {
             return 0;
         };
@@ -303,6 +390,11 @@ impl Port {
     /// Transmit from the front of `pkts` on queue `queue`, removing what the
     /// driver took (it owns those now). Frames left were refused (ring full).
     pub fn tx_burst(&mut self, queue: u16, pkts: &mut Vec<Mbuf>) -> usize {
+        self.tx_burst_on(queue, pkts)
+    }
+
+    /// As [`Port::rx_burst_on`]: the caller holds exclusive use of `queue`.
+    fn tx_burst_on(&self, queue: u16, pkts: &mut Vec<Mbuf>) -> usize {
         let mut sent = 0;
         if queue >= self.tx_queues {
             return 0;

@@ -97,7 +97,7 @@ pub fn frame_hash(frame: &[u8]) -> Option<u32> {
         return None;
     }
     let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
-    let (src, dst) = (Ipv4Addr::from(ip.src_addr()), Ipv4Addr::from(ip.dst_addr()));
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
     let fragment = ip.more_frags() || ip.frag_offset() != 0;
     if ip.next_header() == IpProtocol::Tcp && !fragment {
         if let Ok(tcp) = TcpPacket::new_checked(ip.payload()) {

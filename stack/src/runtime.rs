@@ -146,13 +146,27 @@ impl<D: Device> Node<D> {
                 match mail {
                     Mail::Frame(f) => self.stack.receive(now, &f, &mut tx),
                     Mail::ArpReplica(f) => self.stack.receive_replica(now, &f, &mut tx),
+                    Mail::Unclaimed { frame, hops } => {
+                        let last = hops + 1 >= shard.id.count;
+                        if self.stack.receive_or_pass(now, &frame, &mut tx, !last) {
+                            shard.pass_on(&frame, hops + 1);
+                        }
+                    }
                 }
             }
         }
         for buf in self.rx.drain(..) {
             let frame = buf.as_ref();
             match self.shard.as_mut().map(|s| (s.route(frame), s)) {
-                None | Some((Route::Local, _)) => self.stack.receive(now, frame, &mut tx),
+                None => self.stack.receive(now, frame, &mut tx),
+                Some((Route::Local, shard)) => {
+                    if self
+                        .stack
+                        .receive_or_pass(now, frame, &mut tx, shard.id.count > 1)
+                    {
+                        shard.pass_on(frame, 1);
+                    }
+                }
                 Some((Route::LocalAndReplicate, shard)) => {
                     shard.replicate_arp(frame);
                     self.stack.receive(now, frame, &mut tx);

@@ -72,6 +72,9 @@ pub enum Mail {
     Frame(Vec<u8>),
     /// A copy of an ARP frame to learn from, never to answer.
     ArpReplica(Vec<u8>),
+    /// A TCP segment no shard before this one owned; `hops` shards have
+    /// seen it. The last one to see it answers it (a reset).
+    Unclaimed { frame: Vec<u8>, hops: usize },
 }
 
 /// Counters of a shard's mailboxes.
@@ -81,6 +84,9 @@ pub struct ShardStats {
     pub steered_out: u64,
     /// ARP copies sent to siblings.
     pub arp_replicas_out: u64,
+    /// TCP segments for no connection here passed to the next shard
+    /// (the driver's flow hash put them on the wrong queue).
+    pub passed_on: u64,
     /// Mail received and processed.
     pub mail_in: u64,
     /// Mail lost because a sibling's mailbox was full.
@@ -204,6 +210,19 @@ impl Shard {
             if self.send(to, Mail::ArpReplica(frame.to_vec())) {
                 self.stats.arp_replicas_out += 1;
             }
+        }
+    }
+
+    /// Pass a segment no connection here owns to the next shard, `hops`
+    /// shards having seen it.
+    pub fn pass_on(&mut self, frame: &[u8], hops: usize) {
+        let next = (self.id.index + 1) % self.id.count;
+        let mail = Mail::Unclaimed {
+            frame: frame.to_vec(),
+            hops,
+        };
+        if self.send(next, mail) {
+            self.stats.passed_on += 1;
         }
     }
 

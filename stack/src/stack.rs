@@ -162,6 +162,10 @@ pub(crate) struct Link {
     arp_retry: Vec<Ipv4Addr>,
     /// Processing a sibling shard's copy of an ARP frame: learn, never answer.
     replica: bool,
+    /// A TCP segment for no connection here may belong to a sibling shard:
+    /// set `passed` instead of answering it.
+    pub(crate) may_pass: bool,
+    pub(crate) passed: bool,
 }
 
 /// One instance of the protocol engine.
@@ -194,6 +198,8 @@ impl Stack {
                 ip_ident: 0,
                 arp_retry: Vec::new(),
                 replica: false,
+                may_pass: false,
+                passed: false,
             },
             pings: PingTable::default(),
             udp: UdpTable::default(),
@@ -258,6 +264,25 @@ impl Stack {
         self.link.replica = true;
         self.receive(now, frame, tx);
         self.link.replica = false;
+    }
+
+    /// [`Stack::receive`] on a shard of a multi-queue host whose frames
+    /// may arrive on the wrong queue (a driver that spreads flows by its own
+    /// hash): with `may_pass`, a TCP segment that matches no connection here
+    /// (other than a SYN, which any shard's listener takes) is left alone,
+    /// and the return value says to pass it to the next shard. The last
+    /// shard to see it (`may_pass` false) answers it as usual.
+    pub fn receive_or_pass<T: Tx>(
+        &mut self,
+        now: Instant,
+        frame: &[u8],
+        tx: &mut T,
+        may_pass: bool,
+    ) -> bool {
+        self.link.may_pass = may_pass;
+        self.receive(now, frame, tx);
+        self.link.may_pass = false;
+        std::mem::take(&mut self.link.passed)
     }
 
     fn process_ethernet<T: Tx>(

@@ -144,7 +144,7 @@ fn steered_pings_reach_the_shard_that_sent_them() {
     let my_ip = net.nodes[me[0]].stack.ip();
     let n = (2..=254u8)
         .find(|&n| {
-            let h = ustack::rss::ip_hash(my_ip, host_config(n).ip.address().into());
+            let h = ustack::rss::ip_hash(my_ip, host_config(n).ip.address());
             ustack::rss::queue_of_hash(h, 4) != 0
         })
         .unwrap();

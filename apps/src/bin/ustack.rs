@@ -15,6 +15,7 @@ use ustack::app::ping::{Pinger, PingerConfig};
 use ustack::clock::Clock;
 use ustack::device::Device;
 use ustack::runtime::{self, App, Control, LoopConfig, Node};
+use ustack::shard::{Steer, SteerRule};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::udp::UdpHandle;
 use ustack::{Instant, Stack};
@@ -252,7 +253,69 @@ impl NodeUser for Daemon<'_> {
 
 fn run(args: &RunArgs) -> Result<ExitCode> {
     let stop = stop_flag()?;
+    if args.net.cores.is_some() {
+        return run_sharded(args, &stop);
+    }
     with_node(&args.net, Daemon { args, stop })
+}
+
+/// `ustack run --cores LIST`: the services on every core (echo, discard and
+/// the UD responder answer on the core a flow hashes to); iperf3's port is
+/// steered to the first core, where its control and data connections meet.
+fn run_sharded(args: &RunArgs, stop: &AtomicBool) -> Result<ExitCode> {
+    if args.tui {
+        tracing::warn!("--tui is not shown with --cores: watch with `utop --telemetry PATH`");
+    }
+    let cores = args.net.cores.clone().map(|c| c.0).unwrap_or_default();
+    let ip = args.net.config()?.ip;
+    let name = format!("ustack {ip}");
+    let tele = Telemetry::open(args.net.telemetry.as_deref(), &name, false)?;
+    println!(
+        "ustack: {ip} on {} with {} cores {cores:?}; answering ARP and ping, TCP echo on 7, discard on 9, iperf3 on 5201 (core {}), RDMA UD responder on qpn 2 (qkey 0x11111111)",
+        args.net.describe(),
+        cores.len(),
+        cores[0],
+    );
+    let steer = [SteerRule {
+        what: Steer::TcpPort(5201),
+        to: 0,
+    }];
+    let results = ustack_apps::net::run_sharded(
+        &args.net,
+        &steer,
+        args.duration.map(Duration::from_secs_f64),
+        stop,
+        Some(&tele),
+        |_| DaemonApps {
+            services: Services::new(),
+            iperf: IperfServer::new(5201, false),
+            ud: ustack::ud::ping::UdResponder::default(),
+            held: None,
+        },
+    )?;
+    drop(tele);
+    let (mut bytes_in, mut echoed, mut tests) = (0, 0, 0);
+    for (i, ((apps, last), core)) in results.iter().zip(&cores).enumerate() {
+        if let Some(s) = last {
+            print!(
+                "{}",
+                counters(&format!("ustack {ip} core {core} (shard {i})"), s)
+            );
+        }
+        bytes_in += apps.services.bytes_in;
+        echoed += apps.services.bytes_echoed;
+        tests += apps.iperf.finished.len();
+        for (bytes, crc) in &apps.services.discarded {
+            println!("tcp discard: {bytes} bytes, crc32 {crc:08x} (core {core})");
+        }
+    }
+    println!("tcp services: {bytes_in} bytes in, {echoed} echoed; {tests} iperf3 tests");
+    for (apps, _) in &results {
+        if let Some(e) = apps.services.error.as_ref().or(apps.iperf.error.as_ref()) {
+            bail!("{e}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 struct Sender<'a> {

@@ -88,3 +88,7 @@ _Static_assert(RTE_MBUF_F_TX_TCP_CKSUM == (1ULL << 52), "mbuf tx tcp");
 _Static_assert(RTE_MBUF_F_TX_UDP_CKSUM == (3ULL << 52), "mbuf tx udp");
 _Static_assert(RTE_MBUF_F_TX_IP_CKSUM == (1ULL << 54), "mbuf tx ip");
 _Static_assert(RTE_MBUF_F_TX_IPV4 == (1ULL << 55), "mbuf tx ipv4");
+_Static_assert(RTE_ETH_RSS_IPV4 == (1ULL << 2), "rss ipv4");
+_Static_assert(RTE_ETH_RSS_FRAG_IPV4 == (1ULL << 3), "rss frag ipv4");
+_Static_assert(RTE_ETH_RSS_NONFRAG_IPV4_TCP == (1ULL << 4), "rss ipv4 tcp");
+_Static_assert(RTE_ETH_RSS_NONFRAG_IPV4_OTHER == (1ULL << 7), "rss ipv4 other");

@@ -30,4 +30,8 @@ pub mod offload {
     pub const RTE_MBUF_F_TX_UDP_CKSUM: u64 = 3 << 52;
     pub const RTE_MBUF_F_TX_IP_CKSUM: u64 = 1 << 54;
     pub const RTE_MBUF_F_TX_IPV4: u64 = 1 << 55;
+    pub const RTE_ETH_RSS_IPV4: u64 = 1 << 2;
+    pub const RTE_ETH_RSS_FRAG_IPV4: u64 = 1 << 3;
+    pub const RTE_ETH_RSS_NONFRAG_IPV4_TCP: u64 = 1 << 4;
+    pub const RTE_ETH_RSS_NONFRAG_IPV4_OTHER: u64 = 1 << 7;
 }
