@@ -9,7 +9,7 @@ use ustack::device::Device;
 use ustack::impair::Impaired;
 
 use ustack::runtime::{App, IdleMode, LoopConfig, Node, Snapshot};
-use ustack::shard::{ShardId, SteerRule};
+use ustack::shard::{Shard, ShardId, Steer, SteerRule};
 use ustack::sim::LinkConfig;
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
 use ustack::{Config, Stack};
@@ -196,7 +196,8 @@ impl NetArgs {
     /// and busy-polling when that core is dedicated to a DPDK port (without
     /// --core the loop backs off when idle, so shared CPUs are not starved).
     pub fn loop_config(&self) -> LoopConfig {
-        let idle = if self.dpdk.is_some() && self.core.is_some() && !self.backoff {
+        let pinned = self.core.is_some() || self.cores.is_some();
+        let idle = if self.dpdk.is_some() && pinned && !self.backoff {
             IdleMode::BusyPoll
         } else {
             LoopConfig::default().idle
@@ -306,6 +307,81 @@ where
     Ok(results)
 }
 
+/// An app that runs on one node (ping, iperf3) on a host with `--cores`:
+/// the app runs on shard 0 (the first core) and the other shards answer
+/// ARP and ping and hand shard 0 what is its own: ICMP and RoCE (UDP 4791)
+/// by steering, TCP segments by passing on what they do not own.
+fn run_primary<U: NodeUser>(net: &NetArgs, user: U) -> Result<U::Output> {
+    let Some(CoreList(cores)) = net.cores.clone() else {
+        bail!("--cores LIST is required for a sharded run");
+    };
+    let Some(eal_args) = &net.dpdk else {
+        bail!("--cores needs --dpdk: each core owns one queue pair of a DPDK port");
+    };
+    let cfg = net.config()?;
+    let mut ports = open_dpdk_queues(net, eal_args, &cfg, cores.len())?;
+    let steer = [
+        SteerRule {
+            what: Steer::Icmp,
+            to: 0,
+        },
+        SteerRule {
+            what: Steer::UdpPort(ustack::ud::wire::ROCE_PORT),
+            to: 0,
+        },
+    ];
+    let mut shards = ustack::shard::shards(cores.len(), &steer);
+    let idle = net.loop_config().idle;
+    let stop = AtomicBool::new(false);
+    let stack = |shard: &Shard| {
+        let mut c = cfg.clone();
+        c.shard = shard.id;
+        c.announce &= shard.id.index == 0;
+        Stack::new(c)
+    };
+    if ports.is_empty() || shards.is_empty() {
+        bail!("the port has no queue");
+    }
+    let (port0, shard0) = (ports.remove(0), shards.remove(0));
+    let node0 = Node::sharded(stack(&shard0), port0, shard0);
+    std::thread::scope(|scope| {
+        for ((port, shard), &core) in ports.into_iter().zip(shards).zip(&cores[1..]) {
+            let mut node = Node::sharded(stack(&shard), port, shard);
+            let (stop, lcfg) = (
+                &stop,
+                LoopConfig {
+                    core: Some(core),
+                    idle,
+                    ..LoopConfig::default()
+                },
+            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("ustack-core{core}"))
+                .spawn_scoped(scope, move || {
+                    let r = ustack::runtime::run(
+                        &mut node,
+                        &mut (),
+                        &lcfg,
+                        &ustack::clock::Clock::new(),
+                        || stop.load(Ordering::Relaxed),
+                        |_| {},
+                    );
+                    if let Err(e) = r {
+                        tracing::error!("core {core}: {e}");
+                    }
+                });
+            if let Err(e) = spawned {
+                stop.store(true, Ordering::Relaxed);
+                bail!("cannot start a poll-loop thread: {e}");
+            }
+        }
+        ustack::runtime::pin_to_core(cores[0])?;
+        let out = user.run(node0);
+        stop.store(true, Ordering::Relaxed);
+        out
+    })
+}
+
 #[cfg(feature = "dpdk")]
 fn open_dpdk_queues(
     net: &NetArgs,
@@ -360,6 +436,9 @@ pub trait NodeUser {
 /// Open the backend the flags name and hand a node on it to `user`.
 pub fn with_node<U: NodeUser>(net: &NetArgs, user: U) -> Result<U::Output> {
     let cfg = net.config()?;
+    if net.cores.is_some() {
+        return run_primary(net, user);
+    }
     if let Some(iface) = &net.pcap {
         return open_pcap(net, iface, cfg, user);
     }

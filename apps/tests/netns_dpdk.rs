@@ -560,3 +560,67 @@ fn two_cores_on_af_packet_qpairs_share_the_connections() {
     }
     assert_eq!(passive, CONNS as u64, "{out}");
 }
+
+/// `uping` and `uperf -c` with `--cores 0,1` on af_packet with two queue
+/// pairs: the app runs on the first core, the second answers ARP and hands
+/// over what is the app's (ICMP by steering, TCP by passing on); the Linux
+/// peers answer every ping and count every byte uperf reports.
+#[test]
+fn ping_and_iperf_client_with_two_cores() {
+    need_root!();
+    let topo = Topo::up("dp");
+    let eal = format!("{},qpairs=2", topo.af_packet());
+    let net = [
+        "--dpdk",
+        &eal,
+        "--ip",
+        "10.77.0.2/24",
+        "--cores",
+        "0,1",
+        "--backoff",
+    ];
+    let ping = topo
+        .bin(env!("CARGO_BIN_EXE_uping"), &net)
+        .args(["-c", "10", "-i", "0.05", "-W", "3", "10.77.0.1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&ping.stdout);
+    let err = String::from_utf8_lossy(&ping.stderr);
+    assert_eq!(ping.status.code(), Some(0), "{text}{err}");
+    assert_eq!(count_before(&text, "received"), 10, "{text}");
+    no_crash(&err);
+
+    let server = Command::new("ip")
+        .args(["netns", "exec", &topo.ns("linux")])
+        .args(["iperf3", "-s", "-1", "-J", "-B", "10.77.0.1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut server = Daemon {
+        child: Some(server),
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let client = topo
+        .bin(env!("CARGO_BIN_EXE_uperf"), &net)
+        .args(["-c", "10.77.0.1", "-J", "-t", "2", "-P", "4"])
+        .output()
+        .unwrap();
+    let ours: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
+        panic!(
+            "uperf JSON: {e}: {}{}",
+            String::from_utf8_lossy(&client.stdout),
+            String::from_utf8_lossy(&client.stderr)
+        )
+    });
+    assert!(client.status.success(), "{ours}");
+    no_crash(&String::from_utf8_lossy(&client.stderr));
+    let out = server.child.take().unwrap().wait_with_output().unwrap();
+    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 -s JSON");
+    let bytes = &theirs["end"]["sum_received"]["bytes"];
+    assert!(bytes.as_u64().unwrap_or(0) > 0, "{theirs}");
+    assert_eq!(
+        ours["end"]["sum_received"]["bytes"], *bytes,
+        "{ours} vs {theirs}"
+    );
+}

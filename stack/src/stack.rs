@@ -269,7 +269,7 @@ impl Stack {
     /// [`Stack::receive`] on a shard of a multi-queue host whose frames
     /// may arrive on the wrong queue (a driver that spreads flows by its own
     /// hash): with `may_pass`, a TCP segment that matches no connection here
-    /// (other than a SYN, which any shard's listener takes) is left alone,
+    /// (other than a SYN this shard listens for) is left alone,
     /// and the return value says to pass it to the next shard. The last
     /// shard to see it (`may_pass` false) answers it as usual.
     pub fn receive_or_pass<T: Tx>(

@@ -286,11 +286,13 @@ fn run_sharded(args: &RunArgs, stop: &AtomicBool) -> Result<ExitCode> {
         args.duration.map(Duration::from_secs_f64),
         stop,
         Some(&tele),
-        |_| DaemonApps {
+        |shard| DaemonApps {
             services: Services::new(),
+            // Every shard listens (steering brings 5201 to shard 0); only
+            // shard 0's server prints.
             iperf: IperfServer::new(5201, false),
             ud: ustack::ud::ping::UdResponder::default(),
-            held: None,
+            held: (shard.index != 0).then(Vec::new),
         },
     )?;
     drop(tele);

@@ -119,13 +119,14 @@ impl Stack {
             self.deliver(now, slot, &seg);
             return Ok(());
         }
-        if self.link.may_pass && !(seg.hdr.syn && seg.hdr.ack.is_none()) {
-            // Perhaps a sibling shard's flow, on the wrong queue.
+        let listening = self.tcp.listeners.contains_key(&repr.dst_port);
+        if self.link.may_pass && !(listening && seg.hdr.syn && seg.hdr.ack.is_none()) {
+            // Perhaps a sibling shard's flow (or listener), on the wrong queue.
             self.link.passed = true;
             return Ok(());
         }
         let me = local(self.ip(), repr.dst_port);
-        if self.tcp.listeners.contains_key(&repr.dst_port) && !seg.hdr.rst {
+        if listening && !seg.hdr.rst {
             return self.listen_input(now, tx, me, remote, &seg);
         }
         if !seg.hdr.rst {
