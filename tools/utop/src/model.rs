@@ -25,6 +25,32 @@ pub struct Frame {
     pub pools: Vec<Pool>,
     pub connections: Vec<Conn>,
     pub connections_total: u64,
+    /// Each core's own figures when the stack runs one shard per core
+    /// (`--cores`); the fields above are then the totals.
+    pub shards: Vec<ShardFrame>,
+}
+
+/// One core's share of a multi-core stack.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ShardFrame {
+    pub shard: ShardInfo,
+    pub port: Port,
+    pub stack: Map<String, Value>,
+    pub connections_total: u64,
+}
+
+/// A shard's place and its mailbox counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ShardInfo {
+    pub index: u64,
+    pub count: u64,
+    pub steered_out: u64,
+    pub passed_on: u64,
+    pub arp_replicas_out: u64,
+    pub mail_in: u64,
+    pub mailbox_full: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -105,6 +131,7 @@ impl Frame {
             && self.pools == other.pools
             && self.connections == other.connections
             && self.connections_total == other.connections_total
+            && self.shards == other.shards
     }
 
     /// Nonzero drop counters by reason, largest first.

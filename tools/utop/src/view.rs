@@ -51,10 +51,20 @@ fn render_pane(m: &Monitor, pane: Pane, area: Rect, buf: &mut Buffer) {
     match pane {
         Pane::Pools => pools(f).render(area, buf),
         Pane::Ports => {
+            let cores_h = if f.shards.is_empty() {
+                0
+            } else {
+                u16::try_from(f.shards.len() + 3).unwrap_or(u16::MAX)
+            };
+            let [top, bottom] =
+                Layout::vertical([Constraint::Min(0), Constraint::Length(cores_h)]).areas(area);
             let [left, right] =
-                Layout::horizontal([Constraint::Length(48), Constraint::Min(20)]).areas(area);
+                Layout::horizontal([Constraint::Length(48), Constraint::Min(20)]).areas(top);
             ports(m, f).render(left, buf);
             drops(f).render(right, buf);
+            if cores_h > 0 {
+                cores(f).render(bottom, buf);
+            }
         }
         Pane::Protocols => {
             let width = area.width.saturating_sub(2);
@@ -70,7 +80,14 @@ fn render_pane(m: &Monitor, pane: Pane, area: Rect, buf: &mut Buffer) {
 fn pane_height(m: &Monitor, f: &Frame, pane: Pane, width: u16) -> u16 {
     let n = match pane {
         Pane::Pools => f.pools.len() + 1,
-        Pane::Ports => usize::from(PORT_ROWS + 1).max(f.drops().len() + 1),
+        Pane::Ports => {
+            let cores = if f.shards.is_empty() {
+                0
+            } else {
+                f.shards.len() + 3
+            };
+            usize::from(PORT_ROWS + 1).max(f.drops().len() + 1) + cores
+        }
         Pane::Protocols => protocol_lines(f, width.saturating_sub(2)).len(),
         Pane::Connections => m.connections().len() + 1,
     };
@@ -228,6 +245,55 @@ fn pools(f: &Frame) -> Table<'static> {
         "Buffer size",
     ]))
     .block(Block::bordered().title(" Pools "))
+}
+
+/// One row per core of a multi-core stack: its queue's traffic, its
+/// connections, and what crossed between cores.
+fn cores(f: &Frame) -> Table<'static> {
+    let rows = f.shards.iter().map(|s| {
+        let drops: u64 = s
+            .stack
+            .get("drops")
+            .and_then(Value::as_object)
+            .map_or(0, |d| d.values().filter_map(Value::as_u64).sum());
+        Row::new(vec![
+            format!("{} of {}", s.shard.index, s.shard.count),
+            s.port.rx_packets.to_string(),
+            s.port.tx_packets.to_string(),
+            s.connections_total.to_string(),
+            drops.to_string(),
+            s.shard.steered_out.to_string(),
+            s.shard.passed_on.to_string(),
+            s.shard.arp_replicas_out.to_string(),
+            s.shard.mailbox_full.to_string(),
+        ])
+    });
+    Table::new(
+        rows,
+        [
+            Constraint::Length(8),
+            Constraint::Length(12),
+            Constraint::Length(12),
+            Constraint::Length(6),
+            Constraint::Length(8),
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Length(7),
+            Constraint::Length(9),
+        ],
+    )
+    .header(header(&[
+        "Shard",
+        "rx pkts",
+        "tx pkts",
+        "TCP",
+        "Drops",
+        "Steered",
+        "Passed",
+        "ARP cp",
+        "Mail full",
+    ]))
+    .block(Block::bordered().title(" Cores (one stack per queue) "))
 }
 
 fn ports(m: &Monitor, f: &Frame) -> Table<'static> {

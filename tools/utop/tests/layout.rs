@@ -277,3 +277,43 @@ fn engine_snapshots_parse_with_a_live_connection() {
     assert!(f.stack.contains_key("tcp") && f.stack.contains_key("arp"));
     assert!(f.counter("arp", "entries") >= 1);
 }
+
+#[test]
+fn a_multi_core_stack_shows_a_row_per_core() {
+    // The totals line the publisher writes for a two-core stack.
+    let mut v = json!({"name": "ustack 10.0.0.1/24", "pid": 7, "port": {"rx_packets": 9000},
+                       "connections_total": 16});
+    v["shards"] = json!([
+        {"shard": {"index": 0, "count": 2, "steered_out": 0, "passed_on": 4, "arp_replicas_out": 2,
+                   "mail_in": 31, "mailbox_full": 0},
+         "port": {"rx_packets": 4000, "tx_packets": 3900}, "connections_total": 7,
+         "stack": {"drops": {"tcp_no_socket": 2}}},
+        {"shard": {"index": 1, "count": 2, "steered_out": 31, "passed_on": 0, "arp_replicas_out": 5,
+                   "mail_in": 6, "mailbox_full": 1},
+         "port": {"rx_packets": 5000, "tx_packets": 4800}, "connections_total": 9,
+         "stack": {"drops": {}}}
+    ]);
+    let frame: Frame = serde_json::from_value(v).unwrap();
+    let mut m = Monitor::new("/run/ustack/a.sock");
+    m.on_update(Update::Frame(Box::new(frame)));
+    m.set_pane(Pane::Ports);
+    let s = screen(&m, 120, 24);
+    assert!(s.contains("Cores (one stack per queue)"), "{s}");
+    let row = |first: &str| {
+        s.lines()
+            .map(|l| l.trim_matches('│').split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.len() > 3 && w[..3].join(" ") == first)
+            .unwrap_or_else(|| panic!("{first} in\n{s}"))[3..]
+            .to_vec()
+    };
+    assert_eq!(
+        row("0 of 2"),
+        ["4000", "3900", "7", "2", "0", "4", "2", "0"]
+    );
+    assert_eq!(
+        row("1 of 2"),
+        ["5000", "4800", "9", "0", "31", "0", "5", "1"]
+    );
+    // The text frame has it too.
+    assert!(m.text_frame(120).contains("Cores (one stack per queue)"));
+}
