@@ -11,7 +11,7 @@
 mod common;
 use common::*;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ustack::app::bulk::fill_pattern;
@@ -428,17 +428,7 @@ fn iperf3_both_ways_on_af_packet() {
         assert!(out.lines().any(|l| l.ends_with("receiver")), "{out}");
     }
     // Our client, their server.
-    let server = Command::new("ip")
-        .args(["netns", "exec", &topo.ns("linux")])
-        .args(["iperf3", "-s", "-1", "-J", "-B", "10.77.0.1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut server = Daemon {
-        child: Some(server),
-    };
-    std::thread::sleep(Duration::from_millis(500));
+    let server = topo.linux_iperf3_server();
     let client = topo
         .bin(
             env!("CARGO_BIN_EXE_uperf"),
@@ -458,17 +448,11 @@ fn iperf3_both_ways_on_af_packet() {
         )
         .output()
         .unwrap();
-    let ours: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
-        panic!(
-            "uperf JSON: {e}: {}{}",
-            String::from_utf8_lossy(&client.stdout),
-            String::from_utf8_lossy(&client.stderr)
-        )
-    });
+    let ours = stdout_json("uperf", &client.stdout, &client.stderr);
     assert!(client.status.success(), "{ours}");
     // `iperf3 -s -1` exits by itself after the test.
-    let out = server.child.take().unwrap().wait_with_output().unwrap();
-    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 -s JSON");
+    let (_, out, err) = server.wait();
+    let theirs = stdout_json("iperf3 -s", out.as_bytes(), err.as_bytes());
     // The server's own count (iperf3 -s reports only what it measured).
     assert_eq!(
         ours["end"]["sum_received"]["bytes"], theirs["end"]["sum_received"]["bytes"],
@@ -590,33 +574,17 @@ fn ping_and_iperf_client_with_two_cores() {
     assert_eq!(count_before(&text, "received"), 10, "{text}");
     no_crash(&err);
 
-    let server = Command::new("ip")
-        .args(["netns", "exec", &topo.ns("linux")])
-        .args(["iperf3", "-s", "-1", "-J", "-B", "10.77.0.1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut server = Daemon {
-        child: Some(server),
-    };
-    std::thread::sleep(Duration::from_millis(500));
+    let server = topo.linux_iperf3_server();
     let client = topo
         .bin(env!("CARGO_BIN_EXE_uperf"), &net)
         .args(["-c", "10.77.0.1", "-J", "-t", "2", "-P", "4"])
         .output()
         .unwrap();
-    let ours: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
-        panic!(
-            "uperf JSON: {e}: {}{}",
-            String::from_utf8_lossy(&client.stdout),
-            String::from_utf8_lossy(&client.stderr)
-        )
-    });
+    let ours = stdout_json("uperf", &client.stdout, &client.stderr);
     assert!(client.status.success(), "{ours}");
     no_crash(&String::from_utf8_lossy(&client.stderr));
-    let out = server.child.take().unwrap().wait_with_output().unwrap();
-    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 -s JSON");
+    let (_, out, err) = server.wait();
+    let theirs = stdout_json("iperf3 -s", out.as_bytes(), err.as_bytes());
     let bytes = &theirs["end"]["sum_received"]["bytes"];
     assert!(bytes.as_u64().unwrap_or(0) > 0, "{theirs}");
     assert_eq!(

@@ -640,15 +640,7 @@ fn uperf_client_against_stock_iperf3_server() {
         &["-t", "2", "-P", "2"],
         &["-t", "2", "-R", "-P", "3"],
     ] {
-        let server = Command::new("ip")
-            .args(["netns", "exec", &topo.ns("linux")])
-            .args(["iperf3", "-s", "-1", "-J", "-B", "10.77.0.1"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut server = scopeguard(server);
-        std::thread::sleep(Duration::from_millis(500));
+        let server = topo.linux_iperf3_server();
         let client = Command::new("ip")
             .args(["netns", "exec", &topo.ns("stack")])
             .arg(env!("CARGO_BIN_EXE_uperf"))
@@ -657,23 +649,12 @@ fn uperf_client_against_stock_iperf3_server() {
             .args(args)
             .output()
             .unwrap();
-        let ours: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|e| {
-            panic!(
-                "uperf {args:?} JSON: {e}: {}{}",
-                String::from_utf8_lossy(&client.stdout),
-                String::from_utf8_lossy(&client.stderr)
-            )
-        });
+        let ours = stdout_json(&format!("uperf {args:?}"), &client.stdout, &client.stderr);
         assert!(client.status.success(), "uperf {args:?}: {ours}");
         assert!(ours.get("error").is_none(), "{ours}");
-        let out = server.0.take().unwrap().wait_with_output().unwrap();
-        let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "iperf3 -s JSON: {e}: {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        });
-        assert!(out.status.success(), "iperf3 -s: {theirs}");
+        let (code, out, err) = server.wait();
+        let theirs = stdout_json("iperf3 -s", out.as_bytes(), err.as_bytes());
+        assert_eq!(code, 0, "iperf3 -s: {theirs}");
         let want = args
             .iter()
             .position(|a| *a == "-P")

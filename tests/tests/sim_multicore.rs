@@ -4,44 +4,15 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
+use ustack::Device;
 use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::app::ping::{Pinger, PingerConfig};
-use ustack::runtime::{App, Control};
+use ustack::runtime::App;
 use ustack::shard::{Steer, SteerRule};
 use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack::{Device, Instant, Stack};
 
-/// Opens `total` transfers of `bytes` each, at most `per_poll` new ones per iteration.
-struct ManyClients {
-    dst: SocketAddrV4,
-    total: usize,
-    bytes: u64,
-    per_poll: usize,
-    clients: Vec<BulkSend>,
-}
-
-impl App for ManyClients {
-    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
-        let room = self.total - self.clients.len();
-        for _ in 0..room.min(self.per_poll) {
-            self.clients.push(BulkSend::new(self.dst, self.bytes));
-        }
-        for c in self.clients.iter_mut().filter(|c| !c.done()) {
-            c.poll(now, stack);
-        }
-        Control::Continue
-    }
-    fn poll_at(&self) -> Option<Instant> {
-        (self.clients.len() < self.total).then_some(Instant::ZERO)
-    }
-}
-
-fn small_buffers(n: u8) -> ustack::Config {
-    let mut c = host_config(n);
-    c.tcp.send_buffer = 8 << 10;
-    c.tcp.recv_buffer = 8 << 10;
-    c
-}
+mod common;
+use common::{ManyClients, small_buffers};
 
 fn link() -> LinkConfig {
     LinkConfig {

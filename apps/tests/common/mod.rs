@@ -169,6 +169,33 @@ impl Drop for Daemon {
     }
 }
 
+impl Topo {
+    /// A stock `iperf3 -s -1 -J` on the Linux side (10.77.0.1), given half
+    /// a second to listen; it exits by itself after one test.
+    pub fn linux_iperf3_server(&self) -> Daemon {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns("linux")])
+            .args(["iperf3", "-s", "-1", "-J", "-B", "10.77.0.1"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start iperf3 -s");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        Daemon::new(child)
+    }
+}
+
+/// The JSON `what` printed on stdout, or a panic showing all it printed.
+pub fn stdout_json(what: &str, stdout: &[u8], stderr: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what} JSON: {e}: {}{}",
+            String::from_utf8_lossy(stdout),
+            String::from_utf8_lossy(stderr)
+        )
+    })
+}
+
 /// The number before `word` in `text` ("5 received" -> 5).
 pub fn count_before(text: &str, word: &str) -> u64 {
     let words: Vec<&str> = text.split_whitespace().collect();
