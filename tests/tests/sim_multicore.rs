@@ -4,12 +4,12 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::Device;
 use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::app::ping::{Pinger, PingerConfig};
 use ustack::runtime::App;
 use ustack::shard::{Steer, SteerRule};
 use ustack::sim::{LinkConfig, SimNet, host_config};
+use ustack::{Device, Stack};
 
 mod common;
 use common::{ManyClients, small_buffers};
@@ -138,5 +138,63 @@ fn steered_pings_reach_the_shard_that_sent_them() {
         .map(|&n| net.nodes[n].shard.as_ref().unwrap().stats.steered_out)
         .sum();
     assert_eq!(steered, 20, "every reply arrived on another queue");
+    assert_eq!(net.pools_in_use(), 0);
+}
+
+#[test]
+fn segments_on_the_wrong_queue_are_passed_to_the_owning_shard() {
+    // A driver whose hash disagrees with ours (af_packet's fan-out): the
+    // client's two stacks believe they sit on each other's queue, so every
+    // flow they open hashes to the other queue. The shard that gets a
+    // segment it does not own passes it on; transfers stay byte-exact and
+    // nobody resets anything.
+    let mut net = SimNet::new(link());
+    let cfg = host_config(1);
+    let ports = net
+        .link
+        .attach_queues(cfg.mac, 2, ustack::sim::SIM_POOL_BUFS);
+    let shards = ustack::shard::shards(2, &[]);
+    for (port, shard) in ports.into_iter().zip(shards) {
+        let mut c = cfg.clone();
+        c.shard = ustack::shard::ShardId {
+            index: 1 - shard.id.index,
+            count: 2,
+        };
+        c.announce &= shard.id.index == 0;
+        net.nodes
+            .push(ustack::runtime::Node::sharded(Stack::new(c), port, shard));
+    }
+    let server = net.add(host_config(2));
+    let dst = SocketAddrV4::new(net.nodes[server].stack.ip(), 5001);
+    let mut clients = ManyClients {
+        dst,
+        total: 20,
+        bytes: 100_000,
+        per_poll: 20,
+        clients: Vec::new(),
+    };
+    let mut idle = ();
+    let mut sink = BulkRecv::new(5001, 64);
+    net.run_until(
+        net.now + Duration::from_secs(30),
+        &mut [&mut clients, &mut idle, &mut sink],
+        |_| false,
+    );
+    assert!(
+        clients
+            .clients
+            .iter()
+            .all(|c| c.done() && c.error.is_none())
+    );
+    assert_eq!(sink.completed.len(), 20);
+    assert_eq!(sink.corrupt_bytes, 0);
+    let passed = net.nodes[1].shard.as_ref().unwrap().stats.passed_on;
+    assert!(passed > 0, "the replies reached queue 1 and were passed on");
+    let c0 = net.nodes[0].stack.stats().tcp;
+    let c1 = net.nodes[1].stack.stats().tcp;
+    assert_eq!((c0.active_opens, c1.active_opens), (20, 0));
+    assert_eq!((c0.resets_sent, c1.resets_sent), (0, 0));
+    assert_eq!(net.nodes[server].stack.stats().tcp.resets_received, 0);
+    net.run_until(net.now + Duration::from_secs(130), &mut [], |_| false);
     assert_eq!(net.pools_in_use(), 0);
 }
