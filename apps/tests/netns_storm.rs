@@ -3,7 +3,7 @@
 //! echo: bad checksums at every layer, overlapping and endless fragments,
 //! TCP option garbage, every flag combination, zero and huge windows, RST
 //! and SYN with wrong sequence numbers on the live connection's 4-tuple,
-//! ARP claiming the stack's address, RoCE
+//! ARP claiming the stack's address, ARP spoofing the live peer's MAC, RoCE
 //! with a bad ICRC, random bytes. The daemon must not panic, the transfer
 //! must come back byte-exact, ping must still be answered, and the drop
 //! counters printed at stop must name the attacks. Needs root and scapy.
@@ -72,11 +72,15 @@ def burst():
     for w in (0, 65535):
         f.append(E / ip / TCP(sport=sport, dport=7, flags="A", seq=(seq - 100000) % 2**32,
                               ack=ack, window=w) / Raw(b"z" * 10))
-    # ARP: someone claims the stack's address. (A reply spoofing the Linux
-    # host's MAC is left out: the stack merges it as RFC 826 says and the
-    # transfer stalls until Linux re-ARPs; hardening that is an open item.)
+    # ARP: someone claims the stack's address; and spoofing the live Linux
+    # peer's MAC, by an unsolicited reply and by a request to the stack
+    # (a fresh entry keeps its MAC: refused and counted).
     f.append(Ether(src="02:66:66:66:66:66", dst="ff:ff:ff:ff:ff:ff") /
              ARP(op=1, hwsrc="02:66:66:66:66:66", psrc=stack_ip, pdst=stack_ip))
+    f.append(E / ARP(op=2, hwsrc="02:66:66:66:66:67", psrc=linux_ip,
+                     hwdst=stack_mac, pdst=stack_ip))
+    f.append(Ether(src="02:66:66:66:66:67", dst="ff:ff:ff:ff:ff:ff") /
+             ARP(op=1, hwsrc="02:66:66:66:66:67", psrc=linux_ip, pdst=stack_ip))
     # RoCEv2 UD SEND to QPN 2 with a wrong ICRC.
     bth = bytes([0x64, 0, 0xff, 0xff, 0, 0, 0, 2, 0, 0, 0, 1])
     deth = bytes([0x11, 0x11, 0x11, 0x11, 0, 0, 0, 0x11])
@@ -219,6 +223,7 @@ fn storm_during_a_transfer_is_counted_and_survived() {
         "frag_overlap",
         "tcp_no_socket",
         "arp_conflict",
+        "arp_spoof_refused",
         "ud_bad_icrc",
         "eth_unknown_type",
     ] {

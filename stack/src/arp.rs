@@ -32,6 +32,11 @@ pub struct ArpConfig {
     pub pending_bytes_total: usize,
     /// Unresolved addresses held at once.
     pub max_pending_addrs: usize,
+    /// Refuse an ARP packet that would change the MAC of a fresh entry
+    /// unless it answers our own request for that address (spoofing
+    /// defence; a host that really moved is learned when the entry expires
+    /// and we ask again).
+    pub lock_fresh_entries: bool,
 }
 
 impl Default for ArpConfig {
@@ -45,6 +50,7 @@ impl Default for ArpConfig {
             pending_bytes_per_addr: 256 << 10,
             pending_bytes_total: 1 << 20,
             max_pending_addrs: 64,
+            lock_fresh_entries: true,
         }
     }
 }
@@ -63,6 +69,10 @@ struct Pending {
     packets: VecDeque<Vec<u8>>,
     bytes: usize,
 }
+
+/// [`ArpCache::learn`] refused to change a fresh entry's MAC (counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MacChangeRefused;
 
 /// What [`ArpCache::enqueue`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +93,9 @@ pub struct ArpCache {
     pending: HashMap<Ipv4Addr, Pending>,
     pending_packets: usize,
     pending_bytes: usize,
+    /// Most entries and pending bytes ever held (flood reports).
+    entries_hwm: usize,
+    pending_bytes_hwm: usize,
     pub(crate) stats: ArpStats,
 }
 
@@ -94,6 +107,8 @@ impl ArpCache {
             pending: HashMap::new(),
             pending_packets: 0,
             pending_bytes: 0,
+            entries_hwm: 0,
+            pending_bytes_hwm: 0,
             stats: ArpStats::default(),
         }
     }
@@ -132,25 +147,31 @@ impl ArpCache {
         ip: Ipv4Addr,
         mac: EthernetAddress,
         solicited: bool,
-    ) -> VecDeque<Vec<u8>> {
+    ) -> Result<VecDeque<Vec<u8>>, MacChangeRefused> {
         let expires = now + self.cfg.entry_ttl;
+        let asked = self.pending.contains_key(&ip);
         if let Some(e) = self.entries.get_mut(&ip) {
+            if e.mac != mac && e.expires > now && !asked && self.cfg.lock_fresh_entries {
+                self.stats.spoof_refused += 1;
+                return Err(MacChangeRefused);
+            }
             *e = Entry { mac, expires };
-        } else if solicited || self.pending.contains_key(&ip) {
+        } else if solicited || asked {
             if self.entries.len() >= self.cfg.max_entries && !self.evict_one(now) {
                 self.stats.table_full += 1;
             } else {
                 self.entries.insert(ip, Entry { mac, expires });
+                self.entries_hwm = self.entries_hwm.max(self.entries.len());
             }
         }
-        match self.pending.remove(&ip) {
+        Ok(match self.pending.remove(&ip) {
             Some(p) => {
                 self.pending_packets -= p.packets.len();
                 self.pending_bytes -= p.bytes;
                 p.packets
             }
             None => VecDeque::new(),
-        }
+        })
     }
 
     /// Make room: drop an expired entry, else the one closest to expiry.
@@ -194,6 +215,7 @@ impl ArpCache {
         }
         p.bytes += packet.len();
         self.pending_bytes += packet.len();
+        self.pending_bytes_hwm = self.pending_bytes_hwm.max(self.pending_bytes);
         self.pending_packets += 1;
         p.packets.push_back(packet);
         let first = p.requests == 0;
@@ -246,6 +268,8 @@ impl ArpCache {
         ArpStats {
             entries: self.entries.len() as u64,
             pending_packets: self.pending_packets as u64,
+            entries_hwm: self.entries_hwm as u64,
+            pending_bytes_hwm: self.pending_bytes_hwm as u64,
             ..self.stats.clone()
         }
     }
@@ -270,7 +294,7 @@ mod test {
     #[test]
     fn entry_expires() {
         let mut c = ArpCache::new(ArpConfig::default());
-        c.learn(Instant::ZERO, IP, MAC, true);
+        c.learn(Instant::ZERO, IP, MAC, true).unwrap();
         assert_eq!(c.lookup(Instant::from_secs(59), IP), Some(MAC));
         assert_eq!(c.lookup(Instant::from_secs(61), IP), None);
         let s = c.stats();
@@ -280,12 +304,46 @@ mod test {
     #[test]
     fn unsolicited_only_refreshes() {
         let mut c = ArpCache::new(ArpConfig::default());
-        c.learn(Instant::ZERO, IP, MAC, false);
+        c.learn(Instant::ZERO, IP, MAC, false).unwrap();
         assert_eq!(c.lookup(Instant::ZERO, IP), None);
-        c.learn(Instant::ZERO, IP, MAC, true);
-        let other = EthernetAddress([2, 0, 0, 0, 0, 9]);
-        c.learn(Instant::from_secs(1), IP, other, false);
-        assert_eq!(c.lookup(Instant::from_secs(1), IP), Some(other));
+        c.learn(Instant::ZERO, IP, MAC, true).unwrap();
+        // The same MAC refreshes the entry.
+        c.learn(Instant::from_secs(30), IP, MAC, false).unwrap();
+        assert_eq!(c.lookup(Instant::from_secs(80), IP), Some(MAC));
+    }
+
+    #[test]
+    fn a_fresh_entry_keeps_its_mac_until_we_ask_again() {
+        let mut c = ArpCache::new(ArpConfig::default());
+        c.learn(Instant::ZERO, IP, MAC, true).unwrap();
+        let spoof = EthernetAddress([2, 0, 0, 0, 0, 9]);
+        // Unsolicited, or a request to us from a spoofed sender: refused.
+        for solicited in [false, true] {
+            assert_eq!(
+                c.learn(Instant::from_secs(1), IP, spoof, solicited),
+                Err(MacChangeRefused)
+            );
+        }
+        assert_eq!(c.lookup(Instant::from_secs(1), IP), Some(MAC));
+        assert_eq!(c.stats().spoof_refused, 2);
+        // The host really moved: once the entry expires we ask, and learn.
+        let later = Instant::from_secs(61);
+        assert_eq!(c.lookup(later, IP), None);
+        assert_eq!(c.enqueue(later, IP, vec![1]), Enqueue::QueuedSendRequest);
+        assert_eq!(c.learn(later, IP, spoof, false).unwrap().len(), 1);
+        assert_eq!(c.lookup(later, IP), Some(spoof));
+        // Our own outstanding request is answered even for a fresh entry.
+        let moved = EthernetAddress([2, 0, 0, 0, 0, 7]);
+        c.enqueue(later, IP, vec![2]);
+        assert!(c.learn(later, IP, moved, false).is_ok());
+        // Without the lock, RFC 826's merge updates it.
+        let mut open = ArpCache::new(ArpConfig {
+            lock_fresh_entries: false,
+            ..ArpConfig::default()
+        });
+        open.learn(Instant::ZERO, IP, MAC, true).unwrap();
+        open.learn(Instant::from_secs(1), IP, spoof, false).unwrap();
+        assert_eq!(open.lookup(Instant::from_secs(1), IP), Some(spoof));
     }
 
     #[test]
@@ -302,7 +360,7 @@ mod test {
         assert_eq!(c.stats().pending_dropped, (n - cfg.pending_per_addr) as u64);
         let t1 = t0 + cfg.request_interval;
         assert_eq!(c.enqueue(t1, IP, vec![0xee]), Enqueue::QueuedSendRequest);
-        let waiting = c.learn(t1, IP, MAC, true);
+        let waiting = c.learn(t1, IP, MAC, true).unwrap();
         // The newest packets were kept.
         assert_eq!(waiting.back(), Some(&vec![0xee]));
         assert_eq!(waiting.len(), cfg.pending_per_addr);
@@ -328,7 +386,7 @@ mod test {
         }
         // The total cap of 15,000 leaves room for 2 more.
         assert_eq!(c.stats().pending_packets, 5);
-        assert_eq!(c.learn(Instant::ZERO, other, MAC, true).len(), 2);
+        assert_eq!(c.learn(Instant::ZERO, other, MAC, true).unwrap().len(), 2);
     }
 
     #[test]
@@ -369,7 +427,8 @@ mod test {
                 Ipv4Addr::new(10, 0, 1, i),
                 MAC,
                 true,
-            );
+            )
+            .unwrap();
         }
         assert_eq!(c.stats().entries, 4);
         // The most recent entries survive eviction.

@@ -350,7 +350,9 @@ impl Stack {
         let known = self.link.arp.knows(spa);
         if learnable {
             // RFC 826: refresh a known sender; add it when the packet is for us.
-            let waiting = self.link.arp.learn(now, spa, sha, for_us);
+            let waiting = (self.link.arp)
+                .learn(now, spa, sha, for_us)
+                .map_err(|_| DropReason::ArpSpoofRefused)?;
             self.link.flush_waiting(sha, waiting, tx);
         }
         if for_us && operation == ArpOperation::Request && !self.link.replica {

@@ -46,6 +46,9 @@ drop_reasons! {
     ArpNotForUs => "arp_not_for_us",
     /// ARP claiming our own address from another MAC (a conflict or a spoof).
     ArpConflict => "arp_conflict",
+    /// ARP that would change a fresh entry's MAC without answering our
+    /// request (a spoof, or a host that moved: learned when we ask again).
+    ArpSpoofRefused => "arp_spoof_refused",
     /// Shorter than the IPv4 header or the header length says.
     Ipv4Truncated => "ipv4_truncated",
     /// Version field is not 4.
@@ -183,6 +186,13 @@ pub struct ArpStats {
     pub unresolved: u64,
     /// New entries refused because the table was full.
     pub table_full: u64,
+    /// Packets that would have changed a fresh entry's MAC without our
+    /// asking (spoofing), refused.
+    pub spoof_refused: u64,
+    /// Most entries held at once.
+    pub entries_hwm: u64,
+    /// Most bytes of packets waiting for resolution at once.
+    pub pending_bytes_hwm: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
