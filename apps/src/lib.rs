@@ -9,6 +9,7 @@ pub mod mesh;
 pub mod net;
 pub mod rdma;
 pub mod report;
+pub mod rr;
 pub mod services;
 pub mod telemetry;
 

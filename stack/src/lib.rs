@@ -17,6 +17,7 @@
 pub mod app;
 pub mod arp;
 pub mod backend;
+pub mod checksum;
 pub mod clock;
 pub mod device;
 pub mod frag;

@@ -33,9 +33,9 @@ struct Cli {
     /// Run as a client of the server at HOST (a stock `iperf3 -s` or `uperf -s`).
     #[arg(short = 'c', long = "client", value_name = "HOST")]
     client: Option<Ipv4Addr>,
-    /// Server port.
-    #[arg(short = 'p', long = "port", default_value_t = 5201, value_parser = clap::value_parser!(u16).range(1..))]
-    port: u16,
+    /// Server port (5201; 7, the echo service, with --rr).
+    #[arg(short = 'p', long = "port", value_parser = clap::value_parser!(u16).range(1..))]
+    port: Option<u16>,
     /// Server: serve one test, then exit.
     #[arg(short = '1', long = "one-off", conflicts_with = "client")]
     one_off: bool,
@@ -48,9 +48,15 @@ struct Cli {
     /// Client: reverse mode, the server sends.
     #[arg(short = 'R', long = "reverse", conflicts_with = "server")]
     reverse: bool,
-    /// Client: length of a write, with an optional K or M suffix (iperf3's 128K by default).
-    #[arg(short = 'l', long = "length", default_value = "128K", value_parser = length, conflicts_with = "server")]
-    len: usize,
+    /// Client: length of a write, with an optional K or M suffix (iperf3's 128K
+    /// by default; with --rr the request size, 64 by default).
+    #[arg(short = 'l', long = "length", value_parser = length, conflicts_with = "server")]
+    len: Option<usize>,
+    /// Client: TCP request/response against an echo service (port 7 of
+    /// `ustack run`): send -l bytes, wait for the echo, repeat for -t seconds;
+    /// prints p50/p99/max latency and transactions/s.
+    #[arg(long, conflicts_with_all = ["server", "rdma", "reverse", "parallel"], requires = "client")]
+    rr: bool,
     /// Client: seconds between interval reports (0 turns them off).
     #[arg(short = 'i', long = "interval", default_value_t = 1.0, value_parser = seconds_or_zero)]
     interval: f64,
@@ -153,7 +159,7 @@ impl NodeUser for Run<'_> {
         let lcfg = cli.net.loop_config();
         let tele = ustack_apps::telemetry::Telemetry::start(&cli.net, "uperf")?;
         let Some(host) = cli.client else {
-            let mut server = IperfServer::new(cli.port, cli.one_off);
+            let mut server = IperfServer::new(cli.port.unwrap_or(5201), cli.one_off);
             server.json = cli.json;
             let mut front = ServerFront(server);
             runtime::run(
@@ -169,12 +175,15 @@ impl NodeUser for Run<'_> {
             }
             return Ok(ExitCode::SUCCESS);
         };
+        if cli.rr {
+            return run_rr(cli, host, node, &lcfg, &tele, &stop);
+        }
         let cfg = ClientConfig {
-            server: SocketAddrV4::new(host, cli.port),
+            server: SocketAddrV4::new(host, cli.port.unwrap_or(5201)),
             time: cli.time,
             parallel: usize::from(cli.parallel),
             reverse: cli.reverse,
-            len: cli.len,
+            len: cli.len.unwrap_or(128 << 10),
             interval: cli.interval,
             connect_timeout: Duration::from_millis(cli.connect_timeout.max(1)),
         };
@@ -222,6 +231,52 @@ impl NodeUser for Run<'_> {
     }
 }
 
+/// `uperf -c HOST --rr`: request/response against an echo service.
+fn run_rr<D: Device>(
+    cli: &Cli,
+    host: Ipv4Addr,
+    mut node: Node<D>,
+    lcfg: &runtime::LoopConfig,
+    tele: &ustack_apps::telemetry::Telemetry,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<ExitCode> {
+    use ustack_apps::rr::{RrClient, RrConfig};
+    let mut client = RrClient::new(RrConfig {
+        server: SocketAddrV4::new(host, cli.port.unwrap_or(7)),
+        size: cli.len.unwrap_or(64),
+        time: Duration::from_secs_f64(cli.time),
+        connect_timeout: Duration::from_millis(cli.connect_timeout.max(1)),
+    });
+    runtime::run(
+        &mut node,
+        &mut client,
+        lcfg,
+        &Clock::new(),
+        || stop.load(Ordering::Relaxed),
+        |s| tele.publish(s),
+    )?;
+    if cli.json {
+        println!("{}", client.json());
+    } else if client.transactions > 0 {
+        println!("{}", client.summary());
+    }
+    match &client.error {
+        Some(e) => {
+            if !cli.json {
+                eprintln!("uperf: error - {e}");
+            }
+            Ok(ExitCode::from(1))
+        }
+        None if client.succeeded() && client.mismatched == 0 => Ok(ExitCode::SUCCESS),
+        None => {
+            if !cli.json {
+                eprintln!("uperf: error - the test did not finish");
+            }
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.rdma {
@@ -264,6 +319,18 @@ mod test {
         assert!(length("0").is_err());
         assert!(length("2M").is_err());
         assert!(length("abc").is_err());
+    }
+
+    #[test]
+    fn rr_flags() {
+        let c = Cli::try_parse_from(["uperf", "--sim", "-c", "10.0.0.1", "--rr"]).unwrap();
+        assert!(c.rr);
+        assert_eq!((c.port, c.len), (None, None), "defaults: port 7, 64 bytes");
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--rr"]).is_err());
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-c", "10.0.0.1", "--rr", "-R"]).is_err());
+        assert!(
+            Cli::try_parse_from(["uperf", "--sim", "-c", "10.0.0.1", "--rr", "--rdma"]).is_err()
+        );
     }
 
     #[test]

@@ -1312,9 +1312,12 @@ impl TcpConn {
             && self.cfg.nagle
             && !forced
             && self.snd_max.diff(self.snd_una) > 0
+            && self.snd_nxt == self.snd_max
             && !self.fin_queued
         {
-            // Nagle: one small segment in flight at a time.
+            // Nagle: one small segment in flight at a time. It holds new data
+            // only: a retransmission (after an RTO rolled snd_nxt back) of a
+            // small tail must go, or nothing would ever acknowledge it.
             return None;
         }
         if forced {
@@ -1977,6 +1980,39 @@ mod test {
         drain(&mut c2, now2);
         c2.send(b"b");
         assert_eq!(drain(&mut c2, now2).len(), 1, "no Nagle: sent at once");
+    }
+
+    #[test]
+    fn nagle_does_not_hold_a_lost_small_tail_after_rto() {
+        let (mut c, mut s, mut now) = established(
+            TcpConfig {
+                nagle: true,
+                ..cfg()
+            },
+            cfg(),
+        );
+        // 1448 + 1448 + a small tail of 1104 that Nagle holds until the ACK;
+        // the tail's first transmission is lost.
+        let data: Vec<u8> = (0..4000u32).map(|i| i as u8).collect();
+        assert_eq!(c.send(&data), 4000);
+        let mut lost = 0;
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(100),
+            |from_c, w| {
+                if from_c && w.out.payload_len == 1104 && lost == 0 {
+                    lost += 1;
+                    return false;
+                }
+                true
+            },
+        );
+        assert_eq!(lost, 1);
+        assert_eq!(read_all(&mut s), data);
+        assert_eq!(c.send_queued(), 0, "everything acknowledged");
+        assert!(c.stats.timeouts >= 1 && c.stats.retransmits >= 1);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddrV4;
 
+use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTimestampRepr};
 
 use super::conn::{Header, Outgoing, Segment, State, TcpConn};
@@ -74,13 +75,20 @@ fn emit<T: Tx>(
         payload: &[],
     };
     let hdr = repr.header_len();
-    let src = IpAddress::Ipv4(link.ip());
-    let dst = IpAddress::Ipv4(*remote.ip());
-    let caps = link.checksum.clone();
+    let (me, peer) = (link.ip(), *remote.ip());
+    let (src, dst) = (IpAddress::Ipv4(me), IpAddress::Ipv4(peer));
+    let fill = link.checksum.tcp.tx();
     let len = hdr + out.payload_len;
-    link.send_ip(now, tx, *remote.ip(), IpProtocol::Tcp, len, |buf| {
+    link.send_ip(now, tx, peer, IpProtocol::Tcp, len, |buf| {
         payload(&mut buf[hdr..]);
-        repr.emit(&mut TcpPacket::new_unchecked(buf), &src, &dst, &caps);
+        let mut pkt = TcpPacket::new_unchecked(&mut *buf);
+        repr.emit(&mut pkt, &src, &dst, &ChecksumCapabilities::ignored());
+        if fill {
+            // Our own word-wide sum (crate::checksum), not smoltcp's.
+            pkt.set_checksum(0);
+            let c = crate::checksum::compute(me, peer, 6, buf);
+            TcpPacket::new_unchecked(buf).set_checksum(c);
+        }
     })
     .is_ok()
 }
@@ -98,16 +106,11 @@ impl Stack {
         }
         let pkt = TcpPacket::new_checked(body).map_err(|_| DropReason::TcpMalformed)?;
         let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
-        if !pkt.verify_checksum(&src, &dst) {
+        if self.link.checksum.tcp.rx() && !crate::checksum::verifies(meta.src, meta.dst, 6, body) {
             return Err(DropReason::TcpBadChecksum);
         }
-        let repr = TcpRepr::parse(
-            &pkt,
-            &src,
-            &dst,
-            &smoltcp::phy::ChecksumCapabilities::ignored(),
-        )
-        .map_err(|_| DropReason::TcpMalformed)?;
+        let repr = TcpRepr::parse(&pkt, &src, &dst, &ChecksumCapabilities::ignored())
+            .map_err(|_| DropReason::TcpMalformed)?;
         let seg = segment_from(&repr);
         self.tcp.stats.segs_in += 1;
         let remote = SocketAddrV4::new(meta.src, repr.src_port);

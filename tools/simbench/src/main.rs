@@ -1,0 +1,192 @@
+//! `simbench`: the measurements `tools/bench` runs that need no NIC.
+//!
+//! - `goodput`: stack-only TCP goodput between two stacks in one thread on
+//!   an in-memory lossless link (ustack on its sim link, smoltcp on a frame
+//!   queue of our own), with N other connections open beside the flow;
+//! - `memory`: resident memory per idle established connection;
+//! - `rr-server` / `rr-client`: a Linux-kernel TCP request/response pair
+//!   (std::net), the Linux peer of the 64-byte RR row.
+//!
+//! Every subcommand prints one JSON object per measurement on stdout.
+#![forbid(unsafe_code)]
+
+mod rr;
+mod smol;
+mod ustack_side;
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "simbench",
+    version,
+    about = "ustack benchmark pieces (JSON lines)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Which {
+    Ustack,
+    Smoltcp,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Stack-only TCP goodput, two stacks on one in-memory link, one thread.
+    Goodput {
+        #[arg(long, value_enum, default_value = "ustack")]
+        stack: Which,
+        /// Other connections open beside the flow: half idle listeners,
+        /// half established idle connections.
+        #[arg(long, default_value_t = 0)]
+        idle: usize,
+        /// Bytes the flow moves (K, M, G suffixes, 1024-based).
+        #[arg(long, default_value = "1G", value_parser = size)]
+        bytes: u64,
+        /// Socket buffer size of the flow (both ends, both stacks).
+        #[arg(long, default_value = "256K", value_parser = size)]
+        buffer: u64,
+    },
+    /// Resident memory per idle established TCP connection (ustack).
+    Memory {
+        #[arg(long, default_value_t = 10_000)]
+        conns: usize,
+        /// Socket buffer size (send and receive, each).
+        #[arg(long, default_value = "256K", value_parser = size)]
+        buffer: u64,
+    },
+    /// Linux TCP echo server for rr-client (std::net, one thread per connection).
+    RrServer {
+        #[arg(long, default_value = "0.0.0.0:7")]
+        listen: std::net::SocketAddr,
+    },
+    /// Linux TCP request/response client: send SIZE bytes, wait for the echo, repeat.
+    RrClient {
+        #[arg(long)]
+        connect: std::net::SocketAddr,
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        #[arg(long, default_value_t = 5.0)]
+        secs: f64,
+    },
+}
+
+/// Bytes with an optional K, M or G suffix (1024-based).
+fn size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    match num.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n * mult),
+        _ => Err(format!("'{s}' is not a size (bytes, or with K/M/G)")),
+    }
+}
+
+/// What a goodput run measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Goodput {
+    pub bytes: u64,
+    pub wall_secs: f64,
+    /// CPU time this thread ran during the flow (/proc/thread-self/schedstat).
+    pub cpu_secs: f64,
+    /// Frames on the link, both directions (data and ACKs).
+    pub frames: u64,
+    /// Frames carrying payload (sender to receiver).
+    pub data_frames: u64,
+    /// Bytes copied by the path: app -> send buffer, send buffer -> frame,
+    /// frame -> receive buffer, receive buffer -> app.
+    pub copied: u64,
+    pub retransmits: u64,
+}
+
+fn print_goodput(which: Which, idle: usize, g: &Goodput) {
+    let ns = g.wall_secs * 1e9;
+    let v = serde_json::json!({
+        "measure": "goodput",
+        "stack": match which { Which::Ustack => "ustack", Which::Smoltcp => "smoltcp" },
+        "idle": idle,
+        "bytes": g.bytes,
+        "wall_secs": g.wall_secs,
+        "gbit_per_sec": g.bytes as f64 * 8.0 / g.wall_secs / 1e9,
+        "cpu_secs": g.cpu_secs,
+        // Goodput per second of CPU actually given to the thread: steadier
+        // than wall time when other work shares the cores.
+        "gbit_per_cpu_sec": g.bytes as f64 * 8.0 / g.cpu_secs / 1e9,
+        "frames": g.frames,
+        "data_frames": g.data_frames,
+        "ns_per_packet": ns / g.frames.max(1) as f64,
+        "ns_per_data_packet": ns / g.data_frames.max(1) as f64,
+        "copied_per_byte": g.copied as f64 / g.bytes.max(1) as f64,
+        "retransmits": g.retransmits,
+    });
+    println!("{v}");
+}
+
+/// CPU time this thread has run, in seconds (/proc/thread-self/schedstat).
+pub fn thread_cpu_secs() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0.0, |ns| ns as f64 / 1e9)
+}
+
+/// Resident set size of this process in bytes (/proc/self/statm).
+pub fn rss_bytes() -> Result<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = match s.split_whitespace().nth(1).map(str::parse) {
+        Some(Ok(p)) => p,
+        _ => bail!("cannot parse /proc/self/statm: {s:?}"),
+    };
+    Ok(pages * 4096)
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Goodput {
+            stack,
+            idle,
+            bytes,
+            buffer,
+        } => {
+            let buffer = usize::try_from(buffer)?;
+            let g = match stack {
+                Which::Ustack => ustack_side::goodput(idle, bytes, buffer)?,
+                Which::Smoltcp => smol::goodput(idle, bytes, buffer)?,
+            };
+            print_goodput(stack, idle, &g);
+        }
+        Cmd::Memory { conns, buffer } => {
+            let v = ustack_side::memory(conns, usize::try_from(buffer)?)?;
+            println!("{v}");
+        }
+        Cmd::RrServer { listen } => rr::server(listen)?,
+        Cmd::RrClient {
+            connect,
+            size,
+            secs,
+        } => {
+            let v = rr::client(connect, size, secs)?;
+            println!("{v}");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("simbench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
