@@ -32,10 +32,10 @@ pub struct ArpConfig {
     pub pending_bytes_total: usize,
     /// Unresolved addresses held at once.
     pub max_pending_addrs: usize,
-    /// Refuse an ARP packet that would change the MAC of a fresh entry
-    /// unless it answers our own request for that address (spoofing
-    /// defence; a host that really moved is learned when the entry expires
-    /// and we ask again).
+    /// Refuse an ARP packet that would change the MAC of an entry (fresh
+    /// or stale) unless it answers our own request for that address
+    /// (spoofing defence; a host that really moved is learned when the
+    /// entry expires and we ask again).
     pub lock_fresh_entries: bool,
 }
 
@@ -89,7 +89,7 @@ pub enum Enqueue {
 #[derive(Debug)]
 pub struct ArpCache {
     cfg: ArpConfig,
-    entries: HashMap<Ipv4Addr, Entry>,
+    entries: foldhash::HashMap<Ipv4Addr, Entry>,
     pending: HashMap<Ipv4Addr, Pending>,
     pending_packets: usize,
     pending_bytes: usize,
@@ -103,7 +103,7 @@ impl ArpCache {
     pub fn new(cfg: ArpConfig) -> Self {
         ArpCache {
             cfg,
-            entries: HashMap::new(),
+            entries: foldhash::HashMap::default(),
             pending: HashMap::new(),
             pending_packets: 0,
             pending_bytes: 0,
@@ -138,9 +138,12 @@ impl ArpCache {
     }
 
     /// Record `ip -> mac`. `solicited` entries (a reply to our request, or a
-    /// request addressed to us) may evict another entry when the table is
-    /// full; others only refresh existing entries. Returns the packets that
-    /// were waiting for this address.
+    /// request addressed to us) are added, others only refresh existing
+    /// entries. When the table is full, only an answer to our own request
+    /// may evict a fresh entry (the one closest to expiry); a request to us
+    /// takes an expired entry's place or is not learned (`table_full`), so
+    /// a flood of requests cannot push out the neighbours we talk to.
+    /// Returns the packets that were waiting for this address.
     pub fn learn(
         &mut self,
         now: Instant,
@@ -151,13 +154,14 @@ impl ArpCache {
         let expires = now + self.cfg.entry_ttl;
         let asked = self.pending.contains_key(&ip);
         if let Some(e) = self.entries.get_mut(&ip) {
-            if e.mac != mac && e.expires > now && !asked && self.cfg.lock_fresh_entries {
+            // A stale entry is locked too: its MAC changes when we ask.
+            if e.mac != mac && !asked && self.cfg.lock_fresh_entries {
                 self.stats.spoof_refused += 1;
                 return Err(MacChangeRefused);
             }
             *e = Entry { mac, expires };
         } else if solicited || asked {
-            if self.entries.len() >= self.cfg.max_entries && !self.evict_one(now) {
+            if self.entries.len() >= self.cfg.max_entries && !self.evict_one(now, asked) {
                 self.stats.table_full += 1;
             } else {
                 self.entries.insert(ip, Entry { mac, expires });
@@ -174,20 +178,38 @@ impl ArpCache {
         })
     }
 
-    /// Make room: drop an expired entry, else the one closest to expiry.
-    /// Only runs when the table is full.
-    fn evict_one(&mut self, now: Instant) -> bool {
+    /// Make room: drop an expired entry, else (when `fresh_too`) the one
+    /// closest to expiry. Only runs when the table is full.
+    fn evict_one(&mut self, now: Instant, fresh_too: bool) -> bool {
         let victim = self
             .entries
             .iter()
             .find(|(_, e)| e.expires <= now)
-            .or_else(|| self.entries.iter().min_by_key(|(_, e)| e.expires))
+            .or_else(|| {
+                fresh_too
+                    .then(|| self.entries.iter().min_by_key(|(_, e)| e.expires))
+                    .flatten()
+            })
             .map(|(ip, _)| *ip);
         victim.is_some_and(|ip| self.entries.remove(&ip).is_some())
     }
 
     /// Hold `packet` until `ip` resolves.
     pub fn enqueue(&mut self, now: Instant, ip: Ipv4Addr, packet: Vec<u8>) -> Enqueue {
+        if !self.pending.contains_key(&ip) && self.pending.len() >= self.cfg.max_pending_addrs {
+            // Full of addresses: give up on the one asked about longest ago
+            // (a flood of unresolvable sources must not lock out a real
+            // neighbour, whose answer comes within a round trip).
+            let oldest = (self.pending.iter())
+                .min_by_key(|(_, p)| p.last_request)
+                .map(|(ip, _)| *ip);
+            if let Some(p) = oldest.and_then(|o| self.pending.remove(&o)) {
+                self.pending_packets -= p.packets.len();
+                self.pending_bytes -= p.bytes;
+                self.stats.pending_dropped += p.packets.len() as u64;
+                self.stats.unresolved += 1;
+            }
+        }
         let cfg = &self.cfg;
         if self.pending_bytes + packet.len() > cfg.pending_bytes_total
             || (!self.pending.contains_key(&ip) && self.pending.len() >= cfg.max_pending_addrs)
@@ -431,22 +453,37 @@ mod test {
             .unwrap();
         }
         assert_eq!(c.stats().entries, 4);
-        // The most recent entries survive eviction.
-        assert!(
-            c.lookup(Instant::from_secs(1), Ipv4Addr::new(10, 0, 1, 99))
-                .is_some()
+        // Requests to us do not push out fresh entries: the first stay.
+        assert_eq!(c.stats().table_full, 96);
+        let t = Instant::from_secs(1);
+        assert!(c.lookup(t, Ipv4Addr::new(10, 0, 1, 0)).is_some());
+        assert!(c.lookup(t, Ipv4Addr::new(10, 0, 1, 99)).is_none());
+        // An answer to our own request evicts the entry closest to expiry.
+        let wanted = Ipv4Addr::new(10, 0, 1, 200);
+        assert_eq!(c.enqueue(t, wanted, vec![1]), Enqueue::QueuedSendRequest);
+        assert_eq!(c.learn(t, wanted, MAC, false).unwrap().len(), 1);
+        assert_eq!(c.lookup(t, wanted), Some(MAC));
+        assert!(c.lookup(t, Ipv4Addr::new(10, 0, 1, 0)).is_none());
+        assert_eq!(c.stats().entries, 4);
+        // Expired entries make room for requests again.
+        let later = Instant::from_secs(62);
+        c.learn(later, Ipv4Addr::new(10, 0, 1, 99), MAC, true)
+            .unwrap();
+        assert!(c.lookup(later, Ipv4Addr::new(10, 0, 1, 99)).is_some());
+        // Pending addresses: when full, the one asked about longest ago
+        // gives way to the new one.
+        let (p1, p2, p3) = (
+            Ipv4Addr::new(1, 1, 1, 1),
+            Ipv4Addr::new(1, 1, 1, 2),
+            Ipv4Addr::new(1, 1, 1, 3),
         );
-        assert_eq!(
-            c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 1), vec![]),
-            Enqueue::QueuedSendRequest
-        );
-        assert_eq!(
-            c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 2), vec![]),
-            Enqueue::QueuedSendRequest
-        );
-        assert_eq!(
-            c.enqueue(Instant::ZERO, Ipv4Addr::new(1, 1, 1, 3), vec![]),
-            Enqueue::Dropped
-        );
+        assert_eq!(c.enqueue(later, p1, vec![1]), Enqueue::QueuedSendRequest);
+        let t2 = later + Duration::from_millis(1);
+        assert_eq!(c.enqueue(t2, p2, vec![2]), Enqueue::QueuedSendRequest);
+        let dropped = c.stats().pending_dropped;
+        assert_eq!(c.enqueue(t2, p3, vec![3]), Enqueue::QueuedSendRequest);
+        assert_eq!(c.stats().pending_dropped, dropped + 1);
+        assert_eq!(c.stats().pending_packets, 2);
+        assert!(!c.knows(p1) && c.knows(p2) && c.knows(p3));
     }
 }

@@ -83,6 +83,8 @@ pub struct Reassembler {
     mem: usize,
     pub(crate) mem_hwm: usize,
     pub(crate) timeouts: u64,
+    /// Incomplete datagrams dropped to make room for a new one.
+    pub(crate) evicted: u64,
 }
 
 /// Largest IPv4 payload: 65535 minus a 20-byte header.
@@ -96,6 +98,7 @@ impl Reassembler {
             mem: 0,
             mem_hwm: 0,
             timeouts: 0,
+            evicted: 0,
         }
     }
 
@@ -204,6 +207,7 @@ impl Reassembler {
             match oldest {
                 Some(k) => {
                     self.remove(&k);
+                    self.evicted += 1;
                 }
                 None => return Err(DropReason::FragNoMemory),
             }

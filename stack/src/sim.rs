@@ -316,7 +316,18 @@ impl SimLink {
             pool,
             stats: PortStats::default(),
             mtu: w.cfg.mtu,
+            rx_own_pool: false,
         }
+    }
+
+    /// Attach a port that receives into its own pool, as a NIC does: each
+    /// delivered frame is copied into a buffer of this port's pool of
+    /// `pool_bufs`, and a frame that finds the pool empty is dropped and
+    /// counted in `rx_nombuf` (see [`SimPort::set_rx_own_pool`]).
+    pub fn attach_with_rx_pool(&self, mac: EthernetAddress, pool_bufs: usize) -> SimPort {
+        let mut port = self.attach(mac, pool_bufs);
+        port.set_rx_own_pool(true);
+        port
     }
 
     pub fn stats(&self) -> LinkStats {
@@ -346,11 +357,22 @@ pub struct SimPort {
     pool: SlabPool,
     stats: PortStats,
     mtu: usize,
+    /// Copy received frames into this port's pool (drop on an empty pool)
+    /// instead of taking the sender's buffer.
+    rx_own_pool: bool,
 }
 
 impl SimPort {
     pub fn pool(&self) -> &SlabPool {
         &self.pool
+    }
+
+    /// Receive into this port's own pool (`true`): a frame that finds the
+    /// pool empty is dropped and counted in `rx_nombuf`, so a receiver that
+    /// holds its buffers runs dry as a NIC would. By default (`false`) the
+    /// receiver takes the sender's buffer.
+    pub fn set_rx_own_pool(&mut self, on: bool) {
+        self.rx_own_pool = on;
     }
 }
 
@@ -373,9 +395,21 @@ impl Device for SimPort {
                 break;
             }
             let Some(f) = inbox.pop() else { break };
+            let buf = if self.rx_own_pool {
+                // The sender's buffer goes home here; no room, no frame.
+                match f.buf.try_clone_from(&self.pool) {
+                    Some(b) => b,
+                    None => {
+                        self.stats.rx_nombuf += 1;
+                        continue;
+                    }
+                }
+            } else {
+                f.buf
+            };
             self.stats.rx_packets += 1;
-            self.stats.rx_bytes += f.buf.len() as u64;
-            out.push(f.buf);
+            self.stats.rx_bytes += buf.len() as u64;
+            out.push(buf);
             n += 1;
         }
         w.stats.delivered += n as u64;

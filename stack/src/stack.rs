@@ -228,6 +228,7 @@ impl Stack {
         s.ipv4.reassembly_bytes = self.frags.mem() as u64;
         s.ipv4.reassembly_bytes_hwm = self.frags.mem_hwm as u64;
         s.ipv4.reassembly_timeouts = self.frags.timeouts;
+        s.ipv4.reassembly_evicted = self.frags.evicted;
         s.udp.sockets = self.udp.by_port.len() as u64;
         s.tcp = self.tcp.stats();
         s.ud.qps = self.ud.count() as u64;
@@ -349,9 +350,13 @@ impl Stack {
         let learnable = !spa.is_unspecified() && !spa.is_broadcast() && !spa.is_multicast();
         let known = self.link.arp.knows(spa);
         if learnable {
-            // RFC 826: refresh a known sender; add it when the packet is for us.
+            // RFC 826: refresh a known sender; add it when it asks for us.
+            // A reply to us adds an entry only when it answers our request
+            // (the cache knows), so an unsolicited reply cannot plant one;
+            // a replica learns what its sibling asked for.
+            let adds = for_us && (operation == ArpOperation::Request || self.link.replica);
             let waiting = (self.link.arp)
-                .learn(now, spa, sha, for_us)
+                .learn(now, spa, sha, adds)
                 .map_err(|_| DropReason::ArpSpoofRefused)?;
             self.link.flush_waiting(sha, waiting, tx);
         }

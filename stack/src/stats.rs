@@ -206,6 +206,8 @@ pub struct Ipv4Stats {
     pub reassembly_timeouts: u64,
     pub reassembly_bytes: u64,
     pub reassembly_bytes_hwm: u64,
+    /// Incomplete datagrams dropped to make room (cap or datagram count).
+    pub reassembly_evicted: u64,
     pub tx_fragments: u64,
     pub tx_no_route: u64,
 }
@@ -241,6 +243,8 @@ pub struct UdStats {
     pub tx_bytes: u64,
     /// Sends completed in error (no route).
     pub tx_errors: u64,
+    /// Most completions waiting in one QP's completion queue at once.
+    pub cq_depth_hwm: u64,
 }
 
 /// All engine counters.

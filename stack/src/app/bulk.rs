@@ -182,7 +182,10 @@ impl App for BulkSend {
                 }
             }
         }
-        if self.transfer.bytes == self.total && !self.shut {
+        // Shut down once connected: a shutdown in SYN-SENT with nothing
+        // queued would drop the connection (RFC 9293 CLOSE), and an empty
+        // transfer must still reach the receiver.
+        if self.transfer.bytes == self.total && !self.shut && status.state != State::SynSent {
             self.shut = true;
             let _ = stack.tcp_shutdown(h);
         }

@@ -89,6 +89,11 @@ pub struct TcpStats {
     pub segs_out: u64,
     pub retransmits: u64,
     pub connections: u64,
+    /// Most connections held at once (the table's high-water mark).
+    pub connections_hwm: u64,
+    /// Most connections a listener held in its backlog at once (waiting
+    /// for accept plus half-open), across listeners.
+    pub backlog_hwm: u64,
     /// Out-of-order bytes held across connections now.
     pub ooo_bytes: u64,
     /// Times a connection's out-of-order data was dropped for the stack-wide cap.
@@ -103,7 +108,9 @@ pub(crate) struct TcpTable {
     pub cfg: TcpConfig,
     pub slots: Vec<Slot>,
     pub free: Vec<u32>,
-    pub flows: HashMap<FlowKey, u32>,
+    /// Keyed by a randomly seeded foldhash (SipHash cost 4% of a bulk
+    /// transfer's time here).
+    pub flows: foldhash::HashMap<FlowKey, u32>,
     pub listeners: HashMap<u16, Listener>,
     pub timers: BinaryHeap<Reverse<(Instant, u32)>>,
     pub dirty: VecDeque<u32>,
@@ -125,7 +132,7 @@ impl TcpTable {
             cfg,
             slots: Vec::new(),
             free: Vec::new(),
-            flows: HashMap::new(),
+            flows: foldhash::HashMap::default(),
             listeners: HashMap::new(),
             timers: BinaryHeap::new(),
             dirty: VecDeque::new(),
@@ -245,6 +252,7 @@ impl TcpTable {
         };
         self.flows.insert(key, idx);
         self.stats.connections += 1;
+        self.stats.connections_hwm = self.stats.connections_hwm.max(self.stats.connections);
         self.mark_dirty(idx);
         idx
     }
@@ -255,6 +263,8 @@ impl TcpTable {
         let slot = self.insert(conn, Some(port));
         if let Some(l) = self.listeners.get_mut(&port) {
             l.embryonic += 1;
+            let held = (l.ready.len() + l.embryonic) as u64;
+            self.stats.backlog_hwm = self.stats.backlog_hwm.max(held);
         }
         self.stats.passive_opens += 1;
         slot

@@ -372,6 +372,9 @@ impl Stack {
             ts_source: TsSource::Poll,
             buf: Some(buf),
         });
+        let depth = qp.cq.len() as u64;
+        let ud = &mut self.link.stats.ud;
+        ud.cq_depth_hwm = ud.cq_depth_hwm.max(depth);
         if status != WcStatus::Success {
             return Err(DropReason::UdRecvTooSmall);
         }
