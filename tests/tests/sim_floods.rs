@@ -29,17 +29,6 @@ const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const X: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 66);
 const SLICE: Duration = Duration::from_millis(1);
 
-/// A small deterministic PRNG (xorshift64*), so floods are reproducible.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 /// A raw port on the link: sends whatever frames it is given and answers
 /// ARP requests for its own address; everything else it receives is counted
 /// and dropped (its buffers go home at once).
@@ -365,7 +354,7 @@ fn syn_flood_cookies_keep_serving_legitimate_clients() {
         clients: Vec::new(),
     };
     let mut server = BulkRecv::new(5001, BACKLOG);
-    let mut rng = Rng(0x5eed);
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
     let mut n = 0u32;
     flood_for(
         &mut net,
@@ -378,9 +367,9 @@ fn syn_flood_cookies_keep_serving_legitimate_clients() {
                     n += 1;
                     let src = SocketAddrV4::new(
                         Ipv4Addr::from(0xac10_0000 | (n & 0xf_ffff)),
-                        1024 + (rng.next() % 60_000) as u16,
+                        rng.u16(1024..61_024),
                     );
-                    let seg = tcp_syn(src, dst, rng.next() as u32);
+                    let seg = tcp_syn(src, dst, rng.u32(..));
                     let ip = ipv4(*src.ip(), B, IpProtocol::Tcp, &seg, None);
                     eth(host_mac(66), host_mac(2), EthernetProtocol::Ipv4, &ip)
                 })

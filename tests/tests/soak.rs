@@ -26,27 +26,11 @@ const ACTIVE: usize = 64;
 /// have been lost).
 const IDLE: Duration = Duration::from_secs(20);
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-}
-
 /// Opens connections of random sizes, `ACTIVE` at a time; one in ten is
 /// aborted part-way.
 struct Cycler {
     dst: SocketAddrV4,
-    rng: Rng,
+    rng: fastrand::Rng,
     running: bool,
     active: Vec<(BulkSend, Option<u64>)>,
     started: u64,
@@ -59,12 +43,12 @@ struct Cycler {
 impl App for Cycler {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         while self.running && self.active.len() < ACTIVE {
-            let size = match self.rng.below(10) {
+            let size = match self.rng.u64(..10) {
                 0 => 0,
-                1 => self.rng.below(100),
-                _ => self.rng.below(MAX_BYTES),
+                1 => self.rng.u64(..100),
+                _ => self.rng.u64(..MAX_BYTES),
             };
-            let abort = self.rng.chance(0.1).then(|| self.rng.below(size + 1));
+            let abort = (self.rng.f64() <= 0.1).then(|| self.rng.u64(..=size));
             self.active.push((BulkSend::new(self.dst, size), abort));
             self.started += 1;
         }
@@ -108,7 +92,7 @@ struct ServerConn {
 /// and any connection silent for [`IDLE`].
 struct Server {
     listener: Option<ListenHandle>,
-    rng: Rng,
+    rng: fastrand::Rng,
     conns: Vec<ServerConn>,
     buf: Vec<u8>,
     accepted: u64,
@@ -127,7 +111,7 @@ impl App for Server {
             .get_or_insert_with(|| stack.tcp_listen(5001, 256).expect("listen"));
         while let Ok(Some(h)) = stack.tcp_accept(l) {
             self.accepted += 1;
-            let abort_at = self.rng.chance(0.1).then(|| self.rng.below(MAX_BYTES / 2));
+            let abort_at = (self.rng.f64() <= 0.1).then(|| self.rng.u64(..MAX_BYTES / 2));
             self.conns.push(ServerConn {
                 h,
                 got: 0,
@@ -183,13 +167,13 @@ impl App for Server {
 }
 
 /// Impairments for one virtual second: sometimes clean, sometimes bad.
-fn weather(rng: &mut Rng, seed: u64) -> LinkConfig {
-    let clean = rng.chance(0.2);
-    let p = |rng: &mut Rng, max: f64| {
+fn weather(rng: &mut fastrand::Rng, seed: u64) -> LinkConfig {
+    let clean = rng.f64() <= 0.2;
+    let p = |rng: &mut fastrand::Rng, max: f64| {
         if clean {
             0.0
         } else {
-            rng.below(1000) as f64 / 1000.0 * max
+            rng.u64(..1000) as f64 / 1000.0 * max
         }
     };
     LinkConfig {
@@ -197,9 +181,9 @@ fn weather(rng: &mut Rng, seed: u64) -> LinkConfig {
         duplicate: p(rng, 0.05),
         corrupt: p(rng, 0.01),
         reorder: p(rng, 0.1),
-        reorder_delay: Duration::from_micros(100 + rng.below(900)),
-        delay: Duration::from_micros(20 + rng.below(500)),
-        jitter: Duration::from_micros(rng.below(50)),
+        reorder_delay: Duration::from_micros(100 + rng.u64(..900)),
+        delay: Duration::from_micros(20 + rng.u64(..500)),
+        jitter: Duration::from_micros(rng.u64(..50)),
         // 1 Gbit/s: virtual time moves about as fast as the wall clock, so
         // timers (RTO, TIME_WAIT, port reuse) take part.
         rate_bps: 1_000_000_000,
@@ -216,7 +200,7 @@ fn soak_thousands_of_connections_over_a_changing_impaired_link() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
-    let mut rng = Rng(0x50a6_5eed);
+    let mut rng = fastrand::Rng::with_seed(0x50a6_5eed);
     let mut net = SimNet::new(weather(&mut rng, 1));
     for n in [1, 2] {
         let mut c = host_config(n);
@@ -230,7 +214,7 @@ fn soak_thousands_of_connections_over_a_changing_impaired_link() {
     let dst = SocketAddrV4::new(net.nodes[1].stack.ip(), 5001);
     let mut client = Cycler {
         dst,
-        rng: Rng(rng.next()),
+        rng: fastrand::Rng::with_seed(rng.u64(..)),
         running: true,
         active: Vec::new(),
         started: 0,
@@ -240,7 +224,7 @@ fn soak_thousands_of_connections_over_a_changing_impaired_link() {
     };
     let mut server = Server {
         listener: None,
-        rng: Rng(rng.next()),
+        rng: fastrand::Rng::with_seed(rng.u64(..)),
         conns: Vec::new(),
         buf: vec![0; 64 << 10],
         accepted: 0,
