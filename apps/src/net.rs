@@ -74,6 +74,11 @@ pub struct NetArgs {
     /// IP MTU.
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
     pub mtu: u16,
+    /// Largest TCP receive buffer window autotuning may grow a connection's
+    /// to, in bytes (connections start at 256 KiB; 262144 turns autotuning off).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20,
+          value_parser = clap::value_parser!(u32).range(4096..=(1 << 30)))]
+    pub rcvbuf_max: u32,
 }
 
 fn parse_cidr(s: &str) -> Result<Ipv4Cidr, String> {
@@ -185,6 +190,7 @@ impl NetArgs {
         cfg.gateway = self.gw;
         cfg.mtu = usize::from(self.mtu);
         cfg.tcp.mss = cfg.mtu - 40;
+        cfg.tcp.recv_buffer_max = self.rcvbuf_max as usize;
         // A per-process secret for ISNs and SYN cookies.
         let seed = std::collections::hash_map::RandomState::new();
         use std::hash::BuildHasher;

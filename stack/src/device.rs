@@ -73,11 +73,23 @@ pub struct VecTx {
     pub frames: Vec<Vec<u8>>,
     /// When set, at most this many frames are accepted (to test exhaustion).
     pub limit: Option<usize>,
+    /// The byte every buffer holds before `fill` writes the frame: a value
+    /// other than 0 stands for a reused pool buffer, so a test can find
+    /// bytes a builder left unwritten (stale data from an earlier frame).
+    pub poison: u8,
 }
 
 impl VecTx {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A sink whose buffers start filled with `poison` (see [`VecTx::poison`]).
+    pub fn poisoned(poison: u8) -> Self {
+        VecTx {
+            poison,
+            ..Self::default()
+        }
     }
 }
 
@@ -86,7 +98,7 @@ impl Tx for VecTx {
         if self.limit.is_some_and(|l| self.frames.len() >= l) {
             return false;
         }
-        let mut frame = vec![0u8; len];
+        let mut frame = vec![self.poison; len];
         fill(&mut frame);
         self.frames.push(frame);
         true

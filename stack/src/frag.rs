@@ -55,7 +55,8 @@ struct Datagram {
     pieces: Vec<(usize, usize)>,
     /// Known once the last fragment (MF clear) arrived.
     total_len: Option<usize>,
-    ttl: u8,
+    /// The first fragment's IPv4 header as received (empty until it arrives).
+    header: Vec<u8>,
 }
 
 impl Datagram {
@@ -71,8 +72,17 @@ impl Datagram {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reassembled {
     pub key: FragKey,
-    pub ttl: u8,
+    /// The first fragment's IPv4 header, options included, as received
+    /// (what an ICMP error about the datagram quotes).
+    pub header: Vec<u8>,
     pub payload: Vec<u8>,
+}
+
+impl Reassembled {
+    /// The first fragment's TTL.
+    pub fn ttl(&self) -> u8 {
+        self.header.get(8).copied().unwrap_or(0)
+    }
 }
 
 /// The reassembly buffer of one stack.
@@ -107,14 +117,15 @@ impl Reassembler {
         self.mem
     }
 
-    /// Add one fragment: `offset` in bytes, `more` the MF flag.
+    /// Add one fragment: `offset` in bytes, `more` the MF flag, `header`
+    /// its IPv4 header as received (kept from the first fragment).
     pub fn insert(
         &mut self,
         now: Instant,
         key: FragKey,
         offset: usize,
         more: bool,
-        ttl: u8,
+        header: &[u8],
         payload: &[u8],
     ) -> Result<Option<Reassembled>, DropReason> {
         let end = offset + payload.len();
@@ -130,7 +141,7 @@ impl Reassembler {
                     data: Vec::new(),
                     pieces: Vec::new(),
                     total_len: None,
-                    ttl,
+                    header: Vec::new(),
                 },
             );
         }
@@ -172,7 +183,7 @@ impl Reassembler {
             d.total_len = Some(end);
         }
         if offset == 0 {
-            d.ttl = ttl;
+            d.header = header.to_vec();
         }
         if !d.complete() {
             return Ok(None);
@@ -182,7 +193,7 @@ impl Reassembler {
         };
         Ok(Some(Reassembled {
             key,
-            ttl: d.ttl,
+            header: d.header,
             payload: d.data,
         }))
     }
@@ -258,6 +269,11 @@ mod test {
         protocol: 17,
     };
 
+    /// A fragment header stand-in (TTL 64 at byte 8).
+    const H: [u8; 20] = [
+        0x45, 0, 0, 0, 0, 7, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
+
     fn data(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 % 251) as u8).collect()
     }
@@ -267,10 +283,10 @@ mod test {
         let mut r = Reassembler::new(FragConfig::default());
         let d = data(3000);
         let t = Instant::ZERO;
-        assert_eq!(r.insert(t, KEY, 2400, false, 64, &d[2400..]), Ok(None));
-        assert_eq!(r.insert(t, KEY, 0, true, 64, &d[..1200]), Ok(None));
+        assert_eq!(r.insert(t, KEY, 2400, false, &H, &d[2400..]), Ok(None));
+        assert_eq!(r.insert(t, KEY, 0, true, &H, &d[..1200]), Ok(None));
         let got = r
-            .insert(t, KEY, 1200, true, 64, &d[1200..2400])
+            .insert(t, KEY, 1200, true, &H, &d[1200..2400])
             .unwrap()
             .unwrap();
         assert_eq!(got.payload, d);
@@ -283,9 +299,9 @@ mod test {
         let mut r = Reassembler::new(FragConfig::default());
         let d = data(64);
         let t = Instant::ZERO;
-        r.insert(t, KEY, 0, true, 64, &d[..32]).unwrap();
+        r.insert(t, KEY, 0, true, &H, &d[..32]).unwrap();
         assert_eq!(
-            r.insert(t, KEY, 24, true, 64, &d[24..56]),
+            r.insert(t, KEY, 24, true, &H, &d[24..56]),
             Err(DropReason::FragOverlap)
         );
         assert!(r.is_empty());
@@ -297,9 +313,9 @@ mod test {
         let mut r = Reassembler::new(FragConfig::default());
         let d = data(48);
         let t = Instant::ZERO;
-        r.insert(t, KEY, 0, true, 64, &d[..24]).unwrap();
-        assert_eq!(r.insert(t, KEY, 0, true, 64, &d[..24]), Ok(None));
-        let got = r.insert(t, KEY, 24, false, 64, &d[24..]).unwrap().unwrap();
+        r.insert(t, KEY, 0, true, &H, &d[..24]).unwrap();
+        assert_eq!(r.insert(t, KEY, 0, true, &H, &d[..24]), Ok(None));
+        let got = r.insert(t, KEY, 24, false, &H, &d[24..]).unwrap().unwrap();
         assert_eq!(got.payload, d);
     }
 
@@ -309,18 +325,18 @@ mod test {
         let t = Instant::ZERO;
         // MF set with a length not a multiple of 8.
         assert_eq!(
-            r.insert(t, KEY, 0, true, 64, &[0; 10]),
+            r.insert(t, KEY, 0, true, &H, &[0; 10]),
             Err(DropReason::FragBad)
         );
         // Beyond the largest datagram.
         assert_eq!(
-            r.insert(t, KEY, 65_512, false, 64, &[0; 8]),
+            r.insert(t, KEY, 65_512, false, &H, &[0; 8]),
             Err(DropReason::FragBad)
         );
         // Data past the end the last fragment declared.
-        r.insert(t, KEY, 8, false, 64, &[0; 8]).unwrap();
+        r.insert(t, KEY, 8, false, &H, &[0; 8]).unwrap();
         assert_eq!(
-            r.insert(t, KEY, 16, true, 64, &[0; 8]),
+            r.insert(t, KEY, 16, true, &H, &[0; 8]),
             Err(DropReason::FragBad)
         );
     }
@@ -340,7 +356,7 @@ mod test {
                 key,
                 60_000,
                 true,
-                64,
+                &H,
                 &[0; 8],
             );
             assert!(r.mem() <= cfg.mem_cap);
@@ -362,7 +378,7 @@ mod test {
         let mut r = Reassembler::new(cfg);
         for i in 0..10u16 {
             let key = FragKey { ident: i, ..KEY };
-            r.insert(Instant::from_millis(i.into()), key, 0, true, 64, &[0; 8])
+            r.insert(Instant::from_millis(i.into()), key, 0, true, &H, &[0; 8])
                 .unwrap();
             assert!(r.len() <= 3);
         }

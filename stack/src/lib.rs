@@ -46,9 +46,9 @@ pub mod wire {
     pub use smoltcp::phy::ChecksumCapabilities;
     pub use smoltcp::wire::{
         ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN, EthernetAddress, EthernetFrame,
-        EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN, Icmpv4Packet, Icmpv4Repr, IpAddress,
-        IpProtocol, Ipv4Address, Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr,
-        TcpSeqNumber, TcpTimestampRepr, UDP_HEADER_LEN, UdpPacket, UdpRepr,
+        EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN, Icmpv4Message, Icmpv4Packet, Icmpv4Repr,
+        IpAddress, IpProtocol, Ipv4Address, Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket,
+        TcpRepr, TcpSeqNumber, TcpTimestampRepr, UDP_HEADER_LEN, UdpPacket, UdpRepr,
     };
 }
 

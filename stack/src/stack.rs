@@ -6,6 +6,7 @@
 //! [`Tx`], resolving next hops with ARP and fragmenting above the MTU.
 
 use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress,
     EthernetFrame, EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN as IP_LEN, Icmpv4DstUnreachable,
-    Icmpv4Message, Icmpv4Packet, Icmpv4Repr, IpAddress, IpProtocol, Ipv4Cidr, Ipv4Packet, Ipv4Repr,
+    Icmpv4Message, Icmpv4Packet, Icmpv4Repr, IpAddress, IpProtocol, Ipv4Cidr, Ipv4Packet,
     UdpPacket, UdpRepr,
 };
 use tracing::trace;
@@ -65,6 +66,11 @@ pub struct Config {
     pub frag: FragConfig,
     /// ICMP errors per second we may send (token bucket rate and burst).
     pub icmp_error_rate: u32,
+    /// Resets per second we may send for segments that match no connection
+    /// (token bucket rate and burst), so an ACK or SYN flood to closed ports
+    /// is not answered packet for packet. Resets within a connection are
+    /// not limited.
+    pub rst_rate: u32,
     /// Bytes a UDP socket may hold received.
     pub udp_rx_queue_bytes: usize,
     /// Bytes a UDP socket may hold waiting to send.
@@ -94,6 +100,7 @@ impl Config {
             arp: ArpConfig::default(),
             frag: FragConfig::default(),
             icmp_error_rate: 100,
+            rst_rate: 1000,
             udp_rx_queue_bytes: 1 << 20,
             udp_tx_queue_bytes: 1 << 20,
             announce: true,
@@ -105,9 +112,10 @@ impl Config {
     }
 }
 
-/// A token bucket for ICMP errors (RFC 1812 4.3.2.8 style rate limit).
+/// A token bucket for ICMP errors (RFC 1812 4.3.2.8 style rate limit) and
+/// resets.
 #[derive(Debug)]
-struct RateLimit {
+pub(crate) struct RateLimit {
     rate: u32,
     tokens: f64,
     last: Instant,
@@ -122,7 +130,7 @@ impl RateLimit {
         }
     }
 
-    fn take(&mut self, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
         let cap = f64::from(self.rate);
@@ -138,13 +146,16 @@ impl RateLimit {
 
 /// What the IP layer tells the transport about a received datagram.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct IpMeta {
+pub(crate) struct IpMeta<'a> {
     pub(crate) src: Ipv4Addr,
     pub(crate) dst: Ipv4Addr,
     pub(crate) protocol: IpProtocol,
     pub(crate) ttl: u8,
     /// Addressed to a broadcast address (never answered with an ICMP error).
     pub(crate) broadcast: bool,
+    /// The IPv4 header as received, options included (the first
+    /// fragment's for a reassembled datagram): what ICMP errors quote.
+    pub(crate) header: &'a [u8],
 }
 
 /// The layers below the transport: configuration, ARP, counters and the
@@ -156,9 +167,13 @@ pub(crate) struct Link {
     pub(crate) checksum: ChecksumCapabilities,
     arp: ArpCache,
     pub(crate) stats: Stats,
-    ip_ident: u16,
+    /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
+    ip_idents: Box<[u16]>,
+    ident_hash: foldhash::fast::FixedState,
     announced: bool,
     icmp_errors: RateLimit,
+    /// Resets for segments that belong to no connection (token bucket).
+    pub(crate) rst_limit: RateLimit,
     arp_retry: Vec<Ipv4Addr>,
     /// Processing a sibling shard's copy of an ARP frame: learn, never answer.
     replica: bool,
@@ -191,11 +206,15 @@ impl Stack {
             link: Link {
                 arp: ArpCache::new(cfg.arp.clone()),
                 icmp_errors: RateLimit::new(cfg.icmp_error_rate),
+                rst_limit: RateLimit::new(cfg.rst_rate),
                 announced: !cfg.announce,
                 cfg,
                 checksum: ChecksumCapabilities::default(),
                 stats: Stats::default(),
-                ip_ident: 0,
+                ip_idents: ident_buckets(secret),
+                ident_hash: foldhash::fast::FixedState::with_seed(
+                    secret.0 ^ secret.1.rotate_left(32),
+                ),
                 arp_retry: Vec::new(),
                 replica: false,
                 may_pass: false,
@@ -420,6 +439,7 @@ impl Stack {
             protocol: pkt.next_header(),
             ttl: pkt.hop_limit(),
             broadcast,
+            header: &payload[..hl],
         };
         let body = &payload[hl..tl];
         if pkt.more_frags() || pkt.frag_offset() != 0 {
@@ -433,13 +453,14 @@ impl Stack {
             let offset = usize::from(pkt.frag_offset());
             return match self
                 .frags
-                .insert(now, key, offset, pkt.more_frags(), meta.ttl, body)?
+                .insert(now, key, offset, pkt.more_frags(), meta.header, body)?
             {
                 None => Ok(()),
                 Some(whole) => {
                     self.link.stats.ipv4.reassembled += 1;
                     let meta = IpMeta {
-                        ttl: whole.ttl,
+                        ttl: whole.ttl(),
+                        header: &whole.header,
                         ..meta
                     };
                     self.process_transport(now, meta, &whole.payload, None, tx)
@@ -452,7 +473,7 @@ impl Stack {
     fn process_transport<T: Tx>(
         &mut self,
         now: Instant,
-        meta: IpMeta,
+        meta: IpMeta<'_>,
         body: &[u8],
         // The whole IPv4 packet, header included (not for reassembled ones).
         ip: Option<&[u8]>,
@@ -478,7 +499,7 @@ impl Stack {
     fn process_icmp<T: Tx>(
         &mut self,
         now: Instant,
-        meta: IpMeta,
+        meta: IpMeta<'_>,
         body: &[u8],
         tx: &mut T,
     ) -> Result<(), DropReason> {
@@ -498,11 +519,14 @@ impl Stack {
                     data: pkt.data(),
                 };
                 let caps = self.link.checksum.clone();
-                let sent = self.link.send_ip(
+                let mut rr = [0u8; 40];
+                let options = record_route(meta.header, self.ip(), &mut rr);
+                let sent = self.link.send_ip_with_options(
                     now,
                     tx,
                     meta.src,
                     IpProtocol::Icmp,
+                    options,
                     reply.buffer_len(),
                     |buf| {
                         reply.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
@@ -543,6 +567,21 @@ impl Stack {
                 let inner = data
                     .get(usize::from(quoted.header_len())..)
                     .ok_or(DropReason::IcmpMalformed)?;
+                if quoted.next_header() == IpProtocol::Tcp
+                    && pkt.msg_code() == u8::from(Icmpv4DstUnreachable::FragRequired)
+                    && inner.len() >= 8
+                    && quoted.src_addr() == self.ip()
+                {
+                    // RFC 1191: the next-hop MTU is in bytes 6-7 of the header.
+                    let mtu = u16::from_be_bytes([body[6], body[7]]);
+                    let remote = SocketAddrV4::new(
+                        quoted.dst_addr(),
+                        u16::from_be_bytes([inner[2], inner[3]]),
+                    );
+                    let local_port = u16::from_be_bytes([inner[0], inner[1]]);
+                    let seq = u32::from_be_bytes([inner[4], inner[5], inner[6], inner[7]]);
+                    return self.tcp_frag_needed(now, local_port, remote, seq, mtu);
+                }
                 if quoted.next_header() == IpProtocol::Icmp
                     && inner.len() >= 8
                     && inner[0] == u8::from(Icmpv4Message::EchoRequest)
@@ -567,7 +606,7 @@ impl Stack {
     fn process_udp<T: Tx>(
         &mut self,
         now: Instant,
-        meta: IpMeta,
+        meta: IpMeta<'_>,
         body: &[u8],
         ip: Option<&[u8]>,
         tx: &mut T,
@@ -730,13 +769,16 @@ impl Link {
     }
 
     /// ICMP destination unreachable about a datagram we received, rate-limited,
-    /// never about a broadcast or an ICMP error.
+    /// never about a broadcast or an ICMP error. The message quotes the
+    /// datagram's own IPv4 header and its first 8 bytes as received (RFC 792,
+    /// RFC 1122 3.2.2), and every byte of it is written here: the "unused"
+    /// word is zero, not whatever the buffer held before.
     pub(crate) fn send_unreachable<T: Tx>(
         &mut self,
         now: Instant,
         tx: &mut T,
         reason: Icmpv4DstUnreachable,
-        meta: IpMeta,
+        meta: IpMeta<'_>,
         body: &[u8],
     ) {
         if meta.broadcast {
@@ -746,29 +788,19 @@ impl Link {
             self.stats.icmp.rate_limited += 1;
             return;
         }
-        let quoted = &body[..body.len().min(8)];
-        let repr = Icmpv4Repr::DstUnreachable {
-            reason,
-            header: Ipv4Repr {
-                src_addr: meta.src,
-                dst_addr: meta.dst,
-                next_header: meta.protocol,
-                payload_len: body.len(),
-                hop_limit: meta.ttl,
-            },
-            data: quoted,
-        };
-        let caps = self.checksum.clone();
-        let sent = self.send_ip(
-            now,
-            tx,
-            meta.src,
-            IpProtocol::Icmp,
-            repr.buffer_len(),
-            |buf| {
-                repr.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
-            },
-        );
+        let data = &body[..body.len().min(8)];
+        let quote_len = meta.header.len() + data.len();
+        let sent = self.send_ip(now, tx, meta.src, IpProtocol::Icmp, 8 + quote_len, |buf| {
+            let mut p = Icmpv4Packet::new_unchecked(&mut *buf);
+            p.set_msg_type(Icmpv4Message::DstUnreachable);
+            p.set_msg_code(reason.into());
+            // Checksum (filled below) and the unused word.
+            buf[2..8].fill(0);
+            let (hdr, rest) = buf[8..].split_at_mut(meta.header.len());
+            hdr.copy_from_slice(meta.header);
+            rest[..data.len()].copy_from_slice(data);
+            Icmpv4Packet::new_unchecked(buf).fill_checksum();
+        });
         if sent.is_ok() {
             self.stats.icmp.tx_dest_unreachable += 1;
         }
@@ -819,9 +851,18 @@ impl Link {
         }
     }
 
-    pub(crate) fn next_ident(&mut self) -> u16 {
-        self.ip_ident = self.ip_ident.wrapping_add(1);
-        self.ip_ident
+    /// The identification of the next datagram to `dst` (RFC 6864, RFC 7739
+    /// 5.3): one counter per bucket of a keyed hash of the destination and
+    /// protocol, each starting at a keyed offset, so the IDs one peer sees
+    /// tell it nothing of the traffic to others (no idle scan, no count of
+    /// the host's traffic).
+    pub(crate) fn next_ident(&mut self, dst: Ipv4Addr, protocol: IpProtocol) -> u16 {
+        let i = self
+            .ident_hash
+            .hash_one((u32::from(dst), u8::from(protocol))) as usize;
+        let c = &mut self.ip_idents[i % IP_ID_BUCKETS];
+        *c = c.wrapping_add(1);
+        *c
     }
 
     /// Send an IPv4 datagram whose payload `fill` writes (`payload_len` bytes):
@@ -836,13 +877,32 @@ impl Link {
         payload_len: usize,
         fill: F,
     ) -> Result<(), Error> {
+        self.send_ip_with_options(now, tx, dst, protocol, &[], payload_len, fill)
+    }
+
+    /// [`send_ip`](Self::send_ip) with IPv4 `options` (a multiple of 4
+    /// bytes, at most 40) in the header. Options that are not copied on
+    /// fragmentation (Record Route) would ride in the first fragment only:
+    /// a datagram that needs fragmenting leaves without them instead.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_ip_with_options<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        options: &[u8],
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
         if IP_LEN + payload_len > usize::from(u16::MAX) {
             return Err(Error::TooLarge);
         }
         let max_payload = self.cfg.mtu.saturating_sub(IP_LEN);
-        if payload_len <= max_payload {
-            return self.send_ip_packet(now, tx, dst, protocol, payload_len, |ip| {
-                fill(&mut ip[IP_LEN..]);
+        if IP_LEN + options.len() + payload_len <= self.cfg.mtu {
+            let hl = IP_LEN + options.len();
+            return self.send_packet(now, tx, dst, protocol, options, payload_len, |ip| {
+                fill(&mut ip[hl..]);
             });
         }
         let (hop, mac) = self.resolve(now, dst)?;
@@ -864,14 +924,14 @@ impl Link {
                     let ok = tx.send(ETH_LEN + len, |buf| {
                         write_eth(buf, src, mac, EthernetProtocol::Ipv4);
                         let ip = &mut buf[ETH_LEN..];
-                        header.write(ip, piece.len(), offset, more);
+                        header.write(ip, &[], piece.len(), offset, more);
                         ip[IP_LEN..].copy_from_slice(piece);
                     });
                     self.count_tx(ok, ETH_LEN + len);
                 }
                 None => {
                     let mut packet = vec![0u8; len];
-                    header.write(&mut packet, piece.len(), offset, more);
+                    header.write(&mut packet, &[], piece.len(), offset, more);
                     packet[IP_LEN..].copy_from_slice(piece);
                     self.hold_for_arp(now, tx, hop, packet);
                 }
@@ -896,7 +956,23 @@ impl Link {
         payload_len: usize,
         fill: F,
     ) -> Result<(), Error> {
-        let len = IP_LEN + payload_len;
+        self.send_packet(now, tx, dst, protocol, &[], payload_len, fill)
+    }
+
+    /// One unfragmented packet with `options` in its header; `fill` sees the
+    /// whole packet with the header written.
+    #[allow(clippy::too_many_arguments)]
+    fn send_packet<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        options: &[u8],
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
+        let len = IP_LEN + options.len() + payload_len;
         if len > self.cfg.mtu {
             return Err(Error::TooLarge);
         }
@@ -908,7 +984,7 @@ impl Link {
                 let ok = tx.send(ETH_LEN + len, |buf| {
                     write_eth(buf, src, mac, EthernetProtocol::Ipv4);
                     let ip = &mut buf[ETH_LEN..];
-                    header.write(ip, payload_len, 0, false);
+                    header.write(ip, options, payload_len, 0, false);
                     fill(ip);
                 });
                 self.count_tx(ok, ETH_LEN + len);
@@ -918,7 +994,7 @@ impl Link {
             }
             None => {
                 let mut packet = vec![0u8; len];
-                header.write(&mut packet, payload_len, 0, false);
+                header.write(&mut packet, options, payload_len, 0, false);
                 fill(&mut packet);
                 self.hold_for_arp(now, tx, hop, packet);
             }
@@ -949,13 +1025,16 @@ impl Link {
     }
 
     /// The header of a datagram we originate (a fresh identification).
+    /// TCP sets DF: it honours fragmentation-needed (RFC 1191) by lowering
+    /// the connection's MSS instead.
     fn header(&mut self, dst: Ipv4Addr, protocol: IpProtocol) -> IpHeader {
         IpHeader {
             src: self.ip(),
             dst,
             protocol,
             ttl: self.cfg.ttl,
-            ident: self.next_ident(),
+            ident: self.next_ident(dst, protocol),
+            dont_frag: protocol == IpProtocol::Tcp,
         }
     }
 
@@ -981,19 +1060,31 @@ struct IpHeader {
     protocol: IpProtocol,
     ttl: u8,
     ident: u16,
+    dont_frag: bool,
 }
 
 impl IpHeader {
-    /// Write a 20-byte header for a packet (or fragment) carrying `payload_len` bytes.
-    fn write(&self, buf: &mut [u8], payload_len: usize, frag_offset: usize, more: bool) {
+    /// Write the header, `options` after the fixed 20 bytes, for a packet
+    /// (or fragment) carrying `payload_len` bytes.
+    fn write(
+        &self,
+        buf: &mut [u8],
+        options: &[u8],
+        payload_len: usize,
+        frag_offset: usize,
+        more: bool,
+    ) {
+        let hl = IP_LEN + options.len();
+        buf[IP_LEN..hl].copy_from_slice(options);
         let mut p = Ipv4Packet::new_unchecked(buf);
         p.set_version(4);
-        p.set_header_len(IP_LEN as u8);
+        p.set_header_len(hl as u8);
         p.set_dscp(0);
         p.set_ecn(0);
-        p.set_total_len((IP_LEN + payload_len) as u16);
+        p.set_total_len((hl + payload_len) as u16);
         p.set_ident(self.ident);
         p.clear_flags();
+        p.set_dont_frag(self.dont_frag && !more && frag_offset == 0);
         p.set_more_frags(more);
         p.set_frag_offset(frag_offset as u16);
         p.set_hop_limit(self.ttl);
@@ -1016,6 +1107,57 @@ fn write_eth(
         ethertype,
     }
     .emit(&mut EthernetFrame::new_unchecked(buf));
+}
+
+/// The options of an echo reply (RFC 1122 3.2.2.6): a Record Route option
+/// in the request's header is copied with our address added where it has
+/// room, padded to a multiple of 4 in `out`. Other options are not echoed.
+/// Empty when the request had no (well-formed) Record Route.
+fn record_route<'a>(header: &[u8], me: Ipv4Addr, out: &'a mut [u8; 40]) -> &'a [u8] {
+    const EOL: u8 = 0;
+    const NOP: u8 = 1;
+    const RR: u8 = 7;
+    let mut opts = header.get(IP_LEN..).unwrap_or_default();
+    while let Some(&kind) = opts.first() {
+        match kind {
+            EOL => break,
+            NOP => opts = &opts[1..],
+            _ => {
+                let len = usize::from(opts.get(1).copied().unwrap_or(0));
+                let Some(opt) = opts.get(..len).filter(|_| len >= 2) else {
+                    return &[];
+                };
+                if kind == RR {
+                    // Type, length, pointer (1-based, at least 4), then slots.
+                    let ptr = usize::from(opt.get(2).copied().unwrap_or(0));
+                    if len < 3 || ptr < 4 {
+                        return &[];
+                    }
+                    out[..len].copy_from_slice(opt);
+                    if ptr + 3 <= len {
+                        out[ptr - 1..ptr + 3].copy_from_slice(&me.octets());
+                        out[2] = (ptr + 4) as u8;
+                    }
+                    let padded = len.div_ceil(4) * 4;
+                    out[len..padded].fill(EOL);
+                    return &out[..padded];
+                }
+                opts = &opts[len..];
+            }
+        }
+    }
+    &[]
+}
+
+/// Buckets of IPv4 identification counters.
+const IP_ID_BUCKETS: usize = 2048;
+
+/// The identification counters, each starting at a keyed offset.
+fn ident_buckets(secret: (u64, u64)) -> Box<[u16]> {
+    let seed = foldhash::fast::FixedState::with_seed(secret.1);
+    (0..IP_ID_BUCKETS)
+        .map(|i| seed.hash_one(i) as u16)
+        .collect()
 }
 
 /// Seconds as a `Duration` (for config literals).
@@ -1057,8 +1199,9 @@ mod test {
             protocol,
             ttl: 63,
             ident: 9,
+            dont_frag: false,
         }
-        .write(&mut p, payload.len(), 0, false);
+        .write(&mut p, &[], payload.len(), 0, false);
         p[IP_LEN..].copy_from_slice(payload);
         p
     }

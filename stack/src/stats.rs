@@ -91,6 +91,9 @@ drop_reasons! {
     TcpBadChecksum => "tcp_bad_checksum",
     /// Segment for no connection and no listener (answered with RST).
     TcpNoSocket => "tcp_no_socket",
+    /// Segment to a listener with neither SYN, ACK nor RST (a FIN, NULL or
+    /// Xmas scan): dropped unanswered, RFC 9293 3.10.7.2.
+    TcpListenNoAck => "tcp_listen_no_ack",
     /// TCP segment sent to a broadcast address.
     TcpBroadcast => "tcp_broadcast",
     /// RoCEv2 packet too short for its headers, or not a whole IPv4 packet.

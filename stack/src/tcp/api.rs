@@ -178,9 +178,14 @@ impl Stack {
     }
 
     /// Close and release the handle: queued data is still delivered, then
-    /// FIN; the connection finishes (TIME_WAIT included) on its own.
+    /// FIN; the connection finishes (TIME_WAIT included) on its own. As on
+    /// Linux, received data the app never read, or data that arrives after
+    /// the close, resets the connection instead (RFC 1122 4.2.2.13), and a
+    /// peer that never sends its FIN is reset after
+    /// `TcpConfig::fin_wait2_timeout`.
     pub fn tcp_close(&mut self, h: TcpHandle) -> Result<(), Error> {
-        self.conn_mut(h)?.close();
+        let now = self.now;
+        self.conn_mut(h)?.release(now);
         self.tcp.slots[h.slot as usize].released = true;
         self.tcp.mark_dirty(h.slot);
         Ok(())

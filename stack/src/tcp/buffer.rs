@@ -1,7 +1,8 @@
 //! TCP send and receive rings.
 //!
-//! Both rings are allocated once, at construction, and never grow: no
-//! per-segment call allocates. [`SendBuffer`] holds what the app wrote until
+//! Both rings are allocated at construction; no per-segment call allocates.
+//! Only receive-window autotuning grows a [`RecvBuffer`]
+//! ([`RecvBuffer::grow`]), a few times in a connection's life. [`SendBuffer`] holds what the app wrote until
 //! the peer acknowledges it; [`RecvBuffer`] holds what arrived until the app
 //! reads it, including out-of-order data, which sits at its final position in
 //! the same ring (so filling the hole in front of it makes it readable with no
@@ -73,6 +74,18 @@ impl Ring {
         let rest = b.len();
         b.copy_from_slice(&self.buf[..rest]);
         n
+    }
+
+    /// A larger ring holding the same logical bytes (head back at 0).
+    fn grow(&mut self, capacity: usize) {
+        if capacity <= self.capacity() {
+            return;
+        }
+        let mut buf = vec![0; capacity].into_boxed_slice();
+        let old = self.capacity();
+        self.read(0, &mut buf[..old]);
+        self.buf = buf;
+        self.head = 0;
     }
 
     /// Move the start forward by `n` bytes (`n <= capacity`).
@@ -323,6 +336,12 @@ impl RecvBuffer {
             self.ooo = self.ooo - held_before + (merged_end - start);
         }
         out
+    }
+
+    /// Grow the buffer to `capacity` bytes (autotuning), keeping every byte
+    /// and out-of-order range; a smaller `capacity` changes nothing.
+    pub fn grow(&mut self, capacity: usize) {
+        self.ring.grow(capacity);
     }
 
     /// Copy up to `dst.len()` readable bytes out and free them; returns bytes

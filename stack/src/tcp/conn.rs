@@ -50,7 +50,16 @@ pub struct TcpConfig {
     /// MSS we announce (MTU minus 40).
     pub mss: usize,
     pub send_buffer: usize,
+    /// Receive buffer a connection starts with.
     pub recv_buffer: usize,
+    /// Largest receive buffer autotuning may grow a connection's to (no
+    /// larger than `recv_buffer`: no autotuning). The window grows with the
+    /// measured bandwidth-delay product as Linux's `tcp_rcv_space_adjust`
+    /// does, within the stack's `autotune_memory`.
+    pub recv_buffer_max: usize,
+    /// Bytes of receive-buffer growth all connections of a stack may hold
+    /// together beyond their initial buffers.
+    pub autotune_memory: usize,
     pub window_scaling: bool,
     pub timestamps: bool,
     pub sack: bool,
@@ -62,6 +71,9 @@ pub struct TcpConfig {
     pub rtt: RttConfig,
     /// TIME_WAIT length (2 MSL).
     pub time_wait: Duration,
+    /// How long a connection the app closed may wait in FIN-WAIT-2 for the
+    /// peer's FIN before it is reset and freed (Linux: `tcp_fin_timeout`).
+    pub fin_wait2_timeout: Duration,
     /// SYN (or SYN-ACK) retransmissions before giving up.
     pub syn_retries: u32,
     /// Data retransmission timeouts in a row before giving up.
@@ -75,12 +87,26 @@ pub struct TcpConfig {
     pub max_ooo_total: usize,
 }
 
+impl TcpConfig {
+    /// The window scale we announce: enough for the largest receive buffer
+    /// a connection may grow to.
+    pub fn rcv_wscale(&self) -> u8 {
+        if self.window_scaling {
+            wscale_for(self.recv_buffer.max(self.recv_buffer_max))
+        } else {
+            0
+        }
+    }
+}
+
 impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
             mss: 1460,
             send_buffer: 256 << 10,
             recv_buffer: 256 << 10,
+            recv_buffer_max: 4 << 20,
+            autotune_memory: 256 << 20,
             window_scaling: true,
             timestamps: true,
             sack: true,
@@ -89,6 +115,7 @@ impl Default for TcpConfig {
             congestion: Algorithm::default(),
             rtt: RttConfig::default(),
             time_wait: Duration::from_secs(60),
+            fin_wait2_timeout: Duration::from_secs(60),
             syn_retries: 6,
             max_retries: 15,
             max_ooo_ranges: 32,
@@ -186,6 +213,8 @@ pub struct ConnStats {
     pub challenge_acks: u64,
     pub ooo_dropped: u64,
     pub bad_segments: u64,
+    /// Times an ICMP fragmentation-needed lowered the MSS (path MTU).
+    pub pmtu_reductions: u64,
 }
 
 impl ConnStats {
@@ -203,6 +232,7 @@ impl ConnStats {
         self.challenge_acks += o.challenge_acks;
         self.ooo_dropped += o.ooo_dropped;
         self.bad_segments += o.bad_segments;
+        self.pmtu_reductions += o.pmtu_reductions;
     }
 }
 
@@ -273,6 +303,8 @@ pub struct TcpConn {
     rcvbuf: RecvBuffer,
     /// Peer's FIN, once seen (possibly ahead of rcv_nxt).
     peer_fin: Option<Seq>,
+    /// Receive-window autotuning ([`TcpConn::autotune`]).
+    tune: RcvTune,
 
     // Options in use.
     ts_enabled: bool,
@@ -299,6 +331,11 @@ pub struct TcpConn {
     persist_backoff: u32,
     delack_at: Option<Instant>,
     time_wait_at: Option<Instant>,
+    /// When an orphaned connection in FIN-WAIT-2 gives up on the peer's FIN.
+    fin_wait2_at: Option<Instant>,
+    /// The app closed the connection entirely ([`TcpConn::release`]): it
+    /// reads nothing more, so new data is answered with RST.
+    orphaned: bool,
 
     // What to send next.
     ack_now: bool,
@@ -318,6 +355,28 @@ pub struct TcpConn {
     stats: ConnStats,
 }
 
+/// The receiver's side of window autotuning, after Linux's
+/// `tcp_rcv_rtt_measure` and `tcp_rcv_space_adjust`: the receiver's RTT is
+/// the time the peer takes to fill the window we advertised, and once per
+/// such RTT the bytes the app read in it are compared with the last
+/// measure; when they grow, the buffer should hold twice that (the window
+/// must stay ahead of the sender's congestion window).
+#[derive(Debug, Default)]
+struct RcvTune {
+    /// The right edge we advertised when timing started, and when.
+    rtt_mark: Option<(Seq, Instant)>,
+    /// Smallest receiver RTT measured.
+    rtt: Option<Duration>,
+    /// Bytes the app has read in all.
+    read: u64,
+    /// `read` and the time at the start of the current measure.
+    space_mark: (u64, Instant),
+    /// Most bytes the app read in one receiver RTT.
+    space: u64,
+    /// A larger buffer asked of the stack (granted by [`TcpConn::grow_rcvbuf`]).
+    want: Option<usize>,
+}
+
 /// RFC 9293 3.10.7.4, the four cases of segment acceptability.
 pub fn segment_acceptable(seq: Seq, len: usize, rcv_nxt: Seq, wnd: usize) -> bool {
     let start_ok = seq.in_range(rcv_nxt, rcv_nxt + wnd);
@@ -327,6 +386,12 @@ pub fn segment_acceptable(seq: Seq, len: usize, rcv_nxt: Seq, wnd: usize) -> boo
         (_, 0) => false,
         _ => start_ok || (seq + (len - 1)).in_range(rcv_nxt, rcv_nxt + wnd),
     }
+}
+
+/// The offset of a connection's TSval clock, derived from its ISN (random
+/// per connection, and reproducible for a SYN-cookie connection).
+fn ts_offset(iss: Seq) -> u32 {
+    iss.0.rotate_left(13)
 }
 
 fn wscale_for(capacity: usize) -> u8 {
@@ -351,11 +416,7 @@ impl TcpConn {
             rtt: RttEstimator::new(cfg.rtt.clone()),
             sndbuf: SendBuffer::new(cfg.send_buffer),
             rcvbuf: RecvBuffer::new(cfg.recv_buffer, cfg.max_ooo_ranges),
-            rcv_wscale: if cfg.window_scaling {
-                wscale_for(cfg.recv_buffer)
-            } else {
-                0
-            },
+            rcv_wscale: cfg.rcv_wscale(),
             state,
             local,
             remote,
@@ -376,9 +437,10 @@ impl TcpConn {
             rcv_nxt: Seq(0),
             rcv_adv: Seq(0),
             peer_fin: None,
+            tune: RcvTune::default(),
             ts_enabled: false,
             ts_recent: 0,
-            ts_offset: iss.0.rotate_left(13),
+            ts_offset: ts_offset(iss),
             last_ack_sent: Seq(0),
             sack_enabled: false,
             scoreboard: Scoreboard::new(),
@@ -393,6 +455,8 @@ impl TcpConn {
             persist_backoff: 0,
             delack_at: None,
             time_wait_at: None,
+            fin_wait2_at: None,
+            orphaned: false,
             ack_now: false,
             dupacks_owed: 0,
             unacked_segs: 0,
@@ -552,6 +616,7 @@ impl TcpConn {
     /// Read received bytes. Opening the window may trigger a window update.
     pub fn recv(&mut self, dst: &mut [u8]) -> usize {
         let n = self.rcvbuf.read(dst);
+        self.tune.read += n as u64;
         if n > 0 && self.state.synchronized() {
             let advertised = self.rcv_adv.since(self.rcv_nxt);
             let could = self.advertisable_window();
@@ -614,6 +679,37 @@ impl TcpConn {
         }
     }
 
+    /// The app closed the connection entirely (not a half-close): it will
+    /// read nothing more. RFC 1122 4.2.2.13: data still unread, or data that
+    /// arrives from now on, is lost, so the connection is reset to say so
+    /// (as Linux does); otherwise it closes as [`close`](Self::close) does,
+    /// and if the peer never sends its FIN, FIN-WAIT-2 ends after
+    /// `fin_wait2_timeout` with a RST.
+    pub fn release(&mut self, now: Instant) {
+        self.orphaned = true;
+        if self.rcvbuf.readable() > 0 && self.state.synchronized() {
+            self.reset_orphan(None);
+            return;
+        }
+        self.close();
+        self.arm_fin_wait2(now);
+    }
+
+    /// Reset an orphaned connection that lost data; `ack` is the offending
+    /// segment's acknowledgment (the peer's next expected sequence number).
+    fn reset_orphan(&mut self, ack: Option<Seq>) {
+        self.rst_pending = Some((ack.unwrap_or(self.snd_nxt), Some(self.rcv_nxt)));
+        self.error = Some(ConnError::Aborted);
+        self.state = State::Closed;
+        self.clear_timers();
+    }
+
+    fn arm_fin_wait2(&mut self, now: Instant) {
+        if self.orphaned && self.state == State::FinWait2 && self.fin_wait2_at.is_none() {
+            self.fin_wait2_at = Some(now + self.cfg.fin_wait2_timeout);
+        }
+    }
+
     /// Abort: send RST (if synchronized) and close at once.
     pub fn abort(&mut self) {
         if self.state.synchronized() || self.state == State::SynReceived {
@@ -667,6 +763,12 @@ impl TcpConn {
 
     fn tsval(&self, now: Instant) -> u32 {
         (now.as_millis() as u32).wrapping_add(self.ts_offset)
+    }
+
+    /// The TSval a connection whose ISN is `iss` sends at `now` (its
+    /// timestamp clock: milliseconds plus an offset keyed by the ISN).
+    pub(crate) fn tsval_at(now: Instant, iss: Seq) -> u32 {
+        (now.as_millis() as u32).wrapping_add(ts_offset(iss))
     }
 
     // -------------------------------------------------------------- input
@@ -903,7 +1005,7 @@ impl TcpConn {
             } else {
                 None
             };
-            self.on_fin_acked();
+            self.on_fin_acked(now);
         } else if ack == self.snd_una
             && seg.payload.is_empty()
             && !seg.hdr.fin
@@ -947,14 +1049,17 @@ impl TcpConn {
         self.rtt_probe = None;
     }
 
-    fn on_fin_acked(&mut self) {
+    fn on_fin_acked(&mut self, now: Instant) {
         let fin_acked =
             self.fin_queued && self.sndbuf.is_empty() && self.snd_una.diff(self.data_start) > 0;
         if !fin_acked {
             return;
         }
         match self.state {
-            State::FinWait1 => self.state = State::FinWait2,
+            State::FinWait1 => {
+                self.state = State::FinWait2;
+                self.arm_fin_wait2(now);
+            }
             State::Closing => self.enter_time_wait(),
             State::LastAck => {
                 self.state = State::Closed;
@@ -968,6 +1073,7 @@ impl TcpConn {
         self.state = State::TimeWait;
         self.rto_at = None;
         self.persist_at = None;
+        self.fin_wait2_at = None;
         self.time_wait_at = None; // set on the next timer poll with `now`
     }
 
@@ -981,6 +1087,15 @@ impl TcpConn {
     }
 
     fn process_data(&mut self, now: Instant, seg: &Segment<'_>) {
+        if self.orphaned
+            && matches!(self.state, State::FinWait1 | State::FinWait2)
+            && (seg.hdr.seq + seg.payload.len()).diff(self.rcv_nxt) > 0
+            && !seg.payload.is_empty()
+        {
+            // RFC 1122 4.2.2.13: nobody will read this; say so with a reset.
+            self.reset_orphan(seg.hdr.ack);
+            return;
+        }
         if seg.hdr.fin {
             self.peer_fin = Some(seg.hdr.seq + seg.payload.len());
         }
@@ -1000,6 +1115,9 @@ impl TcpConn {
             }
             self.stats.bytes_in += out.advanced as u64;
             self.rcv_nxt += out.advanced;
+            if out.advanced > 0 {
+                self.autotune(now);
+            }
             if offset > 0 {
                 // Out of order: an immediate duplicate ACK for each (with SACK).
                 self.dupacks_owed = (self.dupacks_owed + 1).min(64);
@@ -1044,12 +1162,106 @@ impl TcpConn {
         }
     }
 
+    /// ICMP fragmentation-needed quoting our segment `seq` with next-hop
+    /// `mtu` (RFC 1191): lower the MSS to fit it and send what is in flight
+    /// again in segments of the new size; not a congestion signal, so the
+    /// window stays. Returns false (ignored) when `seq` is not in flight, or
+    /// the MTU is implausible (below 576, Linux's floor of 552 rounded to
+    /// the IPv4 minimum a host must reassemble) or no smaller than now.
+    pub fn on_path_mtu(&mut self, now: Instant, seq: Seq, mtu: usize) -> bool {
+        const MIN_MTU: usize = 576;
+        let in_flight = seq.diff(self.snd_una) >= 0 && seq.diff(self.snd_max) < 0;
+        if !self.state.synchronized() || !in_flight || mtu < MIN_MTU {
+            return false;
+        }
+        let mss = mtu - 40;
+        if mss >= self.mss {
+            return false;
+        }
+        self.mss = mss;
+        self.cc.set_mss(mss);
+        self.stats.pmtu_reductions += 1;
+        // Go back to the first unacknowledged byte (RFC 1191 / Linux's
+        // tcp_simple_retransmit), keeping cwnd.
+        self.snd_nxt = self.snd_una;
+        self.high_rxt = self.snd_una;
+        self.scoreboard.clear();
+        self.in_recovery = false;
+        self.dupacks = 0;
+        self.rtt_probe = None;
+        self.rto_at = Some(now + self.rtt.rto());
+        true
+    }
+
+    // ------------------------------------------------------ autotuning
+
+    /// After in-order data arrived: time the receiver RTT, and once per RTT
+    /// ask for a larger buffer when the app read more than before.
+    fn autotune(&mut self, now: Instant) {
+        let t = &mut self.tune;
+        match t.rtt_mark {
+            Some((edge, at)) if self.rcv_nxt.diff(edge) >= 0 => {
+                let sample = now.saturating_duration_since(at);
+                if !sample.is_zero() {
+                    t.rtt = Some(t.rtt.map_or(sample, |r| r.min(sample)));
+                }
+                t.rtt_mark = Some((self.rcv_adv, now));
+            }
+            Some(_) => {}
+            None => {
+                t.rtt_mark = Some((self.rcv_adv, now));
+                t.space_mark = (t.read, now);
+            }
+        }
+        let Some(rtt) = t.rtt else { return };
+        if now.saturating_duration_since(t.space_mark.1) < rtt {
+            return;
+        }
+        let copied = t.read - t.space_mark.0;
+        t.space_mark = (t.read, now);
+        if copied <= t.space {
+            return;
+        }
+        // Twice what the app read in one RTT, and twice the growth again
+        // while it is growing fast (the sender is in slow start).
+        let grow = copied - t.space;
+        let mut target = 2 * copied + 16 * self.mss as u64;
+        if t.space > 0 {
+            target += 2 * target * grow / t.space.max(1);
+        }
+        t.space = copied;
+        let max = self.cfg.recv_buffer_max as u64;
+        let target = target.min(max) as usize;
+        if target > self.rcvbuf.capacity() {
+            t.want = Some(target);
+        }
+    }
+
+    /// The larger receive buffer autotuning asks for, if any (the stack
+    /// grants it within its memory limit with [`grow_rcvbuf`](Self::grow_rcvbuf)).
+    pub fn take_rcvbuf_request(&mut self) -> Option<usize> {
+        self.tune.want.take()
+    }
+
+    /// Receive buffer size now.
+    pub fn rcvbuf_capacity(&self) -> usize {
+        self.rcvbuf.capacity()
+    }
+
+    /// Grow the receive buffer to `capacity` bytes: the window opens by the
+    /// difference on the next segment we send.
+    pub fn grow_rcvbuf(&mut self, capacity: usize) {
+        self.rcvbuf
+            .grow(capacity.min(self.cfg.recv_buffer_max.max(self.cfg.recv_buffer)));
+    }
+
     // ------------------------------------------------------------- timers
 
     fn clear_timers(&mut self) {
         self.rto_at = None;
         self.persist_at = None;
         self.delack_at = None;
+        self.fin_wait2_at = None;
     }
 
     /// The next time [`on_timer`](Self::on_timer) or a transmit is due.
@@ -1068,6 +1280,7 @@ impl TcpConn {
             self.persist_at,
             self.delack_at,
             self.time_wait_at,
+            self.fin_wait2_at,
         ]
         .into_iter()
         .flatten()
@@ -1085,6 +1298,12 @@ impl TcpConn {
                 }
                 Some(_) => {}
             }
+        }
+        if self.fin_wait2_at.is_some_and(|t| now >= t) {
+            // The peer never closed: give up as Linux does, with a reset.
+            self.reset_orphan(None);
+            self.error = Some(ConnError::TimedOut);
+            return;
         }
         if self.delack_at.is_some_and(|t| now >= t) {
             self.delack_at = None;
@@ -1545,9 +1764,9 @@ mod test {
         assert!(c.ts_enabled && s.ts_enabled);
         assert!(c.sack_enabled && s.sack_enabled);
         assert_eq!(c.mss(), 1460);
-        // 256 KiB buffers need a shift of 3 to fit 16 bits.
-        assert_eq!(c.rcv_wscale, 3);
-        assert_eq!(s.snd_wscale, 3);
+        // Buffers that may autotune up to 4 MiB need a shift of 7 to fit 16 bits.
+        assert_eq!(c.rcv_wscale, 7);
+        assert_eq!(s.snd_wscale, 7);
     }
 
     #[test]
@@ -2049,6 +2268,7 @@ mod test {
     fn receiver_sws_avoidance_waits_for_a_useful_window() {
         let small = TcpConfig {
             recv_buffer: 16_384,
+            recv_buffer_max: 16_384,
             ..cfg()
         };
         let (mut c, mut s, mut now) = established(cfg(), small);

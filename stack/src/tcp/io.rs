@@ -93,11 +93,41 @@ fn emit<T: Tx>(
     .is_ok()
 }
 
+/// Bits of a SYN-cookie SYN-ACK's TSval that carry the peer's options:
+/// its window scale (4 bits, 15 for none) and SACK-permitted (bit 4).
+const COOKIE_OPTS_MASK: u32 = 0x3f;
+const COOKIE_NO_WSCALE: u32 = 0xf;
+const COOKIE_SACK: u32 = 0x10;
+
+/// The TSval of a SYN-cookie SYN-ACK: the clock the connection will use
+/// (its timestamp offset comes from the ISN, the cookie) with the peer's
+/// options in the low bits, never ahead of that clock, so the
+/// connection's later TSvals do not go backwards.
+fn cookie_tsval(now: Instant, cookie: Seq, wscale: Option<u8>, sack: bool) -> u32 {
+    let clock = TcpConn::tsval_at(now, cookie);
+    let opts = wscale.map_or(COOKIE_NO_WSCALE, |w| u32::from(w.min(14)))
+        | if sack { COOKIE_SACK } else { 0 };
+    let ts = (clock & !COOKIE_OPTS_MASK) | opts;
+    if (ts.wrapping_sub(clock) as i32) > 0 {
+        ts.wrapping_sub(COOKIE_OPTS_MASK + 1)
+    } else {
+        ts
+    }
+}
+
+/// The peer's window scale and SACK-permitted, from the TSecr of the ACK
+/// that completes a SYN-cookie handshake.
+fn cookie_options(tsecr: u32) -> (Option<u8>, bool) {
+    let w = tsecr & COOKIE_NO_WSCALE;
+    let wscale = (w != COOKIE_NO_WSCALE).then_some(w as u8);
+    (wscale, tsecr & COOKIE_SACK != 0)
+}
+
 impl Stack {
     pub(crate) fn process_tcp<T: Tx>(
         &mut self,
         now: Instant,
-        meta: IpMeta,
+        meta: IpMeta<'_>,
         body: &[u8],
         tx: &mut T,
     ) -> Result<(), DropReason> {
@@ -138,6 +168,30 @@ impl Stack {
         Err(DropReason::TcpNoSocket)
     }
 
+    /// An ICMP fragmentation-needed about one of our segments (RFC 1191):
+    /// the connection it quotes lowers its MSS to fit `mtu`, when the
+    /// quoted sequence number is one it has in flight (RFC 5927 5.1, so a
+    /// forged message must guess it).
+    pub(crate) fn tcp_frag_needed(
+        &mut self,
+        now: Instant,
+        local_port: u16,
+        remote: SocketAddrV4,
+        seq: u32,
+        mtu: u16,
+    ) -> Result<(), DropReason> {
+        let key = FlowKey { local_port, remote };
+        let slot = *self.tcp.flows.get(&key).ok_or(DropReason::IcmpUnhandled)?;
+        let conn = (self.tcp.slots.get_mut(slot as usize))
+            .and_then(|s| s.conn.as_mut())
+            .ok_or(DropReason::IcmpUnhandled)?;
+        if !conn.on_path_mtu(now, Seq(seq), usize::from(mtu)) {
+            return Err(DropReason::IcmpUnhandled);
+        }
+        self.tcp.mark_dirty(slot);
+        Ok(())
+    }
+
     fn deliver(&mut self, now: Instant, slot: u32, seg: &Segment<'_>) {
         let tcp = &mut self.tcp;
         let Some(s) = tcp.slots.get_mut(slot as usize) else {
@@ -154,6 +208,19 @@ impl Stack {
             let freed = conn.drop_ooo();
             tcp.ooo_total = tcp.ooo_total.saturating_sub(freed);
             tcp.stats.ooo_pruned += 1;
+        }
+        if let Some(want) = conn.take_rcvbuf_request() {
+            // Autotuning: grow within the stack-wide budget.
+            let have = conn.rcvbuf_capacity();
+            let room = tcp.cfg.autotune_memory.saturating_sub(tcp.autotune_bytes);
+            let grant = (want - have).min(room);
+            if grant >= tcp.cfg.mss {
+                conn.grow_rcvbuf(have + grant);
+                tcp.autotune_bytes += conn.rcvbuf_capacity() - have;
+                tcp.stats.rcvbuf_grown += 1;
+            } else {
+                tcp.stats.autotune_limited += 1;
+            }
         }
         if seg.hdr.rst && after == State::Closed {
             tcp.stats.resets_received += 1;
@@ -199,12 +266,28 @@ impl Stack {
                     .unwrap_or(536)
                     .min(u16::try_from(self.tcp.cfg.mss).unwrap_or(u16::MAX));
                 let cookie = self.tcp.cookie(now, me, remote, seg.hdr.seq, mss);
+                let cfg = &self.tcp.cfg;
+                let wscale = seg.hdr.wscale.filter(|_| cfg.window_scaling);
+                let sack = cfg.sack && seg.hdr.sack_permitted;
+                // With timestamps, the options ride in the low bits of our
+                // TSval and come back in the final ACK's TSecr (as Linux
+                // does); without, the cookie carries only the MSS.
+                let timestamp = match seg.hdr.timestamp {
+                    Some((peer_tsval, _)) if cfg.timestamps => {
+                        Some((cookie_tsval(now, cookie, wscale, sack), peer_tsval))
+                    }
+                    _ => None,
+                };
+                let ts = timestamp.is_some();
                 let out = Outgoing::from(Header {
                     seq: cookie,
                     ack: Some(seg.hdr.seq + 1),
                     syn: true,
-                    window: u16::try_from(self.tcp.cfg.recv_buffer).unwrap_or(u16::MAX),
+                    window: u16::try_from(cfg.recv_buffer).unwrap_or(u16::MAX),
                     mss: Some(mss),
+                    wscale: (ts && wscale.is_some()).then(|| cfg.rcv_wscale()),
+                    sack_permitted: ts && sack,
+                    timestamp,
                     ..Header::default()
                 });
                 if emit(&mut self.link, now, tx, me.port(), remote, &out, |_| {}) {
@@ -219,16 +302,33 @@ impl Stack {
             self.tcp.schedule(slot);
             return Ok(());
         }
+        // RFC 9293 3.10.7.2: with neither SYN nor ACK (nor RST, handled by
+        // the caller) a segment to a listener is dropped unanswered (a FIN,
+        // NULL or Xmas scan learns nothing from silence).
+        if seg.hdr.ack.is_none() {
+            return Err(DropReason::TcpListenNoAck);
+        }
         // An ACK for no connection: perhaps the third step of a cookie handshake.
         if let (Some(ack), false) = (seg.hdr.ack, seg.hdr.syn) {
             let peer_isn = seg.hdr.seq - 1;
             if let Some(mss) = self.tcp.check_cookie(now, me, remote, peer_isn, ack - 1) {
                 self.tcp.stats.syn_cookies_accepted += 1;
+                // The peer's SYN options, from the TSecr echo of our TSval.
+                let (wscale, sack_permitted, timestamp) = match seg.hdr.timestamp {
+                    Some((tsval, tsecr)) if self.tcp.cfg.timestamps => {
+                        let (wscale, sack) = cookie_options(tsecr);
+                        (wscale, sack, Some((tsval, 0)))
+                    }
+                    _ => (None, false, None),
+                };
                 let syn = Segment::from(Header {
                     seq: peer_isn,
                     syn: true,
                     window: seg.hdr.window,
                     mss: Some(mss),
+                    wscale,
+                    sack_permitted,
+                    timestamp,
                     ..Header::default()
                 });
                 let mut conn = TcpConn::accept(self.tcp.cfg.clone(), me, remote, ack - 1, &syn);
@@ -243,7 +343,8 @@ impl Stack {
         Err(DropReason::TcpNoSocket)
     }
 
-    /// RFC 9293 3.10.7.1: the reset for a segment that belongs to nothing.
+    /// RFC 9293 3.10.7.1: the reset for a segment that belongs to nothing,
+    /// within the stack's reset rate (`Config::rst_rate`).
     fn send_reset<T: Tx>(
         &mut self,
         now: Instant,
@@ -265,6 +366,10 @@ impl Stack {
                 ..Header::default()
             }),
         };
+        if !self.link.rst_limit.take(now) {
+            self.tcp.stats.resets_rate_limited += 1;
+            return;
+        }
         if emit(&mut self.link, now, tx, me.port(), remote, &out, |_| {}) {
             self.tcp.stats.resets_sent += 1;
             self.tcp.stats.segs_out += 1;

@@ -81,6 +81,9 @@ pub struct TcpStats {
     pub established: u64,
     pub resets_sent: u64,
     pub resets_received: u64,
+    /// Resets for segments matching no connection left unsent for the
+    /// reset rate limit.
+    pub resets_rate_limited: u64,
     pub syn_cookies_sent: u64,
     pub syn_cookies_accepted: u64,
     pub syn_cookies_failed: u64,
@@ -98,6 +101,12 @@ pub struct TcpStats {
     pub ooo_bytes: u64,
     /// Times a connection's out-of-order data was dropped for the stack-wide cap.
     pub ooo_pruned: u64,
+    /// Receive buffers grown by autotuning.
+    pub rcvbuf_grown: u64,
+    /// Autotuning growths refused for the stack-wide `autotune_memory`.
+    pub autotune_limited: u64,
+    /// Bytes receive buffers hold now beyond their initial size.
+    pub autotune_bytes: u64,
     /// Per-connection counters summed over every connection, live and closed.
     pub totals: conn::ConnStats,
 }
@@ -121,6 +130,8 @@ pub(crate) struct TcpTable {
     pub closed_totals: conn::ConnStats,
     /// Out-of-order bytes held by all connections.
     pub ooo_total: usize,
+    /// Receive-buffer bytes autotuning added, across connections.
+    pub autotune_bytes: usize,
 }
 
 /// First ephemeral port for active opens.
@@ -141,6 +152,7 @@ impl TcpTable {
             stats: TcpStats::default(),
             closed_totals: conn::ConnStats::default(),
             ooo_total: 0,
+            autotune_bytes: 0,
         }
     }
 
@@ -306,6 +318,8 @@ impl TcpTable {
         if let Some(c) = s.conn.take() {
             self.closed_totals.add(c.stats());
             self.ooo_total = self.ooo_total.saturating_sub(c.ooo_bytes());
+            let grown = c.rcvbuf_capacity().saturating_sub(self.cfg.recv_buffer);
+            self.autotune_bytes = self.autotune_bytes.saturating_sub(grown);
             let key = FlowKey {
                 local_port: c.local().port(),
                 remote: c.remote(),
@@ -337,6 +351,7 @@ impl TcpTable {
         TcpStats {
             totals,
             ooo_bytes: self.ooo_total as u64,
+            autotune_bytes: self.autotune_bytes as u64,
             ..self.stats.clone()
         }
     }
