@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use ustack::app::bulk::fill_pattern;
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::tcp::{State, TcpHandle};
 use ustack::{Instant, Stack};
 

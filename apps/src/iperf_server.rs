@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use ustack::app::bulk::fill_pattern;
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
 

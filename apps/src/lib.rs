@@ -39,24 +39,19 @@ pub fn exit(name: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
 
 /// Run `app` on `node` until it exits or Ctrl-C/SIGTERM, publishing
 /// telemetry when `tele` is given.
-pub fn run_app<D: ustack::Device, A: ustack::runtime::App + ?Sized>(
-    node: &mut ustack::runtime::Node<D>,
+pub fn run_app<D: ustack::Device, A: ustack::node::App + ?Sized>(
+    node: &mut ustack::node::Node<D>,
     app: &mut A,
-    lcfg: &ustack::runtime::LoopConfig,
+    lcfg: &ustack_runtime::LoopConfig,
     tele: Option<&telemetry::Telemetry>,
 ) -> anyhow::Result<()> {
     let stop = stop_flag()?;
-    ustack::runtime::run(
+    ustack_runtime::net::run_app(
         node,
         app,
         lcfg,
-        &ustack::clock::Clock::new(),
-        || stop.load(Ordering::Relaxed),
-        |s| {
-            if let Some(t) = tele {
-                t.publish(s);
-            }
-        },
+        &stop,
+        tele.and_then(telemetry::Telemetry::publisher),
     )?;
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use ustack::icmp::{PingEvent, PingHandle};
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::{Instant, Stack};
 
 /// One line of a ping list: an address and an optional label.

@@ -4,15 +4,16 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
-use std::sync::atomic::{AtomicBool, Ordering};
-use ustack::device::Device;
-use ustack::impair::Impaired;
-
-use ustack::runtime::{App, IdleMode, LoopConfig, Node, Snapshot};
-use ustack::shard::{Shard, ShardId, Steer, SteerRule};
+use std::sync::atomic::AtomicBool;
+use ustack::Config;
+use ustack::node::App;
+use ustack::shard::{ShardId, SteerRule};
 use ustack::sim::LinkConfig;
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
-use ustack::{Config, Stack};
+use ustack_runtime::LoopConfig;
+use ustack_runtime::net::{Builder, NetConfig, ShardResult};
+
+pub use ustack_runtime::net::NodeUser;
 
 /// `NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim`, plus addressing.
 #[derive(clap::Args, Debug, Clone)]
@@ -177,42 +178,58 @@ fn parse_mac(s: &str) -> Result<EthernetAddress, String> {
 }
 
 impl NetArgs {
-    /// The stack's configuration from these flags.
-    pub fn config(&self) -> Result<Config> {
+    /// The runtime's configuration from these flags.
+    pub fn net_config(&self) -> Result<NetConfig> {
         let Some(ip) = self.ip else {
             bail!("--ip A.B.C.D/LEN is required");
         };
-        let o = ip.address().octets();
-        let mac = self
-            .mac
-            .unwrap_or(EthernetAddress([0x02, 0x75, 0x73, o[1], o[2], o[3]]));
-        let mut cfg = Config::new(mac, ip);
-        cfg.gateway = self.gw;
-        cfg.mtu = usize::from(self.mtu);
-        cfg.tcp.mss = cfg.mtu - 40;
-        cfg.tcp.recv_buffer_max = self.rcvbuf_max as usize;
-        // A per-process secret for ISNs and SYN cookies.
-        let seed = std::collections::hash_map::RandomState::new();
-        use std::hash::BuildHasher;
-        cfg.secret = (seed.hash_one(1u8), seed.hash_one(2u8));
-        Ok(cfg)
+        let mut b = Builder::new()
+            .ip(ip.address(), ip.prefix_len())
+            .mtu(usize::from(self.mtu))
+            .rcvbuf_max(self.rcvbuf_max as usize)
+            .backoff(self.backoff);
+        b = match (&self.pcap, &self.dpdk) {
+            (Some(iface), _) => b.pcap(iface),
+            (_, Some(eal)) => b.dpdk(eal).dpdk_port(self.dpdk_port, self.dpdk_mbufs),
+            _ if self.sim => bail!(
+                "--sim needs a peer on the same link: run `ustack demo`, which puts two stacks on the simulated link"
+            ),
+            _ => bail!("choose a backend: --pcap IFACE, --dpdk \"EAL ARGS\" or --sim"),
+        };
+        if let Some(gw) = self.gw {
+            b = b.gateway(gw);
+        }
+        if let Some(mac) = self.mac {
+            b = b.mac(mac.0);
+        }
+        if let Some(core) = self.core {
+            b = b.core(core);
+        }
+        if let Some(CoreList(cores)) = &self.cores {
+            b = b.cores(cores);
+        }
+        if let Some(t) = &self.telemetry {
+            b = b.telemetry(t);
+        }
+        if let Some(c) = &self.capture {
+            b = b.capture(c);
+        }
+        if let Some(i) = &self.impair {
+            b = b.impair(i.clone());
+        }
+        Ok(b.build()?)
     }
 
-    /// The poll loop's settings from these flags: pinned to --core if given,
-    /// and busy-polling when that core is dedicated to a DPDK port (without
-    /// --core the loop backs off when idle, so shared CPUs are not starved).
+    /// The stack's configuration from these flags.
+    pub fn config(&self) -> Result<Config> {
+        Ok(self.net_config()?.stack)
+    }
+
+    /// The poll loop's settings from these flags (see [`NetConfig::loop_config`]).
     pub fn loop_config(&self) -> LoopConfig {
-        let pinned = self.core.is_some() || self.cores.is_some();
-        let idle = if self.dpdk.is_some() && pinned && !self.backoff {
-            IdleMode::BusyPoll
-        } else {
-            LoopConfig::default().idle
-        };
-        LoopConfig {
-            core: self.core,
-            idle,
-            ..LoopConfig::default()
-        }
+        self.net_config()
+            .map(|c| c.loop_config())
+            .unwrap_or_default()
     }
 
     /// A short description of the backend for log lines.
@@ -225,14 +242,7 @@ impl NetArgs {
     }
 }
 
-/// One shard's app and its last snapshot, after a sharded run.
-pub type ShardResult<A> = (A, Option<Snapshot>);
-
-/// Run one poll loop per core of `--cores`, each on its own queue pair of
-/// the DPDK port with its own stack (shard `i` of N, `steer` rules between
-/// them) and the app `make(shard)`, until every app exits, the duration
-/// passes or `stop` is set. Snapshots of all shards go to `tele`, which
-/// publishes their totals and each shard's figures.
+/// Run one poll loop per core of `--cores` (see [`ustack_runtime::net::run_sharded`]).
 pub fn run_sharded<A, F>(
     net: &NetArgs,
     steer: &[SteerRule],
@@ -245,282 +255,19 @@ where
     A: App + Send,
     F: Fn(ShardId) -> A + Sync,
 {
-    let Some(CoreList(cores)) = net.cores.clone() else {
+    if net.cores.is_none() {
         bail!("--cores LIST is required for a sharded run");
-    };
-    let Some(eal_args) = &net.dpdk else {
-        bail!("--cores needs --dpdk: each core owns one queue pair of a DPDK port");
-    };
-    let cfg = net.config()?;
-    let ports = open_dpdk_queues(net, eal_args, &cfg, cores.len())?;
-    let shards = ustack::shard::shards(cores.len(), steer);
-    let idle = if net.backoff {
-        LoopConfig::default().idle
-    } else {
-        IdleMode::BusyPoll
-    };
-    let results = std::thread::scope(|scope| {
-        let threads: Vec<_> = ports
-            .into_iter()
-            .zip(shards)
-            .zip(&cores)
-            .map(|((port, shard), &core)| {
-                let mut c = cfg.clone();
-                c.shard = shard.id;
-                c.announce &= shard.id.index == 0;
-                let mut app = make(shard.id);
-                let lcfg = LoopConfig {
-                    core: Some(core),
-                    idle,
-                    duration,
-                    ..LoopConfig::default()
-                };
-                std::thread::Builder::new()
-                    .name(format!("ustack-core{core}"))
-                    .spawn_scoped(scope, move || {
-                        let mut node = Node::sharded(Stack::new(c), port, shard);
-                        let mut last = None;
-                        let r = ustack::runtime::run(
-                            &mut node,
-                            &mut app,
-                            &lcfg,
-                            &ustack::clock::Clock::new(),
-                            || stop.load(Ordering::Relaxed),
-                            |s| {
-                                if let Some(t) = tele {
-                                    t.publish(s);
-                                }
-                                last = Some(s.clone());
-                            },
-                        );
-                        // One shard failing (or exiting) ends the others.
-                        stop.store(true, Ordering::Relaxed);
-                        r.map(|()| (app, last))
-                    })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| match t {
-                Ok(t) => t
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("a poll-loop thread panicked"))?
-                    .map_err(anyhow::Error::from),
-                Err(e) => Err(anyhow::anyhow!("cannot start a poll-loop thread: {e}")),
-            })
-            .collect::<Result<Vec<_>>>()
-    })?;
-    Ok(results)
-}
-
-/// An app that runs on one node (ping, iperf3) on a host with `--cores`:
-/// the app runs on shard 0 (the first core) and the other shards answer
-/// ARP and ping and hand shard 0 what is its own: ICMP and RoCE (UDP 4791)
-/// by steering, TCP segments by passing on what they do not own.
-fn run_primary<U: NodeUser>(net: &NetArgs, user: U) -> Result<U::Output> {
-    let Some(CoreList(cores)) = net.cores.clone() else {
-        bail!("--cores LIST is required for a sharded run");
-    };
-    let Some(eal_args) = &net.dpdk else {
-        bail!("--cores needs --dpdk: each core owns one queue pair of a DPDK port");
-    };
-    let cfg = net.config()?;
-    let mut ports = open_dpdk_queues(net, eal_args, &cfg, cores.len())?;
-    let steer = [
-        SteerRule {
-            what: Steer::Icmp,
-            to: 0,
-        },
-        SteerRule {
-            what: Steer::UdpPort(ustack::ud::wire::ROCE_PORT),
-            to: 0,
-        },
-    ];
-    let mut shards = ustack::shard::shards(cores.len(), &steer);
-    let idle = net.loop_config().idle;
-    let stop = AtomicBool::new(false);
-    let stack = |shard: &Shard| {
-        let mut c = cfg.clone();
-        c.shard = shard.id;
-        c.announce &= shard.id.index == 0;
-        Stack::new(c)
-    };
-    if ports.is_empty() || shards.is_empty() {
-        bail!("the port has no queue");
     }
-    let (port0, shard0) = (ports.remove(0), shards.remove(0));
-    let node0 = Node::sharded(stack(&shard0), port0, shard0);
-    std::thread::scope(|scope| {
-        for ((port, shard), &core) in ports.into_iter().zip(shards).zip(&cores[1..]) {
-            let mut node = Node::sharded(stack(&shard), port, shard);
-            let (stop, lcfg) = (
-                &stop,
-                LoopConfig {
-                    core: Some(core),
-                    idle,
-                    ..LoopConfig::default()
-                },
-            );
-            let spawned = std::thread::Builder::new()
-                .name(format!("ustack-core{core}"))
-                .spawn_scoped(scope, move || {
-                    let r = ustack::runtime::run(
-                        &mut node,
-                        &mut (),
-                        &lcfg,
-                        &ustack::clock::Clock::new(),
-                        || stop.load(Ordering::Relaxed),
-                        |_| {},
-                    );
-                    if let Err(e) = r {
-                        tracing::error!("core {core}: {e}");
-                    }
-                });
-            if let Err(e) = spawned {
-                stop.store(true, Ordering::Relaxed);
-                bail!("cannot start a poll-loop thread: {e}");
-            }
-        }
-        ustack::runtime::pin_to_core(cores[0])?;
-        let out = user.run(node0);
-        stop.store(true, Ordering::Relaxed);
-        out
-    })
-}
-
-#[cfg(feature = "dpdk")]
-fn open_dpdk_queues(
-    net: &NetArgs,
-    eal_args: &str,
-    cfg: &Config,
-    queues: usize,
-) -> Result<Vec<ustack_dpdk::DpdkPort>> {
-    use ustack_dpdk::{DpdkPort, DpdkPortConfig, Eal};
-    if net.capture.is_some() || net.impair.is_some() {
-        bail!("--capture and --impair work with one core: drop --cores, or use --core N");
-    }
-    let eal = Eal::init(eal_args)?;
-    let mut pcfg = DpdkPortConfig::new(net.dpdk_port);
-    pcfg.mbufs = net.dpdk_mbufs;
-    pcfg.mtu = cfg.mtu;
-    let queues = u16::try_from(queues).unwrap_or(u16::MAX);
-    let ports = DpdkPort::open_queues(&eal, &pcfg, queues)?;
-    if let Some(p) = ports.first() {
-        let info = p.port().info();
-        tracing::info!(
-            "DPDK port {} ({}): {} queue pairs, {}",
-            net.dpdk_port,
-            info.driver,
-            ports.len(),
-            if info.rss {
-                "symmetric RSS"
-            } else {
-                "the driver's own flow distribution"
-            }
-        );
-    }
-    Ok(ports)
-}
-
-/// Without DPDK there are no queues to shard over.
-#[cfg(not(feature = "dpdk"))]
-fn open_dpdk_queues(
-    _: &NetArgs,
-    _: &str,
-    _: &Config,
-    _: usize,
-) -> Result<Vec<ustack::sim::SimPort>> {
-    bail!("this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)")
-}
-
-/// Code that runs a node, whatever its device type.
-pub trait NodeUser {
-    type Output;
-    fn run<D: Device>(self, node: Node<D>) -> Result<Self::Output>;
+    let cfg = net.net_config()?;
+    let publisher = tele.and_then(crate::telemetry::Telemetry::publisher);
+    Ok(ustack_runtime::net::run_sharded(
+        &cfg, steer, duration, stop, publisher, make,
+    )?)
 }
 
 /// Open the backend the flags name and hand a node on it to `user`.
-pub fn with_node<U: NodeUser>(net: &NetArgs, user: U) -> Result<U::Output> {
-    let cfg = net.config()?;
-    if net.cores.is_some() {
-        return run_primary(net, user);
-    }
-    if let Some(iface) = &net.pcap {
-        return open_pcap(net, iface, cfg, user);
-    }
-    if let Some(eal_args) = &net.dpdk {
-        return open_dpdk(net, eal_args, cfg, user);
-    }
-    if net.sim {
-        bail!(
-            "--sim needs a peer on the same link: run `ustack demo`, which puts two stacks on the simulated link"
-        );
-    }
-    bail!("choose a backend: --pcap IFACE, --dpdk \"EAL ARGS\" or --sim")
-}
-
-#[cfg(feature = "pcap")]
-fn open_pcap<U: NodeUser>(net: &NetArgs, iface: &str, cfg: Config, user: U) -> Result<U::Output> {
-    use ustack::backend::pcap::{Captured, PcapPort};
-    let port = PcapPort::open(iface, cfg.mac, cfg.mtu)?;
-    let stack = Stack::new(cfg);
-    match (&net.capture, &net.impair) {
-        (Some(path), Some(imp)) => user.run(Node::new(
-            stack,
-            Captured::new(Impaired::new(port, imp.clone()), path)?,
-        )),
-        (Some(path), None) => user.run(Node::new(stack, Captured::new(port, path)?)),
-        (None, Some(imp)) => user.run(Node::new(stack, Impaired::new(port, imp.clone()))),
-        (None, None) => user.run(Node::new(stack, port)),
-    }
-}
-
-#[cfg(not(feature = "pcap"))]
-fn open_pcap<U: NodeUser>(_: &NetArgs, _: &str, _: Config, _: U) -> Result<U::Output> {
-    let _ = (Stack::new, Impaired::<ustack::sim::SimPort>::new);
-    bail!("this build has no pcap backend: rebuild with `--features pcap` (needs libpcap-dev)")
-}
-
-#[cfg(feature = "dpdk")]
-fn open_dpdk<U: NodeUser>(
-    net: &NetArgs,
-    eal_args: &str,
-    cfg: Config,
-    user: U,
-) -> Result<U::Output> {
-    use ustack_dpdk::{DpdkPort, DpdkPortConfig, Eal};
-    let eal = Eal::init(eal_args)?;
-    let mut pcfg = DpdkPortConfig::new(net.dpdk_port);
-    pcfg.mbufs = net.dpdk_mbufs;
-    pcfg.mtu = cfg.mtu;
-    // The port holds the EAL; it is cleaned up when the node (port) drops.
-    let port = DpdkPort::open(&eal, &pcfg)?;
-    drop(eal);
-    let stack = Stack::new(cfg);
-    match (&net.capture, &net.impair) {
-        #[cfg(feature = "pcap")]
-        (Some(path), imp) => {
-            use ustack::backend::pcap::Captured;
-            match imp {
-                Some(imp) => user.run(Node::new(
-                    stack,
-                    Captured::new(Impaired::new(port, imp.clone()), path)?,
-                )),
-                None => user.run(Node::new(stack, Captured::new(port, path)?)),
-            }
-        }
-        #[cfg(not(feature = "pcap"))]
-        (Some(_), _) => {
-            bail!("--capture needs the pcap feature: rebuild with `--features dpdk,pcap`")
-        }
-        (None, Some(imp)) => user.run(Node::new(stack, Impaired::new(port, imp.clone()))),
-        (None, None) => user.run(Node::new(stack, port)),
-    }
-}
-
-#[cfg(not(feature = "dpdk"))]
-fn open_dpdk<U: NodeUser>(_: &NetArgs, _: &str, _: Config, _: U) -> Result<U::Output> {
-    bail!("this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)")
+pub fn with_node<U: NodeUser<Error = anyhow::Error>>(net: &NetArgs, user: U) -> Result<U::Output> {
+    ustack_runtime::net::with_node(&net.net_config()?, user)
 }
 
 #[cfg(test)]

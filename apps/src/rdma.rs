@@ -10,15 +10,16 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use ustack::clock::Clock;
 use ustack::device::Device;
-use ustack::runtime::{self, App, Control, LoopConfig, Node};
+use ustack::node::{App, Control, Node};
 use ustack::ud::ping::{
     BwResult, UdBandwidth, UdBandwidthConfig, UdPingSummary, UdPinger, UdPingerConfig, UdPong,
     UdResponder,
 };
 use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
 use ustack::{Instant, Stack};
+use ustack_runtime::clock::Clock;
+use ustack_runtime::{self as runtime, LoopConfig};
 
 use crate::net::NodeUser;
 
@@ -166,7 +167,12 @@ pub struct PingUser(pub PingOpts);
 
 impl NodeUser for PingUser {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let o = self.0;
         let dst = UdAddr {
             ip: o.dst,
@@ -347,7 +353,12 @@ pub struct BwUser(pub BwOpts);
 
 impl NodeUser for BwUser {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let o = self.0;
         let max = node.stack.ud_max_msg();
         let dst = UdAddr {
@@ -392,7 +403,12 @@ pub struct SinkUser {
 
 impl NodeUser for SinkUser {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let mut r = UdResponder::new(self.qpn, self.qkey);
         println!(
             "uperf: RDMA UD sink on {} qpn {} qkey {:#010x} (also answers UD pings)",
@@ -545,7 +561,12 @@ impl UdMeshUser {
 
 impl NodeUser for UdMeshUser {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let mut pingers = self.pingers();
         if !self.json {
             println!(

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use ustack::runtime::Snapshot;
+use ustack::node::Snapshot;
 
 /// A compact multi-line report of one stack's counters.
 pub fn counters(name: &str, s: &Snapshot) -> String {

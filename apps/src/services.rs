@@ -1,6 +1,6 @@
 //! TCP echo (7) and discard (9), served by `ustack run` (beside iperf3 on 5201).
 
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
 

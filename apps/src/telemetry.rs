@@ -1,7 +1,7 @@
 //! `--telemetry PATH` for every app, and the in-process monitor (`--tui`).
 //!
 //! The loop's stats callback calls [`Telemetry::publish`], which never
-//! blocks (see `ustack::telemetry`).
+//! blocks (see `ustack_runtime::telemetry`).
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use anyhow::Result;
-use ustack::runtime::Snapshot;
-use ustack::telemetry::{self, Publisher};
+use ustack::node::Snapshot;
+use ustack_runtime::telemetry::{self, Publisher};
 
 use crate::net::NetArgs;
 
@@ -44,6 +44,11 @@ impl Telemetry {
         Ok(Telemetry {
             publisher: Some(publisher),
         })
+    }
+
+    /// The publisher, when snapshots go somewhere.
+    pub fn publisher(&self) -> Option<&Publisher> {
+        self.publisher.as_ref()
     }
 
     /// Whether snapshots go anywhere.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_client::{ClientConfig, IperfClient};

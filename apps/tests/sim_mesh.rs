@@ -100,7 +100,7 @@ fn loss_is_counted_per_target() {
 /// Mesh mode over RDMA UD: four UD responders, 10,000 pings/s in all.
 #[test]
 fn ud_mesh_at_ten_thousand_per_second() {
-    use ustack::runtime::App;
+    use ustack::node::App;
     use ustack::ud::ping::UdResponder;
     use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN};
     use ustack_apps::rdma::UdMeshUser;

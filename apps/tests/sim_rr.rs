@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use ustack::Instant;
-use ustack::runtime::App;
+use ustack::node::App;
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack_apps::rr::{RrClient, RrConfig};
 use ustack_apps::services::Services;

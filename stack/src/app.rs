@@ -2,4 +2,3 @@
 
 pub mod bulk;
 pub mod ping;
-pub mod stream;

@@ -2,9 +2,11 @@
 //!
 //! The protocol core ([`Stack`]) never reads a clock and never touches a device:
 //! every entry point takes `now` and bytes, and frames leave through a [`Tx`]
-//! sink that writes straight into a device buffer. The [`runtime`] module glues
-//! a `Stack` to a [`Device`] in a run-to-completion poll loop; [`sim`] provides
-//! an in-process link with seeded impairments and a manual clock for tests.
+//! sink that writes straight into a device buffer. [`node::Node`] is one poll-loop
+//! iteration gluing a `Stack` to a [`Device`] (the `ustack-runtime` crate runs
+//! it against the wall clock, with threads, sockets and backends); [`sim`]
+//! provides an in-process link with seeded impairments and a manual clock for
+//! tests. This crate has no threads, sockets, sleeps or clock reads.
 //!
 //! Invariants (see ARCHITECTURE.md):
 //! - the engine never reads the clock: time comes in as [`Instant`];
@@ -16,22 +18,19 @@
 
 pub mod app;
 pub mod arp;
-pub mod backend;
 pub mod checksum;
-pub mod clock;
 pub mod device;
 pub mod frag;
 pub mod icmp;
 pub mod impair;
+pub mod node;
 pub mod pool;
 pub mod rss;
-pub mod runtime;
 pub mod shard;
 pub mod sim;
 pub mod stack;
 pub mod stats;
 pub mod tcp;
-pub mod telemetry;
 pub mod time;
 pub mod ud;
 pub mod udp;
@@ -51,8 +50,3 @@ pub mod wire {
         TcpRepr, TcpSeqNumber, TcpTimestampRepr, UDP_HEADER_LEN, UdpPacket, UdpRepr,
     };
 }
-
-/// The README's Rust examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-mod readme {}

@@ -5,7 +5,7 @@
 //! Symmetric RSS ([`crate::rss`]) puts both directions of a TCP flow on one
 //! queue, so the data path never crosses cores. Three kinds of traffic
 //! belong to no one core, and go through bounded mailboxes between shards
-//! (crossbeam channels; never on the data path of a hashed flow):
+//! (`std::sync::mpsc` channels; never on the data path of a hashed flow):
 //!
 //! - **ARP** arrives on one queue (a NIC gives it to queue 0) but every
 //!   shard needs the neighbour: the receiving shard handles it and sends a
@@ -23,9 +23,11 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use crossbeam::channel::{self, Receiver, Sender, TrySendError};
 use serde::Serialize;
 use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
 use crate::rss;
 
@@ -109,8 +111,11 @@ pub enum Route {
 pub struct Shard {
     pub id: ShardId,
     inbox: Receiver<Mail>,
-    /// Senders to every shard, by index (our own is unused).
-    peers: Vec<Sender<Mail>>,
+    /// Mail in our inbox (raised by senders before they send).
+    waiting: Arc<AtomicUsize>,
+    /// Senders to every shard and their inbox counts, by index (our own
+    /// is unused).
+    peers: Vec<(SyncSender<Mail>, Arc<AtomicUsize>)>,
     steer: Vec<SteerRule>,
     pub stats: ShardStats,
 }
@@ -121,14 +126,20 @@ pub const MAILBOX: usize = 4096;
 /// The shards of a host with `count` queues, wired to each other.
 pub fn shards(count: usize, steer: &[SteerRule]) -> Vec<Shard> {
     let count = count.max(1);
-    let (senders, receivers): (Vec<_>, Vec<_>) =
-        (0..count).map(|_| channel::bounded(MAILBOX)).unzip();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..count)
+        .map(|_| {
+            let (tx, rx) = sync_channel(MAILBOX);
+            let waiting = Arc::new(AtomicUsize::new(0));
+            ((tx, waiting.clone()), (rx, waiting))
+        })
+        .unzip();
     receivers
         .into_iter()
         .enumerate()
-        .map(|(index, inbox)| Shard {
+        .map(|(index, (inbox, waiting))| Shard {
             id: ShardId { index, count },
             inbox,
+            waiting,
             peers: senders.clone(),
             steer: steer.iter().copied().filter(|r| r.to < count).collect(),
             stats: ShardStats::default(),
@@ -183,12 +194,14 @@ impl Shard {
     }
 
     fn send(&mut self, to: usize, mail: Mail) -> bool {
-        let Some(peer) = self.peers.get(to) else {
+        let Some((peer, waiting)) = self.peers.get(to) else {
             return false;
         };
+        waiting.fetch_add(1, Ordering::Relaxed);
         match peer.try_send(mail) {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                waiting.fetch_sub(1, Ordering::Relaxed);
                 self.stats.mailbox_full += 1;
                 false
             }
@@ -229,13 +242,14 @@ impl Shard {
     /// Mail waiting, at most `max` of it.
     pub fn take_mail(&mut self, max: usize) -> Vec<Mail> {
         let mail: Vec<Mail> = self.inbox.try_iter().take(max).collect();
+        self.waiting.fetch_sub(mail.len(), Ordering::Relaxed);
         self.stats.mail_in += mail.len() as u64;
         mail
     }
 
     /// Whether mail is waiting.
     pub fn has_mail(&self) -> bool {
-        !self.inbox.is_empty()
+        self.waiting.load(Ordering::Relaxed) > 0
     }
 }
 

@@ -17,10 +17,9 @@ use std::time::Duration;
 use serde::Serialize;
 use smoltcp::wire::{EthernetAddress, Ipv4Address, Ipv4Cidr};
 
-use crate::clock::Clock;
 use crate::device::{Device, DeviceCaps, PortStats};
+use crate::node::{App, Node};
 use crate::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
-use crate::runtime::{App, Node};
 use crate::shard::SteerRule;
 use crate::stack::{Config, Stack};
 use crate::time::{Instant, earliest};
@@ -449,11 +448,13 @@ pub fn host_mac(n: u8) -> EthernetAddress {
     EthernetAddress([0x02, 0x00, 0x00, 0x00, 0x00, n])
 }
 
-/// Config of sim host `n`: MAC `02:00:00:00:00:n`, address `10.0.0.n/24`.
+/// Config of sim host `n`: MAC `02:00:00:00:00:n`, address `10.0.0.n/24`,
+/// the secret seeded by `n` (a simulation replays exactly).
 pub fn host_config(n: u8) -> Config {
-    Config::new(
+    Config::with_seed(
         host_mac(n),
         Ipv4Cidr::new(Ipv4Address::new(10, 0, 0, n), 24),
+        u64::from(n),
     )
 }
 
@@ -575,38 +576,8 @@ impl SimNet {
         }
     }
 
-    /// Run against the wall clock until `done` or `duration` passes, sleeping
-    /// when nothing is due. `now` then follows `clock`.
-    pub fn run_realtime(
-        &mut self,
-        clock: &Clock,
-        duration: Duration,
-        apps: &mut [&mut dyn App],
-        mut done: impl FnMut(&mut SimNet) -> bool,
-    ) -> bool {
-        let end = clock.now() + duration;
-        loop {
-            self.now = clock.now();
-            let busy = self.step(apps);
-            if done(self) {
-                return true;
-            }
-            if self.now >= end {
-                return false;
-            }
-            if !busy {
-                let wake = earliest(self.next_wakeup(apps), Some(end)).unwrap_or(end);
-                let cap = self.now + Duration::from_millis(1);
-                let sleep = wake.min(cap).saturating_duration_since(clock.now());
-                if !sleep.is_zero() {
-                    std::thread::sleep(sleep);
-                }
-            }
-        }
-    }
-
     /// Buffers of all port pools currently handed out (frames in flight count).
     pub fn pools_in_use(&self) -> usize {
-        self.nodes.iter().map(|n| n.dev.pool().in_use()).sum()
+        self.nodes.iter().map(|n| n.dev().pool().in_use()).sum()
     }
 }

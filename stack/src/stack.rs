@@ -81,7 +81,8 @@ pub struct Config {
     pub answer_broadcast_ping: bool,
     /// Defaults for every TCP connection.
     pub tcp: TcpConfig,
-    /// Key for ISNs and SYN cookies (RFC 6528); give each stack its own.
+    /// Key for ISNs, SYN cookies and IPv4 IDs (RFC 6528): random with
+    /// [`Config::new`], derived from a seed with [`Config::with_seed`].
     pub secret: (u64, u64),
     /// Which of a host's per-queue stacks this is (active opens pick local
     /// ports whose flows hash back to this queue).
@@ -89,8 +90,26 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults for a host with address `ip` on a subnet, MTU 1500.
+    /// Defaults for a host with address `ip` on a subnet, MTU 1500, and a
+    /// random secret for ISNs, SYN cookies and IPv4 IDs (RFC 6528: each
+    /// stack its own, unpredictable).
     pub fn new(mac: EthernetAddress, ip: Ipv4Cidr) -> Self {
+        // std's RandomState keys come from the OS's random source once per
+        // thread and differ for every instance: no clock, no extra crate.
+        let random = std::collections::hash_map::RandomState::new();
+        let secret = (random.hash_one(1u8), random.hash_one(2u8));
+        Config {
+            secret,
+            ..Self::with_seed(mac, ip, 0)
+        }
+    }
+
+    /// As [`Config::new`] with the secret derived from `seed`: the same
+    /// seed gives the same sequence numbers and IDs (simulations, tests).
+    pub fn with_seed(mac: EthernetAddress, ip: Ipv4Cidr, seed: u64) -> Self {
+        let mix = |k: u64| {
+            foldhash::fast::FixedState::with_seed(seed ^ 0x7573_7461_636b_0001).hash_one(k)
+        };
         Config {
             mac,
             ip,
@@ -106,7 +125,7 @@ impl Config {
             announce: true,
             answer_broadcast_ping: false,
             tcp: TcpConfig::default(),
-            secret: (0x7573_7461_636b_0001, 0x7463_705f_6973_6e00),
+            secret: (mix(1), mix(2)),
             shard: crate::shard::ShardId::SINGLE,
         }
     }

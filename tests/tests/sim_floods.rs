@@ -10,7 +10,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::app::ping::{Pinger, PingerConfig};
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
 use ustack::stats::DropReason;
 use ustack::ud::ping::{UdPinger, UdPingerConfig, UdResponder};

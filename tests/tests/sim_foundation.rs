@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use ustack::app::ping::{Pinger, PingerConfig};
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config, host_mac};
 use ustack::udp::UdpHandle;
 use ustack::{Instant, Stack};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::app::ping::{Pinger, PingerConfig};
-use ustack::runtime::App;
+use ustack::node::App;
 use ustack::shard::{Steer, SteerRule};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Device, Stack};
@@ -86,12 +86,12 @@ fn ten_thousand_connections_over_four_queues_stay_on_their_shard() {
         assert_eq!(sinks[q].completed.len(), PER_SHARD, "server shard {q}");
         assert_eq!((c.resets_sent, s.resets_sent), (0, 0), "shard {q}");
         assert_eq!((c.resets_received, s.resets_received), (0, 0), "shard {q}");
-        let port = net.nodes[servers[q]].dev.port_stats();
+        let port = net.nodes[servers[q]].dev().port_stats();
         assert!(port.rx_packets > 0 && port.tx_packets > 0, "shard {q}");
     }
     // ARP arrived on queue 0 and reached the other shards as copies.
     for &n in clients.iter().chain(&servers).skip(1) {
-        let sh = net.nodes[n].shard.as_ref().unwrap();
+        let sh = net.nodes[n].port.shard.as_ref().unwrap();
         assert!(sh.stats.mail_in > 0 || sh.id.index == 0);
     }
     net.run_until(net.now + Duration::from_secs(130), &mut [], |_| false);
@@ -135,7 +135,7 @@ fn steered_pings_reach_the_shard_that_sent_them() {
     assert_eq!(pinger.summary().received, 20);
     let steered: u64 = me
         .iter()
-        .map(|&n| net.nodes[n].shard.as_ref().unwrap().stats.steered_out)
+        .map(|&n| net.nodes[n].port.shard.as_ref().unwrap().stats.steered_out)
         .sum();
     assert_eq!(steered, 20, "every reply arrived on another queue");
     assert_eq!(net.pools_in_use(), 0);
@@ -162,7 +162,7 @@ fn segments_on_the_wrong_queue_are_passed_to_the_owning_shard() {
         };
         c.announce &= shard.id.index == 0;
         net.nodes
-            .push(ustack::runtime::Node::sharded(Stack::new(c), port, shard));
+            .push(ustack::node::Node::sharded(Stack::new(c), port, shard));
     }
     let server = net.add(host_config(2));
     let dst = SocketAddrV4::new(net.nodes[server].stack.ip(), 5001);
@@ -188,7 +188,7 @@ fn segments_on_the_wrong_queue_are_passed_to_the_owning_shard() {
     );
     assert_eq!(sink.completed.len(), 20);
     assert_eq!(sink.corrupt_bytes, 0);
-    let passed = net.nodes[1].shard.as_ref().unwrap().stats.passed_on;
+    let passed = net.nodes[1].port.shard.as_ref().unwrap().stats.passed_on;
     assert!(passed > 0, "the replies reached queue 1 and were passed on");
     let c0 = net.nodes[0].stack.stats().tcp;
     let c1 = net.nodes[1].stack.stats().tcp;

@@ -7,7 +7,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::app::bulk::{BulkRecv, BulkSend};
-use ustack::runtime::Node;
+use ustack::node::Node;
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Device, Instant, Pool, Stack};
 
@@ -79,9 +79,9 @@ fn receiver_pool_held_dry_then_released_transfer_completes() {
     assert!(recv.open() == 1 && recv.completed.is_empty());
     // Something (an app, a slow consumer) holds every buffer of B's pool.
     // It takes every buffer that comes back, for 2 s.
-    let pool = net.nodes[1].dev.pool().clone();
+    let pool = net.nodes[1].dev().pool().clone();
     let mut held = Vec::new();
-    let before = net.nodes[1].dev.port_stats();
+    let before = net.nodes[1].dev().port_stats();
     let end = net.now + Duration::from_secs(2);
     while net.now < end {
         while let Some(b) = pool.alloc() {
@@ -92,7 +92,7 @@ fn receiver_pool_held_dry_then_released_transfer_completes() {
         net.now = net.now.max(until);
     }
     assert_eq!(held.len(), 1024);
-    let during = net.nodes[1].dev.port_stats();
+    let during = net.nodes[1].dev().port_stats();
     let nombuf = during.rx_nombuf - before.rx_nombuf;
     let stack_b = net.nodes[1].stack.stats();
     eprintln!(
@@ -127,7 +127,7 @@ fn tiny_receive_pool_drops_bursts_and_tcp_recovers() {
     let mut send = BulkSend::new(dst, BYTES);
     let mut recv = BulkRecv::new(5001, 4);
     let ok = run_transfer(&mut net, &mut send, &mut recv, Duration::from_secs(300));
-    let port = net.nodes[1].dev.port_stats();
+    let port = net.nodes[1].dev().port_stats();
     let a = net.nodes[0].stack.stats().tcp;
     eprintln!(
         "tiny pool (24 buffers): rx_nombuf {}, received {}, sender retransmits {}",

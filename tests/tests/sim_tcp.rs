@@ -6,7 +6,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::app::bulk::{BulkRecv, BulkSend};
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::tcp::cc::Algorithm;
 use ustack::{Config, Instant, Stack};

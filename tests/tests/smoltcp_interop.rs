@@ -11,8 +11,8 @@ use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 use ustack::app::bulk::{BulkRecv, BulkSend, fill_pattern, pattern_byte};
 use ustack::device::Device;
+use ustack::node::App;
 use ustack::pool::PacketBuf;
-use ustack::runtime::App;
 use ustack::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
 use ustack::{Instant, SlabBuf};
 

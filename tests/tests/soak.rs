@@ -13,7 +13,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::app::bulk::{BulkSend, count_mismatches};
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ustack::app::bulk::{BulkRecv, BulkSend, count_mismatches, fill_pattern};
-use ustack::app::stream::front;
-use ustack::clock::Clock;
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Instant, Stack};
+use ustack_runtime::blocking::front;
+use ustack_runtime::clock::Clock;
 
 /// Host B: receives on 5001, and once told to, sends to A:6001.
 struct HostB {
@@ -61,7 +61,8 @@ fn blocking_streams_both_ways_through_the_front() {
     let stop2 = stop.clone();
     let looper = std::thread::spawn(move || {
         let clock = Clock::new();
-        net.run_realtime(
+        ustack_runtime::poll::run_sim_realtime(
+            &mut net,
             &clock,
             Duration::from_secs(120),
             &mut [&mut front_app, &mut host_b],
@@ -121,7 +122,8 @@ fn connect_to_closed_port_is_refused() {
     let stop2 = stop.clone();
     let looper = std::thread::spawn(move || {
         let clock = Clock::new();
-        net.run_realtime(
+        ustack_runtime::poll::run_sim_realtime(
+            &mut net,
             &clock,
             Duration::from_secs(30),
             &mut [&mut front_app],

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use ustack::clock::Clock;
 use ustack::device::Device;
-use ustack::runtime::{self, App, Control, Node};
+use ustack::node::{App, Control, Node};
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_client::{ClientConfig, IperfClient};
 use ustack_apps::iperf_server::IperfServer;
 use ustack_apps::net::{NetArgs, NodeUser, with_node};
+use ustack_runtime as runtime;
+use ustack_runtime::clock::Clock;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -153,7 +154,12 @@ struct Run<'a>(&'a Cli);
 
 impl NodeUser for Run<'_> {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let cli = self.0;
         let stop = ustack_apps::stop_flag()?;
         let lcfg = cli.net.loop_config();

@@ -10,12 +10,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use ustack::app::ping::{PingSummary, Pinger, PingerConfig, PingerEvent};
-use ustack::clock::Clock;
 use ustack::device::Device;
 use ustack::icmp::MAX_PING_DATA;
-use ustack::runtime::{self, App, Control, Node};
+use ustack::node::{App, Control, Node};
 use ustack::{Instant, Stack};
 use ustack_apps::net::{NetArgs, NodeUser, with_node};
+use ustack_runtime as runtime;
+use ustack_runtime::clock::Clock;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -165,7 +166,12 @@ struct Run<'a> {
 
 impl NodeUser for Run<'_> {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let cli = self.cli;
         let mut cfg = PingerConfig::new(self.dst);
         cfg.count = cli.count;
@@ -339,7 +345,12 @@ struct MeshRun<'a> {
 
 impl NodeUser for MeshRun<'_> {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let cli = self.cli;
         let mut pinger = ustack_apps::mesh::MeshPinger::new(self.cfg);
         if !cli.json && !cli.quiet {

@@ -12,9 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::app::ping::{Pinger, PingerConfig};
 
-use ustack::clock::Clock;
 use ustack::device::Device;
-use ustack::runtime::{self, App, Control, LoopConfig, Node};
+use ustack::node::{App, Control, Node};
 use ustack::shard::{Steer, SteerRule};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::udp::UdpHandle;
@@ -25,6 +24,8 @@ use ustack_apps::report::{counters, ms};
 use ustack_apps::services::Services;
 use ustack_apps::stop_flag;
 use ustack_apps::telemetry::{Telemetry, sibling};
+use ustack_runtime::clock::Clock;
+use ustack_runtime::{self as runtime, LoopConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -185,7 +186,12 @@ struct Daemon<'a> {
 
 impl NodeUser for Daemon<'_> {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let tui = self.args.tui && ustack_apps::telemetry::can_show_tui();
         if self.args.tui && !tui {
             tracing::warn!("--tui needs a terminal on stdout: counters are printed at exit");
@@ -327,7 +333,12 @@ struct Sender<'a> {
 
 impl NodeUser for Sender<'_> {
     type Output = ExitCode;
-    fn run<D: Device>(self, mut node: Node<D>) -> Result<ExitCode> {
+    type Error = anyhow::Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
         let mut app = BulkSend::new(self.args.to, self.args.bytes);
         let clock = Clock::new();
         let cfg = loop_config(&self.args.net, Some(self.args.timeout));
@@ -549,14 +560,20 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     let (stats_interval, mut next_stats) = (LoopConfig::default().stats_interval, clock.now());
     while elapsed < total && !stop.load(Ordering::Relaxed) {
         let slice = Duration::from_secs(1).min(total - elapsed);
-        net.run_realtime(&clock, slice, &mut [&mut host_a, &mut host_b], |n| {
-            if n.now >= next_stats && (tele_a.enabled() || tele_b.enabled()) {
-                tele_a.publish(&n.nodes[a].snapshot(n.now));
-                tele_b.publish(&n.nodes[b].snapshot(n.now));
-                next_stats = n.now + stats_interval;
-            }
-            stop.load(Ordering::Relaxed)
-        });
+        ustack_runtime::poll::run_sim_realtime(
+            &mut net,
+            &clock,
+            slice,
+            &mut [&mut host_a, &mut host_b],
+            |n| {
+                if n.now >= next_stats && (tele_a.enabled() || tele_b.enabled()) {
+                    tele_a.publish(&n.nodes[a].snapshot(n.now));
+                    tele_b.publish(&n.nodes[b].snapshot(n.now));
+                    next_stats = n.now + stats_interval;
+                }
+                stop.load(Ordering::Relaxed)
+            },
+        );
         elapsed += slice;
         if monitor.is_some() {
             continue; // the monitor owns the terminal
@@ -586,9 +603,13 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     host_a_tail.pinger.stop_sending();
     let give_up = clock.now() + Duration::from_secs(1) + grace;
     loop {
-        net.run_realtime(&clock, grace, &mut [&mut (), &mut host_b], |n| {
-            n.link.in_flight() == 0
-        });
+        ustack_runtime::poll::run_sim_realtime(
+            &mut net,
+            &clock,
+            grace,
+            &mut [&mut (), &mut host_b],
+            |n| n.link.in_flight() == 0,
+        );
         let _ = host_a_tail
             .pinger
             .poll(clock.now(), &mut net.nodes[a].stack);

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddrV4;
 
-use crate::runtime::{App, Control};
+use crate::node::{App, Control};
 use crate::stack::{Error, Stack};
 use crate::tcp::{ListenHandle, State, TcpHandle};
 use crate::time::Instant;

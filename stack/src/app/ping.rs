@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use crate::icmp::{PingEvent, PingHandle, PingReply};
-use crate::runtime::{App, Control};
+use crate::node::{App, Control};
 use crate::stack::Stack;
 use crate::time::Instant;
 

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::app::ping::RttStats;
-use crate::runtime::{App, Control};
+use crate::node::{App, Control};
 use crate::stack::Stack;
 use crate::time::Instant;
 use crate::ud::{

@@ -4,7 +4,7 @@
 use std::net::SocketAddrV4;
 
 use ustack::app::bulk::BulkSend;
-use ustack::runtime::{App, Control};
+use ustack::node::{App, Control};
 use ustack::sim::host_config;
 use ustack::{Instant, Stack};
 

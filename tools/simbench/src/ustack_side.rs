@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
-use ustack::clock::Clock;
 use ustack::device::{Device, DeviceCaps};
-use ustack::runtime::{App, Control, Node};
+use ustack::node::{App, Control, Node};
 use ustack::sim::host_config;
 use ustack::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, PoolStats, PortStats, SlabBuf, SlabPool, Stack};
+use ustack_runtime::clock::Clock;
 
 /// The wire: one frame queue per direction.
 #[derive(Debug, Default)]

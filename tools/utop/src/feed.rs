@@ -103,7 +103,7 @@ fn pump(reader: impl BufRead, tx: &Sender<Update>) -> bool {
 }
 
 /// Updates from an in-process publisher's local feed
-/// (`ustack::telemetry::Publisher::subscribe`). Ends with `Gone` when the
+/// (`ustack_runtime::telemetry::Publisher::subscribe`). Ends with `Gone` when the
 /// publisher is dropped.
 pub fn from_lines(lines: Receiver<Arc<str>>) -> Receiver<Update> {
     let (tx, rx) = channel::bounded(16);

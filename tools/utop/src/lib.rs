@@ -1,7 +1,7 @@
 //! utop: a terminal monitor of running ustack stacks.
 //!
 //! A stack publishes snapshots as JSON lines on a Unix socket
-//! (`ustack::telemetry`); [`feed`] attaches to one and turns its lines into
+//! (`ustack_runtime::telemetry`); [`feed`] attaches to one and turns its lines into
 //! [`feed::Update`]s, [`monitor::Monitor`] keeps the latest snapshot, the
 //! rates between the last two and the view (pane, sort, filter), and
 //! [`term`] draws it with ratatui: only when something shown changed, and

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use ustack::telemetry;
+use ustack_runtime::telemetry;
 use utop::{Monitor, Update, feed};
 
 /// How long `--once` waits for the first snapshot.

@@ -1,4 +1,4 @@
-//! What utop reads: one telemetry line of a stack (see `ustack::telemetry`).
+//! What utop reads: one telemetry line of a stack (see `ustack_runtime::telemetry`).
 //!
 //! These are utop's own structs, not the engine's: every field has a default,
 //! so a utop and a stack of different versions still understand each other,

@@ -244,7 +244,7 @@ fn text_frame_is_plain_and_has_every_pane() {
 #[test]
 fn engine_snapshots_parse_with_a_live_connection() {
     use ustack::sim::{LinkConfig, SimNet, host_config};
-    use ustack::telemetry::Publisher;
+    use ustack_runtime::telemetry::Publisher;
     let mut net = SimNet::new(LinkConfig::default());
     let a = net.add(host_config(1));
     let b = net.add(host_config(2));

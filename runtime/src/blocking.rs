@@ -13,10 +13,10 @@ use std::net::SocketAddrV4;
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError, bounded};
 
-use crate::runtime::{App, Control};
-use crate::stack::{Error, Stack};
-use crate::tcp::{ListenHandle, State, TcpHandle};
-use crate::time::Instant;
+use ustack::node::{App, Control};
+use ustack::stack::{Error, Stack};
+use ustack::tcp::{ListenHandle, State, TcpHandle};
+use ustack::time::Instant;
 
 /// Chunks queued per direction per stream.
 const QUEUE: usize = 64;
@@ -100,10 +100,10 @@ fn io_err(e: Error) -> io::Error {
         Error::AddrInUse => io::ErrorKind::AddrInUse,
         Error::NoRoute => io::ErrorKind::HostUnreachable,
         Error::Closed => io::ErrorKind::NotConnected,
-        Error::Tcp(crate::tcp::ConnError::Refused) => io::ErrorKind::ConnectionRefused,
-        Error::Tcp(crate::tcp::ConnError::Reset) => io::ErrorKind::ConnectionReset,
-        Error::Tcp(crate::tcp::ConnError::TimedOut) => io::ErrorKind::TimedOut,
-        Error::Tcp(crate::tcp::ConnError::Aborted) => io::ErrorKind::ConnectionAborted,
+        Error::Tcp(ustack::tcp::ConnError::Refused) => io::ErrorKind::ConnectionRefused,
+        Error::Tcp(ustack::tcp::ConnError::Reset) => io::ErrorKind::ConnectionReset,
+        Error::Tcp(ustack::tcp::ConnError::TimedOut) => io::ErrorKind::TimedOut,
+        Error::Tcp(ustack::tcp::ConnError::Aborted) => io::ErrorKind::ConnectionAborted,
         _ => io::ErrorKind::Other,
     };
     io::Error::new(kind, e)

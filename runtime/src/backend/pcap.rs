@@ -12,9 +12,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ::pcap::{Active, Capture, Direction, Linktype, Packet, PacketHeader, Savefile};
 use smoltcp::wire::EthernetAddress;
 
-use crate::device::{Device, DeviceCaps, PortStats};
-use crate::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
-use crate::time::Instant;
+use ustack::device::{Device, DeviceCaps, PortStats};
+use ustack::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
+use ustack::time::Instant;
 
 /// Why a pcap port could not be opened or stopped working.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 //! which on x86_64 reads the TSC without a system call: cheap enough to read
 //! once per loop iteration.
 
-use crate::time::Instant;
+use ustack::time::Instant;
 
 /// A monotonic clock whose origin is its creation.
 #[derive(Debug, Clone, Copy)]

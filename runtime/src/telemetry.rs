@@ -30,10 +30,10 @@ use std::time::Duration;
 use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender, TrySendError};
 use serde::Serialize;
 
-use crate::runtime::Snapshot;
+use ustack::node::Snapshot;
 
 /// Most TCP connections listed in one snapshot (`connections_total` counts all).
-pub const MAX_CONNECTIONS: usize = 256;
+pub use ustack::node::MAX_CONNECTIONS;
 /// Bytes a client may fall behind before it is dropped.
 pub const MAX_BACKLOG: usize = 1 << 20;
 /// Most socket clients at once; more are refused.
@@ -489,8 +489,8 @@ fn add_json(acc: &mut serde_json::Value, v: &serde_json::Value) {
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::pool::PoolStats;
     use std::io::{BufRead, BufReader};
+    use ustack::pool::PoolStats;
 
     fn snapshot(at_ns: u64) -> Snapshot {
         Snapshot {
@@ -519,8 +519,8 @@ mod test {
 
     #[test]
     fn shard_snapshots_publish_as_totals_and_per_shard() {
-        use crate::runtime::ShardSnapshot;
-        use crate::shard::ShardStats;
+        use ustack::node::ShardSnapshot;
+        use ustack::shard::ShardStats;
         let mut a = snapshot(5);
         a.port.rx_packets = 3;
         a.shard = Some(ShardSnapshot {

@@ -1,0 +1,25 @@
+//! ustack-runtime: runs the sans-IO [`ustack`] engine.
+//!
+//! The engine takes `now` and frames and returns work; this crate owns
+//! everything around it that touches the world: the wall [`clock`], the
+//! [`poll`] loop (pinned, busy-poll or back-off), backends opened from a
+//! typed configuration, the multi-core launcher, the [`telemetry`]
+//! publisher, and the fronts apps use ([`blocking`] streams for ordinary
+//! threads).
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod blocking;
+pub mod clock;
+pub mod net;
+pub mod poll;
+pub mod telemetry;
+
+pub use clock::Clock;
+pub use net::{Backend, Builder, Error, NetConfig};
+pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+mod readme {}

@@ -1,0 +1,728 @@
+//! A stack on a network port, from a typed configuration: which backend,
+//! addressing, cores, telemetry and capture ([`NetConfig`], made by
+//! [`Builder`]), opening the backend, and the multi-core launcher (one
+//! stack per queue pair, steering and pass-on between them).
+//!
+//! Apps are generic over the device: [`with_node`] opens what the
+//! configuration names and hands a concrete [`Node`] to a [`NodeUser`], so
+//! nothing is boxed on the data path.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ustack::device::Device;
+use ustack::impair::Impaired;
+use ustack::node::{App, Node, Snapshot};
+use ustack::shard::{Shard, ShardId, Steer, SteerRule};
+use ustack::sim::{LinkConfig, SimLink};
+use ustack::wire::{EthernetAddress, Ipv4Cidr};
+use ustack::{Config, Stack};
+
+use crate::clock::Clock;
+use crate::poll::{IdleMode, LoopConfig, RunError};
+use crate::telemetry::{Publisher, TelemetryError};
+
+/// Why a stack could not be started or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is missing or contradicts another.
+    #[error("{0}")]
+    Config(String),
+    /// This build lacks the backend the configuration names.
+    #[error("{0}")]
+    Unsupported(&'static str),
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
+    #[cfg(feature = "pcap")]
+    #[error(transparent)]
+    Pcap(#[from] crate::backend::pcap::PcapError),
+    #[cfg(feature = "dpdk")]
+    #[error(transparent)]
+    Dpdk(#[from] ustack_dpdk::DpdkError),
+    #[error("cannot start a poll-loop thread: {0}")]
+    Thread(std::io::Error),
+    #[error("a poll-loop thread panicked")]
+    Panicked,
+}
+
+/// Where frames come from and go.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// A network interface through libpcap (feature `pcap`): the stack
+    /// takes its own MAC and address on it, promiscuous.
+    Pcap(String),
+    /// A DPDK port (feature `dpdk`), the EAL started with `eal_args`.
+    Dpdk {
+        eal_args: String,
+        port: u16,
+        /// Mbufs in the port's pool.
+        mbufs: u32,
+    },
+    /// A port on an in-process simulated link (tests, examples, the demo):
+    /// stacks attached to the same [`SimLink`] reach each other.
+    Sim(SimLink),
+}
+
+/// Everything needed to run a stack on a port.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    pub backend: Backend,
+    /// The engine's settings: address, gateway, MAC, MTU, TCP tuning.
+    pub stack: Config,
+    /// Pin the poll loop to this CPU.
+    pub core: Option<usize>,
+    /// With DPDK: one poll loop per CPU, each with its own queue pair and stack.
+    pub cores: Option<Vec<usize>>,
+    /// Keep the idle back-off on pinned cores instead of busy-polling.
+    pub backoff: bool,
+    /// Publish telemetry on this Unix socket (a path, or a bare name in
+    /// [`crate::telemetry::default_dir`]).
+    pub telemetry: Option<PathBuf>,
+    /// Write every frame sent and received to this pcap file (feature `pcap`).
+    pub capture: Option<PathBuf>,
+    /// Impair the port's frames both ways (a testing aid).
+    pub impair: Option<LinkConfig>,
+}
+
+impl NetConfig {
+    /// The poll loop's settings: pinned to `core` if given, and
+    /// busy-polling when that core is dedicated to a DPDK port (otherwise
+    /// the loop backs off when idle, so shared CPUs are not starved).
+    pub fn loop_config(&self) -> LoopConfig {
+        let pinned = self.core.is_some() || self.cores.is_some();
+        let dpdk = matches!(self.backend, Backend::Dpdk { .. });
+        let idle = if dpdk && pinned && !self.backoff {
+            IdleMode::BusyPoll
+        } else {
+            LoopConfig::default().idle
+        };
+        LoopConfig {
+            core: self.core,
+            idle,
+            ..LoopConfig::default()
+        }
+    }
+
+    /// A short description of the backend for log lines.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Pcap(i) => format!("pcap {i}"),
+            Backend::Dpdk { eal_args, .. } => format!("dpdk \"{eal_args}\""),
+            Backend::Sim(_) => "sim".into(),
+        }
+    }
+}
+
+/// Builds a [`NetConfig`] the way the command line reads:
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use ustack_runtime::Builder;
+///
+/// let link = ustack::sim::SimLink::new(Default::default());
+/// let cfg = Builder::new()
+///     .sim(&link)
+///     .ip(Ipv4Addr::new(10, 0, 0, 2), 24)
+///     .gateway(Ipv4Addr::new(10, 0, 0, 1))
+///     .build()
+///     .unwrap();
+/// assert_eq!(cfg.stack.ip.address(), Ipv4Addr::new(10, 0, 0, 2));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    backend: Option<Backend>,
+    ip: Option<Ipv4Cidr>,
+    gateway: Option<Ipv4Addr>,
+    mac: Option<EthernetAddress>,
+    mtu: Option<usize>,
+    core: Option<usize>,
+    cores: Option<Vec<usize>>,
+    backoff: bool,
+    telemetry: Option<PathBuf>,
+    capture: Option<PathBuf>,
+    impair: Option<LinkConfig>,
+    seed: Option<u64>,
+    tweaks: Vec<fn(&mut Config)>,
+    rcvbuf_max: Option<usize>,
+}
+
+impl Builder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Run on this interface through libpcap.
+    pub fn pcap(mut self, iface: impl Into<String>) -> Self {
+        self.backend = Some(Backend::Pcap(iface.into()));
+        self
+    }
+
+    /// Run on DPDK port 0 with these EAL arguments, e.g.
+    /// `"--no-huge -m 256 --no-pci --vdev=net_af_packet0,iface=eth1"`.
+    pub fn dpdk(mut self, eal_args: impl Into<String>) -> Self {
+        self.backend = Some(Backend::Dpdk {
+            eal_args: eal_args.into(),
+            port: 0,
+            mbufs: 8191,
+        });
+        self
+    }
+
+    /// With [`dpdk`](Self::dpdk): the port and the mbufs of its pool.
+    pub fn dpdk_port(mut self, port: u16, mbufs: u32) -> Self {
+        if let Some(Backend::Dpdk {
+            port: p, mbufs: m, ..
+        }) = &mut self.backend
+        {
+            *p = port;
+            *m = mbufs;
+        }
+        self
+    }
+
+    /// Run on a port of this in-process simulated link.
+    pub fn sim(mut self, link: &SimLink) -> Self {
+        self.backend = Some(Backend::Sim(link.clone()));
+        self
+    }
+
+    /// Our address and prefix length.
+    pub fn ip(mut self, addr: Ipv4Addr, prefix_len: u8) -> Self {
+        self.ip = Some(Ipv4Cidr::new(addr, prefix_len));
+        self
+    }
+
+    /// Next hop for addresses outside the subnet.
+    pub fn gateway(mut self, gw: Ipv4Addr) -> Self {
+        self.gateway = Some(gw);
+        self
+    }
+
+    /// Our MAC (default: 02:75:73 and the last three bytes of the address).
+    pub fn mac(mut self, mac: [u8; 6]) -> Self {
+        self.mac = Some(EthernetAddress(mac));
+        self
+    }
+
+    /// IP MTU (default 1500).
+    pub fn mtu(mut self, mtu: usize) -> Self {
+        self.mtu = Some(mtu);
+        self
+    }
+
+    /// Pin the poll loop to this CPU.
+    pub fn core(mut self, core: usize) -> Self {
+        self.core = Some(core);
+        self
+    }
+
+    /// With DPDK: one poll loop per CPU, each with its own queue pair.
+    pub fn cores(mut self, cores: &[usize]) -> Self {
+        self.cores = Some(cores.to_vec());
+        self
+    }
+
+    /// Keep the idle back-off on pinned cores instead of busy-polling.
+    pub fn backoff(mut self, on: bool) -> Self {
+        self.backoff = on;
+        self
+    }
+
+    /// Publish telemetry on this Unix socket (for `utop`).
+    pub fn telemetry(mut self, socket: impl Into<PathBuf>) -> Self {
+        self.telemetry = Some(socket.into());
+        self
+    }
+
+    /// Write every frame to this pcap file.
+    pub fn capture(mut self, file: impl Into<PathBuf>) -> Self {
+        self.capture = Some(file.into());
+        self
+    }
+
+    /// Impair the port's frames both ways (a testing aid).
+    pub fn impair(mut self, link: LinkConfig) -> Self {
+        self.impair = Some(link);
+        self
+    }
+
+    /// Largest receive buffer TCP autotuning may grow to.
+    pub fn rcvbuf_max(mut self, bytes: usize) -> Self {
+        self.rcvbuf_max = Some(bytes);
+        self
+    }
+
+    /// Seed the ISN and SYN-cookie secret (tests that need the same
+    /// sequence numbers twice). Without it the secret is random per stack.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Change any other engine setting before the stack starts.
+    pub fn configure(mut self, tweak: fn(&mut Config)) -> Self {
+        self.tweaks.push(tweak);
+        self
+    }
+
+    /// The configuration, or why it is incomplete.
+    pub fn build(self) -> Result<NetConfig, Error> {
+        let backend = self.backend.ok_or(Error::Config(
+            "choose a backend: pcap IFACE, dpdk \"EAL ARGS\" or sim".into(),
+        ))?;
+        let ip = self
+            .ip
+            .ok_or(Error::Config("an address is required (A.B.C.D/LEN)".into()))?;
+        let o = ip.address().octets();
+        let mac = self
+            .mac
+            .unwrap_or(EthernetAddress([0x02, 0x75, 0x73, o[1], o[2], o[3]]));
+        if !mac.is_unicast() {
+            return Err(Error::Config(format!("{mac} is not a unicast MAC")));
+        }
+        let mut stack = match self.seed {
+            Some(seed) => Config::with_seed(mac, ip, seed),
+            None => Config::new(mac, ip),
+        };
+        stack.gateway = self.gateway;
+        if let Some(mtu) = self.mtu {
+            if !(576..=9000).contains(&mtu) {
+                return Err(Error::Config(format!("MTU {mtu} is not in 576..=9000")));
+            }
+            stack.mtu = mtu;
+            stack.tcp.mss = mtu - 40;
+        }
+        if let Some(max) = self.rcvbuf_max {
+            stack.tcp.recv_buffer_max = max;
+        }
+        for t in &self.tweaks {
+            t(&mut stack);
+        }
+        let dpdk = matches!(backend, Backend::Dpdk { .. });
+        if self.cores.is_some() && !dpdk {
+            return Err(Error::Config(
+                "several cores need DPDK: each core owns one queue pair of a DPDK port".into(),
+            ));
+        }
+        Ok(NetConfig {
+            backend,
+            stack,
+            core: self.core,
+            cores: self.cores,
+            backoff: self.backoff,
+            telemetry: self.telemetry,
+            capture: self.capture,
+            impair: self.impair,
+        })
+    }
+
+    /// Build, open the backend and run `app` in the poll loop on this
+    /// thread until it exits or `stop` is set.
+    pub fn run<A: App + ?Sized>(self, app: &mut A, stop: &AtomicBool) -> Result<(), Error> {
+        let cfg = self.build()?;
+        let publisher = match &cfg.telemetry {
+            Some(path) => Some(Publisher::start(
+                &format!("app {}", cfg.stack.ip),
+                Some(&crate::telemetry::socket_path(path)?),
+            )?),
+            None => None,
+        };
+        with_node(
+            &cfg,
+            RunApp {
+                app,
+                lcfg: cfg.loop_config(),
+                stop,
+                publisher: publisher.as_ref(),
+            },
+        )
+    }
+}
+
+/// [`Builder::run`]'s [`NodeUser`].
+struct RunApp<'a, A: ?Sized> {
+    app: &'a mut A,
+    lcfg: LoopConfig,
+    stop: &'a AtomicBool,
+    publisher: Option<&'a Publisher>,
+}
+
+impl<A: App + ?Sized> NodeUser for RunApp<'_, A> {
+    type Output = ();
+    type Error = Error;
+    fn run<D>(self, mut node: Node<D>) -> Result<(), Error>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
+        run_app(&mut node, self.app, &self.lcfg, self.stop, self.publisher)
+    }
+}
+
+/// Run `app` on `node` until it exits, `stop` is set or the loop's
+/// duration ends, publishing telemetry when `publisher` is given.
+pub fn run_app<D: Device, A: App + ?Sized>(
+    node: &mut Node<D>,
+    app: &mut A,
+    lcfg: &LoopConfig,
+    stop: &AtomicBool,
+    publisher: Option<&Publisher>,
+) -> Result<(), Error> {
+    crate::poll::run(
+        node,
+        app,
+        lcfg,
+        &Clock::new(),
+        || stop.load(Ordering::Relaxed),
+        |s| {
+            if let Some(p) = publisher {
+                p.publish(s);
+            }
+        },
+    )?;
+    Ok(())
+}
+
+/// Code that runs a node, whatever its device type.
+pub trait NodeUser {
+    type Output;
+    type Error: From<Error>;
+    /// Run on `node`. The device can move to another thread (the runtime's
+    /// spawned loop does that).
+    fn run<D>(self, node: Node<D>) -> Result<Self::Output, Self::Error>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send;
+}
+
+/// Open the backend `cfg` names and hand a node on it to `user`. With
+/// several `cores` (DPDK), the user's node is the first core's and the
+/// others run beside it (see [`run_primary`]).
+pub fn with_node<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
+    if cfg.cores.is_some() {
+        return run_primary(cfg, user);
+    }
+    match &cfg.backend {
+        Backend::Pcap(iface) => open_pcap(cfg, iface, user),
+        Backend::Dpdk { eal_args, .. } => open_dpdk(cfg, eal_args, user),
+        Backend::Sim(link) => {
+            let port = link.attach(cfg.stack.mac, ustack::sim::SIM_POOL_BUFS);
+            with_wrappers(cfg, port, user)
+        }
+    }
+}
+
+/// The device with the capture and impairment wrappers `cfg` asks for.
+fn with_wrappers<D, U>(cfg: &NetConfig, dev: D, user: U) -> Result<U::Output, U::Error>
+where
+    D: Device + Send + 'static,
+    D::Buf: Send,
+    U: NodeUser,
+{
+    let stack = Stack::new(cfg.stack.clone());
+    match (&cfg.capture, &cfg.impair) {
+        (Some(path), imp) => capture(cfg, stack, dev, path, imp.clone(), user),
+        (None, Some(imp)) => user.run(Node::new(stack, Impaired::new(dev, imp.clone()))),
+        (None, None) => user.run(Node::new(stack, dev)),
+    }
+}
+
+#[cfg(feature = "pcap")]
+fn capture<D, U>(
+    _: &NetConfig,
+    stack: Stack,
+    dev: D,
+    path: &std::path::Path,
+    imp: Option<LinkConfig>,
+    user: U,
+) -> Result<U::Output, U::Error>
+where
+    D: Device + Send + 'static,
+    D::Buf: Send,
+    U: NodeUser,
+{
+    use crate::backend::pcap::Captured;
+    let captured = |e| U::Error::from(Error::from(e));
+    match imp {
+        Some(imp) => user.run(Node::new(
+            stack,
+            Captured::new(Impaired::new(dev, imp), path).map_err(captured)?,
+        )),
+        None => user.run(Node::new(
+            stack,
+            Captured::new(dev, path).map_err(captured)?,
+        )),
+    }
+}
+
+#[cfg(not(feature = "pcap"))]
+fn capture<D, U>(
+    _: &NetConfig,
+    _: Stack,
+    _: D,
+    _: &std::path::Path,
+    _: Option<LinkConfig>,
+    _: U,
+) -> Result<U::Output, U::Error>
+where
+    D: Device + Send + 'static,
+    D::Buf: Send,
+    U: NodeUser,
+{
+    Err(Error::Unsupported(
+        "capture files need the pcap feature: rebuild with `--features pcap` (needs libpcap-dev)",
+    )
+    .into())
+}
+
+#[cfg(feature = "pcap")]
+fn open_pcap<U: NodeUser>(cfg: &NetConfig, iface: &str, user: U) -> Result<U::Output, U::Error> {
+    use crate::backend::pcap::PcapPort;
+    let port = PcapPort::open(iface, cfg.stack.mac, cfg.stack.mtu).map_err(Error::from)?;
+    with_wrappers(cfg, port, user)
+}
+
+#[cfg(not(feature = "pcap"))]
+fn open_pcap<U: NodeUser>(_: &NetConfig, _: &str, _: U) -> Result<U::Output, U::Error> {
+    Err(Error::Unsupported(
+        "this build has no pcap backend: rebuild with `--features pcap` (needs libpcap-dev)",
+    )
+    .into())
+}
+
+#[cfg(feature = "dpdk")]
+fn open_dpdk<U: NodeUser>(cfg: &NetConfig, eal_args: &str, user: U) -> Result<U::Output, U::Error> {
+    use ustack_dpdk::{DpdkPort, Eal};
+    let eal = Eal::init(eal_args).map_err(Error::from)?;
+    // The port holds the EAL; it is cleaned up when the node (port) drops.
+    let port = DpdkPort::open(&eal, &dpdk_port_config(cfg)).map_err(Error::from)?;
+    drop(eal);
+    with_wrappers(cfg, port, user)
+}
+
+#[cfg(feature = "dpdk")]
+fn dpdk_port_config(cfg: &NetConfig) -> ustack_dpdk::DpdkPortConfig {
+    let (port, mbufs) = match cfg.backend {
+        Backend::Dpdk { port, mbufs, .. } => (port, mbufs),
+        _ => (0, 8191),
+    };
+    let mut pcfg = ustack_dpdk::DpdkPortConfig::new(port);
+    pcfg.mbufs = mbufs;
+    pcfg.mtu = cfg.stack.mtu;
+    pcfg
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk<U: NodeUser>(_: &NetConfig, _: &str, user: U) -> Result<U::Output, U::Error> {
+    let _ = user;
+    Err(Error::Unsupported(
+        "this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)",
+    )
+    .into())
+}
+
+/// One shard's app and its last snapshot, after a sharded run.
+pub type ShardResult<A> = (A, Option<Snapshot>);
+
+/// The queue pairs of the DPDK port, one per core of `cfg.cores`.
+#[cfg(feature = "dpdk")]
+fn open_dpdk_queues(cfg: &NetConfig, queues: usize) -> Result<Vec<ustack_dpdk::DpdkPort>, Error> {
+    use ustack_dpdk::{DpdkPort, Eal};
+    let Backend::Dpdk { eal_args, port, .. } = &cfg.backend else {
+        return Err(Error::Config(
+            "several cores need DPDK: each core owns one queue pair of a DPDK port".into(),
+        ));
+    };
+    if cfg.capture.is_some() || cfg.impair.is_some() {
+        return Err(Error::Config(
+            "--capture and --impair work with one core: drop --cores, or use --core N".into(),
+        ));
+    }
+    let eal = Eal::init(eal_args)?;
+    let queues = u16::try_from(queues).unwrap_or(u16::MAX);
+    let ports = DpdkPort::open_queues(&eal, &dpdk_port_config(cfg), queues)?;
+    if let Some(p) = ports.first() {
+        let info = p.port().info();
+        tracing::info!(
+            "DPDK port {} ({}): {} queue pairs, {}",
+            port,
+            info.driver,
+            ports.len(),
+            if info.rss {
+                "symmetric RSS"
+            } else {
+                "the driver's own flow distribution"
+            }
+        );
+    }
+    Ok(ports)
+}
+
+/// Without DPDK there are no queues to shard over.
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk_queues(_: &NetConfig, _: usize) -> Result<Vec<ustack::sim::SimPort>, Error> {
+    Err(Error::Unsupported(
+        "this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)",
+    ))
+}
+
+/// The cores of a sharded configuration.
+fn cores(cfg: &NetConfig) -> Result<Vec<usize>, Error> {
+    let cores = cfg.cores.clone().unwrap_or_default();
+    if cores.is_empty() {
+        return Err(Error::Config(
+            "a list of cores is required for a sharded run".into(),
+        ));
+    }
+    Ok(cores)
+}
+
+/// The stack of shard `id`: the host's configuration with its shard, one
+/// gratuitous ARP per host.
+fn shard_stack(cfg: &NetConfig, id: ShardId) -> Stack {
+    let mut c = cfg.stack.clone();
+    c.shard = id;
+    c.announce &= id.index == 0;
+    Stack::new(c)
+}
+
+/// Run one poll loop per core of `cfg.cores`, each on its own queue pair of
+/// the DPDK port with its own stack (shard `i` of N, `steer` rules between
+/// them) and the app `make(shard)`, until every app exits, the duration
+/// passes or `stop` is set. Snapshots of all shards go to `publisher`,
+/// which publishes their totals and each shard's figures.
+pub fn run_sharded<A, F>(
+    cfg: &NetConfig,
+    steer: &[SteerRule],
+    duration: Option<Duration>,
+    stop: &AtomicBool,
+    publisher: Option<&Publisher>,
+    make: F,
+) -> Result<Vec<ShardResult<A>>, Error>
+where
+    A: App + Send,
+    F: Fn(ShardId) -> A + Sync,
+{
+    let cores = cores(cfg)?;
+    let ports = open_dpdk_queues(cfg, cores.len())?;
+    let shards = ustack::shard::shards(cores.len(), steer);
+    let idle = if cfg.backoff {
+        LoopConfig::default().idle
+    } else {
+        IdleMode::BusyPoll
+    };
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = ports
+            .into_iter()
+            .zip(shards)
+            .zip(&cores)
+            .map(|((port, shard), &core)| {
+                let stack = shard_stack(cfg, shard.id);
+                let mut app = make(shard.id);
+                let lcfg = LoopConfig {
+                    core: Some(core),
+                    idle,
+                    duration,
+                    ..LoopConfig::default()
+                };
+                std::thread::Builder::new()
+                    .name(format!("ustack-core{core}"))
+                    .spawn_scoped(scope, move || {
+                        let mut node = Node::sharded(stack, port, shard);
+                        let mut last = None;
+                        let r = crate::poll::run(
+                            &mut node,
+                            &mut app,
+                            &lcfg,
+                            &Clock::new(),
+                            || stop.load(Ordering::Relaxed),
+                            |s| {
+                                if let Some(p) = publisher {
+                                    p.publish(s);
+                                }
+                                last = Some(s.clone());
+                            },
+                        );
+                        // One shard failing (or exiting) ends the others.
+                        stop.store(true, Ordering::Relaxed);
+                        r.map(|()| (app, last))
+                    })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| match t {
+                Ok(t) => t.join().map_err(|_| Error::Panicked)?.map_err(Error::from),
+                Err(e) => Err(Error::Thread(e)),
+            })
+            .collect()
+    })
+}
+
+/// An app that runs on one node (ping, iperf3) on a host with several
+/// cores: the app runs on shard 0 (the first core) and the other shards
+/// answer ARP and ping and hand shard 0 what is its own: ICMP and RoCE
+/// (UDP 4791) by steering, TCP segments by passing on what they do not own.
+pub fn run_primary<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
+    let cores = cores(cfg)?;
+    let mut ports = open_dpdk_queues(cfg, cores.len())?;
+    let steer = [
+        SteerRule {
+            what: Steer::Icmp,
+            to: 0,
+        },
+        SteerRule {
+            what: Steer::UdpPort(ustack::ud::wire::ROCE_PORT),
+            to: 0,
+        },
+    ];
+    let mut shards = ustack::shard::shards(cores.len(), &steer);
+    let idle = cfg.loop_config().idle;
+    let stop = Arc::new(AtomicBool::new(false));
+    if ports.is_empty() || shards.is_empty() {
+        return Err(Error::Config("the port has no queue".into()).into());
+    }
+    let (port0, shard0): (_, Shard) = (ports.remove(0), shards.remove(0));
+    let node0 = Node::sharded(shard_stack(cfg, shard0.id), port0, shard0);
+    std::thread::scope(|scope| {
+        for ((port, shard), &core) in ports.into_iter().zip(shards).zip(&cores[1..]) {
+            let mut node = Node::sharded(shard_stack(cfg, shard.id), port, shard);
+            let (stop, lcfg) = (
+                &stop,
+                LoopConfig {
+                    core: Some(core),
+                    idle,
+                    ..LoopConfig::default()
+                },
+            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("ustack-core{core}"))
+                .spawn_scoped(scope, move || {
+                    let r = crate::poll::run(
+                        &mut node,
+                        &mut (),
+                        &lcfg,
+                        &Clock::new(),
+                        || stop.load(Ordering::Relaxed),
+                        |_| {},
+                    );
+                    if let Err(e) = r {
+                        tracing::error!("core {core}: {e}");
+                    }
+                });
+            if let Err(e) = spawned {
+                stop.store(true, Ordering::Relaxed);
+                return Err(Error::Thread(e).into());
+            }
+        }
+        crate::poll::pin_to_core(cores[0]).map_err(Error::from)?;
+        let out = user.run(node0);
+        stop.store(true, Ordering::Relaxed);
+        out
+    })
+}

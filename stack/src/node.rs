@@ -1,0 +1,264 @@
+//! One poll-loop iteration: `rx burst -> protocols -> app work -> timers ->
+//! tx burst`, and the in-loop [`App`] interface.
+//!
+//! [`Node`] is one iteration's worth of glue between a [`Stack`] and a
+//! [`Device`], given `now`: the runtime crate (`ustack-runtime`) loops it
+//! against a real clock on a pinned core, and the sim harness
+//! ([`crate::sim::SimNet`]) steps several nodes against a virtual one.
+
+use serde::Serialize;
+
+use crate::device::{Device, DeviceTx, PortStats};
+use crate::pool::PoolStats;
+use crate::shard::{Mail, Route, Shard, ShardStats};
+use crate::stack::Stack;
+use crate::stats::Stats;
+use crate::tcp::ConnInfo;
+use crate::time::{Instant, earliest};
+
+/// Frames per rx or tx burst.
+pub const BURST: usize = 32;
+
+/// TCP connections a [`Snapshot`] lists (the total is given beside them):
+/// at a few snapshots a second this bounds a telemetry line (~150 KB) and
+/// the work the loop does for it.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// What an app tells the loop after its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    Continue,
+    Exit,
+}
+
+/// Code that runs inside the poll loop, holding socket handles of the stack.
+pub trait App {
+    /// Called once per loop iteration, after received frames are processed
+    /// and before timers and transmit.
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control;
+    /// The next time the app must run even if nothing arrives.
+    fn poll_at(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// The app that does nothing (a stack that only answers).
+impl App for () {
+    fn poll(&mut self, _: Instant, _: &mut Stack) -> Control {
+        Control::Continue
+    }
+}
+
+/// Several apps in one loop; exits when all have exited.
+impl<A: App> App for Vec<A> {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        let mut all_done = true;
+        for a in self.iter_mut() {
+            all_done &= a.poll(now, stack) == Control::Exit;
+        }
+        if all_done {
+            Control::Exit
+        } else {
+            Control::Continue
+        }
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.iter().map(App::poll_at).fold(None, earliest)
+    }
+}
+
+/// What one iteration did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepReport {
+    pub rx: usize,
+    pub tx: u64,
+    pub exit: bool,
+}
+
+impl StepReport {
+    /// Whether anything moved (the idle back-off resets when it did).
+    pub fn busy(&self) -> bool {
+        self.rx > 0 || self.tx > 0
+    }
+}
+
+/// Counters of one stack instance at one moment: what telemetry publishes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    /// Engine time of the snapshot, nanoseconds.
+    pub at_ns: u64,
+    pub stack: Stats,
+    pub port: PortStats,
+    pub pools: Vec<PoolStats>,
+    /// TCP connections in slot order, at most [`MAX_CONNECTIONS`].
+    pub connections: Vec<ConnInfo>,
+    /// Every live TCP connection, listed or not.
+    pub connections_total: u64,
+    /// This stack's shard (index, count) and mailbox counters, on a host
+    /// with several queues.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardSnapshot>,
+}
+
+/// A shard's place and mailbox counters in a [`Snapshot`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ShardSnapshot {
+    pub index: usize,
+    pub count: usize,
+    #[serde(flatten)]
+    pub stats: ShardStats,
+}
+
+/// The device side of a node: the port, its mailboxes to sibling shards and
+/// the burst buffers. Apart from the [`Stack`] so a runtime can share the
+/// stack with other threads (behind a lock) while the loop owns the port.
+pub struct Port<D: Device> {
+    pub dev: D,
+    /// The mailboxes to sibling shards, on a host with several queues.
+    pub shard: Option<Shard>,
+    rx: Vec<D::Buf>,
+    txq: Vec<D::Buf>,
+}
+
+impl<D: Device + std::fmt::Debug> std::fmt::Debug for Port<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Port")
+            .field("dev", &self.dev)
+            .field("shard", &self.shard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> Port<D> {
+    pub fn new(dev: D, shard: Option<Shard>) -> Self {
+        Port {
+            dev,
+            shard,
+            rx: Vec::with_capacity(BURST),
+            txq: Vec::with_capacity(BURST),
+        }
+    }
+
+    /// One loop iteration of `stack` on this port at `now`.
+    pub fn step<A: App + ?Sized>(
+        &mut self,
+        stack: &mut Stack,
+        now: Instant,
+        app: &mut A,
+    ) -> StepReport {
+        let mut rx = self.dev.rx_burst(now, &mut self.rx, BURST);
+        let mut tx = DeviceTx::new(&mut self.dev, &mut self.txq, now, BURST);
+        if let Some(shard) = &mut self.shard {
+            for mail in shard.take_mail(BURST) {
+                rx += 1;
+                match mail {
+                    Mail::Frame(f) => stack.receive(now, &f, &mut tx),
+                    Mail::ArpReplica(f) => stack.receive_replica(now, &f, &mut tx),
+                    Mail::Unclaimed { frame, hops } => {
+                        let last = hops + 1 >= shard.id.count;
+                        if stack.receive_or_pass(now, &frame, &mut tx, !last) {
+                            shard.pass_on(&frame, hops + 1);
+                        }
+                    }
+                }
+            }
+        }
+        for buf in self.rx.drain(..) {
+            let frame = buf.as_ref();
+            match self.shard.as_mut().map(|s| (s.route(frame), s)) {
+                None => stack.receive(now, frame, &mut tx),
+                Some((Route::Local, shard)) => {
+                    if stack.receive_or_pass(now, frame, &mut tx, shard.id.count > 1) {
+                        shard.pass_on(frame, 1);
+                    }
+                }
+                Some((Route::LocalAndReplicate, shard)) => {
+                    shard.replicate_arp(frame);
+                    stack.receive(now, frame, &mut tx);
+                }
+                Some((Route::Forward(to), shard)) => shard.forward(to, frame),
+            }
+            // `buf` drops here: the frame's buffer goes back to its pool.
+        }
+        let exit = app.poll(now, stack) == Control::Exit;
+        stack.poll(now, &mut tx);
+        tx.flush();
+        StepReport {
+            rx,
+            tx: tx.sent,
+            exit,
+        }
+    }
+
+    /// When this port and `stack` next have work without outside input.
+    pub fn poll_at<A: App + ?Sized>(&self, stack: &Stack, app: &A) -> Option<Instant> {
+        if self.shard.as_ref().is_some_and(Shard::has_mail) {
+            return Some(Instant::ZERO);
+        }
+        earliest(earliest(stack.poll_at(), self.dev.poll_at()), app.poll_at())
+    }
+
+    /// The counters of `stack` on this port.
+    pub fn snapshot(&self, stack: &Stack, now: Instant) -> Snapshot {
+        let mut pools = Vec::new();
+        self.dev.pool_stats(&mut pools);
+        let stats = stack.stats();
+        Snapshot {
+            at_ns: now.as_nanos(),
+            connections: stack.tcp_connections().take(MAX_CONNECTIONS).collect(),
+            connections_total: stats.tcp.connections,
+            shard: self.shard.as_ref().map(|s| ShardSnapshot {
+                index: s.id.index,
+                count: s.id.count,
+                stats: s.stats,
+            }),
+            stack: stats,
+            port: self.dev.port_stats(),
+            pools,
+        }
+    }
+}
+
+/// A stack bound to a device.
+#[derive(Debug)]
+pub struct Node<D: Device> {
+    pub stack: Stack,
+    pub port: Port<D>,
+}
+
+impl<D: Device> Node<D> {
+    pub fn new(stack: Stack, dev: D) -> Self {
+        Node {
+            stack,
+            port: Port::new(dev, None),
+        }
+    }
+
+    /// A node that is shard `shard.id` of a host with several queues; its
+    /// stack's config must carry the same [`crate::shard::ShardId`].
+    pub fn sharded(stack: Stack, dev: D, shard: Shard) -> Self {
+        Node {
+            stack,
+            port: Port::new(dev, Some(shard)),
+        }
+    }
+
+    /// The device.
+    pub fn dev(&self) -> &D {
+        &self.port.dev
+    }
+
+    /// One loop iteration at `now`.
+    pub fn step<A: App + ?Sized>(&mut self, now: Instant, app: &mut A) -> StepReport {
+        self.port.step(&mut self.stack, now, app)
+    }
+
+    /// When this node next has work without outside input.
+    pub fn poll_at<A: App + ?Sized>(&self, app: &A) -> Option<Instant> {
+        self.port.poll_at(&self.stack, app)
+    }
+
+    pub fn snapshot(&self, now: Instant) -> Snapshot {
+        self.port.snapshot(&self.stack, now)
+    }
+}
