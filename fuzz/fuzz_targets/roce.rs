@@ -6,15 +6,15 @@
 use libfuzzer_sys::fuzz_target;
 use smoltcp::wire::{EthernetProtocol, IpProtocol, UdpPacket};
 use ustack::ud::wire::{BthPacket, DethPacket, ROCE_PORT, UdSendRepr, icrc, icrc_verify};
-use ustack::ud::{QpHandle, UdTransport};
+use ustack::ud::UdTransport;
 use ustack::{Instant, VecTx};
 use ustack_fuzz::{
-    IpFields, Reader, eth, finish, fix_checksums, ipv4, receive_counted, stack, us_mac,
+    IpFields, Reader, eth, finish, fix_checksums, ipv4, receive_counted, stack_and_qp, us_mac,
 };
 
 fuzz_target!(|data: &[u8]| {
     let mut r = Reader::new(data);
-    let mut s = stack();
+    let (mut s, qp) = stack_and_qp();
     let mut tx = VecTx::new();
     let mut ms = 0;
     let mut completions = Vec::new();
@@ -63,12 +63,12 @@ fuzz_target!(|data: &[u8]| {
         ms += u64::from(ctl >> 3);
         let now = Instant::from_millis(ms);
         receive_counted(&mut s, now, &frame, &mut tx);
-        if ctl & 0x80 != 0 {
+        if let (true, Some(qp)) = (ctl & 0x80 != 0, qp) {
             // Take completions; repost their buffers.
             completions.clear();
-            let _ = s.poll_cq(QpHandle(0), now, 8, &mut completions);
+            let _ = s.poll_cq(qp, now, 8, &mut completions);
             for c in &completions {
-                let _ = s.post_recv(QpHandle(0), c.wr_id, vec![0; 128]);
+                let _ = s.post_recv(qp, c.wr_id, vec![0; 128]);
             }
         }
     }

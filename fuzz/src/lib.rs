@@ -99,6 +99,11 @@ pub fn host(n: u8) -> Stack {
 /// 5001, a ping socket, the UD responder QP with receive buffers posted, and
 /// the peer's MAC learned (so replies leave at once).
 pub fn stack() -> Stack {
+    stack_and_qp().0
+}
+
+/// [`stack`] and its responder QP's handle.
+pub fn stack_and_qp() -> (Stack, Option<ustack::ud::QpHandle>) {
     let mut s = host(1);
     let _ = s.udp_bind(UDP_PORT);
     let _ = s.tcp_listen(TCP_PORT, 4);
@@ -109,7 +114,8 @@ pub fn stack() -> Stack {
     qp.qpn = Some(RESPONDER_QPN);
     qp.max_recv_wr = 4;
     qp.max_send_wr = 4;
-    if let Ok(h) = s.create_qp(&qp) {
+    let h = s.create_qp(&qp).ok();
+    if let Some(h) = h {
         for i in 0..4 {
             let _ = s.post_recv(h, i, vec![0; 64 + 40 * (i as usize)]);
         }
@@ -117,7 +123,7 @@ pub fn stack() -> Stack {
     // An ARP request for us from the peer: learned, answered.
     let mut tx = VecTx::new();
     s.receive(Instant::ZERO, &arp_request(), &mut tx);
-    s
+    (s, h)
 }
 
 pub fn arp_request() -> Vec<u8> {

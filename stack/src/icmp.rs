@@ -1,4 +1,6 @@
-//! ICMP echo: ping sockets for apps (send requests, receive timestamped replies).
+//! ICMP: echo requests answered (Record Route updated), ping sockets for
+//! apps (send requests, receive timestamped replies and unreachables), and
+//! fragmentation-needed handed to TCP.
 //!
 //! A request carries its transmit time (engine nanoseconds, big-endian) in the
 //! first 8 bytes of its data when the data is at least 8 bytes long, the way
@@ -6,15 +8,28 @@
 //! state is kept and the RTT survives loss and reordering.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use crate::stack::{Error, Stack};
+use slotmap::SlotMap;
+use smoltcp::wire::{
+    IPV4_HEADER_LEN as IP_LEN, Icmpv4DstUnreachable, Icmpv4Message, Icmpv4Packet, Icmpv4Repr,
+    IpProtocol, Ipv4Packet,
+};
+
+use crate::device::Tx;
+use crate::error::Error;
+use crate::events::{Event, Pending, Readiness, SocketRef};
+use crate::link::{IpMeta, Link};
+use crate::stats::DropReason;
 use crate::time::Instant;
 
-/// A ping socket (one ICMP echo identifier).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PingHandle(pub(crate) usize);
+slotmap::new_key_type! {
+    /// A ping socket (one ICMP echo identifier). Handles carry a
+    /// generation: one kept after `ping_close` is refused, never another
+    /// socket.
+    pub struct PingHandle;
+}
 
 /// An echo reply delivered to the app.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,10 +75,11 @@ pub(crate) struct PingRequest {
 
 #[derive(Debug)]
 pub(crate) struct PingSocket {
-    pub ident: u16,
-    pub tx: VecDeque<PingRequest>,
-    pub rx: VecDeque<PingEvent>,
-    pub queued: bool,
+    ident: u16,
+    tx: VecDeque<PingRequest>,
+    rx: VecDeque<PingEvent>,
+    queued: bool,
+    events: Pending,
 }
 
 /// Most events or requests a ping socket holds.
@@ -71,35 +87,107 @@ const PING_QUEUE: usize = 4096;
 /// Largest echo data we send (IPv4 maximum minus headers).
 pub const MAX_PING_DATA: usize = 65_507;
 
+/// The ping sockets of a stack, and the ICMP layer.
 #[derive(Debug, Default)]
 pub(crate) struct PingTable {
-    pub sockets: Vec<Option<PingSocket>>,
-    pub by_ident: HashMap<u16, usize>,
+    sockets: SlotMap<PingHandle, PingSocket>,
+    by_ident: HashMap<u16, PingHandle>,
     /// Sockets with requests to send.
-    pub ready: VecDeque<usize>,
+    ready: VecDeque<PingHandle>,
+    /// Sockets with pending readiness events.
+    events: Vec<PingHandle>,
 }
 
 impl PingTable {
-    pub fn get_mut(&mut self, h: PingHandle) -> Result<&mut PingSocket, Error> {
-        self.sockets
-            .get_mut(h.0)
-            .and_then(Option::as_mut)
-            .ok_or(Error::InvalidHandle)
+    fn get_mut(&mut self, h: PingHandle) -> Result<&mut PingSocket, Error> {
+        self.sockets.get_mut(h).ok_or(Error::InvalidHandle)
     }
 
-    pub fn by_ident(&mut self, ident: u16) -> Option<&mut PingSocket> {
-        let i = *self.by_ident.get(&ident)?;
-        self.sockets.get_mut(i)?.as_mut()
+    /// Whether requests wait to be sent.
+    pub fn has_work(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     /// Deliver an event; false if the socket's queue is full.
-    pub fn deliver(&mut self, ident: u16, ev: PingEvent) -> Option<bool> {
-        let s = self.by_ident(ident)?;
+    fn deliver(&mut self, ident: u16, ev: PingEvent) -> Option<bool> {
+        let h = *self.by_ident.get(&ident)?;
+        let s = self.sockets.get_mut(h)?;
         if s.rx.len() >= PING_QUEUE {
             return Some(false);
         }
         s.rx.push_back(ev);
+        if s.events.raise(Readiness::READABLE) {
+            self.events.push(h);
+        }
         Some(true)
+    }
+
+    /// Hand out pending events.
+    pub fn drain_events(&mut self, out: &mut Vec<Event>) {
+        for h in self.events.drain(..) {
+            if let Some(s) = self.sockets.get_mut(h) {
+                let readiness = s.events.take();
+                if !readiness.is_empty() {
+                    out.push(Event {
+                        socket: SocketRef::Ping(h),
+                        readiness,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Open a ping socket with echo identifier `ident`.
+    pub fn open(&mut self, ident: u16) -> Result<PingHandle, Error> {
+        if self.by_ident.contains_key(&ident) {
+            return Err(Error::AddrInUse);
+        }
+        let h = self.sockets.insert(PingSocket {
+            ident,
+            tx: VecDeque::new(),
+            rx: VecDeque::new(),
+            queued: false,
+            events: Pending::default(),
+        });
+        self.by_ident.insert(ident, h);
+        Ok(h)
+    }
+
+    /// Queue an echo request with `size` bytes of data.
+    pub fn send(
+        &mut self,
+        h: PingHandle,
+        dst: Ipv4Addr,
+        seq: u16,
+        size: usize,
+    ) -> Result<(), Error> {
+        if size > MAX_PING_DATA {
+            return Err(Error::TooLarge);
+        }
+        let s = self.get_mut(h)?;
+        if s.tx.len() >= PING_QUEUE {
+            return Err(Error::QueueFull);
+        }
+        s.tx.push_back(PingRequest { dst, seq, size });
+        if !s.queued {
+            s.queued = true;
+            self.ready.push_back(h);
+        }
+        Ok(())
+    }
+
+    /// Next reply or error for this socket.
+    pub fn recv(&mut self, h: PingHandle) -> Result<Option<PingEvent>, Error> {
+        Ok(self.get_mut(h)?.rx.pop_front())
+    }
+
+    /// Close a ping socket; queued requests and events are discarded.
+    pub fn close(&mut self, h: PingHandle) -> Result<(), Error> {
+        let s = self.sockets.remove(h).ok_or(Error::InvalidHandle)?;
+        self.by_ident.remove(&s.ident);
+        self.ready.retain(|&i| i != h);
+        self.events.retain(|&i| i != h);
+        Ok(())
     }
 }
 
@@ -119,68 +207,204 @@ pub(crate) fn echo_timestamp(data: &[u8]) -> Option<Instant> {
     Some(Instant::from_nanos(u64::from_be_bytes(b)))
 }
 
-impl Stack {
-    /// Open a ping socket with echo identifier `ident`.
-    pub fn ping_open(&mut self, ident: u16) -> Result<PingHandle, Error> {
-        if self.pings.by_ident.contains_key(&ident) {
-            return Err(Error::AddrInUse);
-        }
-        let sock = PingSocket {
-            ident,
-            tx: VecDeque::new(),
-            rx: VecDeque::new(),
-            queued: false,
-        };
-        let idx = match self.pings.sockets.iter().position(Option::is_none) {
-            Some(i) => {
-                self.pings.sockets[i] = Some(sock);
-                i
-            }
-            None => {
-                self.pings.sockets.push(Some(sock));
-                self.pings.sockets.len() - 1
-            }
-        };
-        self.pings.by_ident.insert(ident, idx);
-        Ok(PingHandle(idx))
-    }
+/// What the ICMP layer leaves for another layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IcmpOutcome {
+    /// Handled here.
+    Done,
+    /// Fragmentation needed for one of our TCP segments (RFC 1191).
+    TcpFragNeeded {
+        local_port: u16,
+        remote: SocketAddrV4,
+        seq: u32,
+        mtu: u16,
+    },
+}
 
-    /// Queue an echo request with `size` bytes of data; it leaves on the next poll.
-    pub fn ping_send(
+impl PingTable {
+    /// An ICMP message for us: echo requests are answered (Record Route
+    /// updated), replies and unreachables go to the ping socket they name.
+    /// A fragmentation-needed about one of our TCP segments is handed back
+    /// for the TCP layer.
+    pub(crate) fn process<T: Tx>(
         &mut self,
-        h: PingHandle,
-        dst: Ipv4Addr,
-        seq: u16,
-        size: usize,
-    ) -> Result<(), Error> {
-        if size > MAX_PING_DATA {
-            return Err(Error::TooLarge);
+        link: &mut Link,
+        now: Instant,
+        meta: IpMeta<'_>,
+        body: &[u8],
+        tx: &mut T,
+    ) -> Result<IcmpOutcome, DropReason> {
+        let pkt = Icmpv4Packet::new_checked(body).map_err(|_| DropReason::IcmpMalformed)?;
+        if !pkt.verify_checksum() {
+            return Err(DropReason::IcmpBadChecksum);
         }
-        let s = self.pings.get_mut(h)?;
-        if s.tx.len() >= PING_QUEUE {
-            return Err(Error::QueueFull);
+        match pkt.msg_type() {
+            Icmpv4Message::EchoRequest => {
+                link.stats.icmp.rx_echo_requests += 1;
+                if meta.broadcast && !link.cfg.answer_broadcast_ping {
+                    return Err(DropReason::IcmpUnhandled);
+                }
+                let reply = Icmpv4Repr::EchoReply {
+                    ident: pkt.echo_ident(),
+                    seq_no: pkt.echo_seq_no(),
+                    data: pkt.data(),
+                };
+                let caps = link.checksum.clone();
+                let mut rr = [0u8; 40];
+                let options = record_route(meta.header, link.ip(), &mut rr);
+                let sent = link.send_ip_with_options(
+                    now,
+                    tx,
+                    meta.src,
+                    IpProtocol::Icmp,
+                    options,
+                    reply.buffer_len(),
+                    |buf| {
+                        reply.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
+                    },
+                );
+                if sent.is_ok() {
+                    link.stats.icmp.tx_echo_replies += 1;
+                }
+                Ok(IcmpOutcome::Done)
+            }
+            Icmpv4Message::EchoReply => {
+                let data = pkt.data();
+                let reply = PingReply {
+                    from: meta.src,
+                    ident: pkt.echo_ident(),
+                    seq: pkt.echo_seq_no(),
+                    ttl: meta.ttl,
+                    bytes: body.len(),
+                    sent_at: echo_timestamp(data),
+                    received_at: now,
+                };
+                link.stats.icmp.rx_echo_replies += 1;
+                match self.deliver(reply.ident, PingEvent::Reply(reply)) {
+                    Some(true) => Ok(IcmpOutcome::Done),
+                    _ => Err(DropReason::IcmpUnhandled),
+                }
+            }
+            Icmpv4Message::DstUnreachable => {
+                link.stats.icmp.rx_dest_unreachable += 1;
+                // The quoted datagram: our IPv4 header, then 8 bytes of ICMP.
+                // Only the header and 8 bytes are quoted, so the quoted total
+                // length exceeds what is here: check the header alone.
+                let data = pkt.data();
+                if data.len() < IP_LEN {
+                    return Err(DropReason::IcmpMalformed);
+                }
+                let quoted = Ipv4Packet::new_unchecked(data);
+                let inner = data
+                    .get(usize::from(quoted.header_len())..)
+                    .ok_or(DropReason::IcmpMalformed)?;
+                if quoted.next_header() == IpProtocol::Tcp
+                    && pkt.msg_code() == u8::from(Icmpv4DstUnreachable::FragRequired)
+                    && inner.len() >= 8
+                    && quoted.src_addr() == link.ip()
+                {
+                    // RFC 1191: the next-hop MTU is in bytes 6-7 of the header.
+                    let mtu = u16::from_be_bytes([body[6], body[7]]);
+                    let remote = SocketAddrV4::new(
+                        quoted.dst_addr(),
+                        u16::from_be_bytes([inner[2], inner[3]]),
+                    );
+                    let local_port = u16::from_be_bytes([inner[0], inner[1]]);
+                    let seq = u32::from_be_bytes([inner[4], inner[5], inner[6], inner[7]]);
+                    return Ok(IcmpOutcome::TcpFragNeeded {
+                        local_port,
+                        remote,
+                        seq,
+                        mtu,
+                    });
+                }
+                if quoted.next_header() == IpProtocol::Icmp
+                    && inner.len() >= 8
+                    && inner[0] == u8::from(Icmpv4Message::EchoRequest)
+                {
+                    let ident = u16::from_be_bytes([inner[4], inner[5]]);
+                    let seq = u16::from_be_bytes([inner[6], inner[7]]);
+                    let ev = PingEvent::Unreachable {
+                        from: meta.src,
+                        seq,
+                        code: pkt.msg_code(),
+                    };
+                    if self.deliver(ident, ev) == Some(true) {
+                        return Ok(IcmpOutcome::Done);
+                    }
+                }
+                Err(DropReason::IcmpUnhandled)
+            }
+            _ => Err(DropReason::IcmpUnhandled),
         }
-        s.tx.push_back(PingRequest { dst, seq, size });
-        if !s.queued {
-            s.queued = true;
-            self.pings.ready.push_back(h.0);
-        }
-        Ok(())
     }
 
-    /// Next reply or error for this socket.
-    pub fn ping_recv(&mut self, h: PingHandle) -> Result<Option<PingEvent>, Error> {
-        Ok(self.pings.get_mut(h)?.rx.pop_front())
+    /// Send the echo requests sockets queued.
+    pub(crate) fn emit<T: Tx>(&mut self, link: &mut Link, now: Instant, tx: &mut T) {
+        while let Some(h) = self.ready.pop_front() {
+            let Some(sock) = self.sockets.get_mut(h) else {
+                continue;
+            };
+            sock.queued = false;
+            let ident = sock.ident;
+            let requests: Vec<_> = sock.tx.drain(..).collect();
+            for req in requests {
+                let len = 8 + req.size;
+                let sent = link.send_ip(now, tx, req.dst, IpProtocol::Icmp, len, |buf| {
+                    let mut p = Icmpv4Packet::new_unchecked(buf);
+                    p.set_msg_type(Icmpv4Message::EchoRequest);
+                    p.set_msg_code(0);
+                    p.set_echo_ident(ident);
+                    p.set_echo_seq_no(req.seq);
+                    fill_echo_data(p.data_mut(), now);
+                    p.fill_checksum();
+                });
+                if sent.is_ok() {
+                    link.stats.icmp.tx_echo_requests += 1;
+                }
+            }
+        }
     }
+}
 
-    /// Close a ping socket; queued requests and events are discarded.
-    pub fn ping_close(&mut self, h: PingHandle) -> Result<(), Error> {
-        let ident = self.pings.get_mut(h)?.ident;
-        self.pings.sockets[h.0] = None;
-        self.pings.by_ident.remove(&ident);
-        self.pings.ready.retain(|&i| i != h.0);
-        Ok(())
+/// The options of an echo reply (RFC 1122 3.2.2.6): a Record Route option
+/// in the request's header is copied with our address added where it has
+/// room, padded to a multiple of 4 in `out`. Other options are not echoed.
+/// Empty when the request had no (well-formed) Record Route.
+fn record_route<'a>(header: &[u8], me: Ipv4Addr, out: &'a mut [u8; 40]) -> &'a [u8] {
+    const EOL: u8 = 0;
+    const NOP: u8 = 1;
+    const RR: u8 = 7;
+    let mut opts = header.get(IP_LEN..).unwrap_or_default();
+    while let Some(&kind) = opts.first() {
+        match kind {
+            EOL => break,
+            NOP => opts = &opts[1..],
+            _ => {
+                let len = usize::from(opts.get(1).copied().unwrap_or(0));
+                let Some(opt) = opts.get(..len).filter(|_| len >= 2) else {
+                    return &[];
+                };
+                if kind == RR {
+                    // Type, length, pointer (1-based, at least 4), then slots.
+                    let ptr = usize::from(opt.get(2).copied().unwrap_or(0));
+                    if len < 3 || ptr < 4 {
+                        return &[];
+                    }
+                    out[..len].copy_from_slice(opt);
+                    if ptr + 3 <= len {
+                        out[ptr - 1..ptr + 3].copy_from_slice(&me.octets());
+                        out[2] = (ptr + 4) as u8;
+                    }
+                    let padded = len.div_ceil(4) * 4;
+                    out[len..padded].fill(EOL);
+                    return &out[..padded];
+                }
+                opts = &opts[len..];
+            }
+        }
     }
+    &[]
 }
 
 #[cfg(test)]

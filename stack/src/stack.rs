@@ -1,54 +1,37 @@
 //! The engine: one `Stack` per port queue, driven by `receive` and `poll`.
 //!
-//! Receive path: Ethernet -> ARP | IPv4 (validate, reassemble) -> ICMP | UDP.
-//! Every frame ends accepted or dropped with one [`DropReason`].
-//! Transmit path: sockets queue work; [`Stack::poll`] emits it through a
-//! [`Tx`], resolving next hops with ARP and fragmenting above the MTU.
+//! Receive path: Ethernet -> ARP | IPv4 (validate, reassemble) -> ICMP |
+//! UDP (RoCEv2 to UD) | TCP. Every frame ends accepted or dropped with one
+//! [`DropReason`]. Transmit path: sockets queue work; [`Stack::poll`] emits
+//! it through a [`Tx`], resolving next hops with ARP and fragmenting above
+//! the MTU. Each layer keeps its own sockets ([`crate::icmp`],
+//! [`crate::udp`], [`crate::tcp`], [`crate::ud`]) and reaches the wire
+//! through [`crate::link`]; this file wires them together and is the app
+//! API's front door.
 
-use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
-    ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress,
-    EthernetFrame, EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN as IP_LEN, Icmpv4DstUnreachable,
-    Icmpv4Message, Icmpv4Packet, Icmpv4Repr, IpAddress, IpProtocol, Ipv4Cidr, Ipv4Packet,
-    UdpPacket, UdpRepr,
+    ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress, EthernetFrame, EthernetProtocol,
+    IPV4_HEADER_LEN as IP_LEN, Icmpv4DstUnreachable, IpProtocol, Ipv4Cidr, Ipv4Packet,
 };
 use tracing::trace;
 
-use crate::arp::{ArpCache, ArpConfig, Enqueue};
+use crate::arp::ArpConfig;
 use crate::device::Tx;
+use crate::events::Event;
 use crate::frag::{FragConfig, FragKey, Reassembler};
-use crate::icmp::{PingEvent, PingReply, PingTable, echo_timestamp, fill_echo_data};
+use crate::icmp::{IcmpOutcome, PingEvent, PingHandle, PingTable};
+use crate::link::{IpMeta, Link};
 use crate::stats::{DropReason, Stats};
-use crate::tcp::{TcpConfig, TcpTable};
+use crate::tcp::{ConnInfo, ListenHandle, TcpConfig, TcpHandle, TcpStatus, TcpTable};
 use crate::time::{Instant, earliest};
-use crate::ud::UdTable;
-use crate::udp::UdpTable;
+use crate::ud::{Completion, QpConfig, QpHandle, SendWr, UdError, UdTable, UdTransport};
+use crate::udp::{UdpHandle, UdpTable};
 
-/// Errors the app API returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
-    #[error("address or identifier already in use")]
-    AddrInUse,
-    #[error("no free port")]
-    NoFreePort,
-    #[error("no such socket")]
-    InvalidHandle,
-    #[error("send queue full")]
-    QueueFull,
-    #[error("message too large")]
-    TooLarge,
-    #[error("no route to host")]
-    NoRoute,
-    #[error("connection closed")]
-    Closed,
-    #[error(transparent)]
-    Tcp(#[from] crate::tcp::ConnError),
-}
+pub use crate::error::Error;
 
 /// Configuration of one stack instance.
 #[derive(Debug, Clone)]
@@ -131,84 +114,13 @@ impl Config {
     }
 }
 
-/// A token bucket for ICMP errors (RFC 1812 4.3.2.8 style rate limit) and
-/// resets.
-#[derive(Debug)]
-pub(crate) struct RateLimit {
-    rate: u32,
-    tokens: f64,
-    last: Instant,
-}
-
-impl RateLimit {
-    fn new(rate: u32) -> Self {
-        RateLimit {
-            rate,
-            tokens: f64::from(rate),
-            last: Instant::ZERO,
-        }
-    }
-
-    pub(crate) fn take(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        let cap = f64::from(self.rate);
-        self.tokens = (self.tokens + elapsed * cap).min(cap);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// What the IP layer tells the transport about a received datagram.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct IpMeta<'a> {
-    pub(crate) src: Ipv4Addr,
-    pub(crate) dst: Ipv4Addr,
-    pub(crate) protocol: IpProtocol,
-    pub(crate) ttl: u8,
-    /// Addressed to a broadcast address (never answered with an ICMP error).
-    pub(crate) broadcast: bool,
-    /// The IPv4 header as received, options included (the first
-    /// fragment's for a reassembled datagram): what ICMP errors quote.
-    pub(crate) header: &'a [u8],
-}
-
-/// The layers below the transport: configuration, ARP, counters and the
-/// IPv4 transmit path. Kept apart from the socket tables so a transport can
-/// write a segment straight from its own buffers while `Link` emits it.
-#[derive(Debug)]
-pub(crate) struct Link {
-    pub(crate) cfg: Config,
-    pub(crate) checksum: ChecksumCapabilities,
-    arp: ArpCache,
-    pub(crate) stats: Stats,
-    /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
-    ip_idents: Box<[u16]>,
-    ident_hash: foldhash::fast::FixedState,
-    announced: bool,
-    icmp_errors: RateLimit,
-    /// Resets for segments that belong to no connection (token bucket).
-    pub(crate) rst_limit: RateLimit,
-    arp_retry: Vec<Ipv4Addr>,
-    /// Processing a sibling shard's copy of an ARP frame: learn, never answer.
-    replica: bool,
-    /// A TCP segment for no connection here may belong to a sibling shard:
-    /// set `passed` instead of answering it.
-    pub(crate) may_pass: bool,
-    pub(crate) passed: bool,
-}
-
 /// One instance of the protocol engine.
 #[derive(Debug)]
 pub struct Stack {
     pub(crate) link: Link,
     frags: Reassembler,
-    pub(crate) pings: PingTable,
-    pub(crate) udp: UdpTable,
+    pings: PingTable,
+    udp: UdpTable,
     pub(crate) tcp: TcpTable,
     pub(crate) ud: UdTable,
     /// The latest `now` seen (for API calls that need a time, like connect).
@@ -222,23 +134,7 @@ impl Stack {
         let secret = cfg.secret;
         Stack {
             frags: Reassembler::new(cfg.frag.clone()),
-            link: Link {
-                arp: ArpCache::new(cfg.arp.clone()),
-                icmp_errors: RateLimit::new(cfg.icmp_error_rate),
-                rst_limit: RateLimit::new(cfg.rst_rate),
-                announced: !cfg.announce,
-                cfg,
-                checksum: ChecksumCapabilities::default(),
-                stats: Stats::default(),
-                ip_idents: ident_buckets(secret),
-                ident_hash: foldhash::fast::FixedState::with_seed(
-                    secret.0 ^ secret.1.rotate_left(32),
-                ),
-                arp_retry: Vec::new(),
-                replica: false,
-                may_pass: false,
-                passed: false,
-            },
+            link: Link::new(cfg),
             pings: PingTable::default(),
             udp: UdpTable::default(),
             tcp: TcpTable::new(cfg_tcp, secret),
@@ -252,7 +148,7 @@ impl Stack {
     }
 
     pub fn ip(&self) -> Ipv4Addr {
-        self.link.cfg.ip.address()
+        self.link.ip()
     }
 
     pub fn mac(&self) -> EthernetAddress {
@@ -262,12 +158,12 @@ impl Stack {
     /// A copy of every counter, gauges filled in.
     pub fn stats(&self) -> Stats {
         let mut s = self.link.stats.clone();
-        s.arp = self.link.arp.stats();
+        s.arp = self.link.arp().stats();
         s.ipv4.reassembly_bytes = self.frags.mem() as u64;
         s.ipv4.reassembly_bytes_hwm = self.frags.mem_hwm as u64;
         s.ipv4.reassembly_timeouts = self.frags.timeouts;
         s.ipv4.reassembly_evicted = self.frags.evicted;
-        s.udp.sockets = self.udp.by_port.len() as u64;
+        s.udp.sockets = self.udp.count() as u64;
         s.tcp = self.tcp.stats();
         s.ud.qps = self.ud.count() as u64;
         s
@@ -275,7 +171,16 @@ impl Stack {
 
     /// ARP entries that are fresh at `now`.
     pub fn arp_entries(&self, now: Instant) -> Vec<(Ipv4Addr, EthernetAddress)> {
-        self.link.arp.entries(now)
+        self.link.arp().entries(now)
+    }
+
+    /// Readiness events since the last call, appended to `out`: one per
+    /// socket that became readable, writable, connected, closed or errored
+    /// (see [`crate::events`]).
+    pub fn drain_events(&mut self, out: &mut Vec<Event>) {
+        self.tcp.drain_events(out);
+        self.udp.drain_events(out);
+        self.pings.drain_events(out);
     }
 
     // ---------------------------------------------------------------- receive
@@ -300,9 +205,9 @@ impl Stack {
     /// updated as by [`Stack::receive`], but no reply is sent (the shard
     /// that received the frame answers it).
     pub fn receive_replica<T: Tx>(&mut self, now: Instant, frame: &[u8], tx: &mut T) {
-        self.link.replica = true;
+        self.link.set_replica(true);
         self.receive(now, frame, tx);
-        self.link.replica = false;
+        self.link.set_replica(false);
     }
 
     /// [`Stack::receive`] on a shard of a multi-queue host whose frames
@@ -343,69 +248,9 @@ impl Stack {
             return Err(DropReason::EthBadSource);
         }
         match eth.ethertype() {
-            EthernetProtocol::Arp => self.process_arp(now, eth.payload(), tx),
+            EthernetProtocol::Arp => self.link.receive_arp(now, eth.payload(), tx),
             EthernetProtocol::Ipv4 => self.process_ipv4(now, eth.payload(), tx),
             _ => Err(DropReason::EthUnknownType),
-        }
-    }
-
-    fn process_arp<T: Tx>(
-        &mut self,
-        now: Instant,
-        payload: &[u8],
-        tx: &mut T,
-    ) -> Result<(), DropReason> {
-        let pkt = ArpPacket::new_checked(payload).map_err(|_| DropReason::ArpMalformed)?;
-        let repr = ArpRepr::parse(&pkt).map_err(|_| DropReason::ArpMalformed)?;
-        let ArpRepr::EthernetIpv4 {
-            operation,
-            source_hardware_addr: sha,
-            source_protocol_addr: spa,
-            target_protocol_addr: tpa,
-            ..
-        } = repr
-        else {
-            return Err(DropReason::ArpMalformed);
-        };
-        match operation {
-            ArpOperation::Request => self.link.arp.stats.rx_requests += 1,
-            ArpOperation::Reply => self.link.arp.stats.rx_replies += 1,
-            _ => return Err(DropReason::ArpMalformed),
-        }
-        if !sha.is_unicast() {
-            return Err(DropReason::ArpMalformed);
-        }
-        let me = self.ip();
-        if spa == me {
-            // Someone else claims our address: never learn it.
-            return Err(DropReason::ArpConflict);
-        }
-        let for_us = tpa == me;
-        let gratuitous = spa == tpa;
-        if gratuitous {
-            self.link.arp.stats.rx_gratuitous += 1;
-        }
-        let learnable = !spa.is_unspecified() && !spa.is_broadcast() && !spa.is_multicast();
-        let known = self.link.arp.knows(spa);
-        if learnable {
-            // RFC 826: refresh a known sender; add it when it asks for us.
-            // A reply to us adds an entry only when it answers our request
-            // (the cache knows), so an unsolicited reply cannot plant one;
-            // a replica learns what its sibling asked for.
-            let adds = for_us && (operation == ArpOperation::Request || self.link.replica);
-            let waiting = (self.link.arp)
-                .learn(now, spa, sha, adds)
-                .map_err(|_| DropReason::ArpSpoofRefused)?;
-            self.link.flush_waiting(sha, waiting, tx);
-        }
-        if for_us && operation == ArpOperation::Request && !self.link.replica {
-            self.link.send_arp(tx, ArpOperation::Reply, sha, spa);
-            self.link.arp.stats.tx_replies += 1;
-        }
-        if for_us || (learnable && known) {
-            Ok(())
-        } else {
-            Err(DropReason::ArpNotForUs)
         }
     }
 
@@ -499,9 +344,20 @@ impl Stack {
         tx: &mut T,
     ) -> Result<(), DropReason> {
         match meta.protocol {
-            IpProtocol::Icmp => self.process_icmp(now, meta, body, tx),
-            IpProtocol::Udp => self.process_udp(now, meta, body, ip, tx),
-            IpProtocol::Tcp => self.process_tcp(now, meta, body, tx),
+            IpProtocol::Icmp => match self.pings.process(&mut self.link, now, meta, body, tx)? {
+                IcmpOutcome::Done => Ok(()),
+                IcmpOutcome::TcpFragNeeded {
+                    local_port,
+                    remote,
+                    seq,
+                    mtu,
+                } => self.tcp.frag_needed(now, local_port, remote, seq, mtu),
+            },
+            IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {
+                None => Ok(()),
+                Some(roce) => self.ud.process_roce(&mut self.link, now, ip, roce),
+            },
+            IpProtocol::Tcp => self.tcp.process(&mut self.link, now, meta, body, tx),
             _ => {
                 self.link.send_unreachable(
                     now,
@@ -515,668 +371,229 @@ impl Stack {
         }
     }
 
-    fn process_icmp<T: Tx>(
-        &mut self,
-        now: Instant,
-        meta: IpMeta<'_>,
-        body: &[u8],
-        tx: &mut T,
-    ) -> Result<(), DropReason> {
-        let pkt = Icmpv4Packet::new_checked(body).map_err(|_| DropReason::IcmpMalformed)?;
-        if !pkt.verify_checksum() {
-            return Err(DropReason::IcmpBadChecksum);
-        }
-        match pkt.msg_type() {
-            Icmpv4Message::EchoRequest => {
-                self.link.stats.icmp.rx_echo_requests += 1;
-                if meta.broadcast && !self.link.cfg.answer_broadcast_ping {
-                    return Err(DropReason::IcmpUnhandled);
-                }
-                let reply = Icmpv4Repr::EchoReply {
-                    ident: pkt.echo_ident(),
-                    seq_no: pkt.echo_seq_no(),
-                    data: pkt.data(),
-                };
-                let caps = self.link.checksum.clone();
-                let mut rr = [0u8; 40];
-                let options = record_route(meta.header, self.ip(), &mut rr);
-                let sent = self.link.send_ip_with_options(
-                    now,
-                    tx,
-                    meta.src,
-                    IpProtocol::Icmp,
-                    options,
-                    reply.buffer_len(),
-                    |buf| {
-                        reply.emit(&mut Icmpv4Packet::new_unchecked(buf), &caps);
-                    },
-                );
-                if sent.is_ok() {
-                    self.link.stats.icmp.tx_echo_replies += 1;
-                }
-                Ok(())
-            }
-            Icmpv4Message::EchoReply => {
-                let data = pkt.data();
-                let reply = PingReply {
-                    from: meta.src,
-                    ident: pkt.echo_ident(),
-                    seq: pkt.echo_seq_no(),
-                    ttl: meta.ttl,
-                    bytes: body.len(),
-                    sent_at: echo_timestamp(data),
-                    received_at: now,
-                };
-                self.link.stats.icmp.rx_echo_replies += 1;
-                match self.pings.deliver(reply.ident, PingEvent::Reply(reply)) {
-                    Some(true) => Ok(()),
-                    _ => Err(DropReason::IcmpUnhandled),
-                }
-            }
-            Icmpv4Message::DstUnreachable => {
-                self.link.stats.icmp.rx_dest_unreachable += 1;
-                // The quoted datagram: our IPv4 header, then 8 bytes of ICMP.
-                // Only the header and 8 bytes are quoted, so the quoted total
-                // length exceeds what is here: check the header alone.
-                let data = pkt.data();
-                if data.len() < IP_LEN {
-                    return Err(DropReason::IcmpMalformed);
-                }
-                let quoted = Ipv4Packet::new_unchecked(data);
-                let inner = data
-                    .get(usize::from(quoted.header_len())..)
-                    .ok_or(DropReason::IcmpMalformed)?;
-                if quoted.next_header() == IpProtocol::Tcp
-                    && pkt.msg_code() == u8::from(Icmpv4DstUnreachable::FragRequired)
-                    && inner.len() >= 8
-                    && quoted.src_addr() == self.ip()
-                {
-                    // RFC 1191: the next-hop MTU is in bytes 6-7 of the header.
-                    let mtu = u16::from_be_bytes([body[6], body[7]]);
-                    let remote = SocketAddrV4::new(
-                        quoted.dst_addr(),
-                        u16::from_be_bytes([inner[2], inner[3]]),
-                    );
-                    let local_port = u16::from_be_bytes([inner[0], inner[1]]);
-                    let seq = u32::from_be_bytes([inner[4], inner[5], inner[6], inner[7]]);
-                    return self.tcp_frag_needed(now, local_port, remote, seq, mtu);
-                }
-                if quoted.next_header() == IpProtocol::Icmp
-                    && inner.len() >= 8
-                    && inner[0] == u8::from(Icmpv4Message::EchoRequest)
-                {
-                    let ident = u16::from_be_bytes([inner[4], inner[5]]);
-                    let seq = u16::from_be_bytes([inner[6], inner[7]]);
-                    let ev = PingEvent::Unreachable {
-                        from: meta.src,
-                        seq,
-                        code: pkt.msg_code(),
-                    };
-                    if self.pings.deliver(ident, ev) == Some(true) {
-                        return Ok(());
-                    }
-                }
-                Err(DropReason::IcmpUnhandled)
-            }
-            _ => Err(DropReason::IcmpUnhandled),
-        }
-    }
-
-    fn process_udp<T: Tx>(
-        &mut self,
-        now: Instant,
-        meta: IpMeta<'_>,
-        body: &[u8],
-        ip: Option<&[u8]>,
-        tx: &mut T,
-    ) -> Result<(), DropReason> {
-        let pkt = UdpPacket::new_checked(body).map_err(|_| DropReason::UdpMalformed)?;
-        if pkt.dst_port() == 0 {
-            return Err(DropReason::UdpMalformed);
-        }
-        let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
-        if pkt.checksum() != 0 && !pkt.verify_checksum(&src, &dst) {
-            return Err(DropReason::UdpBadChecksum);
-        }
-        if pkt.dst_port() == crate::ud::wire::ROCE_PORT {
-            return self.process_roce(now, ip, pkt.payload());
-        }
-        let data = pkt.payload();
-        let cap = self.link.cfg.udp_rx_queue_bytes;
-        let Some(sock) = self.udp.by_port(pkt.dst_port()) else {
-            self.link
-                .send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
-            return Err(DropReason::UdpNoSocket);
-        };
-        if sock.rx_bytes + data.len() > cap && !sock.rx.is_empty() {
-            return Err(DropReason::UdpQueueFull);
-        }
-        sock.rx_bytes += data.len();
-        sock.rx
-            .push_back((SocketAddrV4::new(meta.src, pkt.src_port()), data.to_vec()));
-        self.link.stats.udp.rx_datagrams += 1;
-        self.link.stats.udp.rx_bytes += data.len() as u64;
-        Ok(())
-    }
-
     // ------------------------------------------------------------------- poll
 
     /// Run timers and emit what sockets queued.
     pub fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
         self.now = now;
-        if !self.link.announced {
-            self.link.announced = true;
-            let me = self.ip();
-            self.link
-                .send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, me);
-            self.link.arp.stats.tx_gratuitous += 1;
-        }
-        let mut retry = std::mem::take(&mut self.link.arp_retry);
-        self.link.arp.poll(now, &mut retry);
-        for ip in retry.drain(..) {
-            self.link
-                .send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, ip);
-            self.link.arp.stats.tx_requests += 1;
-        }
-        self.link.arp_retry = retry;
+        self.link.poll(now, tx);
         self.frags.poll(now);
-        self.emit_pings(now, tx);
-        self.emit_udp(now, tx);
-        self.poll_tcp(now, tx);
-        self.emit_ud(now, tx);
+        self.pings.emit(&mut self.link, now, tx);
+        self.udp.emit(&mut self.link, now, tx);
+        self.tcp.poll(&mut self.link, now, tx);
+        self.ud.emit(&mut self.link, now, tx);
     }
 
     /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
     pub fn poll_at(&self) -> Option<Instant> {
-        if !self.link.announced
-            || !self.pings.ready.is_empty()
-            || !self.udp.ready.is_empty()
-            || !self.tcp.dirty.is_empty()
+        if self.link.announce_due()
+            || self.pings.has_work()
+            || self.udp.has_work()
+            || self.tcp.has_work()
             || self.ud.has_work()
         {
             return Some(Instant::ZERO);
         }
-        let tcp = self.tcp.timers.peek().map(|r| r.0.0);
-        earliest(earliest(self.link.arp.poll_at(), self.frags.poll_at()), tcp)
+        earliest(
+            earliest(self.link.arp().poll_at(), self.frags.poll_at()),
+            self.tcp.next_timer(),
+        )
     }
 
-    fn emit_pings<T: Tx>(&mut self, now: Instant, tx: &mut T) {
-        while let Some(idx) = self.pings.ready.pop_front() {
-            let Some(sock) = self.pings.sockets.get_mut(idx).and_then(Option::as_mut) else {
-                continue;
-            };
-            sock.queued = false;
-            let ident = sock.ident;
-            let requests: Vec<_> = sock.tx.drain(..).collect();
-            for req in requests {
-                let len = 8 + req.size;
-                let sent = self
-                    .link
-                    .send_ip(now, tx, req.dst, IpProtocol::Icmp, len, |buf| {
-                        let mut p = Icmpv4Packet::new_unchecked(buf);
-                        p.set_msg_type(Icmpv4Message::EchoRequest);
-                        p.set_msg_code(0);
-                        p.set_echo_ident(ident);
-                        p.set_echo_seq_no(req.seq);
-                        fill_echo_data(p.data_mut(), now);
-                        p.fill_checksum();
-                    });
-                if sent.is_ok() {
-                    self.link.stats.icmp.tx_echo_requests += 1;
-                }
-            }
-        }
+    // ------------------------------------------------------------ ping API
+
+    /// Open a ping socket with echo identifier `ident`.
+    pub fn ping_open(&mut self, ident: u16) -> Result<PingHandle, Error> {
+        self.pings.open(ident)
     }
 
-    fn emit_udp<T: Tx>(&mut self, now: Instant, tx: &mut T) {
-        while let Some(idx) = self.udp.ready.pop_front() {
-            let Some(sock) = self.udp.sockets.get_mut(idx).and_then(Option::as_mut) else {
-                continue;
-            };
-            sock.queued = false;
-            let port = sock.port;
-            let datagrams = std::mem::take(&mut sock.tx);
-            sock.tx_bytes = 0;
-            for (dst, data) in datagrams {
-                let src = IpAddress::Ipv4(self.ip());
-                let repr = UdpRepr {
-                    src_port: port,
-                    dst_port: dst.port(),
-                };
-                let caps = self.link.checksum.clone();
-                let len = repr.header_len() + data.len();
-                let sent = self
-                    .link
-                    .send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
-                        repr.emit(
-                            &mut UdpPacket::new_unchecked(buf),
-                            &src,
-                            &IpAddress::Ipv4(*dst.ip()),
-                            data.len(),
-                            |p| p.copy_from_slice(&data),
-                            &caps,
-                        );
-                    });
-                if sent.is_ok() {
-                    self.link.stats.udp.tx_datagrams += 1;
-                    self.link.stats.udp.tx_bytes += data.len() as u64;
-                }
-            }
-        }
-    }
-}
-
-impl Link {
-    pub(crate) fn ip(&self) -> Ipv4Addr {
-        self.cfg.ip.address()
-    }
-
-    pub(crate) fn flush_waiting<T: Tx>(
+    /// Queue an echo request with `size` bytes of data; it leaves on the next poll.
+    pub fn ping_send(
         &mut self,
-        mac: EthernetAddress,
-        waiting: VecDeque<Vec<u8>>,
-        tx: &mut T,
-    ) {
-        for packet in waiting {
-            let src = self.cfg.mac;
-            let ok = tx.send(ETH_LEN + packet.len(), |buf| {
-                write_eth(buf, src, mac, EthernetProtocol::Ipv4);
-                buf[ETH_LEN..].copy_from_slice(&packet);
-            });
-            self.count_tx(ok, ETH_LEN + packet.len());
-        }
-    }
-
-    /// ICMP destination unreachable about a datagram we received, rate-limited,
-    /// never about a broadcast or an ICMP error. The message quotes the
-    /// datagram's own IPv4 header and its first 8 bytes as received (RFC 792,
-    /// RFC 1122 3.2.2), and every byte of it is written here: the "unused"
-    /// word is zero, not whatever the buffer held before.
-    pub(crate) fn send_unreachable<T: Tx>(
-        &mut self,
-        now: Instant,
-        tx: &mut T,
-        reason: Icmpv4DstUnreachable,
-        meta: IpMeta<'_>,
-        body: &[u8],
-    ) {
-        if meta.broadcast {
-            return;
-        }
-        if !self.icmp_errors.take(now) {
-            self.stats.icmp.rate_limited += 1;
-            return;
-        }
-        let data = &body[..body.len().min(8)];
-        let quote_len = meta.header.len() + data.len();
-        let sent = self.send_ip(now, tx, meta.src, IpProtocol::Icmp, 8 + quote_len, |buf| {
-            let mut p = Icmpv4Packet::new_unchecked(&mut *buf);
-            p.set_msg_type(Icmpv4Message::DstUnreachable);
-            p.set_msg_code(reason.into());
-            // Checksum (filled below) and the unused word.
-            buf[2..8].fill(0);
-            let (hdr, rest) = buf[8..].split_at_mut(meta.header.len());
-            hdr.copy_from_slice(meta.header);
-            rest[..data.len()].copy_from_slice(data);
-            Icmpv4Packet::new_unchecked(buf).fill_checksum();
-        });
-        if sent.is_ok() {
-            self.stats.icmp.tx_dest_unreachable += 1;
-        }
-    }
-
-    pub(crate) fn count_tx(&mut self, ok: bool, len: usize) {
-        if ok {
-            self.stats.eth.tx_frames += 1;
-            self.stats.eth.tx_bytes += len as u64;
-        } else {
-            self.stats.eth.tx_no_buffer += 1;
-        }
-    }
-
-    pub(crate) fn send_arp<T: Tx>(
-        &mut self,
-        tx: &mut T,
-        operation: ArpOperation,
-        target_mac: EthernetAddress,
-        target_ip: Ipv4Addr,
-    ) {
-        let repr = ArpRepr::EthernetIpv4 {
-            operation,
-            source_hardware_addr: self.cfg.mac,
-            source_protocol_addr: self.ip(),
-            target_hardware_addr: if operation == ArpOperation::Request {
-                EthernetAddress([0; 6])
-            } else {
-                target_mac
-            },
-            target_protocol_addr: target_ip,
-        };
-        let src = self.cfg.mac;
-        let len = ETH_LEN + repr.buffer_len();
-        let ok = tx.send(len, |buf| {
-            write_eth(buf, src, target_mac, EthernetProtocol::Arp);
-            repr.emit(&mut ArpPacket::new_unchecked(&mut buf[ETH_LEN..]));
-        });
-        self.count_tx(ok, len);
-    }
-
-    /// The next hop for `dst`, or `None` when there is no route.
-    pub(crate) fn next_hop(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
-        if self.cfg.ip.contains_addr(&dst) {
-            Some(dst)
-        } else {
-            self.cfg.gateway
-        }
-    }
-
-    /// The identification of the next datagram to `dst` (RFC 6864, RFC 7739
-    /// 5.3): one counter per bucket of a keyed hash of the destination and
-    /// protocol, each starting at a keyed offset, so the IDs one peer sees
-    /// tell it nothing of the traffic to others (no idle scan, no count of
-    /// the host's traffic).
-    pub(crate) fn next_ident(&mut self, dst: Ipv4Addr, protocol: IpProtocol) -> u16 {
-        let i = self
-            .ident_hash
-            .hash_one((u32::from(dst), u8::from(protocol))) as usize;
-        let c = &mut self.ip_idents[i % IP_ID_BUCKETS];
-        *c = c.wrapping_add(1);
-        *c
-    }
-
-    /// Send an IPv4 datagram whose payload `fill` writes (`payload_len` bytes):
-    /// straight into a device buffer when the next hop is resolved, into the
-    /// ARP queue otherwise; fragmented when larger than the MTU.
-    pub(crate) fn send_ip<T: Tx, F: FnOnce(&mut [u8])>(
-        &mut self,
-        now: Instant,
-        tx: &mut T,
+        h: PingHandle,
         dst: Ipv4Addr,
-        protocol: IpProtocol,
-        payload_len: usize,
-        fill: F,
+        seq: u16,
+        size: usize,
     ) -> Result<(), Error> {
-        self.send_ip_with_options(now, tx, dst, protocol, &[], payload_len, fill)
+        self.pings.send(h, dst, seq, size)
     }
 
-    /// [`send_ip`](Self::send_ip) with IPv4 `options` (a multiple of 4
-    /// bytes, at most 40) in the header. Options that are not copied on
-    /// fragmentation (Record Route) would ride in the first fragment only:
-    /// a datagram that needs fragmenting leaves without them instead.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn send_ip_with_options<T: Tx, F: FnOnce(&mut [u8])>(
+    /// Next reply or error for this socket.
+    pub fn ping_recv(&mut self, h: PingHandle) -> Result<Option<PingEvent>, Error> {
+        self.pings.recv(h)
+    }
+
+    /// Close a ping socket; queued requests and events are discarded.
+    pub fn ping_close(&mut self, h: PingHandle) -> Result<(), Error> {
+        self.pings.close(h)
+    }
+
+    // ------------------------------------------------------------- UDP API
+
+    /// Bind a socket to `port` (0 picks an ephemeral port).
+    pub fn udp_bind(&mut self, port: u16) -> Result<UdpHandle, Error> {
+        self.udp.bind(port)
+    }
+
+    /// The local port of a socket.
+    pub fn udp_local_port(&mut self, h: UdpHandle) -> Result<u16, Error> {
+        self.udp.local_port(h)
+    }
+
+    /// Queue a datagram to `dst`; it leaves on the next poll. `QueueFull`
+    /// when the socket holds `Config::udp_tx_queue_bytes` already (a
+    /// WRITABLE event follows when it drains).
+    pub fn udp_send_to(
         &mut self,
-        now: Instant,
-        tx: &mut T,
-        dst: Ipv4Addr,
-        protocol: IpProtocol,
-        options: &[u8],
-        payload_len: usize,
-        fill: F,
+        h: UdpHandle,
+        dst: SocketAddrV4,
+        data: &[u8],
     ) -> Result<(), Error> {
-        if IP_LEN + payload_len > usize::from(u16::MAX) {
-            return Err(Error::TooLarge);
-        }
-        let max_payload = self.cfg.mtu.saturating_sub(IP_LEN);
-        if IP_LEN + options.len() + payload_len <= self.cfg.mtu {
-            let hl = IP_LEN + options.len();
-            return self.send_packet(now, tx, dst, protocol, options, payload_len, |ip| {
-                fill(&mut ip[hl..]);
-            });
-        }
-        let (hop, mac) = self.resolve(now, dst)?;
-        let header = self.header(dst, protocol);
-        // Fragment: build the payload once, then cut it at multiples of 8.
-        let chunk = max_payload & !7;
-        if chunk == 0 {
-            return Err(Error::TooLarge);
-        }
-        let mut body = vec![0u8; payload_len];
-        fill(&mut body);
-        for (i, piece) in body.chunks(chunk).enumerate() {
-            let offset = i * chunk;
-            let more = offset + piece.len() < payload_len;
-            let len = IP_LEN + piece.len();
-            match mac {
-                Some(mac) => {
-                    let src = self.cfg.mac;
-                    let ok = tx.send(ETH_LEN + len, |buf| {
-                        write_eth(buf, src, mac, EthernetProtocol::Ipv4);
-                        let ip = &mut buf[ETH_LEN..];
-                        header.write(ip, &[], piece.len(), offset, more);
-                        ip[IP_LEN..].copy_from_slice(piece);
-                    });
-                    self.count_tx(ok, ETH_LEN + len);
-                }
-                None => {
-                    let mut packet = vec![0u8; len];
-                    header.write(&mut packet, &[], piece.len(), offset, more);
-                    packet[IP_LEN..].copy_from_slice(piece);
-                    self.hold_for_arp(now, tx, hop, packet);
-                }
-            }
-            self.stats.ipv4.tx_fragments += 1;
-        }
-        self.stats.ipv4.tx_packets += 1;
-        self.stats.ipv4.tx_bytes += (IP_LEN + payload_len) as u64;
-        Ok(())
+        let cap = self.link.cfg.udp_tx_queue_bytes;
+        self.udp.send_to(h, dst, data, cap)
     }
 
-    /// Send one unfragmented IPv4 packet whose `fill` sees the whole packet,
-    /// header written (for trailers that cover the IP header, like the
-    /// RoCEv2 ICRC). Errors with `TooLarge` above the MTU; otherwise as
-    /// [`send_ip`](Self::send_ip).
-    pub(crate) fn send_ip_packet<T: Tx, F: FnOnce(&mut [u8])>(
+    /// Take the next datagram: copies up to `buf.len()` bytes (the rest of a
+    /// longer datagram is discarded, as with a datagram socket) and returns
+    /// the datagram's full length and its source.
+    pub fn udp_recv_from(
         &mut self,
-        now: Instant,
-        tx: &mut T,
-        dst: Ipv4Addr,
-        protocol: IpProtocol,
-        payload_len: usize,
-        fill: F,
-    ) -> Result<(), Error> {
-        self.send_packet(now, tx, dst, protocol, &[], payload_len, fill)
-    }
-
-    /// One unfragmented packet with `options` in its header; `fill` sees the
-    /// whole packet with the header written.
-    #[allow(clippy::too_many_arguments)]
-    fn send_packet<T: Tx, F: FnOnce(&mut [u8])>(
-        &mut self,
-        now: Instant,
-        tx: &mut T,
-        dst: Ipv4Addr,
-        protocol: IpProtocol,
-        options: &[u8],
-        payload_len: usize,
-        fill: F,
-    ) -> Result<(), Error> {
-        let len = IP_LEN + options.len() + payload_len;
-        if len > self.cfg.mtu {
-            return Err(Error::TooLarge);
-        }
-        let (hop, mac) = self.resolve(now, dst)?;
-        let header = self.header(dst, protocol);
-        match mac {
-            Some(mac) => {
-                let src = self.cfg.mac;
-                let ok = tx.send(ETH_LEN + len, |buf| {
-                    write_eth(buf, src, mac, EthernetProtocol::Ipv4);
-                    let ip = &mut buf[ETH_LEN..];
-                    header.write(ip, options, payload_len, 0, false);
-                    fill(ip);
-                });
-                self.count_tx(ok, ETH_LEN + len);
-                if !ok {
-                    return Err(Error::QueueFull);
-                }
-            }
-            None => {
-                let mut packet = vec![0u8; len];
-                header.write(&mut packet, options, payload_len, 0, false);
-                fill(&mut packet);
-                self.hold_for_arp(now, tx, hop, packet);
-            }
-        }
-        self.stats.ipv4.tx_packets += 1;
-        self.stats.ipv4.tx_bytes += len as u64;
-        Ok(())
-    }
-
-    /// The next hop for `dst` and its MAC if known (broadcast needs no ARP).
-    fn resolve(
-        &mut self,
-        now: Instant,
-        dst: Ipv4Addr,
-    ) -> Result<(Ipv4Addr, Option<EthernetAddress>), Error> {
-        if dst == self.ip() || dst.is_unspecified() {
-            self.stats.ipv4.tx_no_route += 1;
-            return Err(Error::NoRoute);
-        }
-        if dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast() {
-            return Ok((dst, Some(EthernetAddress::BROADCAST)));
-        }
-        let Some(hop) = self.next_hop(dst) else {
-            self.stats.ipv4.tx_no_route += 1;
-            return Err(Error::NoRoute);
-        };
-        Ok((hop, self.arp.lookup(now, hop)))
-    }
-
-    /// The header of a datagram we originate (a fresh identification).
-    /// TCP sets DF: it honours fragmentation-needed (RFC 1191) by lowering
-    /// the connection's MSS instead.
-    fn header(&mut self, dst: Ipv4Addr, protocol: IpProtocol) -> IpHeader {
-        IpHeader {
-            src: self.ip(),
-            dst,
-            protocol,
-            ttl: self.cfg.ttl,
-            ident: self.next_ident(dst, protocol),
-            dont_frag: protocol == IpProtocol::Tcp,
-        }
-    }
-
-    pub(crate) fn hold_for_arp<T: Tx>(
-        &mut self,
-        now: Instant,
-        tx: &mut T,
-        hop: Ipv4Addr,
-        packet: Vec<u8>,
-    ) {
-        if self.arp.enqueue(now, hop, packet) == Enqueue::QueuedSendRequest {
-            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, hop);
-            self.arp.stats.tx_requests += 1;
-        }
-    }
-}
-
-/// The fields of an IPv4 header we originate.
-#[derive(Debug, Clone, Copy)]
-struct IpHeader {
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    protocol: IpProtocol,
-    ttl: u8,
-    ident: u16,
-    dont_frag: bool,
-}
-
-impl IpHeader {
-    /// Write the header, `options` after the fixed 20 bytes, for a packet
-    /// (or fragment) carrying `payload_len` bytes.
-    fn write(
-        &self,
+        h: UdpHandle,
         buf: &mut [u8],
-        options: &[u8],
-        payload_len: usize,
-        frag_offset: usize,
-        more: bool,
-    ) {
-        let hl = IP_LEN + options.len();
-        buf[IP_LEN..hl].copy_from_slice(options);
-        let mut p = Ipv4Packet::new_unchecked(buf);
-        p.set_version(4);
-        p.set_header_len(hl as u8);
-        p.set_dscp(0);
-        p.set_ecn(0);
-        p.set_total_len((hl + payload_len) as u16);
-        p.set_ident(self.ident);
-        p.clear_flags();
-        p.set_dont_frag(self.dont_frag && !more && frag_offset == 0);
-        p.set_more_frags(more);
-        p.set_frag_offset(frag_offset as u16);
-        p.set_hop_limit(self.ttl);
-        p.set_next_header(self.protocol);
-        p.set_src_addr(self.src);
-        p.set_dst_addr(self.dst);
-        p.fill_checksum();
+    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
+        self.udp.recv_from(h, buf)
+    }
+
+    /// Datagrams waiting on the socket, and the length of the next one.
+    pub fn udp_pending(&self, h: UdpHandle) -> Result<(usize, Option<usize>), Error> {
+        self.udp.pending(h)
+    }
+
+    /// Close a socket; queued datagrams are discarded.
+    pub fn udp_close(&mut self, h: UdpHandle) -> Result<(), Error> {
+        self.udp.close(h)
     }
 }
 
-fn write_eth(
-    buf: &mut [u8],
-    src: EthernetAddress,
-    dst: EthernetAddress,
-    ethertype: EthernetProtocol,
-) {
-    EthernetRepr {
-        src_addr: src,
-        dst_addr: dst,
-        ethertype,
+impl Stack {
+    /// Largest UD message: one packet within the IP MTU, with room for
+    /// immediate data, rounded down to a multiple of 4.
+    pub fn ud_max_msg(&self) -> usize {
+        crate::ud::max_msg(self.link.cfg.mtu)
     }
-    .emit(&mut EthernetFrame::new_unchecked(buf));
 }
 
-/// The options of an echo reply (RFC 1122 3.2.2.6): a Record Route option
-/// in the request's header is copied with our address added where it has
-/// room, padded to a multiple of 4 in `out`. Other options are not echoed.
-/// Empty when the request had no (well-formed) Record Route.
-fn record_route<'a>(header: &[u8], me: Ipv4Addr, out: &'a mut [u8; 40]) -> &'a [u8] {
-    const EOL: u8 = 0;
-    const NOP: u8 = 1;
-    const RR: u8 = 7;
-    let mut opts = header.get(IP_LEN..).unwrap_or_default();
-    while let Some(&kind) = opts.first() {
-        match kind {
-            EOL => break,
-            NOP => opts = &opts[1..],
-            _ => {
-                let len = usize::from(opts.get(1).copied().unwrap_or(0));
-                let Some(opt) = opts.get(..len).filter(|_| len >= 2) else {
-                    return &[];
-                };
-                if kind == RR {
-                    // Type, length, pointer (1-based, at least 4), then slots.
-                    let ptr = usize::from(opt.get(2).copied().unwrap_or(0));
-                    if len < 3 || ptr < 4 {
-                        return &[];
-                    }
-                    out[..len].copy_from_slice(opt);
-                    if ptr + 3 <= len {
-                        out[ptr - 1..ptr + 3].copy_from_slice(&me.octets());
-                        out[2] = (ptr + 4) as u8;
-                    }
-                    let padded = len.div_ceil(4) * 4;
-                    out[len..padded].fill(EOL);
-                    return &out[..padded];
-                }
-                opts = &opts[len..];
-            }
-        }
+/// The TCP app API: sockets are handles; each call acts at once and what it
+/// queues leaves on the next [`Stack::poll`].
+impl Stack {
+    /// Listen on `port` with room for `backlog` connections waiting for
+    /// `tcp_accept` (beyond it, SYN cookies answer).
+    pub fn tcp_listen(&mut self, port: u16, backlog: usize) -> Result<ListenHandle, Error> {
+        self.tcp.listen(port, backlog)
     }
-    &[]
+
+    /// Stop listening: new SYNs to the port get a reset, and connections
+    /// not yet accepted are reset; accepted ones are unaffected.
+    pub fn tcp_unlisten(&mut self, l: ListenHandle) {
+        self.tcp.unlisten(l);
+    }
+
+    /// The next established connection on a listener.
+    pub fn tcp_accept(&mut self, l: ListenHandle) -> Result<Option<TcpHandle>, Error> {
+        self.tcp.accept(l)
+    }
+
+    /// Open a connection to `remote` from an ephemeral port; the SYN leaves
+    /// on the next poll.
+    pub fn tcp_connect(&mut self, remote: SocketAddrV4) -> Result<TcpHandle, Error> {
+        let (now, me, shard) = (self.now, self.ip(), self.link.cfg.shard);
+        self.tcp.connect(now, me, shard, remote)
+    }
+
+    /// Queue bytes; returns how many fit in the send buffer (0 when full).
+    pub fn tcp_send(&mut self, h: TcpHandle, data: &[u8]) -> Result<usize, Error> {
+        self.tcp.send(h, data)
+    }
+
+    /// Read received bytes (0 when none are ready; see [`TcpStatus::eof`]).
+    pub fn tcp_recv(&mut self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
+        self.tcp.recv(h, buf)
+    }
+
+    /// Readiness and end of stream of a connection.
+    pub fn tcp_status(&self, h: TcpHandle) -> Result<TcpStatus, Error> {
+        self.tcp.status(h)
+    }
+
+    /// Telemetry view of one connection.
+    pub fn tcp_info(&self, h: TcpHandle) -> Option<ConnInfo> {
+        self.tcp.info(h)
+    }
+
+    /// Telemetry view of every connection.
+    pub fn tcp_connections(&self) -> impl Iterator<Item = ConnInfo> + '_ {
+        self.tcp.connections()
+    }
+
+    /// Close the sending side (FIN after queued data); the handle stays valid
+    /// to read what the peer still sends.
+    pub fn tcp_shutdown(&mut self, h: TcpHandle) -> Result<(), Error> {
+        self.tcp.shutdown(h)
+    }
+
+    /// Close and release the handle: queued data is still delivered, then
+    /// FIN; the connection finishes (TIME_WAIT included) on its own. As on
+    /// Linux, received data the app never read, or data that arrives after
+    /// the close, resets the connection instead (RFC 1122 4.2.2.13), and a
+    /// peer that never sends its FIN is reset after
+    /// `TcpConfig::fin_wait2_timeout`.
+    pub fn tcp_close(&mut self, h: TcpHandle) -> Result<(), Error> {
+        let now = self.now;
+        self.tcp.close(now, h)
+    }
+
+    /// Reset the connection (RST) and release the handle.
+    pub fn tcp_abort(&mut self, h: TcpHandle) -> Result<(), Error> {
+        self.tcp.abort(h)
+    }
 }
 
-/// Buckets of IPv4 identification counters.
-const IP_ID_BUCKETS: usize = 2048;
+/// RoCEv2 UD spoken by the stack itself ([`crate::ud`]).
+impl UdTransport for Stack {
+    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
+        self.ud.create_qp(cfg)
+    }
 
-/// The identification counters, each starting at a keyed offset.
-fn ident_buckets(secret: (u64, u64)) -> Box<[u16]> {
-    let seed = foldhash::fast::FixedState::with_seed(secret.1);
-    (0..IP_ID_BUCKETS)
-        .map(|i| seed.hash_one(i) as u16)
-        .collect()
+    fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError> {
+        self.ud.qp_num(qp)
+    }
+
+    fn max_msg_size(&self) -> usize {
+        self.ud_max_msg()
+    }
+
+    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), UdError> {
+        self.ud.post_recv(qp, wr_id, buf)
+    }
+
+    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), UdError> {
+        let max = self.ud_max_msg();
+        self.ud.post_send(qp, wr, max)
+    }
+
+    fn poll_cq(
+        &mut self,
+        qp: QpHandle,
+        _now: Instant,
+        max: usize,
+        out: &mut Vec<Completion>,
+    ) -> Result<usize, UdError> {
+        self.ud.poll_cq(qp, max, out)
+    }
+
+    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError> {
+        self.ud.destroy_qp(qp)
+    }
 }
 
 /// Seconds as a `Duration` (for config literals).
@@ -1189,7 +606,13 @@ mod test {
     use super::*;
     use crate::device::VecTx;
     use crate::icmp::PingEvent;
+    use crate::link::{IpHeader, write_eth};
+    use smoltcp::phy::ChecksumCapabilities;
     use smoltcp::wire::Ipv4Address;
+    use smoltcp::wire::{
+        ArpOperation, ArpPacket, ArpRepr, EthernetRepr, Icmpv4Message, Icmpv4Packet, Icmpv4Repr,
+        IpAddress, UdpPacket, UdpRepr,
+    };
 
     const OUR_MAC: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 1]);
     const PEER_MAC: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 2]);

@@ -1,13 +1,25 @@
-//! UDP sockets: bind, send_to, recv_from, with bounded queues both ways.
+//! UDP: sockets with bounded queues both ways, the receive path (checksum,
+//! demux by port, port unreachable) and the transmit path.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddrV4;
 
-use crate::stack::{Error, Stack};
+use slotmap::SlotMap;
+use smoltcp::wire::Icmpv4DstUnreachable;
+use smoltcp::wire::{IpAddress, IpProtocol, UdpPacket, UdpRepr};
 
-/// A bound UDP socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct UdpHandle(pub(crate) usize);
+use crate::device::Tx;
+use crate::error::Error;
+use crate::events::{Event, Pending, Readiness, SocketRef};
+use crate::link::{IpMeta, Link};
+use crate::stats::DropReason;
+use crate::time::Instant;
+
+slotmap::new_key_type! {
+    /// A bound UDP socket. Handles carry a generation: one kept after
+    /// `udp_close` is refused (`InvalidHandle`), never another socket.
+    pub struct UdpHandle;
+}
 
 /// Largest UDP payload over IPv4.
 pub const MAX_UDP_PAYLOAD: usize = 65_507;
@@ -16,33 +28,42 @@ const EPHEMERAL_FIRST: u16 = 49_152;
 
 #[derive(Debug)]
 pub(crate) struct UdpSocket {
-    pub port: u16,
-    pub rx: VecDeque<(SocketAddrV4, Vec<u8>)>,
-    pub rx_bytes: usize,
-    pub tx: VecDeque<(SocketAddrV4, Vec<u8>)>,
-    pub tx_bytes: usize,
-    pub queued: bool,
+    port: u16,
+    rx: VecDeque<(SocketAddrV4, Vec<u8>)>,
+    rx_bytes: usize,
+    tx: VecDeque<(SocketAddrV4, Vec<u8>)>,
+    tx_bytes: usize,
+    queued: bool,
+    /// A send was refused for a full queue: say WRITABLE when it drains.
+    tx_blocked: bool,
+    events: Pending,
 }
 
+/// Every UDP socket of a stack.
 #[derive(Debug, Default)]
 pub(crate) struct UdpTable {
-    pub sockets: Vec<Option<UdpSocket>>,
-    pub by_port: HashMap<u16, usize>,
-    pub next_ephemeral: u16,
-    pub ready: VecDeque<usize>,
+    sockets: SlotMap<UdpHandle, UdpSocket>,
+    by_port: HashMap<u16, UdpHandle>,
+    next_ephemeral: u16,
+    /// Sockets with datagrams to send.
+    ready: VecDeque<UdpHandle>,
+    /// Sockets with pending readiness events.
+    events: Vec<UdpHandle>,
 }
 
 impl UdpTable {
-    pub fn get_mut(&mut self, h: UdpHandle) -> Result<&mut UdpSocket, Error> {
-        self.sockets
-            .get_mut(h.0)
-            .and_then(Option::as_mut)
-            .ok_or(Error::InvalidHandle)
+    fn get_mut(&mut self, h: UdpHandle) -> Result<&mut UdpSocket, Error> {
+        self.sockets.get_mut(h).ok_or(Error::InvalidHandle)
     }
 
-    pub fn by_port(&mut self, port: u16) -> Option<&mut UdpSocket> {
-        let i = *self.by_port.get(&port)?;
-        self.sockets.get_mut(i)?.as_mut()
+    /// Sockets bound now.
+    pub fn count(&self) -> usize {
+        self.sockets.len()
+    }
+
+    /// Whether datagrams wait to be sent.
+    pub fn has_work(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     fn pick_ephemeral(&mut self) -> Option<u16> {
@@ -60,63 +81,82 @@ impl UdpTable {
         }
         None
     }
-}
 
-impl Stack {
+    fn raise(&mut self, h: UdpHandle, r: Readiness) {
+        if let Some(s) = self.sockets.get_mut(h) {
+            if s.events.raise(r) {
+                self.events.push(h);
+            }
+        }
+    }
+
+    /// Hand out pending events.
+    pub fn drain_events(&mut self, out: &mut Vec<Event>) {
+        for h in self.events.drain(..) {
+            if let Some(s) = self.sockets.get_mut(h) {
+                let readiness = s.events.take();
+                if !readiness.is_empty() {
+                    out.push(Event {
+                        socket: SocketRef::Udp(h),
+                        readiness,
+                    });
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------- app API
+
     /// Bind a socket to `port` (0 picks an ephemeral port).
-    pub fn udp_bind(&mut self, port: u16) -> Result<UdpHandle, Error> {
+    pub fn bind(&mut self, port: u16) -> Result<UdpHandle, Error> {
         let port = match port {
-            0 => self.udp.pick_ephemeral().ok_or(Error::NoFreePort)?,
-            p if self.udp.by_port.contains_key(&p) => return Err(Error::AddrInUse),
+            0 => self.pick_ephemeral().ok_or(Error::NoFreePort)?,
+            p if self.by_port.contains_key(&p) => return Err(Error::AddrInUse),
             p => p,
         };
-        let sock = UdpSocket {
+        let h = self.sockets.insert(UdpSocket {
             port,
             rx: VecDeque::new(),
             rx_bytes: 0,
             tx: VecDeque::new(),
             tx_bytes: 0,
             queued: false,
-        };
-        let idx = match self.udp.sockets.iter().position(Option::is_none) {
-            Some(i) => {
-                self.udp.sockets[i] = Some(sock);
-                i
-            }
-            None => {
-                self.udp.sockets.push(Some(sock));
-                self.udp.sockets.len() - 1
-            }
-        };
-        self.udp.by_port.insert(port, idx);
-        Ok(UdpHandle(idx))
+            tx_blocked: false,
+            events: Pending::default(),
+        });
+        self.by_port.insert(port, h);
+        Ok(h)
     }
 
     /// The local port of a socket.
-    pub fn udp_local_port(&mut self, h: UdpHandle) -> Result<u16, Error> {
-        Ok(self.udp.get_mut(h)?.port)
+    pub fn local_port(&self, h: UdpHandle) -> Result<u16, Error> {
+        self.sockets
+            .get(h)
+            .map(|s| s.port)
+            .ok_or(Error::InvalidHandle)
     }
 
-    /// Queue a datagram to `dst`; it leaves on the next poll.
-    pub fn udp_send_to(
+    /// Queue a datagram to `dst` (at most `cap` bytes queued per socket).
+    pub fn send_to(
         &mut self,
         h: UdpHandle,
         dst: SocketAddrV4,
         data: &[u8],
+        cap: usize,
     ) -> Result<(), Error> {
         if data.len() > MAX_UDP_PAYLOAD {
             return Err(Error::TooLarge);
         }
-        let cap = self.link.cfg.udp_tx_queue_bytes;
-        let s = self.udp.get_mut(h)?;
+        let s = self.get_mut(h)?;
         if s.tx_bytes + data.len() > cap && !s.tx.is_empty() {
+            s.tx_blocked = true;
             return Err(Error::QueueFull);
         }
         s.tx_bytes += data.len();
         s.tx.push_back((dst, data.to_vec()));
         if !s.queued {
             s.queued = true;
-            self.udp.ready.push_back(h.0);
+            self.ready.push_back(h);
         }
         Ok(())
     }
@@ -124,12 +164,12 @@ impl Stack {
     /// Take the next datagram: copies up to `buf.len()` bytes (the rest of a
     /// longer datagram is discarded, as with a datagram socket) and returns
     /// the datagram's full length and its source.
-    pub fn udp_recv_from(
+    pub fn recv_from(
         &mut self,
         h: UdpHandle,
         buf: &mut [u8],
     ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
-        let s = self.udp.get_mut(h)?;
+        let s = self.get_mut(h)?;
         let Some((src, data)) = s.rx.pop_front() else {
             return Ok(None);
         };
@@ -139,12 +179,105 @@ impl Stack {
         Ok(Some((data.len(), src)))
     }
 
+    /// Datagrams waiting to be read and the length of the first.
+    pub fn pending(&self, h: UdpHandle) -> Result<(usize, Option<usize>), Error> {
+        let s = self.sockets.get(h).ok_or(Error::InvalidHandle)?;
+        Ok((s.rx.len(), s.rx.front().map(|(_, d)| d.len())))
+    }
+
     /// Close a socket; queued datagrams are discarded.
-    pub fn udp_close(&mut self, h: UdpHandle) -> Result<(), Error> {
-        let port = self.udp.get_mut(h)?.port;
-        self.udp.sockets[h.0] = None;
-        self.udp.by_port.remove(&port);
-        self.udp.ready.retain(|&i| i != h.0);
+    pub fn close(&mut self, h: UdpHandle) -> Result<(), Error> {
+        let s = self.sockets.remove(h).ok_or(Error::InvalidHandle)?;
+        self.by_port.remove(&s.port);
+        self.ready.retain(|&i| i != h);
+        self.events.retain(|&i| i != h);
         Ok(())
+    }
+
+    // -------------------------------------------------------- data path
+
+    /// A UDP datagram for us: queued on the bound socket, or answered with
+    /// port unreachable. RoCEv2 (port 4791) is not a socket's: its payload
+    /// is returned for the UD layer.
+    pub(crate) fn process<'a, T: Tx>(
+        &mut self,
+        link: &mut Link,
+        now: Instant,
+        meta: IpMeta<'_>,
+        body: &'a [u8],
+        tx: &mut T,
+    ) -> Result<Option<&'a [u8]>, DropReason> {
+        let pkt = UdpPacket::new_checked(body).map_err(|_| DropReason::UdpMalformed)?;
+        if pkt.dst_port() == 0 {
+            return Err(DropReason::UdpMalformed);
+        }
+        let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
+        if pkt.checksum() != 0 && !pkt.verify_checksum(&src, &dst) {
+            return Err(DropReason::UdpBadChecksum);
+        }
+        let (src_port, dst_port) = (pkt.src_port(), pkt.dst_port());
+        // The payload as a slice of `body` (UdpPacket borrows it).
+        let data = &body[8..usize::from(pkt.len()).min(body.len()).max(8)];
+        if dst_port == crate::ud::wire::ROCE_PORT {
+            return Ok(Some(data));
+        }
+        let cap = link.cfg.udp_rx_queue_bytes;
+        let Some(&h) = self.by_port.get(&dst_port) else {
+            link.send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
+            return Err(DropReason::UdpNoSocket);
+        };
+        let Some(sock) = self.sockets.get_mut(h) else {
+            return Err(DropReason::UdpNoSocket);
+        };
+        if sock.rx_bytes + data.len() > cap && !sock.rx.is_empty() {
+            return Err(DropReason::UdpQueueFull);
+        }
+        sock.rx_bytes += data.len();
+        sock.rx
+            .push_back((SocketAddrV4::new(meta.src, src_port), data.to_vec()));
+        link.stats.udp.rx_datagrams += 1;
+        link.stats.udp.rx_bytes += data.len() as u64;
+        self.raise(h, Readiness::READABLE);
+        Ok(None)
+    }
+
+    /// Send the datagrams sockets queued.
+    pub(crate) fn emit<T: Tx>(&mut self, link: &mut Link, now: Instant, tx: &mut T) {
+        while let Some(h) = self.ready.pop_front() {
+            let Some(sock) = self.sockets.get_mut(h) else {
+                continue;
+            };
+            sock.queued = false;
+            let port = sock.port;
+            let datagrams = std::mem::take(&mut sock.tx);
+            sock.tx_bytes = 0;
+            let unblocked = std::mem::take(&mut sock.tx_blocked);
+            for (dst, data) in datagrams {
+                let src = IpAddress::Ipv4(link.ip());
+                let repr = UdpRepr {
+                    src_port: port,
+                    dst_port: dst.port(),
+                };
+                let caps = link.checksum.clone();
+                let len = repr.header_len() + data.len();
+                let sent = link.send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
+                    repr.emit(
+                        &mut UdpPacket::new_unchecked(buf),
+                        &src,
+                        &IpAddress::Ipv4(*dst.ip()),
+                        data.len(),
+                        |p| p.copy_from_slice(&data),
+                        &caps,
+                    );
+                });
+                if sent.is_ok() {
+                    link.stats.udp.tx_datagrams += 1;
+                    link.stats.udp.tx_bytes += data.len() as u64;
+                }
+            }
+            if unblocked {
+                self.raise(h, Readiness::WRITABLE);
+            }
+        }
     }
 }

@@ -78,7 +78,7 @@ pub struct VerbsUd {
     max_msg: usize,
     /// HCA core clock in kHz (0: unknown).
     clock_khz: u64,
-    qps: Vec<Option<VerbsQp>>,
+    qps: slotmap::SlotMap<QpHandle, VerbsQp>,
     ahs: HashMap<Ipv4Addr, *mut ibv_ah>,
 }
 
@@ -172,7 +172,7 @@ impl VerbsUd {
             device,
             max_msg: 1024,
             clock_khz: 0,
-            qps: Vec::new(),
+            qps: slotmap::SlotMap::with_key(),
             ahs: HashMap::new(),
         };
         // From here `me` owns ctx: Drop closes it on any error.
@@ -294,10 +294,7 @@ impl VerbsUd {
     }
 
     fn qp_mut(&mut self, h: QpHandle) -> Result<&mut VerbsQp, UdError> {
-        self.qps
-            .get_mut(h.0)
-            .and_then(Option::as_mut)
-            .ok_or(UdError::InvalidQp)
+        self.qps.get_mut(h).ok_or(UdError::InvalidQp)
     }
 
     /// Turn one verbs completion into ours (receive data copied to the
@@ -475,17 +472,11 @@ impl UdTransport for VerbsUd {
                 return Err(e);
             }
         }
-        let idx = self.qps.len();
-        self.qps.push(Some(q));
-        Ok(QpHandle(idx))
+        Ok(self.qps.insert(q))
     }
 
     fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError> {
-        let q = self
-            .qps
-            .get(qp.0)
-            .and_then(Option::as_ref)
-            .ok_or(UdError::InvalidQp)?;
+        let q = self.qps.get(qp).ok_or(UdError::InvalidQp)?;
         // SAFETY: q.qp is a live QP.
         Ok(unsafe { (*q.qp).qp_num })
     }
@@ -682,11 +673,7 @@ impl UdTransport for VerbsUd {
     }
 
     fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError> {
-        let q = self
-            .qps
-            .get_mut(qp.0)
-            .and_then(Option::take)
-            .ok_or(UdError::InvalidQp)?;
+        let q = self.qps.remove(qp).ok_or(UdError::InvalidQp)?;
         Self::destroy(q);
         Ok(())
     }
@@ -694,7 +681,7 @@ impl UdTransport for VerbsUd {
 
 impl Drop for VerbsUd {
     fn drop(&mut self) {
-        for q in self.qps.drain(..).flatten() {
+        for (_, q) in self.qps.drain() {
             Self::destroy(q);
         }
         for (_, ah) in self.ahs.drain() {

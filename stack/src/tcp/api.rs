@@ -1,11 +1,14 @@
-//! The in-loop TCP API of [`Stack`]: listen, accept, connect, send, recv,
-//! shutdown, close, abort, status.
+//! The TCP app API on the table: listen, accept, connect, send, recv,
+//! shutdown, close, abort, status (the `Stack`'s `tcp_*` methods call these).
 
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 use super::conn::{ConnError, ConnInfo, State, TcpConn};
-use super::{ListenHandle, Listener, TcpHandle, local};
-use crate::stack::{Error, Stack};
+use super::{ListenHandle, Listener, TcpHandle, TcpTable, local};
+use crate::error::Error;
+use crate::events::Pending;
+use crate::shard::ShardId;
+use crate::time::Instant;
 
 /// What an app polls for: readiness and end of stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,81 +33,89 @@ impl TcpStatus {
     }
 }
 
-impl Stack {
+impl TcpTable {
     /// Listen on `port` with room for `backlog` connections waiting for
     /// `accept` (beyond it, SYN cookies answer).
-    pub fn tcp_listen(&mut self, port: u16, backlog: usize) -> Result<ListenHandle, Error> {
+    pub fn listen(&mut self, port: u16, backlog: usize) -> Result<ListenHandle, Error> {
         if port == 0 {
             return Err(Error::NoFreePort);
         }
-        if self.tcp.listeners.contains_key(&port) {
+        if self.listeners.contains_key(&port) {
             return Err(Error::AddrInUse);
         }
-        self.tcp.listeners.insert(
+        self.listeners.insert(
             port,
             Listener {
                 backlog: backlog.max(1),
                 ready: Default::default(),
                 embryonic: 0,
+                events: Pending::default(),
             },
         );
         Ok(ListenHandle(port))
     }
 
-    /// Stop listening; connections already accepted are unaffected.
-    pub fn tcp_unlisten(&mut self, l: ListenHandle) {
-        if let Some(lst) = self.tcp.listeners.remove(&l.0) {
-            for slot in lst.ready {
-                if let Some(c) = self
-                    .tcp
-                    .slots
-                    .get_mut(slot as usize)
-                    .and_then(|s| s.conn.as_mut())
-                {
-                    c.abort();
-                }
-                self.tcp.mark_dirty(slot);
+    /// Stop listening; connections already accepted are unaffected. Those
+    /// not yet accepted (established or half-open) are reset: nobody will
+    /// accept them. (A scan over the slots, once per listener closed.)
+    pub fn unlisten(&mut self, l: ListenHandle) {
+        if self.listeners.remove(&l.0).is_none() {
+            return;
+        }
+        self.listener_events.retain(|&p| p != l.0);
+        for slot in 0..self.slots.len() as u32 {
+            let s = &mut self.slots[slot as usize];
+            if s.listener != Some(l.0) {
+                continue;
             }
+            s.listener = None;
+            s.embryonic = false;
+            if let Some(c) = s.conn.as_mut() {
+                c.abort();
+            }
+            self.mark_dirty(slot);
         }
     }
 
     /// The next established connection on a listener.
-    pub fn tcp_accept(&mut self, l: ListenHandle) -> Result<Option<TcpHandle>, Error> {
-        let lst = self
-            .tcp
-            .listeners
-            .get_mut(&l.0)
-            .ok_or(Error::InvalidHandle)?;
+    pub fn accept(&mut self, l: ListenHandle) -> Result<Option<TcpHandle>, Error> {
+        let lst = self.listeners.get_mut(&l.0).ok_or(Error::InvalidHandle)?;
         let Some(slot) = lst.ready.pop_front() else {
             return Ok(None);
         };
-        let s = &mut self.tcp.slots[slot as usize];
+        let s = &mut self.slots[slot as usize];
         s.released = false;
         s.listener = None;
-        Ok(Some(self.tcp.handle(slot)))
+        Ok(Some(self.handle(slot)))
     }
 
-    /// Open a connection to `remote` from an ephemeral port; the SYN leaves on the next poll.
-    pub fn tcp_connect(&mut self, remote: SocketAddrV4) -> Result<TcpHandle, Error> {
-        let (me, shard) = (self.ip(), self.link.cfg.shard);
-        let port = (self.tcp)
+    /// Open a connection from `me` (an ephemeral port whose flow hashes to
+    /// `shard`) to `remote`; the SYN leaves on the next poll.
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        me: Ipv4Addr,
+        shard: ShardId,
+        remote: SocketAddrV4,
+    ) -> Result<TcpHandle, Error> {
+        let port = self
             .pick_port(remote, |p| shard.owns_tcp(me, p, remote))
             .ok_or(Error::NoFreePort)?;
-        let local = local(self.ip(), port);
-        let iss = self.tcp.isn(self.now, local, remote);
-        let conn = TcpConn::connect(self.tcp.cfg.clone(), local, remote, iss);
-        let slot = self.tcp.insert(conn, None);
-        self.tcp.slots[slot as usize].released = false;
-        self.tcp.stats.active_opens += 1;
-        Ok(self.tcp.handle(slot))
+        let local = local(me, port);
+        let iss = self.isn(now, local, remote);
+        let conn = TcpConn::connect(self.cfg.clone(), local, remote, iss);
+        let slot = self.insert(conn, None);
+        self.slots[slot as usize].released = false;
+        self.stats.active_opens += 1;
+        Ok(self.handle(slot))
     }
 
     fn conn_mut(&mut self, h: TcpHandle) -> Result<&mut TcpConn, Error> {
-        self.tcp.get_mut(h).ok_or(Error::InvalidHandle)
+        self.get_mut(h).ok_or(Error::InvalidHandle)
     }
 
     /// Queue bytes; returns how many fit in the send buffer (0 when full).
-    pub fn tcp_send(&mut self, h: TcpHandle, data: &[u8]) -> Result<usize, Error> {
+    pub fn send(&mut self, h: TcpHandle, data: &[u8]) -> Result<usize, Error> {
         let c = self.conn_mut(h)?;
         if let Some(e) = c.error() {
             return Err(Error::Tcp(e));
@@ -124,13 +135,13 @@ impl Stack {
         }
         let n = c.send(data);
         if n > 0 {
-            self.tcp.mark_dirty(h.slot);
+            self.mark_dirty(h.slot);
         }
         Ok(n)
     }
 
     /// Read received bytes (0 when none are ready; see [`TcpStatus::eof`]).
-    pub fn tcp_recv(&mut self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
+    pub fn recv(&mut self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
         let c = self.conn_mut(h)?;
         let n = c.recv(buf);
         if n == 0 {
@@ -138,13 +149,13 @@ impl Stack {
                 return Err(Error::Tcp(e));
             }
         } else {
-            self.tcp.mark_dirty(h.slot);
+            self.mark_dirty(h.slot);
         }
         Ok(n)
     }
 
-    pub fn tcp_status(&self, h: TcpHandle) -> Result<TcpStatus, Error> {
-        let c = self.tcp.get(h).ok_or(Error::InvalidHandle)?;
+    pub fn status(&self, h: TcpHandle) -> Result<TcpStatus, Error> {
+        let c = self.get(h).ok_or(Error::InvalidHandle)?;
         Ok(TcpStatus {
             state: c.state(),
             readable: c.recv_available(),
@@ -156,14 +167,13 @@ impl Stack {
     }
 
     /// Telemetry view of one connection.
-    pub fn tcp_info(&self, h: TcpHandle) -> Option<ConnInfo> {
-        self.tcp.get(h).map(TcpConn::info)
+    pub fn info(&self, h: TcpHandle) -> Option<ConnInfo> {
+        self.get(h).map(TcpConn::info)
     }
 
     /// Telemetry view of every connection.
-    pub fn tcp_connections(&self) -> impl Iterator<Item = ConnInfo> + '_ {
-        self.tcp
-            .slots
+    pub fn connections(&self) -> impl Iterator<Item = ConnInfo> + '_ {
+        self.slots
             .iter()
             .filter_map(|s| s.conn.as_ref())
             .map(TcpConn::info)
@@ -171,9 +181,9 @@ impl Stack {
 
     /// Close the sending side (FIN after queued data); the handle stays valid
     /// to read what the peer still sends.
-    pub fn tcp_shutdown(&mut self, h: TcpHandle) -> Result<(), Error> {
+    pub fn shutdown(&mut self, h: TcpHandle) -> Result<(), Error> {
         self.conn_mut(h)?.close();
-        self.tcp.mark_dirty(h.slot);
+        self.mark_dirty(h.slot);
         Ok(())
     }
 
@@ -183,19 +193,18 @@ impl Stack {
     /// the close, resets the connection instead (RFC 1122 4.2.2.13), and a
     /// peer that never sends its FIN is reset after
     /// `TcpConfig::fin_wait2_timeout`.
-    pub fn tcp_close(&mut self, h: TcpHandle) -> Result<(), Error> {
-        let now = self.now;
+    pub fn close(&mut self, now: Instant, h: TcpHandle) -> Result<(), Error> {
         self.conn_mut(h)?.release(now);
-        self.tcp.slots[h.slot as usize].released = true;
-        self.tcp.mark_dirty(h.slot);
+        self.slots[h.slot as usize].released = true;
+        self.mark_dirty(h.slot);
         Ok(())
     }
 
     /// Reset the connection (RST) and release the handle.
-    pub fn tcp_abort(&mut self, h: TcpHandle) -> Result<(), Error> {
+    pub fn abort(&mut self, h: TcpHandle) -> Result<(), Error> {
         self.conn_mut(h)?.abort();
-        self.tcp.slots[h.slot as usize].released = true;
-        self.tcp.mark_dirty(h.slot);
+        self.slots[h.slot as usize].released = true;
+        self.mark_dirty(h.slot);
         Ok(())
     }
 }

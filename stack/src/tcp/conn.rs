@@ -644,6 +644,12 @@ impl TcpConn {
         self.sndbuf.free()
     }
 
+    /// Free send space at which a writer that found the buffer full is told
+    /// it may write again: a quarter of the buffer, at most 64 KiB.
+    pub fn send_low_water(&self) -> usize {
+        (self.sndbuf.capacity() / 4).clamp(1, 64 << 10)
+    }
+
     /// Queue bytes to send; returns how many were taken.
     pub fn send(&mut self, data: &[u8]) -> usize {
         if self.send_capacity() == 0 {

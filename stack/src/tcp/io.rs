@@ -8,7 +8,8 @@ use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTi
 use super::conn::{Header, Outgoing, Segment, State, TcpConn};
 use super::{FlowKey, Seq, TcpTable, local};
 use crate::device::Tx;
-use crate::stack::{IpMeta, Link, Stack};
+use crate::events::Readiness;
+use crate::link::{IpMeta, Link};
 use crate::stats::DropReason;
 use crate::time::Instant;
 
@@ -32,6 +33,52 @@ fn segment_from<'a>(r: &TcpRepr<'a>) -> Segment<'a> {
             timestamp: r.timestamp.map(|t| (t.tsval, t.tsecr)),
         },
         payload: r.payload,
+    }
+}
+
+/// What an app can see of a connection, before and after an input, to
+/// tell which readiness events it caused.
+#[derive(Debug, Clone, Copy)]
+struct Levels {
+    readable: usize,
+    writable: usize,
+    state: State,
+    eof: bool,
+    error: bool,
+}
+
+impl Levels {
+    fn of(c: &TcpConn) -> Self {
+        Levels {
+            readable: c.recv_available(),
+            writable: c.send_capacity(),
+            state: c.state(),
+            eof: c.recv_finished(),
+            error: c.error().is_some(),
+        }
+    }
+
+    /// The events from `self` to `after`; WRITABLE once the free send space
+    /// climbs back to `low` (not for every byte acknowledged).
+    fn changes(self, after: Levels, low: usize) -> Readiness {
+        let mut r = Readiness::NONE;
+        let opening = matches!(self.state, State::SynSent | State::SynReceived);
+        if after.readable > self.readable || (after.eof && !self.eof) {
+            r |= Readiness::READABLE;
+        }
+        if opening && after.state.synchronized() {
+            r |= Readiness::CONNECTED | Readiness::WRITABLE;
+        } else if self.writable < low && after.writable >= low {
+            r |= Readiness::WRITABLE;
+        }
+        let ended = |s: State| matches!(s, State::Closed | State::TimeWait);
+        if (after.eof && !self.eof) || (ended(after.state) && !ended(self.state)) {
+            r |= Readiness::CLOSED;
+        }
+        if after.error && !self.error {
+            r |= Readiness::ERROR;
+        }
+        r
     }
 }
 
@@ -123,9 +170,13 @@ fn cookie_options(tsecr: u32) -> (Option<u8>, bool) {
     (wscale, tsecr & COOKIE_SACK != 0)
 }
 
-impl Stack {
-    pub(crate) fn process_tcp<T: Tx>(
+impl TcpTable {
+    /// A TCP segment for us: to its connection (one hash lookup), to a
+    /// listener (new connection, SYN cookie, or dropped), or answered
+    /// with a reset.
+    pub(crate) fn process<T: Tx>(
         &mut self,
+        link: &mut Link,
         now: Instant,
         meta: IpMeta<'_>,
         body: &[u8],
@@ -136,34 +187,34 @@ impl Stack {
         }
         let pkt = TcpPacket::new_checked(body).map_err(|_| DropReason::TcpMalformed)?;
         let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
-        if self.link.checksum.tcp.rx() && !crate::checksum::verifies(meta.src, meta.dst, 6, body) {
+        if link.checksum.tcp.rx() && !crate::checksum::verifies(meta.src, meta.dst, 6, body) {
             return Err(DropReason::TcpBadChecksum);
         }
         let repr = TcpRepr::parse(&pkt, &src, &dst, &ChecksumCapabilities::ignored())
             .map_err(|_| DropReason::TcpMalformed)?;
         let seg = segment_from(&repr);
-        self.tcp.stats.segs_in += 1;
+        self.stats.segs_in += 1;
         let remote = SocketAddrV4::new(meta.src, repr.src_port);
         let key = FlowKey {
             local_port: repr.dst_port,
             remote,
         };
-        if let Some(&slot) = self.tcp.flows.get(&key) {
+        if let Some(&slot) = self.flows.get(&key) {
             self.deliver(now, slot, &seg);
             return Ok(());
         }
-        let listening = self.tcp.listeners.contains_key(&repr.dst_port);
-        if self.link.may_pass && !(listening && seg.hdr.syn && seg.hdr.ack.is_none()) {
+        let listening = self.listeners.contains_key(&repr.dst_port);
+        if link.may_pass && !(listening && seg.hdr.syn && seg.hdr.ack.is_none()) {
             // Perhaps a sibling shard's flow (or listener), on the wrong queue.
-            self.link.passed = true;
+            link.passed = true;
             return Ok(());
         }
-        let me = local(self.ip(), repr.dst_port);
+        let me = local(link.ip(), repr.dst_port);
         if listening && !seg.hdr.rst {
-            return self.listen_input(now, tx, me, remote, &seg);
+            return self.listen_input(link, now, tx, me, remote, &seg);
         }
         if !seg.hdr.rst {
-            self.send_reset(now, tx, me, remote, &seg);
+            self.send_reset(link, now, tx, me, remote, &seg);
         }
         Err(DropReason::TcpNoSocket)
     }
@@ -172,7 +223,7 @@ impl Stack {
     /// the connection it quotes lowers its MSS to fit `mtu`, when the
     /// quoted sequence number is one it has in flight (RFC 5927 5.1, so a
     /// forged message must guess it).
-    pub(crate) fn tcp_frag_needed(
+    pub(crate) fn frag_needed(
         &mut self,
         now: Instant,
         local_port: u16,
@@ -181,27 +232,29 @@ impl Stack {
         mtu: u16,
     ) -> Result<(), DropReason> {
         let key = FlowKey { local_port, remote };
-        let slot = *self.tcp.flows.get(&key).ok_or(DropReason::IcmpUnhandled)?;
-        let conn = (self.tcp.slots.get_mut(slot as usize))
+        let slot = *self.flows.get(&key).ok_or(DropReason::IcmpUnhandled)?;
+        let conn = (self.slots.get_mut(slot as usize))
             .and_then(|s| s.conn.as_mut())
             .ok_or(DropReason::IcmpUnhandled)?;
         if !conn.on_path_mtu(now, Seq(seq), usize::from(mtu)) {
             return Err(DropReason::IcmpUnhandled);
         }
-        self.tcp.mark_dirty(slot);
+        self.mark_dirty(slot);
         Ok(())
     }
 
     fn deliver(&mut self, now: Instant, slot: u32, seg: &Segment<'_>) {
-        let tcp = &mut self.tcp;
+        let tcp = self;
         let Some(s) = tcp.slots.get_mut(slot as usize) else {
             return;
         };
         let Some(conn) = s.conn.as_mut() else { return };
+        let levels = Levels::of(conn);
         let before = conn.state();
         let ooo_before = conn.ooo_bytes();
         conn.on_segment(now, seg);
         let after = conn.state();
+        let changed = levels.changes(Levels::of(conn), conn.send_low_water());
         tcp.ooo_total = (tcp.ooo_total + conn.ooo_bytes()).saturating_sub(ooo_before);
         if tcp.ooo_total > tcp.cfg.max_ooo_total {
             // Memory pressure: this connection gives its out-of-order data back.
@@ -238,35 +291,38 @@ impl Stack {
                 if let Some(l) = tcp.listeners.get_mut(&port) {
                     l.embryonic = l.embryonic.saturating_sub(1);
                     l.ready.push_back(slot);
+                    tcp.raise_listener(port);
                 }
             }
         }
+        tcp.raise(slot, changed);
         tcp.mark_dirty(slot);
     }
 
     fn listen_input<T: Tx>(
         &mut self,
+        link: &mut Link,
         now: Instant,
         tx: &mut T,
         me: SocketAddrV4,
         remote: SocketAddrV4,
         seg: &Segment<'_>,
     ) -> Result<(), DropReason> {
-        let Some(l) = self.tcp.listeners.get(&me.port()) else {
+        let Some(l) = self.listeners.get(&me.port()) else {
             return Err(DropReason::TcpNoSocket);
         };
         let full = l.ready.len() + l.embryonic >= l.backlog;
         if seg.hdr.syn && seg.hdr.ack.is_none() {
             if full {
                 // Backlog full: answer statelessly with a SYN cookie.
-                self.tcp.stats.listen_overflows += 1;
+                self.stats.listen_overflows += 1;
                 let mss = seg
                     .hdr
                     .mss
                     .unwrap_or(536)
-                    .min(u16::try_from(self.tcp.cfg.mss).unwrap_or(u16::MAX));
-                let cookie = self.tcp.cookie(now, me, remote, seg.hdr.seq, mss);
-                let cfg = &self.tcp.cfg;
+                    .min(u16::try_from(self.cfg.mss).unwrap_or(u16::MAX));
+                let cookie = self.cookie(now, me, remote, seg.hdr.seq, mss);
+                let cfg = &self.cfg;
                 let wscale = seg.hdr.wscale.filter(|_| cfg.window_scaling);
                 let sack = cfg.sack && seg.hdr.sack_permitted;
                 // With timestamps, the options ride in the low bits of our
@@ -290,16 +346,16 @@ impl Stack {
                     timestamp,
                     ..Header::default()
                 });
-                if emit(&mut self.link, now, tx, me.port(), remote, &out, |_| {}) {
-                    self.tcp.stats.syn_cookies_sent += 1;
-                    self.tcp.stats.segs_out += 1;
+                if emit(link, now, tx, me.port(), remote, &out, |_| {}) {
+                    self.stats.syn_cookies_sent += 1;
+                    self.stats.segs_out += 1;
                 }
                 return Ok(());
             }
-            let iss = self.tcp.isn(now, me, remote);
-            let conn = TcpConn::accept(self.tcp.cfg.clone(), me, remote, iss, seg);
-            let slot = self.tcp.insert_passive(conn, me.port());
-            self.tcp.schedule(slot);
+            let iss = self.isn(now, me, remote);
+            let conn = TcpConn::accept(self.cfg.clone(), me, remote, iss, seg);
+            let slot = self.insert_passive(conn, me.port());
+            self.schedule(slot);
             return Ok(());
         }
         // RFC 9293 3.10.7.2: with neither SYN nor ACK (nor RST, handled by
@@ -311,11 +367,11 @@ impl Stack {
         // An ACK for no connection: perhaps the third step of a cookie handshake.
         if let (Some(ack), false) = (seg.hdr.ack, seg.hdr.syn) {
             let peer_isn = seg.hdr.seq - 1;
-            if let Some(mss) = self.tcp.check_cookie(now, me, remote, peer_isn, ack - 1) {
-                self.tcp.stats.syn_cookies_accepted += 1;
+            if let Some(mss) = self.check_cookie(now, me, remote, peer_isn, ack - 1) {
+                self.stats.syn_cookies_accepted += 1;
                 // The peer's SYN options, from the TSecr echo of our TSval.
                 let (wscale, sack_permitted, timestamp) = match seg.hdr.timestamp {
-                    Some((tsval, tsecr)) if self.tcp.cfg.timestamps => {
+                    Some((tsval, tsecr)) if self.cfg.timestamps => {
                         let (wscale, sack) = cookie_options(tsecr);
                         (wscale, sack, Some((tsval, 0)))
                     }
@@ -331,15 +387,15 @@ impl Stack {
                     timestamp,
                     ..Header::default()
                 });
-                let mut conn = TcpConn::accept(self.tcp.cfg.clone(), me, remote, ack - 1, &syn);
+                let mut conn = TcpConn::accept(self.cfg.clone(), me, remote, ack - 1, &syn);
                 conn.cookie_established();
-                let slot = self.tcp.insert_passive(conn, me.port());
+                let slot = self.insert_passive(conn, me.port());
                 self.deliver(now, slot, seg);
                 return Ok(());
             }
-            self.tcp.stats.syn_cookies_failed += 1;
+            self.stats.syn_cookies_failed += 1;
         }
-        self.send_reset(now, tx, me, remote, seg);
+        self.send_reset(link, now, tx, me, remote, seg);
         Err(DropReason::TcpNoSocket)
     }
 
@@ -347,6 +403,7 @@ impl Stack {
     /// within the stack's reset rate (`Config::rst_rate`).
     fn send_reset<T: Tx>(
         &mut self,
+        link: &mut Link,
         now: Instant,
         tx: &mut T,
         me: SocketAddrV4,
@@ -366,33 +423,32 @@ impl Stack {
                 ..Header::default()
             }),
         };
-        if !self.link.rst_limit.take(now) {
-            self.tcp.stats.resets_rate_limited += 1;
+        if !link.rst_limit.take(now) {
+            self.stats.resets_rate_limited += 1;
             return;
         }
-        if emit(&mut self.link, now, tx, me.port(), remote, &out, |_| {}) {
-            self.tcp.stats.resets_sent += 1;
-            self.tcp.stats.segs_out += 1;
+        if emit(link, now, tx, me.port(), remote, &out, |_| {}) {
+            self.stats.resets_sent += 1;
+            self.stats.segs_out += 1;
         }
     }
 
     /// Timers that are due, then every connection with something to send.
-    pub(crate) fn poll_tcp<T: Tx>(&mut self, now: Instant, tx: &mut T) {
-        while let Some(std::cmp::Reverse((at, slot))) = self.tcp.timers.peek().copied() {
+    pub(crate) fn poll<T: Tx>(&mut self, link: &mut Link, now: Instant, tx: &mut T) {
+        while let Some(std::cmp::Reverse((at, slot))) = self.timers.peek().copied() {
             if at > now {
                 break;
             }
-            self.tcp.timers.pop();
-            if let Some(s) = self.tcp.slots.get_mut(slot as usize) {
+            self.timers.pop();
+            if let Some(s) = self.slots.get_mut(slot as usize) {
                 if s.timer == Some(at) {
                     s.timer = None;
-                    self.tcp.mark_dirty(slot);
+                    self.mark_dirty(slot);
                 }
             }
         }
-        while let Some(slot) = self.tcp.dirty.pop_front() {
-            let Stack { link, tcp, .. } = self;
-            let TcpTable { slots, stats, .. } = tcp;
+        while let Some(slot) = self.dirty.pop_front() {
+            let TcpTable { slots, stats, .. } = self;
             let Some(s) = slots.get_mut(slot as usize) else {
                 continue;
             };
@@ -401,6 +457,7 @@ impl Stack {
                 continue;
             };
             let before = conn.stats().retransmits;
+            let levels = Levels::of(conn);
             while let Some(out) = conn.poll_transmit(now) {
                 let (port, remote) = (conn.local().port(), conn.remote());
                 let c: &TcpConn = conn;
@@ -414,8 +471,10 @@ impl Stack {
                 }
             }
             stats.retransmits += conn.stats().retransmits - before;
-            self.tcp.schedule(slot);
-            self.tcp.reap(slot);
+            let changed = levels.changes(Levels::of(conn), conn.send_low_water());
+            self.raise(slot, changed);
+            self.schedule(slot);
+            self.reap(slot);
         }
     }
 }

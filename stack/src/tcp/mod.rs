@@ -26,6 +26,7 @@ pub use api::TcpStatus;
 pub use conn::{ConnError, ConnInfo, Segment, State, TcpConfig, TcpConn};
 pub use seq::Seq;
 
+use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::time::Instant;
 
 /// A connection handle: a slot and the generation that owned it, so a stale
@@ -62,6 +63,9 @@ pub(crate) struct Slot {
     pub dirty: bool,
     /// Counted in its listener's embryonic (SYN-RECEIVED) total.
     pub embryonic: bool,
+    /// Readiness events not yet drained (kept across reuse of the slot
+    /// while it sits in the event queue, so it is queued once).
+    pub events: Pending,
 }
 
 #[derive(Debug)]
@@ -71,6 +75,8 @@ pub(crate) struct Listener {
     pub ready: VecDeque<u32>,
     /// Connections in SYN-RECEIVED.
     pub embryonic: usize,
+    /// Readiness events not yet drained.
+    pub events: Pending,
 }
 
 /// Counters of the TCP layer.
@@ -132,6 +138,10 @@ pub(crate) struct TcpTable {
     pub ooo_total: usize,
     /// Receive-buffer bytes autotuning added, across connections.
     pub autotune_bytes: usize,
+    /// Slots with pending readiness events.
+    pub events: Vec<u32>,
+    /// Listener ports with pending readiness events.
+    pub listener_events: Vec<u16>,
 }
 
 /// First ephemeral port for active opens.
@@ -153,6 +163,8 @@ impl TcpTable {
             closed_totals: conn::ConnStats::default(),
             ooo_total: 0,
             autotune_bytes: 0,
+            events: Vec::new(),
+            listener_events: Vec::new(),
         }
     }
 
@@ -247,12 +259,19 @@ impl TcpTable {
             timer: None,
             dirty: false,
             embryonic: listener.is_some(),
+            events: Pending::default(),
         };
         let idx = match self.free.pop() {
             Some(i) => {
-                let g = self.slots[i as usize].generation.wrapping_add(1);
+                let old = &self.slots[i as usize];
+                let g = old.generation.wrapping_add(1);
+                let queued = old.events.queued;
                 self.slots[i as usize] = Slot {
                     generation: g,
+                    events: Pending {
+                        queued,
+                        ..Pending::default()
+                    },
                     ..slot
                 };
                 i
@@ -338,8 +357,75 @@ impl TcpTable {
         }
         s.embryonic = false;
         s.timer = None;
+        s.events.flags = Readiness::NONE;
         self.stats.connections = self.stats.connections.saturating_sub(1);
         self.free.push(slot);
+    }
+
+    /// Whether connections wait to transmit.
+    pub fn has_work(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// The earliest registered timer (may be stale: a wake-up that finds
+    /// nothing due costs one heap pop).
+    pub fn next_timer(&self) -> Option<Instant> {
+        self.timers.peek().map(|r| r.0.0)
+    }
+
+    /// Record readiness `r` for the connection in `slot` (not for one the
+    /// app released or has not accepted yet).
+    pub fn raise(&mut self, slot: u32, r: Readiness) {
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        if s.released || s.conn.is_none() {
+            return;
+        }
+        if s.events.raise(r) {
+            self.events.push(slot);
+        }
+    }
+
+    /// A connection waits for `accept` on the listener on `port`.
+    pub fn raise_listener(&mut self, port: u16) {
+        if let Some(l) = self.listeners.get_mut(&port) {
+            if l.events.raise(Readiness::READABLE) {
+                self.listener_events.push(port);
+            }
+        }
+    }
+
+    /// Hand out pending events.
+    pub fn drain_events(&mut self, out: &mut Vec<Event>) {
+        for port in self.listener_events.drain(..) {
+            if let Some(l) = self.listeners.get_mut(&port) {
+                let readiness = l.events.take();
+                if !readiness.is_empty() {
+                    out.push(Event {
+                        socket: SocketRef::Listener(ListenHandle(port)),
+                        readiness,
+                    });
+                }
+            }
+        }
+        for i in 0..self.events.len() {
+            let slot = self.events[i];
+            let Some(s) = self.slots.get_mut(slot as usize) else {
+                continue;
+            };
+            let readiness = s.events.take();
+            if !readiness.is_empty() && !s.released && s.conn.is_some() {
+                out.push(Event {
+                    socket: SocketRef::Tcp(TcpHandle {
+                        slot,
+                        generation: s.generation,
+                    }),
+                    readiness,
+                });
+            }
+        }
+        self.events.clear();
     }
 
     /// Layer counters with per-connection totals over live and closed connections.

@@ -26,8 +26,11 @@ use std::net::Ipv4Addr;
 
 use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
 
+use slotmap::SlotMap;
+
 use crate::device::Tx;
-use crate::stack::{Error, Stack};
+use crate::error::Error;
+use crate::link::Link;
 use crate::stats::DropReason;
 use crate::time::Instant;
 use wire::{
@@ -60,9 +63,12 @@ impl std::fmt::Display for UdAddr {
     }
 }
 
-/// A queue pair of one transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct QpHandle(pub usize);
+slotmap::new_key_type! {
+    /// A queue pair of one transport. Handles carry a generation: one kept
+    /// after `destroy_qp` is refused (`InvalidQp`), never another QP.
+    /// Transports keep their QPs in a `slotmap::SlotMap<QpHandle, _>`.
+    pub struct QpHandle;
+}
 
 /// How to create a UD QP.
 #[derive(Debug, Clone)]
@@ -245,28 +251,28 @@ pub(crate) struct Qp {
     queued: bool,
 }
 
-/// The stack's UD queue pairs: a slot per QP, hashed by QPN.
+/// The stack's UD queue pairs, hashed by QPN.
 #[derive(Debug, Default)]
 pub(crate) struct UdTable {
-    qps: Vec<Option<Qp>>,
-    by_qpn: HashMap<u32, usize>,
+    qps: SlotMap<QpHandle, Qp>,
+    by_qpn: HashMap<u32, QpHandle>,
     next_qpn: u32,
-    ready: VecDeque<usize>,
+    ready: VecDeque<QpHandle>,
+}
+
+/// Largest UD message on a link of IP MTU `mtu`: one packet with room for
+/// immediate data, rounded down to a multiple of 4.
+pub fn max_msg(mtu: usize) -> usize {
+    mtu.saturating_sub(ROCE_OVERHEAD) & !3
 }
 
 impl UdTable {
     fn get(&self, h: QpHandle) -> Result<&Qp, UdError> {
-        self.qps
-            .get(h.0)
-            .and_then(Option::as_ref)
-            .ok_or(UdError::InvalidQp)
+        self.qps.get(h).ok_or(UdError::InvalidQp)
     }
 
     fn get_mut(&mut self, h: QpHandle) -> Result<&mut Qp, UdError> {
-        self.qps
-            .get_mut(h.0)
-            .and_then(Option::as_mut)
-            .ok_or(UdError::InvalidQp)
+        self.qps.get_mut(h).ok_or(UdError::InvalidQp)
     }
 
     pub(crate) fn count(&self) -> usize {
@@ -293,18 +299,13 @@ impl UdTable {
     }
 }
 
-impl Stack {
-    /// Largest UD message: one packet within the IP MTU, with room for
-    /// immediate data, rounded down to a multiple of 4.
-    pub fn ud_max_msg(&self) -> usize {
-        self.link.cfg.mtu.saturating_sub(ROCE_OVERHEAD) & !3
-    }
-
+impl UdTable {
     /// Receive path for UDP datagrams to port 4791. `ip` is the IPv4 packet
     /// (header through the end of the UDP datagram, for the ICRC), `udp`
     /// the UDP payload within it.
     pub(crate) fn process_roce(
         &mut self,
+        link: &mut Link,
         now: Instant,
         ip: Option<&[u8]>,
         udp_payload: &[u8],
@@ -329,17 +330,11 @@ impl Stack {
         if repr.pkey & 0x7fff != DEFAULT_PKEY & 0x7fff {
             return Err(DropReason::UdBadPkey);
         }
-        let slot = *self
-            .ud
+        let h = *self
             .by_qpn
             .get(&repr.dest_qp)
             .ok_or(DropReason::UdUnknownQpn)?;
-        let qp = self
-            .ud
-            .qps
-            .get_mut(slot)
-            .and_then(Option::as_mut)
-            .ok_or(DropReason::UdUnknownQpn)?;
+        let qp = self.qps.get_mut(h).ok_or(DropReason::UdUnknownQpn)?;
         if repr.qkey != qp.qkey {
             return Err(DropReason::UdBadQkey);
         }
@@ -373,21 +368,21 @@ impl Stack {
             buf: Some(buf),
         });
         let depth = qp.cq.len() as u64;
-        let ud = &mut self.link.stats.ud;
+        let ud = &mut link.stats.ud;
         ud.cq_depth_hwm = ud.cq_depth_hwm.max(depth);
         if status != WcStatus::Success {
             return Err(DropReason::UdRecvTooSmall);
         }
-        self.link.stats.ud.rx_packets += 1;
-        self.link.stats.ud.rx_bytes += repr.payload.len() as u64;
+        link.stats.ud.rx_packets += 1;
+        link.stats.ud.rx_bytes += repr.payload.len() as u64;
         Ok(())
     }
 
     /// Emit queued sends (called from [`Stack::poll`]).
-    pub(crate) fn emit_ud<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+    pub(crate) fn emit<T: Tx>(&mut self, link: &mut Link, now: Instant, tx: &mut T) {
         let mut retry = Vec::new();
-        while let Some(idx) = self.ud.ready.pop_front() {
-            let Some(qp) = self.ud.qps.get_mut(idx).and_then(Option::as_mut) else {
+        while let Some(idx) = self.ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(idx) else {
                 continue;
             };
             qp.queued = false;
@@ -409,19 +404,18 @@ impl Stack {
                 let sport = wire::udp_source_port(qp.qpn, wr.dest.qpn);
                 let udp_len = 8 + repr.buffer_len();
                 let sent =
-                    self.link
-                        .send_ip_packet(now, tx, wr.dest.ip, IpProtocol::Udp, udp_len, |ip| {
-                            let mut p = Ipv4Packet::new_unchecked(&mut *ip);
-                            p.set_dont_frag(true);
-                            p.fill_checksum();
-                            let udp = &mut ip[IP_LEN..];
-                            udp[0..2].copy_from_slice(&sport.to_be_bytes());
-                            udp[2..4].copy_from_slice(&ROCE_PORT.to_be_bytes());
-                            udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-                            udp[6..8].fill(0);
-                            repr.emit(&mut udp[8..]);
-                            wire::icrc_fill(ip);
-                        });
+                    link.send_ip_packet(now, tx, wr.dest.ip, IpProtocol::Udp, udp_len, |ip| {
+                        let mut p = Ipv4Packet::new_unchecked(&mut *ip);
+                        p.set_dont_frag(true);
+                        p.fill_checksum();
+                        let udp = &mut ip[IP_LEN..];
+                        udp[0..2].copy_from_slice(&sport.to_be_bytes());
+                        udp[2..4].copy_from_slice(&ROCE_PORT.to_be_bytes());
+                        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+                        udp[6..8].fill(0);
+                        repr.emit(&mut udp[8..]);
+                        wire::icrc_fill(ip);
+                    });
                 let status = match sent {
                     Ok(()) => WcStatus::Success,
                     Err(Error::QueueFull) => {
@@ -434,10 +428,10 @@ impl Stack {
                 };
                 if status == WcStatus::Success {
                     qp.psn = (qp.psn + 1) & PSN_MASK;
-                    self.link.stats.ud.tx_packets += 1;
-                    self.link.stats.ud.tx_bytes += wr.data.len() as u64;
+                    link.stats.ud.tx_packets += 1;
+                    link.stats.ud.tx_bytes += wr.data.len() as u64;
                 } else {
-                    self.link.stats.ud.tx_errors += 1;
+                    link.stats.ud.tx_errors += 1;
                 }
                 qp.send_cqes += 1;
                 qp.cq.push_back(Completion {
@@ -454,23 +448,25 @@ impl Stack {
             }
         }
         for idx in retry {
-            if let Some(qp) = self.ud.qps.get_mut(idx).and_then(Option::as_mut) {
+            if let Some(qp) = self.qps.get_mut(idx) {
                 if !qp.queued {
                     qp.queued = true;
-                    self.ud.ready.push_back(idx);
+                    self.ready.push_back(idx);
                 }
             }
         }
     }
 }
 
-impl UdTransport for Stack {
-    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
+/// The [`UdTransport`] operations on the table; the stack implements the
+/// trait with these (see `Stack`), passing its message size limit.
+impl UdTable {
+    pub(crate) fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
         let qpn = match cfg.qpn {
             Some(q) if !(2..=MAX_QPN).contains(&q) => return Err(UdError::BadQpn(q)),
-            Some(q) if self.ud.by_qpn.contains_key(&q) => return Err(UdError::QpnInUse(q)),
+            Some(q) if self.by_qpn.contains_key(&q) => return Err(UdError::QpnInUse(q)),
             Some(q) => q,
-            None => self.ud.pick_qpn().ok_or(UdError::QueueFull)?,
+            None => self.pick_qpn().ok_or(UdError::QueueFull)?,
         };
         let qp = Qp {
             qpn,
@@ -484,33 +480,25 @@ impl UdTransport for Stack {
             cq: VecDeque::new(),
             queued: false,
         };
-        let idx = match self.ud.qps.iter().position(Option::is_none) {
-            Some(i) => {
-                self.ud.qps[i] = Some(qp);
-                i
-            }
-            None => {
-                self.ud.qps.push(Some(qp));
-                self.ud.qps.len() - 1
-            }
-        };
-        self.ud.by_qpn.insert(qpn, idx);
-        Ok(QpHandle(idx))
+        let h = self.qps.insert(qp);
+        self.by_qpn.insert(qpn, h);
+        Ok(h)
     }
 
-    fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError> {
-        Ok(self.ud.get(qp)?.qpn)
+    pub(crate) fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError> {
+        Ok(self.get(qp)?.qpn)
     }
 
-    fn max_msg_size(&self) -> usize {
-        self.ud_max_msg()
-    }
-
-    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), UdError> {
+    pub(crate) fn post_recv(
+        &mut self,
+        qp: QpHandle,
+        wr_id: u64,
+        buf: Vec<u8>,
+    ) -> Result<(), UdError> {
         if buf.len() < GRH_LEN {
             return Err(UdError::BufferTooSmall(buf.len()));
         }
-        let q = self.ud.get_mut(qp)?;
+        let q = self.get_mut(qp)?;
         if q.recv.len() >= q.max_recv {
             return Err(UdError::QueueFull);
         }
@@ -518,12 +506,16 @@ impl UdTransport for Stack {
         Ok(())
     }
 
-    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), UdError> {
-        let max = self.ud_max_msg();
+    pub(crate) fn post_send(
+        &mut self,
+        qp: QpHandle,
+        wr: &SendWr<'_>,
+        max: usize,
+    ) -> Result<(), UdError> {
         if wr.data.len() > max {
             return Err(UdError::TooLarge(wr.data.len(), max));
         }
-        let q = self.ud.get_mut(qp)?;
+        let q = self.get_mut(qp)?;
         if q.send.len() + q.send_cqes >= q.max_send {
             return Err(UdError::QueueFull);
         }
@@ -545,19 +537,18 @@ impl UdTransport for Stack {
         });
         if !q.queued {
             q.queued = true;
-            self.ud.ready.push_back(qp.0);
+            self.ready.push_back(qp);
         }
         Ok(())
     }
 
-    fn poll_cq(
+    pub(crate) fn poll_cq(
         &mut self,
         qp: QpHandle,
-        _now: Instant,
         max: usize,
         out: &mut Vec<Completion>,
     ) -> Result<usize, UdError> {
-        let q = self.ud.get_mut(qp)?;
+        let q = self.get_mut(qp)?;
         let n = max.min(q.cq.len());
         for c in q.cq.drain(..n) {
             if c.opcode == WcOpcode::Send {
@@ -568,11 +559,10 @@ impl UdTransport for Stack {
         Ok(n)
     }
 
-    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError> {
-        let qpn = self.ud.get(qp)?.qpn;
-        self.ud.qps[qp.0] = None;
-        self.ud.by_qpn.remove(&qpn);
-        self.ud.ready.retain(|&i| i != qp.0);
+    pub(crate) fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError> {
+        let q = self.qps.remove(qp).ok_or(UdError::InvalidQp)?;
+        self.by_qpn.remove(&q.qpn);
+        self.ready.retain(|&i| i != qp);
         Ok(())
     }
 }

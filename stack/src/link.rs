@@ -1,0 +1,580 @@
+//! The layers below the transport: configuration, ARP, counters and the
+//! IPv4 transmit path (next hop, fragmentation, identification), with ICMP
+//! errors and resets rate-limited. Each transport (ICMP, UDP, TCP, UD)
+//! holds its own sockets and reaches the wire only through a `&mut Link`.
+
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
+use std::net::Ipv4Addr;
+
+use smoltcp::phy::ChecksumCapabilities;
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress,
+    EthernetFrame, EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN as IP_LEN, Icmpv4DstUnreachable,
+    Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet,
+};
+
+use crate::arp::{ArpCache, Enqueue};
+use crate::device::Tx;
+use crate::error::Error;
+use crate::stack::Config;
+use crate::stats::{DropReason, Stats};
+use crate::time::Instant;
+
+/// A token bucket for ICMP errors (RFC 1812 4.3.2.8 style rate limit) and
+/// resets.
+#[derive(Debug)]
+pub(crate) struct RateLimit {
+    rate: u32,
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimit {
+    fn new(rate: u32) -> Self {
+        RateLimit {
+            rate,
+            tokens: f64::from(rate),
+            last: Instant::ZERO,
+        }
+    }
+
+    pub(crate) fn take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        let cap = f64::from(self.rate);
+        self.tokens = (self.tokens + elapsed * cap).min(cap);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// What the IP layer tells the transport about a received datagram.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IpMeta<'a> {
+    pub(crate) src: Ipv4Addr,
+    pub(crate) dst: Ipv4Addr,
+    pub(crate) protocol: IpProtocol,
+    pub(crate) ttl: u8,
+    /// Addressed to a broadcast address (never answered with an ICMP error).
+    pub(crate) broadcast: bool,
+    /// The IPv4 header as received, options included (the first
+    /// fragment's for a reassembled datagram): what ICMP errors quote.
+    pub(crate) header: &'a [u8],
+}
+
+/// The layers below the transport: configuration, ARP, counters and the
+/// IPv4 transmit path. Kept apart from the socket tables so a transport can
+/// write a segment straight from its own buffers while `Link` emits it.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) cfg: Config,
+    pub(crate) checksum: ChecksumCapabilities,
+    arp: ArpCache,
+    pub(crate) stats: Stats,
+    /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
+    ip_idents: Box<[u16]>,
+    ident_hash: foldhash::fast::FixedState,
+    announced: bool,
+    icmp_errors: RateLimit,
+    /// Resets for segments that belong to no connection (token bucket).
+    pub(crate) rst_limit: RateLimit,
+    arp_retry: Vec<Ipv4Addr>,
+    /// Processing a sibling shard's copy of an ARP frame: learn, never answer.
+    replica: bool,
+    /// A TCP segment for no connection here may belong to a sibling shard:
+    /// set `passed` instead of answering it.
+    pub(crate) may_pass: bool,
+    pub(crate) passed: bool,
+}
+
+impl Link {
+    pub(crate) fn new(cfg: Config) -> Self {
+        let secret = cfg.secret;
+        Link {
+            arp: ArpCache::new(cfg.arp.clone()),
+            icmp_errors: RateLimit::new(cfg.icmp_error_rate),
+            rst_limit: RateLimit::new(cfg.rst_rate),
+            announced: !cfg.announce,
+            cfg,
+            checksum: ChecksumCapabilities::default(),
+            stats: Stats::default(),
+            ip_idents: ident_buckets(secret),
+            ident_hash: foldhash::fast::FixedState::with_seed(secret.0 ^ secret.1.rotate_left(32)),
+            arp_retry: Vec::new(),
+            replica: false,
+            may_pass: false,
+            passed: false,
+        }
+    }
+
+    /// ARP's counters and entries (for the stack's snapshot).
+    pub(crate) fn arp(&self) -> &ArpCache {
+        &self.arp
+    }
+
+    /// The gratuitous ARP on the first poll, and ARP retries that are due.
+    pub(crate) fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
+        if !self.announced {
+            self.announced = true;
+            let me = self.ip();
+            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, me);
+            self.arp.stats.tx_gratuitous += 1;
+        }
+        let mut retry = std::mem::take(&mut self.arp_retry);
+        self.arp.poll(now, &mut retry);
+        for ip in retry.drain(..) {
+            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, ip);
+            self.arp.stats.tx_requests += 1;
+        }
+        self.arp_retry = retry;
+    }
+
+    /// Whether the first poll still owes the gratuitous ARP.
+    pub(crate) fn announce_due(&self) -> bool {
+        !self.announced
+    }
+
+    /// Process a sibling shard's copy of an ARP frame: learn, never answer.
+    pub(crate) fn set_replica(&mut self, on: bool) {
+        self.replica = on;
+    }
+
+    /// An ARP packet: learn the sender (RFC 826, with the refusals
+    /// ARCHITECTURE.md lists), answer requests for us, and flush what waited
+    /// on the address.
+    pub(crate) fn receive_arp<T: Tx>(
+        &mut self,
+        now: Instant,
+        payload: &[u8],
+        tx: &mut T,
+    ) -> Result<(), DropReason> {
+        let pkt = ArpPacket::new_checked(payload).map_err(|_| DropReason::ArpMalformed)?;
+        let repr = ArpRepr::parse(&pkt).map_err(|_| DropReason::ArpMalformed)?;
+        let ArpRepr::EthernetIpv4 {
+            operation,
+            source_hardware_addr: sha,
+            source_protocol_addr: spa,
+            target_protocol_addr: tpa,
+            ..
+        } = repr
+        else {
+            return Err(DropReason::ArpMalformed);
+        };
+        match operation {
+            ArpOperation::Request => self.arp.stats.rx_requests += 1,
+            ArpOperation::Reply => self.arp.stats.rx_replies += 1,
+            _ => return Err(DropReason::ArpMalformed),
+        }
+        if !sha.is_unicast() {
+            return Err(DropReason::ArpMalformed);
+        }
+        let me = self.ip();
+        if spa == me {
+            // Someone else claims our address: never learn it.
+            return Err(DropReason::ArpConflict);
+        }
+        let for_us = tpa == me;
+        let gratuitous = spa == tpa;
+        if gratuitous {
+            self.arp.stats.rx_gratuitous += 1;
+        }
+        let learnable = !spa.is_unspecified() && !spa.is_broadcast() && !spa.is_multicast();
+        let known = self.arp.knows(spa);
+        if learnable {
+            // RFC 826: refresh a known sender; add it when it asks for us.
+            // A reply to us adds an entry only when it answers our request
+            // (the cache knows), so an unsolicited reply cannot plant one;
+            // a replica learns what its sibling asked for.
+            let adds = for_us && (operation == ArpOperation::Request || self.replica);
+            let waiting = (self.arp)
+                .learn(now, spa, sha, adds)
+                .map_err(|_| DropReason::ArpSpoofRefused)?;
+            self.flush_waiting(sha, waiting, tx);
+        }
+        if for_us && operation == ArpOperation::Request && !self.replica {
+            self.send_arp(tx, ArpOperation::Reply, sha, spa);
+            self.arp.stats.tx_replies += 1;
+        }
+        if for_us || (learnable && known) {
+            Ok(())
+        } else {
+            Err(DropReason::ArpNotForUs)
+        }
+    }
+
+    pub(crate) fn ip(&self) -> Ipv4Addr {
+        self.cfg.ip.address()
+    }
+
+    pub(crate) fn flush_waiting<T: Tx>(
+        &mut self,
+        mac: EthernetAddress,
+        waiting: VecDeque<Vec<u8>>,
+        tx: &mut T,
+    ) {
+        for packet in waiting {
+            let src = self.cfg.mac;
+            let ok = tx.send(ETH_LEN + packet.len(), |buf| {
+                write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+                buf[ETH_LEN..].copy_from_slice(&packet);
+            });
+            self.count_tx(ok, ETH_LEN + packet.len());
+        }
+    }
+
+    /// ICMP destination unreachable about a datagram we received, rate-limited,
+    /// never about a broadcast or an ICMP error. The message quotes the
+    /// datagram's own IPv4 header and its first 8 bytes as received (RFC 792,
+    /// RFC 1122 3.2.2), and every byte of it is written here: the "unused"
+    /// word is zero, not whatever the buffer held before.
+    pub(crate) fn send_unreachable<T: Tx>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        reason: Icmpv4DstUnreachable,
+        meta: IpMeta<'_>,
+        body: &[u8],
+    ) {
+        if meta.broadcast {
+            return;
+        }
+        if !self.icmp_errors.take(now) {
+            self.stats.icmp.rate_limited += 1;
+            return;
+        }
+        let data = &body[..body.len().min(8)];
+        let quote_len = meta.header.len() + data.len();
+        let sent = self.send_ip(now, tx, meta.src, IpProtocol::Icmp, 8 + quote_len, |buf| {
+            let mut p = Icmpv4Packet::new_unchecked(&mut *buf);
+            p.set_msg_type(Icmpv4Message::DstUnreachable);
+            p.set_msg_code(reason.into());
+            // Checksum (filled below) and the unused word.
+            buf[2..8].fill(0);
+            let (hdr, rest) = buf[8..].split_at_mut(meta.header.len());
+            hdr.copy_from_slice(meta.header);
+            rest[..data.len()].copy_from_slice(data);
+            Icmpv4Packet::new_unchecked(buf).fill_checksum();
+        });
+        if sent.is_ok() {
+            self.stats.icmp.tx_dest_unreachable += 1;
+        }
+    }
+
+    pub(crate) fn count_tx(&mut self, ok: bool, len: usize) {
+        if ok {
+            self.stats.eth.tx_frames += 1;
+            self.stats.eth.tx_bytes += len as u64;
+        } else {
+            self.stats.eth.tx_no_buffer += 1;
+        }
+    }
+
+    pub(crate) fn send_arp<T: Tx>(
+        &mut self,
+        tx: &mut T,
+        operation: ArpOperation,
+        target_mac: EthernetAddress,
+        target_ip: Ipv4Addr,
+    ) {
+        let repr = ArpRepr::EthernetIpv4 {
+            operation,
+            source_hardware_addr: self.cfg.mac,
+            source_protocol_addr: self.ip(),
+            target_hardware_addr: if operation == ArpOperation::Request {
+                EthernetAddress([0; 6])
+            } else {
+                target_mac
+            },
+            target_protocol_addr: target_ip,
+        };
+        let src = self.cfg.mac;
+        let len = ETH_LEN + repr.buffer_len();
+        let ok = tx.send(len, |buf| {
+            write_eth(buf, src, target_mac, EthernetProtocol::Arp);
+            repr.emit(&mut ArpPacket::new_unchecked(&mut buf[ETH_LEN..]));
+        });
+        self.count_tx(ok, len);
+    }
+
+    /// The next hop for `dst`, or `None` when there is no route.
+    pub(crate) fn next_hop(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        if self.cfg.ip.contains_addr(&dst) {
+            Some(dst)
+        } else {
+            self.cfg.gateway
+        }
+    }
+
+    /// The identification of the next datagram to `dst` (RFC 6864, RFC 7739
+    /// 5.3): one counter per bucket of a keyed hash of the destination and
+    /// protocol, each starting at a keyed offset, so the IDs one peer sees
+    /// tell it nothing of the traffic to others (no idle scan, no count of
+    /// the host's traffic).
+    pub(crate) fn next_ident(&mut self, dst: Ipv4Addr, protocol: IpProtocol) -> u16 {
+        let i = self
+            .ident_hash
+            .hash_one((u32::from(dst), u8::from(protocol))) as usize;
+        let c = &mut self.ip_idents[i % IP_ID_BUCKETS];
+        *c = c.wrapping_add(1);
+        *c
+    }
+
+    /// Send an IPv4 datagram whose payload `fill` writes (`payload_len` bytes):
+    /// straight into a device buffer when the next hop is resolved, into the
+    /// ARP queue otherwise; fragmented when larger than the MTU.
+    pub(crate) fn send_ip<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
+        self.send_ip_with_options(now, tx, dst, protocol, &[], payload_len, fill)
+    }
+
+    /// [`send_ip`](Self::send_ip) with IPv4 `options` (a multiple of 4
+    /// bytes, at most 40) in the header. Options that are not copied on
+    /// fragmentation (Record Route) would ride in the first fragment only:
+    /// a datagram that needs fragmenting leaves without them instead.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_ip_with_options<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        options: &[u8],
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
+        if IP_LEN + payload_len > usize::from(u16::MAX) {
+            return Err(Error::TooLarge);
+        }
+        let max_payload = self.cfg.mtu.saturating_sub(IP_LEN);
+        if IP_LEN + options.len() + payload_len <= self.cfg.mtu {
+            let hl = IP_LEN + options.len();
+            return self.send_packet(now, tx, dst, protocol, options, payload_len, |ip| {
+                fill(&mut ip[hl..]);
+            });
+        }
+        let (hop, mac) = self.resolve(now, dst)?;
+        let header = self.header(dst, protocol);
+        // Fragment: build the payload once, then cut it at multiples of 8.
+        let chunk = max_payload & !7;
+        if chunk == 0 {
+            return Err(Error::TooLarge);
+        }
+        let mut body = vec![0u8; payload_len];
+        fill(&mut body);
+        for (i, piece) in body.chunks(chunk).enumerate() {
+            let offset = i * chunk;
+            let more = offset + piece.len() < payload_len;
+            let len = IP_LEN + piece.len();
+            match mac {
+                Some(mac) => {
+                    let src = self.cfg.mac;
+                    let ok = tx.send(ETH_LEN + len, |buf| {
+                        write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+                        let ip = &mut buf[ETH_LEN..];
+                        header.write(ip, &[], piece.len(), offset, more);
+                        ip[IP_LEN..].copy_from_slice(piece);
+                    });
+                    self.count_tx(ok, ETH_LEN + len);
+                }
+                None => {
+                    let mut packet = vec![0u8; len];
+                    header.write(&mut packet, &[], piece.len(), offset, more);
+                    packet[IP_LEN..].copy_from_slice(piece);
+                    self.hold_for_arp(now, tx, hop, packet);
+                }
+            }
+            self.stats.ipv4.tx_fragments += 1;
+        }
+        self.stats.ipv4.tx_packets += 1;
+        self.stats.ipv4.tx_bytes += (IP_LEN + payload_len) as u64;
+        Ok(())
+    }
+
+    /// Send one unfragmented IPv4 packet whose `fill` sees the whole packet,
+    /// header written (for trailers that cover the IP header, like the
+    /// RoCEv2 ICRC). Errors with `TooLarge` above the MTU; otherwise as
+    /// [`send_ip`](Self::send_ip).
+    pub(crate) fn send_ip_packet<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
+        self.send_packet(now, tx, dst, protocol, &[], payload_len, fill)
+    }
+
+    /// One unfragmented packet with `options` in its header; `fill` sees the
+    /// whole packet with the header written.
+    #[allow(clippy::too_many_arguments)]
+    fn send_packet<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        options: &[u8],
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
+        let len = IP_LEN + options.len() + payload_len;
+        if len > self.cfg.mtu {
+            return Err(Error::TooLarge);
+        }
+        let (hop, mac) = self.resolve(now, dst)?;
+        let header = self.header(dst, protocol);
+        match mac {
+            Some(mac) => {
+                let src = self.cfg.mac;
+                let ok = tx.send(ETH_LEN + len, |buf| {
+                    write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+                    let ip = &mut buf[ETH_LEN..];
+                    header.write(ip, options, payload_len, 0, false);
+                    fill(ip);
+                });
+                self.count_tx(ok, ETH_LEN + len);
+                if !ok {
+                    return Err(Error::QueueFull);
+                }
+            }
+            None => {
+                let mut packet = vec![0u8; len];
+                header.write(&mut packet, options, payload_len, 0, false);
+                fill(&mut packet);
+                self.hold_for_arp(now, tx, hop, packet);
+            }
+        }
+        self.stats.ipv4.tx_packets += 1;
+        self.stats.ipv4.tx_bytes += len as u64;
+        Ok(())
+    }
+
+    /// The next hop for `dst` and its MAC if known (broadcast needs no ARP).
+    fn resolve(
+        &mut self,
+        now: Instant,
+        dst: Ipv4Addr,
+    ) -> Result<(Ipv4Addr, Option<EthernetAddress>), Error> {
+        if dst == self.ip() || dst.is_unspecified() {
+            self.stats.ipv4.tx_no_route += 1;
+            return Err(Error::NoRoute);
+        }
+        if dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast() {
+            return Ok((dst, Some(EthernetAddress::BROADCAST)));
+        }
+        let Some(hop) = self.next_hop(dst) else {
+            self.stats.ipv4.tx_no_route += 1;
+            return Err(Error::NoRoute);
+        };
+        Ok((hop, self.arp.lookup(now, hop)))
+    }
+
+    /// The header of a datagram we originate (a fresh identification).
+    /// TCP sets DF: it honours fragmentation-needed (RFC 1191) by lowering
+    /// the connection's MSS instead.
+    fn header(&mut self, dst: Ipv4Addr, protocol: IpProtocol) -> IpHeader {
+        IpHeader {
+            src: self.ip(),
+            dst,
+            protocol,
+            ttl: self.cfg.ttl,
+            ident: self.next_ident(dst, protocol),
+            dont_frag: protocol == IpProtocol::Tcp,
+        }
+    }
+
+    pub(crate) fn hold_for_arp<T: Tx>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        hop: Ipv4Addr,
+        packet: Vec<u8>,
+    ) {
+        if self.arp.enqueue(now, hop, packet) == Enqueue::QueuedSendRequest {
+            self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, hop);
+            self.arp.stats.tx_requests += 1;
+        }
+    }
+}
+
+/// The fields of an IPv4 header we originate.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IpHeader {
+    pub(crate) src: Ipv4Addr,
+    pub(crate) dst: Ipv4Addr,
+    pub(crate) protocol: IpProtocol,
+    pub(crate) ttl: u8,
+    pub(crate) ident: u16,
+    pub(crate) dont_frag: bool,
+}
+
+impl IpHeader {
+    /// Write the header, `options` after the fixed 20 bytes, for a packet
+    /// (or fragment) carrying `payload_len` bytes.
+    pub(crate) fn write(
+        &self,
+        buf: &mut [u8],
+        options: &[u8],
+        payload_len: usize,
+        frag_offset: usize,
+        more: bool,
+    ) {
+        let hl = IP_LEN + options.len();
+        buf[IP_LEN..hl].copy_from_slice(options);
+        let mut p = Ipv4Packet::new_unchecked(buf);
+        p.set_version(4);
+        p.set_header_len(hl as u8);
+        p.set_dscp(0);
+        p.set_ecn(0);
+        p.set_total_len((hl + payload_len) as u16);
+        p.set_ident(self.ident);
+        p.clear_flags();
+        p.set_dont_frag(self.dont_frag && !more && frag_offset == 0);
+        p.set_more_frags(more);
+        p.set_frag_offset(frag_offset as u16);
+        p.set_hop_limit(self.ttl);
+        p.set_next_header(self.protocol);
+        p.set_src_addr(self.src);
+        p.set_dst_addr(self.dst);
+        p.fill_checksum();
+    }
+}
+
+pub(crate) fn write_eth(
+    buf: &mut [u8],
+    src: EthernetAddress,
+    dst: EthernetAddress,
+    ethertype: EthernetProtocol,
+) {
+    EthernetRepr {
+        src_addr: src,
+        dst_addr: dst,
+        ethertype,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(buf));
+}
+
+/// Buckets of IPv4 identification counters.
+const IP_ID_BUCKETS: usize = 2048;
+
+/// The identification counters, each starting at a keyed offset.
+fn ident_buckets(secret: (u64, u64)) -> Box<[u16]> {
+    let seed = foldhash::fast::FixedState::with_seed(secret.1);
+    (0..IP_ID_BUCKETS)
+        .map(|i| seed.hash_one(i) as u16)
+        .collect()
+}
