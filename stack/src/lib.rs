@@ -19,6 +19,7 @@
 pub mod app;
 pub mod arp;
 pub mod checksum;
+pub mod config;
 pub mod device;
 pub mod error;
 pub mod events;

@@ -15,9 +15,9 @@ use smoltcp::wire::{
 };
 
 use crate::arp::{ArpCache, Enqueue};
+use crate::config::Config;
 use crate::device::Tx;
 use crate::error::Error;
-use crate::stack::Config;
 use crate::stats::{DropReason, Stats};
 use crate::time::Instant;
 

@@ -1,0 +1,91 @@
+//! The configuration of one stack instance.
+
+use std::hash::BuildHasher;
+use std::net::Ipv4Addr;
+
+use smoltcp::wire::{EthernetAddress, Ipv4Cidr};
+
+use crate::arp::ArpConfig;
+use crate::frag::FragConfig;
+use crate::tcp::TcpConfig;
+
+/// Configuration of one stack instance.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mac: EthernetAddress,
+    /// Our address and subnet.
+    pub ip: Ipv4Cidr,
+    /// Next hop for addresses outside the subnet.
+    pub gateway: Option<Ipv4Addr>,
+    /// IP MTU (largest IPv4 packet without the Ethernet header).
+    pub mtu: usize,
+    /// TTL of packets we originate.
+    pub ttl: u8,
+    pub arp: ArpConfig,
+    pub frag: FragConfig,
+    /// ICMP errors per second we may send (token bucket rate and burst).
+    pub icmp_error_rate: u32,
+    /// Resets per second we may send for segments that match no connection
+    /// (token bucket rate and burst), so an ACK or SYN flood to closed ports
+    /// is not answered packet for packet. Resets within a connection are
+    /// not limited.
+    pub rst_rate: u32,
+    /// Bytes a UDP socket may hold received.
+    pub udp_rx_queue_bytes: usize,
+    /// Bytes a UDP socket may hold waiting to send.
+    pub udp_tx_queue_bytes: usize,
+    /// Send a gratuitous ARP on the first poll.
+    pub announce: bool,
+    /// Answer echo requests sent to a broadcast address (Linux: no).
+    pub answer_broadcast_ping: bool,
+    /// Defaults for every TCP connection.
+    pub tcp: TcpConfig,
+    /// Key for ISNs, SYN cookies and IPv4 IDs (RFC 6528): random with
+    /// [`Config::new`], derived from a seed with [`Config::with_seed`].
+    pub secret: (u64, u64),
+    /// Which of a host's per-queue stacks this is (active opens pick local
+    /// ports whose flows hash back to this queue).
+    pub shard: crate::shard::ShardId,
+}
+
+impl Config {
+    /// Defaults for a host with address `ip` on a subnet, MTU 1500, and a
+    /// random secret for ISNs, SYN cookies and IPv4 IDs (RFC 6528: each
+    /// stack its own, unpredictable).
+    pub fn new(mac: EthernetAddress, ip: Ipv4Cidr) -> Self {
+        // std's RandomState keys come from the OS's random source once per
+        // thread and differ for every instance: no clock, no extra crate.
+        let random = std::collections::hash_map::RandomState::new();
+        let secret = (random.hash_one(1u8), random.hash_one(2u8));
+        Config {
+            secret,
+            ..Self::with_seed(mac, ip, 0)
+        }
+    }
+
+    /// As [`Config::new`] with the secret derived from `seed`: the same
+    /// seed gives the same sequence numbers and IDs (simulations, tests).
+    pub fn with_seed(mac: EthernetAddress, ip: Ipv4Cidr, seed: u64) -> Self {
+        let mix = |k: u64| {
+            foldhash::fast::FixedState::with_seed(seed ^ 0x7573_7461_636b_0001).hash_one(k)
+        };
+        Config {
+            mac,
+            ip,
+            gateway: None,
+            mtu: 1500,
+            ttl: 64,
+            arp: ArpConfig::default(),
+            frag: FragConfig::default(),
+            icmp_error_rate: 100,
+            rst_rate: 1000,
+            udp_rx_queue_bytes: 1 << 20,
+            udp_tx_queue_bytes: 1 << 20,
+            announce: true,
+            answer_broadcast_ping: false,
+            tcp: TcpConfig::default(),
+            secret: (mix(1), mix(2)),
+            shard: crate::shard::ShardId::SINGLE,
+        }
+    }
+}
