@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-config
-          iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd ethtool)
+          iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd ethtool nmap)
 
 step() { printf '\n==> %s\n' "$*"; }
 

@@ -231,3 +231,105 @@ pub fn no_crash(err: &str) {
     assert!(!err.contains("panicked"), "{err}");
     assert!(!err.contains("stack backtrace"), "{err}");
 }
+
+/// Whether `prog` is on the PATH.
+pub fn have_program(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Skip (loudly) when a stock program the test drives is missing.
+#[allow(unused_macros)]
+macro_rules! need_program {
+    ($prog:expr, $package:expr) => {
+        if !common::have_program($prog) {
+            eprintln!(
+                "skipped: {} is not installed (apt-get install {})",
+                $prog, $package
+            );
+            return;
+        }
+    };
+}
+
+impl Topo {
+    /// `ustack run --pcap TAG-s --ip 10.77.0.2/24 EXTRA` in the stack
+    /// namespace, returned once it answers ARP.
+    pub fn ustack_run(&self, extra: &[&str]) -> Daemon {
+        let child = self
+            .bin(
+                env!("CARGO_BIN_EXE_ustack"),
+                &["run", "--pcap", &self.stack_if(), "--ip", "10.77.0.2/24"],
+            )
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start ustack run");
+        let d = Daemon::new(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.arping_once() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ustack run did not come up"
+            );
+        }
+        d
+    }
+}
+
+impl Daemon {
+    /// The process id (`ip netns exec` execs the program: it is the
+    /// program's own).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Resident memory (VmRSS) in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the daemon's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+    }
+}
+
+/// A fresh telemetry snapshot from the JSON-lines socket at `path` (waits
+/// for the socket to appear). A new client gets the latest line at once,
+/// which may be up to one publishing interval old: the line after it is
+/// taken, so whatever happened before the call is in it.
+pub fn telemetry(path: &Path) -> serde_json::Value {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stream = loop {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("telemetry socket {}: {e}", path.display())
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut r = std::io::BufReader::new(stream);
+    let mut line = String::new();
+    for _ in 0..2 {
+        line.clear();
+        r.read_line(&mut line).expect("a telemetry line");
+    }
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("telemetry JSON: {e}: {line}"))
+}
+
+/// A drop counter (`stack.drops.NAME`) of a telemetry snapshot.
+pub fn telemetry_drop(snapshot: &serde_json::Value, name: &str) -> u64 {
+    snapshot["stack"]["drops"][name].as_u64().unwrap_or(0)
+}
