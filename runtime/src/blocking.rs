@@ -1,398 +1,223 @@
-//! The threaded front: ordinary threads use TCP connections of a stack running
-//! in its poll loop through blocking [`TcpStream`]s (`std::io::Read` +
-//! `Write`), over crossbeam channels.
+//! The blocking front: `std::io` streams for ordinary threads, on a running
+//! stack. Each call is the async front's ([`crate::aio`]) run to completion
+//! on the calling thread, which parks until the loop's readiness event
+//! wakes it; optional timeouts bound the wait (`SO_RCVTIMEO` style).
 //!
-//! [`StreamFront`] is the in-loop half (an [`App`]); [`Connector`] (cloneable,
-//! `Send`) opens connections and listeners from any thread. Queues are
-//! bounded both ways, so a slow reader thread closes the TCP window and a
-//! slow network blocks the writer thread: backpressure end to end.
+//! ```
+//! use std::io::{Read, Write};
+//! use std::net::{Ipv4Addr, SocketAddrV4};
+//! use ustack_runtime::Builder;
+//! use ustack_runtime::blocking::{TcpListener, TcpStream};
+//!
+//! let link = ustack::sim::SimLink::new(Default::default());
+//! let a = Builder::new().sim(&link).ip(Ipv4Addr::new(10, 0, 0, 1), 24).spawn()?;
+//! let b = Builder::new().sim(&link).ip(Ipv4Addr::new(10, 0, 0, 2), 24).spawn()?;
+//! let listener = TcpListener::bind(b.net(), 7, 16)?;
+//! let server = std::thread::spawn(move || -> std::io::Result<()> {
+//!     let (mut s, _) = listener.accept()?;
+//!     let mut buf = [0u8; 5];
+//!     s.read_exact(&mut buf)?;
+//!     s.write_all(&buf)
+//! });
+//! let mut c = TcpStream::connect(a.net(), SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 7))?;
+//! c.write_all(b"hello")?;
+//! let mut echo = [0u8; 5];
+//! c.read_exact(&mut echo)?;
+//! assert_eq!(&echo, b"hello");
+//! server.join().unwrap()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
-use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddrV4;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
 
-use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError, bounded};
+use crate::aio;
+use crate::shared::Net;
 
-use ustack::node::{App, Control};
-use ustack::stack::{Error, Stack};
-use ustack::tcp::{ListenHandle, State, TcpHandle};
-use ustack::time::Instant;
+/// Wakes a parked thread.
+struct Unpark(Thread);
 
-/// Chunks queued per direction per stream.
-const QUEUE: usize = 64;
-/// Largest chunk moved from the stack to a reader thread.
-const CHUNK: usize = 64 << 10;
-
-enum Up {
-    Data(Vec<u8>),
-    Shutdown,
-}
-
-enum Down {
-    Data(Vec<u8>),
-    Eof,
-    Error(io::ErrorKind, String),
-}
-
-/// The loop's end of one stream.
-struct LoopStream {
-    h: TcpHandle,
-    up: Receiver<Up>,
-    down: Sender<Down>,
-    /// A chunk partly written into the send buffer.
-    pending: Option<(Vec<u8>, usize)>,
-    /// Bytes read from the stack that the reader's queue had no room for.
-    held: Option<Vec<u8>>,
-    /// A blocking connect waiting for the handshake, with the thread's half.
-    connecting: Option<(Sender<io::Result<TcpStream>>, TcpStream)>,
-    app_gone: bool,
-    eof_sent: bool,
-}
-
-struct LoopListener {
-    l: ListenHandle,
-    accepted: Sender<TcpStream>,
-}
-
-enum Request {
-    Connect(SocketAddrV4, Sender<io::Result<TcpStream>>),
-    Listen(u16, usize, Sender<io::Result<TcpListener>>),
-}
-
-/// The in-loop half: run it as (part of) the app of a stack's poll loop.
-pub struct StreamFront {
-    requests: Receiver<Request>,
-    streams: Vec<LoopStream>,
-    listeners: Vec<LoopListener>,
-    buf: Vec<u8>,
-}
-
-impl core::fmt::Debug for StreamFront {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("StreamFront")
-            .field("streams", &self.streams.len())
-            .finish()
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
     }
 }
 
-/// Opens connections and listeners from any thread.
-#[derive(Debug, Clone)]
-pub struct Connector {
-    requests: Sender<Request>,
-}
-
-/// A new front: the app for the loop and a connector for threads.
-pub fn front() -> (StreamFront, Connector) {
-    let (tx, rx) = bounded(256);
-    (
-        StreamFront {
-            requests: rx,
-            streams: Vec::new(),
-            listeners: Vec::new(),
-            buf: vec![0; CHUNK],
-        },
-        Connector { requests: tx },
-    )
-}
-
-fn io_err(e: Error) -> io::Error {
-    let kind = match e {
-        Error::AddrInUse => io::ErrorKind::AddrInUse,
-        Error::NoRoute => io::ErrorKind::HostUnreachable,
-        Error::Closed => io::ErrorKind::NotConnected,
-        Error::Tcp(ustack::tcp::ConnError::Refused) => io::ErrorKind::ConnectionRefused,
-        Error::Tcp(ustack::tcp::ConnError::Reset) => io::ErrorKind::ConnectionReset,
-        Error::Tcp(ustack::tcp::ConnError::TimedOut) => io::ErrorKind::TimedOut,
-        Error::Tcp(ustack::tcp::ConnError::Aborted) => io::ErrorKind::ConnectionAborted,
-        _ => io::ErrorKind::Other,
-    };
-    io::Error::new(kind, e)
-}
-
-fn loop_gone() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::BrokenPipe,
-        "the stack's poll loop has stopped",
-    )
-}
-
-impl Connector {
-    /// Connect and wait until the connection is established (or fails).
-    pub fn connect(&self, remote: SocketAddrV4) -> io::Result<TcpStream> {
-        let (tx, rx) = bounded(1);
-        self.requests
-            .send(Request::Connect(remote, tx))
-            .map_err(|_| loop_gone())?;
-        rx.recv().map_err(|_| loop_gone())?
-    }
-
-    /// Listen on `port`.
-    pub fn listen(&self, port: u16, backlog: usize) -> io::Result<TcpListener> {
-        let (tx, rx) = bounded(1);
-        self.requests
-            .send(Request::Listen(port, backlog, tx))
-            .map_err(|_| loop_gone())?;
-        rx.recv().map_err(|_| loop_gone())?
+/// Run `fut` on this thread until it completes or `timeout` passes
+/// (`WouldBlock` then, as a socket with a receive timeout says). No
+/// executor crate offers a timeout on its `block_on`, hence this one.
+pub fn block_on<T>(
+    fut: impl Future<Output = io::Result<T>>,
+    timeout: Option<Duration>,
+) -> io::Result<T> {
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = pin!(fut);
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        if let Poll::Ready(r) = fut.as_mut().poll(&mut cx) {
+            return r;
+        }
+        match deadline {
+            None => std::thread::park(),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        "timed out waiting on the socket",
+                    ));
+                }
+                std::thread::park_timeout(left);
+            }
+        }
     }
 }
 
-/// A listening socket for threads.
+/// A listening TCP socket for threads. Dropping it stops listening.
 #[derive(Debug)]
 pub struct TcpListener {
-    accepted: Receiver<TcpStream>,
+    inner: aio::TcpListener,
 }
 
 impl TcpListener {
-    /// Wait for the next connection.
-    pub fn accept(&self) -> io::Result<TcpStream> {
-        self.accepted.recv().map_err(|_| loop_gone())
+    /// Listen on `port` with room for `backlog` connections waiting to be accepted.
+    pub fn bind(net: &Net, port: u16, backlog: usize) -> io::Result<TcpListener> {
+        Ok(TcpListener {
+            inner: aio::TcpListener::bind(net, port, backlog)?,
+        })
     }
 
-    /// Wait at most `timeout`; `Ok(None)` when none came.
-    pub fn accept_timeout(&self, timeout: std::time::Duration) -> io::Result<Option<TcpStream>> {
-        match self.accepted.recv_timeout(timeout) {
-            Ok(s) => Ok(Some(s)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => Err(loop_gone()),
-        }
+    /// Block until a connection is established.
+    pub fn accept(&self) -> io::Result<(TcpStream, SocketAddrV4)> {
+        let (s, peer) = block_on(self.inner.accept(), None)?;
+        Ok((TcpStream::from(s), peer))
+    }
+
+    /// The port listened on.
+    pub fn local_port(&self) -> u16 {
+        self.inner.local_port()
     }
 }
 
-/// A blocking TCP stream for an ordinary thread. Dropping it closes the
-/// connection (FIN after the data written so far).
+/// A blocking TCP stream (`std::io::Read + Write`). Dropping it closes the
+/// connection.
 #[derive(Debug)]
 pub struct TcpStream {
-    up: Sender<Up>,
-    down: Receiver<Down>,
-    /// Unread rest of the last chunk.
-    rest: VecDeque<u8>,
-    eof: bool,
+    inner: aio::TcpStream,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
 }
 
-impl core::fmt::Debug for Up {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Up::Data(d) => write!(f, "Data({})", d.len()),
-            Up::Shutdown => f.write_str("Shutdown"),
-        }
-    }
-}
-
-impl core::fmt::Debug for Down {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Down::Data(d) => write!(f, "Data({})", d.len()),
-            Down::Eof => f.write_str("Eof"),
-            Down::Error(k, m) => write!(f, "Error({k:?}, {m})"),
+impl From<aio::TcpStream> for TcpStream {
+    fn from(inner: aio::TcpStream) -> Self {
+        TcpStream {
+            inner,
+            read_timeout: None,
+            write_timeout: None,
         }
     }
 }
 
 impl TcpStream {
-    /// Close the sending side (FIN once queued data is sent); reading goes on.
+    /// Connect to `remote`, blocking until the handshake ends.
+    pub fn connect(net: &Net, remote: SocketAddrV4) -> io::Result<TcpStream> {
+        block_on(aio::TcpStream::connect(net, remote), None).map(TcpStream::from)
+    }
+
+    /// Bound how long a read waits (`None`: forever).
+    pub fn set_read_timeout(&mut self, t: Option<Duration>) {
+        self.read_timeout = t;
+    }
+
+    /// Bound how long a write waits for room (`None`: forever).
+    pub fn set_write_timeout(&mut self, t: Option<Duration>) {
+        self.write_timeout = t;
+    }
+
+    /// Close the sending side (FIN after what was written); reading stays possible.
     pub fn shutdown(&self) -> io::Result<()> {
-        self.up.send(Up::Shutdown).map_err(|_| loop_gone())
+        self.inner.shutdown()
+    }
+
+    /// The remote end.
+    pub fn peer_addr(&self) -> io::Result<SocketAddrV4> {
+        self.inner.peer_addr()
+    }
+
+    /// The local end.
+    pub fn local_addr(&self) -> io::Result<SocketAddrV4> {
+        self.inner.local_addr()
     }
 }
 
 impl io::Read for TcpStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        while self.rest.is_empty() && !self.eof {
-            match self.down.recv() {
-                Ok(Down::Data(d)) => self.rest.extend(d),
-                Ok(Down::Eof) | Err(_) => self.eof = true,
-                Ok(Down::Error(kind, msg)) => return Err(io::Error::new(kind, msg)),
-            }
-        }
-        let n = buf.len().min(self.rest.len());
-        for (dst, src) in buf.iter_mut().zip(self.rest.drain(..n)) {
-            *dst = src;
-        }
-        Ok(n)
+        let s = &self.inner;
+        block_on(
+            std::future::poll_fn(|cx| s.poll_read_buf(cx, buf)),
+            self.read_timeout,
+        )
     }
 }
 
 impl io::Write for TcpStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = buf.len().min(CHUNK);
-        self.up
-            .send(Up::Data(buf[..n].to_vec()))
-            .map_err(|_| loop_gone())?;
-        Ok(n)
+        let s = &self.inner;
+        block_on(
+            std::future::poll_fn(|cx| s.poll_write_buf(cx, buf)),
+            self.write_timeout,
+        )
     }
+
+    /// Written bytes are in the stack's send ring already.
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
 
-/// Both ends of a new stream.
-fn stream_pair(h: TcpHandle) -> (LoopStream, TcpStream) {
-    let (up_tx, up_rx) = bounded(QUEUE);
-    let (down_tx, down_rx) = bounded(QUEUE);
-    (
-        LoopStream {
-            h,
-            up: up_rx,
-            down: down_tx,
-            pending: None,
-            held: None,
-            connecting: None,
-            app_gone: false,
-            eof_sent: false,
-        },
-        TcpStream {
-            up: up_tx,
-            down: down_rx,
-            rest: VecDeque::new(),
-            eof: false,
-        },
-    )
+/// A blocking UDP socket.
+#[derive(Debug)]
+pub struct UdpSocket {
+    inner: aio::UdpSocket,
+    read_timeout: Option<Duration>,
 }
 
-impl StreamFront {
-    fn take_requests(&mut self, stack: &mut Stack) {
-        while let Ok(req) = self.requests.try_recv() {
-            match req {
-                Request::Connect(remote, reply) => match stack.tcp_connect(remote) {
-                    Ok(h) => {
-                        // The thread's half is handed over once established.
-                        let (mut ls, ts) = stream_pair(h);
-                        ls.connecting = Some((reply, ts));
-                        self.streams.push(ls);
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(io_err(e)));
-                    }
-                },
-                Request::Listen(port, backlog, reply) => match stack.tcp_listen(port, backlog) {
-                    Ok(l) => {
-                        let (tx, rx) = bounded(backlog.max(1));
-                        self.listeners.push(LoopListener { l, accepted: tx });
-                        let _ = reply.send(Ok(TcpListener { accepted: rx }));
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(io_err(e)));
-                    }
-                },
-            }
-        }
+impl UdpSocket {
+    /// Bind to `port` (0 picks an ephemeral port).
+    pub fn bind(net: &Net, port: u16) -> io::Result<UdpSocket> {
+        Ok(UdpSocket {
+            inner: aio::UdpSocket::bind(net, port)?,
+            read_timeout: None,
+        })
     }
 
-    fn accept(&mut self, stack: &mut Stack) {
-        for li in &self.listeners {
-            while !li.accepted.is_full() {
-                let Ok(Some(h)) = stack.tcp_accept(li.l) else {
-                    break;
-                };
-                let (ls, ts) = stream_pair(h);
-                if li.accepted.try_send(ts).is_ok() {
-                    self.streams.push(ls);
-                } else {
-                    let _ = stack.tcp_abort(h);
-                }
-            }
-        }
+    /// Bound how long `recv_from` waits (`None`: forever).
+    pub fn set_read_timeout(&mut self, t: Option<Duration>) {
+        self.read_timeout = t;
     }
 
-    /// Move data between one stream's queues and its connection; false when done.
-    fn pump(s: &mut LoopStream, stack: &mut Stack, buf: &mut [u8]) -> bool {
-        let Ok(status) = stack.tcp_status(s.h) else {
-            return false;
-        };
-        if let Some((reply, ts)) = s.connecting.take() {
-            if let Some(e) = status.error {
-                let _ = reply.send(Err(io_err(Error::Tcp(e))));
-                let _ = stack.tcp_close(s.h);
-                return false;
-            }
-            if matches!(status.state, State::SynSent | State::SynReceived) {
-                s.connecting = Some((reply, ts));
-                return true;
-            }
-            let _ = reply.send(Ok(ts));
-        }
-        // Thread -> network.
-        loop {
-            if s.pending.is_none() && !s.app_gone {
-                match s.up.try_recv() {
-                    Ok(Up::Data(d)) => s.pending = Some((d, 0)),
-                    Ok(Up::Shutdown) => {
-                        let _ = stack.tcp_shutdown(s.h);
-                    }
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        s.app_gone = true;
-                        break;
-                    }
-                }
-            }
-            let Some((d, off)) = s.pending.as_mut() else {
-                break;
-            };
-            match stack.tcp_send(s.h, &d[*off..]) {
-                Ok(n) => {
-                    *off += n;
-                    if *off < d.len() {
-                        break;
-                    }
-                    s.pending = None;
-                }
-                Err(e) => {
-                    let _ = s
-                        .down
-                        .try_send(Down::Error(io_err(e).kind(), e.to_string()));
-                    s.pending = None;
-                    break;
-                }
-            }
-        }
-        // Network -> thread, only as far as the thread's queue has room.
-        loop {
-            if let Some(d) = s.held.take() {
-                match s.down.try_send(Down::Data(d)) {
-                    Ok(()) => {}
-                    Err(TrySendError::Full(Down::Data(d))) => {
-                        s.held = Some(d);
-                        break;
-                    }
-                    Err(_) => break,
-                }
-            }
-            match stack.tcp_recv(s.h, buf) {
-                Ok(0) => break,
-                Ok(n) => s.held = Some(buf[..n].to_vec()),
-                Err(e) => {
-                    let _ = s
-                        .down
-                        .try_send(Down::Error(io_err(e).kind(), e.to_string()));
-                    break;
-                }
-            }
-        }
-        if s.held.is_none() && status.eof && !s.eof_sent && s.down.try_send(Down::Eof).is_ok() {
-            s.eof_sent = true;
-        }
-        if s.app_gone && s.pending.is_none() {
-            // The thread dropped its stream: FIN after what it wrote.
-            let _ = stack.tcp_close(s.h);
-            return false;
-        }
-        !(status.error.is_some() && s.held.is_none())
-    }
-}
-
-impl App for StreamFront {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
-        self.take_requests(stack);
-        self.accept(stack);
-        let buf = &mut self.buf;
-        self.streams.retain_mut(|s| Self::pump(s, stack, buf));
-        Control::Continue
+    /// The port bound.
+    pub fn local_port(&self) -> u16 {
+        self.inner.local_port()
     }
 
-    // No `poll_at`: threads act without the loop knowing, so the loop's idle
-    // back-off (at most 1 ms by default) bounds how long a request waits.
+    /// Send a datagram, waiting while the send queue is full.
+    pub fn send_to(&self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
+        block_on(self.inner.send_to(buf, dst), None)
+    }
+
+    /// Receive a datagram (truncated to `buf`), its full length and source.
+    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddrV4)> {
+        block_on(self.inner.recv_from(buf), self.read_timeout)
+    }
 }

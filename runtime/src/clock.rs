@@ -6,16 +6,20 @@
 
 use ustack::time::Instant;
 
-/// A monotonic clock whose origin is its creation.
+/// A monotonic clock. Every clock of a process shares one origin (the
+/// first clock's creation), so stacks on several threads, and the ends of
+/// an in-process simulated link, agree on engine time.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
     origin: std::time::Instant,
 }
 
+static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
 impl Clock {
     pub fn new() -> Self {
         Clock {
-            origin: std::time::Instant::now(),
+            origin: *ORIGIN.get_or_init(std::time::Instant::now),
         }
     }
 

@@ -8,16 +8,19 @@
 //! threads).
 #![forbid(unsafe_code)]
 
+pub mod aio;
 pub mod backend;
 pub mod blocking;
 pub mod clock;
 pub mod net;
 pub mod poll;
+mod shared;
 pub mod telemetry;
 
 pub use clock::Clock;
 pub use net::{Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
+pub use shared::{Net, Runtime, io_error};
 
 /// The README's Rust examples, compiled and run as doctests.
 #[cfg(doctest)]

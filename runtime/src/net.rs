@@ -23,6 +23,7 @@ use ustack::{Config, Stack};
 
 use crate::clock::Clock;
 use crate::poll::{IdleMode, LoopConfig, RunError};
+use crate::shared::Runtime;
 use crate::telemetry::{Publisher, TelemetryError};
 
 /// Why a stack could not be started or stopped with an error.
@@ -341,6 +342,62 @@ impl Builder {
                 publisher: publisher.as_ref(),
             },
         )
+    }
+}
+
+impl Builder {
+    /// Build, open the backend and start the poll loop on its own thread;
+    /// sockets are opened on the returned runtime's [`Net`](crate::Net)
+    /// with the async ([`crate::aio`]) or blocking ([`crate::blocking`])
+    /// front. Multi-core configurations are not supported here (use
+    /// [`run_sharded`]).
+    pub fn spawn(self) -> Result<Runtime<()>, Error> {
+        self.spawn_with(())
+    }
+
+    /// [`spawn`](Self::spawn) with an in-loop `app` beside the fronts
+    /// (returned by [`Runtime::stop`]).
+    pub fn spawn_with<A: App + Send + 'static>(self, app: A) -> Result<Runtime<A>, Error> {
+        let cfg = self.build()?;
+        if cfg.cores.is_some() {
+            return Err(Error::Config(
+                "a spawned runtime runs one core: use run_sharded for several".into(),
+            ));
+        }
+        let publisher = match &cfg.telemetry {
+            Some(path) => Some(Publisher::start(
+                &format!("app {}", cfg.stack.ip),
+                Some(&crate::telemetry::socket_path(path)?),
+            )?),
+            None => None,
+        };
+        with_node(
+            &cfg,
+            Spawn {
+                app,
+                lcfg: cfg.loop_config(),
+                publisher,
+            },
+        )
+    }
+}
+
+/// [`Builder::spawn_with`]'s [`NodeUser`].
+struct Spawn<A> {
+    app: A,
+    lcfg: LoopConfig,
+    publisher: Option<Publisher>,
+}
+
+impl<A: App + Send + 'static> NodeUser for Spawn<A> {
+    type Output = Runtime<A>;
+    type Error = Error;
+    fn run<D>(self, node: Node<D>) -> Result<Runtime<A>, Error>
+    where
+        D: Device + Send + 'static,
+        D::Buf: Send,
+    {
+        crate::shared::spawn(node, self.app, self.lcfg, self.publisher)
     }
 }
 

@@ -122,6 +122,11 @@ impl PingTable {
         Some(true)
     }
 
+    /// Whether events wait to be drained.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Hand out pending events.
     pub fn drain_events(&mut self, out: &mut Vec<Event>) {
         for h in self.events.drain(..) {

@@ -9,6 +9,7 @@
 use serde::Serialize;
 
 use crate::device::{Device, DeviceTx, PortStats};
+use crate::events::Event;
 use crate::pool::PoolStats;
 use crate::shard::{Mail, Route, Shard, ShardStats};
 use crate::stack::Stack;
@@ -34,8 +35,14 @@ pub enum Control {
 /// Code that runs inside the poll loop, holding socket handles of the stack.
 pub trait App {
     /// Called once per loop iteration, after received frames are processed
-    /// and before timers and transmit.
+    /// (and after [`on_events`](Self::on_events)), before timers and transmit.
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control;
+    /// The readiness events of this iteration (see [`crate::events`]),
+    /// before [`poll`](Self::poll): an app with many sockets handles the
+    /// ones that changed instead of scanning all of them.
+    fn on_events(&mut self, now: Instant, events: &[Event], stack: &mut Stack) {
+        let _ = (now, events, stack);
+    }
     /// The next time the app must run even if nothing arrives.
     fn poll_at(&self) -> Option<Instant> {
         None
@@ -51,6 +58,11 @@ impl App for () {
 
 /// Several apps in one loop; exits when all have exited.
 impl<A: App> App for Vec<A> {
+    fn on_events(&mut self, now: Instant, events: &[Event], stack: &mut Stack) {
+        for a in self.iter_mut() {
+            a.on_events(now, events, stack);
+        }
+    }
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let mut all_done = true;
         for a in self.iter_mut() {
@@ -118,6 +130,7 @@ pub struct Port<D: Device> {
     pub shard: Option<Shard>,
     rx: Vec<D::Buf>,
     txq: Vec<D::Buf>,
+    events: Vec<Event>,
 }
 
 impl<D: Device + std::fmt::Debug> std::fmt::Debug for Port<D> {
@@ -136,6 +149,7 @@ impl<D: Device> Port<D> {
             shard,
             rx: Vec::with_capacity(BURST),
             txq: Vec::with_capacity(BURST),
+            events: Vec::new(),
         }
     }
 
@@ -180,6 +194,11 @@ impl<D: Device> Port<D> {
             }
             // `buf` drops here: the frame's buffer goes back to its pool.
         }
+        self.events.clear();
+        stack.drain_events(&mut self.events);
+        if !self.events.is_empty() {
+            app.on_events(now, &self.events, stack);
+        }
         let exit = app.poll(now, stack) == Control::Exit;
         stack.poll(now, &mut tx);
         tx.flush();
@@ -188,6 +207,12 @@ impl<D: Device> Port<D> {
             tx: tx.sent,
             exit,
         }
+    }
+
+    /// The readiness events the last [`step`](Self::step) handed the app
+    /// (the runtime wakes the tasks waiting on them).
+    pub fn events(&self) -> &[Event] {
+        &self.events
     }
 
     /// When this port and `stack` next have work without outside input.

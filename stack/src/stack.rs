@@ -101,6 +101,11 @@ impl Stack {
         self.pings.drain_events(out);
     }
 
+    /// Whether readiness events wait to be drained.
+    pub fn has_events(&self) -> bool {
+        self.tcp.has_events() || self.udp.has_events() || self.pings.has_events()
+    }
+
     // ---------------------------------------------------------------- receive
 
     /// Process one received frame. Replies (ARP, echo, ICMP errors) are
@@ -305,6 +310,7 @@ impl Stack {
     /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
     pub fn poll_at(&self) -> Option<Instant> {
         if self.link.announce_due()
+            || self.has_events()
             || self.pings.has_work()
             || self.udp.has_work()
             || self.tcp.has_work()
@@ -387,7 +393,8 @@ impl Stack {
         self.udp.pending(h)
     }
 
-    /// Close a socket; queued datagrams are discarded.
+    /// Close a socket; received datagrams are discarded, queued ones still
+    /// leave on the next poll.
     pub fn udp_close(&mut self, h: UdpHandle) -> Result<(), Error> {
         self.udp.close(h)
     }

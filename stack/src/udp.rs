@@ -26,12 +26,15 @@ pub const MAX_UDP_PAYLOAD: usize = 65_507;
 /// First port handed out for port 0.
 const EPHEMERAL_FIRST: u16 = 49_152;
 
+/// Datagrams with their remote ends, in order.
+type Datagrams = VecDeque<(SocketAddrV4, Vec<u8>)>;
+
 #[derive(Debug)]
 pub(crate) struct UdpSocket {
     port: u16,
-    rx: VecDeque<(SocketAddrV4, Vec<u8>)>,
+    rx: Datagrams,
     rx_bytes: usize,
-    tx: VecDeque<(SocketAddrV4, Vec<u8>)>,
+    tx: Datagrams,
     tx_bytes: usize,
     queued: bool,
     /// A send was refused for a full queue: say WRITABLE when it drains.
@@ -49,6 +52,10 @@ pub(crate) struct UdpTable {
     ready: VecDeque<UdpHandle>,
     /// Sockets with pending readiness events.
     events: Vec<UdpHandle>,
+    /// Datagrams of closed sockets still to be sent (their port, and them):
+    /// a datagram accepted by `send_to` leaves even if the socket closes
+    /// before the next poll, as with a kernel socket.
+    orphans: Vec<(u16, Datagrams)>,
 }
 
 impl UdpTable {
@@ -63,7 +70,7 @@ impl UdpTable {
 
     /// Whether datagrams wait to be sent.
     pub fn has_work(&self) -> bool {
-        !self.ready.is_empty()
+        !self.ready.is_empty() || !self.orphans.is_empty()
     }
 
     fn pick_ephemeral(&mut self) -> Option<u16> {
@@ -88,6 +95,11 @@ impl UdpTable {
                 self.events.push(h);
             }
         }
+    }
+
+    /// Whether events wait to be drained.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// Hand out pending events.
@@ -185,10 +197,14 @@ impl UdpTable {
         Ok((s.rx.len(), s.rx.front().map(|(_, d)| d.len())))
     }
 
-    /// Close a socket; queued datagrams are discarded.
+    /// Close a socket; received datagrams are discarded, queued ones still
+    /// leave on the next poll.
     pub fn close(&mut self, h: UdpHandle) -> Result<(), Error> {
         let s = self.sockets.remove(h).ok_or(Error::InvalidHandle)?;
         self.by_port.remove(&s.port);
+        if !s.tx.is_empty() {
+            self.orphans.push((s.port, s.tx));
+        }
         self.ready.retain(|&i| i != h);
         self.events.retain(|&i| i != h);
         Ok(())
@@ -241,8 +257,11 @@ impl UdpTable {
         Ok(None)
     }
 
-    /// Send the datagrams sockets queued.
+    /// Send the datagrams sockets queued (and those of sockets closed since).
     pub(crate) fn emit<T: Tx>(&mut self, link: &mut Link, now: Instant, tx: &mut T) {
+        for (port, datagrams) in std::mem::take(&mut self.orphans) {
+            send_all(link, now, tx, port, datagrams);
+        }
         while let Some(h) = self.ready.pop_front() {
             let Some(sock) = self.sockets.get_mut(h) else {
                 continue;
@@ -252,32 +271,43 @@ impl UdpTable {
             let datagrams = std::mem::take(&mut sock.tx);
             sock.tx_bytes = 0;
             let unblocked = std::mem::take(&mut sock.tx_blocked);
-            for (dst, data) in datagrams {
-                let src = IpAddress::Ipv4(link.ip());
-                let repr = UdpRepr {
-                    src_port: port,
-                    dst_port: dst.port(),
-                };
-                let caps = link.checksum.clone();
-                let len = repr.header_len() + data.len();
-                let sent = link.send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
-                    repr.emit(
-                        &mut UdpPacket::new_unchecked(buf),
-                        &src,
-                        &IpAddress::Ipv4(*dst.ip()),
-                        data.len(),
-                        |p| p.copy_from_slice(&data),
-                        &caps,
-                    );
-                });
-                if sent.is_ok() {
-                    link.stats.udp.tx_datagrams += 1;
-                    link.stats.udp.tx_bytes += data.len() as u64;
-                }
-            }
+            send_all(link, now, tx, port, datagrams);
             if unblocked {
                 self.raise(h, Readiness::WRITABLE);
             }
+        }
+    }
+}
+
+/// Send `datagrams` from local `port`.
+fn send_all<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    port: u16,
+    datagrams: Datagrams,
+) {
+    for (dst, data) in datagrams {
+        let src = IpAddress::Ipv4(link.ip());
+        let repr = UdpRepr {
+            src_port: port,
+            dst_port: dst.port(),
+        };
+        let caps = link.checksum.clone();
+        let len = repr.header_len() + data.len();
+        let sent = link.send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
+            repr.emit(
+                &mut UdpPacket::new_unchecked(buf),
+                &src,
+                &IpAddress::Ipv4(*dst.ip()),
+                data.len(),
+                |p| p.copy_from_slice(&data),
+                &caps,
+            );
+        });
+        if sent.is_ok() {
+            link.stats.udp.tx_datagrams += 1;
+            link.stats.udp.tx_bytes += data.len() as u64;
         }
     }
 }

@@ -396,6 +396,11 @@ impl TcpTable {
         }
     }
 
+    /// Whether events wait to be drained.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty() || !self.listener_events.is_empty()
+    }
+
     /// Hand out pending events.
     pub fn drain_events(&mut self, out: &mut Vec<Event>) {
         for port in self.listener_events.drain(..) {

@@ -1,0 +1,311 @@
+//! A stack shared between its poll-loop thread and the threads and tasks
+//! that use its sockets: [`Net`], the handle the async and blocking fronts
+//! hold, and the loop [`Runtime`] runs.
+//!
+//! The stack sits behind one lock. The loop takes it for an iteration and
+//! hands it over fairly between iterations; a socket call takes it for the
+//! call. A call that would block registers its task's waker under the lock,
+//! and the loop wakes it when the readiness event arrives ([`ustack::events`]),
+//! so no wake-up is lost between the check and the wait. Calls that give
+//! the loop work (data to send, a connection to open) unpark it when it
+//! sleeps in its idle back-off.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Waker};
+use std::thread::{JoinHandle, Thread};
+use std::time::Duration;
+
+use parking_lot::{Mutex, MutexGuard};
+use ustack::device::Device;
+use ustack::events::{Readiness, SocketRef};
+use ustack::node::{App, Node, Port};
+use ustack::time::earliest;
+use ustack::{Error as StackError, Stack};
+
+use crate::clock::Clock;
+use crate::poll::{IdleMode, LoopConfig};
+use crate::telemetry::Publisher;
+
+/// What a waiting task waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Interest {
+    /// Data, a connection to accept, a datagram, the end of stream.
+    Read,
+    /// Room to write, the handshake's end.
+    Write,
+}
+
+#[derive(Debug, Default)]
+struct Waiters {
+    read: Option<Waker>,
+    write: Option<Waker>,
+}
+
+/// The stack and the tasks waiting on its sockets.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub stack: Stack,
+    waiters: HashMap<SocketRef, Waiters>,
+}
+
+impl Inner {
+    /// Wake `cx`'s task when `socket` is ready for `interest`.
+    pub fn wait(&mut self, socket: SocketRef, interest: Interest, cx: &Context<'_>) {
+        let w = self.waiters.entry(socket).or_default();
+        let slot = match interest {
+            Interest::Read => &mut w.read,
+            Interest::Write => &mut w.write,
+        };
+        match slot {
+            Some(old) if old.will_wake(cx.waker()) => {}
+            _ => *slot = Some(cx.waker().clone()),
+        }
+    }
+
+    /// Forget the waiters of a socket being closed.
+    pub fn forget(&mut self, socket: SocketRef) {
+        self.waiters.remove(&socket);
+    }
+}
+
+/// The state the loop thread and the socket handles share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    inner: Mutex<Inner>,
+    stop: AtomicBool,
+    /// The loop has ended (stopped, or its device failed).
+    gone: AtomicBool,
+    failure: Mutex<Option<String>>,
+    loop_thread: Mutex<Option<Thread>>,
+}
+
+/// A handle on a running stack: what the async and blocking fronts hold.
+/// Cloning shares the same stack.
+#[derive(Debug, Clone)]
+pub struct Net {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Net {
+    /// Lock the stack for a socket call; fails once the loop has ended.
+    pub(crate) fn lock(&self) -> io::Result<MutexGuard<'_, Inner>> {
+        let guard = self.shared.inner.lock();
+        if self.shared.gone.load(Ordering::Acquire) {
+            return Err(self.gone_error());
+        }
+        Ok(guard)
+    }
+
+    /// The error every call returns once the loop has ended.
+    pub(crate) fn gone_error(&self) -> io::Error {
+        let why = self.shared.failure.lock().clone();
+        io::Error::new(
+            io::ErrorKind::NotConnected,
+            why.unwrap_or_else(|| "the stack's poll loop has stopped".into()),
+        )
+    }
+
+    /// The loop has work (data queued, a connection opened): wake it if it
+    /// sleeps.
+    pub(crate) fn kick(&self) {
+        if let Some(t) = self.shared.loop_thread.lock().as_ref() {
+            t.unpark();
+        }
+    }
+
+    /// Run `f` on the stack (for what the fronts do not cover: statistics,
+    /// connection info, any in-loop API), then wake the loop.
+    pub fn with_stack<R>(&self, f: impl FnOnce(&mut Stack) -> R) -> io::Result<R> {
+        let r = f(&mut self.lock()?.stack);
+        self.kick();
+        Ok(r)
+    }
+
+    /// Whether the loop still runs.
+    pub fn is_running(&self) -> bool {
+        !self.shared.gone.load(Ordering::Acquire)
+    }
+}
+
+/// An engine error as the `std::io` error a socket user expects.
+pub fn io_error(e: StackError) -> io::Error {
+    use ustack::tcp::ConnError;
+    let kind = match e {
+        StackError::AddrInUse => io::ErrorKind::AddrInUse,
+        StackError::NoFreePort => io::ErrorKind::AddrNotAvailable,
+        StackError::InvalidHandle => io::ErrorKind::NotConnected,
+        StackError::QueueFull => io::ErrorKind::WouldBlock,
+        StackError::TooLarge => io::ErrorKind::InvalidInput,
+        StackError::NoRoute => io::ErrorKind::HostUnreachable,
+        StackError::Closed => io::ErrorKind::BrokenPipe,
+        StackError::Tcp(ConnError::Refused) => io::ErrorKind::ConnectionRefused,
+        StackError::Tcp(ConnError::Reset) => io::ErrorKind::ConnectionReset,
+        StackError::Tcp(ConnError::TimedOut) => io::ErrorKind::TimedOut,
+        StackError::Tcp(ConnError::Aborted) => io::ErrorKind::ConnectionAborted,
+    };
+    io::Error::new(kind, e)
+}
+
+/// A stack running on its own thread: socket handles come from [`net`](Self::net)
+/// (or the fronts' constructors); [`stop`](Self::stop) ends the loop and
+/// returns the in-loop app. Dropping it stops the loop too.
+#[derive(Debug)]
+pub struct Runtime<A: Send + 'static = ()> {
+    net: Net,
+    thread: Option<JoinHandle<Result<A, crate::Error>>>,
+}
+
+impl<A: Send + 'static> Runtime<A> {
+    /// The handle sockets are opened on.
+    pub fn net(&self) -> &Net {
+        &self.net
+    }
+
+    /// Stop the loop and wait for it; returns the in-loop app, or the
+    /// error that ended the loop early.
+    pub fn stop(mut self) -> Result<A, crate::Error> {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> Result<A, crate::Error> {
+        self.net.shared.stop.store(true, Ordering::Release);
+        self.net.kick();
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| crate::Error::Panicked)?,
+            None => Err(crate::Error::Config(
+                "the runtime was already stopped".into(),
+            )),
+        }
+    }
+}
+
+impl<A: Send + 'static> Drop for Runtime<A> {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.halt();
+        }
+    }
+}
+
+/// Start the loop of `node` on a new thread with the in-loop `app`.
+pub(crate) fn spawn<D, A>(
+    node: Node<D>,
+    mut app: A,
+    lcfg: LoopConfig,
+    publisher: Option<Publisher>,
+) -> Result<Runtime<A>, crate::Error>
+where
+    D: Device + Send + 'static,
+    D::Buf: Send,
+    A: App + Send + 'static,
+{
+    let Node { stack, port } = node;
+    let shared = Arc::new(Shared {
+        inner: Mutex::new(Inner {
+            stack,
+            waiters: HashMap::new(),
+        }),
+        stop: AtomicBool::new(false),
+        gone: AtomicBool::new(false),
+        failure: Mutex::new(None),
+        loop_thread: Mutex::new(None),
+    });
+    let net = Net {
+        shared: shared.clone(),
+    };
+    let thread = std::thread::Builder::new()
+        .name("ustack-loop".into())
+        .spawn(move || {
+            *shared.loop_thread.lock() = Some(std::thread::current());
+            let r = run_shared(&shared, port, &mut app, &lcfg, publisher.as_ref());
+            if let Err(e) = &r {
+                *shared.failure.lock() = Some(e.to_string());
+            }
+            // Every waiter learns that the loop is gone.
+            shared.gone.store(true, Ordering::Release);
+            let waiters = std::mem::take(&mut shared.inner.lock().waiters);
+            for w in waiters.into_values() {
+                w.read.into_iter().chain(w.write).for_each(Waker::wake);
+            }
+            r.map(|()| app)
+        })
+        .map_err(crate::Error::Thread)?;
+    Ok(Runtime {
+        net,
+        thread: Some(thread),
+    })
+}
+
+/// The loop: one iteration under the lock, then the wakers of this
+/// iteration's events outside it, then the idle back-off.
+fn run_shared<D: Device, A: App>(
+    shared: &Shared,
+    mut port: Port<D>,
+    app: &mut A,
+    cfg: &LoopConfig,
+    publisher: Option<&Publisher>,
+) -> Result<(), crate::Error> {
+    if let Some(core) = cfg.core {
+        crate::poll::pin_to_core(core)?;
+    }
+    let clock = Clock::new();
+    let start = clock.now();
+    let end = cfg.duration.map(|d| start + d);
+    let mut next_stats = start + cfg.stats_interval;
+    let mut backoff = Duration::from_micros(1);
+    let mut wake = Vec::new();
+    loop {
+        let now = clock.now();
+        let mut inner = shared.inner.lock();
+        let report = port.step(&mut inner.stack, now, app);
+        for ev in port.events() {
+            let Some(w) = inner.waiters.get_mut(&ev.socket) else {
+                continue;
+            };
+            let r = ev.readiness;
+            if r.intersects(Readiness::READABLE | Readiness::CLOSED | Readiness::ERROR) {
+                wake.extend(w.read.take());
+            }
+            if r.intersects(
+                Readiness::WRITABLE | Readiness::CONNECTED | Readiness::CLOSED | Readiness::ERROR,
+            ) {
+                wake.extend(w.write.take());
+            }
+        }
+        let snapshot =
+            (now >= next_stats && publisher.is_some()).then(|| port.snapshot(&inner.stack, now));
+        let poll_at = port.poll_at(&inner.stack, app);
+        MutexGuard::unlock_fair(inner);
+        wake.drain(..).for_each(Waker::wake);
+        if let (Some(s), Some(p)) = (snapshot, publisher) {
+            p.publish(&s);
+            next_stats = now + cfg.stats_interval;
+        }
+        if report.exit || end.is_some_and(|e| now >= e) || shared.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if let Some(why) = port.dev.failure() {
+            return Err(crate::RunError::Device(why).into());
+        }
+        let IdleMode::Backoff { max_sleep } = cfg.idle else {
+            continue;
+        };
+        if report.busy() {
+            backoff = Duration::from_micros(1);
+            continue;
+        }
+        let until = [poll_at, Some(next_stats), end]
+            .into_iter()
+            .fold(None, earliest)
+            .unwrap_or(now + max_sleep);
+        let sleep = backoff.min(until.saturating_duration_since(now));
+        if !sleep.is_zero() {
+            // A socket call that gives the loop work unparks it.
+            std::thread::park_timeout(sleep);
+        }
+        backoff = (backoff * 2).min(max_sleep);
+    }
+}
