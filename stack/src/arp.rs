@@ -4,8 +4,8 @@
 //! The cache is a plain data structure driven by the [`Stack`](crate::Stack):
 //! it decides, the stack emits.
 
+use core::net::Ipv4Addr;
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use smoltcp::wire::EthernetAddress;

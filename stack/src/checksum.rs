@@ -7,7 +7,7 @@
 //! 32-bit words into a 64-bit accumulator, folds, and swaps once. The
 //! results are identical to smoltcp's (property-tested below).
 
-use std::net::Ipv4Addr;
+use core::net::Ipv4Addr;
 
 /// One's-complement sum of `data` (odd length padded with a zero byte),
 /// not yet folded: add more with [`sum`], finish with [`fold`].

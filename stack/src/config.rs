@@ -1,7 +1,7 @@
 //! The configuration of one stack instance.
 
+use core::net::Ipv4Addr;
 use std::hash::BuildHasher;
-use std::net::Ipv4Addr;
 
 use smoltcp::wire::{EthernetAddress, Ipv4Cidr};
 

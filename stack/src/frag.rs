@@ -7,8 +7,8 @@
 //! new datagram would pass the cap, the oldest incomplete one is evicted.
 //! Any overlap drops the whole datagram (no ambiguity to exploit).
 
+use core::net::Ipv4Addr;
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use crate::stats::DropReason;

@@ -7,8 +7,8 @@
 //! iputils ping carries a timeval; the reply brings it back, so no per-request
 //! state is kept and the RTT survives loss and reordering.
 
+use core::net::{Ipv4Addr, SocketAddrV4};
 use std::collections::{HashMap, VecDeque};
-use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use slotmap::SlotMap;

@@ -3,9 +3,9 @@
 //! errors and resets rate-limited. Each transport (ICMP, UDP, TCP, UD)
 //! holds its own sockets and reaches the wire only through a `&mut Link`.
 
+use core::net::Ipv4Addr;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::net::Ipv4Addr;
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{

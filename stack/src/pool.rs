@@ -208,6 +208,7 @@ mod test {
     }
 
     #[test]
+    #[allow(clippy::disallowed_methods)] // the test's own thread, not the engine's
     fn buffers_return_across_threads() {
         let pool = SlabPool::new("t", 8, 32);
         let bufs: Vec<_> = (0..8).map(|_| pool.alloc().unwrap()).collect();

@@ -14,7 +14,7 @@
 //! gives them to queue 0, and the shards replicate ARP to each other (see
 //! [`crate::shard`]).
 
-use std::net::Ipv4Addr;
+use core::net::Ipv4Addr;
 
 use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket};
 

@@ -21,7 +21,7 @@
 //! Active opens pick a local port whose flow hashes back to the opening
 //! shard ([`ShardId::owns_tcp`]).
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use core::net::{Ipv4Addr, SocketAddrV4};
 
 use serde::Serialize;
 use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet};

@@ -9,7 +9,7 @@
 //! through [`crate::link`]; this file wires them together and is the app
 //! API's front door.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use core::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use smoltcp::wire::{

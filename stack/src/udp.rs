@@ -1,8 +1,8 @@
 //! UDP: sockets with bounded queues both ways, the receive path (checksum,
 //! demux by port, port unreachable) and the transmit path.
 
+use core::net::SocketAddrV4;
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddrV4;
 
 use slotmap::SlotMap;
 use smoltcp::wire::Icmpv4DstUnreachable;
@@ -280,13 +280,7 @@ impl UdpTable {
 }
 
 /// Send `datagrams` from local `port`.
-fn send_all<T: Tx>(
-    link: &mut Link,
-    now: Instant,
-    tx: &mut T,
-    port: u16,
-    datagrams: Datagrams,
-) {
+fn send_all<T: Tx>(link: &mut Link, now: Instant, tx: &mut T, port: u16, datagrams: Datagrams) {
     for (dst, data) in datagrams {
         let src = IpAddress::Ipv4(link.ip());
         let repr = UdpRepr {

@@ -2,7 +2,7 @@
 //! [`BulkRecv`] checks every byte against it and keeps a CRC-32 of the stream,
 //! so a transfer is verified byte-exact on both ends.
 
-use std::net::SocketAddrV4;
+use core::net::SocketAddrV4;
 
 use crate::node::{App, Control};
 use crate::stack::{Error, Stack};

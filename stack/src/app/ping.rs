@@ -1,7 +1,7 @@
 //! [`Pinger`]: sends ICMP echo requests on a schedule and keeps ping's statistics.
 
+use core::net::Ipv4Addr;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use crate::icmp::{PingEvent, PingHandle, PingReply};

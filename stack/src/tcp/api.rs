@@ -1,7 +1,7 @@
 //! The TCP app API on the table: listen, accept, connect, send, recv,
 //! shutdown, close, abort, status (the `Stack`'s `tcp_*` methods call these).
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use core::net::{Ipv4Addr, SocketAddrV4};
 
 use super::conn::{ConnError, ConnInfo, State, TcpConn};
 use super::{ListenHandle, Listener, TcpHandle, TcpTable, local};

@@ -6,7 +6,7 @@
 //! copies straight into the device buffer with [`TcpConn::copy_payload`].
 //! Timers: [`TcpConn::poll_at`] and [`TcpConn::on_timer`].
 
-use std::net::SocketAddrV4;
+use core::net::SocketAddrV4;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -1656,7 +1656,7 @@ impl TcpConn {
 #[cfg(test)]
 mod test {
     use super::*;
-    use std::net::Ipv4Addr;
+    use core::net::Ipv4Addr;
 
     const A: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
     const B: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 80);

@@ -1,6 +1,6 @@
 //! TCP on the data path: segment demux on receive, emission on poll.
 
-use std::net::SocketAddrV4;
+use core::net::SocketAddrV4;
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTimestampRepr};

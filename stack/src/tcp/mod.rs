@@ -15,10 +15,10 @@ pub mod rtt;
 pub mod scoreboard;
 pub mod seq;
 
+use core::net::{Ipv4Addr, SocketAddrV4};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::Hasher;
-use std::net::{Ipv4Addr, SocketAddrV4};
 
 use siphasher::sip::SipHasher24;
 

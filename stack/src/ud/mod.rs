@@ -21,8 +21,8 @@
 pub mod ping;
 pub mod wire;
 
+use core::net::Ipv4Addr;
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
 
 use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
 
