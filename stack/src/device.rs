@@ -22,6 +22,8 @@ pub struct PortStats {
     pub rx_nombuf: u64,
     /// Frames the port could not transmit.
     pub tx_errors: u64,
+    /// Transmits retried after a transient refusal (a full socket buffer).
+    pub tx_retries: u64,
 }
 
 /// What a backend can do, read once by the poll loop.

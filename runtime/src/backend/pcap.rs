@@ -7,6 +7,7 @@
 //! through a BPF filter for our MAC, broadcast and multicast, so the stack
 //! neither sees its own frames nor copies unrelated traffic.
 
+use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::pcap::{Active, Capture, Direction, Linktype, Packet, PacketHeader, Savefile};
@@ -43,6 +44,35 @@ pub struct PcapPort {
     mtu: usize,
     failed: Option<PcapError>,
     next_link_check: Instant,
+    /// Frames the kernel refused for a moment (ENOBUFS, EAGAIN), sent
+    /// first on the next burst.
+    backlog: VecDeque<SlabBuf>,
+}
+
+/// Frames held for a retry at most; beyond it they are dropped (counted).
+const BACKLOG: usize = 256;
+
+/// How a failed `pcap_sendpacket` is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendFailure {
+    /// The socket buffer is full for now: keep the frame, send it later.
+    Transient,
+    /// This frame cannot go (too long, refused): drop it, count it.
+    Frame,
+}
+
+/// Classify a send error by libpcap's message (it carries strerror's text).
+fn send_failure(msg: &str) -> SendFailure {
+    let m = msg.to_lowercase();
+    if m.contains("no buffer space")
+        || m.contains("temporarily unavailable")
+        || m.contains("interrupted system call")
+        || m.contains("would block")
+    {
+        SendFailure::Transient
+    } else {
+        SendFailure::Frame
+    }
 }
 
 /// How often the interface's state is looked at (libpcap does not report an
@@ -123,6 +153,7 @@ impl PcapPort {
             mtu,
             failed: None,
             next_link_check: Instant::ZERO,
+            backlog: VecDeque::new(),
         })
     }
 
@@ -177,21 +208,45 @@ impl Device for PcapPort {
         n
     }
 
+    /// Sends the frames a transient refusal held back first, then `pkts`.
+    /// A transient refusal (full socket buffer) keeps the frame and the
+    /// ones after it for the next burst (`tx_retries`); another error drops
+    /// the frame (`tx_errors`), and ends the run only when the interface is
+    /// gone or down (checked here and once a second by `rx_burst`).
     fn tx_burst(&mut self, _: Instant, pkts: &mut Vec<SlabBuf>) -> usize {
         let mut sent = 0;
-        for buf in pkts.drain(..) {
+        let mut frames = std::mem::take(&mut self.backlog)
+            .into_iter()
+            .chain(pkts.drain(..));
+        while let Some(buf) = frames.next() {
             match self.cap.sendpacket(buf.as_ref()) {
                 Ok(()) => {
                     self.stats.tx_packets += 1;
                     self.stats.tx_bytes += buf.len() as u64;
                     sent += 1;
                 }
-                Err(e) => {
-                    self.stats.tx_errors += 1;
-                    if self.failed.is_none() {
-                        self.failed = Some(classify(&self.iface, e));
+                Err(e) => match send_failure(&e.to_string()) {
+                    SendFailure::Transient => {
+                        // Keep this frame and the rest, in order, for later.
+                        for b in std::iter::once(buf).chain(frames.by_ref()) {
+                            if self.backlog.len() < BACKLOG {
+                                self.stats.tx_retries += 1;
+                                self.backlog.push_back(b);
+                            } else {
+                                self.stats.tx_errors += 1;
+                            }
+                        }
+                        break;
                     }
-                }
+                    SendFailure::Frame => {
+                        self.stats.tx_errors += 1;
+                        if let Err(gone) = link_up(&self.iface) {
+                            self.failed.get_or_insert(gone);
+                        } else {
+                            tracing::debug!("pcap on {}: frame dropped: {e}", self.iface);
+                        }
+                    }
+                },
             }
         }
         sent
@@ -211,6 +266,29 @@ impl Device for PcapPort {
 
     fn failure(&self) -> Option<String> {
         self.failed.as_ref().map(ToString::to_string)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn transient_send_errors_are_told_apart() {
+        for m in [
+            "send: No buffer space available",
+            "send: Resource temporarily unavailable",
+            "send: Interrupted system call",
+        ] {
+            assert_eq!(send_failure(m), SendFailure::Transient, "{m}");
+        }
+        for m in [
+            "send: Message too long",
+            "send: Network is down",
+            "send: No such device",
+        ] {
+            assert_eq!(send_failure(m), SendFailure::Frame, "{m}");
+        }
     }
 }
 
