@@ -269,29 +269,6 @@ impl Device for PcapPort {
     }
 }
 
-#[cfg(test)]
-mod test {
-    use super::*;
-
-    #[test]
-    fn transient_send_errors_are_told_apart() {
-        for m in [
-            "send: No buffer space available",
-            "send: Resource temporarily unavailable",
-            "send: Interrupted system call",
-        ] {
-            assert_eq!(send_failure(m), SendFailure::Transient, "{m}");
-        }
-        for m in [
-            "send: Message too long",
-            "send: Network is down",
-            "send: No such device",
-        ] {
-            assert_eq!(send_failure(m), SendFailure::Frame, "{m}");
-        }
-    }
-}
-
 /// A device whose frames, both ways, are also written to a pcap file.
 pub struct Captured<D: Device> {
     inner: D,
@@ -381,5 +358,28 @@ impl<D: Device> Device for Captured<D> {
 impl<D: Device> Drop for Captured<D> {
     fn drop(&mut self) {
         let _ = self.file.flush();
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn transient_send_errors_are_told_apart() {
+        for m in [
+            "send: No buffer space available",
+            "send: Resource temporarily unavailable",
+            "send: Interrupted system call",
+        ] {
+            assert_eq!(send_failure(m), SendFailure::Transient, "{m}");
+        }
+        for m in [
+            "send: Message too long",
+            "send: Network is down",
+            "send: No such device",
+        ] {
+            assert_eq!(send_failure(m), SendFailure::Frame, "{m}");
+        }
     }
 }
