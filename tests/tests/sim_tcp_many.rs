@@ -1,5 +1,5 @@
 //! Many connections on the sim link: 10,000 concurrent transfers, SYN cookies
-//! under a full backlog, and memory per idle connection.
+//! under a full backlog. (Memory per idle connection: `memory_idle.rs`.)
 
 use std::net::SocketAddrV4;
 use std::time::Duration;
@@ -83,71 +83,4 @@ fn syn_cookies_accept_clients_when_backlog_is_full() {
     assert_eq!(server.completed.len(), N);
     assert!(server.completed.iter().all(|t| t.bytes == 5000));
     assert_eq!(server.corrupt_bytes, 0);
-}
-
-/// Opens connections and keeps them open, idle.
-struct IdleClients {
-    dst: SocketAddrV4,
-    want: usize,
-    handles: Vec<ustack::tcp::TcpHandle>,
-}
-
-impl App for IdleClients {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
-        while self.handles.len() < self.want {
-            self.handles
-                .push(stack.tcp_connect(self.dst).expect("connect"));
-        }
-        Control::Continue
-    }
-}
-
-/// Accepts connections and keeps them open, idle.
-struct IdleServer {
-    listener: Option<ustack::tcp::ListenHandle>,
-    accepted: Vec<ustack::tcp::TcpHandle>,
-}
-
-impl App for IdleServer {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
-        let l = *self
-            .listener
-            .get_or_insert_with(|| stack.tcp_listen(5001, 4096).expect("listen"));
-        while let Ok(Some(h)) = stack.tcp_accept(l) {
-            self.accepted.push(h);
-        }
-        Control::Continue
-    }
-}
-
-#[test]
-fn memory_per_idle_connection_is_reported() {
-    let mut net = SimNet::new(LinkConfig::default());
-    net.add(small_buffers(1));
-    net.add(small_buffers(2));
-    let dst = SocketAddrV4::new(net.nodes[1].stack.ip(), 5001);
-    let mut clients = IdleClients {
-        dst,
-        want: 1000,
-        handles: Vec::new(),
-    };
-    let mut server = IdleServer {
-        listener: None,
-        accepted: Vec::new(),
-    };
-    net.run_until(
-        Instant::from_secs(5),
-        &mut [&mut clients, &mut server],
-        |_| false,
-    );
-    assert_eq!(server.accepted.len(), 1000);
-    for h in &server.accepted {
-        assert_eq!(
-            net.nodes[1].stack.tcp_status(*h).unwrap().state,
-            ustack::tcp::State::Established
-        );
-    }
-    let per_conn = ustack::tcp::TcpConn::memory_estimate(&net.nodes[1].stack.config().tcp);
-    eprintln!("memory per idle connection: {per_conn} bytes (8 KiB send + 8 KiB receive buffers)");
-    assert!(per_conn < 64 << 10, "{per_conn}");
 }
