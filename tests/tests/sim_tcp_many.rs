@@ -5,9 +5,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::app::bulk::{BulkRecv, BulkSend};
-use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet};
-use ustack::{Instant, Stack};
 
 mod common;
 use common::{ManyClients, small_buffers};
