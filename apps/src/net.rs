@@ -248,7 +248,7 @@ pub fn run_sharded<A, F>(
     steer: &[SteerRule],
     duration: Option<std::time::Duration>,
     stop: &AtomicBool,
-    tele: Option<&crate::telemetry::Telemetry>,
+    publisher: Option<&ustack_runtime::telemetry::Publisher>,
     make: F,
 ) -> Result<Vec<ShardResult<A>>>
 where
@@ -259,7 +259,6 @@ where
         bail!("--cores LIST is required for a sharded run");
     }
     let cfg = net.net_config()?;
-    let publisher = tele.and_then(crate::telemetry::Telemetry::publisher);
     Ok(ustack_runtime::net::run_sharded(
         &cfg, steer, duration, stop, publisher, make,
     )?)

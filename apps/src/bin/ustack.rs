@@ -291,7 +291,7 @@ fn run_sharded(args: &RunArgs, stop: &AtomicBool) -> Result<ExitCode> {
         &steer,
         args.duration.map(Duration::from_secs_f64),
         stop,
-        Some(&tele),
+        tele.publisher(),
         |shard| DaemonApps {
             services: Services::new(),
             // Every shard listens (steering brings 5201 to shard 0); only
