@@ -17,6 +17,7 @@ pub struct Clock {
 static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
 impl Clock {
+    /// A clock on the process's shared origin (set by the first clock made).
     pub fn new() -> Self {
         Clock {
             origin: *ORIGIN.get_or_init(std::time::Instant::now),

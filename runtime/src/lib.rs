@@ -7,6 +7,7 @@
 //! publisher, and the fronts apps use ([`blocking`] streams for ordinary
 //! threads).
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod aio;
 pub mod backend;

@@ -35,18 +35,25 @@ pub enum Error {
     /// This build lacks the backend the configuration names.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// The poll loop could not pin its core, or the device failed while
+    /// running (an interface gone or down).
     #[error(transparent)]
     Run(#[from] RunError),
+    /// The telemetry socket could not be set up.
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
+    /// The pcap port or capture file could not be opened.
     #[cfg(feature = "pcap")]
     #[error(transparent)]
     Pcap(#[from] crate::backend::pcap::PcapError),
+    /// The DPDK EAL or port could not be set up.
     #[cfg(feature = "dpdk")]
     #[error(transparent)]
     Dpdk(#[from] ustack_dpdk::DpdkError),
+    /// The OS refused a poll-loop thread.
     #[error("cannot start a poll-loop thread: {0}")]
     Thread(std::io::Error),
+    /// A poll-loop thread panicked (a bug: the engine never panics on input).
     #[error("a poll-loop thread panicked")]
     Panicked,
 }
@@ -59,7 +66,9 @@ pub enum Backend {
     Pcap(String),
     /// A DPDK port (feature `dpdk`), the EAL started with `eal_args`.
     Dpdk {
+        /// Arguments for `rte_eal_init`, split like a shell would.
         eal_args: String,
+        /// The DPDK port id.
         port: u16,
         /// Mbufs in the port's pool.
         mbufs: u32,
@@ -72,6 +81,7 @@ pub enum Backend {
 /// Everything needed to run a stack on a port.
 #[derive(Debug, Clone)]
 pub struct NetConfig {
+    /// Where frames come from and go.
     pub backend: Backend,
     /// The engine's settings: address, gateway, MAC, MTU, TCP tuning.
     pub stack: Config,
@@ -153,6 +163,8 @@ pub struct Builder {
 }
 
 impl Builder {
+    /// An empty builder: a backend and an address must be given before
+    /// [`build`](Self::build).
     pub fn new() -> Self {
         Self::default()
     }
@@ -447,7 +459,10 @@ pub fn run_app<D: Device, A: App + ?Sized>(
 
 /// Code that runs a node, whatever its device type.
 pub trait NodeUser {
+    /// What running on the node produces.
     type Output;
+    /// The user's error; opening the backend fails with an [`Error`]
+    /// converted into it.
     type Error: From<Error>;
     /// Run on `node`. The device can move to another thread (the runtime's
     /// spawned loop does that).

@@ -18,12 +18,16 @@ pub enum IdleMode {
     BusyPoll,
     /// Sleep with an exponential back-off up to `max_sleep`, never past the
     /// next timer (laptops, shared machines).
-    Backoff { max_sleep: Duration },
+    Backoff {
+        /// Longest single sleep (the back-off doubles from 1 µs up to it).
+        max_sleep: Duration,
+    },
 }
 
 /// Poll-loop settings.
 #[derive(Debug, Clone)]
 pub struct LoopConfig {
+    /// What an idle iteration does: busy-poll or back off.
     pub idle: IdleMode,
     /// CPU to pin the loop's thread to.
     pub core: Option<usize>,
@@ -46,11 +50,13 @@ impl Default for LoopConfig {
     }
 }
 
-/// Why the loop could not start.
+/// Why the loop could not start, or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The thread could not be pinned to this CPU.
     #[error("cannot pin to core {0}: no such core or not permitted")]
     Pin(usize),
+    /// The device stopped working ([`Device::failure`]'s reason).
     #[error("{0}")]
     Device(String),
 }

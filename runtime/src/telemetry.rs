@@ -46,16 +46,28 @@ const ACCEPT_INTERVAL: Duration = Duration::from_millis(50);
 /// Why telemetry could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
+    /// The socket's directory does not exist (it is not created).
     #[error("telemetry socket {}: directory {} does not exist", .path.display(), .dir.display())]
-    NoDir { path: PathBuf, dir: PathBuf },
+    NoDir {
+        /// The socket path asked for.
+        path: PathBuf,
+        /// Its missing parent directory.
+        dir: PathBuf,
+    },
+    /// Something other than a socket is at the path; it is not touched.
     #[error("telemetry socket {}: exists and is not a socket (left alone)", .0.display())]
     NotSocket(PathBuf),
+    /// A live stack answers on the socket already.
     #[error("telemetry socket {}: a running stack already publishes there", .0.display())]
     InUse(PathBuf),
+    /// A file-system or socket operation failed.
     #[error("telemetry socket {}: {what}: {err}", .path.display())]
     Io {
+        /// The socket path.
         path: PathBuf,
+        /// What was being done.
         what: &'static str,
+        /// The OS error.
         #[source]
         err: io::Error,
     },

@@ -100,6 +100,7 @@ pub struct ArpCache {
 }
 
 impl ArpCache {
+    /// An empty cache with the limits of `cfg`.
     pub fn new(cfg: ArpConfig) -> Self {
         ArpCache {
             cfg,

@@ -12,6 +12,7 @@ use crate::tcp::TcpConfig;
 /// Configuration of one stack instance.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Our Ethernet address (frames to any other unicast MAC are dropped).
     pub mac: EthernetAddress,
     /// Our address and subnet.
     pub ip: Ipv4Cidr,
@@ -21,7 +22,9 @@ pub struct Config {
     pub mtu: usize,
     /// TTL of packets we originate.
     pub ttl: u8,
+    /// ARP cache size, entry lifetime, request retries and pending-queue caps.
     pub arp: ArpConfig,
+    /// IPv4 reassembly limits (memory, datagrams, pieces, timeout).
     pub frag: FragConfig,
     /// ICMP errors per second we may send (token bucket rate and burst).
     pub icmp_error_rate: u32,

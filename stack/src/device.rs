@@ -12,9 +12,13 @@ use crate::time::Instant;
 /// Port counters, as DPDK's `rte_eth_stats` names them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct PortStats {
+    /// Frames received (`ipackets`).
     pub rx_packets: u64,
+    /// Bytes of those frames (`ibytes`).
     pub rx_bytes: u64,
+    /// Frames transmitted (`opackets`).
     pub tx_packets: u64,
+    /// Bytes of those frames (`obytes`).
     pub tx_bytes: u64,
     /// Frames the port dropped on receive (queue full, "imissed").
     pub rx_missed: u64,
@@ -37,8 +41,10 @@ pub struct DeviceCaps {
 
 /// A network port driven in bursts.
 pub trait Device {
+    /// The device's packet buffer (a slab buffer, an mbuf).
     type Buf: PacketBuf;
 
+    /// What the port can do (MTU, whether it must be busy-polled).
     fn caps(&self) -> DeviceCaps;
     /// Append up to `max` received frames to `out`; returns how many.
     fn rx_burst(&mut self, now: Instant, out: &mut Vec<Self::Buf>, max: usize) -> usize;
@@ -48,6 +54,7 @@ pub trait Device {
     fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<Self::Buf>) -> usize;
     /// A buffer to build a frame in, or `None` when the pool is dry.
     fn alloc_tx(&mut self) -> Option<Self::Buf>;
+    /// The port's counters now.
     fn port_stats(&self) -> PortStats;
     /// Push the stats of every pool this device owns.
     fn pool_stats(&self, out: &mut Vec<PoolStats>);
@@ -72,6 +79,7 @@ pub trait Tx {
 /// A [`Tx`] that collects frames in memory (unit tests, tools).
 #[derive(Debug, Default)]
 pub struct VecTx {
+    /// Frames sent so far, oldest first (whole Ethernet frames).
     pub frames: Vec<Vec<u8>>,
     /// When set, at most this many frames are accepted (to test exhaustion).
     pub limit: Option<usize>,
@@ -82,6 +90,7 @@ pub struct VecTx {
 }
 
 impl VecTx {
+    /// An empty sink with no limit and zeroed buffers.
     pub fn new() -> Self {
         Self::default()
     }
@@ -116,10 +125,14 @@ pub struct DeviceTx<'a, D: Device> {
     burst: usize,
     /// Frames that could not get a buffer or were refused by the port.
     pub dropped: u64,
+    /// Frames the port accepted for transmission.
     pub sent: u64,
 }
 
 impl<'a, D: Device> DeviceTx<'a, D> {
+    /// A sink over `dev` that queues frames in `queue` and hands them to the
+    /// port whenever `burst` (at least 1) are queued, on [`flush`](Self::flush)
+    /// and on drop.
     pub fn new(dev: &'a mut D, queue: &'a mut Vec<D::Buf>, now: Instant, burst: usize) -> Self {
         DeviceTx {
             dev,

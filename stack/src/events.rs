@@ -82,7 +82,9 @@ impl BitOrAssign for Readiness {
 /// One socket's changes since the last drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
+    /// The socket the event is about.
     pub socket: SocketRef,
+    /// What changed since the last drain (one or more flags).
     pub readiness: Readiness,
 }
 

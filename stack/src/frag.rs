@@ -41,9 +41,13 @@ impl Default for FragConfig {
 /// Identifies one datagram being reassembled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FragKey {
+    /// Source address.
     pub src: Ipv4Addr,
+    /// Destination address.
     pub dst: Ipv4Addr,
+    /// Identification field (RFC 791 3.1).
     pub ident: u16,
+    /// Protocol number (6 TCP, 17 UDP, 1 ICMP, ...).
     pub protocol: u8,
 }
 
@@ -71,10 +75,12 @@ impl Datagram {
 /// A reassembled datagram.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reassembled {
+    /// The datagram's identity (RFC 791: source, destination, ID, protocol).
     pub key: FragKey,
     /// The first fragment's IPv4 header, options included, as received
     /// (what an ICMP error about the datagram quotes).
     pub header: Vec<u8>,
+    /// The whole IPv4 payload, fragments joined in order.
     pub payload: Vec<u8>,
 }
 
@@ -101,6 +107,7 @@ pub struct Reassembler {
 const MAX_PAYLOAD: usize = 65_515;
 
 impl Reassembler {
+    /// An empty reassembler with the limits of `cfg`.
     pub fn new(cfg: FragConfig) -> Self {
         Reassembler {
             cfg,
@@ -241,6 +248,8 @@ impl Reassembler {
         }
     }
 
+    /// When the oldest incomplete datagram times out ([`poll`](Self::poll)
+    /// has work), if any is held.
     pub fn poll_at(&self) -> Option<Instant> {
         self.datagrams
             .values()
@@ -253,6 +262,7 @@ impl Reassembler {
         self.datagrams.len()
     }
 
+    /// Whether no incomplete datagram is held.
     pub fn is_empty(&self) -> bool {
         self.datagrams.is_empty()
     }

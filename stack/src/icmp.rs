@@ -34,9 +34,13 @@ slotmap::new_key_type! {
 /// An echo reply delivered to the app.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PingReply {
+    /// The replying host (the reply's IPv4 source).
     pub from: Ipv4Addr,
+    /// Echo identifier (RFC 792): the ping socket's.
     pub ident: u16,
+    /// Echo sequence number, as sent in the request.
     pub seq: u16,
+    /// The reply's IPv4 TTL as received.
     pub ttl: u8,
     /// ICMP message length (8-byte header plus data), as ping prints it.
     pub bytes: usize,
@@ -57,11 +61,16 @@ impl PingReply {
 /// What a ping socket receives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PingEvent {
+    /// An echo reply to one of our requests.
     Reply(PingReply),
     /// An ICMP destination-unreachable about one of our requests.
     Unreachable {
+        /// The host that sent the error (a router or the destination).
         from: Ipv4Addr,
+        /// Sequence number of the quoted request.
         seq: u16,
+        /// ICMP code (RFC 792: 0 net, 1 host, 2 protocol, 3 port
+        /// unreachable, 4 fragmentation needed, ...).
         code: u8,
     },
 }

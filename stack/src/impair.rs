@@ -55,6 +55,8 @@ impl<D: Device> core::fmt::Debug for Impaired<D> {
 }
 
 impl<D: Device> Impaired<D> {
+    /// Wrap `inner` with the impairments of `cfg`, its random choices
+    /// seeded by `cfg.seed`.
     pub fn new(inner: D, cfg: LinkConfig) -> Self {
         Impaired {
             inner,

@@ -14,6 +14,7 @@
 //! - bad input gets a counter ([`stats::DropReason`]) and a drop, never a panic;
 //! - every buffer taken from a [`pool::Pool`] is returned on drop.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod app;

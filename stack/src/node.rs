@@ -28,7 +28,10 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// What an app tells the loop after its turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
+    /// Keep running the loop.
     Continue,
+    /// This app is done: the loop ends after this iteration (a `Vec` of
+    /// apps ends when every one of them has returned `Exit`).
     Exit,
 }
 
@@ -82,8 +85,12 @@ impl<A: App> App for Vec<A> {
 /// What one iteration did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepReport {
+    /// Frames processed: received from the port plus those passed in from
+    /// sibling shards' mailboxes.
     pub rx: usize,
+    /// Frames the port accepted for transmission.
     pub tx: u64,
+    /// The app returned [`Control::Exit`].
     pub exit: bool,
 }
 
@@ -99,8 +106,11 @@ impl StepReport {
 pub struct Snapshot {
     /// Engine time of the snapshot, nanoseconds.
     pub at_ns: u64,
+    /// Every engine counter (per layer, drops by reason, TCP totals).
     pub stack: Stats,
+    /// The device's port counters.
     pub port: PortStats,
+    /// Counters of every packet pool the device owns.
     pub pools: Vec<PoolStats>,
     /// TCP connections in slot order, at most [`MAX_CONNECTIONS`].
     pub connections: Vec<ConnInfo>,
@@ -115,8 +125,11 @@ pub struct Snapshot {
 /// A shard's place and mailbox counters in a [`Snapshot`].
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct ShardSnapshot {
+    /// This shard's queue index, `0..count`.
     pub index: usize,
+    /// Shards (queues, cores) on the host.
     pub count: usize,
+    /// Mailbox counters: frames steered, passed on and replicated.
     #[serde(flatten)]
     pub stats: ShardStats,
 }
@@ -125,6 +138,7 @@ pub struct ShardSnapshot {
 /// the burst buffers. Apart from the [`Stack`] so a runtime can share the
 /// stack with other threads (behind a lock) while the loop owns the port.
 pub struct Port<D: Device> {
+    /// The backend device (sim link end, pcap handle, DPDK port queue).
     pub dev: D,
     /// The mailboxes to sibling shards, on a host with several queues.
     pub shard: Option<Shard>,
@@ -143,6 +157,8 @@ impl<D: Device + std::fmt::Debug> std::fmt::Debug for Port<D> {
 }
 
 impl<D: Device> Port<D> {
+    /// A port on `dev`, with mailboxes to its sibling shards when `shard`
+    /// is given.
     pub fn new(dev: D, shard: Option<Shard>) -> Self {
         Port {
             dev,
@@ -247,11 +263,14 @@ impl<D: Device> Port<D> {
 /// A stack bound to a device.
 #[derive(Debug)]
 pub struct Node<D: Device> {
+    /// The protocol engine.
     pub stack: Stack,
+    /// The device it runs on.
     pub port: Port<D>,
 }
 
 impl<D: Device> Node<D> {
+    /// `stack` on `dev`, alone on its port (no sibling shards).
     pub fn new(stack: Stack, dev: D) -> Self {
         Node {
             stack,
@@ -283,6 +302,7 @@ impl<D: Device> Node<D> {
         self.port.poll_at(&self.stack, app)
     }
 
+    /// The counters of this node at `now` (what telemetry publishes).
     pub fn snapshot(&self, now: Instant) -> Snapshot {
         self.port.snapshot(&self.stack, now)
     }

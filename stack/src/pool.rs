@@ -31,18 +31,25 @@ pub trait PacketBuf: AsRef<[u8]> + AsMut<[u8]> {
 /// Counters every pool publishes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct PoolStats {
+    /// The pool's name in telemetry (e.g. `rx`, `tx`, a DPDK mempool name).
     pub name: String,
+    /// Buffers the pool holds in all.
     pub capacity: usize,
+    /// Buffers handed out and not yet returned (a gauge).
     pub in_use: usize,
+    /// Allocations refused because every buffer was in use.
     pub alloc_failures: u64,
+    /// Bytes each buffer can hold.
     pub buf_size: usize,
 }
 
 /// A source of packet buffers.
 pub trait Pool {
+    /// The buffer type handed out; it returns itself to the pool on drop.
     type Buf: PacketBuf;
     /// Take a buffer (length 0), or `None` when the pool is exhausted (counted).
     fn alloc(&self) -> Option<Self::Buf>;
+    /// The pool's counters now.
     fn stats(&self) -> PoolStats;
 }
 

@@ -34,7 +34,9 @@ use crate::rss;
 /// Which shard of how many a stack is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ShardId {
+    /// This stack's queue index, `0..count`.
     pub index: usize,
+    /// Queues (stacks) on the host; 1 for a single-queue host.
     pub count: usize,
 }
 
@@ -63,7 +65,9 @@ pub enum Steer {
 /// Frames matching `what` are handled by shard `to`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SteerRule {
+    /// The frames the rule matches.
     pub what: Steer,
+    /// Index of the shard that handles them.
     pub to: usize,
 }
 
@@ -76,7 +80,12 @@ pub enum Mail {
     ArpReplica(Vec<u8>),
     /// A TCP segment no shard before this one owned; `hops` shards have
     /// seen it. The last one to see it answers it (a reset).
-    Unclaimed { frame: Vec<u8>, hops: usize },
+    Unclaimed {
+        /// The whole Ethernet frame.
+        frame: Vec<u8>,
+        /// Shards that have seen it so far (the receiving one included).
+        hops: usize,
+    },
 }
 
 /// Counters of a shard's mailboxes.
@@ -109,6 +118,7 @@ pub enum Route {
 /// One shard's end of the mailboxes.
 #[derive(Debug)]
 pub struct Shard {
+    /// Which shard this is, of how many.
     pub id: ShardId,
     inbox: Receiver<Mail>,
     /// Mail in our inbox (raised by senders before they send).
@@ -117,6 +127,7 @@ pub struct Shard {
     /// is unused).
     peers: Vec<(SyncSender<Mail>, Arc<AtomicUsize>)>,
     steer: Vec<SteerRule>,
+    /// This shard's mailbox counters.
     pub stats: ShardStats,
 }
 

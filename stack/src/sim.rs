@@ -27,12 +27,15 @@ use crate::time::{Instant, earliest};
 /// Impairments of a sim link. Probabilities are in 0.0..=1.0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkConfig {
+    /// Chance a frame is dropped on the wire (per recipient).
     pub loss: f64,
+    /// Chance a frame is delivered twice (the copy gets its own delay).
     pub duplicate: f64,
     /// Chance a frame gets one random bit flipped.
     pub corrupt: f64,
     /// Chance a frame is held back by `reorder_delay` (so later frames pass it).
     pub reorder: f64,
+    /// How long a reordered frame is held back.
     pub reorder_delay: Duration,
     /// One-way propagation delay.
     pub delay: Duration,
@@ -44,6 +47,8 @@ pub struct LinkConfig {
     pub queue_frames: usize,
     /// IP MTU of the link.
     pub mtu: usize,
+    /// Seed of the impairments' random generator: the same seed and
+    /// inputs give the same losses, flips and delays.
     pub seed: u64,
 }
 
@@ -68,12 +73,21 @@ impl Default for LinkConfig {
 /// What the wire did to frames.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct LinkStats {
+    /// Frames put on the wire (on an [`Impaired`](crate::impair::Impaired)
+    /// device: frames through it in either direction).
     pub sent: u64,
+    /// Frames handed to a receiver.
     pub delivered: u64,
+    /// Frames dropped by the `loss` impairment.
     pub lost: u64,
+    /// Extra copies made by the `duplicate` impairment.
     pub duplicated: u64,
+    /// Frames with one bit flipped by the `corrupt` impairment.
     pub corrupted: u64,
+    /// Frames held back by the `reorder` impairment.
     pub reordered: u64,
+    /// Frames dropped because the receiving port's inbox held
+    /// `queue_frames` already (sim link only).
     pub queue_drops: u64,
 }
 
@@ -249,6 +263,7 @@ pub const SIM_POOL_BUFS: usize = 8192;
 pub const SIM_BUF_SIZE: usize = 2048;
 
 impl SimLink {
+    /// A wire with no ports yet and the impairments of `cfg`.
     pub fn new(cfg: LinkConfig) -> Self {
         SimLink {
             wire: Arc::new(Mutex::new(Wire {
@@ -329,10 +344,12 @@ impl SimLink {
         port
     }
 
+    /// What the wire has done to frames so far.
     pub fn stats(&self) -> LinkStats {
         self.lock().stats.clone()
     }
 
+    /// The impairments in force now.
     pub fn config(&self) -> LinkConfig {
         self.lock().cfg.clone()
     }
@@ -362,6 +379,8 @@ pub struct SimPort {
 }
 
 impl SimPort {
+    /// The port's buffer pool (transmit buffers, and receive buffers with
+    /// [`set_rx_own_pool`](Self::set_rx_own_pool)).
     pub fn pool(&self) -> &SlabPool {
         &self.pool
     }
@@ -461,8 +480,11 @@ pub fn host_config(n: u8) -> Config {
 /// Several stacks on one sim link, stepped against a virtual clock.
 #[derive(Debug)]
 pub struct SimNet {
+    /// The wire every node is attached to.
     pub link: SimLink,
+    /// The stacks, in the order [`add`](Self::add) returned their indices.
     pub nodes: Vec<Node<SimPort>>,
+    /// Virtual time: where the last step ran (starts at [`Instant::ZERO`]).
     pub now: Instant,
 }
 
@@ -475,6 +497,8 @@ const MAX_IDLE_STEPS_PER_INSTANT: u32 = 16;
 const STALE_SKIP: Duration = Duration::from_millis(1);
 
 impl SimNet {
+    /// An empty network on a fresh wire with the impairments of `cfg`, at
+    /// virtual time zero.
     pub fn new(cfg: LinkConfig) -> Self {
         SimNet {
             link: SimLink::new(cfg),

@@ -6,8 +6,8 @@
 //! it through a [`Tx`], resolving next hops with ARP and fragmenting above
 //! the MTU. Each layer keeps its own sockets ([`crate::icmp`],
 //! [`crate::udp`], [`crate::tcp`], [`crate::ud`]) and reaches the wire
-//! through [`crate::link`]; this file wires them together and is the app
-//! API's front door.
+//! through the crate-private `link` module (ARP, IPv4 transmit, rate
+//! limits); this file wires them together and is the app API's front door.
 
 use core::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
@@ -46,6 +46,9 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// A stack with the address, limits and secret of `cfg`; the TCP MSS is
+    /// capped to fit the MTU (`mtu - 40`). With [`Config::announce`] the
+    /// first [`poll`](Self::poll) sends a gratuitous ARP for our address.
     pub fn new(cfg: Config) -> Self {
         let mut cfg_tcp = cfg.tcp.clone();
         cfg_tcp.mss = cfg_tcp.mss.min(cfg.mtu.saturating_sub(40)).max(64);
@@ -61,14 +64,17 @@ impl Stack {
         }
     }
 
+    /// The configuration the stack was built with.
     pub fn config(&self) -> &Config {
         &self.link.cfg
     }
 
+    /// Our IPv4 address.
     pub fn ip(&self) -> Ipv4Addr {
         self.link.ip()
     }
 
+    /// Our Ethernet address.
     pub fn mac(&self) -> EthernetAddress {
         self.link.cfg.mac
     }

@@ -131,12 +131,15 @@ impl Default for Drops {
 }
 
 impl Drops {
+    /// Count one drop for `reason`.
     pub fn inc(&mut self, reason: DropReason) {
         self.counts[reason as usize] += 1;
     }
+    /// The counter for `reason`.
     pub fn get(&self, reason: DropReason) -> u64 {
         self.counts[reason as usize]
     }
+    /// Drops for every reason together.
     pub fn total(&self) -> u64 {
         self.counts.iter().sum()
     }
@@ -162,26 +165,43 @@ impl Serialize for Drops {
 /// Ethernet-level counters of the engine (what it parsed and emitted).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct EthStats {
+    /// Frames handed to [`Stack::receive`](crate::Stack::receive).
     pub rx_frames: u64,
+    /// Bytes of those frames, Ethernet header included (no FCS).
     pub rx_bytes: u64,
+    /// Frames processed without a drop (the rest are in [`Stats::drops`]).
     pub rx_accepted: u64,
+    /// Frames written to the transmit sink.
     pub tx_frames: u64,
+    /// Bytes of those frames, Ethernet header included.
     pub tx_bytes: u64,
     /// Frames the engine wanted to send but got no buffer for.
     pub tx_no_buffer: u64,
 }
 
+/// ARP (RFC 826) counters and gauges of the [`ArpCache`](crate::arp::ArpCache).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ArpStats {
+    /// Entries in the cache now, fresh or not yet evicted (a gauge).
     pub entries: u64,
+    /// IPv4 packets waiting for an address to resolve now (a gauge).
     pub pending_packets: u64,
+    /// Well-formed ARP requests received.
     pub rx_requests: u64,
+    /// Well-formed ARP replies received.
     pub rx_replies: u64,
+    /// Received ARP packets whose sender and target address are the same.
     pub rx_gratuitous: u64,
+    /// Requests we broadcast: first asks and retries.
     pub tx_requests: u64,
+    /// Replies we sent to requests for our address.
     pub tx_replies: u64,
+    /// Gratuitous requests announcing our own address (one at start-up
+    /// when [`Config::announce`](crate::Config::announce) is set).
     pub tx_gratuitous: u64,
+    /// Lookups on transmit that found a fresh entry.
     pub hits: u64,
+    /// Lookups on transmit that found no entry or an expired one.
     pub misses: u64,
     /// Packets dropped from the pending queue (full, or never resolved).
     pub pending_dropped: u64,
@@ -198,51 +218,84 @@ pub struct ArpStats {
     pub pending_bytes_hwm: u64,
 }
 
+/// IPv4 (RFC 791) counters, fragmentation and reassembly included.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Ipv4Stats {
+    /// Valid packets addressed to us (each fragment counts once).
     pub rx_packets: u64,
+    /// Bytes of those packets by their total length field, headers included.
     pub rx_bytes: u64,
+    /// Datagrams sent (a fragmented one counts once; see `tx_fragments`),
+    /// including those held for ARP resolution.
     pub tx_packets: u64,
+    /// Bytes of those datagrams, IPv4 header included (one header per datagram).
     pub tx_bytes: u64,
+    /// Fragments received (MF set or a nonzero offset).
     pub rx_fragments: u64,
+    /// Datagrams reassembled whole from fragments.
     pub reassembled: u64,
+    /// Incomplete datagrams dropped when their reassembly timer expired
+    /// ([`FragConfig::timeout`](crate::frag::FragConfig::timeout)).
     pub reassembly_timeouts: u64,
+    /// Bytes held by incomplete datagrams now (a gauge).
     pub reassembly_bytes: u64,
+    /// Most bytes held for reassembly at once.
     pub reassembly_bytes_hwm: u64,
     /// Incomplete datagrams dropped to make room (cap or datagram count).
     pub reassembly_evicted: u64,
+    /// Fragments sent for datagrams larger than the MTU.
     pub tx_fragments: u64,
+    /// Sends refused with [`Error::NoRoute`](crate::Error::NoRoute): to
+    /// ourselves, to 0.0.0.0, or off-link with no gateway.
     pub tx_no_route: u64,
 }
 
+/// ICMP (RFC 792) counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct IcmpStats {
+    /// Echo requests received (answered or not).
     pub rx_echo_requests: u64,
+    /// Echo replies sent.
     pub tx_echo_replies: u64,
+    /// Echo requests sent by ping sockets.
     pub tx_echo_requests: u64,
+    /// Echo replies received (delivered to a ping socket or not).
     pub rx_echo_replies: u64,
+    /// Destination-unreachable messages received.
     pub rx_dest_unreachable: u64,
+    /// Destination-unreachable messages sent (port or protocol unreachable).
     pub tx_dest_unreachable: u64,
     /// Errors not sent because of the ICMP error rate limit.
     pub rate_limited: u64,
 }
 
+/// UDP (RFC 768) counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct UdpStats {
+    /// Datagrams delivered to a socket's receive queue.
     pub rx_datagrams: u64,
+    /// Payload bytes of those datagrams.
     pub rx_bytes: u64,
+    /// Datagrams sent.
     pub tx_datagrams: u64,
+    /// Payload bytes of those datagrams.
     pub tx_bytes: u64,
+    /// Sockets bound now (a gauge).
     pub sockets: u64,
 }
 
 /// RDMA UD (RoCEv2) counters: payload bytes of SENDs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct UdStats {
+    /// UD queue pairs open now (a gauge).
     pub qps: u64,
+    /// SENDs delivered into a posted receive buffer.
     pub rx_packets: u64,
+    /// Payload bytes of those SENDs.
     pub rx_bytes: u64,
+    /// SENDs emitted.
     pub tx_packets: u64,
+    /// Payload bytes of those SENDs.
     pub tx_bytes: u64,
     /// Sends completed in error (no route).
     pub tx_errors: u64,
@@ -253,13 +306,21 @@ pub struct UdStats {
 /// All engine counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
+    /// Ethernet: frames in and out.
     pub eth: EthStats,
+    /// ARP cache and messages.
     pub arp: ArpStats,
+    /// IPv4, fragmentation and reassembly.
     pub ipv4: Ipv4Stats,
+    /// ICMP echo and errors.
     pub icmp: IcmpStats,
+    /// UDP sockets.
     pub udp: UdpStats,
+    /// TCP connections, listeners and per-connection totals.
     pub tcp: crate::tcp::TcpStats,
+    /// RDMA UD over RoCEv2.
     pub ud: UdStats,
+    /// Received frames dropped, one counter per [`DropReason`].
     pub drops: Drops,
 }
 

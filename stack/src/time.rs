@@ -18,30 +18,37 @@ impl Instant {
     /// A time later than any the engine will see; used as "never".
     pub const FAR_FUTURE: Instant = Instant { nanos: u64::MAX };
 
+    /// The instant `nanos` nanoseconds after the origin.
     pub const fn from_nanos(nanos: u64) -> Self {
         Instant { nanos }
     }
+    /// The instant `us` microseconds after the origin (saturating).
     pub const fn from_micros(us: u64) -> Self {
         Instant {
             nanos: us.saturating_mul(1_000),
         }
     }
+    /// The instant `ms` milliseconds after the origin (saturating).
     pub const fn from_millis(ms: u64) -> Self {
         Instant {
             nanos: ms.saturating_mul(1_000_000),
         }
     }
+    /// The instant `s` seconds after the origin (saturating).
     pub const fn from_secs(s: u64) -> Self {
         Instant {
             nanos: s.saturating_mul(1_000_000_000),
         }
     }
+    /// Nanoseconds since the origin.
     pub const fn as_nanos(self) -> u64 {
         self.nanos
     }
+    /// Whole microseconds since the origin (truncated).
     pub const fn as_micros(self) -> u64 {
         self.nanos / 1_000
     }
+    /// Whole milliseconds since the origin (truncated).
     pub const fn as_millis(self) -> u64 {
         self.nanos / 1_000_000
     }

@@ -20,16 +20,26 @@ use ustack::time::Instant;
 /// Why a pcap port could not be opened or stopped working.
 #[derive(Debug, thiserror::Error)]
 pub enum PcapError {
+    /// No interface has this name (or it disappeared while running).
     #[error("no interface named '{0}' (see `ip link`)")]
     NoSuchInterface(String),
+    /// Opening a capture on the interface needs `CAP_NET_RAW` and
+    /// `CAP_NET_ADMIN` (or root).
     #[error(
         "no permission to capture on '{0}': run as root or give the binary CAP_NET_RAW and CAP_NET_ADMIN"
     )]
     Permission(String),
+    /// The interface exists but is down (at open, or it went down while running).
     #[error("interface '{0}' is down")]
     Down(String),
+    /// Any other libpcap or capture-file failure.
     #[error("pcap on '{iface}': {msg}")]
-    Other { iface: String, msg: String },
+    Other {
+        /// The interface (or capture file) concerned.
+        iface: String,
+        /// libpcap's message.
+        msg: String,
+    },
 }
 
 /// Buffers in a pcap port's pool.
@@ -157,6 +167,7 @@ impl PcapPort {
         })
     }
 
+    /// The interface's name.
     pub fn iface(&self) -> &str {
         &self.iface
     }

@@ -67,9 +67,14 @@ pub fn count_mismatches(offset: u64, buf: &[u8]) -> u64 {
 /// How a transfer went.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Transfer {
+    /// Payload bytes sent (written to the stack) or received (read).
     pub bytes: u64,
+    /// CRC-32 (IEEE, as `crc32fast`) of those bytes; set when finished.
     pub crc: u32,
+    /// When the connection was opened (sender) or accepted (receiver).
     pub started: Option<Instant>,
+    /// When every byte and the FIN were acknowledged (sender) or the
+    /// stream ended (receiver).
     pub finished: Option<Instant>,
 }
 
@@ -94,11 +99,15 @@ pub struct BulkSend {
     buf: Vec<u8>,
     shut: bool,
     done: bool,
+    /// Progress so far; complete once [`done`](Self::done).
     pub transfer: Transfer,
+    /// Why the transfer stopped early (connect refused, reset, ...), if it did.
     pub error: Option<Error>,
 }
 
 impl BulkSend {
+    /// A sender that will connect to `remote` on its first poll and send
+    /// `total` bytes of the pattern.
     pub fn new(remote: SocketAddrV4, total: u64) -> Self {
         BulkSend {
             remote,
@@ -118,6 +127,7 @@ impl BulkSend {
         self.done
     }
 
+    /// The connection, once opened.
     pub fn handle(&self) -> Option<TcpHandle> {
         self.conn
     }
@@ -219,6 +229,7 @@ pub struct BulkRecv {
     pub completed: Vec<Transfer>,
     /// Bytes that differed from the pattern (must stay 0).
     pub corrupt_bytes: u64,
+    /// Errors met: listening failed, or a connection ended abnormally.
     pub errors: Vec<Error>,
     /// A slow reader: at most this many bytes per interval, if set.
     slow: Option<(usize, std::time::Duration)>,
@@ -226,6 +237,7 @@ pub struct BulkRecv {
 }
 
 impl BulkRecv {
+    /// A receiver that will listen on `port` with `backlog` on its first poll.
     pub fn new(port: u16, backlog: usize) -> Self {
         BulkRecv {
             port,

@@ -12,10 +12,13 @@ use crate::time::Instant;
 /// What to ping and how.
 #[derive(Debug, Clone)]
 pub struct PingerConfig {
+    /// The host to ping.
     pub dst: Ipv4Addr,
+    /// ICMP echo identifier (one ping socket per identifier on a stack).
     pub ident: u16,
     /// Requests to send; `None` for no limit.
     pub count: Option<u64>,
+    /// Time between requests (ping's `-i`).
     pub interval: Duration,
     /// Echo data bytes (56 like ping's default).
     pub size: usize,
@@ -24,6 +27,8 @@ pub struct PingerConfig {
 }
 
 impl PingerConfig {
+    /// Ping `dst` as iputils does by default: 56 data bytes once a second
+    /// without end, a 1 s wait for the last reply, identifier 0x5553.
     pub fn new(dst: Ipv4Addr) -> Self {
         PingerConfig {
             dst,
@@ -39,14 +44,18 @@ impl PingerConfig {
 /// Running RTT statistics, as iputils ping reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RttStats {
+    /// Samples taken.
     pub count: u64,
+    /// Smallest RTT (zero before the first sample).
     pub min: Duration,
+    /// Largest RTT.
     pub max: Duration,
     sum_ns: f64,
     sum_sq_ns: f64,
 }
 
 impl RttStats {
+    /// Take one sample.
     pub fn add(&mut self, rtt: Duration) {
         if self.count == 0 || rtt < self.min {
             self.min = rtt;
@@ -58,6 +67,7 @@ impl RttStats {
         self.count += 1;
     }
 
+    /// Mean RTT (zero before the first sample).
     pub fn avg(&self) -> Duration {
         if self.count == 0 {
             return Duration::ZERO;
@@ -65,7 +75,7 @@ impl RttStats {
         Duration::from_nanos((self.sum_ns / self.count as f64) as u64)
     }
 
-    /// Mean deviation as ping computes it: sqrt(E[rtt^2] - E[rtt]^2).
+    /// Mean deviation as ping computes it: `sqrt(E[rtt^2] - E[rtt]^2)`.
     pub fn mdev(&self) -> Duration {
         if self.count == 0 {
             return Duration::ZERO;
@@ -80,10 +90,15 @@ impl RttStats {
 /// Totals of a ping run.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PingSummary {
+    /// Requests sent.
     pub transmitted: u64,
+    /// Requests answered (first reply to each; duplicates not counted).
     pub received: u64,
+    /// Further replies to a request already answered (ping's `DUP!`).
     pub duplicates: u64,
+    /// Requests answered with an ICMP destination unreachable.
     pub errors: u64,
+    /// RTTs of the answered requests that carried a timestamp.
     pub rtt: RttStats,
 }
 
@@ -100,8 +115,22 @@ impl PingSummary {
 /// An event for a front end to print.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PingerEvent {
-    Reply { reply: PingReply, duplicate: bool },
-    Unreachable { from: Ipv4Addr, seq: u16, code: u8 },
+    /// An echo reply (ping's `64 bytes from ...` line).
+    Reply {
+        /// The reply as the stack delivered it.
+        reply: PingReply,
+        /// A second reply to the same request (ping's `DUP!`).
+        duplicate: bool,
+    },
+    /// A destination unreachable about one of our outstanding requests.
+    Unreachable {
+        /// The host that sent the error.
+        from: Ipv4Addr,
+        /// The request's sequence number.
+        seq: u16,
+        /// ICMP code (RFC 792: 1 host, 3 port unreachable, ...).
+        code: u8,
+    },
 }
 
 /// Most events kept for the front end before the oldest are discarded.
@@ -126,6 +155,8 @@ pub struct Pinger {
 }
 
 impl Pinger {
+    /// A pinger that opens its ping socket and sends its first request on
+    /// its first poll.
     pub fn new(cfg: PingerConfig) -> Self {
         Pinger {
             cfg,
@@ -149,6 +180,7 @@ impl Pinger {
         self
     }
 
+    /// Totals so far.
     pub fn summary(&self) -> PingSummary {
         self.summary
     }
@@ -158,6 +190,7 @@ impl Pinger {
         self.error
     }
 
+    /// What this pinger pings and how.
     pub fn config(&self) -> &PingerConfig {
         &self.cfg
     }
@@ -178,12 +211,13 @@ impl Pinger {
             .is_some_and(|c| self.summary.transmitted >= c)
     }
 
-    /// All requests sent and each answered or timed out (as of `now`).
     /// Send no more requests (a deadline passed); replies are still taken.
     pub fn stop_sending(&mut self) {
         self.next_send = None;
     }
 
+    /// All requests sent and each answered or timed out (as of `now`), or
+    /// the pinger stopped on an error.
     pub fn finished(&self, now: Instant) -> bool {
         if self.error.is_some() {
             return true;

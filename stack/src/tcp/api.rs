@@ -13,6 +13,7 @@ use crate::time::Instant;
 /// What an app polls for: readiness and end of stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpStatus {
+    /// RFC 9293 state.
     pub state: State,
     /// Bytes ready to read.
     pub readable: usize,

@@ -21,16 +21,30 @@ use crate::time::Instant;
 /// RFC 9293 connection states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum State {
+    /// No connection: never opened, or ended (closed, reset, timed out).
     Closed,
+    /// Waiting for a SYN (listeners live in the table; a connection is
+    /// never in this state itself).
     Listen,
+    /// Active open: our SYN is sent, waiting for the SYN-ACK.
     SynSent,
+    /// Passive open (or simultaneous open): SYN received and SYN-ACK sent,
+    /// waiting for the ACK that completes the handshake.
     SynReceived,
+    /// Handshake done; data flows both ways.
     Established,
+    /// We closed: our FIN is sent (or queued behind data), not yet acknowledged.
     FinWait1,
+    /// Our FIN is acknowledged; waiting for the peer's FIN.
     FinWait2,
+    /// The peer closed (its FIN arrived); we may still send until the app closes.
     CloseWait,
+    /// Both sides closed at once: the peer's FIN arrived before ours was acknowledged.
     Closing,
+    /// The peer closed first and we have sent our FIN; waiting for its ACK.
     LastAck,
+    /// Both FINs exchanged; the connection lingers for 2 MSL
+    /// ([`TcpConfig::time_wait`]) to absorb late segments.
     TimeWait,
 }
 
@@ -49,6 +63,8 @@ impl State {
 pub struct TcpConfig {
     /// MSS we announce (MTU minus 40).
     pub mss: usize,
+    /// Send buffer in bytes: how much the app may write ahead of the
+    /// peer's acknowledgments (fixed for the connection's life).
     pub send_buffer: usize,
     /// Receive buffer a connection starts with.
     pub recv_buffer: usize,
@@ -60,14 +76,20 @@ pub struct TcpConfig {
     /// Bytes of receive-buffer growth all connections of a stack may hold
     /// together beyond their initial buffers.
     pub autotune_memory: usize,
+    /// Offer the window scale option (RFC 7323 §2) on our SYN.
     pub window_scaling: bool,
+    /// Offer timestamps (RFC 7323 §3: RTT samples and PAWS) on our SYN.
     pub timestamps: bool,
+    /// Offer SACK-permitted (RFC 2018) on our SYN; with the peer's consent,
+    /// loss recovery follows RFC 6675.
     pub sack: bool,
     /// Nagle's algorithm (RFC 9293 3.7.4); off is TCP_NODELAY.
     pub nagle: bool,
     /// Delayed ACK timeout; `None` acknowledges every segment at once.
     pub delayed_ack: Option<Duration>,
+    /// Congestion control algorithm (NewReno or CUBIC).
     pub congestion: Algorithm,
+    /// Retransmission timeout bounds (RFC 6298): initial, floor, ceiling.
     pub rtt: RttConfig,
     /// TIME_WAIT length (2 MSL).
     pub time_wait: Duration,
@@ -128,12 +150,21 @@ impl Default for TcpConfig {
 /// Why a connection ended abnormally.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, thiserror::Error)]
 pub enum ConnError {
+    /// The peer answered our SYN with a RST (nothing listens there), or
+    /// reset the connection before the handshake completed.
     #[error("connection refused")]
     Refused,
+    /// The peer reset an established connection (an RST exactly at
+    /// `rcv_nxt`, RFC 5961 §3).
     #[error("connection reset by peer")]
     Reset,
+    /// Retransmissions ran out (`syn_retries` for the handshake,
+    /// `max_retries` for data), or an orphaned connection waited longer
+    /// than `fin_wait2_timeout` for the peer's FIN.
     #[error("connection timed out")]
     TimedOut,
+    /// We ended it: the app aborted, or closed with data unread or arriving
+    /// after close (RFC 1122 4.2.2.13), and a RST went out.
     #[error("connection aborted")]
     Aborted,
 }
@@ -141,23 +172,40 @@ pub enum ConnError {
 /// The header fields and options of a segment, in either direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Header {
+    /// Sequence number of the first octet (or of the SYN/FIN).
     pub seq: Seq,
+    /// Acknowledgment number, when the ACK flag is set.
     pub ack: Option<Seq>,
+    /// SYN flag.
     pub syn: bool,
+    /// FIN flag.
     pub fin: bool,
+    /// RST flag.
     pub rst: bool,
+    /// The 16-bit window field as on the wire: not yet shifted by the
+    /// window scale (and never scaled on a SYN, RFC 7323 §2.2).
     pub window: u16,
+    /// MSS option (RFC 9293 3.7.1), SYN only: the largest payload in
+    /// bytes the sender accepts.
     pub mss: Option<u16>,
+    /// Window scale option (RFC 7323 §2), SYN only: the shift count the
+    /// sender applies to the windows it advertises.
     pub wscale: Option<u8>,
+    /// SACK-permitted option (RFC 2018 §2), SYN only.
     pub sack_permitted: bool,
+    /// SACK blocks (RFC 2018 §3), each the left and right edge of a range
+    /// held out of order; at most three fit beside timestamps.
     pub sack: [Option<(Seq, Seq)>; 3],
+    /// Timestamps option (RFC 7323 §3) as (TSval, TSecr).
     pub timestamp: Option<(u32, u32)>,
 }
 
 /// A parsed incoming segment (from `smoltcp::wire::TcpRepr`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Segment<'a> {
+    /// Header fields and options.
     pub hdr: Header,
+    /// The segment's data (borrowed from the received frame).
     pub payload: &'a [u8],
 }
 
@@ -166,6 +214,7 @@ impl Segment<'_> {
     pub fn len(&self) -> usize {
         self.payload.len() + usize::from(self.hdr.syn) + usize::from(self.hdr.fin)
     }
+    /// Whether the segment occupies no sequence space (a pure ACK or RST).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -174,9 +223,12 @@ impl Segment<'_> {
 /// A segment to send: its header and a range of the send buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outgoing {
+    /// Header fields and options to emit.
     pub hdr: Header,
-    /// Offset of the payload in the send buffer, and its length.
+    /// Offset in bytes of the payload from the start of the send buffer
+    /// (its first unacknowledged byte).
     pub payload_offset: usize,
+    /// Payload length in bytes (0 for a pure ACK, SYN or RST).
     pub payload_len: usize,
 }
 
@@ -201,17 +253,34 @@ impl From<Header> for Segment<'_> {
 /// Counters of one connection, for telemetry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ConnStats {
+    /// Segments delivered to the connection.
     pub segs_in: u64,
+    /// Segments the connection produced (data, ACKs, SYN, FIN, RST).
     pub segs_out: u64,
+    /// Payload bytes received in order (readable by the app).
     pub bytes_in: u64,
+    /// Payload bytes sent and acknowledged by the peer.
     pub bytes_out: u64,
+    /// Segments sent again: after a timeout, in fast recovery, or after a
+    /// path MTU drop.
     pub retransmits: u64,
+    /// Entries into fast recovery (three duplicate ACKs, or SACK marking
+    /// the head lost, RFC 6675).
     pub fast_retransmits: u64,
+    /// Retransmission timer expiries (RFC 6298 5.4-5.6).
     pub timeouts: u64,
+    /// Duplicate ACKs received (RFC 5681 §2 definition).
     pub dup_acks: u64,
+    /// Persist timer expiries that forced a zero-window probe (RFC 9293 3.8.6.1).
     pub zero_window_probes: u64,
+    /// Challenge ACKs sent for suspicious RST, SYN or old ACKs (RFC 5961),
+    /// within the per-second limit.
     pub challenge_acks: u64,
+    /// Times out-of-order data was dropped: the range limit was reached,
+    /// or the stack-wide out-of-order cap pruned this connection.
     pub ooo_dropped: u64,
+    /// Segments rejected: unacceptable sequence numbers (RFC 9293
+    /// 3.10.7.4), PAWS failures (RFC 7323 §5), bad ACKs in SYN-SENT.
     pub bad_segments: u64,
     /// Times an ICMP fragmentation-needed lowered the MSS (path MTU).
     pub pmtu_reductions: u64,
@@ -239,22 +308,40 @@ impl ConnStats {
 /// A snapshot of one connection for telemetry and tests.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ConnInfo {
+    /// Our address and port.
     pub local: SocketAddrV4,
+    /// The peer's address and port.
     pub remote: SocketAddrV4,
+    /// RFC 9293 state.
     pub state: State,
+    /// Congestion window, bytes.
     pub cwnd: usize,
+    /// Slow-start threshold, bytes.
     pub ssthresh: usize,
+    /// The peer's advertised receive window (scaled), bytes.
     pub snd_wnd: usize,
+    /// Our receive window: free receive-buffer space, bytes.
     pub rcv_wnd: usize,
+    /// Smoothed RTT (RFC 6298), microseconds; `None` before the first sample.
     pub srtt_us: Option<u64>,
+    /// RTT variation (RFC 6298), microseconds; `None` before the first sample.
     pub rttvar_us: Option<u64>,
+    /// Current retransmission timeout including backoff, microseconds.
     pub rto_us: u64,
+    /// Bytes sent and not yet acknowledged.
     pub in_flight: usize,
+    /// Bytes in the send buffer (unacknowledged plus not yet sent).
     pub send_queued: usize,
+    /// Bytes received in order and not yet read by the app.
     pub recv_queued: usize,
+    /// Bytes held out of order.
     pub ooo_bytes: usize,
+    /// MSS for segments we send, bytes (the smaller of ours and the
+    /// peer's, lowered by path MTU discovery).
     pub mss: usize,
+    /// Congestion control in use (`"newreno"` or `"cubic"`).
     pub congestion: &'static str,
+    /// The connection's counters.
     pub stats: ConnStats,
 }
 
@@ -528,30 +615,39 @@ impl TcpConn {
 
     // ------------------------------------------------------------ accessors
 
+    /// RFC 9293 state.
     pub fn state(&self) -> State {
         self.state
     }
+    /// Our address and port.
     pub fn local(&self) -> SocketAddrV4 {
         self.local
     }
+    /// The peer's address and port.
     pub fn remote(&self) -> SocketAddrV4 {
         self.remote
     }
+    /// Why the connection ended abnormally, once it has.
     pub fn error(&self) -> Option<ConnError> {
         self.error
     }
+    /// The connection's counters.
     pub fn stats(&self) -> &ConnStats {
         &self.stats
     }
+    /// Congestion window, bytes.
     pub fn cwnd(&self) -> usize {
         self.cc.cwnd()
     }
+    /// Slow-start threshold, bytes.
     pub fn ssthresh(&self) -> usize {
         self.cc.ssthresh()
     }
+    /// The peer's advertised receive window (scaled), bytes.
     pub fn snd_wnd(&self) -> usize {
         self.snd_wnd
     }
+    /// MSS for segments we send, bytes.
     pub fn mss(&self) -> usize {
         self.mss
     }
@@ -565,6 +661,7 @@ impl TcpConn {
     pub fn in_flight(&self) -> usize {
         self.snd_max.since(self.snd_una)
     }
+    /// A snapshot of state, windows, RTT and counters (for telemetry).
     pub fn info(&self) -> ConnInfo {
         ConnInfo {
             local: self.local,

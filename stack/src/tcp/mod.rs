@@ -82,21 +82,36 @@ pub(crate) struct Listener {
 /// Counters of the TCP layer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TcpStats {
+    /// Connections opened by the app (`tcp_connect`).
     pub active_opens: u64,
+    /// Connections opened by a listener: SYNs accepted into the backlog,
+    /// and SYN-cookie handshakes completed.
     pub passive_opens: u64,
+    /// Handshakes completed (SYN-SENT or SYN-RECEIVED to a synchronized state).
     pub established: u64,
+    /// RST segments sent, by connections and for segments matching no socket.
     pub resets_sent: u64,
+    /// Acceptable RST segments that closed a connection.
     pub resets_received: u64,
     /// Resets for segments matching no connection left unsent for the
     /// reset rate limit.
     pub resets_rate_limited: u64,
+    /// SYN-ACKs carrying a SYN cookie, sent because a backlog was full.
     pub syn_cookies_sent: u64,
+    /// ACKs to a listener that carried a valid cookie and became connections.
     pub syn_cookies_accepted: u64,
+    /// ACKs to a listener whose cookie did not verify (answered with RST).
     pub syn_cookies_failed: u64,
+    /// SYNs that found their listener's backlog full (answered with a cookie).
     pub listen_overflows: u64,
+    /// Well-formed segments received, whatever became of them.
     pub segs_in: u64,
+    /// Segments emitted onto the link.
     pub segs_out: u64,
+    /// Retransmitted segments emitted (sum of the connections' retransmits
+    /// as they are sent).
     pub retransmits: u64,
+    /// Connections held now, in any state including TIME_WAIT (a gauge).
     pub connections: u64,
     /// Most connections held at once (the table's high-water mark).
     pub connections_hwm: u64,

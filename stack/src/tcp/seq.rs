@@ -20,10 +20,12 @@ impl Seq {
         usize::try_from(self.diff(earlier)).unwrap_or(0)
     }
 
+    /// The later of the two in modular order.
     pub fn max(self, other: Seq) -> Seq {
         if self.diff(other) >= 0 { self } else { other }
     }
 
+    /// The earlier of the two in modular order.
     pub fn min(self, other: Seq) -> Seq {
         if self.diff(other) <= 0 { self } else { other }
     }

@@ -4,7 +4,7 @@
 //! post receive buffers, post sends to (address, QPN, Q_Key) with optional
 //! immediate data, poll a completion queue whose entries carry timestamps.
 //!
-//! - [`Stack`] implements it with RoCEv2 on the wire, built by the stack
+//! - [`Stack`](crate::Stack) implements it with RoCEv2 on the wire, built by the stack
 //!   itself (`Ethernet | IPv4 | UDP 4791 | BTH | DETH | [ImmDt] | payload |
 //!   pad | ICRC`), so any backend (sim, pcap, DPDK) talks to real RNICs.
 //!   Timestamps are the poll loop's `now` when the packet was processed
@@ -53,7 +53,9 @@ pub const ROCE_OVERHEAD: usize = IP_LEN + 8 + BTH_LEN + DETH_LEN + IMM_LEN + ICR
 /// A UD peer: an IPv4 address (the GID's IPv4 form) and a QP number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UdAddr {
+    /// The peer's IPv4 address.
     pub ip: Ipv4Addr,
+    /// The peer's queue pair number (24 bits).
     pub qpn: u32,
 }
 
@@ -73,6 +75,8 @@ slotmap::new_key_type! {
 /// How to create a UD QP.
 #[derive(Debug, Clone)]
 pub struct QpConfig {
+    /// The QP's Q_Key: received SENDs must carry it, and sends use it when
+    /// a work request asks for the QP's own key.
     pub qkey: u32,
     /// Ask for a QP number (the stack's transport only; verbs picks its own).
     pub qpn: Option<u32>,
@@ -83,6 +87,8 @@ pub struct QpConfig {
 }
 
 impl QpConfig {
+    /// A QP with Q_Key `qkey`, any free QP number, and room for 256
+    /// outstanding sends and 256 posted receive buffers.
     pub fn new(qkey: u32) -> Self {
         QpConfig {
             qkey,
@@ -96,26 +102,36 @@ impl QpConfig {
 /// A send work request.
 #[derive(Debug, Clone, Copy)]
 pub struct SendWr<'a> {
+    /// The caller's identifier, returned in the send's completion.
     pub wr_id: u64,
+    /// The peer to send to.
     pub dest: UdAddr,
     /// The Q_Key to send with; with the high bit set the QP's own Q_Key is
     /// used instead (the verbs rule for controlled Q_Keys).
     pub remote_qkey: u32,
+    /// Immediate data: sent as SEND_ONLY_WITH_IMMEDIATE and handed to the
+    /// receiver in its completion.
     pub imm: Option<u32>,
+    /// Set the BTH's solicited-event bit.
     pub solicited: bool,
+    /// The message (copied when posted), at most
+    /// [`UdTransport::max_msg_size`] bytes.
     pub data: &'a [u8],
 }
 
 /// What a completion is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WcOpcode {
+    /// A posted send completed (left, or failed).
     Send,
+    /// A posted receive buffer was filled (or failed).
     Recv,
 }
 
 /// A completion's status (the verbs `ibv_wc_status` values we produce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WcStatus {
+    /// The work request completed.
     Success,
     /// The message did not fit the posted receive buffer.
     LocalLengthError,
@@ -139,15 +155,21 @@ pub enum TsSource {
 /// A completion queue entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
+    /// The work request's identifier as posted.
     pub wr_id: u64,
+    /// Send or receive.
     pub opcode: WcOpcode,
+    /// Whether it succeeded, and why not.
     pub status: WcStatus,
     /// Bytes received including the 40 GRH bytes (receives), or sent.
     pub byte_len: usize,
+    /// Immediate data the SEND carried (receives), or was sent with (sends).
     pub imm: Option<u32>,
     /// The sender (receives).
     pub src: Option<UdAddr>,
+    /// When the work completed (see `ts_source` for which clock).
     pub timestamp: Instant,
+    /// Where `timestamp` came from.
     pub ts_source: TsSource,
     /// The posted receive buffer, handed back with the data in it.
     pub buf: Option<Vec<u8>>,
@@ -168,24 +190,41 @@ impl Completion {
 /// Errors of the UD API.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UdError {
+    /// The handle names no QP (destroyed, or stale).
     #[error("no such queue pair")]
     InvalidQp,
+    /// The QP number asked for in [`QpConfig::qpn`] is taken.
     #[error("QP number {0} is in use")]
     QpnInUse(u32),
+    /// The QP number asked for is not in 2..=0xffffff (0 and 1 are the
+    /// InfiniBand SMI and GSI QPs).
     #[error("QP number {0} is out of range (2..=0xffffff)")]
     BadQpn(u32),
+    /// The send or receive queue holds its maximum of work requests (or no
+    /// QP number is free).
     #[error("work queue full")]
     QueueFull,
+    /// The message (first field, bytes) exceeds the transport's largest
+    /// UD message (second field, bytes).
     #[error("message of {0} bytes exceeds the largest UD message ({1} bytes)")]
     TooLarge(usize, usize),
+    /// The posted receive buffer (bytes) cannot even hold the GRH space.
     #[error("receive buffer of {0} bytes is smaller than the 40-byte GRH space")]
     BufferTooSmall(usize),
+    /// No RDMA device on the host (verbs transport).
     #[error("no RDMA device")]
     NoDevice,
+    /// The device cannot do what is asked (e.g. a port without an IPv4 GID).
     #[error("{0}")]
     Unsupported(&'static str),
+    /// A verbs call failed.
     #[error("{op}: {msg}")]
-    Device { op: &'static str, msg: String },
+    Device {
+        /// The verbs operation that failed.
+        op: &'static str,
+        /// The OS error it reported.
+        msg: String,
+    },
 }
 
 impl From<UdError> for Error {

@@ -109,10 +109,13 @@ fn repost<T: UdTransport + ?Sized>(t: &mut T, qp: QpHandle, c: &mut Completion) 
 /// What to ping and how.
 #[derive(Debug, Clone)]
 pub struct UdPingerConfig {
+    /// The responder to ping (address and QP number).
     pub dst: UdAddr,
+    /// Q_Key of our QP and of the pings (the responder's must match).
     pub qkey: u32,
     /// Pings to send; `None` for no limit.
     pub count: Option<u64>,
+    /// Time between pings.
     pub interval: Duration,
     /// Message bytes (at least [`PING_LEN`]).
     pub size: usize,
@@ -121,6 +124,8 @@ pub struct UdPingerConfig {
 }
 
 impl UdPingerConfig {
+    /// Ping `dst` once a second without end with 64-byte messages, Q_Key
+    /// [`DEFAULT_QKEY`] and a 1 s wait for the last pong.
     pub fn new(dst: UdAddr) -> Self {
         UdPingerConfig {
             dst,
@@ -136,13 +141,19 @@ impl UdPingerConfig {
 /// One pong, for a front end to print.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UdPong {
+    /// The ping's sequence number (from 1).
     pub seq: u64,
+    /// The responder (address and QP number).
     pub from: UdAddr,
+    /// Message bytes received.
     pub bytes: usize,
     /// Round trip: our receive completion minus our send completion, less
     /// the responder's processing delay.
     pub rtt: Duration,
+    /// The responder's processing delay (its pong post minus its receive
+    /// completion), as it reported it.
     pub server_delay: Duration,
+    /// A second pong for the same ping (`rtt` and `server_delay` are zero).
     pub duplicate: bool,
     /// Where our timestamps came from.
     pub ts_source: TsSource,
@@ -151,11 +162,15 @@ pub struct UdPong {
 /// Totals of a UD ping run, with percentiles.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct UdPingSummary {
+    /// Pings posted.
     pub transmitted: u64,
+    /// Pings answered (first pong to each).
     pub received: u64,
+    /// Further pongs to a ping already answered.
     pub duplicates: u64,
     /// Sends that completed in error.
     pub errors: u64,
+    /// RTTs of the answered pings.
     pub rtt: RttStats,
     /// RTT samples in nanoseconds (the first million).
     samples: Vec<u64>,
@@ -165,6 +180,7 @@ pub struct UdPingSummary {
 const MAX_SAMPLES: usize = 1 << 20;
 
 impl UdPingSummary {
+    /// Lost pings in percent of those sent (0 before the first).
     pub fn loss_percent(&self) -> f64 {
         if self.transmitted == 0 {
             return 0.0;
@@ -219,6 +235,9 @@ const EVENT_BACKLOG: usize = 65_536;
 const RECV_DEPTH: usize = 64;
 
 impl UdPinger {
+    /// A pinger that creates its QP, posts its receive buffers and sends
+    /// its first ping on its first turn; `cfg.size` is raised to
+    /// [`PING_LEN`] if smaller.
     pub fn new(mut cfg: UdPingerConfig) -> Self {
         cfg.size = cfg.size.max(PING_LEN);
         UdPinger {
@@ -246,12 +265,15 @@ impl UdPinger {
         self
     }
 
+    /// What this pinger pings and how.
     pub fn config(&self) -> &UdPingerConfig {
         &self.cfg
     }
+    /// Totals so far.
     pub fn summary(&self) -> &UdPingSummary {
         &self.summary
     }
+    /// The error that stopped the pinger (QP creation, a failed post), if any.
     pub fn error(&self) -> Option<&UdError> {
         self.error.as_ref()
     }
@@ -259,9 +281,11 @@ impl UdPinger {
     pub fn local_qpn(&self) -> Option<u32> {
         self.qp.map(|_| self.qpn)
     }
+    /// When the first ping was posted, if one was.
     pub fn started(&self) -> Option<Instant> {
         self.first_send
     }
+    /// Pongs since the last call (none when [`quiet`](Self::quiet)).
     pub fn drain_events(&mut self) -> impl Iterator<Item = UdPong> + '_ {
         self.events.drain(..)
     }
@@ -478,11 +502,15 @@ impl App for UdPinger {
 /// Counters of a responder.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ResponderStats {
+    /// Pings received.
     pub pings: u64,
+    /// Pongs posted in answer.
     pub pongs: u64,
     /// Pongs not sent (send queue full).
     pub pong_drops: u64,
+    /// Messages that were not pings or stats requests (bandwidth data).
     pub sink_msgs: u64,
+    /// Payload bytes of those messages.
     pub sink_bytes: u64,
 }
 
@@ -527,12 +555,17 @@ impl UdResponder {
         self
     }
 
+    /// Counters so far.
     pub fn stats(&self) -> ResponderStats {
         self.stats
     }
+    /// The QP number: the one asked for, or once the QP exists, the one
+    /// the transport gave it.
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
+    /// Why the responder could not start (QP number taken, no device), if
+    /// it could not.
     pub fn error(&self) -> Option<&UdError> {
         self.error.as_ref()
     }
@@ -548,6 +581,10 @@ impl UdResponder {
         Ok(qp)
     }
 
+    /// One turn against any transport: create the QP on the first turn,
+    /// then answer pings and stats requests and sink everything else.
+    /// Always [`Control::Continue`] (a responder that failed to start
+    /// stays idle, see [`error`](Self::error)).
     pub fn poll_transport<T: UdTransport + ?Sized>(&mut self, now: Instant, t: &mut T) -> Control {
         if self.error.is_some() {
             return Control::Continue;
@@ -652,11 +689,16 @@ impl App for UdResponder {
 /// One row of the bandwidth table.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BwResult {
+    /// Message size, bytes.
     pub bytes: usize,
+    /// Sends that completed successfully at this size.
     pub iterations: u64,
-    /// MB/s (2^20 bytes), as perftest reports by default.
+    /// MB/s (2^20 bytes), as perftest reports by default: the best window
+    /// of tx-depth consecutive send completions.
     pub bw_peak_mbs: f64,
+    /// MB/s (2^20 bytes) from the first post to the last send completion.
     pub bw_avg_mbs: f64,
+    /// Millions of messages per second over the same span as `bw_avg_mbs`.
     pub msg_rate_mpps: f64,
     /// Messages the sink counted for this size, if it answered.
     pub delivered: Option<u64>,
@@ -665,9 +707,13 @@ pub struct BwResult {
 /// Bandwidth-test settings.
 #[derive(Debug, Clone)]
 pub struct UdBandwidthConfig {
+    /// The sink (a [`UdResponder`]) to send to.
     pub dst: UdAddr,
+    /// Q_Key of our QP and of the messages.
     pub qkey: u32,
+    /// Message sizes to sweep, bytes, in order.
     pub sizes: Vec<usize>,
+    /// Messages sent at each size.
     pub iterations: u64,
     /// Sends kept outstanding (perftest's tx-depth).
     pub tx_depth: usize,
@@ -676,6 +722,8 @@ pub struct UdBandwidthConfig {
 }
 
 impl UdBandwidthConfig {
+    /// A sweep to `dst` over [`sweep_sizes`]`(max_msg)`, 1000 messages per
+    /// size, 128 outstanding, Q_Key [`DEFAULT_QKEY`].
     pub fn new(dst: UdAddr, max_msg: usize) -> Self {
         UdBandwidthConfig {
             dst,
@@ -732,6 +780,8 @@ pub struct UdBandwidth {
 }
 
 impl UdBandwidth {
+    /// A sweep that creates its QP and asks the sink's counters on its
+    /// first turn.
     pub fn new(cfg: UdBandwidthConfig) -> Self {
         UdBandwidth {
             cfg,
@@ -759,9 +809,11 @@ impl UdBandwidth {
     pub fn take_results(&mut self) -> Vec<BwResult> {
         std::mem::take(&mut self.results)
     }
+    /// The error that stopped the sweep (QP creation failed), if any.
     pub fn error(&self) -> Option<&UdError> {
         self.error.as_ref()
     }
+    /// Every size measured (or the sweep failed).
     pub fn done(&self) -> bool {
         self.error.is_some() || self.size_idx > self.cfg.sizes.len()
     }
@@ -843,6 +895,9 @@ impl UdBandwidth {
         }
     }
 
+    /// One turn against any transport: keep `tx_depth` sends outstanding
+    /// for the current size, then ask the sink's count and move on.
+    /// [`Control::Exit`] once [`done`](Self::done).
     pub fn poll_transport<T: UdTransport + ?Sized>(&mut self, now: Instant, t: &mut T) -> Control {
         if self.done() {
             return Control::Exit;
@@ -939,6 +994,8 @@ impl UdBandwidth {
         }
     }
 
+    /// When the sweep next needs a turn: at once while sending, at the
+    /// stats timeout while waiting for the sink's answer.
     pub fn next_wakeup(&self) -> Option<Instant> {
         match self.phase {
             _ if self.done() => None,

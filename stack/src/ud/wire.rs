@@ -28,10 +28,13 @@ pub const PSN_MASK: u32 = 0x00ff_ffff;
 /// A malformed or unsupported RoCE packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum WireError {
+    /// Shorter than the BTH, DETH, immediate data, pad and ICRC it announces.
     #[error("packet shorter than its headers")]
     Truncated,
+    /// A BTH opcode other than UD SEND_ONLY (with or without immediate).
     #[error("opcode is not a UD SEND")]
     BadOpcode,
+    /// The BTH's TVer field is not 0.
     #[error("unsupported transport header version")]
     BadVersion,
 }
@@ -43,6 +46,7 @@ pub enum Opcode {
     UdSendOnly,
     /// UD SEND_ONLY_WITH_IMMEDIATE (0x65).
     UdSendOnlyImm,
+    /// Any other opcode (RC, UC, RD, or a UD opcode we do not speak).
     Unknown(u8),
 }
 
@@ -74,7 +78,7 @@ fn put_be24(b: &mut [u8], v: u32) {
     b.copy_from_slice(&v.to_be_bytes()[1..]);
 }
 
-/// A view of a Base Transport Header (and what follows it).
+/// A view of a Base Transport Header (IBTA Vol. 1 §9.2) and what follows it.
 #[derive(Debug, Clone)]
 pub struct BthPacket<T: AsRef<[u8]>> {
     buffer: T,
@@ -100,16 +104,22 @@ mod field {
 }
 
 impl<T: AsRef<[u8]>> BthPacket<T> {
+    /// A view of `buffer` without a length check: accessors may panic on
+    /// a buffer shorter than [`BTH_LEN`] unless [`check_len`](Self::check_len)
+    /// succeeded.
     pub const fn new_unchecked(buffer: T) -> Self {
         BthPacket { buffer }
     }
 
+    /// A view of `buffer`, or [`WireError::Truncated`] when it cannot hold a BTH.
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let p = Self::new_unchecked(buffer);
         p.check_len()?;
         Ok(p)
     }
 
+    /// [`WireError::Truncated`] when the buffer is shorter than [`BTH_LEN`];
+    /// after `Ok`, no accessor panics.
     pub fn check_len(&self) -> Result<(), WireError> {
         if self.buffer.as_ref().len() < BTH_LEN {
             Err(WireError::Truncated)
@@ -118,41 +128,54 @@ impl<T: AsRef<[u8]>> BthPacket<T> {
         }
     }
 
+    /// The underlying buffer.
     pub fn into_inner(self) -> T {
         self.buffer
     }
 
+    /// OpCode (byte 0): transport type and operation.
     pub fn opcode(&self) -> Opcode {
         Opcode::from(self.buffer.as_ref()[field::OPCODE])
     }
+    /// SE, Solicited Event (byte 1, bit 7): the responder should raise an event.
     pub fn solicited(&self) -> bool {
         self.buffer.as_ref()[field::FLAGS] & 0x80 != 0
     }
+    /// MigReq (byte 1, bit 6): path migration state (real RNICs set it on UD).
     pub fn mig_req(&self) -> bool {
         self.buffer.as_ref()[field::FLAGS] & 0x40 != 0
     }
+    /// PadCnt (byte 1, bits 5-4): pad bytes after the payload, 0..=3.
     pub fn pad_count(&self) -> u8 {
         (self.buffer.as_ref()[field::FLAGS] >> 4) & 0x3
     }
+    /// TVer (byte 1, bits 3-0): transport header version, 0.
     pub fn version(&self) -> u8 {
         self.buffer.as_ref()[field::FLAGS] & 0x0f
     }
+    /// P_Key (bytes 2-3): partition key ([`DEFAULT_PKEY`] here).
     pub fn pkey(&self) -> u16 {
         let b = &self.buffer.as_ref()[field::PKEY];
         u16::from_be_bytes([b[0], b[1]])
     }
+    /// FECN (byte 4, bit 7): forward explicit congestion notification.
     pub fn fecn(&self) -> bool {
         self.buffer.as_ref()[field::RESV8A] & 0x80 != 0
     }
+    /// BECN (byte 4, bit 6): backward explicit congestion notification.
     pub fn becn(&self) -> bool {
         self.buffer.as_ref()[field::RESV8A] & 0x40 != 0
     }
+    /// DestQP (bytes 5-7): the destination queue pair number, 24 bits.
     pub fn dest_qp(&self) -> u32 {
         be24(&self.buffer.as_ref()[field::DEST_QP])
     }
+    /// AckReq (byte 8, bit 7): the requester asks for an acknowledgment
+    /// (unused on UD).
     pub fn ack_req(&self) -> bool {
         self.buffer.as_ref()[field::ACK] & 0x80 != 0
     }
+    /// PSN (bytes 9-11): packet sequence number, 24 bits.
     pub fn psn(&self) -> u32 {
         be24(&self.buffer.as_ref()[field::PSN])
     }
@@ -163,6 +186,7 @@ impl<T: AsRef<[u8]>> BthPacket<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> BthPacket<T> {
+    /// Set the OpCode (byte 0).
     pub fn set_opcode(&mut self, v: Opcode) {
         self.buffer.as_mut()[field::OPCODE] = v.into();
     }
@@ -177,6 +201,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> BthPacket<T> {
         }
         self.buffer.as_mut()[field::FLAGS] = f;
     }
+    /// Set the P_Key (bytes 2-3).
     pub fn set_pkey(&mut self, v: u16) {
         self.buffer.as_mut()[field::PKEY].copy_from_slice(&v.to_be_bytes());
     }
@@ -184,37 +209,48 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> BthPacket<T> {
     pub fn set_resv8a(&mut self, v: u8) {
         self.buffer.as_mut()[field::RESV8A] = v;
     }
+    /// Set DestQP (bytes 5-7); `v` is masked to 24 bits.
     pub fn set_dest_qp(&mut self, v: u32) {
         put_be24(&mut self.buffer.as_mut()[field::DEST_QP], v & MAX_QPN);
     }
+    /// Set byte 8: AckReq, the reserved bits zero.
     pub fn set_ack_req(&mut self, v: bool) {
         self.buffer.as_mut()[field::ACK] = if v { 0x80 } else { 0 };
     }
+    /// Set the PSN (bytes 9-11); `v` is masked to 24 bits.
     pub fn set_psn(&mut self, v: u32) {
         put_be24(&mut self.buffer.as_mut()[field::PSN], v & PSN_MASK);
     }
+    /// Everything after the BTH, writable.
     pub fn payload_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[BTH_LEN..]
     }
 }
 
-/// A view of a Datagram Extended Transport Header.
+/// A view of a Datagram Extended Transport Header (IBTA Vol. 1 §9.3.2),
+/// the 8 bytes after the BTH of a UD packet.
 #[derive(Debug, Clone)]
 pub struct DethPacket<T: AsRef<[u8]>> {
     buffer: T,
 }
 
 impl<T: AsRef<[u8]>> DethPacket<T> {
+    /// A view of `buffer` without a length check: accessors may panic on
+    /// a buffer shorter than [`DETH_LEN`] unless [`check_len`](Self::check_len)
+    /// succeeded.
     pub const fn new_unchecked(buffer: T) -> Self {
         DethPacket { buffer }
     }
 
+    /// A view of `buffer`, or [`WireError::Truncated`] when it cannot hold a DETH.
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let p = Self::new_unchecked(buffer);
         p.check_len()?;
         Ok(p)
     }
 
+    /// [`WireError::Truncated`] when the buffer is shorter than [`DETH_LEN`];
+    /// after `Ok`, no accessor panics.
     pub fn check_len(&self) -> Result<(), WireError> {
         if self.buffer.as_ref().len() < DETH_LEN {
             Err(WireError::Truncated)
@@ -223,19 +259,24 @@ impl<T: AsRef<[u8]>> DethPacket<T> {
         }
     }
 
+    /// Q_Key (bytes 0-3): must match the destination QP's for the SEND to
+    /// be accepted.
     pub fn qkey(&self) -> u32 {
         let b = &self.buffer.as_ref()[field::QKEY];
         u32::from_be_bytes([b[0], b[1], b[2], b[3]])
     }
+    /// SrcQP (bytes 5-7): the sender's queue pair number, 24 bits.
     pub fn src_qp(&self) -> u32 {
         be24(&self.buffer.as_ref()[field::SRC_QP])
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> DethPacket<T> {
+    /// Set the Q_Key (bytes 0-3).
     pub fn set_qkey(&mut self, v: u32) {
         self.buffer.as_mut()[field::QKEY].copy_from_slice(&v.to_be_bytes());
     }
+    /// Set SrcQP (bytes 5-7, masked to 24 bits) and zero the reserved byte 4.
     pub fn set_src_qp(&mut self, v: u32) {
         let b = self.buffer.as_mut();
         b[field::DETH_RESV] = 0;
@@ -247,17 +288,29 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DethPacket<T> {
 /// (without pad and ICRC). Parse it from the UDP payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdSendRepr<'a> {
+    /// BTH SE: solicited event.
     pub solicited: bool,
+    /// BTH MigReq.
     pub mig_req: bool,
+    /// BTH P_Key: partition key.
     pub pkey: u16,
+    /// BTH FECN: congestion experienced on the way here.
     pub fecn: bool,
+    /// BTH BECN: congestion reported back.
     pub becn: bool,
+    /// BTH DestQP: the receiving queue pair, 24 bits.
     pub dest_qp: u32,
+    /// BTH AckReq.
     pub ack_req: bool,
+    /// BTH PSN: packet sequence number, 24 bits.
     pub psn: u32,
+    /// DETH Q_Key: the key the receiving QP checks.
     pub qkey: u32,
+    /// DETH SrcQP: the sending queue pair, 24 bits.
     pub src_qp: u32,
+    /// Immediate data (ImmDt), present with opcode SEND_ONLY_WITH_IMMEDIATE.
     pub imm: Option<u32>,
+    /// The message, without pad and ICRC.
     pub payload: &'a [u8],
 }
 
