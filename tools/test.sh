@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every ustack test: formatting, lints, the pure-Rust default build, the
-# all-features build, unit, property and integration tests.
+# Runs every ustack test: formatting, lints, rustdoc, the pure-Rust default
+# build, the all-features build, unit, property and integration tests.
 #
 # On a fresh Debian machine, run as root: it installs the system packages the
 # feature builds and the netns tests need when they are missing. Without root
@@ -45,6 +45,9 @@ cargo clippy --workspace --all-targets --locked --exclude ustack-verbs --exclude
 
 step "clippy (all features, all targets)"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+
+step "rustdoc: cargo doc -D warnings"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked -p ustack -p ustack-runtime --all-features
 
 step "build: default features (pure Rust)"
 cargo build --workspace --locked --exclude ustack-verbs --exclude dpdk-sys --exclude ustack-dpdk
