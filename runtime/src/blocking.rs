@@ -109,11 +109,12 @@ impl TcpListener {
     }
 }
 
-/// A blocking TCP stream (`std::io::Read + Write`). Dropping it closes the
-/// connection.
+/// A blocking TCP stream (`std::io::Read + Write`, also through `&TcpStream`,
+/// so one thread can read while another writes). Dropping the last handle
+/// ([`try_clone`](Self::try_clone) makes more) closes the connection.
 #[derive(Debug)]
 pub struct TcpStream {
-    inner: aio::TcpStream,
+    inner: Arc<aio::TcpStream>,
     read_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
 }
@@ -121,7 +122,7 @@ pub struct TcpStream {
 impl From<aio::TcpStream> for TcpStream {
     fn from(inner: aio::TcpStream) -> Self {
         TcpStream {
-            inner,
+            inner: Arc::new(inner),
             read_timeout: None,
             write_timeout: None,
         }
@@ -131,7 +132,26 @@ impl From<aio::TcpStream> for TcpStream {
 impl TcpStream {
     /// Connect to `remote`, blocking until the handshake ends.
     pub fn connect(net: &Net, remote: SocketAddrV4) -> io::Result<TcpStream> {
-        block_on(aio::TcpStream::connect(net, remote), None).map(TcpStream::from)
+        Self::connect_timeout(net, remote, None)
+    }
+
+    /// Connect to `remote`, waiting at most `timeout` for the handshake
+    /// (`WouldBlock` then; the half-open connection is closed).
+    pub fn connect_timeout(
+        net: &Net,
+        remote: SocketAddrV4,
+        timeout: Option<Duration>,
+    ) -> io::Result<TcpStream> {
+        block_on(aio::TcpStream::connect(net, remote), timeout).map(TcpStream::from)
+    }
+
+    /// Another handle on the same connection (its own timeouts).
+    pub fn try_clone(&self) -> io::Result<TcpStream> {
+        Ok(TcpStream {
+            inner: self.inner.clone(),
+            read_timeout: self.read_timeout,
+            write_timeout: self.write_timeout,
+        })
     }
 
     /// Bound how long a read waits (`None`: forever).
@@ -160,7 +180,7 @@ impl TcpStream {
     }
 }
 
-impl io::Read for TcpStream {
+impl io::Read for &TcpStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let s = &self.inner;
         block_on(
@@ -170,7 +190,7 @@ impl io::Read for TcpStream {
     }
 }
 
-impl io::Write for TcpStream {
+impl io::Write for &TcpStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let s = &self.inner;
         block_on(
@@ -180,6 +200,22 @@ impl io::Write for TcpStream {
     }
 
     /// Written bytes are in the stack's send ring already.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl io::Read for TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl io::Write for TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }

@@ -113,6 +113,8 @@
 pub mod aio;
 pub mod backend;
 pub mod blocking;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod clock;
 pub mod net;
 pub mod poll;

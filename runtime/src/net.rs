@@ -338,13 +338,7 @@ impl Builder {
     /// thread until it exits or `stop` is set.
     pub fn run<A: App + ?Sized>(self, app: &mut A, stop: &AtomicBool) -> Result<(), Error> {
         let cfg = self.build()?;
-        let publisher = match &cfg.telemetry {
-            Some(path) => Some(Publisher::start(
-                &format!("app {}", cfg.stack.ip),
-                Some(&crate::telemetry::socket_path(path)?),
-            )?),
-            None => None,
-        };
+        let publisher = publisher(&cfg)?;
         with_node(
             &cfg,
             RunApp {
@@ -376,13 +370,7 @@ impl Builder {
                 "a spawned runtime runs one core: use run_sharded for several".into(),
             ));
         }
-        let publisher = match &cfg.telemetry {
-            Some(path) => Some(Publisher::start(
-                &format!("app {}", cfg.stack.ip),
-                Some(&crate::telemetry::socket_path(path)?),
-            )?),
-            None => None,
-        };
+        let publisher = publisher(&cfg)?;
         with_node(
             &cfg,
             Spawn {
@@ -392,6 +380,38 @@ impl Builder {
             },
         )
     }
+}
+
+impl Builder {
+    /// Build and run one poll loop per core of [`cores`](Self::cores) (DPDK),
+    /// each with its own queue pair, stack and the app `make(shard)`,
+    /// frames that `steer` names handled by the shard it says; until every
+    /// app exits or `stop` is set. Telemetry, when configured, publishes the
+    /// cores' totals and each core's figures. See [`run_sharded`].
+    pub fn run_sharded<A, F>(
+        self,
+        steer: &[SteerRule],
+        stop: &AtomicBool,
+        make: F,
+    ) -> Result<Vec<ShardResult<A>>, Error>
+    where
+        A: App + Send,
+        F: Fn(ShardId) -> A + Sync,
+    {
+        let cfg = self.build()?;
+        let publisher = publisher(&cfg)?;
+        run_sharded(&cfg, steer, None, stop, publisher.as_ref(), make)
+    }
+}
+
+/// The telemetry publisher `cfg` asks for, if any.
+fn publisher(cfg: &NetConfig) -> Result<Option<Publisher>, Error> {
+    let Some(path) = &cfg.telemetry else {
+        return Ok(None);
+    };
+    let name = format!("app {}", cfg.stack.ip);
+    let socket = crate::telemetry::socket_path(path)?;
+    Ok(Some(Publisher::start(&name, Some(&socket))?))
 }
 
 /// [`Builder::spawn_with`]'s [`NodeUser`].

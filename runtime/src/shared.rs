@@ -239,8 +239,13 @@ where
     })
 }
 
+/// How long a stopping loop keeps running to let queued output leave.
+const LINGER: Duration = Duration::from_secs(1);
+
 /// The loop: one iteration under the lock, then the wakers of this
-/// iteration's events outside it, then the idle back-off.
+/// iteration's events outside it, then the idle back-off. Asked to stop, it
+/// runs on while output is queued or unacknowledged, for at most
+/// [`LINGER`].
 fn run_shared<D: Device, A: App>(
     shared: &Shared,
     mut port: Port<D>,
@@ -257,6 +262,8 @@ fn run_shared<D: Device, A: App>(
     let mut next_stats = start + cfg.stats_interval;
     let mut backoff = Duration::from_micros(1);
     let mut wake = Vec::new();
+    // Once asked to stop: until when the loop still lets queued output leave.
+    let mut draining: Option<ustack::Instant> = None;
     loop {
         let now = clock.now();
         let mut inner = shared.inner.lock();
@@ -278,6 +285,10 @@ fn run_shared<D: Device, A: App>(
         let snapshot =
             (now >= next_stats && publisher.is_some()).then(|| port.snapshot(&inner.stack, now));
         let poll_at = port.poll_at(&inner.stack, app);
+        // Output still to leave: immediate work, or bytes not yet acknowledged.
+        let pending = report.busy()
+            || poll_at.is_some_and(|t| t <= now)
+            || inner.stack.tcp_connections().any(|c| c.send_queued > 0);
         MutexGuard::unlock_fair(inner);
         wake.drain(..).for_each(Waker::wake);
         if let (Some(s), Some(p)) = (snapshot, publisher) {
@@ -285,7 +296,12 @@ fn run_shared<D: Device, A: App>(
             next_stats = now + cfg.stats_interval;
         }
         if report.exit || end.is_some_and(|e| now >= e) || shared.stop.load(Ordering::Acquire) {
-            return Ok(());
+            // Let what the app queued leave (a last write, a FIN, a
+            // datagram), for at most LINGER, as a kernel socket would.
+            let until = *draining.get_or_insert(now + LINGER);
+            if !pending || now >= until {
+                return Ok(());
+            }
         }
         if let Some(why) = port.dev.failure() {
             return Err(crate::RunError::Device(why).into());

@@ -81,7 +81,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     let listener = TcpListener::bind(rt.net(), args.port, 128)?;
     println!(
         "async-echo: {} on {}, echoing TCP port {}",
-        args.net.ip,
+        args.net.address(),
         args.net.describe(),
         args.port
     );

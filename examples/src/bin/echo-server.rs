@@ -34,7 +34,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut app = EchoServer::new(args.port);
     println!(
         "echo-server: {} on {}, echoing TCP port {}",
-        args.net.ip,
+        args.net.address(),
         args.net.describe(),
         args.port
     );

@@ -13,12 +13,12 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use ustack_examples::{NetArgs, exit, init_logging};
-use ustack_runtime::{aio, blocking};
+use ustack_runtime::blocking;
 
 /// HTTP/1.0 GET on the blocking front.
 #[derive(Parser, Debug)]
@@ -65,12 +65,8 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Open the backend and start the poll loop on its own thread.
     let rt = args.net.builder()?.spawn()?;
 
-    // Connect, bounded by the timeout. `blocking::TcpStream::connect` waits
-    // as long as TCP retries; for a bound, run the async connect with
-    // `blocking::block_on` and turn the result into a blocking stream.
-    let connect = aio::TcpStream::connect(rt.net(), server);
-    let mut stream = blocking::block_on(connect, Some(timeout))
-        .map(blocking::TcpStream::from)
+    // Connect, waiting at most the timeout for the handshake.
+    let mut stream = blocking::TcpStream::connect_timeout(rt.net(), server, Some(timeout))
         .with_context(|| format!("connecting to {server}"))?;
     stream.set_read_timeout(Some(timeout));
 
@@ -99,13 +95,8 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     std::io::copy(&mut reader, &mut std::io::stdout().lock()).context("reading the body")?;
 
-    // Closing sends our FIN; give the loop a moment to exchange it before
-    // stopping, so the server is not left waiting for it.
+    // Closing sends our FIN; stopping lets it leave first.
     drop(reader);
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while rt.net().with_stack(|s| s.tcp_connections().count())? > 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
     rt.stop()?;
     Ok(if code == "200" {
         ExitCode::SUCCESS

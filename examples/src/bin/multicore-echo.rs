@@ -16,9 +16,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ustack_examples::echo::EchoServer;
-use ustack_examples::{CoreList, NetArgs, exit, init_logging, parse_cores, stop_on_signal};
-use ustack_runtime::net::run_sharded;
-use ustack_runtime::telemetry::{Publisher, socket_path};
+use ustack_examples::{CoreList, NetArgs, exit, init_logging, stop_on_signal};
 
 /// TCP echo server on several cores (DPDK only).
 #[derive(Parser, Debug)]
@@ -26,12 +24,6 @@ use ustack_runtime::telemetry::{Publisher, socket_path};
 struct Args {
     #[command(flatten)]
     net: NetArgs,
-    /// The CPUs to run on, one queue pair each: `0,1` or `2-5`.
-    #[arg(long, value_name = "LIST", value_parser = parse_cores)]
-    cores: CoreList,
-    /// Sleep when idle instead of busy-polling (for shared machines).
-    #[arg(long)]
-    backoff: bool,
     /// TCP port to echo on.
     #[arg(long, default_value_t = 7)]
     port: u16,
@@ -39,34 +31,23 @@ struct Args {
 
 fn run(args: Args) -> anyhow::Result<ExitCode> {
     let stop = stop_on_signal()?;
-    let cores = &args.cores.0;
-    // The same builder as one core, plus the list of cores (DPDK only: the
-    // configuration is refused for pcap).
-    let cfg = (args.net.builder()?)
-        .cores(cores)
-        .backoff(args.backoff)
-        .build()?;
-    // `Builder::run` and `spawn` start telemetry themselves; a sharded run
-    // takes a publisher, which reports the cores' totals and each core.
-    let publisher = match &cfg.telemetry {
-        Some(path) => Some(Publisher::start(
-            "multicore-echo",
-            Some(&socket_path(path)?),
-        )?),
-        None => None,
+    // `--cores LIST` (DPDK only: the configuration is refused for pcap) and
+    // `--backoff` are among the NET flags.
+    let Some(CoreList(cores)) = &args.net.cores else {
+        anyhow::bail!("--cores LIST is required (one queue pair per core)");
     };
     println!(
         "multicore-echo: {} on {}, cores {cores:?}, echoing TCP port {}",
-        args.net.ip,
+        args.net.address(),
         args.net.describe(),
         args.port
     );
     // One loop per core, each with the app `make(shard)` returns, until
     // `stop` is set. No steering rules: a connection is served on the core
-    // its SYN reached.
-    let shards = run_sharded(&cfg, &[], None, &stop, publisher.as_ref(), |_shard| {
-        EchoServer::new(args.port)
-    })?;
+    // its SYN reached. Telemetry (--telemetry) reports the cores' totals
+    // and each core.
+    let shards =
+        (args.net.builder()?).run_sharded(&[], &stop, |_shard| EchoServer::new(args.port))?;
     for ((echo, _last_snapshot), core) in shards.iter().zip(cores) {
         if let Some(e) = echo.error() {
             anyhow::bail!("core {core}: {e}");

@@ -102,7 +102,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!(
         "UD PING {dst} qkey {:#010x} from {} on {}",
         args.qkey,
-        args.net.ip,
+        args.net.address(),
         args.net.describe()
     );
     // Run the loop with the pinger on this thread until it is done (or Ctrl-C).

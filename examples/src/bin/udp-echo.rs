@@ -38,7 +38,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     socket.set_read_timeout(Some(Duration::from_millis(200)));
     println!(
         "udp-echo: {} on {}, echoing UDP port {}",
-        args.net.ip,
+        args.net.address(),
         args.net.describe(),
         socket.local_port()
     );

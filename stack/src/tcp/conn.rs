@@ -989,6 +989,14 @@ impl TcpConn {
             self.stats.bad_segments += 1;
             return;
         }
+        if seg.hdr.rst && self.state == State::TimeWait {
+            // RFC 1337: a reset must not cut TIME-WAIT short (an old
+            // duplicate would let the next incarnation take stale data),
+            // and the app, which has read or will read the end of stream,
+            // learns of no error after the close completed.
+            self.stats.bad_segments += 1;
+            return;
+        }
         if seg.hdr.rst {
             // RFC 5961 §3: only an exact match resets; in-window gets a challenge.
             if seg.hdr.seq == self.rcv_nxt {
@@ -1950,6 +1958,34 @@ mod test {
         assert_eq!(c.state(), State::Closed);
         assert!(now >= t0 + Duration::from_secs(60));
         assert_eq!(c.stats().retransmits, 0);
+    }
+
+    #[test]
+    fn reset_in_time_wait_is_ignored_and_the_app_sees_end_of_stream() {
+        let (mut c, mut s, mut now) = established(cfg(), cfg());
+        c.close();
+        for w in drain(&mut c, now) {
+            s.on_segment(now, &w.seg());
+        }
+        s.close();
+        let fin = drain(&mut s, now);
+        for w in &fin {
+            c.on_segment(now, &w.seg());
+        }
+        assert_eq!(c.state(), State::TimeWait);
+        drain(&mut c, now);
+        // A reset at exactly the right sequence number (a peer that forgot
+        // the connection answering a duplicate): RFC 1337 ignores it.
+        let rst = Segment::from(Header {
+            seq: c.rcv_nxt,
+            rst: true,
+            ..Header::default()
+        });
+        now += Duration::from_millis(1);
+        c.on_segment(now, &rst);
+        assert_eq!(c.state(), State::TimeWait);
+        assert_eq!(c.error(), None);
+        assert!(c.recv_finished());
     }
 
     #[test]

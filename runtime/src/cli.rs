@@ -1,0 +1,302 @@
+//! The `NET` flags every ustack program takes (feature `cli`): the apps,
+//! the examples, and `ustack exec`'s preload library parse the same
+//! [`NetArgs`] with clap and turn them into a [`Builder`].
+//!
+//! ```text
+//! NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim
+//!        --ip A.B.C.D/LEN [--gw A.B.C.D] [--mac MAC] [--core N | --cores LIST]
+//!        [--telemetry PATH] [--capture FILE.pcap] [--impair SPEC] [--mtu N]
+//! ```
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use ustack::Config;
+use ustack::sim::LinkConfig;
+use ustack::wire::{EthernetAddress, Ipv4Cidr};
+
+use crate::net::{Builder, Error, NetConfig};
+use crate::poll::LoopConfig;
+
+/// `NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim`, plus addressing.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NetArgs {
+    /// Run on this interface through libpcap (the stack takes its own MAC and IP).
+    #[arg(long, value_name = "IFACE", conflicts_with_all = ["dpdk", "sim"])]
+    pub pcap: Option<String>,
+    /// Run on a DPDK port (0 unless --dpdk-port) with these EAL arguments,
+    /// e.g. "--no-huge -m 256 --no-pci --vdev=net_af_packet0,iface=eth1".
+    #[arg(
+        long,
+        value_name = "EAL ARGS",
+        conflicts_with = "sim",
+        allow_hyphen_values = true
+    )]
+    pub dpdk: Option<String>,
+    /// With --dpdk: the port to run on.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "dpdk")]
+    pub dpdk_port: u16,
+    /// With --dpdk: mbufs in the port's pool (receive and transmit).
+    #[arg(long, value_name = "N", default_value_t = 8191, requires = "dpdk",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub dpdk_mbufs: u32,
+    /// Run on the in-process simulated link.
+    #[arg(long)]
+    pub sim: bool,
+    /// Our address and prefix length.
+    #[arg(long, value_name = "A.B.C.D/LEN", value_parser = parse_cidr)]
+    pub ip: Option<Ipv4Cidr>,
+    /// Gateway for addresses outside the subnet.
+    #[arg(long, value_name = "A.B.C.D")]
+    pub gw: Option<Ipv4Addr>,
+    /// Our MAC (default: 02:75:73 followed by the last three bytes of the address).
+    #[arg(long, value_parser = parse_mac)]
+    pub mac: Option<EthernetAddress>,
+    /// Pin the poll loop to this CPU.
+    #[arg(long, conflicts_with = "cores")]
+    pub core: Option<usize>,
+    /// With --dpdk: one poll loop per CPU in LIST (`0,1` or `0-3`), each
+    /// pinned, with its own queue pair of the port, its own stack, pools and
+    /// connections (symmetric RSS keeps a flow on one core).
+    #[arg(long, value_name = "LIST", value_parser = parse_cores, requires = "dpdk")]
+    pub cores: Option<CoreList>,
+    /// Keep the idle back-off on pinned cores instead of busy-polling (for
+    /// machines where the cores are shared).
+    #[arg(long)]
+    pub backoff: bool,
+    /// Publish telemetry on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub telemetry: Option<PathBuf>,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long, value_name = "FILE.pcap")]
+    pub capture: Option<PathBuf>,
+    /// Testing aid: impair this port's frames both ways, as
+    /// `loss=0.02,reorder=0.1,reorder_ms=1,corrupt=0.001,delay_ms=0,seed=1`
+    /// (for kernels without tc netem).
+    #[arg(long, value_name = "SPEC", value_parser = parse_impair)]
+    pub impair: Option<LinkConfig>,
+    /// IP MTU.
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
+    pub mtu: u16,
+    /// Largest TCP receive buffer window autotuning may grow a connection's
+    /// to, in bytes (connections start at 256 KiB; 262144 turns autotuning off).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20,
+          value_parser = clap::value_parser!(u32).range(4096..=(1 << 30)))]
+    pub rcvbuf_max: u32,
+}
+
+/// `A.B.C.D/LEN`.
+pub fn parse_cidr(s: &str) -> Result<Ipv4Cidr, String> {
+    let (ip, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("'{s}' is not A.B.C.D/LEN (for example 10.77.0.2/24)"))?;
+    let ip: Ipv4Addr = ip
+        .parse()
+        .map_err(|_| format!("'{ip}' is not an IPv4 address"))?;
+    let len: u8 = len
+        .parse()
+        .ok()
+        .filter(|l| (1..=32).contains(l))
+        .ok_or_else(|| format!("'{len}' is not a prefix length from 1 to 32"))?;
+    Ok(Ipv4Cidr::new(ip, len))
+}
+
+/// The CPUs of `--cores`, in the order given (shard `i` runs on the `i`th).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreList(pub Vec<usize>);
+
+/// `0,1` or `2-5`: the CPUs of `--cores`, each once, at most 64.
+pub fn parse_cores(s: &str) -> Result<CoreList, String> {
+    let bad = || format!("'{s}' is not a list of CPUs like 0,1 or 2-5");
+    let mut cores = Vec::new();
+    for part in s.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if a > b || b >= 1024 {
+            return Err(bad());
+        }
+        cores.extend(a..=b);
+    }
+    let mut sorted = cores.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != cores.len() {
+        return Err(format!("'{s}' names a CPU twice"));
+    }
+    if cores.len() > 64 {
+        return Err(format!("'{s}': at most 64 cores"));
+    }
+    Ok(CoreList(cores))
+}
+
+/// `loss=0.02,reorder=0.1,...`: the `--impair` testing aid.
+pub fn parse_impair(s: &str) -> Result<LinkConfig, String> {
+    let mut cfg = LinkConfig::default();
+    for item in s.split(',').filter(|i| !i.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}' is not key=value"))?;
+        let num: f64 = v.parse().map_err(|_| format!("'{v}' is not a number"))?;
+        let prob = || {
+            if (0.0..=1.0).contains(&num) {
+                Ok(num)
+            } else {
+                Err(format!("{k}={v}: a probability from 0 to 1"))
+            }
+        };
+        match k {
+            "loss" => cfg.loss = prob()?,
+            "reorder" => cfg.reorder = prob()?,
+            "corrupt" => cfg.corrupt = prob()?,
+            "duplicate" => return Err("duplicate is not supported by --impair".into()),
+            "reorder_ms" => {
+                cfg.reorder_delay = std::time::Duration::from_secs_f64(num.max(0.0) / 1e3)
+            }
+            "delay_ms" => cfg.delay = std::time::Duration::from_secs_f64(num.max(0.0) / 1e3),
+            "seed" => cfg.seed = num as u64,
+            _ => {
+                return Err(format!(
+                    "unknown impairment '{k}' (loss, reorder, reorder_ms, corrupt, delay_ms, seed)"
+                ));
+            }
+        }
+    }
+    Ok(cfg)
+}
+
+/// A unicast MAC, `02:00:00:00:00:01`.
+pub fn parse_mac(s: &str) -> Result<EthernetAddress, String> {
+    let bytes: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("'{s}' is not a MAC address like 02:00:00:00:00:01"))?;
+    let b: [u8; 6] = bytes
+        .try_into()
+        .map_err(|_| format!("'{s}' is not a MAC address like 02:00:00:00:00:01"))?;
+    let mac = EthernetAddress(b);
+    if !mac.is_unicast() {
+        return Err(format!("'{s}' is not a unicast MAC address"));
+    }
+    Ok(mac)
+}
+
+impl NetArgs {
+    /// The runtime's configuration from these flags.
+    pub fn net_config(&self) -> Result<NetConfig, Error> {
+        self.builder()?.build()
+    }
+
+    /// A [`Builder`] with these flags filled in, for more settings before
+    /// `build`, `run` or `spawn`.
+    pub fn builder(&self) -> Result<Builder, Error> {
+        let Some(ip) = self.ip else {
+            return Err(Error::Config("--ip A.B.C.D/LEN is required".into()));
+        };
+        let mut b = Builder::new()
+            .ip(ip.address(), ip.prefix_len())
+            .mtu(usize::from(self.mtu))
+            .rcvbuf_max(self.rcvbuf_max as usize)
+            .backoff(self.backoff);
+        b = match (&self.pcap, &self.dpdk) {
+            (Some(iface), _) => b.pcap(iface),
+            (_, Some(eal)) => b.dpdk(eal).dpdk_port(self.dpdk_port, self.dpdk_mbufs),
+            _ if self.sim => {
+                return Err(Error::Config(
+                    "--sim needs a peer on the same link: run `ustack demo`, which puts two stacks on the simulated link".into(),
+                ));
+            }
+            _ => {
+                return Err(Error::Config(
+                    "choose a backend: --pcap IFACE, --dpdk \"EAL ARGS\" or --sim".into(),
+                ));
+            }
+        };
+        if let Some(gw) = self.gw {
+            b = b.gateway(gw);
+        }
+        if let Some(mac) = self.mac {
+            b = b.mac(mac.0);
+        }
+        if let Some(core) = self.core {
+            b = b.core(core);
+        }
+        if let Some(CoreList(cores)) = &self.cores {
+            b = b.cores(cores);
+        }
+        if let Some(t) = &self.telemetry {
+            b = b.telemetry(t);
+        }
+        if let Some(c) = &self.capture {
+            b = b.capture(c);
+        }
+        if let Some(i) = &self.impair {
+            b = b.impair(i.clone());
+        }
+        Ok(b)
+    }
+
+    /// The stack's configuration from these flags.
+    pub fn config(&self) -> Result<Config, Error> {
+        Ok(self.net_config()?.stack)
+    }
+
+    /// The poll loop's settings from these flags (see [`NetConfig::loop_config`]).
+    pub fn loop_config(&self) -> LoopConfig {
+        self.net_config()
+            .map(|c| c.loop_config())
+            .unwrap_or_default()
+    }
+
+    /// `--ip` as given (`-` when missing), for banner lines.
+    pub fn address(&self) -> String {
+        self.ip.map_or_else(|| "-".into(), |ip| ip.to_string())
+    }
+
+    /// A short description of the backend for log lines.
+    pub fn describe(&self) -> String {
+        match (&self.pcap, &self.dpdk) {
+            (Some(i), _) => format!("pcap {i}"),
+            (_, Some(a)) => format!("dpdk \"{a}\""),
+            _ => "sim".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn parses_addresses() {
+        assert_eq!(
+            parse_cidr("10.77.0.2/24").unwrap(),
+            Ipv4Cidr::new(Ipv4Addr::new(10, 77, 0, 2), 24)
+        );
+        assert!(parse_cidr("10.77.0.2").is_err());
+        assert!(parse_cidr("10.77.0.300/24").is_err());
+        assert!(parse_cidr("10.77.0.2/33").is_err());
+        assert_eq!(
+            parse_mac("02:00:00:00:00:01").unwrap(),
+            EthernetAddress([2, 0, 0, 0, 0, 1])
+        );
+        assert!(parse_mac("ff:ff:ff:ff:ff:ff").is_err());
+        assert!(parse_mac("02:00:00").is_err());
+        assert!(parse_mac("zz:00:00:00:00:01").is_err());
+        let i = parse_impair("loss=0.02,reorder=0.1,reorder_ms=2,seed=9").unwrap();
+        assert_eq!((i.loss, i.reorder, i.seed), (0.02, 0.1, 9));
+        assert_eq!(i.reorder_delay, std::time::Duration::from_millis(2));
+        assert!(parse_impair("loss=2").is_err());
+        assert!(parse_impair("bogus=1").is_err());
+        assert!(parse_impair("loss").is_err());
+        assert_eq!(parse_cores("0,1").unwrap().0, vec![0, 1]);
+        assert_eq!(parse_cores("2-4,0").unwrap().0, vec![2, 3, 4, 0]);
+        assert!(parse_cores("1,1").is_err());
+        assert!(parse_cores("3-1").is_err());
+        assert!(parse_cores("a").is_err());
+        assert!(parse_cores("").is_err());
+    }
+}
