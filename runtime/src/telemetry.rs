@@ -170,6 +170,14 @@ impl Publisher {
     /// socket `socket` when given (see [`socket_path`]), and to in-process
     /// subscribers ([`Publisher::subscribe`]).
     pub fn start(name: &str, socket: Option<&Path>) -> Result<Publisher, TelemetryError> {
+        Self::start_gated(name, socket, None)
+    }
+
+    fn start_gated(
+        name: &str,
+        socket: Option<&Path>,
+        gate: Option<Arc<std::sync::Mutex<()>>>,
+    ) -> Result<Publisher, TelemetryError> {
         let listener = socket.map(bind).transpose()?;
         let (tx, rx) = channel::bounded(QUEUE);
         let (subscribe, subs) = channel::unbounded();
@@ -185,6 +193,7 @@ impl Publisher {
             dropped_clients: 0,
             skipped: skipped.clone(),
             shards: Vec::new(),
+            gate,
         };
         let thread = std::thread::Builder::new()
             .name("ustack-telemetry".into())
@@ -333,6 +342,9 @@ struct Worker {
     skipped: Arc<AtomicU64>,
     /// The latest snapshot of each shard, on a host with several queues.
     shards: Vec<Option<serde_json::Value>>,
+    /// Held by a test to stall the thread (as a slow disk or a stuck
+    /// client would), so it can check that `publish` never waits.
+    gate: Option<Arc<std::sync::Mutex<()>>>,
 }
 
 impl Worker {
@@ -341,6 +353,9 @@ impl Worker {
             let next = rx.recv_timeout(ACCEPT_INTERVAL);
             self.subscribers.extend(subs.try_iter());
             self.accept();
+            if let Some(g) = &self.gate {
+                drop(g.lock());
+            }
             match next {
                 Ok(s) => self.broadcast(&s),
                 Err(RecvTimeoutError::Timeout) => self.flush(),
@@ -619,7 +634,44 @@ mod test {
     }
 
     #[test]
-    fn a_client_that_never_reads_is_dropped_and_the_loop_never_waits() {
+    fn publish_never_waits_for_a_stalled_publisher_thread() {
+        // The publisher thread is stuck (the test holds its gate) while
+        // the loop publishes far more than the queue holds: every call must
+        // return, the overflow is skipped and counted, nothing piles up.
+        let gate = Arc::new(std::sync::Mutex::new(()));
+        let stalled = gate.lock().unwrap();
+        let p = Arc::new(Publisher::start_gated("stalled", None, Some(gate.clone())).unwrap());
+        const CALLS: u64 = 1000;
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let loop_side = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let s = snapshot(1);
+                for _ in 0..CALLS {
+                    p.publish(&s);
+                }
+                done_tx.send(()).unwrap();
+            })
+        };
+        // A publish that waited would never finish while the gate is held.
+        let finished = done_rx.recv_timeout(Duration::from_secs(30));
+        // (Failing here releases the gate as `stalled` drops, so the
+        // blocked thread finishes and the test ends instead of hanging.)
+        assert!(finished.is_ok(), "publish waited for the stalled thread");
+        loop_side.join().unwrap();
+        // The queue holds QUEUE snapshots (the thread may have taken one
+        // before it stalled); all the others were skipped, not queued.
+        let skipped = p.skipped();
+        assert!(
+            (CALLS - QUEUE as u64 - 1..=CALLS - QUEUE as u64).contains(&skipped),
+            "skipped {skipped} of {CALLS}"
+        );
+        drop(stalled);
+        drop(p);
+    }
+
+    #[test]
+    fn a_client_that_never_reads_is_dropped() {
         let dir = tmpdir("slow");
         let path = dir.join("slow.sock");
         let p = Publisher::start("slow", Some(&path)).unwrap();
@@ -635,8 +687,8 @@ mod test {
                 buf_size: 2048,
             })
             .collect();
-        // Each line is ~150 KB; the client reads nothing. publish() returns at
-        // once whatever happens (skips are counted, not waited for).
+        // Each line is ~150 KB and the client reads nothing: past
+        // MAX_BACKLOG behind, the publisher thread drops it.
         for i in 0..200 {
             big.at_ns = i;
             p.publish(&big);
