@@ -124,7 +124,7 @@ pub mod telemetry;
 pub use clock::Clock;
 pub use net::{Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
-pub use shared::{Net, Runtime, io_error};
+pub use shared::{Net, Runtime, Watcher, io_error};
 
 /// The README's Rust examples, compiled and run as doctests.
 #[cfg(doctest)]

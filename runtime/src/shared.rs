@@ -44,11 +44,25 @@ struct Waiters {
     write: Option<Waker>,
 }
 
+/// Called on every readiness event of the socket it watches, on the loop's
+/// thread and outside the stack's lock (it must not block).
+pub type Watcher = Arc<dyn Fn(Readiness) + Send + Sync>;
+
 /// The stack and the tasks waiting on its sockets.
-#[derive(Debug)]
 pub(crate) struct Inner {
     pub stack: Stack,
     waiters: HashMap<SocketRef, Waiters>,
+    watchers: HashMap<SocketRef, Watcher>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("stack", &self.stack)
+            .field("waiters", &self.waiters)
+            .field("watchers", &self.watchers.len())
+            .finish()
+    }
 }
 
 impl Inner {
@@ -65,9 +79,10 @@ impl Inner {
         }
     }
 
-    /// Forget the waiters of a socket being closed.
+    /// Forget the waiters and the watcher of a socket being closed.
     pub fn forget(&mut self, socket: SocketRef) {
         self.waiters.remove(&socket);
+        self.watchers.remove(&socket);
     }
 }
 
@@ -79,7 +94,7 @@ pub(crate) struct Shared {
     /// The loop has ended (stopped, or its device failed).
     gone: AtomicBool,
     failure: Mutex<Option<String>>,
-    loop_thread: Mutex<Option<Thread>>,
+    loop_thread: std::sync::OnceLock<Thread>,
 }
 
 /// A handle on a running stack: what the async and blocking fronts hold.
@@ -111,9 +126,29 @@ impl Net {
     /// The loop has work (data queued, a connection opened): wake it if it
     /// sleeps.
     pub(crate) fn kick(&self) {
-        if let Some(t) = self.shared.loop_thread.lock().as_ref() {
+        if let Some(t) = self.shared.loop_thread.get() {
             t.unpark();
         }
+    }
+
+    /// Call `watcher` on every readiness event of `socket` from now on
+    /// (replacing any watcher it had) until [`unwatch`](Self::unwatch) or
+    /// until the socket is closed through a front. A layer that keeps its
+    /// own readiness (an eventfd per socket, a poll set) builds on this.
+    pub fn watch(&self, socket: SocketRef, watcher: Watcher) -> io::Result<()> {
+        self.lock()?.watchers.insert(socket, watcher);
+        Ok(())
+    }
+
+    /// Stop watching `socket`.
+    pub fn unwatch(&self, socket: SocketRef) {
+        self.shared.inner.lock().watchers.remove(&socket);
+    }
+
+    /// Run `f` on the stack without waking the loop (for reads: readiness
+    /// levels, counters, connection info).
+    pub fn peek_stack<R>(&self, f: impl FnOnce(&Stack) -> R) -> io::Result<R> {
+        Ok(f(&self.lock()?.stack))
     }
 
     /// Run `f` on the stack (for what the fronts do not cover: statistics,
@@ -207,11 +242,12 @@ where
         inner: Mutex::new(Inner {
             stack,
             waiters: HashMap::new(),
+            watchers: HashMap::new(),
         }),
         stop: AtomicBool::new(false),
         gone: AtomicBool::new(false),
         failure: Mutex::new(None),
-        loop_thread: Mutex::new(None),
+        loop_thread: std::sync::OnceLock::new(),
     });
     let net = Net {
         shared: shared.clone(),
@@ -219,16 +255,23 @@ where
     let thread = std::thread::Builder::new()
         .name("ustack-loop".into())
         .spawn(move || {
-            *shared.loop_thread.lock() = Some(std::thread::current());
+            let _ = shared.loop_thread.set(std::thread::current());
             let r = run_shared(&shared, port, &mut app, &lcfg, publisher.as_ref());
             if let Err(e) = &r {
                 *shared.failure.lock() = Some(e.to_string());
             }
             // Every waiter learns that the loop is gone.
             shared.gone.store(true, Ordering::Release);
-            let waiters = std::mem::take(&mut shared.inner.lock().waiters);
+            let (waiters, watchers) = {
+                let mut inner = shared.inner.lock();
+                let waiters = std::mem::take(&mut inner.waiters);
+                (waiters, std::mem::take(&mut inner.watchers))
+            };
             for w in waiters.into_values() {
                 w.read.into_iter().chain(w.write).for_each(Waker::wake);
+            }
+            for w in watchers.into_values() {
+                w(Readiness::ERROR | Readiness::CLOSED);
             }
             r.map(|()| app)
         })
@@ -262,6 +305,7 @@ fn run_shared<D: Device, A: App>(
     let mut next_stats = start + cfg.stats_interval;
     let mut backoff = Duration::from_micros(1);
     let mut wake = Vec::new();
+    let mut notify: Vec<(Watcher, Readiness)> = Vec::new();
     // Once asked to stop: until when the loop still lets queued output leave.
     let mut draining: Option<ustack::Instant> = None;
     loop {
@@ -269,6 +313,9 @@ fn run_shared<D: Device, A: App>(
         let mut inner = shared.inner.lock();
         let report = port.step(&mut inner.stack, now, app);
         for ev in port.events() {
+            if let Some(w) = inner.watchers.get(&ev.socket) {
+                notify.push((w.clone(), ev.readiness));
+            }
             let Some(w) = inner.waiters.get_mut(&ev.socket) else {
                 continue;
             };
@@ -291,6 +338,9 @@ fn run_shared<D: Device, A: App>(
             || inner.stack.tcp_connections().any(|c| c.send_queued > 0);
         MutexGuard::unlock_fair(inner);
         wake.drain(..).for_each(Waker::wake);
+        for (w, r) in notify.drain(..) {
+            w(r);
+        }
         if let (Some(s), Some(p)) = (snapshot, publisher) {
             p.publish(&s);
             next_stats = now + cfg.stats_interval;

@@ -483,6 +483,18 @@ impl Stack {
         self.tcp.close(now, h)
     }
 
+    /// `TCP_NODELAY`: with `on`, small segments leave at once instead of
+    /// waiting for the previous one's acknowledgment (Nagle off).
+    pub fn tcp_set_nodelay(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
+        self.tcp.set_nagle(h, !on)
+    }
+
+    /// `TCP_CORK`: while on, only full-sized segments leave; turning it
+    /// off sends what was held.
+    pub fn tcp_set_cork(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
+        self.tcp.set_cork(h, on)
+    }
+
     /// Reset the connection (RST) and release the handle.
     pub fn tcp_abort(&mut self, h: TcpHandle) -> Result<(), Error> {
         self.tcp.abort(h)

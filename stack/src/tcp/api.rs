@@ -201,6 +201,20 @@ impl TcpTable {
         Ok(())
     }
 
+    /// Nagle's algorithm on or off (off is `TCP_NODELAY`).
+    pub fn set_nagle(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
+        self.conn_mut(h)?.set_nagle(on);
+        self.mark_dirty(h.slot);
+        Ok(())
+    }
+
+    /// `TCP_CORK` on or off; uncorking sends what was held.
+    pub fn set_cork(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
+        self.conn_mut(h)?.set_cork(on);
+        self.mark_dirty(h.slot);
+        Ok(())
+    }
+
     /// Reset the connection (RST) and release the handle.
     pub fn abort(&mut self, h: TcpHandle) -> Result<(), Error> {
         self.conn_mut(h)?.abort();

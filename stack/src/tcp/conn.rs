@@ -378,6 +378,8 @@ pub struct TcpConn {
     sndbuf: SendBuffer,
     /// The app has closed its sending side: a FIN follows the data.
     fin_queued: bool,
+    /// TCP_CORK: hold partial segments of new data.
+    corked: bool,
     /// MSS for segments we send.
     mss: usize,
 
@@ -519,6 +521,7 @@ impl TcpConn {
             snd_wscale: 0,
             data_start: iss + 1,
             fin_queued: false,
+            corked: false,
             mss,
             irs: Seq(0),
             rcv_nxt: Seq(0),
@@ -739,6 +742,27 @@ impl TcpConn {
             return 0;
         }
         self.sndbuf.free()
+    }
+
+    /// Nagle's algorithm on or off for this connection (off is TCP_NODELAY).
+    pub fn set_nagle(&mut self, on: bool) {
+        self.cfg.nagle = on;
+    }
+
+    /// Whether Nagle's algorithm is on.
+    pub fn nagle(&self) -> bool {
+        self.cfg.nagle
+    }
+
+    /// TCP_CORK: while set, only full-sized segments of new data leave (a
+    /// FIN, or uncorking, sends the rest).
+    pub fn set_cork(&mut self, on: bool) {
+        self.corked = on;
+    }
+
+    /// Whether the connection is corked.
+    pub fn corked(&self) -> bool {
+        self.corked
     }
 
     /// Free send space at which a writer that found the buffer full is told
@@ -1637,12 +1661,17 @@ impl TcpConn {
             }
             return None;
         }
+        let new_data = self.snd_nxt == self.snd_max;
+        if len > 0 && len < max_payload && self.corked && !forced && new_data && !self.fin_queued {
+            // TCP_CORK: only full segments until the app uncorks.
+            return None;
+        }
         if len > 0
             && len < max_payload
             && self.cfg.nagle
             && !forced
             && self.snd_max.diff(self.snd_una) > 0
-            && self.snd_nxt == self.snd_max
+            && new_data
             && !self.fin_queued
         {
             // Nagle: one small segment in flight at a time. It holds new data
@@ -2338,6 +2367,29 @@ mod test {
         drain(&mut c2, now2);
         c2.send(b"b");
         assert_eq!(drain(&mut c2, now2).len(), 1, "no Nagle: sent at once");
+    }
+
+    #[test]
+    fn nodelay_and_cork_per_connection() {
+        let (mut c, _s, now) = established(cfg(), cfg());
+        // TCP_NODELAY switched on at run time.
+        c.set_nagle(false);
+        c.send(b"a");
+        drain(&mut c, now);
+        c.send(b"b");
+        assert_eq!(drain(&mut c, now).len(), 1, "no Nagle: sent at once");
+        // Corked: small writes wait; a full segment goes; uncorking sends the rest.
+        c.set_cork(true);
+        c.send(b"cd");
+        assert!(drain(&mut c, now).is_empty(), "corked");
+        c.send(&vec![7u8; c.mss()]);
+        let full = drain(&mut c, now);
+        assert_eq!(full.len(), 1);
+        assert_eq!(full[0].payload.len(), c.max_payload());
+        c.set_cork(false);
+        let rest = drain(&mut c, now);
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].payload.len(), 2 + c.mss() - c.max_payload());
     }
 
     #[test]
