@@ -429,6 +429,11 @@ impl Stack {
         self.tcp.unlisten(l);
     }
 
+    /// Established connections waiting for `tcp_accept` on a listener.
+    pub fn tcp_pending_accepts(&self, l: ListenHandle) -> Result<usize, Error> {
+        self.tcp.pending_accepts(l)
+    }
+
     /// The next established connection on a listener.
     pub fn tcp_accept(&mut self, l: ListenHandle) -> Result<Option<TcpHandle>, Error> {
         self.tcp.accept(l)

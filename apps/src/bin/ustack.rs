@@ -48,6 +48,18 @@ enum Cmd {
     /// Two stacks on the simulated link: ARP, pings and UDP echo, with live progress.
     /// Needs no root, no NIC and no system library.
     Demo(DemoArgs),
+    /// Run an unmodified program with its AF_INET sockets on ustack
+    /// (LD_PRELOAD of libustack_preload.so): `ustack exec NET -- PROGRAM ARGS...`.
+    Exec(ExecArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ExecArgs {
+    #[command(flatten)]
+    net: NetArgs,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
+    program: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -144,8 +156,62 @@ fn main() -> ExitCode {
         Cmd::Demo(args) => demo(&args),
         Cmd::Run(args) => run(&args),
         Cmd::Send(args) => send(&args),
+        Cmd::Exec(args) => exec(&args),
     };
     ustack_apps::exit("ustack", result)
+}
+
+/// `ustack exec`: check the NET flags, then become the program with the
+/// preload library and the flags in its environment.
+fn exec(args: &ExecArgs) -> Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    // The same checks the library makes before `main`, with the same words.
+    args.net.net_config()?;
+    let raw: Vec<String> = std::env::args()
+        .skip_while(|a| a != "exec")
+        .skip(1)
+        .take_while(|a| a != "--")
+        .collect();
+    let spec = shlex::try_join(raw.iter().map(String::as_str))
+        .context("the NET flags cannot be passed on")?;
+    let lib = match std::env::var_os("USTACK_PRELOAD_LIB") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => std::env::current_exe()?
+            .parent()
+            .map(|d| d.join("libustack_preload.so"))
+            .unwrap_or_default(),
+    };
+    if !lib.is_file() {
+        bail!(
+            "{} not found (build it: cargo build --release -p ustack-preload, with the same features as ustack; or set USTACK_PRELOAD_LIB)",
+            lib.display()
+        );
+    }
+    let lib = lib.canonicalize()?;
+    let preload = match std::env::var_os("LD_PRELOAD") {
+        Some(old) if !old.is_empty() => {
+            let mut v = lib.into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => lib.into_os_string(),
+    };
+    let (program, rest) = args.program.split_first().context("no program to run")?;
+    let err = std::process::Command::new(program)
+        .args(rest)
+        .env("LD_PRELOAD", preload)
+        .env("USTACK_NET", spec)
+        .env("USTACK_PID", std::process::id().to_string())
+        .exec();
+    eprintln!("ustack: cannot run {program}: {err}");
+    Ok(ExitCode::from(
+        if err.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        },
+    ))
 }
 
 fn loop_config(net: &NetArgs, duration: Option<f64>) -> LoopConfig {

@@ -78,6 +78,13 @@ impl TcpTable {
         }
     }
 
+    /// Established connections waiting for `accept` on a listener.
+    pub fn pending_accepts(&self, l: ListenHandle) -> Result<usize, Error> {
+        (self.listeners.get(&l.0))
+            .map(|lst| lst.ready.len())
+            .ok_or(Error::InvalidHandle)
+    }
+
     /// The next established connection on a listener.
     pub fn accept(&mut self, l: ListenHandle) -> Result<Option<TcpHandle>, Error> {
         let lst = self.listeners.get_mut(&l.0).ok_or(Error::InvalidHandle)?;

@@ -1,0 +1,214 @@
+//! The descriptor table: which descriptor numbers are ustack sockets.
+//!
+//! A ustack socket's number is an eventfd the layer opened, so the kernel
+//! never hands that number to anything else, and kernel `poll`/`epoll` can
+//! wait on it: the loop's watcher writes the eventfd when the socket gets a
+//! readiness event (once, until a waiter drains it), and every wait first
+//! drains it, then checks the socket's levels, then blocks in the kernel.
+//! `dup` gives a socket more numbers (each another descriptor of the same
+//! eventfd); the socket closes with its last one.
+
+use std::ffi::c_int;
+use std::net::SocketAddrV4;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
+use ustack::events::Readiness;
+use ustack::tcp::{ListenHandle, TcpHandle};
+use ustack::udp::UdpHandle;
+
+use crate::real::real;
+
+/// What a socket is, in the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Created (and perhaps bound), not yet listening or connected.
+    Fresh { port: u16 },
+    /// Listening.
+    Listener { handle: ListenHandle, port: u16 },
+    /// A connection, opened (`connecting` until the handshake ends) or accepted.
+    Stream { handle: TcpHandle, connecting: bool },
+    /// A UDP socket, bound, with its default peer after `connect`.
+    Dgram {
+        handle: UdpHandle,
+        port: u16,
+        peer: Option<SocketAddrV4>,
+    },
+    /// Closed in the stack (shut by `close` on its last descriptor).
+    Closed,
+}
+
+/// Socket options the layer keeps (applied where the stack can).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Opts {
+    pub reuse_addr: bool,
+    pub reuse_port: bool,
+    pub keepalive: bool,
+    pub keep_idle: c_int,
+    pub keep_intvl: c_int,
+    pub keep_cnt: c_int,
+    pub nodelay: bool,
+    pub cork: bool,
+    pub sndbuf: c_int,
+    pub rcvbuf: c_int,
+    /// `SO_LINGER`: on, seconds.
+    pub linger: Option<c_int>,
+    /// `SO_RCVTIMEO`/`SO_SNDTIMEO` in microseconds (0: none).
+    pub rcvtimeo_us: i64,
+    pub sndtimeo_us: i64,
+    /// An error `SO_ERROR` reports once (a failed non-blocking connect).
+    pub pending_error: c_int,
+}
+
+/// One ustack socket, shared by its descriptors.
+#[derive(Debug)]
+pub struct Sock {
+    /// `SOCK_STREAM` (TCP) or `SOCK_DGRAM` (UDP).
+    pub stream: bool,
+    pub kind: Mutex<Kind>,
+    pub opts: Mutex<Opts>,
+    pub nonblocking: AtomicBool,
+    /// The descriptors that name it (the first is signalled).
+    fds: Mutex<Vec<RawFd>>,
+    /// The eventfd holds an unread notification.
+    signaled: AtomicBool,
+    /// Times the kernel-side wait found nothing and slept (for tests).
+    pub sleeps: AtomicI64,
+}
+
+impl Sock {
+    /// A new socket named by descriptor `fd` (an eventfd).
+    pub fn new(stream: bool, fd: RawFd, nonblocking: bool) -> Arc<Sock> {
+        Arc::new(Sock {
+            stream,
+            kind: Mutex::new(Kind::Fresh { port: 0 }),
+            opts: Mutex::new(Opts::default()),
+            nonblocking: AtomicBool::new(nonblocking),
+            fds: Mutex::new(vec![fd]),
+            signaled: AtomicBool::new(false),
+            sleeps: AtomicI64::new(0),
+        })
+    }
+
+    /// Make the socket's descriptors readable in the kernel (from the loop's
+    /// watcher): one eventfd write until a waiter drains it.
+    pub fn notify(&self) {
+        if self.signaled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let fds = self.fds.lock();
+        if let Some(&fd) = fds.first() {
+            let one: u64 = 1;
+            // SAFETY: `fd` is an open eventfd (closing takes the same lock
+            // before it closes a descriptor), written with 8 bytes.
+            unsafe { (real().write)(fd, (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    /// Clear the kernel-side notification before checking levels.
+    pub fn drain(&self) {
+        if !self.signaled.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let fds = self.fds.lock();
+        if let Some(&fd) = fds.first() {
+            let mut v: u64 = 0;
+            // SAFETY: as in `notify`; the eventfd is non-blocking.
+            unsafe { (real().read)(fd, (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+
+    /// One of the descriptors naming this socket (to wait on in the kernel).
+    pub fn any_fd(&self) -> Option<RawFd> {
+        self.fds.lock().first().copied()
+    }
+
+    /// Another descriptor names the socket.
+    pub fn add_fd(&self, fd: RawFd) {
+        self.fds.lock().push(fd);
+    }
+
+    /// Close descriptor `fd` in the kernel and forget it; returns whether it
+    /// was the socket's last.
+    pub fn close_fd(&self, fd: RawFd) -> bool {
+        let mut fds = self.fds.lock();
+        fds.retain(|&f| f != fd);
+        // SAFETY: closing a descriptor we own, under the lock `notify` takes.
+        unsafe { (real().close)(fd) };
+        fds.is_empty()
+    }
+}
+
+/// A watcher for the loop: notify the socket while it lives.
+pub fn watcher(sock: &Arc<Sock>) -> ustack_runtime::Watcher {
+    let weak: Weak<Sock> = Arc::downgrade(sock);
+    Arc::new(move |_: Readiness| {
+        if let Some(s) = weak.upgrade() {
+            s.notify();
+        }
+    })
+}
+
+/// Descriptor numbers to sockets.
+static TABLE: RwLock<Vec<Option<Arc<Sock>>>> = RwLock::new(Vec::new());
+
+/// The ustack socket `fd` names, if any.
+pub fn get(fd: c_int) -> Option<Arc<Sock>> {
+    let i = usize::try_from(fd).ok()?;
+    TABLE.read().get(i).cloned().flatten()
+}
+
+/// Whether no ustack socket exists (the fast path of poll and select).
+pub fn is_empty() -> bool {
+    COUNT.load(Ordering::Relaxed) == 0
+}
+
+/// Descriptors in the table.
+static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Record that `fd` names `sock`.
+pub fn insert(fd: c_int, sock: Arc<Sock>) {
+    let Ok(i) = usize::try_from(fd) else { return };
+    let mut t = TABLE.write();
+    if t.len() <= i {
+        t.resize(i + 1, None);
+    }
+    if t[i].replace(sock).is_none() {
+        COUNT.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Forget `fd`; returns the socket it named.
+pub fn remove(fd: c_int) -> Option<Arc<Sock>> {
+    let i = usize::try_from(fd).ok()?;
+    let s = TABLE.write().get_mut(i).and_then(Option::take);
+    if s.is_some() {
+        COUNT.fetch_sub(1, Ordering::Relaxed);
+    }
+    s
+}
+
+/// Every socket in the table (once each), e.g. to close them at exit.
+pub fn all() -> Vec<(c_int, Arc<Sock>)> {
+    TABLE
+        .read()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| Some((i as c_int, s.clone()?)))
+        .collect()
+}
+
+/// Before `fork`: hold the table so no thread is changing it when the
+/// child's copy is made.
+pub fn lock_for_fork() {
+    std::mem::forget(TABLE.write());
+}
+
+/// After `fork`, in parent and child: release what `lock_for_fork` held.
+pub fn unlock_after_fork() {
+    // SAFETY: `lock_for_fork` took the write lock and forgot its guard;
+    // this is its one matching release (in each process).
+    unsafe { TABLE.force_unlock_write() };
+}

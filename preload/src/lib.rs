@@ -1,0 +1,85 @@
+//! `libustack_preload.so`: unmodified Linux programs on ustack.
+//!
+//! `ustack exec NET -- PROGRAM ARGS...` loads this library into the program
+//! with `LD_PRELOAD` and the NET flags in `USTACK_NET`. Before `main` the
+//! library starts a stack on the interface those flags name; from then on
+//! the program's AF_INET stream and datagram sockets are ustack's, and
+//! everything else (files, pipes, AF_UNIX, AF_INET6, raw sockets, eventfd,
+//! timerfd) goes to the C library unchanged. Without `USTACK_NET` every call
+//! goes to the C library.
+//!
+//! - A ustack socket's descriptor number is an eventfd the layer opened:
+//!   the kernel never gives that number to anything else, and kernel
+//!   `poll`/`epoll` sets that mix ustack sockets and kernel descriptors
+//!   wake on it, because the stack's loop writes it on the socket's
+//!   readiness events ([`fd`], [`poll`]).
+//! - Calls act on the shared stack directly (no copy through a queue);
+//!   a blocking call waits in the kernel on the socket's eventfd, so a
+//!   signal interrupts it with EINTR as it would a kernel socket's.
+//! - `fork`: the child runs on, on the kernel's sockets; the stack, its loop
+//!   thread, its NIC and every inherited ustack socket stay the parent's
+//!   (in the child they only close). `exec` starts clean: a program the
+//!   stack's own process execs (a wrapper script's `exec`) starts the stack
+//!   afresh, and one a child execs runs on the kernel (`USTACK_PID` names
+//!   the owning process).
+//! - An unsupported call or option fails with the errno Linux gives
+//!   (EOPNOTSUPP, ENOPROTOOPT, ENOTTY) and is reported once on stderr.
+//!
+//! All of this crate's `unsafe` is the C boundary: the interposed
+//! functions' raw arguments and the C library's functions.
+#![deny(missing_docs)]
+
+mod exports;
+mod fd;
+mod opts;
+mod poll;
+mod real;
+mod sock;
+mod state;
+
+use std::collections::HashSet;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+/// Run [`state::init`] when the library is loaded, before the program's `main`.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = init;
+
+extern "C" fn init() {
+    state::init();
+}
+
+/// Calls and options the layer refused, in all.
+static UNSUPPORTED: AtomicU64 = AtomicU64::new(0);
+static REPORTED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// Count an unsupported call and say so on stderr once per kind.
+pub(crate) fn unsupported(what: &str) {
+    UNSUPPORTED.fetch_add(1, Ordering::Relaxed);
+    let mut seen = REPORTED.lock();
+    if seen
+        .get_or_insert_with(HashSet::new)
+        .insert(what.to_string())
+    {
+        eprintln!("ustack-preload: not supported (reported once): {what}");
+    }
+}
+
+/// An unsupported socket option.
+pub(crate) fn unsupported_option(level: c_int, name: c_int) {
+    let lvl = match level {
+        libc::SOL_SOCKET => "SOL_SOCKET".to_string(),
+        libc::IPPROTO_TCP => "IPPROTO_TCP".to_string(),
+        libc::IPPROTO_IP => "IPPROTO_IP".to_string(),
+        l => l.to_string(),
+    };
+    unsupported(&format!("socket option {lvl}/{name} (ENOPROTOOPT)"));
+}
+
+/// Calls and options refused so far (for telemetry and tests).
+pub fn unsupported_count() -> u64 {
+    UNSUPPORTED.load(Ordering::Relaxed)
+}

@@ -1,0 +1,774 @@
+//! The socket calls on ustack sockets, in Rust terms: each returns its
+//! value or the errno Linux would give. `exports.rs` turns C arguments into
+//! these and these into C results.
+
+use std::ffi::c_int;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use libc::{EAGAIN, EINTR};
+use ustack::Error as StackError;
+use ustack::events::SocketRef;
+use ustack::tcp::{ConnError, State as TcpState};
+use ustack_runtime::Net;
+
+use crate::fd::{self, Kind, Sock};
+use crate::real::real;
+use crate::state::state;
+
+/// A result carrying the errno of a failure.
+pub type Res<T> = Result<T, c_int>;
+
+/// The running stack's handle (a ustack socket exists only when it runs).
+fn net() -> Res<&'static Net> {
+    state().map(|s| &s.net).ok_or(libc::EBADF)
+}
+
+/// The errno for an engine error.
+pub fn errno_of(e: StackError) -> c_int {
+    match e {
+        StackError::AddrInUse => libc::EADDRINUSE,
+        StackError::NoFreePort => libc::EADDRNOTAVAIL,
+        StackError::InvalidHandle => libc::EBADF,
+        StackError::QueueFull => EAGAIN,
+        StackError::TooLarge => libc::EMSGSIZE,
+        StackError::NoRoute => libc::ENETUNREACH,
+        StackError::Closed => libc::EPIPE,
+        StackError::Tcp(ConnError::Refused) => libc::ECONNREFUSED,
+        StackError::Tcp(ConnError::Reset) => libc::ECONNRESET,
+        StackError::Tcp(ConnError::TimedOut) => libc::ETIMEDOUT,
+        StackError::Tcp(ConnError::Aborted) => libc::ECONNABORTED,
+    }
+}
+
+fn gone(_: std::io::Error) -> c_int {
+    libc::EIO
+}
+
+/// What a socket is ready for now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Level {
+    pub readable: bool,
+    pub writable: bool,
+    /// The peer closed its side (EPOLLRDHUP).
+    pub rdhup: bool,
+    /// Both sides are closed (EPOLLHUP).
+    pub hup: bool,
+    /// An error is pending (EPOLLERR).
+    pub err: bool,
+}
+
+/// The socket's readiness levels, from the stack.
+pub fn level(sock: &Sock) -> Level {
+    let Ok(net) = net() else {
+        return Level {
+            err: true,
+            hup: true,
+            ..Level::default()
+        };
+    };
+    let kind = *sock.kind.lock();
+    let pending_error = sock.opts.lock().pending_error != 0;
+    let r = net.peek_stack(|s| match kind {
+        Kind::Fresh { .. } if sock.stream => Level {
+            // An unconnected TCP socket: Linux says POLLOUT | POLLHUP.
+            writable: true,
+            hup: true,
+            ..Level::default()
+        },
+        Kind::Fresh { .. } => Level {
+            writable: true,
+            ..Level::default()
+        },
+        Kind::Listener { handle, .. } => Level {
+            readable: s.tcp_pending_accepts(handle).unwrap_or(0) > 0,
+            ..Level::default()
+        },
+        Kind::Stream { handle, .. } => match s.tcp_status(handle) {
+            Ok(st) => {
+                let closed = st.closed();
+                let err = st.error.is_some();
+                let connected = st.state.synchronized();
+                Level {
+                    readable: st.readable > 0 || st.eof || err || closed,
+                    writable: (connected && st.writable > 0 && !closed) || err,
+                    rdhup: st.eof || closed,
+                    hup: closed || err || (st.eof && st.state == TcpState::Closed),
+                    err,
+                }
+            }
+            Err(_) => Level {
+                readable: true,
+                hup: true,
+                err: true,
+                ..Level::default()
+            },
+        },
+        Kind::Dgram { handle, .. } => Level {
+            readable: s.udp_pending(handle).map(|p| p.0 > 0).unwrap_or(false),
+            writable: true,
+            ..Level::default()
+        },
+        Kind::Closed => Level {
+            hup: true,
+            ..Level::default()
+        },
+    });
+    let mut l = r.unwrap_or(Level {
+        err: true,
+        hup: true,
+        ..Level::default()
+    });
+    l.err |= pending_error;
+    l
+}
+
+/// What a blocking call waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Read,
+    Write,
+}
+
+/// Block until `sock` is ready for `want` (or has an error or hang-up), a
+/// signal arrives (EINTR), or `timeout_us` passes (EAGAIN; 0: forever).
+/// Non-blocking sockets get EAGAIN at once.
+fn wait(sock: &Sock, want: Want, nonblock: bool, timeout_us: i64) -> Res<()> {
+    let deadline =
+        (timeout_us > 0).then(|| Instant::now() + Duration::from_micros(timeout_us as u64));
+    loop {
+        // Drain first, then look: an event after the look writes the
+        // eventfd again and the kernel wait below returns at once.
+        sock.drain();
+        let l = level(sock);
+        let ready = match want {
+            Want::Read => l.readable || l.hup || l.err,
+            Want::Write => l.writable || l.hup || l.err,
+        };
+        if ready {
+            return Ok(());
+        }
+        if nonblock {
+            return Err(EAGAIN);
+        }
+        let ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(EAGAIN);
+                }
+                c_int::try_from(left.as_millis().max(1)).unwrap_or(c_int::MAX)
+            }
+        };
+        let Some(fd) = sock.any_fd() else {
+            return Err(libc::EBADF);
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        sock.sleeps.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: one valid pollfd; the C library's poll, not the layer's.
+        let n = unsafe { (real().poll)(&mut p, 1, ms) };
+        if n < 0 && crate::real::errno() == EINTR {
+            return Err(EINTR);
+        }
+    }
+}
+
+/// Watch the socket's stack handle: readiness events make its descriptors
+/// readable in the kernel.
+fn watch(net: &Net, sock: &Arc<Sock>, r: SocketRef) {
+    let _ = net.watch(r, fd::watcher(sock));
+    // Whatever happened before the watch: let the next wait look.
+    sock.notify();
+}
+
+// ----------------------------------------------------------------- create
+
+/// `socket(AF_INET, SOCK_STREAM | SOCK_DGRAM, ..)`: an eventfd names it.
+pub fn socket(stream: bool, nonblock: bool, cloexec: bool) -> Res<RawFd> {
+    net()?;
+    let flags = libc::EFD_NONBLOCK | if cloexec { libc::EFD_CLOEXEC } else { 0 };
+    // SAFETY: eventfd with valid flags.
+    let fd = unsafe { (real().eventfd)(0, flags) };
+    if fd < 0 {
+        return Err(crate::real::errno());
+    }
+    fd::insert(fd, Sock::new(stream, fd, nonblock));
+    Ok(fd)
+}
+
+/// Our address: the stack's (for `INADDR_ANY` and getsockname).
+fn our_ip(net: &Net) -> Ipv4Addr {
+    net.peek_stack(|s| s.ip()).unwrap_or(Ipv4Addr::UNSPECIFIED)
+}
+
+/// `bind`.
+pub fn bind(sock: &Arc<Sock>, addr: SocketAddrV4) -> Res<()> {
+    let net = net()?;
+    let ip = *addr.ip();
+    if !ip.is_unspecified() && ip != our_ip(net) && !ip.is_loopback() {
+        return Err(libc::EADDRNOTAVAIL);
+    }
+    let mut kind = sock.kind.lock();
+    if !matches!(*kind, Kind::Fresh { port: 0 }) {
+        return Err(libc::EINVAL);
+    }
+    if sock.stream {
+        *kind = Kind::Fresh { port: addr.port() };
+        return Ok(());
+    }
+    let (handle, port) = net
+        .with_stack(|s| {
+            let h = s.udp_bind(addr.port())?;
+            Ok::<_, StackError>((h, s.udp_local_port(h)?))
+        })
+        .map_err(gone)?
+        .map_err(errno_of)?;
+    *kind = Kind::Dgram {
+        handle,
+        port,
+        peer: None,
+    };
+    drop(kind);
+    watch(net, sock, SocketRef::Udp(handle));
+    Ok(())
+}
+
+/// `listen`.
+pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
+    let net = net()?;
+    if !sock.stream {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let mut kind = sock.kind.lock();
+    let port = match *kind {
+        Kind::Fresh { port } => port,
+        Kind::Listener { .. } => return Ok(()),
+        _ => return Err(libc::EINVAL),
+    };
+    let backlog = usize::try_from(backlog).unwrap_or(0).clamp(1, 4096);
+    let handle = net
+        .with_stack(|s| {
+            if port != 0 {
+                return s.tcp_listen(port, backlog).map(|h| (h, port));
+            }
+            // Port 0: the kernel would pick one.
+            (49_152..=u16::MAX)
+                .find_map(|p| s.tcp_listen(p, backlog).ok().map(|h| (h, p)))
+                .ok_or(StackError::NoFreePort)
+        })
+        .map_err(gone)?
+        .map_err(errno_of)?;
+    *kind = Kind::Listener {
+        handle: handle.0,
+        port: handle.1,
+    };
+    drop(kind);
+    watch(net, sock, SocketRef::Listener(handle.0));
+    Ok(())
+}
+
+/// `accept4`: the new connection's descriptor and peer.
+pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd, SocketAddrV4)> {
+    let net = net()?;
+    let Kind::Listener { handle, .. } = *sock.kind.lock() else {
+        return Err(libc::EINVAL);
+    };
+    let nonblock = sock.nonblocking.load(Ordering::Relaxed);
+    let timeout = sock.opts.lock().rcvtimeo_us;
+    loop {
+        let got = net
+            .with_stack(|s| {
+                let h = s.tcp_accept(handle)?;
+                Ok::<_, StackError>(h.and_then(|h| Some((h, s.tcp_info(h)?.remote))))
+            })
+            .map_err(gone)?
+            .map_err(errno_of)?;
+        if let Some((h, peer)) = got {
+            let fd = socket(true, nonblock_new, cloexec)?;
+            let new = fd::get(fd).ok_or(libc::EMFILE)?;
+            *new.kind.lock() = Kind::Stream {
+                handle: h,
+                connecting: false,
+            };
+            // Accepted sockets inherit the listener's TCP_NODELAY.
+            let nodelay = sock.opts.lock().nodelay;
+            if nodelay {
+                new.opts.lock().nodelay = true;
+                let _ = net.with_stack(|s| s.tcp_set_nodelay(h, true));
+            }
+            watch(net, &new, SocketRef::Tcp(h));
+            return Ok((fd, peer));
+        }
+        wait(sock, Want::Read, nonblock, timeout)?;
+    }
+}
+
+/// `connect`.
+pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
+    let net = net()?;
+    if !sock.stream {
+        return connect_dgram(net, sock, Some(remote));
+    }
+    let nonblock = sock.nonblocking.load(Ordering::Relaxed);
+    let handle = {
+        let mut kind = sock.kind.lock();
+        match *kind {
+            Kind::Fresh { .. } => {
+                if remote.ip().is_unspecified() || remote.port() == 0 {
+                    return Err(libc::ECONNREFUSED);
+                }
+                let h = net
+                    .with_stack(|s| s.tcp_connect(remote))
+                    .map_err(gone)?
+                    .map_err(errno_of)?;
+                *kind = Kind::Stream {
+                    handle: h,
+                    connecting: true,
+                };
+                drop(kind);
+                watch(net, sock, SocketRef::Tcp(h));
+                if nonblock {
+                    return Err(libc::EINPROGRESS);
+                }
+                h
+            }
+            Kind::Stream {
+                connecting: true,
+                handle,
+            } => {
+                drop(kind);
+                if nonblock {
+                    return finish_connect(net, sock, handle).and(Err(libc::EALREADY));
+                }
+                handle
+            }
+            Kind::Stream { .. } => return Err(libc::EISCONN),
+            _ => return Err(libc::EINVAL),
+        }
+    };
+    loop {
+        match finish_connect(net, sock, handle) {
+            Err(EAGAIN) => {}
+            r => return r,
+        }
+        wait(sock, Want::Write, false, sock.opts.lock().sndtimeo_us)?;
+    }
+}
+
+/// Where a pending connect stands: done, failed (its errno), or EAGAIN.
+fn finish_connect(net: &Net, sock: &Sock, handle: ustack::tcp::TcpHandle) -> Res<()> {
+    let st = net
+        .peek_stack(|s| s.tcp_status(handle))
+        .map_err(gone)?
+        .map_err(errno_of)?;
+    if let Some(e) = st.error {
+        return Err(errno_of(StackError::Tcp(e)));
+    }
+    if st.state.synchronized() {
+        if let Kind::Stream { connecting, .. } = &mut *sock.kind.lock() {
+            *connecting = false;
+        }
+        return Ok(());
+    }
+    if st.state == TcpState::Closed {
+        return Err(libc::ECONNREFUSED);
+    }
+    Err(EAGAIN)
+}
+
+/// A UDP socket's default peer (None: dissolve the association).
+fn connect_dgram(net: &Net, sock: &Arc<Sock>, peer: Option<SocketAddrV4>) -> Res<()> {
+    ensure_dgram(net, sock)?;
+    if let Kind::Dgram { peer: p, .. } = &mut *sock.kind.lock() {
+        *p = peer;
+    }
+    Ok(())
+}
+
+/// Bind a fresh UDP socket to an ephemeral port (before its first send).
+fn ensure_dgram(net: &Net, sock: &Arc<Sock>) -> Res<()> {
+    if matches!(*sock.kind.lock(), Kind::Dgram { .. }) {
+        return Ok(());
+    }
+    bind(sock, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).or_else(|e| {
+        // Another thread bound it meanwhile.
+        if matches!(*sock.kind.lock(), Kind::Dgram { .. }) {
+            Ok(())
+        } else {
+            let _ = net;
+            Err(e)
+        }
+    })
+}
+
+/// SO_ERROR: a failed connect's error, reported once.
+pub fn take_error(sock: &Sock) -> c_int {
+    let mut opts = sock.opts.lock();
+    if opts.pending_error != 0 {
+        return std::mem::take(&mut opts.pending_error);
+    }
+    drop(opts);
+    let Kind::Stream { handle, .. } = *sock.kind.lock() else {
+        return 0;
+    };
+    let Ok(net) = net() else { return libc::EIO };
+    match net.peek_stack(|s| s.tcp_status(handle)) {
+        Ok(Ok(st)) => st.error.map_or(0, |e| errno_of(StackError::Tcp(e))),
+        _ => 0,
+    }
+}
+
+// ------------------------------------------------------------- data
+
+/// Flags of a receive.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecvFlags {
+    pub dontwait: bool,
+    pub waitall: bool,
+    pub peek: bool,
+    /// Report a datagram's real length when longer than the buffer.
+    pub trunc: bool,
+}
+
+/// What a receive got.
+#[derive(Debug, Clone, Copy)]
+pub struct Received {
+    pub len: usize,
+    /// The whole datagram's length (UDP), for MSG_TRUNC.
+    pub full: usize,
+    pub from: Option<SocketAddrV4>,
+}
+
+/// `recv`/`recvfrom`/`read` into the buffers `bufs` (scatter).
+pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<Received> {
+    let net = net()?;
+    let nonblock = flags.dontwait || sock.nonblocking.load(Ordering::Relaxed);
+    let timeout = sock.opts.lock().rcvtimeo_us;
+    let want: usize = bufs.iter().map(|b| b.len()).sum();
+    loop {
+        let kind = *sock.kind.lock();
+        match kind {
+            Kind::Stream {
+                handle,
+                connecting: false,
+            } => {
+                if flags.peek {
+                    crate::unsupported("recv(MSG_PEEK) on a TCP socket");
+                    return Err(libc::EOPNOTSUPP);
+                }
+                let (got, st) = net
+                    .with_stack(|s| {
+                        let mut got = 0;
+                        for b in bufs.iter_mut() {
+                            let off = 0;
+                            let n = match s.tcp_recv(handle, &mut b[off..]) {
+                                Ok(n) => n,
+                                Err(e) if got == 0 => return Err(e),
+                                Err(_) => 0,
+                            };
+                            got += n;
+                            if n < b.len() {
+                                break;
+                            }
+                        }
+                        Ok((got, s.tcp_status(handle).ok()))
+                    })
+                    .map_err(gone)?
+                    .map_err(errno_of)?;
+                if got > 0 && !(flags.waitall && got < want) {
+                    return Ok(Received {
+                        len: got,
+                        full: got,
+                        from: None,
+                    });
+                }
+                if got > 0 {
+                    // MSG_WAITALL: keep the part and wait for the rest.
+                    let mut rest: Vec<&mut [u8]> = Vec::new();
+                    let mut skip = got;
+                    for b in bufs.iter_mut() {
+                        if skip >= b.len() {
+                            skip -= b.len();
+                            continue;
+                        }
+                        rest.push(&mut b[skip..]);
+                        skip = 0;
+                    }
+                    let more = recv(
+                        sock,
+                        &mut rest,
+                        RecvFlags {
+                            waitall: true,
+                            ..flags
+                        },
+                    );
+                    return Ok(Received {
+                        len: got + more.map(|r| r.len).unwrap_or(0),
+                        full: 0,
+                        from: None,
+                    });
+                }
+                if st.is_none_or(|st| st.eof || st.closed()) || want == 0 {
+                    return Ok(Received {
+                        len: 0,
+                        full: 0,
+                        from: None,
+                    });
+                }
+            }
+            Kind::Stream {
+                connecting: true, ..
+            }
+            | Kind::Fresh { .. }
+            | Kind::Listener { .. }
+                if sock.stream =>
+            {
+                if matches!(kind, Kind::Stream { .. }) && nonblock {
+                    return Err(EAGAIN);
+                }
+                if !matches!(kind, Kind::Stream { .. }) {
+                    return Err(libc::ENOTCONN);
+                }
+            }
+            Kind::Dgram { handle, .. } => {
+                let mut first = [0u8; 0];
+                let buf: &mut [u8] = match bufs.first_mut() {
+                    Some(b) => b,
+                    None => &mut first,
+                };
+                let got = net
+                    .with_stack(|s| s.udp_recv_from(handle, buf))
+                    .map_err(gone)?
+                    .map_err(errno_of)?;
+                if let Some((full, from)) = got {
+                    return Ok(Received {
+                        len: full.min(buf.len()),
+                        full,
+                        from: Some(from),
+                    });
+                }
+            }
+            Kind::Fresh { .. } => {
+                // A UDP socket that was never bound receives nothing.
+                if nonblock {
+                    return Err(EAGAIN);
+                }
+                ensure_dgram(net, sock)?;
+                continue;
+            }
+            Kind::Closed => return Err(libc::EBADF),
+            _ => return Err(libc::ENOTCONN),
+        }
+        wait(sock, Want::Read, nonblock, timeout)?;
+    }
+}
+
+/// `send`/`sendto`/`write` from the buffers `bufs` (gather); returns the
+/// bytes taken. A blocking stream send takes everything (or fails).
+pub fn send(
+    sock: &Arc<Sock>,
+    bufs: &[&[u8]],
+    to: Option<SocketAddrV4>,
+    dontwait: bool,
+) -> Res<usize> {
+    let net = net()?;
+    let nonblock = dontwait || sock.nonblocking.load(Ordering::Relaxed);
+    let timeout = sock.opts.lock().sndtimeo_us;
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    if sock.stream {
+        let handle = match *sock.kind.lock() {
+            Kind::Stream {
+                handle,
+                connecting: false,
+            } => handle,
+            Kind::Stream { .. } if nonblock => return Err(EAGAIN),
+            Kind::Stream { handle, .. } => {
+                wait(sock, Want::Write, false, timeout)?;
+                handle
+            }
+            Kind::Closed => return Err(libc::EBADF),
+            _ => return Err(libc::ENOTCONN),
+        };
+        let mut sent = 0;
+        loop {
+            let r = net
+                .with_stack(|s| {
+                    let mut n = 0;
+                    let mut skip = sent;
+                    for b in bufs {
+                        if skip >= b.len() {
+                            skip -= b.len();
+                            continue;
+                        }
+                        let k = s.tcp_send(handle, &b[skip..])?;
+                        skip = 0;
+                        n += k;
+                        if k < b.len() {
+                            break;
+                        }
+                    }
+                    Ok(n)
+                })
+                .map_err(gone)?;
+            match r {
+                Ok(n) => sent += n,
+                Err(e) if sent == 0 => return Err(errno_of(e)),
+                Err(_) => return Ok(sent),
+            }
+            if sent == total || (nonblock && sent > 0) {
+                return Ok(sent);
+            }
+            match wait(sock, Want::Write, nonblock, timeout) {
+                Ok(()) => {}
+                Err(e) if sent == 0 => return Err(e),
+                Err(_) => return Ok(sent),
+            }
+        }
+    }
+    // UDP: one datagram of everything.
+    ensure_dgram(net, sock)?;
+    let Kind::Dgram { handle, peer, .. } = *sock.kind.lock() else {
+        return Err(libc::EBADF);
+    };
+    let dst = to.or(peer).ok_or(libc::EDESTADDRREQ)?;
+    let data: Vec<u8> = bufs.concat();
+    loop {
+        let r = net
+            .with_stack(|s| s.udp_send_to(handle, dst, &data))
+            .map_err(gone)?;
+        match r {
+            Ok(()) => return Ok(data.len()),
+            Err(StackError::QueueFull) => wait(sock, Want::Write, nonblock, timeout)?,
+            Err(e) => return Err(errno_of(e)),
+        }
+    }
+}
+
+/// Bytes a `FIONREAD` reports: readable bytes, or the next datagram's length.
+pub fn readable_bytes(sock: &Sock) -> Res<usize> {
+    let net = net()?;
+    Ok(match *sock.kind.lock() {
+        Kind::Stream { handle, .. } => net
+            .peek_stack(|s| s.tcp_status(handle).map(|st| st.readable).unwrap_or(0))
+            .map_err(gone)?,
+        Kind::Dgram { handle, .. } => net
+            .peek_stack(|s| s.udp_pending(handle).map(|p| p.1.unwrap_or(0)).unwrap_or(0))
+            .map_err(gone)?,
+        _ => 0,
+    })
+}
+
+/// `shutdown(how)`.
+pub fn shutdown(sock: &Sock, how: c_int) -> Res<()> {
+    let net = net()?;
+    let Kind::Stream { handle, .. } = *sock.kind.lock() else {
+        return Err(libc::ENOTCONN);
+    };
+    if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+        net.with_stack(|s| s.tcp_shutdown(handle))
+            .map_err(gone)?
+            .map_err(errno_of)?;
+    }
+    Ok(())
+}
+
+/// `close(fd)` of a ustack socket's descriptor: the socket closes in the
+/// stack with its last descriptor. Returns whether `fd` was a ustack socket.
+pub fn close(fd: RawFd) -> bool {
+    let Some(sock) = fd::remove(fd) else {
+        return false;
+    };
+    if !sock.close_fd(fd) {
+        return true;
+    }
+    let kind = std::mem::replace(&mut *sock.kind.lock(), Kind::Closed);
+    let Ok(net) = net() else { return true };
+    let linger0 = sock.opts.lock().linger == Some(0);
+    let _ = net.with_stack(|s| match kind {
+        Kind::Stream { handle, .. } if linger0 => {
+            let _ = s.tcp_abort(handle);
+        }
+        Kind::Stream { handle, .. } => {
+            let _ = s.tcp_close(handle);
+        }
+        Kind::Listener { handle, .. } => s.tcp_unlisten(handle),
+        Kind::Dgram { handle, .. } => {
+            let _ = s.udp_close(handle);
+        }
+        Kind::Fresh { .. } | Kind::Closed => {}
+    });
+    let r = match kind {
+        Kind::Stream { handle, .. } => Some(SocketRef::Tcp(handle)),
+        Kind::Listener { handle, .. } => Some(SocketRef::Listener(handle)),
+        Kind::Dgram { handle, .. } => Some(SocketRef::Udp(handle)),
+        _ => None,
+    };
+    if let Some(r) = r {
+        net.unwatch(r);
+    }
+    true
+}
+
+/// Our end: (address, port).
+pub fn local_addr(sock: &Sock) -> Res<SocketAddrV4> {
+    let net = net()?;
+    let ip = our_ip(net);
+    Ok(match *sock.kind.lock() {
+        Kind::Fresh { port } => {
+            SocketAddrV4::new(if port == 0 { Ipv4Addr::UNSPECIFIED } else { ip }, port)
+        }
+        Kind::Listener { port, .. } => SocketAddrV4::new(ip, port),
+        Kind::Dgram { port, .. } => SocketAddrV4::new(ip, port),
+        Kind::Stream { handle, .. } => net
+            .peek_stack(|s| s.tcp_info(handle).map(|i| i.local))
+            .map_err(gone)?
+            .ok_or(libc::ENOTCONN)?,
+        Kind::Closed => return Err(libc::EBADF),
+    })
+}
+
+/// The peer's end.
+pub fn peer_addr(sock: &Sock) -> Res<SocketAddrV4> {
+    let net = net()?;
+    match *sock.kind.lock() {
+        Kind::Stream {
+            handle,
+            connecting: false,
+        } => net
+            .peek_stack(|s| s.tcp_info(handle).map(|i| i.remote))
+            .map_err(gone)?
+            .ok_or(libc::ENOTCONN),
+        Kind::Dgram { peer: Some(p), .. } => Ok(p),
+        _ => Err(libc::ENOTCONN),
+    }
+}
+
+/// Apply TCP_NODELAY / TCP_CORK to the connection (now or once it exists).
+pub fn apply_tcp_opts(sock: &Sock) {
+    let Ok(net) = net() else { return };
+    let Kind::Stream { handle, .. } = *sock.kind.lock() else {
+        return;
+    };
+    let o = *sock.opts.lock();
+    let _ = net.with_stack(|s| {
+        let _ = s.tcp_set_nodelay(handle, o.nodelay);
+        let _ = s.tcp_set_cork(handle, o.cork);
+    });
+}
+
+/// The connection's state for TCP_INFO.
+pub fn tcp_info(sock: &Sock) -> Option<ustack::tcp::ConnInfo> {
+    let net = net().ok()?;
+    let Kind::Stream { handle, .. } = *sock.kind.lock() else {
+        return None;
+    };
+    net.peek_stack(|s| s.tcp_info(handle)).ok().flatten()
+}
