@@ -4,7 +4,8 @@
 //! but TIME_WAIT ones (telemetry), none stuck in FIN-WAIT-2 / CLOSE-WAIT /
 //! LAST-ACK with a closed window (the zombies an orphaned close used to
 //! leave, ~400 KiB each), every pool buffer back, and the daemon's resident
-//! memory flat from the second run to the last. Needs root and iperf3.
+//! memory flat (within allocator noise) from the second run to the last.
+//! Needs root and iperf3.
 #![cfg(feature = "pcap")]
 
 #[macro_use]
@@ -154,11 +155,16 @@ fn repeated_iperf3_runs_with_data_in_flight_leave_nothing_behind() {
         in_flight.iter().any(|&b| b > 0),
         "no run ended with data in flight: {in_flight:?}"
     );
-    // Resident memory flat: the last run within 20% or 4 MiB of the second
-    // (the first run warms the allocator; TIME_WAIT connections from the
-    // runs keep their rings for up to 60 s, so a little growth is expected).
+    // Resident memory flat: the last run within 20% or 12 MiB of the second
+    // (the first run warms the allocator). The noise is large: a two-stream
+    // run grows two receive rings to the 4 MiB autotuning cap, and the
+    // allocator may keep them resident after they are freed, or give them
+    // back (after-run figures swing between ~40 and ~49 MiB with no leak);
+    // TIME_WAIT connections keep their rings for up to 60 s. A connection
+    // left behind per run is caught directly above; this catches memory
+    // that leaks without one.
     let (second, last) = (rss[1], rss[rss.len() - 1]);
-    let allowed = (second / 5).max(4 << 10);
+    let allowed = (second / 5).max(12 << 10);
     assert!(
         last <= second + allowed,
         "VmRSS grew from {second} KiB after run 2 to {last} KiB after run {} \
