@@ -359,7 +359,8 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
             Err(EAGAIN) => {}
             r => return r,
         }
-        wait(sock, Want::Write, false, sock.opts.lock().sndtimeo_us)?;
+        let timeout = sock.opts.lock().sndtimeo_us;
+        wait(sock, Want::Write, false, timeout)?;
     }
 }
 

@@ -329,13 +329,20 @@ fn run_shared<D: Device, A: App>(
                 wake.extend(w.write.take());
             }
         }
-        let snapshot =
-            (now >= next_stats && publisher.is_some()).then(|| port.snapshot(&inner.stack, now));
+        let stats_due = now >= next_stats;
+        let snapshot = (stats_due && publisher.is_some()).then(|| port.snapshot(&inner.stack, now));
+        if stats_due {
+            next_stats = now + cfg.stats_interval;
+        }
         let poll_at = port.poll_at(&inner.stack, app);
-        // Output still to leave: immediate work, or bytes not yet acknowledged.
-        let pending = report.busy()
-            || poll_at.is_some_and(|t| t <= now)
-            || inner.stack.tcp_connections().any(|c| c.send_queued > 0);
+        let stopping =
+            report.exit || end.is_some_and(|e| now >= e) || shared.stop.load(Ordering::Acquire);
+        // Stopping: output still to leave (immediate work, or bytes not yet
+        // acknowledged)? Only looked at then: it visits every connection.
+        let pending = stopping
+            && (report.busy()
+                || poll_at.is_some_and(|t| t <= now)
+                || inner.stack.tcp_connections().any(|c| c.send_queued > 0));
         MutexGuard::unlock_fair(inner);
         wake.drain(..).for_each(Waker::wake);
         for (w, r) in notify.drain(..) {
@@ -343,9 +350,8 @@ fn run_shared<D: Device, A: App>(
         }
         if let (Some(s), Some(p)) = (snapshot, publisher) {
             p.publish(&s);
-            next_stats = now + cfg.stats_interval;
         }
-        if report.exit || end.is_some_and(|e| now >= e) || shared.stop.load(Ordering::Acquire) {
+        if stopping {
             // Let what the app queued leave (a last write, a FIN, a
             // datagram), for at most LINGER, as a kernel socket would.
             let until = *draining.get_or_insert(now + LINGER);

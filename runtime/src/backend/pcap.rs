@@ -57,6 +57,9 @@ pub struct PcapPort {
     /// Frames the kernel refused for a moment (ENOBUFS, EAGAIN), sent
     /// first on the next burst.
     backlog: VecDeque<SlabBuf>,
+    /// Frames the kernel dropped on the capture's ring (pcap_stats, read
+    /// once a second).
+    kernel_drops: u64,
 }
 
 /// Frames held for a retry at most; beyond it they are dropped (counted).
@@ -164,6 +167,7 @@ impl PcapPort {
             failed: None,
             next_link_check: Instant::ZERO,
             backlog: VecDeque::new(),
+            kernel_drops: 0,
         })
     }
 
@@ -188,6 +192,11 @@ impl Device for PcapPort {
             self.next_link_check = now + LINK_CHECK;
             if let Err(e) = link_up(&self.iface) {
                 self.failed = Some(e);
+            }
+            // Frames the kernel dropped before libpcap read them (its ring
+            // was full): they count as missed, as a NIC's imissed does.
+            if let Ok(st) = self.cap.stats() {
+                self.kernel_drops = u64::from(st.dropped) + u64::from(st.if_dropped);
             }
         }
         let mut n = 0;
@@ -268,7 +277,9 @@ impl Device for PcapPort {
     }
 
     fn port_stats(&self) -> PortStats {
-        self.stats.clone()
+        let mut s = self.stats.clone();
+        s.rx_missed += self.kernel_drops;
+        s
     }
 
     fn pool_stats(&self, out: &mut Vec<PoolStats>) {
