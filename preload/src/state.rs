@@ -17,30 +17,38 @@ pub const ENV: &str = "USTACK_NET";
 /// runs on the kernel's sockets, so no NIC is driven by two processes.
 pub const OWNER: &str = "USTACK_PID";
 
+/// Who keeps the stack across `fork` (`USTACK_FORK`).
+pub const FORK_ENV: &str = "USTACK_FORK";
+
 /// A running stack.
 #[derive(Debug)]
 pub struct State {
     /// The handle every socket call goes through.
     pub net: Net,
     runtime: Mutex<Option<Runtime>>,
+    /// `fork` hands the stack to the child (`USTACK_FORK=child`: a
+    /// master process that forks the one worker serving the sockets it
+    /// opened); by default the parent keeps it.
+    to_child: bool,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
-/// Set in a forked child: the stack (and its sockets) are the parent's.
-static FORKED: AtomicBool = AtomicBool::new(false);
+/// This process has no stack (any more): a forked child by default, or a
+/// parent that handed it to its child. Its ustack sockets only close.
+static DETACHED: AtomicBool = AtomicBool::new(false);
 
 /// The stack, when this process runs one (not without `USTACK_NET`, not
-/// in a forked child).
+/// after `fork` took it elsewhere).
 pub fn state() -> Option<&'static State> {
-    if FORKED.load(Ordering::Relaxed) {
+    if DETACHED.load(Ordering::Relaxed) {
         return None;
     }
     STATE.get()
 }
 
-/// Whether this is a forked child of a process that ran the stack.
+/// Whether this process's ustack sockets belong to another process's stack.
 pub fn forked() -> bool {
-    FORKED.load(Ordering::Relaxed)
+    DETACHED.load(Ordering::Relaxed)
 }
 
 /// Leave at once with one line on stderr (a bad `USTACK_NET`, a backend
@@ -83,9 +91,15 @@ pub fn init() {
         Ok(rt) => rt,
         Err(e) => fail(&e.to_string()),
     };
+    let to_child = match std::env::var(FORK_ENV).as_deref() {
+        Ok("child") => true,
+        Ok("parent") | Err(_) => false,
+        Ok(other) => fail(&format!("{FORK_ENV}={other}: say parent or child")),
+    };
     let state = State {
         net: runtime.net().clone(),
         runtime: Mutex::new(Some(runtime)),
+        to_child,
     };
     if STATE.set(state).is_err() {
         return;
@@ -104,7 +118,7 @@ pub fn init() {
 /// At exit: close what the program left open (FIN, or RST for unread
 /// data, as the kernel does), then let the loop send it and stop.
 extern "C" fn at_exit() {
-    if FORKED.load(Ordering::Relaxed) {
+    if DETACHED.load(Ordering::Relaxed) {
         return;
     }
     let Some(s) = STATE.get() else { return };
@@ -116,20 +130,53 @@ extern "C" fn at_exit() {
     }
 }
 
+/// The state that moves with the stack, when it moves to the child.
+fn moving() -> Option<&'static State> {
+    state().filter(|s| s.to_child)
+}
+
+/// Before `fork`: when the stack moves to the child, pause its loop (the
+/// thread exits holding no lock; the device and sockets stay as they are),
+/// then hold the descriptor table still.
 extern "C" fn before_fork() {
+    if let Some(s) = moving() {
+        if let Some(rt) = s.runtime.lock().as_mut() {
+            let _ = rt.pause();
+        }
+    }
     crate::fd::lock_for_fork();
 }
 
+/// The parent: it keeps the stack (its paused loop, if any, runs on), or,
+/// when the stack moved to the child, gives it up without touching the
+/// device, and its ustack descriptors only close from now on.
 extern "C" fn after_fork_parent() {
     crate::fd::unlock_after_fork();
+    if let Some(s) = moving() {
+        if let Some(rt) = s.runtime.lock().as_mut() {
+            rt.forsake();
+        }
+        DETACHED.store(true, Ordering::Relaxed);
+    }
 }
 
-/// The child keeps running, on the kernel's sockets: the stack, its loop
-/// thread and its NIC stay the parent's. Inherited ustack descriptors only
-/// close (their kernel eventfd); anything else on them fails with EBADF.
+/// The child: it takes the stack over (its loop starts on a thread of the
+/// child), or by default runs on the kernel's sockets while the stack, its
+/// thread and its NIC stay the parent's; inherited ustack descriptors then
+/// only close (their kernel eventfd), and other calls on them fail (EBADF).
 extern "C" fn after_fork_child() {
-    FORKED.store(true, Ordering::Relaxed);
     crate::fd::unlock_after_fork();
+    match STATE.get() {
+        Some(s) if s.to_child && !DETACHED.load(Ordering::Relaxed) => {
+            if let Some(rt) = s.runtime.lock().as_mut() {
+                if let Err(e) = rt.resume() {
+                    eprintln!("ustack exec: the forked child cannot run the stack: {e}");
+                    DETACHED.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        _ => DETACHED.store(true, Ordering::Relaxed),
+    }
 }
 
 /// The NET flags as a command line of their own.

@@ -94,7 +94,9 @@ pub(crate) struct Shared {
     /// The loop has ended (stopped, or its device failed).
     gone: AtomicBool,
     failure: Mutex<Option<String>>,
-    loop_thread: std::sync::OnceLock<Thread>,
+    loop_thread: Mutex<Option<Thread>>,
+    /// Asked to stop between iterations without ending (see [`Runtime::pause`]).
+    pause: AtomicBool,
 }
 
 /// A handle on a running stack: what the async and blocking fronts hold.
@@ -126,7 +128,7 @@ impl Net {
     /// The loop has work (data queued, a connection opened): wake it if it
     /// sleeps.
     pub(crate) fn kick(&self) {
-        if let Some(t) = self.shared.loop_thread.get() {
+        if let Some(t) = self.shared.loop_thread.lock().as_ref() {
             t.unpark();
         }
     }
@@ -184,13 +186,36 @@ pub fn io_error(e: StackError) -> io::Error {
     io::Error::new(kind, e)
 }
 
+/// The rest of a paused loop: calling it runs the loop on from where it
+/// stopped (on the calling thread).
+type Resume<A> = Box<dyn FnOnce() -> Exit<A> + Send>;
+
+/// How a loop thread ended.
+enum Exit<A> {
+    /// For good: the app, or why the loop failed.
+    Done(Result<A, crate::Error>),
+    /// Paused: the loop's state, to go on with.
+    Paused(Resume<A>),
+}
+
 /// A stack running on its own thread: socket handles come from [`net`](Self::net)
 /// (or the fronts' constructors); [`stop`](Self::stop) ends the loop and
 /// returns the in-loop app. Dropping it stops the loop too.
-#[derive(Debug)]
 pub struct Runtime<A: Send + 'static = ()> {
     net: Net,
-    thread: Option<JoinHandle<Result<A, crate::Error>>>,
+    thread: Option<JoinHandle<Exit<A>>>,
+    /// A paused loop's state.
+    paused: Option<Resume<A>>,
+}
+
+impl<A: Send + 'static> std::fmt::Debug for Runtime<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("net", &self.net)
+            .field("running", &self.thread.is_some())
+            .field("paused", &self.paused.is_some())
+            .finish()
+    }
 }
 
 impl<A: Send + 'static> Runtime<A> {
@@ -206,20 +231,76 @@ impl<A: Send + 'static> Runtime<A> {
     }
 
     fn halt(&mut self) -> Result<A, crate::Error> {
+        if self.paused.is_some() {
+            self.resume()?;
+        }
         self.net.shared.stop.store(true, Ordering::Release);
         self.net.kick();
         match self.thread.take() {
-            Some(t) => t.join().map_err(|_| crate::Error::Panicked)?,
+            Some(t) => match t.join().map_err(|_| crate::Error::Panicked)? {
+                Exit::Done(r) => r,
+                Exit::Paused(_) => Err(crate::Error::Config("the loop paused instead".into())),
+            },
             None => Err(crate::Error::Config(
                 "the runtime was already stopped".into(),
             )),
         }
     }
+
+    /// Stop the loop between two iterations without ending it: its thread
+    /// exits holding no lock, and the device, the stack and the app stay
+    /// as they are until [`resume`](Self::resume). Before `fork`, so that a
+    /// child can go on with the stack on a thread of its own.
+    pub fn pause(&mut self) -> Result<(), crate::Error> {
+        let Some(t) = self.thread.take() else {
+            return Ok(());
+        };
+        self.net.shared.pause.store(true, Ordering::Release);
+        self.net.kick();
+        let exit = t.join().map_err(|_| crate::Error::Panicked);
+        self.net.shared.pause.store(false, Ordering::Release);
+        match exit? {
+            Exit::Paused(rest) => {
+                self.paused = Some(rest);
+                Ok(())
+            }
+            Exit::Done(r) => r.map(|_| ()).and(Err(crate::Error::Config(
+                "the loop ended before it paused".into(),
+            ))),
+        }
+    }
+
+    /// Run a paused loop on, on a new thread (in this process: after `fork`,
+    /// the parent's or the child's).
+    pub fn resume(&mut self) -> Result<(), crate::Error> {
+        let Some(rest) = self.paused.take() else {
+            return Ok(());
+        };
+        let thread = std::thread::Builder::new()
+            .name("ustack-loop".into())
+            .spawn(rest)
+            .map_err(crate::Error::Thread)?;
+        self.thread = Some(thread);
+        Ok(())
+    }
+
+    /// Give a paused loop up without touching its device (after `fork`,
+    /// in the process that handed the stack to the other): socket calls
+    /// fail from now on, and nothing is closed or freed here, since the
+    /// device's state is the other process's to use.
+    pub fn forsake(&mut self) {
+        self.net.shared.gone.store(true, Ordering::Release);
+        *self.net.shared.failure.lock() = Some("the stack belongs to another process now".into());
+        if let Some(rest) = self.paused.take() {
+            std::mem::forget(rest);
+        }
+        self.thread = None;
+    }
 }
 
 impl<A: Send + 'static> Drop for Runtime<A> {
     fn drop(&mut self) {
-        if self.thread.is_some() {
+        if self.thread.is_some() || self.paused.is_some() {
             let _ = self.halt();
         }
     }
@@ -228,7 +309,7 @@ impl<A: Send + 'static> Drop for Runtime<A> {
 /// Start the loop of `node` on a new thread with the in-loop `app`.
 pub(crate) fn spawn<D, A>(
     node: Node<D>,
-    mut app: A,
+    app: A,
     lcfg: LoopConfig,
     publisher: Option<Publisher>,
 ) -> Result<Runtime<A>, crate::Error>
@@ -247,39 +328,67 @@ where
         stop: AtomicBool::new(false),
         gone: AtomicBool::new(false),
         failure: Mutex::new(None),
-        loop_thread: std::sync::OnceLock::new(),
+        loop_thread: Mutex::new(None),
+        pause: AtomicBool::new(false),
     });
     let net = Net {
         shared: shared.clone(),
     };
     let thread = std::thread::Builder::new()
         .name("ustack-loop".into())
-        .spawn(move || {
-            let _ = shared.loop_thread.set(std::thread::current());
-            let r = run_shared(&shared, port, &mut app, &lcfg, publisher.as_ref());
-            if let Err(e) = &r {
-                *shared.failure.lock() = Some(e.to_string());
-            }
-            // Every waiter learns that the loop is gone.
-            shared.gone.store(true, Ordering::Release);
-            let (waiters, watchers) = {
-                let mut inner = shared.inner.lock();
-                let waiters = std::mem::take(&mut inner.waiters);
-                (waiters, std::mem::take(&mut inner.watchers))
-            };
-            for w in waiters.into_values() {
-                w.read.into_iter().chain(w.write).for_each(Waker::wake);
-            }
-            for w in watchers.into_values() {
-                w(Readiness::ERROR | Readiness::CLOSED);
-            }
-            r.map(|()| app)
-        })
+        .spawn(move || run_thread(shared, port, app, lcfg, publisher))
         .map_err(crate::Error::Thread)?;
     Ok(Runtime {
         net,
         thread: Some(thread),
+        paused: None,
     })
+}
+
+/// A loop thread's body: the loop, then what its end means.
+fn run_thread<D, A>(
+    shared: Arc<Shared>,
+    mut port: Port<D>,
+    mut app: A,
+    lcfg: LoopConfig,
+    publisher: Option<Publisher>,
+) -> Exit<A>
+where
+    D: Device + Send + 'static,
+    D::Buf: Send,
+    A: App + Send + 'static,
+{
+    *shared.loop_thread.lock() = Some(std::thread::current());
+    let r = run_shared(&shared, &mut port, &mut app, &lcfg, publisher.as_ref());
+    if let Ok(Outcome::Paused) = r {
+        *shared.loop_thread.lock() = None;
+        return Exit::Paused(Box::new(move || {
+            run_thread(shared, port, app, lcfg, publisher)
+        }));
+    }
+    if let Err(e) = &r {
+        *shared.failure.lock() = Some(e.to_string());
+    }
+    // Every waiter learns that the loop is gone.
+    shared.gone.store(true, Ordering::Release);
+    let (waiters, watchers) = {
+        let mut inner = shared.inner.lock();
+        let waiters = std::mem::take(&mut inner.waiters);
+        (waiters, std::mem::take(&mut inner.watchers))
+    };
+    for w in waiters.into_values() {
+        w.read.into_iter().chain(w.write).for_each(Waker::wake);
+    }
+    for w in watchers.into_values() {
+        w(Readiness::ERROR | Readiness::CLOSED);
+    }
+    Exit::Done(r.map(|_| app))
+}
+
+/// Why `run_shared` returned without an error.
+enum Outcome {
+    Stopped,
+    Paused,
 }
 
 /// How long a stopping loop keeps running to let queued output leave.
@@ -291,11 +400,11 @@ const LINGER: Duration = Duration::from_secs(1);
 /// [`LINGER`].
 fn run_shared<D: Device, A: App>(
     shared: &Shared,
-    mut port: Port<D>,
+    port: &mut Port<D>,
     app: &mut A,
     cfg: &LoopConfig,
     publisher: Option<&Publisher>,
-) -> Result<(), crate::Error> {
+) -> Result<Outcome, crate::Error> {
     if let Some(core) = cfg.core {
         crate::poll::pin_to_core(core)?;
     }
@@ -356,8 +465,16 @@ fn run_shared<D: Device, A: App>(
             // datagram), for at most LINGER, as a kernel socket would.
             let until = *draining.get_or_insert(now + LINGER);
             if !pending || now >= until {
-                return Ok(());
+                // A last snapshot, so a monitor sees the end state.
+                if let Some(p) = publisher {
+                    let inner = shared.inner.lock();
+                    p.publish(&port.snapshot(&inner.stack, clock.now()));
+                }
+                return Ok(Outcome::Stopped);
             }
+        }
+        if shared.pause.load(Ordering::Acquire) {
+            return Ok(Outcome::Paused);
         }
         if let Some(why) = port.dev.failure() {
             return Err(crate::RunError::Device(why).into());

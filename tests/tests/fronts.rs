@@ -257,3 +257,25 @@ fn udp_both_ways_async_and_blocking() {
     });
     server.join().unwrap();
 }
+
+#[test]
+fn a_paused_loop_resumes_where_it_stopped() {
+    let (mut a, b) = pair(LinkConfig::default());
+    let listener = blocking::TcpListener::bind(b.net(), 7100, 4).expect("listen");
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("read");
+        got
+    });
+    let mut c = blocking::TcpStream::connect(a.net(), SocketAddrV4::new(B, 7100)).expect("connect");
+    c.write_all(b"before ").expect("write");
+    // Paused (as before a fork): the connection, its data and the device wait.
+    a.pause().expect("pause");
+    a.resume().expect("resume");
+    c.write_all(b"and after").expect("write");
+    c.shutdown().expect("shutdown");
+    assert_eq!(server.join().unwrap(), b"before and after");
+    drop(c);
+    a.stop().expect("A's loop");
+}

@@ -57,6 +57,11 @@ enum Cmd {
 struct ExecArgs {
     #[command(flatten)]
     net: NetArgs,
+    /// Who keeps the stack when the program forks: the parent (a server
+    /// that forks helpers, as redis's BGSAVE), or the child (a master that
+    /// forks the one worker serving its sockets, as nginx with one worker).
+    #[arg(long, value_enum, default_value = "parent")]
+    fork: ForkOwner,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
     program: Vec<String>,
@@ -118,6 +123,13 @@ struct DemoArgs {
     tcp_mib: u64,
 }
 
+/// `ustack exec --fork`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ForkOwner {
+    Parent,
+    Child,
+}
+
 fn positive_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
@@ -167,11 +179,16 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
     use std::os::unix::process::CommandExt;
     // The same checks the library makes before `main`, with the same words.
     args.net.net_config()?;
-    let raw: Vec<String> = std::env::args()
+    // The NET words as given (without exec's own --fork).
+    let mut raw: Vec<String> = std::env::args()
         .skip_while(|a| a != "exec")
         .skip(1)
         .take_while(|a| a != "--")
         .collect();
+    if let Some(i) = raw.iter().position(|a| a == "--fork") {
+        raw.drain(i..(i + 2).min(raw.len()));
+    }
+    raw.retain(|a| !a.starts_with("--fork="));
     let spec = shlex::try_join(raw.iter().map(String::as_str))
         .context("the NET flags cannot be passed on")?;
     let lib = match std::env::var_os("USTACK_PRELOAD_LIB") {
@@ -203,6 +220,14 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
         .env("LD_PRELOAD", preload)
         .env("USTACK_NET", spec)
         .env("USTACK_PID", std::process::id().to_string())
+        .env(
+            "USTACK_FORK",
+            if args.fork == ForkOwner::Child {
+                "child"
+            } else {
+                "parent"
+            },
+        )
         .exec();
     eprintln!("ustack: cannot run {program}: {err}");
     Ok(ExitCode::from(
