@@ -385,6 +385,22 @@ fn finish_connect(net: &Net, sock: &Sock, handle: ustack::tcp::TcpHandle) -> Res
     Err(EAGAIN)
 }
 
+/// The socket's kind, a pending connect settled first: a non-blocking
+/// connect the program followed with poll (not a second connect) is
+/// connected once the stack says so.
+fn current_kind(net: &Net, sock: &Sock) -> Kind {
+    let kind = *sock.kind.lock();
+    if let Kind::Stream {
+        handle,
+        connecting: true,
+    } = kind
+    {
+        let _ = finish_connect(net, sock, handle);
+        return *sock.kind.lock();
+    }
+    kind
+}
+
 /// A UDP socket's default peer (None: dissolve the association).
 fn connect_dgram(net: &Net, sock: &Arc<Sock>, peer: Option<SocketAddrV4>) -> Res<()> {
     ensure_dgram(net, sock)?;
@@ -455,7 +471,7 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
     let timeout = sock.opts.lock().rcvtimeo_us;
     let want: usize = bufs.iter().map(|b| b.len()).sum();
     loop {
-        let kind = *sock.kind.lock();
+        let kind = current_kind(net, sock);
         match kind {
             Kind::Stream {
                 handle,
@@ -585,7 +601,7 @@ pub fn send(
     let timeout = sock.opts.lock().sndtimeo_us;
     let total: usize = bufs.iter().map(|b| b.len()).sum();
     if sock.stream {
-        let handle = match *sock.kind.lock() {
+        let handle = match current_kind(net, sock) {
             Kind::Stream {
                 handle,
                 connecting: false,
@@ -739,7 +755,7 @@ pub fn local_addr(sock: &Sock) -> Res<SocketAddrV4> {
 /// The peer's end.
 pub fn peer_addr(sock: &Sock) -> Res<SocketAddrV4> {
     let net = net()?;
-    match *sock.kind.lock() {
+    match current_kind(net, sock) {
         Kind::Stream {
             handle,
             connecting: false,
