@@ -9,7 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-config
-          iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd ethtool nmap)
+          iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd ethtool nmap
+          # stock programs run on ustack under LD_PRELOAD (apps/tests/netns_preload.rs)
+          python3 sockperf redis-server redis-tools memcached libmemcached-tools nginx-light wrk curl)
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -30,8 +32,21 @@ install_packages() {
   # finish any install an earlier run was interrupted in.
   local apt_opts=(-o DPkg::Lock::Timeout=600)
   dpkg --configure -a >/dev/null 2>&1 || true
+  # redis-server, memcached and nginx would start as services on the host:
+  # the tests run their own, inside the namespaces they make.
+  local no_start=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    no_start=1
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get "${apt_opts[@]}" update -qq
   apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [ -n "$no_start" ]; then
+    rm -f /usr/sbin/policy-rc.d
+    trap - EXIT
+  fi
 }
 
 step "system packages"

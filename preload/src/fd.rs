@@ -14,7 +14,8 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use ustack::events::Readiness;
 use ustack::tcp::{ListenHandle, TcpHandle};
 use ustack::udp::UdpHandle;
@@ -60,6 +61,9 @@ pub struct Opts {
     pub sndtimeo_us: i64,
     /// An error `SO_ERROR` reports once (a failed non-blocking connect).
     pub pending_error: c_int,
+    /// The connection's error (a reset, a timeout) was returned by a call
+    /// already: later calls see a shut connection.
+    pub error_reported: bool,
 }
 
 /// One ustack socket, shared by its descriptors.
@@ -151,18 +155,42 @@ pub fn watcher(sock: &Arc<Sock>) -> ustack_runtime::Watcher {
     })
 }
 
-/// Descriptor numbers to sockets.
-static TABLE: RwLock<Vec<Option<Arc<Sock>>>> = RwLock::new(Vec::new());
+/// The descriptor table's type: descriptor numbers to sockets.
+type Table = Vec<Option<Arc<Sock>>>;
+
+/// Descriptor numbers to sockets. The standard library's lock, not
+/// parking_lot's: it is held across `fork` (see [`lock_for_fork`]), and
+/// parking_lot's fair unlock hands a contended lock to the threads parked
+/// on it, which in the child do not exist, so the child's copy would stay
+/// locked for ever. The standard lock's unlock only clears the state and
+/// wakes whoever waits (nobody, in the child).
+static TABLE: RwLock<Table> = RwLock::new(Vec::new());
+
+/// The table to read (a panic elsewhere while holding it does not make
+/// it unusable: its updates are single assignments).
+fn read() -> RwLockReadGuard<'static, Table> {
+    TABLE.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The table to change.
+fn write() -> RwLockWriteGuard<'static, Table> {
+    TABLE.write().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The ustack socket `fd` names, if any.
 pub fn get(fd: c_int) -> Option<Arc<Sock>> {
     let i = usize::try_from(fd).ok()?;
-    TABLE.read().get(i).cloned().flatten()
+    read().get(i).cloned().flatten()
 }
 
 /// Whether no ustack socket exists (the fast path of poll and select).
 pub fn is_empty() -> bool {
     COUNT.load(Ordering::Relaxed) == 0
+}
+
+/// Descriptors in the table now.
+pub fn open_count() -> usize {
+    COUNT.load(Ordering::Relaxed)
 }
 
 /// Descriptors in the table.
@@ -171,7 +199,7 @@ static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::n
 /// Record that `fd` names `sock`.
 pub fn insert(fd: c_int, sock: Arc<Sock>) {
     let Ok(i) = usize::try_from(fd) else { return };
-    let mut t = TABLE.write();
+    let mut t = write();
     if t.len() <= i {
         t.resize(i + 1, None);
     }
@@ -183,7 +211,7 @@ pub fn insert(fd: c_int, sock: Arc<Sock>) {
 /// Forget `fd`; returns the socket it named.
 pub fn remove(fd: c_int) -> Option<Arc<Sock>> {
     let i = usize::try_from(fd).ok()?;
-    let s = TABLE.write().get_mut(i).and_then(Option::take);
+    let s = write().get_mut(i).and_then(Option::take);
     if s.is_some() {
         COUNT.fetch_sub(1, Ordering::Relaxed);
     }
@@ -192,23 +220,29 @@ pub fn remove(fd: c_int) -> Option<Arc<Sock>> {
 
 /// Every socket in the table (once each), e.g. to close them at exit.
 pub fn all() -> Vec<(c_int, Arc<Sock>)> {
-    TABLE
-        .read()
+    read()
         .iter()
         .enumerate()
         .filter_map(|(i, s)| Some((i as c_int, s.clone()?)))
         .collect()
 }
 
+thread_local! {
+    /// The table's write guard, held by the forking thread from
+    /// `pthread_atfork`'s prepare handler to its parent and child handlers
+    /// (POSIX runs all three on that thread).
+    static HELD_FOR_FORK: std::cell::RefCell<Option<RwLockWriteGuard<'static, Table>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Before `fork`: hold the table so no thread is changing it when the
 /// child's copy is made.
 pub fn lock_for_fork() {
-    std::mem::forget(TABLE.write());
+    let guard = write();
+    HELD_FOR_FORK.with(|h| *h.borrow_mut() = Some(guard));
 }
 
 /// After `fork`, in parent and child: release what `lock_for_fork` held.
 pub fn unlock_after_fork() {
-    // SAFETY: `lock_for_fork` took the write lock and forgot its guard;
-    // this is its one matching release (in each process).
-    unsafe { TABLE.force_unlock_write() };
+    HELD_FOR_FORK.with(|h| drop(h.borrow_mut().take()));
 }

@@ -44,6 +44,29 @@ pub fn errno_of(e: StackError) -> c_int {
     }
 }
 
+/// Whether a connection's error `e` is told to the program now: the first
+/// call to meet it gets its errno; Linux reports an error once, and later
+/// calls see a shut connection (end of stream, EPIPE).
+fn first_report(sock: &Sock, e: &StackError) -> bool {
+    if !matches!(e, StackError::Tcp(_)) {
+        return true;
+    }
+    let mut o = sock.opts.lock();
+    !std::mem::replace(&mut o.error_reported, true)
+}
+
+/// Copy `data` into the buffers `bufs`, in order.
+fn scatter(mut data: &[u8], bufs: &mut [&mut [u8]]) {
+    for b in bufs.iter_mut() {
+        let n = b.len().min(data.len());
+        b[..n].copy_from_slice(&data[..n]);
+        data = &data[n..];
+        if data.is_empty() {
+            break;
+        }
+    }
+}
+
 fn gone(_: std::io::Error) -> c_int {
     libc::EIO
 }
@@ -71,7 +94,10 @@ pub fn level(sock: &Sock) -> Level {
         };
     };
     let kind = *sock.kind.lock();
-    let pending_error = sock.opts.lock().pending_error != 0;
+    let (pending_error, reported) = {
+        let o = sock.opts.lock();
+        (o.pending_error != 0, o.error_reported)
+    };
     let r = net.peek_stack(|s| match kind {
         Kind::Fresh { .. } if sock.stream => Level {
             // An unconnected TCP socket: Linux says POLLOUT | POLLHUP.
@@ -90,7 +116,8 @@ pub fn level(sock: &Sock) -> Level {
         Kind::Stream { handle, .. } => match s.tcp_status(handle) {
             Ok(st) => {
                 let closed = st.closed();
-                let err = st.error.is_some();
+                // Once reported, an error is no longer pending (POLLERR).
+                let err = st.error.is_some() && !reported;
                 let connected = st.state.synchronized();
                 Level {
                     readable: st.readable > 0 || st.eof || err || closed,
@@ -109,7 +136,11 @@ pub fn level(sock: &Sock) -> Level {
         },
         Kind::Dgram { handle, .. } => Level {
             readable: s.udp_pending(handle).map(|p| p.0 > 0).unwrap_or(false),
-            writable: true,
+            // Linux's sock_writeable: under half the send buffer in use.
+            writable: s
+                .udp_tx_queued(handle)
+                .map(|(queued, cap)| queued < cap / 2)
+                .unwrap_or(true),
             ..Level::default()
         },
         Kind::Closed => Level {
@@ -438,7 +469,10 @@ pub fn take_error(sock: &Sock) -> c_int {
     };
     let Ok(net) = net() else { return libc::EIO };
     match net.peek_stack(|s| s.tcp_status(handle)) {
-        Ok(Ok(st)) => st.error.map_or(0, |e| errno_of(StackError::Tcp(e))),
+        Ok(Ok(st)) => match st.error.map(StackError::Tcp) {
+            Some(e) if first_report(sock, &e) => errno_of(e),
+            _ => 0,
+        },
         _ => 0,
     }
 }
@@ -477,16 +511,18 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                 handle,
                 connecting: false,
             } => {
-                if flags.peek {
-                    crate::unsupported("recv(MSG_PEEK) on a TCP socket");
-                    return Err(libc::EOPNOTSUPP);
-                }
-                let (got, st) = net
-                    .with_stack(|s| {
+                let r = if flags.peek {
+                    net.peek_stack(|s| {
+                        let mut copy = vec![0; want];
+                        let got = s.tcp_peek(handle, &mut copy)?;
+                        scatter(&copy[..got], bufs);
+                        Ok((got, s.tcp_status(handle).ok()))
+                    })
+                } else {
+                    net.with_stack(|s| {
                         let mut got = 0;
                         for b in bufs.iter_mut() {
-                            let off = 0;
-                            let n = match s.tcp_recv(handle, &mut b[off..]) {
+                            let n = match s.tcp_recv(handle, b) {
                                 Ok(n) => n,
                                 Err(e) if got == 0 => return Err(e),
                                 Err(_) => 0,
@@ -498,8 +534,20 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                         }
                         Ok((got, s.tcp_status(handle).ok()))
                     })
-                    .map_err(gone)?
-                    .map_err(errno_of)?;
+                };
+                let (got, st) = match r.map_err(gone)? {
+                    Ok(v) => v,
+                    // An error is reported once; then the stream has ended.
+                    Err(e) if first_report(sock, &e) => return Err(errno_of(e)),
+                    Err(_) => (0, None),
+                };
+                if flags.peek && (got > 0 || want == 0) {
+                    return Ok(Received {
+                        len: got,
+                        full: got,
+                        from: None,
+                    });
+                }
                 if got > 0 && !(flags.waitall && got < want) {
                     return Ok(Received {
                         len: got,
@@ -561,10 +609,13 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                     Some(b) => b,
                     None => &mut first,
                 };
-                let got = net
-                    .with_stack(|s| s.udp_recv_from(handle, buf))
-                    .map_err(gone)?
-                    .map_err(errno_of)?;
+                let got = if flags.peek {
+                    net.peek_stack(|s| s.udp_peek_from(handle, buf))
+                } else {
+                    net.with_stack(|s| s.udp_recv_from(handle, buf))
+                }
+                .map_err(gone)?
+                .map_err(errno_of)?;
                 if let Some((full, from)) = got {
                     return Ok(Received {
                         len: full.min(buf.len()),
@@ -637,7 +688,10 @@ pub fn send(
                 .map_err(gone)?;
             match r {
                 Ok(n) => sent += n,
-                Err(e) if sent == 0 => return Err(errno_of(e)),
+                // An error is reported once (by a send or a receive); after
+                // that the connection is shut: EPIPE, as Linux says.
+                Err(e) if sent == 0 && first_report(sock, &e) => return Err(errno_of(e)),
+                Err(_) if sent == 0 => return Err(libc::EPIPE),
                 Err(_) => return Ok(sent),
             }
             if sent == total || (nonblock && sent > 0) {
@@ -703,6 +757,14 @@ pub fn close(fd: RawFd) -> bool {
     let Some(sock) = fd::remove(fd) else {
         return false;
     };
+    if crate::state::forked() {
+        // The socket is another process's: close our descriptor and touch
+        // none of its locks (a thread of that process may have held one
+        // when this copy of the memory was made).
+        // SAFETY: closing the eventfd this process owns under that number.
+        unsafe { (crate::real::real().close)(fd) };
+        return true;
+    }
     if !sock.close_fd(fd) {
         return true;
     }

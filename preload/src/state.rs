@@ -84,7 +84,7 @@ pub fn init() {
             }
         };
     let builder = match args.builder() {
-        Ok(b) => b,
+        Ok(b) => b.app_counters(counters),
         Err(e) => fail(&e.to_string()),
     };
     let runtime = match builder.spawn() {
@@ -177,6 +177,15 @@ extern "C" fn after_fork_child() {
         }
         _ => DETACHED.store(true, Ordering::Relaxed),
     }
+}
+
+/// The layer's counters in each telemetry line (`app`): calls and options
+/// refused, and the ustack descriptors open now.
+fn counters() -> Vec<(&'static str, u64)> {
+    vec![
+        ("preload_unsupported", crate::unsupported_count()),
+        ("preload_descriptors", crate::fd::open_count() as u64),
+    ]
 }
 
 /// The NET flags as a command line of their own.

@@ -122,7 +122,7 @@ mod shared;
 pub mod telemetry;
 
 pub use clock::Clock;
-pub use net::{Backend, Builder, Error, NetConfig};
+pub use net::{AppCounters, Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
 pub use shared::{Net, Runtime, Watcher, io_error};
 

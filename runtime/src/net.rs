@@ -98,7 +98,14 @@ pub struct NetConfig {
     pub capture: Option<PathBuf>,
     /// Impair the port's frames both ways (a testing aid).
     pub impair: Option<LinkConfig>,
+    /// Counters of the program around the stack, published in every
+    /// telemetry line under `app` (see [`Builder::app_counters`]).
+    pub app_counters: Option<AppCounters>,
 }
+
+/// Reads a program's own counters (name, value) for telemetry; called on
+/// the publisher's thread, never the loop's.
+pub type AppCounters = fn() -> Vec<(&'static str, u64)>;
 
 impl NetConfig {
     /// The poll loop's settings: pinned to `core` if given, and
@@ -160,6 +167,7 @@ pub struct Builder {
     seed: Option<u64>,
     tweaks: Vec<fn(&mut Config)>,
     rcvbuf_max: Option<usize>,
+    app_counters: Option<AppCounters>,
 }
 
 impl Builder {
@@ -252,6 +260,13 @@ impl Builder {
         self
     }
 
+    /// Publish the program's own counters with the stack's, under `app` in
+    /// each telemetry line (the LD_PRELOAD layer's refused calls, say).
+    pub fn app_counters(mut self, read: AppCounters) -> Self {
+        self.app_counters = Some(read);
+        self
+    }
+
     /// Write every frame to this pcap file.
     pub fn capture(mut self, file: impl Into<PathBuf>) -> Self {
         self.capture = Some(file.into());
@@ -331,6 +346,7 @@ impl Builder {
             telemetry: self.telemetry,
             capture: self.capture,
             impair: self.impair,
+            app_counters: self.app_counters,
         })
     }
 
@@ -411,7 +427,11 @@ fn publisher(cfg: &NetConfig) -> Result<Option<Publisher>, Error> {
     };
     let name = format!("app {}", cfg.stack.ip);
     let socket = crate::telemetry::socket_path(path)?;
-    Ok(Some(Publisher::start(&name, Some(&socket))?))
+    let mut p = Publisher::start(&name, Some(&socket))?;
+    if let Some(read) = cfg.app_counters {
+        p.app_counters(read);
+    }
+    Ok(Some(p))
 }
 
 /// [`Builder::spawn_with`]'s [`NodeUser`].

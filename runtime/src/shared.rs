@@ -351,7 +351,7 @@ fn run_thread<D, A>(
     mut port: Port<D>,
     mut app: A,
     lcfg: LoopConfig,
-    publisher: Option<Publisher>,
+    mut publisher: Option<Publisher>,
 ) -> Exit<A>
 where
     D: Device + Send + 'static,
@@ -362,7 +362,18 @@ where
     let r = run_shared(&shared, &mut port, &mut app, &lcfg, publisher.as_ref());
     if let Ok(Outcome::Paused) = r {
         *shared.loop_thread.lock() = None;
+        // The publisher's thread pauses too, and runs on wherever the loop
+        // does (after `fork`, maybe in the child).
+        if let Some(p) = publisher.as_mut() {
+            p.pause();
+        }
         return Exit::Paused(Box::new(move || {
+            if let Some(p) = publisher.as_mut() {
+                if let Err(e) = p.resume() {
+                    tracing::warn!("telemetry stops: {e}");
+                    publisher = None;
+                }
+            }
             run_thread(shared, port, app, lcfg, publisher)
         }));
     }

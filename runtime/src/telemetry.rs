@@ -23,7 +23,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt}
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -151,6 +151,9 @@ struct Line<'a> {
     pid: u32,
     seq: u64,
     publisher: PublisherStats,
+    /// The program's own counters, when it gave some.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    app: Option<std::collections::BTreeMap<&'static str, u64>>,
     #[serde(flatten)]
     snapshot: &'a serde_json::Value,
 }
@@ -161,7 +164,13 @@ pub struct Publisher {
     tx: Option<Sender<Snapshot>>,
     subscribe: Sender<Sender<Arc<str>>>,
     skipped: Arc<AtomicU64>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<Option<Worker>>>,
+    /// The thread's state while it is paused ([`Publisher::pause`]).
+    parked: Option<Worker>,
+    /// Asks the thread to stop and hand its state back.
+    pause: Arc<AtomicBool>,
+    /// Shared with the thread: the program's counters, once set.
+    app: Arc<std::sync::OnceLock<crate::net::AppCounters>>,
     path: Option<PathBuf>,
 }
 
@@ -182,7 +191,7 @@ impl Publisher {
         let (tx, rx) = channel::bounded(QUEUE);
         let (subscribe, subs) = channel::unbounded();
         let skipped = Arc::new(AtomicU64::new(0));
-        let mut worker = Worker {
+        let worker = Worker {
             name: name.to_owned(),
             pid: std::process::id(),
             seq: 0,
@@ -194,18 +203,55 @@ impl Publisher {
             skipped: skipped.clone(),
             shards: Vec::new(),
             gate,
+            rx,
+            subs,
+            pause: Arc::new(AtomicBool::new(false)),
+            app: Arc::default(),
         };
-        let thread = std::thread::Builder::new()
-            .name("ustack-telemetry".into())
-            .spawn(move || worker.run(&rx, &subs))
+        let pause = worker.pause.clone();
+        let app = worker.app.clone();
+        let thread = worker
+            .spawn()
             .map_err(io_err(socket.unwrap_or(Path::new("-")), "cannot start"))?;
         Ok(Publisher {
             tx: Some(tx),
             subscribe,
             skipped,
             thread: Some(thread),
+            parked: None,
+            pause,
+            app,
             path: socket.map(Path::to_owned),
         })
+    }
+
+    /// Add the program's own counters to every line, under `app` (once:
+    /// a second call is ignored).
+    pub fn app_counters(&mut self, read: crate::net::AppCounters) {
+        let _ = self.app.set(read);
+    }
+
+    /// Stop the publisher's thread without ending it: its socket, clients
+    /// and queue stay as they are until [`resume`](Self::resume). Before
+    /// `fork`, so that the process that keeps the stack also keeps
+    /// publishing (a thread is not copied into a child).
+    pub fn pause(&mut self) {
+        let Some(t) = self.thread.take() else { return };
+        self.pause.store(true, Ordering::Release);
+        self.parked = t.join().ok().flatten();
+        self.pause.store(false, Ordering::Release);
+    }
+
+    /// Run a paused publisher on, on a new thread of this process (whose
+    /// id the lines carry from now on).
+    pub fn resume(&mut self) -> Result<(), TelemetryError> {
+        let Some(mut w) = self.parked.take() else {
+            return Ok(());
+        };
+        w.pid = std::process::id();
+        let path = self.path.clone().unwrap_or_else(|| "-".into());
+        self.thread = Some(w.spawn().map_err(io_err(&path, "cannot start"))?);
+        Ok(())
     }
 
     /// The socket's path, if it has one.
@@ -241,12 +287,26 @@ impl Publisher {
     }
 }
 
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("name", &self.name)
+            .field("pid", &self.pid)
+            .field("seq", &self.seq)
+            .field("clients", &self.clients.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Publisher {
     /// Publishes what is queued, closes every client and removes the socket.
     fn drop(&mut self) {
         self.tx = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if let Some(mut w) = self.parked.take() {
+            w.flush();
         }
         if let Some(p) = &self.path {
             let _ = std::fs::remove_file(p);
@@ -345,13 +405,33 @@ struct Worker {
     /// Held by a test to stall the thread (as a slow disk or a stuck
     /// client would), so it can check that `publish` never waits.
     gate: Option<Arc<std::sync::Mutex<()>>>,
+    /// Snapshots from the loop.
+    rx: Receiver<Snapshot>,
+    /// New in-process subscribers.
+    subs: Receiver<Sender<Arc<str>>>,
+    /// Set by [`Publisher::pause`]: return the state instead of running on.
+    pause: Arc<AtomicBool>,
+    /// The program's own counters, read for each line.
+    app: Arc<std::sync::OnceLock<crate::net::AppCounters>>,
 }
 
 impl Worker {
-    fn run(&mut self, rx: &Receiver<Snapshot>, subs: &Receiver<Sender<Arc<str>>>) {
+    /// Run on a thread of its own.
+    fn spawn(self) -> std::io::Result<JoinHandle<Option<Worker>>> {
+        std::thread::Builder::new()
+            .name("ustack-telemetry".into())
+            .spawn(move || self.run())
+    }
+
+    /// Publish until the loop's side hangs up (None) or a pause is asked
+    /// for (the state, to run on later).
+    fn run(mut self) -> Option<Worker> {
         loop {
-            let next = rx.recv_timeout(ACCEPT_INTERVAL);
-            self.subscribers.extend(subs.try_iter());
+            if self.pause.load(Ordering::Acquire) {
+                return Some(self);
+            }
+            let next = self.rx.recv_timeout(ACCEPT_INTERVAL);
+            self.subscribers.extend(self.subs.try_iter());
             self.accept();
             if let Some(g) = &self.gate {
                 drop(g.lock());
@@ -364,6 +444,7 @@ impl Worker {
         }
         // Give slow clients what is still queued, without waiting on them.
         self.flush();
+        None
     }
 
     fn accept(&mut self) {
@@ -418,6 +499,7 @@ impl Worker {
                 skipped: self.skipped.load(Ordering::Relaxed),
                 dropped_clients: self.dropped_clients,
             },
+            app: self.app.get().map(|read| read().into_iter().collect()),
             snapshot: &snapshot,
         };
         let Ok(mut bytes) = serde_json::to_vec(&line) else {
@@ -579,6 +661,37 @@ mod test {
         let m = merge_shards(&[None, values[1].clone()]);
         assert_eq!(m["port"]["rx_packets"], 4);
     }
+    #[test]
+    fn a_paused_publisher_keeps_its_clients_and_resumes_with_app_counters() {
+        let dir = tmpdir("pause");
+        let path = dir.join("p.sock");
+        let mut p = Publisher::start("paused", Some(&path)).unwrap();
+        let mut r = BufReader::new(UnixStream::connect(&path).unwrap());
+        std::thread::sleep(ACCEPT_INTERVAL * 3);
+        p.publish(&snapshot(1));
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        p.pause();
+        assert!(p.thread.is_none() && p.parked.is_some());
+        // While paused nothing is published (the thread is gone) ...
+        p.publish(&snapshot(2));
+        p.app_counters(|| vec![("refused", 3)]);
+        p.resume().unwrap();
+        // ... and what was queued goes out once it runs again, to the same
+        // client, with the program's counters.
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["seq"], 2);
+        assert_eq!(v["at_ns"], 2);
+        assert_eq!(v["app"]["refused"], 3);
+        // A paused publisher that is dropped still cleans up.
+        p.pause();
+        drop(p);
+        assert!(!path.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn publishes_json_lines_with_mode_0600_and_cleans_up() {
         let dir = tmpdir("lines");

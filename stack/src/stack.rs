@@ -394,9 +394,25 @@ impl Stack {
         self.udp.recv_from(h, buf)
     }
 
+    /// Copy the next datagram and leave it queued (`MSG_PEEK`).
+    pub fn udp_peek_from(
+        &self,
+        h: UdpHandle,
+        buf: &mut [u8],
+    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
+        self.udp.peek_from(h, buf)
+    }
+
     /// Datagrams waiting on the socket, and the length of the next one.
     pub fn udp_pending(&self, h: UdpHandle) -> Result<(usize, Option<usize>), Error> {
         self.udp.pending(h)
+    }
+
+    /// Bytes queued on a socket to leave on the next poll, and the most it
+    /// holds (`Config::udp_tx_queue_bytes`): a POSIX layer reports the
+    /// socket writable while under half of that, as Linux does.
+    pub fn udp_tx_queued(&self, h: UdpHandle) -> Result<(usize, usize), Error> {
+        Ok((self.udp.tx_queued(h)?, self.link.cfg.udp_tx_queue_bytes))
     }
 
     /// Close a socket; received datagrams are discarded, queued ones still
@@ -454,6 +470,12 @@ impl Stack {
     /// Read received bytes (0 when none are ready; see [`TcpStatus::eof`]).
     pub fn tcp_recv(&mut self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
         self.tcp.recv(h, buf)
+    }
+
+    /// Copy received bytes without taking them (a later `tcp_recv` returns
+    /// them again): `MSG_PEEK`.
+    pub fn tcp_peek(&self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
+        self.tcp.peek(h, buf)
     }
 
     /// Readiness and end of stream of a connection.

@@ -191,10 +191,31 @@ impl UdpTable {
         Ok(Some((data.len(), src)))
     }
 
+    /// Copy the next datagram without taking it (`MSG_PEEK`); as
+    /// [`recv_from`](Self::recv_from) otherwise.
+    pub fn peek_from(
+        &self,
+        h: UdpHandle,
+        buf: &mut [u8],
+    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
+        let s = self.sockets.get(h).ok_or(Error::InvalidHandle)?;
+        Ok(s.rx.front().map(|(src, data)| {
+            let n = data.len().min(buf.len());
+            buf[..n].copy_from_slice(&data[..n]);
+            (data.len(), *src)
+        }))
+    }
+
     /// Datagrams waiting to be read and the length of the first.
     pub fn pending(&self, h: UdpHandle) -> Result<(usize, Option<usize>), Error> {
         let s = self.sockets.get(h).ok_or(Error::InvalidHandle)?;
         Ok((s.rx.len(), s.rx.front().map(|(_, d)| d.len())))
+    }
+
+    /// Bytes queued on the socket to leave on the next poll.
+    pub fn tx_queued(&self, h: UdpHandle) -> Result<usize, Error> {
+        let s = self.sockets.get(h).ok_or(Error::InvalidHandle)?;
+        Ok(s.tx_bytes)
     }
 
     /// Close a socket; received datagrams are discarded, queued ones still

@@ -333,3 +333,104 @@ pub fn telemetry(path: &Path) -> serde_json::Value {
 pub fn telemetry_drop(snapshot: &serde_json::Value, name: &str) -> u64 {
     snapshot["stack"]["drops"][name].as_u64().unwrap_or(0)
 }
+
+/// A reader attached to a telemetry socket for the whole life of the
+/// stack that publishes there: it reads every JSON line until the
+/// publisher closes the socket (the stack stopped), and keeps the last one,
+/// which is the stack's final snapshot.
+pub struct TelemetryTail {
+    path: PathBuf,
+    rx: std::sync::mpsc::Receiver<Result<(u64, serde_json::Value), String>>,
+}
+
+impl TelemetryTail {
+    /// Attach in a thread of its own; the socket may not exist yet (it is
+    /// waited for up to 20 s, so a tail can be set up before the program
+    /// starts).
+    pub fn attach(path: &Path) -> TelemetryTail {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.to_owned();
+        std::thread::spawn(move || {
+            let _ = tx.send(tail_lines(&p));
+        });
+        TelemetryTail {
+            path: path.to_owned(),
+            rx,
+        }
+    }
+
+    /// The last line received before the socket closed, and how many lines
+    /// came; panics when the socket is still open after `within`, or when
+    /// no line came at all.
+    pub fn last(self, within: std::time::Duration) -> (u64, serde_json::Value) {
+        match self.rx.recv_timeout(within) {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => panic!("telemetry {}: {e}", self.path.display()),
+            Err(_) => panic!(
+                "telemetry {}: the socket is still open {within:?} after the stack was told to stop",
+                self.path.display()
+            ),
+        }
+    }
+}
+
+/// [`TelemetryTail`]'s thread: connect, read to the end, keep the last line.
+fn tail_lines(path: &Path) -> Result<(u64, serde_json::Value), String> {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stream = loop {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("never accepted a connection: {e}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    // The stack publishes a few times a second: a long silence is a fault.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .map_err(|e| e.to_string())?;
+    let mut r = std::io::BufReader::new(stream);
+    let (mut lines, mut last) = (0u64, String::new());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) if line.ends_with('\n') => {
+                lines += 1;
+                std::mem::swap(&mut last, &mut line);
+            }
+            // A line cut short by the close: the one before is the last.
+            Ok(_) => break,
+            Err(e) => return Err(format!("no line for 20 s after {lines} lines: {e}")),
+        }
+    }
+    if lines == 0 {
+        return Err("the socket closed before any line came".into());
+    }
+    serde_json::from_str(&last)
+        .map(|v| (lines, v))
+        .map_err(|e| format!("last line is not JSON: {e}: {last}"))
+}
+
+/// Every pool of a telemetry snapshot as (name, in use); at least one.
+pub fn pools_in_use(snap: &serde_json::Value) -> Vec<(String, u64)> {
+    let pools: Vec<(String, u64)> = snap["pools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no pools in {snap}"))
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("?").to_string(),
+                p["in_use"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("pool without in_use: {p}")),
+            )
+        })
+        .collect();
+    assert!(!pools.is_empty(), "no pools in {snap}");
+    pools
+}

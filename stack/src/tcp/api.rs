@@ -162,6 +162,19 @@ impl TcpTable {
         Ok(n)
     }
 
+    /// Copy received bytes out and leave them to be read again; errors as
+    /// [`recv`](Self::recv).
+    pub fn peek(&self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
+        let c = self.get(h).ok_or(Error::InvalidHandle)?;
+        let n = c.peek(buf);
+        if n == 0 {
+            if let Some(e) = c.error() {
+                return Err(Error::Tcp(e));
+            }
+        }
+        Ok(n)
+    }
+
     pub fn status(&self, h: TcpHandle) -> Result<TcpStatus, Error> {
         let c = self.get(h).ok_or(Error::InvalidHandle)?;
         Ok(TcpStatus {

@@ -344,6 +344,13 @@ impl RecvBuffer {
         self.ring.grow(capacity);
     }
 
+    /// Copy up to `dst.len()` readable bytes out and keep them (a later
+    /// read returns them again); returns bytes copied.
+    pub fn peek(&self, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.readable);
+        self.ring.read(0, &mut dst[..n])
+    }
+
     /// Copy up to `dst.len()` readable bytes out and free them; returns bytes
     /// read.
     pub fn read(&mut self, dst: &mut [u8]) -> usize {
@@ -413,6 +420,22 @@ mod test {
         let sum: usize = r.ranges.iter().map(|x| x.end - x.start).sum();
         assert_eq!(sum, r.ooo_bytes());
         assert!(r.readable() + r.ooo_bytes() <= r.capacity());
+    }
+
+    #[test]
+    fn peek_copies_and_leaves_the_bytes_across_the_wrap() {
+        let mut r = RecvBuffer::new(8, 2);
+        r.write_at(0, b"abcdef");
+        let mut out = [0u8; 6];
+        assert_eq!(r.read(&mut out[..5]), 5);
+        r.write_at(0, b"ghijk");
+        let mut peeked = [0u8; 10];
+        assert_eq!(r.peek(&mut peeked), 6);
+        assert_eq!(&peeked[..6], b"fghijk");
+        assert_eq!(r.readable(), 6);
+        assert_eq!(r.read(&mut out), 6);
+        assert_eq!(&out, b"fghijk");
+        assert_eq!(r.peek(&mut peeked), 0);
     }
 
     #[test]

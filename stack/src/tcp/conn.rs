@@ -713,6 +713,11 @@ impl TcpConn {
         self.peer_fin.is_some_and(|f| self.rcv_nxt.diff(f) > 0) && self.rcvbuf.readable() == 0
     }
 
+    /// Copy received bytes out without consuming them (`MSG_PEEK`).
+    pub fn peek(&self, dst: &mut [u8]) -> usize {
+        self.rcvbuf.peek(dst)
+    }
+
     /// Read received bytes. Opening the window may trigger a window update.
     pub fn recv(&mut self, dst: &mut [u8]) -> usize {
         let n = self.rcvbuf.read(dst);

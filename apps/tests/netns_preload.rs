@@ -1,0 +1,1755 @@
+//! Stock programs on ustack, unmodified, under `ustack exec`
+//! (`LD_PRELOAD` of `libustack_preload.so`), against Linux and against each
+//! other, in namespaces made by each test (`tools/netns.sh`): ustack as
+//! 10.77.0.2 on `TAG-s`, the Linux kernel as 10.77.0.1 on `TAG-l`, and a
+//! second ustack as 10.77.0.3 on `TAG-l` beside the kernel (pcap takes its
+//! own MAC) where both ends run on ustack.
+//!
+//! - sockperf TCP ping-pong and throughput: no message dropped, duplicated
+//!   or reordered, and every byte the throughput client sent counted by
+//!   the ustack ends' TCP totals;
+//! - iperf3 3.12 forward, `-R`, `-P 4`: both sides' byte counts agree;
+//! - redis-server under redis-benchmark GET/SET (50 clients, `-P 1` and
+//!   `-P 16`): every request answered and counted by the server;
+//! - nginx single process and master + 1 worker (`--fork child`), sendfile
+//!   on and off: files byte-exact (SHA-256), wrk's byte total its requests
+//!   times the response size, no socket error;
+//! - memcached -t 4 under memcaslap, and values byte-exact;
+//! - every program's stack ends with every pool at zero (the last
+//!   telemetry line before the socket closes), and `utop --once` shows the
+//!   program while it runs;
+//! - bad input from a Python script: the errno Linux gives.
+//!
+//! - redis BGSAVE (fork, the stack stays with the parent) under load; a
+//!   `--fork child` stack's telemetry moves with it; EPIPE after a
+//!   reported reset; EAGAIN from a full UDP send queue; MSG_PEEK.
+//!
+//! Ignored, with the failure it shows: nginx with two `reuseport` workers
+//! (one stack cannot serve two processes yet).
+//!
+//! The library is looked for where tools/test.sh's release build puts it
+//! (a release library beside a debug `ustack`: the stack is fast, and both
+//! come from the same sources); without it the tests are skipped and say
+//! how to build it. The tests take turns (one lock): each drives a loaded
+//! stack on a 2-CPU machine.
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use regex::Regex;
+use serde_json::Value;
+
+use common::{Daemon, TelemetryTail, Topo, no_crash, pools_in_use, sha256, stdout_json};
+
+/// The Python that is surely the system's (a `python3` on the PATH may be
+/// a pyenv shim).
+const PYTHON: &str = "/usr/bin/python3";
+
+/// How long a stopped program's stack may take to close its telemetry
+/// socket (it lets queued output leave for up to a second first).
+const STOP_WITHIN: Duration = Duration::from_secs(20);
+
+/// One test at a time: each loads the machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ------------------------------------------------------------ the library
+
+/// `libustack_preload.so`: `USTACK_PRELOAD_LIB`, else the one
+/// tools/test.sh's release build makes (`target/release`, all features),
+/// else one beside the `ustack` under test (`target/debug`).
+fn preload_lib() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("USTACK_PRELOAD_LIB") {
+        let p = PathBuf::from(p);
+        return p.is_file().then_some(p);
+    }
+    let exe = Path::new(env!("CARGO_BIN_EXE_ustack"));
+    let here = exe.parent()?;
+    let lib = [
+        here.parent()?.join("release/libustack_preload.so"),
+        here.join("libustack_preload.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())?;
+    warn_if_stale(&lib);
+    Some(lib)
+}
+
+fn modified(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Say so when a source of the library is newer than the library.
+fn warn_if_stale(lib: &Path) {
+    let Some(built) = modified(lib) else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut newer = Vec::new();
+    for dir in ["preload/src", "runtime/src", "stack/src"] {
+        let mut stack = vec![root.join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if modified(&p).is_some_and(|t| t > built) {
+                    newer.push(p);
+                }
+            }
+        }
+    }
+    if !newer.is_empty() {
+        eprintln!(
+            "warning: {} is older than {} source files (e.g. {}): rebuild it \
+             (cargo build --release --all-features -p ustack-preload)",
+            lib.display(),
+            newer.len(),
+            newer[0].display()
+        );
+    }
+}
+
+/// The library, or skip (loudly) saying how to build it.
+macro_rules! need_preload {
+    () => {
+        match preload_lib() {
+            Some(lib) => lib,
+            None => {
+                eprintln!(
+                    "skipped: libustack_preload.so is not built: \
+                     cargo build --release --all-features -p ustack-preload \
+                     (tools/test.sh builds it), or set USTACK_PRELOAD_LIB"
+                );
+                return;
+            }
+        }
+    };
+}
+
+// ------------------------------------------------------------ the set-up
+
+/// Where a preloaded program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Host {
+    /// 10.77.0.2 on `TAG-s` in `TAG-stack`.
+    Stack,
+    /// 10.77.0.3 on `TAG-l` in `TAG-linux`, beside the kernel's 10.77.0.1.
+    LinuxSide,
+}
+
+impl Host {
+    fn ip(self) -> &'static str {
+        match self {
+            Host::Stack => "10.77.0.2",
+            Host::LinuxSide => "10.77.0.3",
+        }
+    }
+
+    fn side(self) -> &'static str {
+        match self {
+            Host::Stack => "stack",
+            Host::LinuxSide => "linux",
+        }
+    }
+
+    fn iface(self, topo: &Topo) -> String {
+        match self {
+            Host::Stack => topo.stack_if(),
+            Host::LinuxSide => topo.linux_if(),
+        }
+    }
+}
+
+/// A test's topology, library and scratch directory.
+struct Lab {
+    topo: Topo,
+    lib: PathBuf,
+    dir: tempfile::TempDir,
+    runs: std::cell::Cell<u32>,
+}
+
+impl Lab {
+    fn new(short: &str, lib: PathBuf) -> Lab {
+        Lab {
+            topo: Topo::up(short),
+            lib,
+            dir: tempfile::tempdir().expect("a temp dir"),
+            runs: std::cell::Cell::new(0),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `ustack exec NET [--fork child] -- PROGRAM` on `host`, publishing
+    /// telemetry on a socket of its own (returned) when `telemetry`.
+    fn exec(
+        &self,
+        host: Host,
+        fork_child: bool,
+        telemetry: bool,
+        program: &[&str],
+    ) -> (Command, PathBuf) {
+        let n = self.runs.get() + 1;
+        self.runs.set(n);
+        let sock = self.path(&format!("ustack-{n}.sock"));
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.topo.ns(host.side())])
+            .arg(env!("CARGO_BIN_EXE_ustack"))
+            .args(["exec", "--pcap", &host.iface(&self.topo)])
+            .args(["--ip", &format!("{}/24", host.ip())]);
+        if telemetry {
+            c.arg("--telemetry").arg(&sock);
+        }
+        if fork_child {
+            c.args(["--fork", "child"]);
+        }
+        c.arg("--")
+            .args(program)
+            .env("USTACK_PRELOAD_LIB", &self.lib);
+        (c, sock)
+    }
+
+    /// Start a program on ustack, a telemetry reader attached to it.
+    fn start(&self, host: Host, fork_child: bool, program: &[&str]) -> Preloaded {
+        self.start_with(host, fork_child, true, program)
+    }
+
+    /// Start a program on ustack, with telemetry and a reader or without.
+    fn start_with(
+        &self,
+        host: Host,
+        fork_child: bool,
+        telemetry: bool,
+        program: &[&str],
+    ) -> Preloaded {
+        let (mut c, sock) = self.exec(host, fork_child, telemetry, program);
+        let tail = telemetry.then(|| TelemetryTail::attach(&sock));
+        let child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {program:?}: {e}"));
+        Preloaded {
+            what: program.join(" "),
+            tree: Tree::new(child.id()),
+            daemon: Daemon::new(child),
+            tail,
+            sock,
+        }
+    }
+
+    /// Run a program on ustack to its end.
+    fn run(&self, host: Host, program: &[&str]) -> Ended {
+        self.start(host, false, program).wait()
+    }
+
+    /// A command on the Linux host (the kernel's sockets).
+    fn linux(&self, args: &[&str]) -> Output {
+        self.topo.linux(args)
+    }
+
+    /// A Linux program kept running (a server), in the Linux namespace.
+    fn linux_daemon(&self, args: &[&str]) -> Daemon {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.topo.ns("linux")])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {args:?}: {e}"));
+        Daemon::new(child)
+    }
+
+    /// Wait until `ip` answers ARP on the Linux side (its stack is up).
+    fn wait_arp(&self, ip: &str) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let iface = self.topo.linux_if();
+        while !self
+            .linux(&["arping", "-c", "1", "-w", "1", "-I", &iface, ip])
+            .status
+            .success()
+        {
+            assert!(Instant::now() < deadline, "{ip} never answered ARP");
+        }
+    }
+
+    /// Wait until a TCP connect from the Linux host to `ip:port` succeeds.
+    fn wait_port(&self, ip: &str, port: u16) {
+        self.wait_arp(ip);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let port = port.to_string();
+        while !self
+            .linux(&["nc", "-z", "-w", "1", ip, &port])
+            .status
+            .success()
+        {
+            assert!(Instant::now() < deadline, "{ip}:{port} never listened");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A program on ustack with a telemetry reader attached.
+struct Preloaded {
+    what: String,
+    /// First, so that a failing test kills the program's children (a
+    /// forked worker or BGSAVE child) before the program itself.
+    tree: Tree,
+    daemon: Daemon,
+    tail: Option<TelemetryTail>,
+    sock: PathBuf,
+}
+
+/// A process tree killed (SIGSTOP then SIGKILL, by PID) on drop unless
+/// disarmed: the process and every descendant, found before any is killed
+/// (an orphan would be adopted by init and lost).
+struct Tree {
+    pid: Option<u32>,
+}
+
+impl Tree {
+    fn new(pid: u32) -> Tree {
+        Tree { pid: Some(pid) }
+    }
+
+    fn disarm(&mut self) {
+        self.pid = None;
+    }
+}
+
+/// Every process's parent, from /proc.
+fn parents() -> Vec<(u32, u32)> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces and parens.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok());
+        if let Some(ppid) = ppid {
+            v.push((pid, ppid));
+        }
+    }
+    v
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let Some(root) = self.pid else { return };
+        let all = parents();
+        let mut tree = vec![root];
+        let mut i = 0;
+        while i < tree.len() {
+            let p = tree[i];
+            tree.extend(all.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+            i += 1;
+        }
+        // Stopped first, so that no parent sees a child die and starts
+        // another (nginx's master respawns its worker).
+        for sig in ["-STOP", "-KILL"] {
+            for pid in &tree {
+                let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+/// How a preloaded program ended, and its stack's last snapshot.
+struct Ended {
+    what: String,
+    code: i32,
+    out: String,
+    err: String,
+    /// Telemetry lines read and the last one (with telemetry).
+    lines: u64,
+    last: Option<Value>,
+}
+
+impl Preloaded {
+    fn pid(&self) -> u32 {
+        self.daemon.pid()
+    }
+
+    /// Whether it exits within `within`.
+    fn exited_within(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let child = self.daemon.child.as_mut().expect("running");
+        loop {
+            if child.try_wait().is_ok_and(|s| s.is_some()) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM by PID, then the end (a program that does not stop fails
+    /// the test, and is killed with its children).
+    fn stop(mut self) -> Ended {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        assert!(
+            self.exited_within(STOP_WITHIN),
+            "{} still running {STOP_WITHIN:?} after SIGTERM",
+            self.what
+        );
+        self.ended()
+    }
+
+    /// Its own end (within a minute).
+    fn wait(mut self) -> Ended {
+        let within = Duration::from_secs(60);
+        assert!(
+            self.exited_within(within),
+            "{} still running after {within:?}",
+            self.what
+        );
+        self.ended()
+    }
+
+    /// Its own end, or SIGTERM after `within` (a server waiting for a
+    /// client that failed).
+    fn wait_within(mut self, within: Duration) -> Ended {
+        if self.exited_within(within) {
+            return self.ended();
+        }
+        eprintln!("{} still running after {within:?}: stopping it", self.what);
+        self.stop()
+    }
+
+    /// The exited program's status and output, and its stack's last
+    /// telemetry line.
+    fn ended(mut self) -> Ended {
+        self.tree.disarm();
+        let (code, out, err) = self.daemon.wait();
+        let (lines, last) = match self.tail {
+            Some(t) => {
+                let (n, v) = t.last(STOP_WITHIN);
+                (n, Some(v))
+            }
+            None => (0, None),
+        };
+        Ended {
+            what: self.what,
+            code,
+            out,
+            err,
+            lines,
+            last,
+        }
+    }
+
+    /// `utop --once` on its socket shows it: its pid, its pool, live.
+    fn check_utop(&self) {
+        let (code, out, err) = utop_once(&self.sock);
+        assert_eq!(code, 0, "utop --once on {}: {out}{err}", self.what);
+        let pid = format!("(pid {})", self.pid());
+        assert!(
+            out.contains(&pid) && out.contains("Pools") && out.contains("pcap-"),
+            "utop --once does not show {} {pid}: {out}",
+            self.what
+        );
+    }
+}
+
+impl Ended {
+    /// Exit status `code`, no panic, and (with telemetry) every pool back
+    /// at zero in the last snapshot the stack published.
+    fn check(&self, code: i32) {
+        assert_eq!(
+            self.code, code,
+            "{} exit status: {}{}",
+            self.what, self.out, self.err
+        );
+        no_crash(&self.err);
+        let Some(last) = &self.last else { return };
+        let pools = pools_in_use(last);
+        assert!(
+            pools.iter().all(|p| p.1 == 0),
+            "{}: pool buffers still in use when its stack stopped ({} lines read): {pools:?}",
+            self.what,
+            self.lines
+        );
+    }
+
+    /// TCP byte totals of the stack's last snapshot: (in, out).
+    fn tcp_bytes(&self) -> (u64, u64) {
+        tcp_bytes(self.last.as_ref().expect("telemetry"))
+    }
+}
+
+/// `stack.tcp.totals.bytes_in` and `bytes_out` of a snapshot.
+fn tcp_bytes(snap: &Value) -> (u64, u64) {
+    let t = &snap["stack"]["tcp"]["totals"];
+    (
+        t["bytes_in"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no tcp totals in {snap}")),
+        t["bytes_out"].as_u64().unwrap_or(0),
+    )
+}
+
+/// The `utop` binary beside this test's binaries (`cargo test --workspace`
+/// builds it), else the same steps through the utop library.
+fn utop_once(sock: &Path) -> (i32, String, String) {
+    let bin = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.join("utop")))
+        .filter(|b| b.is_file());
+    if let Some(bin) = bin {
+        let out = Command::new(bin)
+            .args(["--once", "--width", "180", "--telemetry"])
+            .arg(sock)
+            .output()
+            .expect("run utop");
+        return (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+    }
+    let stream = match utop::feed::attach(sock) {
+        Ok(s) => s,
+        Err(e) => return (2, String::new(), format!("utop: {e:#}")),
+    };
+    let mut r = std::io::BufReader::new(stream);
+    let mut m = utop::Monitor::new(sock.display().to_string());
+    for wait in [5, 1] {
+        match utop::feed::read_frame(&mut r, Duration::from_secs(wait)) {
+            Ok(Some(f)) => m.on_update(utop::Update::Frame(Box::new(f))),
+            _ => break,
+        }
+    }
+    (0, m.text_frame(180), String::new())
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The first capture of `re` in `text`, parsed.
+fn cap<T: std::str::FromStr>(text: &str, re: &str) -> T {
+    let r = Regex::new(re).unwrap();
+    let c = r
+        .captures(text)
+        .unwrap_or_else(|| panic!("no /{re}/ in:\n{text}"));
+    c[1].parse()
+        .unwrap_or_else(|_| panic!("/{re}/ matched {:?}, not a number", &c[1]))
+}
+
+// ------------------------------------------------------------ sockperf
+
+const SOCKPERF_PORT: &str = "11111";
+/// sockperf's message size (passed explicitly: the byte checks use it).
+const SOCKPERF_MSG: u64 = 64;
+
+/// A sockperf client's command line (2 s).
+fn sockperf_client<'a>(mode: &'a str, server: &'a str) -> [&'a str; 11] {
+    [
+        "sockperf",
+        mode,
+        "--tcp",
+        "-i",
+        server,
+        "-p",
+        SOCKPERF_PORT,
+        "-t",
+        "2",
+        "-m",
+        "64",
+    ]
+}
+
+/// A ping-pong's summary: every message answered once, in order; (round
+/// trips, p50 µs, p99 µs).
+fn check_pingpong(what: &str, out: &str) -> (u64, f64, f64) {
+    let sent: u64 = cap(out, r"\[Valid Duration\].*SentMessages=(\d+)");
+    let received: u64 = cap(out, r"\[Valid Duration\].*ReceivedMessages=(\d+)");
+    let dropped: u64 = cap(out, r"# dropped messages = (\d+)");
+    let dup: u64 = cap(out, r"# duplicated messages = (\d+)");
+    let ooo: u64 = cap(out, r"# out-of-order messages = (\d+)");
+    assert_eq!(
+        (dropped, dup, ooo),
+        (0, 0, 0),
+        "{what}: dropped, duplicated, out of order:\n{out}"
+    );
+    assert_eq!(sent, received, "{what}:\n{out}");
+    assert!(
+        sent >= 200,
+        "{what}: only {sent} round trips in 1.5 s:\n{out}"
+    );
+    let p50: f64 = cap(out, r"percentile 50\.000 =\s*([\d.]+)");
+    let p99: f64 = cap(out, r"percentile 99\.000 =\s*([\d.]+)");
+    (sent, p50, p99)
+}
+
+/// A throughput client's message count (at least a few thousand).
+fn check_throughput(what: &str, out: &str) -> u64 {
+    let n: u64 = cap(out, r"Total of (\d+) messages sent");
+    assert!(n >= 5_000, "{what}: only {n} messages in 2 s:\n{out}");
+    n
+}
+
+/// Wait until the ustack server behind `sock` has received `want` more
+/// TCP bytes than `before`, and say what it got.
+fn server_received(sock: &Path, before: u64, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = tcp_bytes(&common::telemetry(sock)).0 - before;
+        if got >= want || Instant::now() >= deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// sockperf TCP ping-pong and throughput, server and client each on
+/// ustack: against Linux both ways, and against each other.
+#[test]
+fn sockperf_tcp_on_ustack_against_linux_and_itself() {
+    need_root!();
+    need_program!("sockperf", "sockperf");
+    let _turn = serial();
+    let lab = Lab::new("pk", need_preload!());
+    let mut figures = Vec::new();
+
+    // 1. Server on ustack, Linux client.
+    let server = lab.start(
+        Host::Stack,
+        false,
+        &[
+            "sockperf",
+            "server",
+            "--tcp",
+            "-i",
+            "10.77.0.2",
+            "-p",
+            SOCKPERF_PORT,
+        ],
+    );
+    lab.wait_port("10.77.0.2", 11111);
+    let o = lab.linux(&sockperf_client("ping-pong", "10.77.0.2"));
+    let (n, p50, p99) = check_pingpong("Linux -> ustack ping-pong", &text(&o));
+    figures.push(format!(
+        "ping-pong Linux client -> ustack server: {n} round trips, p50 {p50} us, p99 {p99} us"
+    ));
+    server.check_utop();
+    let before = tcp_bytes(&common::telemetry(&server.sock)).0;
+    let o = lab.linux(&sockperf_client("throughput", "10.77.0.2"));
+    let msgs = check_throughput("Linux -> ustack throughput", &text(&o));
+    let got = server_received(&server.sock, before, msgs * SOCKPERF_MSG);
+    assert_eq!(
+        got,
+        msgs * SOCKPERF_MSG,
+        "the ustack server got {got} bytes of {msgs} messages"
+    );
+    figures.push(format!(
+        "throughput Linux client -> ustack server: {msgs} messages of {SOCKPERF_MSG} B in 2 s"
+    ));
+
+    // 2. Both on ustack: a client stack beside the kernel on the Linux side.
+    let client = lab.run(Host::LinuxSide, &sockperf_client("ping-pong", "10.77.0.2"));
+    client.check(0);
+    let (n, p50, p99) = check_pingpong("ustack -> ustack ping-pong", &client.out);
+    figures.push(format!(
+        "ping-pong ustack client -> ustack server: {n} round trips, p50 {p50} us, p99 {p99} us"
+    ));
+    let before = tcp_bytes(&common::telemetry(&server.sock)).0;
+    let client = lab.run(Host::LinuxSide, &sockperf_client("throughput", "10.77.0.2"));
+    client.check(0);
+    let msgs = check_throughput("ustack -> ustack throughput", &client.out);
+    assert_eq!(
+        client.tcp_bytes().1,
+        msgs * SOCKPERF_MSG,
+        "the ustack client's stack sent other than {msgs} messages"
+    );
+    let got = server_received(&server.sock, before, msgs * SOCKPERF_MSG);
+    assert_eq!(
+        got,
+        msgs * SOCKPERF_MSG,
+        "the ustack server got {got} bytes of {msgs} messages"
+    );
+    figures.push(format!(
+        "throughput ustack client -> ustack server: {msgs} messages of {SOCKPERF_MSG} B in 2 s"
+    ));
+
+    // sockperf has no SIGTERM handler: the signal ends it (no exit code,
+    // no atexit), so its last line is the last periodic snapshot.
+    server.stop().check(-1);
+
+    // 3. Client on ustack, Linux server.
+    let linux_server = lab.linux_daemon(&[
+        "sockperf",
+        "server",
+        "--tcp",
+        "-i",
+        "10.77.0.1",
+        "-p",
+        SOCKPERF_PORT,
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    let client = lab.run(Host::Stack, &sockperf_client("ping-pong", "10.77.0.1"));
+    client.check(0);
+    let (n, p50, p99) = check_pingpong("ustack -> Linux ping-pong", &client.out);
+    figures.push(format!(
+        "ping-pong ustack client -> Linux server: {n} round trips, p50 {p50} us, p99 {p99} us"
+    ));
+    let client = lab.run(Host::Stack, &sockperf_client("throughput", "10.77.0.1"));
+    client.check(0);
+    let msgs = check_throughput("ustack -> Linux throughput", &client.out);
+    assert_eq!(
+        client.tcp_bytes().1,
+        msgs * SOCKPERF_MSG,
+        "the ustack client's stack sent other than {msgs} messages"
+    );
+    figures.push(format!(
+        "throughput ustack client -> Linux server: {msgs} messages of {SOCKPERF_MSG} B in 2 s"
+    ));
+    drop(linux_server);
+
+    for f in figures {
+        eprintln!("sockperf {f}");
+    }
+}
+
+// ------------------------------------------------------------ iperf3
+
+/// The iperf3 runs of each pairing: forward, reverse, four streams.
+const IPERF3_RUNS: [&[&str]; 3] = [&[], &["-R"], &["-P", "4"]];
+
+/// A client's and its server's `-J` reports of one test: no error, the
+/// streams asked for, the server's own count of what it measured equal to
+/// the one the client reports for it, and what arrived is what was sent
+/// less what was in flight at the end. Returns the receiver's Gbit/s.
+fn check_iperf3(what: &str, args: &[&str], client: &Value, server: &Value) -> f64 {
+    for (side, j) in [("client", client), ("server", server)] {
+        assert!(j.get("error").is_none(), "{what} {args:?} {side}: {j}");
+    }
+    let want = args
+        .iter()
+        .position(|a| *a == "-P")
+        .map_or(1, |i| args[i + 1].parse().unwrap());
+    for (side, j) in [("client", client), ("server", server)] {
+        let streams = j["end"]["streams"].as_array().map_or(0, Vec::len);
+        assert_eq!(streams, want, "{what} {args:?} {side} streams: {j}");
+    }
+    let sent = client["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+    let received = client["end"]["sum_received"]["bytes"].as_u64().unwrap();
+    assert!(sent > 10 << 20, "{what} {args:?}: only {sent} bytes sent");
+    assert!(
+        received <= sent && received + (8 << 20) * want as u64 >= sent,
+        "{what} {args:?}: sent {sent}, received {received}"
+    );
+    // The server measures one side (the other sum is 0 in its JSON).
+    let key = if args.contains(&"-R") {
+        "sum_sent"
+    } else {
+        "sum_received"
+    };
+    assert_eq!(
+        server["end"][key]["bytes"], client["end"][key]["bytes"],
+        "{what} {args:?} {key}: the server counted other bytes than the client reports"
+    );
+    client["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9
+}
+
+/// Stock iperf3 3.12 (`-s -4 -1` and `-c`: forward, `-R`, `-P 4`) on ustack
+/// against Linux both ways, and against itself; every ustack process ends
+/// with its pools at zero.
+#[test]
+fn iperf3_on_ustack_against_linux_and_itself() {
+    need_root!();
+    need_program!("iperf3", "iperf3");
+    let _turn = serial();
+    let lab = Lab::new("pi", need_preload!());
+    let mut figures = Vec::new();
+    let client_args = |server: &'static str, extra: &[&'static str]| {
+        let mut a = vec!["iperf3", "-c", server, "-t", "2", "-J"];
+        a.extend_from_slice(extra);
+        a
+    };
+
+    for extra in IPERF3_RUNS {
+        // Server on ustack (-4: without it iperf3 opens an AF_INET6
+        // socket, which goes to the kernel by design), Linux client.
+        let server = lab.start(Host::Stack, false, &["iperf3", "-s", "-4", "-1", "-J"]);
+        lab.wait_arp("10.77.0.2");
+        std::thread::sleep(Duration::from_millis(500));
+        let args = client_args("10.77.0.2", extra);
+        let o = lab.linux(&args);
+        let client = stdout_json("Linux iperf3 -c", &o.stdout, &o.stderr);
+        let end = server.wait_within(Duration::from_secs(15));
+        end.check(0);
+        let theirs = stdout_json("ustack iperf3 -s", end.out.as_bytes(), end.err.as_bytes());
+        let g = check_iperf3("Linux -> ustack", extra, &client, &theirs);
+        figures.push(format!("Linux -c -> ustack -s {extra:?}: {g:.2} Gbit/s"));
+
+        // Client on ustack, Linux server.
+        let linux_server = lab.topo.linux_iperf3_server();
+        let end = lab.run(Host::Stack, &client_args("10.77.0.1", extra));
+        end.check(0);
+        let client = stdout_json("ustack iperf3 -c", end.out.as_bytes(), end.err.as_bytes());
+        let (code, out, err) = linux_server.wait();
+        assert_eq!(code, 0, "Linux iperf3 -s: {out}{err}");
+        let theirs = stdout_json("Linux iperf3 -s", out.as_bytes(), err.as_bytes());
+        let g = check_iperf3("ustack -> Linux", extra, &client, &theirs);
+        figures.push(format!("ustack -c -> Linux -s {extra:?}: {g:.2} Gbit/s"));
+
+        // Both on ustack.
+        let server = lab.start(Host::Stack, false, &["iperf3", "-s", "-4", "-1", "-J"]);
+        lab.wait_arp("10.77.0.2");
+        std::thread::sleep(Duration::from_millis(500));
+        let end = lab.run(Host::LinuxSide, &client_args("10.77.0.2", extra));
+        end.check(0);
+        let client = stdout_json("ustack iperf3 -c", end.out.as_bytes(), end.err.as_bytes());
+        let end = server.wait_within(Duration::from_secs(15));
+        end.check(0);
+        let theirs = stdout_json("ustack iperf3 -s", end.out.as_bytes(), end.err.as_bytes());
+        let g = check_iperf3("ustack -> ustack", extra, &client, &theirs);
+        figures.push(format!("ustack -c -> ustack -s {extra:?}: {g:.2} Gbit/s"));
+    }
+    for f in figures {
+        eprintln!("iperf3 {f}");
+    }
+}
+
+// ------------------------------------------------------------ redis
+
+/// A redis-benchmark `--csv` report: (test, requests/s, p50 ms, p99 ms) per
+/// test.
+fn redis_csv(out: &str) -> Vec<(String, f64, f64, f64)> {
+    let unq = |s: &str| s.trim().trim_matches('"').to_string();
+    out.lines()
+        .filter(|l| l.starts_with('"') && !l.starts_with("\"test\""))
+        .map(|l| {
+            let f: Vec<String> = l.split(',').map(unq).collect();
+            let num = |i: usize| {
+                f.get(i)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("field {i} of {l}"))
+            };
+            // test, rps, avg, min, p50, p95, p99, max
+            (f[0].clone(), num(1), num(4), num(6))
+        })
+        .collect()
+}
+
+/// `redis-cli -h 10.77.0.2 ARGS` from the Linux host.
+fn redis_cli(lab: &Lab, args: &[&str]) -> String {
+    let o = lab.linux(&[&["redis-cli", "-h", "10.77.0.2"][..], args].concat());
+    assert!(o.status.success(), "redis-cli {args:?}: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A field of `redis-cli info`.
+fn redis_info(lab: &Lab, section: &str, field: &str) -> String {
+    let info = redis_cli(lab, &["info", section]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in {info}"))
+        .trim()
+        .to_string()
+}
+
+fn redis_commands(lab: &Lab) -> u64 {
+    redis_info(lab, "stats", "total_commands_processed")
+        .parse()
+        .unwrap()
+}
+
+/// redis-benchmark GET and SET with 50 clients and `-n` requests each.
+fn redis_benchmark_args(n: u64, pipeline: u32) -> Vec<String> {
+    [
+        "redis-benchmark",
+        "-h",
+        "10.77.0.2",
+        "-t",
+        "get,set",
+        "-c",
+        "50",
+        "-n",
+        &n.to_string(),
+        "-P",
+        &pipeline.to_string(),
+        "--csv",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Both tests reported (redis-benchmark reports a test once every request
+/// of it was answered).
+fn check_redis_benchmark(what: &str, o: &Output) -> Vec<(String, f64, f64, f64)> {
+    let out = text(o);
+    assert!(o.status.success(), "{what}: {out}");
+    let rows = redis_csv(&out);
+    let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(names, ["SET", "GET"], "{what}: {out}");
+    assert!(rows.iter().all(|r| r.1 > 0.0), "{what}: {out}");
+    rows
+}
+
+/// redis-server without persistence on ustack (its dump directory in the
+/// lab), answering PING.
+fn start_redis(lab: &Lab) -> (Preloaded, PathBuf) {
+    let dir = lab.path("redis");
+    std::fs::create_dir(&dir).unwrap();
+    let dir_s = dir.display().to_string();
+    let server = lab.start(
+        Host::Stack,
+        false,
+        &[
+            "redis-server",
+            "--port",
+            "6379",
+            "--bind",
+            "10.77.0.2",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+            &dir_s,
+        ],
+    );
+    lab.wait_arp("10.77.0.2");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !lab
+        .linux(&["redis-cli", "-h", "10.77.0.2", "ping"])
+        .stdout
+        .starts_with(b"PONG")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server never answered PING"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (server, dir)
+}
+
+/// redis-server (no persistence) on ustack under redis-benchmark GET/SET
+/// with 50 clients, `-P 1` and `-P 16`: every request answered and counted
+/// by the server.
+#[test]
+fn redis_server_on_ustack_under_redis_benchmark() {
+    need_root!();
+    need_program!("redis-server", "redis-server");
+    need_program!("redis-benchmark", "redis-tools");
+    let _turn = serial();
+    let lab = Lab::new("pr", need_preload!());
+    let (server, _) = start_redis(&lab);
+    let mut figures = Vec::new();
+    for (n, pipeline) in [(50_000u64, 1u32), (200_000, 16)] {
+        let before = redis_commands(&lab);
+        let args = redis_benchmark_args(n, pipeline);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = lab.linux(&args);
+        for (test, rps, p50, p99) in check_redis_benchmark(&format!("-P {pipeline}"), &o) {
+            figures.push(format!(
+                "{test} -P {pipeline}: {rps:.0} requests/s, p50 {p50} ms, p99 {p99} ms"
+            ));
+        }
+        // Every request counted by the server; besides them come
+        // redis-benchmark's CONFIG GETs and the first INFO.
+        let done = redis_commands(&lab) - before;
+        assert!(
+            (2 * n..=2 * n + 8).contains(&done),
+            "-P {pipeline}: the server processed {done} commands for 2 x {n} requests"
+        );
+        if pipeline == 1 {
+            server.check_utop();
+        }
+    }
+    server.stop().check(0);
+    for f in figures {
+        eprintln!("redis {f}");
+    }
+}
+
+/// BGSAVE (a fork; the stack stays with the parent) while redis-benchmark
+/// runs: the save succeeds, every request is answered, and the server
+/// keeps answering.
+#[test]
+fn redis_bgsave_during_load() {
+    need_root!();
+    need_program!("redis-server", "redis-server");
+    need_program!("redis-benchmark", "redis-tools");
+    let _turn = serial();
+    let lab = Lab::new("ps", need_preload!());
+    let (server, dir) = start_redis(&lab);
+    let before = redis_commands(&lab);
+    let n = 150_000u64;
+    let args = redis_benchmark_args(n, 1);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let load = Command::new("ip")
+        .args(["netns", "exec", &lab.topo.ns("linux")])
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut load = Daemon::new(load);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        load.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the load ended before BGSAVE"
+    );
+    let reply = redis_cli(&lab, &["bgsave"]);
+    assert!(reply.contains("Background saving started"), "{reply}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while redis_info(&lab, "persistence", "rdb_bgsave_in_progress") != "0" {
+        assert!(Instant::now() < deadline, "BGSAVE never ended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        redis_info(&lab, "persistence", "rdb_last_bgsave_status"),
+        "ok"
+    );
+    assert!(
+        dir.join("dump.rdb").is_file(),
+        "no dump.rdb in {}",
+        dir.display()
+    );
+    let o = load.child.take().unwrap().wait_with_output().unwrap();
+    for (test, rps, p50, p99) in check_redis_benchmark("-P 1 during BGSAVE", &o) {
+        eprintln!(
+            "redis {test} -P 1 during BGSAVE: {rps:.0} requests/s, p50 {p50} ms, p99 {p99} ms"
+        );
+    }
+    // Every request counted (and the INFOs that watched the save).
+    let done = redis_commands(&lab) - before;
+    assert!(
+        done >= 2 * n,
+        "the server processed {done} commands for 2 x {n} requests"
+    );
+    assert_eq!(redis_cli(&lab, &["ping"]).trim(), "PONG");
+    let end = server.stop();
+    end.check(0);
+    assert!(
+        end.out
+            .contains("Background saving terminated with success"),
+        "{}",
+        end.out
+    );
+}
+
+// ------------------------------------------------------------ nginx
+
+/// A 100-byte and a 1 MiB file.
+const NGINX_FILES: [(&str, usize); 2] = [("small.bin", 100), ("big.bin", 1 << 20)];
+
+/// Responses nginx sends on one connection; the last says `Connection:
+/// close` (5 bytes shorter than `keep-alive`) and wrk connects again.
+const KEEPALIVE_REQUESTS: u64 = 1000;
+
+/// wrk's exact totals, printed by a `done` hook.
+const WRK_SCRIPT: &str = r#"
+done = function(summary, latency, requests)
+  io.write(string.format(
+    "WRK requests=%d bytes=%d connect=%d read=%d write=%d status=%d timeout=%d p50=%d p99=%d\n",
+    summary.requests, summary.bytes, summary.errors.connect, summary.errors.read,
+    summary.errors.write, summary.errors.status, summary.errors.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"#;
+
+/// An nginx prefix in `root`: the two files under `html/` and a
+/// configuration (returned): one process, or a master and `workers`
+/// workers; sendfile on or off.
+fn nginx_conf(root: &Path, master: bool, workers: u32, sendfile: bool, reuseport: bool) -> PathBuf {
+    std::fs::create_dir_all(root.join("html")).unwrap();
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    for (name, size) in NGINX_FILES {
+        let (tmp, _) = common::random_file(size);
+        std::fs::copy(&tmp, root.join("html").join(name)).unwrap();
+    }
+    let r = root.display();
+    let conf = format!(
+        "daemon off;\n\
+         master_process {master};\n\
+         worker_processes {workers};\n\
+         user root;\n\
+         pid {r}/nginx.pid;\n\
+         error_log {r}/error.log info;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n\
+           access_log off;\n\
+           keepalive_requests {KEEPALIVE_REQUESTS};\n\
+           sendfile {sendfile};\n\
+           client_body_temp_path {r}/tmp;\n\
+           proxy_temp_path {r}/tmp;\n\
+           fastcgi_temp_path {r}/tmp;\n\
+           uwsgi_temp_path {r}/tmp;\n\
+           scgi_temp_path {r}/tmp;\n\
+           server {{\n\
+             listen 10.77.0.2:8080{rp};\n\
+             root {r}/html;\n\
+           }}\n\
+         }}\n",
+        master = if master { "on" } else { "off" },
+        sendfile = if sendfile { "on" } else { "off" },
+        rp = if reuseport { " reuseport" } else { "" },
+    );
+    let path = root.join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    path
+}
+
+/// Curl each file (SHA-256 equal to the served one) and put wrk on it for
+/// 2 s: no socket error, no bad status, and wrk's byte total its requests
+/// times the response (headers as curl got them, and the file), within
+/// the shorter `Connection: close` responses and one response per
+/// connection cut off at the end. Returns the figures.
+fn nginx_load(lab: &Lab, root: &Path, what: &str) -> Vec<String> {
+    let script = lab.path("wrk.lua");
+    std::fs::write(&script, WRK_SCRIPT).unwrap();
+    let mut figures = Vec::new();
+    for (name, size) in NGINX_FILES {
+        let url = format!("http://10.77.0.2:8080/{name}");
+        let got = lab.path(&format!("got-{name}"));
+        let o = lab.linux(&[
+            "curl",
+            "-sS",
+            "--fail",
+            "-m",
+            "10",
+            "-o",
+            &got.display().to_string(),
+            "-w",
+            "%{size_header} %{size_download}",
+            &url,
+        ]);
+        assert!(o.status.success(), "{what} curl {name}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let (header, body) = out.split_once(' ').expect("curl -w output");
+        let header: u64 = header.parse().unwrap();
+        assert_eq!(body.parse::<usize>().unwrap(), size, "{what} {name}: {out}");
+        assert_eq!(
+            sha256(&got),
+            sha256(&root.join("html").join(name)),
+            "{what}: {name} came back different"
+        );
+
+        let conns = 10u64;
+        let o = lab.linux(&[
+            "wrk",
+            "-t",
+            "1",
+            "-c",
+            &conns.to_string(),
+            "-d",
+            "2s",
+            "-s",
+            &script.display().to_string(),
+            &url,
+        ]);
+        let out = text(&o);
+        assert!(o.status.success(), "{what} wrk {name}: {out}");
+        let requests: u64 = cap(&out, r"WRK requests=(\d+)");
+        let bytes: u64 = cap(&out, r"WRK .*bytes=(\d+)");
+        for e in ["connect", "read", "write", "status", "timeout"] {
+            let n: u64 = cap(&out, &format!(r"WRK .*\b{e}=(\d+)"));
+            assert_eq!(n, 0, "{what} wrk {name}: {e} errors: {out}");
+        }
+        assert!(!out.contains("Socket errors"), "{what} wrk {name}: {out}");
+        assert!(requests >= 50, "{what} wrk {name}: {out}");
+        // Every response whole: at least `requests` of them (less 5 bytes
+        // for each that closed its connection), and no more than one
+        // response per connection cut off at the end.
+        let response = header + size as u64;
+        let closing = requests / KEEPALIVE_REQUESTS;
+        assert!(
+            bytes >= requests * response - 5 * closing && bytes <= (requests + conns) * response,
+            "{what} wrk {name}: {bytes} bytes for {requests} responses of {response} bytes \
+             ({closing} of them 5 bytes shorter)"
+        );
+        let p50: u64 = cap(&out, r"WRK .*p50=(\d+)");
+        let p99: u64 = cap(&out, r"WRK .*p99=(\d+)");
+        let rps: f64 = cap(&out, r"Requests/sec:\s*([\d.]+)");
+        figures.push(format!(
+            "{what} {name}: {rps:.0} requests/s, p50 {p50} us, p99 {p99} us"
+        ));
+    }
+    figures
+}
+
+/// nginx's error log: no panic of the layer went there (nginx points its
+/// stderr at it).
+fn nginx_error_log(root: &Path) -> String {
+    std::fs::read_to_string(root.join("error.log")).unwrap_or_default()
+}
+
+/// nginx as one process (`master_process off`) and as a master with one
+/// worker (`ustack exec --fork child`: the stack moves to the worker),
+/// sendfile on and off, serving a 100-byte and a 1 MiB file to curl
+/// (byte-exact) and wrk (byte totals right, no socket error). The single
+/// process's stack ends with its pools at zero; the forked worker's
+/// telemetry is in `nginx_fork_child_publishes_telemetry`.
+#[test]
+fn nginx_on_ustack_single_process_and_master_with_one_worker() {
+    need_root!();
+    need_program!("nginx", "nginx-light");
+    need_program!("wrk", "wrk");
+    need_program!("curl", "curl");
+    let _turn = serial();
+    let lab = Lab::new("pn", need_preload!());
+    let mut figures = Vec::new();
+    for (master, sendfile) in [(false, true), (false, false), (true, true), (true, false)] {
+        let what = format!(
+            "nginx {} sendfile {}",
+            if master {
+                "master+1 worker"
+            } else {
+                "single process"
+            },
+            if sendfile { "on" } else { "off" }
+        );
+        let root = lab.path(&format!("nginx-{master}-{sendfile}"));
+        let conf = nginx_conf(&root, master, 1, sendfile, false);
+        let (conf_s, root_s) = (conf.display().to_string(), root.display().to_string());
+        let program = ["nginx", "-c", &conf_s, "-p", &root_s];
+        if master {
+            // No telemetry here: see nginx_fork_child_publishes_telemetry.
+            let server = lab.start_with(Host::Stack, true, false, &program);
+            lab.wait_port("10.77.0.2", 8080);
+            figures.extend(nginx_load(&lab, &root, &what));
+            let end = server.stop();
+            let log = nginx_error_log(&root);
+            assert_eq!(end.code, 0, "{what}: {}{}{log}", end.out, end.err);
+            no_crash(&format!("{}{log}", end.err));
+            assert!(
+                log.contains("worker process") && log.contains("exited with code 0"),
+                "{what}: {log}"
+            );
+        } else {
+            let server = lab.start(Host::Stack, false, &program);
+            lab.wait_port("10.77.0.2", 8080);
+            figures.extend(nginx_load(&lab, &root, &what));
+            server.check_utop();
+            let end = server.stop();
+            end.check(0);
+            no_crash(&nginx_error_log(&root));
+        }
+    }
+    for f in figures {
+        eprintln!("{f}");
+    }
+}
+
+/// With `--fork child` the stack's loop moves to nginx's worker, but the
+/// telemetry publisher's thread stays in the master.
+#[test]
+fn nginx_fork_child_publishes_telemetry() {
+    need_root!();
+    need_program!("nginx", "nginx-light");
+    need_program!("curl", "curl");
+    let _turn = serial();
+    let lab = Lab::new("pf", need_preload!());
+    let root = lab.path("nginx");
+    let conf = nginx_conf(&root, true, 1, true, false);
+    let (conf_s, root_s) = (conf.display().to_string(), root.display().to_string());
+    let server = lab.start(Host::Stack, true, &["nginx", "-c", &conf_s, "-p", &root_s]);
+    lab.wait_port("10.77.0.2", 8080);
+    let o = lab.linux(&[
+        "curl",
+        "-sS",
+        "--fail",
+        "-o",
+        "/dev/null",
+        "http://10.77.0.2:8080/small.bin",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (code, out, err) = utop_once(&server.sock);
+    assert_eq!(code, 0, "utop --once: {out}{err}");
+    assert!(out.contains("Pools"), "{out}");
+    let end = server.stop();
+    end.check(0);
+    no_crash(&nginx_error_log(&root));
+}
+
+/// The issue's nginx with two workers and `reuseport`.
+#[test]
+#[ignore = "not supported by the layer: nginx 2 workers with `listen ... reuseport` \
+            under `ustack exec --fork child` exits at start: the master's second \
+            SO_REUSEPORT listen() on 10.77.0.2:8080 fails (`listen() ... failed \
+            (98: Address already in use)`, `still could not bind()`), and a \
+            second worker would have no stack (--fork child hands it to one child)"]
+fn nginx_two_workers_reuseport() {
+    need_root!();
+    need_program!("nginx", "nginx-light");
+    need_program!("wrk", "wrk");
+    need_program!("curl", "curl");
+    let _turn = serial();
+    let lab = Lab::new("p2", need_preload!());
+    let root = lab.path("nginx");
+    let conf = nginx_conf(&root, true, 2, true, true);
+    let (conf_s, root_s) = (conf.display().to_string(), root.display().to_string());
+    let mut server = lab.start(Host::Stack, true, &["nginx", "-c", &conf_s, "-p", &root_s]);
+    lab.wait_port("10.77.0.2", 8080);
+    std::thread::sleep(Duration::from_secs(3));
+    let child = server.daemon.child.as_mut().unwrap();
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "nginx exited: {}",
+        nginx_error_log(&root)
+    );
+    for f in nginx_load(&lab, &root, "nginx 2 workers reuseport") {
+        eprintln!("{f}");
+    }
+    let end = server.stop();
+    end.check(0);
+    no_crash(&nginx_error_log(&root));
+}
+
+// ------------------------------------------------------------ memcached
+
+/// Values of many sizes (binary, with the protocol's own `\r\nEND\r\n` in
+/// them) set and got back one by one and all at once, then misses; prints
+/// `ok VALUES BYTES MISSES`.
+const MEMCACHED_CLIENT: &str = r#"
+import random, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+f = s.makefile("rb")
+rnd = random.Random(7)
+vals = {}
+for i, n in enumerate([0, 1, 2, 7, 100, 1000, 1460, 4096, 65536, 100000, 500000, 1000000]):
+    v = rnd.randbytes(n)
+    if n >= 16:
+        v = v[:4] + b"\r\nEND\r\n" + v[11:]
+    key = "key%d" % i
+    s.sendall(b"set %s %d 0 %d\r\n" % (key.encode(), i, n) + v + b"\r\n")
+    line = f.readline()
+    assert line == b"STORED\r\n", (key, n, line)
+    vals[key] = (i, v)
+
+def get(keys):
+    s.sendall(b"get " + b" ".join(k.encode() for k in keys) + b"\r\n")
+    got = {}
+    while True:
+        line = f.readline()
+        if line == b"END\r\n":
+            return got
+        word, k, flags, n = line.split()
+        assert word == b"VALUE", line
+        data = f.read(int(n) + 2)
+        assert data.endswith(b"\r\n"), (k, len(data))
+        got[k.decode()] = (int(flags), data[:-2])
+
+for k in vals:
+    assert get([k]) == {k: vals[k]}, k
+assert get(list(vals)) == vals
+misses = ["nokey1", "nokey2", "nokey3"]
+assert get(misses) == {}
+print("ok", len(vals), sum(len(v) for _, v in vals.values()), len(misses))
+"#;
+
+/// memcached's `stats`, from the Linux host.
+fn memcached_stats(lab: &Lab) -> std::collections::HashMap<String, u64> {
+    let o = lab.linux(&[
+        "sh",
+        "-c",
+        "printf 'stats\\r\\nquit\\r\\n' | nc -q 2 10.77.0.2 11211",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stats: std::collections::HashMap<String, u64> = out
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.trim().strip_prefix("STAT ")?.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect();
+    assert!(
+        stats.contains_key("cmd_get"),
+        "memcached stats: {}",
+        text(&o)
+    );
+    stats
+}
+
+/// memcached -t 4 on ustack (connections accepted on one thread and
+/// served on others) under memcaslap: no error, no miss, the server counted
+/// the client's commands; values byte-exact from a small client; misses
+/// counted as sent.
+#[test]
+fn memcached_on_ustack_under_memcaslap() {
+    need_root!();
+    need_program!("memcached", "memcached");
+    need_program!("memcaslap", "libmemcached-tools");
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let lab = Lab::new("pm", need_preload!());
+    let server = lab.start(
+        Host::Stack,
+        false,
+        &[
+            "memcached",
+            "-u",
+            "root",
+            "-t",
+            "4",
+            "-l",
+            "10.77.0.2",
+            "-p",
+            "11211",
+            "-U",
+            "0",
+        ],
+    );
+    lab.wait_port("10.77.0.2", 11211);
+
+    let o = lab.linux(&[
+        "memcaslap",
+        "-s",
+        "10.77.0.2:11211",
+        "-t",
+        "3s",
+        "-c",
+        "32",
+        "-T",
+        "2",
+    ]);
+    let out = text(&o);
+    assert!(o.status.success(), "memcaslap: {out}");
+    let lower = out.to_lowercase();
+    assert!(
+        !lower.contains("error") && !lower.contains("fail"),
+        "memcaslap: {out}"
+    );
+    let gets: u64 = cap(&out, r"cmd_get: (\d+)");
+    let sets: u64 = cap(&out, r"cmd_set: (\d+)");
+    let misses: u64 = cap(&out, r"get_misses: (\d+)");
+    let tps: u64 = cap(&out, r"TPS: (\d+)");
+    assert!(gets > 1000 && sets > 100, "memcaslap: {out}");
+    // memcaslap sets every key before it gets it.
+    assert_eq!(misses, 0, "memcaslap: {out}");
+    let stats = memcached_stats(&lab);
+    assert_eq!(stats["get_misses"], 0, "{stats:?}");
+    // The client counts a command when it sends it: at the end of the run
+    // at most one per connection was not answered yet.
+    for (key, client) in [("cmd_get", gets), ("cmd_set", sets)] {
+        let server_count = stats[key];
+        assert!(
+            server_count <= client && server_count + 32 >= client,
+            "{key}: memcaslap sent {client}, memcached counted {server_count}"
+        );
+    }
+    assert!(stats["total_connections"] >= 32, "{stats:?}");
+    server.check_utop();
+
+    let script = lab.path("mc.py");
+    std::fs::write(&script, MEMCACHED_CLIENT).unwrap();
+    let o = lab.linux(&[PYTHON, &script.display().to_string(), "10.77.0.2", "11211"]);
+    let out = text(&o);
+    assert!(
+        o.status.success() && out.starts_with("ok 12 "),
+        "memcached client: {out}"
+    );
+    let after = memcached_stats(&lab);
+    assert_eq!(after["get_misses"], 3, "{after:?}");
+
+    server.stop().check(0);
+    eprintln!("memcached: memcaslap {tps} ops/s ({gets} gets, {sets} sets, {misses} misses)");
+}
+
+// ------------------------------------------------------------ bad input
+
+/// The Linux side's peer: on RESET_PORT it resets each connection after its
+/// first bytes (SO_LINGER 0, then close); on ECHO_PORT it echoes.
+const PEER: &str = r#"
+import socket, struct, sys, threading
+ip, reset_port, echo_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def listener(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, port))
+    s.listen(16)
+    return s
+
+def resetter(s):
+    while True:
+        c, _ = s.accept()
+        c.recv(100)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.close()
+
+def echo(c):
+    try:
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            c.sendall(d)
+    except OSError:
+        pass
+    c.close()
+
+def echoer(s):
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=echo, args=(c,), daemon=True).start()
+
+a, b = listener(reset_port), listener(echo_port)
+threading.Thread(target=resetter, args=(a,), daemon=True).start()
+print("ready", flush=True)
+echoer(b)
+"#;
+
+/// Each case's outcome as one JSON object: "ok", a value, or the errno's
+/// name.
+const BAD_INPUT: &str = r#"
+import errno, json, select, socket, sys, time
+peer, reset_port, echo_port, closed_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+out = {}
+
+def name(e):
+    if e == errno.EOPNOTSUPP:
+        return "EOPNOTSUPP"
+    return errno.errorcode.get(e, str(e)) if e else "0"
+
+def attempt(key, f):
+    try:
+        r = f()
+        out[key] = "ok" if r is None else r
+    except OSError as e:
+        out[key] = name(e.errno)
+
+# Socket options: one no kernel knows, twice (reported once), and
+# TCP_CONGESTION, which Linux has and the layer does not.
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+attempt("setsockopt_unknown", lambda: s.setsockopt(socket.IPPROTO_TCP, 9999, 1))
+attempt("setsockopt_unknown_again", lambda: s.setsockopt(socket.IPPROTO_TCP, 9999, 1))
+attempt("getsockopt_unknown", lambda: s.getsockopt(socket.SOL_SOCKET, 9999) and None)
+attempt("setsockopt_congestion", lambda: s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"cubic"))
+s.close()
+
+# AF_INET6 goes to the kernel (no IPv6 in the namespaces).
+attempt("inet6_socket", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close())
+s6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+attempt("inet6_connect", lambda: s6.connect(("2001:db8::1", 80)))
+s6.close()
+
+# A non-blocking connect: EINPROGRESS, then writable with SO_ERROR 0.
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setblocking(False)
+out["nonblock_connect"] = name(s.connect_ex((peer, echo_port)))
+_, w, _ = select.select([], [s], [], 5)
+out["nonblock_select_writable"] = bool(w)
+out["nonblock_so_error"] = name(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+p = select.poll()
+p.register(s, select.POLLOUT)
+out["nonblock_poll"] = [ev for _, ev in p.poll(5000)]
+s.setblocking(True)
+s.sendall(b"x")
+out["echo"] = s.recv(10).decode()
+# MSG_PEEK on TCP.
+s.sendall(b"peek")
+time.sleep(0.3)
+attempt("msg_peek", lambda: s.recv(10, socket.MSG_PEEK).decode())
+attempt("after_peek", lambda: s.recv(10).decode())
+s.close()
+
+# A closed port: ECONNREFUSED, blocking and not.
+s = socket.socket()
+attempt("connect_closed", lambda: s.connect((peer, closed_port)))
+s.close()
+s = socket.socket()
+s.setblocking(False)
+out["nonblock_connect_closed"] = name(s.connect_ex((peer, closed_port)))
+select.select([], [s], [], 5)
+out["nonblock_closed_so_error"] = name(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+s.close()
+
+# A peer that resets mid-request.
+s = socket.socket()
+s.connect((peer, reset_port))
+s.sendall(b"GET / HTTP/1.0\r\n")
+attempt("reset_recv", lambda: s.recv(100))
+attempt("reset_send_after", lambda: s.send(b"more"))
+s.close()
+
+print(json.dumps(out), flush=True)
+"#;
+
+/// Non-blocking UDP sends of 65,000-byte datagrams, faster than any link
+/// drains them: how many were taken and how many failed with EAGAIN.
+const UDP_FLOOD: &str = r#"
+import errno, json, socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setblocking(False)
+data = b"u" * 65000
+sent = eagain = 0
+worst = 0.0
+for i in range(2000):
+    t = time.monotonic()
+    try:
+        s.sendto(data, (sys.argv[1], 9))
+        sent += 1
+    except BlockingIOError:
+        eagain += 1
+    worst = max(worst, time.monotonic() - t)
+print(json.dumps({"sent": sent, "eagain": eagain, "worst_ms": worst * 1000}), flush=True)
+"#;
+
+/// The bad-input script's results under ustack (10.77.0.2) and, for
+/// reference, on the Linux kernel (10.77.0.1, its peer on the same host),
+/// and the ustack run's stderr.
+fn bad_input_results(short: &str) -> (Value, Value, String) {
+    let lab = Lab::new(short, preload_lib().expect("the library"));
+    let peer = lab.path("peer.py");
+    std::fs::write(&peer, PEER).unwrap();
+    let script = lab.path("bad.py");
+    std::fs::write(&script, BAD_INPUT).unwrap();
+    let script = script.display().to_string();
+    let mut peer = lab.linux_daemon(&[
+        PYTHON,
+        &peer.display().to_string(),
+        "10.77.0.1",
+        "7001",
+        "7002",
+    ]);
+    {
+        use std::io::BufRead;
+        let out = peer.child.as_mut().unwrap().stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the peer did not start");
+    }
+    let args = ["10.77.0.1", "7001", "7002", "7003"];
+    let o = lab.linux(&[&[PYTHON, &script][..], &args].concat());
+    let linux = stdout_json("bad input on Linux", &o.stdout, &o.stderr);
+    let end = lab.run(Host::Stack, &[&[PYTHON, &script][..], &args].concat());
+    end.check(0);
+    let ours = stdout_json(
+        "bad input on ustack",
+        end.out.as_bytes(),
+        end.err.as_bytes(),
+    );
+    drop(peer);
+    // The refusals are counted in the stack's telemetry too, and every
+    // ustack descriptor was closed by the end.
+    let last = end.last.as_ref().expect("a last telemetry line");
+    let refused = last["app"]["preload_unsupported"].as_u64();
+    assert!(refused.is_some_and(|n| n >= 3), "app counters: {last}");
+    assert_eq!(last["app"]["preload_descriptors"], 0, "{last}");
+    (ours, linux, end.err)
+}
+
+/// Bad input from an unmodified Python program: the errno Linux gives.
+#[test]
+fn bad_input_gets_the_errno_linux_gives() {
+    need_root!();
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let _ = need_preload!();
+    let (ours, linux, err) = bad_input_results("pb");
+    eprintln!("ustack: {ours}\nLinux:  {linux}");
+    let want = [
+        // An option no kernel knows: ENOPROTOOPT, as Linux.
+        ("setsockopt_unknown", "ENOPROTOOPT"),
+        ("setsockopt_unknown_again", "ENOPROTOOPT"),
+        ("getsockopt_unknown", "ENOPROTOOPT"),
+        // AF_INET6 is the kernel's: the socket opens, and connect fails as
+        // on Linux (no IPv6 in the namespaces).
+        ("inet6_socket", "ok"),
+        ("nonblock_connect", "EINPROGRESS"),
+        ("nonblock_so_error", "0"),
+        ("echo", "x"),
+        ("connect_closed", "ECONNREFUSED"),
+        ("nonblock_connect_closed", "EINPROGRESS"),
+        ("nonblock_closed_so_error", "ECONNREFUSED"),
+        ("reset_recv", "ECONNRESET"),
+    ];
+    for (key, value) in want {
+        assert_eq!(ours[key], value, "ustack {key}: {ours}");
+        assert_eq!(linux[key], value, "Linux {key}: {linux}");
+    }
+    assert_eq!(
+        ours["inet6_connect"], linux["inet6_connect"],
+        "{ours} vs {linux}"
+    );
+    assert_ne!(ours["inet6_connect"], "ok", "{ours}");
+    assert_eq!(ours["nonblock_select_writable"], true, "{ours}");
+    // POLLOUT (4) alone.
+    assert_eq!(ours["nonblock_poll"], serde_json::json!([4]), "{ours}");
+    assert_eq!(
+        ours["nonblock_poll"], linux["nonblock_poll"],
+        "{ours} vs {linux}"
+    );
+    // What the layer does not do, with the errno it documents: an option
+    // Linux has (TCP_CONGESTION) is ENOPROTOOPT.
+    assert_eq!(ours["setsockopt_congestion"], "ENOPROTOOPT", "{ours}");
+    assert_eq!(linux["setsockopt_congestion"], "ok", "{linux}");
+    // MSG_PEEK on TCP leaves the bytes for the next read, as Linux does.
+    assert_eq!(linux["msg_peek"], "peek", "{linux}");
+    assert_eq!(ours["msg_peek"], linux["msg_peek"], "{ours}");
+    assert_eq!(ours["after_peek"], linux["after_peek"], "{ours} vs {linux}");
+    assert_eq!(linux["after_peek"], "peek", "{linux}");
+    // Each refusal said once on stderr.
+    let said = |what: &str| err.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(said("IPPROTO_TCP/9999 (ENOPROTOOPT)"), 1, "{err}");
+    assert_eq!(said("SOL_SOCKET/9999 (ENOPROTOOPT)"), 1, "{err}");
+}
+
+/// After recv reported the reset, Linux says EPIPE on the next send (the
+/// error is reported once; the socket is then closed).
+#[test]
+fn send_after_a_reported_reset_gives_epipe() {
+    need_root!();
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let _ = need_preload!();
+    let (ours, linux, _) = bad_input_results("pe");
+    assert_eq!(linux["reset_send_after"], "EPIPE", "{linux}");
+    assert_eq!(
+        ours["reset_send_after"], linux["reset_send_after"],
+        "{ours}"
+    );
+}
+
+/// A non-blocking UDP socket whose send queue is full: EAGAIN.
+#[test]
+fn udp_full_send_queue_nonblocking_gives_eagain() {
+    need_root!();
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let lab = Lab::new("pu", need_preload!());
+    let script = lab.path("udp.py");
+    std::fs::write(&script, UDP_FLOOD).unwrap();
+    let end = lab.run(
+        Host::Stack,
+        &[PYTHON, &script.display().to_string(), "10.77.0.1"],
+    );
+    end.check(0);
+    let r = stdout_json("udp flood", end.out.as_bytes(), end.err.as_bytes());
+    eprintln!("non-blocking UDP flood on ustack: {r}");
+    assert!(r["eagain"].as_u64().unwrap() > 0, "no EAGAIN: {r}");
+}
