@@ -102,3 +102,26 @@ fn total_loss_exits_one_and_bad_flags_exit_two() {
         assert!(!err.contains("panicked"));
     }
 }
+
+/// `ustack exec`'s own flags refuse bad values with exit status 2 and one
+/// clear error, before any library or program is looked for.
+#[test]
+fn exec_refuses_bad_spin_and_fork_values() {
+    for bad in [
+        &["--spin", "x"][..],
+        &["--spin", "-1"],
+        &["--spin", "2000000"],
+        &["--fork", "sibling"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ustack"))
+            .args(["exec", "--sim", "--ip", "10.0.0.2/24"])
+            .args(bad)
+            .args(["--", "true"])
+            .output()
+            .expect("run ustack");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.starts_with("error: "), "{bad:?}: {err}");
+        assert!(bad.iter().any(|w| err.contains(w)), "{bad:?}: {err}");
+    }
+}

@@ -173,6 +173,9 @@ struct Lab {
     lib: PathBuf,
     dir: tempfile::TempDir,
     runs: std::cell::Cell<u32>,
+    /// `ustack exec --spin` for the programs it starts (None: the default,
+    /// run to completion).
+    spin: std::cell::Cell<Option<u32>>,
 }
 
 impl Lab {
@@ -182,6 +185,7 @@ impl Lab {
             lib,
             dir: tempfile::tempdir().expect("a temp dir"),
             runs: std::cell::Cell::new(0),
+            spin: std::cell::Cell::new(None),
         }
     }
 
@@ -211,6 +215,9 @@ impl Lab {
         }
         if fork_child {
             c.args(["--fork", "child"]);
+        }
+        if let Some(us) = self.spin.get() {
+            c.args(["--spin", &us.to_string()]);
         }
         c.arg("--")
             .args(program)
@@ -996,7 +1003,7 @@ fn redis_server_on_ustack_under_redis_benchmark() {
 
 /// BGSAVE (a fork; the stack stays with the parent) while redis-benchmark
 /// runs: the save succeeds, every request is answered, and the server
-/// keeps answering.
+/// keeps answering. With `--spin 0`.
 #[test]
 fn redis_bgsave_during_load() {
     need_root!();
@@ -1004,6 +1011,9 @@ fn redis_bgsave_during_load() {
     need_program!("redis-benchmark", "redis-tools");
     let _turn = serial();
     let lab = Lab::new("ps", need_preload!());
+    // Without run to completion: every wait sleeps and the stack's own
+    // thread does all the polling (the other tests drive it themselves).
+    lab.spin.set(Some(0));
     let (server, dir) = start_redis(&lab);
     let before = redis_commands(&lab);
     let n = 150_000u64;
@@ -1603,6 +1613,9 @@ print(json.dumps(out), flush=True)
 /// drains them: how many were taken and how many failed with EAGAIN.
 const UDP_FLOOD: &str = r#"
 import errno, json, socket, sys, time
+# Give the test's telemetry reader time to attach: the flood itself is
+# over in a fraction of a second, and the socket goes with the program.
+time.sleep(0.5)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setblocking(False)
 data = b"u" * 65000

@@ -58,8 +58,20 @@ fn timespec_left(deadline: Option<Instant>) -> Option<libc::timespec> {
 /// `poll`/`ppoll` over `fds`: ustack entries answered from the stack.
 /// `timeout` None waits forever. Returns what poll returns (-1 with errno).
 pub fn poll(fds: &mut [pollfd], timeout: Option<Duration>, sigmask: *const sigset_t) -> c_int {
-    let socks: Vec<Option<Arc<Sock>>> = fds.iter().map(|p| fd::get(p.fd)).collect();
     let deadline = timeout.map(|t| Instant::now() + t);
+    if timeout.is_some_and(|t| t.is_zero()) {
+        crate::state::drive_once();
+    } else {
+        // Run to completion: drive the stack, look without waiting.
+        let mut r = 0;
+        if crate::state::spin_until(deadline, || {
+            r = poll(fds, Some(Duration::ZERO), sigmask);
+            r != 0
+        }) {
+            return r;
+        }
+    }
+    let socks: Vec<Option<Arc<Sock>>> = fds.iter().map(|p| fd::get(p.fd)).collect();
     let mut local: Vec<pollfd> = fds.to_vec();
     loop {
         // Drain, then look.
@@ -353,9 +365,22 @@ pub unsafe fn wait(
         set_errno(libc::EINVAL);
         return Some(-1);
     }
-    let max = max as usize;
     let deadline =
         (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    if timeout_ms == 0 {
+        crate::state::drive_once();
+    } else if !ep.lock().ustack.is_empty() {
+        // Run to completion: drive the stack, look without waiting.
+        let mut r = 0;
+        if crate::state::spin_until(deadline, || {
+            // SAFETY: as for this call (`out` holds `max` events).
+            r = unsafe { wait(epfd, out, max, 0, sigmask) }.unwrap_or(-1);
+            r != 0
+        }) {
+            return Some(r);
+        }
+    }
+    let max = max as usize;
     let mut kbuf: Vec<epoll_event> = vec![epoll_event { events: 0, u64: 0 }; max];
     loop {
         let pending = !ep.lock().recheck.is_empty();

@@ -3,6 +3,7 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use parking_lot::Mutex;
@@ -20,6 +21,10 @@ pub const OWNER: &str = "USTACK_PID";
 /// Who keeps the stack across `fork` (`USTACK_FORK`).
 pub const FORK_ENV: &str = "USTACK_FORK";
 
+/// How long a waiting thread drives the stack itself before it sleeps, in
+/// microseconds (`USTACK_SPIN_US`, from `ustack exec --spin`; 0: never).
+pub const SPIN_ENV: &str = "USTACK_SPIN_US";
+
 /// A running stack.
 #[derive(Debug)]
 pub struct State {
@@ -30,6 +35,8 @@ pub struct State {
     /// master process that forks the one worker serving the sockets it
     /// opened); by default the parent keeps it.
     to_child: bool,
+    /// How long a waiting thread drives the stack before it sleeps.
+    spin: Duration,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -96,7 +103,15 @@ pub fn init() {
         Ok("parent") | Err(_) => false,
         Ok(other) => fail(&format!("{FORK_ENV}={other}: say parent or child")),
     };
+    let spin = match std::env::var(SPIN_ENV).as_deref() {
+        Err(_) => Duration::ZERO,
+        Ok(v) => match v.parse::<u64>() {
+            Ok(us) if us <= 1_000_000 => Duration::from_micros(us),
+            _ => fail(&format!("{SPIN_ENV}={v}: microseconds, 0 to 1000000")),
+        },
+    };
     let state = State {
+        spin,
         net: runtime.net().clone(),
         runtime: Mutex::new(Some(runtime)),
         to_child,
@@ -176,6 +191,41 @@ extern "C" fn after_fork_child() {
             }
         }
         _ => DETACHED.store(true, Ordering::Relaxed),
+    }
+}
+
+/// Run to completion: ask `ready` (which drives the stack once, see
+/// [`drive_once`], and looks) until it says yes, for at most the spin time
+/// and not past `deadline`; true when it became ready. A caller sleeps in
+/// the kernel only when this gives up, and the stack's own thread polls
+/// meanwhile.
+pub fn spin_until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> bool {
+    let Some(s) = state() else { return false };
+    if s.spin.is_zero() {
+        return false;
+    }
+    let start = Instant::now();
+    let until = deadline.map_or(start + s.spin, |d| d.min(start + s.spin));
+    loop {
+        if ready() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+    }
+}
+
+/// In run-to-completion mode (a spin time set), run one iteration of the
+/// stack on this thread: before a call that looks without waiting (a
+/// non-blocking receive, `epoll_wait` with timeout 0) reports nothing, as
+/// XLIO polls its ring on every such call. A program that busy-polls
+/// then drives the stack itself.
+pub fn drive_once() {
+    if let Some(s) = state() {
+        if !s.spin.is_zero() {
+            s.net.drive();
+        }
     }
 }
 

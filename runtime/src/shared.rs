@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Waker};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
@@ -97,6 +97,12 @@ pub(crate) struct Shared {
     loop_thread: Mutex<Option<Thread>>,
     /// Asked to stop between iterations without ending (see [`Runtime::pause`]).
     pause: AtomicBool,
+    /// The loop's port and app, for whichever thread runs an iteration
+    /// ([`Net::drive`]). Only ever taken with `try_lock` by callers, so no
+    /// thread is parked on it when a `fork` copies it.
+    driver: Arc<Mutex<dyn Drive>>,
+    /// Callers inside [`Net::drive`]; a pause waits for none to be left.
+    drivers: AtomicUsize,
 }
 
 /// A handle on a running stack: what the async and blocking fronts hold.
@@ -255,10 +261,15 @@ impl<A: Send + 'static> Runtime<A> {
         let Some(t) = self.thread.take() else {
             return Ok(());
         };
-        self.net.shared.pause.store(true, Ordering::Release);
+        let shared = &self.net.shared;
+        shared.pause.store(true, Ordering::SeqCst);
         self.net.kick();
         let exit = t.join().map_err(|_| crate::Error::Panicked);
-        self.net.shared.pause.store(false, Ordering::Release);
+        // No caller is left inside `Net::drive` (see there), so nobody
+        // holds the core while the process forks.
+        while shared.drivers.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
         match exit? {
             Exit::Paused(rest) => {
                 self.paused = Some(rest);
@@ -276,6 +287,7 @@ impl<A: Send + 'static> Runtime<A> {
         let Some(rest) = self.paused.take() else {
             return Ok(());
         };
+        self.net.shared.pause.store(false, Ordering::SeqCst);
         let thread = std::thread::Builder::new()
             .name("ustack-loop".into())
             .spawn(rest)
@@ -319,6 +331,20 @@ where
     A: App + Send + 'static,
 {
     let Node { stack, port } = node;
+    let clock = Clock::new();
+    let start = clock.now();
+    let core = Arc::new(Mutex::new(Core {
+        port,
+        app: Some(app),
+        end: lcfg.duration.map(|d| start + d),
+        next_stats: start + lcfg.stats_interval,
+        stats_interval: lcfg.stats_interval,
+        clock,
+        publisher,
+        wake: Vec::new(),
+        notify: Vec::new(),
+    }));
+    let driver: Arc<Mutex<dyn Drive>> = core.clone();
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
             stack,
@@ -330,13 +356,15 @@ where
         failure: Mutex::new(None),
         loop_thread: Mutex::new(None),
         pause: AtomicBool::new(false),
+        driver,
+        drivers: AtomicUsize::new(0),
     });
     let net = Net {
         shared: shared.clone(),
     };
     let thread = std::thread::Builder::new()
         .name("ustack-loop".into())
-        .spawn(move || run_thread(shared, port, app, lcfg, publisher))
+        .spawn(move || run_thread(shared, core, lcfg))
         .map_err(crate::Error::Thread)?;
     Ok(Runtime {
         net,
@@ -346,35 +374,32 @@ where
 }
 
 /// A loop thread's body: the loop, then what its end means.
-fn run_thread<D, A>(
-    shared: Arc<Shared>,
-    mut port: Port<D>,
-    mut app: A,
-    lcfg: LoopConfig,
-    mut publisher: Option<Publisher>,
-) -> Exit<A>
+fn run_thread<D, A>(shared: Arc<Shared>, core: Arc<Mutex<Core<D, A>>>, lcfg: LoopConfig) -> Exit<A>
 where
     D: Device + Send + 'static,
     D::Buf: Send,
     A: App + Send + 'static,
 {
     *shared.loop_thread.lock() = Some(std::thread::current());
-    let r = run_shared(&shared, &mut port, &mut app, &lcfg, publisher.as_ref());
+    let r = run_shared(&shared, &core, &lcfg);
     if let Ok(Outcome::Paused) = r {
         *shared.loop_thread.lock() = None;
         // The publisher's thread pauses too, and runs on wherever the loop
         // does (after `fork`, maybe in the child).
-        if let Some(p) = publisher.as_mut() {
+        if let Some(p) = core.lock().publisher.as_mut() {
             p.pause();
         }
         return Exit::Paused(Box::new(move || {
-            if let Some(p) = publisher.as_mut() {
-                if let Err(e) = p.resume() {
-                    tracing::warn!("telemetry stops: {e}");
-                    publisher = None;
+            {
+                let mut c = core.lock();
+                if let Some(p) = c.publisher.as_mut() {
+                    if let Err(e) = p.resume() {
+                        tracing::warn!("telemetry stops: {e}");
+                        c.publisher = None;
+                    }
                 }
             }
-            run_thread(shared, port, app, lcfg, publisher)
+            run_thread(shared, core, lcfg)
         }));
     }
     if let Err(e) = &r {
@@ -393,7 +418,9 @@ where
     for w in watchers.into_values() {
         w(Readiness::ERROR | Readiness::CLOSED);
     }
-    Exit::Done(r.map(|_| app))
+    // Drivers check `gone` before they take the core: it is ours alone now.
+    let app = core.lock().app.take();
+    Exit::Done(r.and_then(|_| app.ok_or(crate::Error::Panicked)))
 }
 
 /// Why `run_shared` returned without an error.
@@ -405,103 +432,234 @@ enum Outcome {
 /// How long a stopping loop keeps running to let queued output leave.
 const LINGER: Duration = Duration::from_secs(1);
 
-/// The loop: one iteration under the lock, then the wakers of this
-/// iteration's events outside it, then the idle back-off. Asked to stop, it
-/// runs on while output is queued or unacknowledged, for at most
-/// [`LINGER`].
-fn run_shared<D: Device, A: App>(
-    shared: &Shared,
-    port: &mut Port<D>,
-    app: &mut A,
-    cfg: &LoopConfig,
-    publisher: Option<&Publisher>,
-) -> Result<Outcome, crate::Error> {
-    if let Some(core) = cfg.core {
-        crate::poll::pin_to_core(core)?;
+/// What the loop needs between iterations, whichever thread runs one: the
+/// port, the in-loop app, the clock and the telemetry schedule.
+struct Core<D: Device, A> {
+    port: Port<D>,
+    /// Taken back when the loop ends.
+    app: Option<A>,
+    clock: Clock,
+    /// When the loop's configured duration ends.
+    end: Option<ustack::Instant>,
+    next_stats: ustack::Instant,
+    stats_interval: Duration,
+    publisher: Option<Publisher>,
+    /// Wakers and watchers of this iteration's events, called outside the
+    /// stack's lock (kept to reuse their allocations).
+    wake: Vec<Waker>,
+    notify: Vec<(Watcher, Readiness)>,
+}
+
+impl std::fmt::Debug for dyn Drive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Drive")
     }
-    let clock = Clock::new();
-    let start = clock.now();
-    let end = cfg.duration.map(|d| start + d);
-    let mut next_stats = start + cfg.stats_interval;
-    let mut backoff = Duration::from_micros(1);
-    let mut wake = Vec::new();
-    let mut notify: Vec<(Watcher, Readiness)> = Vec::new();
-    // Once asked to stop: until when the loop still lets queued output leave.
-    let mut draining: Option<ustack::Instant> = None;
-    loop {
-        let now = clock.now();
+}
+
+/// What one iteration found.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    now: ustack::Instant,
+    /// It moved frames or had work.
+    busy: bool,
+    /// When the stack next has timed work.
+    poll_at: Option<ustack::Instant>,
+    /// The app asked to exit, or the duration ended.
+    done: bool,
+    /// Output is still to leave (only looked at when `stopping`).
+    pending: bool,
+}
+
+/// One iteration of a loop whose port and app types are erased: what a
+/// socket user's thread runs while it waits (run to completion).
+trait Drive: Send {
+    /// Run one iteration; with `stopping`, also say whether output is
+    /// still to leave.
+    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn;
+    /// A last snapshot to the publisher (the loop ends).
+    fn publish_last(&mut self, shared: &Shared);
+    /// The device's failure, if it failed.
+    fn failure(&self) -> Option<String>;
+    /// When the next telemetry snapshot is due.
+    fn next_stats(&self) -> ustack::Instant;
+}
+
+impl<D, A> Drive for Core<D, A>
+where
+    D: Device + Send,
+    D::Buf: Send,
+    A: App + Send,
+{
+    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn {
+        let now = self.clock.now();
+        let Some(app) = self.app.as_mut() else {
+            return Turn {
+                now,
+                busy: false,
+                poll_at: None,
+                done: true,
+                pending: false,
+            };
+        };
         let mut inner = shared.inner.lock();
-        let report = port.step(&mut inner.stack, now, app);
-        for ev in port.events() {
+        let report = self.port.step(&mut inner.stack, now, app);
+        for ev in self.port.events() {
             if let Some(w) = inner.watchers.get(&ev.socket) {
-                notify.push((w.clone(), ev.readiness));
+                self.notify.push((w.clone(), ev.readiness));
             }
             let Some(w) = inner.waiters.get_mut(&ev.socket) else {
                 continue;
             };
             let r = ev.readiness;
             if r.intersects(Readiness::READABLE | Readiness::CLOSED | Readiness::ERROR) {
-                wake.extend(w.read.take());
+                self.wake.extend(w.read.take());
             }
             if r.intersects(
                 Readiness::WRITABLE | Readiness::CONNECTED | Readiness::CLOSED | Readiness::ERROR,
             ) {
-                wake.extend(w.write.take());
+                self.wake.extend(w.write.take());
             }
         }
-        let stats_due = now >= next_stats;
-        let snapshot = (stats_due && publisher.is_some()).then(|| port.snapshot(&inner.stack, now));
+        let stats_due = now >= self.next_stats;
+        let snapshot =
+            (stats_due && self.publisher.is_some()).then(|| self.port.snapshot(&inner.stack, now));
         if stats_due {
-            next_stats = now + cfg.stats_interval;
+            self.next_stats = now + self.stats_interval;
         }
-        let poll_at = port.poll_at(&inner.stack, app);
-        let stopping =
-            report.exit || end.is_some_and(|e| now >= e) || shared.stop.load(Ordering::Acquire);
+        let poll_at = self.port.poll_at(&inner.stack, app);
+        let done = report.exit || self.end.is_some_and(|e| now >= e);
         // Stopping: output still to leave (immediate work, or bytes not yet
         // acknowledged)? Only looked at then: it visits every connection.
-        let pending = stopping
+        let pending = (stopping || done)
             && (report.busy()
                 || poll_at.is_some_and(|t| t <= now)
                 || inner.stack.tcp_connections().any(|c| c.send_queued > 0));
         MutexGuard::unlock_fair(inner);
-        wake.drain(..).for_each(Waker::wake);
-        for (w, r) in notify.drain(..) {
+        self.wake.drain(..).for_each(Waker::wake);
+        for (w, r) in self.notify.drain(..) {
             w(r);
         }
-        if let (Some(s), Some(p)) = (snapshot, publisher) {
+        if let (Some(s), Some(p)) = (snapshot, &self.publisher) {
             p.publish(&s);
         }
+        Turn {
+            now,
+            busy: report.busy(),
+            poll_at,
+            done,
+            pending,
+        }
+    }
+
+    fn publish_last(&mut self, shared: &Shared) {
+        if let Some(p) = &self.publisher {
+            let inner = shared.inner.lock();
+            p.publish(&self.port.snapshot(&inner.stack, self.clock.now()));
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.port.dev.failure()
+    }
+
+    fn next_stats(&self) -> ustack::Instant {
+        self.next_stats
+    }
+}
+
+impl Net {
+    /// Run one iteration of the stack's loop on this thread, unless another
+    /// thread (the loop's own, or another caller) is running one: a caller
+    /// about to wait can drive the stack itself instead of sleeping until
+    /// the loop's thread wakes it (run to completion, as XLIO does), which
+    /// saves a thread wake-up on each side of a round trip. Returns whether
+    /// the iteration ran and had work (frames moved, timers fired).
+    ///
+    /// Never blocks; does nothing once the loop has stopped or while it is
+    /// paused.
+    pub fn drive(&self) -> bool {
+        let s = &self.shared;
+        // Counted in before looking at `pause`; `Runtime::pause` sets
+        // `pause` before it waits for the count to fall to zero, so after
+        // the pause no caller holds or takes the core (SeqCst both sides).
+        s.drivers.fetch_add(1, Ordering::SeqCst);
+        let ran = !s.pause.load(Ordering::SeqCst)
+            && !s.gone.load(Ordering::Acquire)
+            && s.driver.try_lock().is_some_and(|mut core| {
+                // Checked again under the core's lock: the loop's thread
+                // ends holding it.
+                !s.gone.load(Ordering::Acquire) && core.turn(s, false).busy
+            });
+        s.drivers.fetch_sub(1, Ordering::SeqCst);
+        ran
+    }
+}
+
+/// The loop: one iteration under the core's lock (unless a caller is
+/// running one: then this thread backs off), the wakers of its events
+/// outside the stack's lock, then the idle back-off. Asked to stop, it runs
+/// on while output is queued or unacknowledged, for at most [`LINGER`].
+fn run_shared<D, A>(
+    shared: &Shared,
+    core: &Mutex<Core<D, A>>,
+    cfg: &LoopConfig,
+) -> Result<Outcome, crate::Error>
+where
+    D: Device + Send,
+    D::Buf: Send,
+    A: App + Send,
+{
+    if let Some(c) = cfg.core {
+        crate::poll::pin_to_core(c)?;
+    }
+    let mut backoff = Duration::from_micros(1);
+    // Once asked to stop: until when the loop still lets queued output leave.
+    let mut draining: Option<ustack::Instant> = None;
+    loop {
+        let stop = shared.stop.load(Ordering::Acquire);
+        let mut c = match core.try_lock() {
+            Some(c) => c,
+            // A caller drives the stack now: it runs the iterations.
+            None if !stop && !shared.pause.load(Ordering::Acquire) => {
+                backoff = (backoff * 2).min(Duration::from_micros(100));
+                std::thread::park_timeout(backoff);
+                continue;
+            }
+            None => core.lock(),
+        };
+        let turn = c.turn(shared, stop);
+        let stopping = stop || turn.done;
         if stopping {
             // Let what the app queued leave (a last write, a FIN, a
             // datagram), for at most LINGER, as a kernel socket would.
-            let until = *draining.get_or_insert(now + LINGER);
-            if !pending || now >= until {
+            let until = *draining.get_or_insert(turn.now + LINGER);
+            if !turn.pending || turn.now >= until {
                 // A last snapshot, so a monitor sees the end state.
-                if let Some(p) = publisher {
-                    let inner = shared.inner.lock();
-                    p.publish(&port.snapshot(&inner.stack, clock.now()));
-                }
+                c.publish_last(shared);
                 return Ok(Outcome::Stopped);
             }
         }
         if shared.pause.load(Ordering::Acquire) {
             return Ok(Outcome::Paused);
         }
-        if let Some(why) = port.dev.failure() {
+        if let Some(why) = c.failure() {
             return Err(crate::RunError::Device(why).into());
         }
+        let next_stats = c.next_stats();
+        let end = c.end;
+        drop(c);
         let IdleMode::Backoff { max_sleep } = cfg.idle else {
             continue;
         };
-        if report.busy() {
+        if turn.busy {
             backoff = Duration::from_micros(1);
             continue;
         }
-        let until = [poll_at, Some(next_stats), end]
+        let until = [turn.poll_at, Some(next_stats), end]
             .into_iter()
             .fold(None, earliest)
-            .unwrap_or(now + max_sleep);
-        let sleep = backoff.min(until.saturating_duration_since(now));
+            .unwrap_or(turn.now + max_sleep);
+        let sleep = backoff.min(until.saturating_duration_since(turn.now));
         if !sleep.is_zero() {
             // A socket call that gives the loop work unparks it.
             std::thread::park_timeout(sleep);

@@ -279,3 +279,37 @@ fn a_paused_loop_resumes_where_it_stopped() {
     drop(c);
     a.stop().expect("A's loop");
 }
+
+/// Run to completion: a caller that drives the loop itself between its
+/// calls (`Net::drive`) moves the frames of its own transfer, beside the
+/// loop's thread, byte-exact; a paused loop is driven by nobody.
+#[test]
+fn a_caller_drives_the_loop_itself() {
+    let (mut a, b) = pair(LinkConfig::default());
+    let listener = blocking::TcpListener::bind(b.net(), 7200, 4).expect("listen");
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("read");
+        got
+    });
+    let net = a.net().clone();
+    let mut c = blocking::TcpStream::connect(&net, SocketAddrV4::new(B, 7200)).expect("connect");
+    let data = payload(4 << 20);
+    let mut driven = 0u32;
+    for chunk in data.chunks(64 << 10) {
+        c.write_all(chunk).expect("write");
+        for _ in 0..50 {
+            driven += u32::from(net.drive());
+        }
+    }
+    c.shutdown().expect("shutdown");
+    let got = server.join().unwrap();
+    assert_eq!(Sha256::digest(&got), Sha256::digest(&data));
+    assert!(driven > 0, "no iteration of the caller's moved a frame");
+    a.pause().expect("pause");
+    assert!(!net.drive(), "a paused loop was driven");
+    a.resume().expect("resume");
+    drop(c);
+    a.stop().expect("A's loop");
+}

@@ -53,6 +53,10 @@ enum Cmd {
     Exec(ExecArgs),
 }
 
+/// How long a waiting thread drives the stack before it sleeps, unless
+/// `--spin` says otherwise (see ARCHITECTURE.md, "Unmodified programs").
+const SPIN_DEFAULT_US: u32 = 50;
+
 #[derive(clap::Args, Debug)]
 struct ExecArgs {
     #[command(flatten)]
@@ -62,6 +66,13 @@ struct ExecArgs {
     /// forks the one worker serving its sockets, as nginx with one worker).
     #[arg(long, value_enum, default_value = "parent")]
     fork: ForkOwner,
+    /// Run to completion: a thread that is about to wait (recv, accept,
+    /// poll, epoll_wait) first drives the stack itself for up to this many
+    /// microseconds (burning its CPU), and sleeps only after that; 0 leaves
+    /// all polling to the stack's own thread.
+    #[arg(long, value_name = "US", default_value_t = SPIN_DEFAULT_US,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    spin: u32,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
     program: Vec<String>,
@@ -179,16 +190,18 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
     use std::os::unix::process::CommandExt;
     // The same checks the library makes before `main`, with the same words.
     args.net.net_config()?;
-    // The NET words as given (without exec's own --fork).
+    // The NET words as given (without exec's own --fork and --spin).
     let mut raw: Vec<String> = std::env::args()
         .skip_while(|a| a != "exec")
         .skip(1)
         .take_while(|a| a != "--")
         .collect();
-    if let Some(i) = raw.iter().position(|a| a == "--fork") {
-        raw.drain(i..(i + 2).min(raw.len()));
+    for own in ["--fork", "--spin"] {
+        while let Some(i) = raw.iter().position(|a| a == own) {
+            raw.drain(i..(i + 2).min(raw.len()));
+        }
+        raw.retain(|a| !a.starts_with(&format!("{own}=")));
     }
-    raw.retain(|a| !a.starts_with("--fork="));
     let spec = shlex::try_join(raw.iter().map(String::as_str))
         .context("the NET flags cannot be passed on")?;
     let lib = match std::env::var_os("USTACK_PRELOAD_LIB") {
@@ -220,6 +233,7 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
         .env("LD_PRELOAD", preload)
         .env("USTACK_NET", spec)
         .env("USTACK_PID", std::process::id().to_string())
+        .env("USTACK_SPIN_US", args.spin.to_string())
         .env(
             "USTACK_FORK",
             if args.fork == ForkOwner::Child {

@@ -385,7 +385,7 @@ fn tail_lines(path: &Path) -> Result<(u64, serde_json::Value), String> {
             Err(e) if Instant::now() >= deadline => {
                 return Err(format!("never accepted a connection: {e}"));
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
         }
     };
     // The stack publishes a few times a second: a long silence is a fault.
