@@ -112,6 +112,10 @@ fn exec_refuses_bad_spin_and_fork_values() {
         &["--spin", "-1"],
         &["--spin", "2000000"],
         &["--fork", "sibling"],
+        &["--fork", "each"],
+        &["--fork", "each", "--workers", "0"],
+        &["--fork", "each", "--workers", "65"],
+        &["--workers", "2"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ustack"))
             .args(["exec", "--sim", "--ip", "10.0.0.2/24"])

@@ -15,6 +15,12 @@ use ustack::events::SocketRef;
 use ustack::tcp::{ConnError, State as TcpState};
 use ustack_runtime::Net;
 
+use std::collections::HashMap;
+use std::sync::Weak;
+
+use parking_lot::Mutex;
+use ustack::tcp::ListenHandle;
+
 use crate::fd::{self, Kind, Sock};
 use crate::real::real;
 use crate::state::state;
@@ -291,6 +297,123 @@ pub fn bind(sock: &Arc<Sock>, addr: SocketAddrV4) -> Res<()> {
     Ok(())
 }
 
+/// A listening port and the sockets listening on it: sockets with
+/// `SO_REUSEPORT` on one port share the stack's listener (the kernel would
+/// spread connections over them; in one stack they take from one queue).
+#[derive(Debug)]
+struct Listening {
+    handle: ListenHandle,
+    backlog: usize,
+    reuse_port: bool,
+    socks: Vec<Weak<Sock>>,
+}
+
+/// Listening ports of this process's stack.
+static LISTENING: Mutex<Option<HashMap<u16, Listening>>> = Mutex::new(None);
+
+/// The loop's watcher for the listener on `port`: every socket sharing it
+/// is told.
+fn listener_watcher(port: u16) -> ustack_runtime::Watcher {
+    Arc::new(move |_| {
+        let socks: Vec<Arc<Sock>> = LISTENING
+            .lock()
+            .as_ref()
+            .and_then(|m| m.get(&port))
+            .map(|l| l.socks.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default();
+        for s in socks {
+            s.notify();
+        }
+    })
+}
+
+/// Listen on `port` for `sock` in the stack, or join the listener there
+/// when both sides asked for `SO_REUSEPORT`; returns the stack's handle.
+fn listen_on(net: &Net, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<ListenHandle> {
+    let reuse_port = sock.opts.lock().reuse_port;
+    let mut guard = LISTENING.lock();
+    let map = guard.get_or_insert_with(HashMap::new);
+    if let Some(l) = map.get_mut(&port) {
+        if !(reuse_port && l.reuse_port) {
+            return Err(libc::EADDRINUSE);
+        }
+        l.socks.push(Arc::downgrade(sock));
+        return Ok(l.handle);
+    }
+    let handle = net
+        .with_stack(|s| s.tcp_listen(port, backlog))
+        .map_err(gone)?
+        .map_err(errno_of)?;
+    map.insert(
+        port,
+        Listening {
+            handle,
+            backlog,
+            reuse_port,
+            socks: vec![Arc::downgrade(sock)],
+        },
+    );
+    drop(guard);
+    let _ = net.watch(SocketRef::Listener(handle), listener_watcher(port));
+    Ok(handle)
+}
+
+/// `sock` stops listening on `port`: whether it was the last socket there
+/// (the stack's listener then closes).
+fn leave_listener(sock: &Arc<Sock>, port: u16, handle: ListenHandle) -> bool {
+    let mut guard = LISTENING.lock();
+    let Some(map) = guard.as_mut() else {
+        return true;
+    };
+    let Some(l) = map.get_mut(&port).filter(|l| l.handle == handle) else {
+        return true;
+    };
+    l.socks
+        .retain(|w| w.upgrade().is_some_and(|s| !Arc::ptr_eq(&s, sock)));
+    if l.socks.is_empty() {
+        map.remove(&port);
+        return true;
+    }
+    false
+}
+
+/// In a worker that started a stack of its own after `fork` (`ustack exec
+/// --fork each`): open the inherited listening and bound sockets again on
+/// it (same ports, same backlogs); inherited connections are the master's
+/// and are closed here.
+pub fn reopen_inherited() {
+    let Ok(net) = net() else { return };
+    let old = LISTENING.lock().take().unwrap_or_default();
+    let mut seen = std::collections::HashSet::new();
+    for (_, sock) in fd::all() {
+        if !seen.insert(Arc::as_ptr(&sock)) {
+            continue;
+        }
+        let mut kind = sock.kind.lock();
+        match *kind {
+            Kind::Listener { port, .. } => {
+                let backlog = old.get(&port).map_or(128, |l| l.backlog);
+                *kind = match listen_on(net, &sock, port, backlog) {
+                    Ok(handle) => Kind::Listener { handle, port },
+                    Err(_) => Kind::Closed,
+                };
+                drop(kind);
+                sock.notify();
+            }
+            Kind::Dgram { port, peer, .. } => match net.with_stack(|s| s.udp_bind(port)) {
+                Ok(Ok(handle)) => {
+                    *kind = Kind::Dgram { handle, port, peer };
+                    drop(kind);
+                    watch(net, &sock, SocketRef::Udp(handle));
+                }
+                _ => *kind = Kind::Closed,
+            },
+            Kind::Stream { .. } => *kind = Kind::Closed,
+            Kind::Fresh { .. } | Kind::Closed => {}
+        }
+    }
+}
+
 /// `listen`.
 pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
     let net = net()?;
@@ -304,6 +427,13 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
         _ => return Err(libc::EINVAL),
     };
     let backlog = usize::try_from(backlog).unwrap_or(0).clamp(1, 4096);
+    if port != 0 {
+        let handle = listen_on(net, sock, port, backlog)?;
+        *kind = Kind::Listener { handle, port };
+        drop(kind);
+        sock.notify();
+        return Ok(());
+    }
     let handle = net
         .with_stack(|s| {
             if port != 0 {
@@ -789,6 +919,11 @@ pub fn close(fd: RawFd) -> bool {
     }
     let kind = std::mem::replace(&mut *sock.kind.lock(), Kind::Closed);
     let Ok(net) = net() else { return true };
+    // A listener other sockets share (SO_REUSEPORT) stays theirs.
+    let kind = match kind {
+        Kind::Listener { handle, port } if !leave_listener(&sock, port, handle) => Kind::Closed,
+        k => k,
+    };
     let linger0 = sock.opts.lock().linger == Some(0);
     let _ = net.with_stack(|s| match kind {
         Kind::Stream { handle, .. } if linger0 => {

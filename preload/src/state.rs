@@ -18,8 +18,26 @@ pub const ENV: &str = "USTACK_NET";
 /// runs on the kernel's sockets, so no NIC is driven by two processes.
 pub const OWNER: &str = "USTACK_PID";
 
-/// Who keeps the stack across `fork` (`USTACK_FORK`).
+/// Who keeps the stack across `fork` (`USTACK_FORK`: parent, child, or
+/// `each:N`).
 pub const FORK_ENV: &str = "USTACK_FORK";
+
+/// Who keeps the stack when the program forks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForkMode {
+    /// The parent (the default): children run on the kernel's sockets.
+    Parent,
+    /// The child the program forks (a master with one worker).
+    Child,
+    /// Every child gets a stack of its own, the `k`-th child process
+    /// `k mod workers` of `workers` replicas on the interface (a master
+    /// that pre-forks workers sharing `reuseport` listeners); the parent
+    /// gives its stack up at its first fork.
+    Each {
+        /// How many workers share the interface.
+        workers: usize,
+    },
+}
 
 /// How long a waiting thread drives the stack itself before it sleeps, in
 /// microseconds (`USTACK_SPIN_US`, from `ustack exec --spin`; 0: never).
@@ -34,12 +52,23 @@ pub struct State {
     /// `fork` hands the stack to the child (`USTACK_FORK=child`: a
     /// master process that forks the one worker serving the sockets it
     /// opened); by default the parent keeps it.
-    to_child: bool,
+    fork: ForkMode,
     /// How long a waiting thread drives the stack before it sleeps.
     spin: Duration,
+    /// How the stack was built (a worker of [`ForkMode::Each`] builds its
+    /// own from it).
+    builder: ustack_runtime::Builder,
+    /// `--telemetry` and `--capture` as given (a worker's get a suffix).
+    telemetry: Option<std::path::PathBuf>,
+    capture: Option<std::path::PathBuf>,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
+/// A worker's own stack ([`ForkMode::Each`]); the inherited [`STATE`] is
+/// the master's and stays detached.
+static WORKER: OnceLock<State> = OnceLock::new();
+/// Children forked so far ([`ForkMode::Each`]: the next child's index).
+static FORKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// This process has no stack (any more): a forked child by default, or a
 /// parent that handed it to its child. Its ustack sockets only close.
 static DETACHED: AtomicBool = AtomicBool::new(false);
@@ -47,6 +76,9 @@ static DETACHED: AtomicBool = AtomicBool::new(false);
 /// The stack, when this process runs one (not without `USTACK_NET`, not
 /// after `fork` took it elsewhere).
 pub fn state() -> Option<&'static State> {
+    if let Some(w) = WORKER.get() {
+        return Some(w);
+    }
     if DETACHED.load(Ordering::Relaxed) {
         return None;
     }
@@ -55,7 +87,7 @@ pub fn state() -> Option<&'static State> {
 
 /// Whether this process's ustack sockets belong to another process's stack.
 pub fn forked() -> bool {
-    DETACHED.load(Ordering::Relaxed)
+    DETACHED.load(Ordering::Relaxed) && WORKER.get().is_none()
 }
 
 /// Leave at once with one line on stderr (a bad `USTACK_NET`, a backend
@@ -94,14 +126,20 @@ pub fn init() {
         Ok(b) => b.app_counters(counters),
         Err(e) => fail(&e.to_string()),
     };
-    let runtime = match builder.spawn() {
+    let (telemetry, capture) = (args.telemetry.clone(), args.capture.clone());
+    let runtime = match builder.clone().spawn() {
         Ok(rt) => rt,
         Err(e) => fail(&e.to_string()),
     };
-    let to_child = match std::env::var(FORK_ENV).as_deref() {
-        Ok("child") => true,
-        Ok("parent") | Err(_) => false,
-        Ok(other) => fail(&format!("{FORK_ENV}={other}: say parent or child")),
+    let fork = match std::env::var(FORK_ENV).as_deref() {
+        Ok("child") => ForkMode::Child,
+        Ok("parent") | Err(_) => ForkMode::Parent,
+        Ok(other) => match other.strip_prefix("each:").map(str::parse::<usize>) {
+            Some(Ok(workers)) if (1..=64).contains(&workers) => ForkMode::Each { workers },
+            _ => fail(&format!(
+                "{FORK_ENV}={other}: say parent, child or each:N (N workers, 1 to 64)"
+            )),
+        },
     };
     let spin = match std::env::var(SPIN_ENV).as_deref() {
         Err(_) => Duration::ZERO,
@@ -114,7 +152,10 @@ pub fn init() {
         spin,
         net: runtime.net().clone(),
         runtime: Mutex::new(Some(runtime)),
-        to_child,
+        fork,
+        builder,
+        telemetry,
+        capture,
     };
     if STATE.set(state).is_err() {
         return;
@@ -133,10 +174,7 @@ pub fn init() {
 /// At exit: close what the program left open (FIN, or RST for unread
 /// data, as the kernel does), then let the loop send it and stop.
 extern "C" fn at_exit() {
-    if DETACHED.load(Ordering::Relaxed) {
-        return;
-    }
-    let Some(s) = STATE.get() else { return };
+    let Some(s) = state() else { return };
     for (fd, _) in crate::fd::all() {
         crate::sock::close(fd);
     }
@@ -145,18 +183,26 @@ extern "C" fn at_exit() {
     }
 }
 
-/// The state that moves with the stack, when it moves to the child.
-fn moving() -> Option<&'static State> {
-    state().filter(|s| s.to_child)
+/// How this process's stack goes through a `fork`: a worker's own stack
+/// stays with it (its children run on the kernel's sockets).
+fn fork_mode() -> Option<(&'static State, ForkMode)> {
+    if WORKER.get().is_some() {
+        return None;
+    }
+    let s = STATE.get()?;
+    Some((s, s.fork))
 }
 
-/// Before `fork`: when the stack moves to the child, pause its loop (the
-/// thread exits holding no lock; the device and sockets stay as they are),
-/// then hold the descriptor table still.
+/// Before `fork`: when the stack moves to the child, or the master's
+/// stack ends for workers of their own, pause its loop (the thread exits
+/// holding no lock; the device and sockets stay as they are), then hold
+/// the descriptor table still.
 extern "C" fn before_fork() {
-    if let Some(s) = moving() {
-        if let Some(rt) = s.runtime.lock().as_mut() {
-            let _ = rt.pause();
+    if let Some((s, ForkMode::Child | ForkMode::Each { .. })) = fork_mode() {
+        if !DETACHED.load(Ordering::Relaxed) {
+            if let Some(rt) = s.runtime.lock().as_mut() {
+                let _ = rt.pause();
+            }
         }
     }
     crate::fd::lock_for_fork();
@@ -164,25 +210,39 @@ extern "C" fn before_fork() {
 
 /// The parent: it keeps the stack (its paused loop, if any, runs on), or,
 /// when the stack moved to the child, gives it up without touching the
-/// device, and its ustack descriptors only close from now on.
+/// device, or, when each child has a stack, ends its own (its capture is
+/// its own) at the first fork; its ustack descriptors only close from
+/// then on.
 extern "C" fn after_fork_parent() {
     crate::fd::unlock_after_fork();
-    if let Some(s) = moving() {
-        if let Some(rt) = s.runtime.lock().as_mut() {
-            rt.forsake();
+    match fork_mode() {
+        Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {
+            if let Some(rt) = s.runtime.lock().as_mut() {
+                rt.forsake();
+            }
+            DETACHED.store(true, Ordering::Relaxed);
         }
-        DETACHED.store(true, Ordering::Relaxed);
+        Some((s, ForkMode::Each { .. })) => {
+            FORKS.fetch_add(1, Ordering::Relaxed);
+            if !DETACHED.swap(true, Ordering::Relaxed) {
+                if let Some(rt) = s.runtime.lock().take() {
+                    let _ = rt.stop();
+                }
+            }
+        }
+        _ => {}
     }
 }
 
 /// The child: it takes the stack over (its loop starts on a thread of the
-/// child), or by default runs on the kernel's sockets while the stack, its
-/// thread and its NIC stay the parent's; inherited ustack descriptors then
-/// only close (their kernel eventfd), and other calls on them fail (EBADF).
+/// child), starts a stack of its own (each child a replica), or by default
+/// runs on the kernel's sockets while the stack, its thread and its NIC
+/// stay the parent's; inherited ustack descriptors then only close (their
+/// kernel eventfd), and other calls on them fail (EBADF).
 extern "C" fn after_fork_child() {
     crate::fd::unlock_after_fork();
-    match STATE.get() {
-        Some(s) if s.to_child && !DETACHED.load(Ordering::Relaxed) => {
+    match fork_mode() {
+        Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {
             if let Some(rt) = s.runtime.lock().as_mut() {
                 if let Err(e) = rt.resume() {
                     eprintln!("ustack exec: the forked child cannot run the stack: {e}");
@@ -190,8 +250,54 @@ extern "C" fn after_fork_child() {
                 }
             }
         }
+        Some((s, ForkMode::Each { workers })) => {
+            // The master's paused stack is the master's: not a byte of its
+            // device is touched here.
+            if let Some(rt) = s.runtime.lock().as_mut() {
+                rt.forsake();
+            }
+            DETACHED.store(true, Ordering::Relaxed);
+            let index = FORKS.load(Ordering::Relaxed) % workers;
+            if let Err(e) = start_worker(s, index, workers) {
+                eprintln!("ustack exec: worker {index} cannot start its stack: {e}");
+            }
+        }
         _ => DETACHED.store(true, Ordering::Relaxed),
     }
+}
+
+/// A worker's own stack: replica `index` of `workers` on the master's
+/// interface (its telemetry socket and capture file named `PATH.wINDEX`),
+/// and the master's listening and bound sockets opened again on it.
+fn start_worker(master: &State, index: usize, workers: usize) -> Result<(), String> {
+    let suffixed = |p: &std::path::Path| {
+        let mut s = p.as_os_str().to_owned();
+        s.push(format!(".w{index}"));
+        std::path::PathBuf::from(s)
+    };
+    let mut b = master.builder.clone().replica(index, workers);
+    if let Some(t) = &master.telemetry {
+        b = b.telemetry(suffixed(t));
+    }
+    if let Some(c) = &master.capture {
+        b = b.capture(suffixed(c));
+    }
+    let runtime = b.spawn().map_err(|e| e.to_string())?;
+    let net = runtime.net().clone();
+    let state = State {
+        spin: master.spin,
+        net,
+        runtime: Mutex::new(Some(runtime)),
+        fork: ForkMode::Parent,
+        builder: master.builder.clone(),
+        telemetry: None,
+        capture: None,
+    };
+    if WORKER.set(state).is_err() {
+        return Err("a worker stack exists already".into());
+    }
+    crate::sock::reopen_inherited();
+    Ok(())
 }
 
 /// Run to completion: ask `ready` (which drives the stack once, see

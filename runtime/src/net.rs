@@ -101,6 +101,9 @@ pub struct NetConfig {
     /// Counters of the program around the stack, published in every
     /// telemetry line under `app` (see [`Builder::app_counters`]).
     pub app_counters: Option<AppCounters>,
+    /// This stack is one of several processes on one replicated port (see
+    /// [`Builder::replica`]).
+    pub replica: Option<ustack::shard::ShardId>,
 }
 
 /// Reads a program's own counters (name, value) for telemetry; called on
@@ -168,6 +171,7 @@ pub struct Builder {
     tweaks: Vec<fn(&mut Config)>,
     rcvbuf_max: Option<usize>,
     app_counters: Option<AppCounters>,
+    replica: Option<ustack::shard::ShardId>,
 }
 
 impl Builder {
@@ -267,6 +271,17 @@ impl Builder {
         self
     }
 
+    /// Make this stack process `index` of `count` on one interface, each
+    /// with its own capture (pcap) and the same address: every process sees
+    /// every frame and handles the flows whose symmetric RSS hash names it,
+    /// process 0 answers ARP (the others learn from it), and active opens
+    /// pick local ports that hash back to their process. Pre-forked servers
+    /// (nginx workers with `reuseport`) run this way, one stack per worker.
+    pub fn replica(mut self, index: usize, count: usize) -> Self {
+        self.replica = Some(ustack::shard::ShardId { index, count });
+        self
+    }
+
     /// Write every frame to this pcap file.
     pub fn capture(mut self, file: impl Into<PathBuf>) -> Self {
         self.capture = Some(file.into());
@@ -331,6 +346,20 @@ impl Builder {
         for t in &self.tweaks {
             t(&mut stack);
         }
+        if let Some(id) = self.replica {
+            if id.count == 0 || id.index >= id.count {
+                return Err(Error::Config(format!(
+                    "replica {} of {}: the index must be below the count",
+                    id.index, id.count
+                )));
+            }
+            if self.cores.is_some() {
+                return Err(Error::Config(
+                    "a replica runs one core: --cores and replicas do not mix".into(),
+                ));
+            }
+            stack.shard = id;
+        }
         let dpdk = matches!(backend, Backend::Dpdk { .. });
         if self.cores.is_some() && !dpdk {
             return Err(Error::Config(
@@ -347,6 +376,7 @@ impl Builder {
             capture: self.capture,
             impair: self.impair,
             app_counters: self.app_counters,
+            replica: self.replica,
         })
     }
 
@@ -362,6 +392,7 @@ impl Builder {
                 lcfg: cfg.loop_config(),
                 stop,
                 publisher: publisher.as_ref(),
+                replica: cfg.replica,
             },
         )
     }
@@ -393,6 +424,7 @@ impl Builder {
                 app,
                 lcfg: cfg.loop_config(),
                 publisher,
+                replica: cfg.replica,
             },
         )
     }
@@ -439,16 +471,20 @@ struct Spawn<A> {
     app: A,
     lcfg: LoopConfig,
     publisher: Option<Publisher>,
+    replica: Option<ustack::shard::ShardId>,
 }
 
 impl<A: App + Send + 'static> NodeUser for Spawn<A> {
     type Output = Runtime<A>;
     type Error = Error;
-    fn run<D>(self, node: Node<D>) -> Result<Runtime<A>, Error>
+    fn run<D>(self, mut node: Node<D>) -> Result<Runtime<A>, Error>
     where
         D: Device + Send + 'static,
         D::Buf: Send,
     {
+        if let Some(id) = self.replica {
+            node.port.shard = Some(ustack::shard::Shard::replicated(id));
+        }
         crate::shared::spawn(node, self.app, self.lcfg, self.publisher)
     }
 }
@@ -459,6 +495,7 @@ struct RunApp<'a, A: ?Sized> {
     lcfg: LoopConfig,
     stop: &'a AtomicBool,
     publisher: Option<&'a Publisher>,
+    replica: Option<ustack::shard::ShardId>,
 }
 
 impl<A: App + ?Sized> NodeUser for RunApp<'_, A> {
@@ -469,6 +506,9 @@ impl<A: App + ?Sized> NodeUser for RunApp<'_, A> {
         D: Device + Send + 'static,
         D::Buf: Send,
     {
+        if let Some(id) = self.replica {
+            node.port.shard = Some(ustack::shard::Shard::replicated(id));
+        }
         run_app(&mut node, self.app, &self.lcfg, self.stop, self.publisher)
     }
 }

@@ -419,7 +419,13 @@ where
         w(Readiness::ERROR | Readiness::CLOSED);
     }
     // Drivers check `gone` before they take the core: it is ours alone now.
-    let app = core.lock().app.take();
+    // The publisher goes now (its thread ends, its socket file is removed),
+    // not when the last handle on the stack is dropped.
+    let (app, publisher) = {
+        let mut c = core.lock();
+        (c.app.take(), c.publisher.take())
+    };
+    drop(publisher);
     Exit::Done(r.and_then(|_| app.ok_or(crate::Error::Panicked)))
 }
 

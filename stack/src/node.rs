@@ -198,10 +198,12 @@ impl<D: Device> Port<D> {
             match self.shard.as_mut().map(|s| (s.route(frame), s)) {
                 None => stack.receive(now, frame, &mut tx),
                 Some((Route::Local, shard)) => {
-                    if stack.receive_or_pass(now, frame, &mut tx, shard.id.count > 1) {
+                    if stack.receive_or_pass(now, frame, &mut tx, shard.may_pass()) {
                         shard.pass_on(frame, 1);
                     }
                 }
+                Some((Route::Replica, _)) => stack.receive_replica(now, frame, &mut tx),
+                Some((Route::NotOurs, shard)) => shard.stats.not_ours += 1,
                 Some((Route::LocalAndReplicate, shard)) => {
                     shard.replicate_arp(frame);
                     stack.receive(now, frame, &mut tx);

@@ -102,6 +102,9 @@ pub struct ShardStats {
     pub mail_in: u64,
     /// Mail lost because a sibling's mailbox was full.
     pub mailbox_full: u64,
+    /// Frames left to another process (a replicated port: every process
+    /// sees every frame and handles the flows that hash to it).
+    pub not_ours: u64,
 }
 
 /// Where a received frame goes.
@@ -113,6 +116,11 @@ pub enum Route {
     LocalAndReplicate,
     /// Hand it to this shard.
     Forward(usize),
+    /// Learn from it without answering (ARP on a replicated port, where
+    /// shard 0 answers).
+    Replica,
+    /// Another process handles it (a replicated port).
+    NotOurs,
 }
 
 /// One shard's end of the mailboxes.
@@ -127,6 +135,10 @@ pub struct Shard {
     /// is unused).
     peers: Vec<(SyncSender<Mail>, Arc<AtomicUsize>)>,
     steer: Vec<SteerRule>,
+    /// Every process on the port sees every frame (several processes, each
+    /// with its own capture of one interface): no mailboxes, and a frame
+    /// that hashes elsewhere is left alone.
+    replicated: bool,
     /// This shard's mailbox counters.
     pub stats: ShardStats,
 }
@@ -153,16 +165,51 @@ pub fn shards(count: usize, steer: &[SteerRule]) -> Vec<Shard> {
             waiting,
             peers: senders.clone(),
             steer: steer.iter().copied().filter(|r| r.to < count).collect(),
+            replicated: false,
             stats: ShardStats::default(),
         })
         .collect()
 }
 
 impl Shard {
+    /// Shard `id` of a port every shard receives all frames of: `id.count`
+    /// processes (or threads), each with its own capture of one interface
+    /// and the same address, each handling the flows whose symmetric RSS
+    /// hash names it ([`rss::frame_queue`]) and leaving the rest to the
+    /// others. Shard 0 answers ARP; the others learn from it. Its stack's
+    /// `Config::shard` must be `id`, so that its active opens pick ports
+    /// that hash back to it.
+    pub fn replicated(id: ShardId) -> Shard {
+        let (_, inbox) = sync_channel(0);
+        Shard {
+            id,
+            inbox,
+            waiting: Arc::new(AtomicUsize::new(0)),
+            peers: Vec::new(),
+            steer: Vec::new(),
+            replicated: true,
+            stats: ShardStats::default(),
+        }
+    }
+
+    /// Whether a segment for no connection here may go to a sibling.
+    pub fn may_pass(&self) -> bool {
+        self.id.count > 1 && !self.replicated
+    }
+
     /// Decide where a frame received on this shard's queue is handled.
     pub fn route(&self, frame: &[u8]) -> Route {
         if self.id.count <= 1 {
             return Route::Local;
+        }
+        if self.replicated {
+            let arp = frame.get(12..14) == Some(&[0x08, 0x06]);
+            return match (arp, self.id.index) {
+                (true, 0) => Route::Local,
+                (true, _) => Route::Replica,
+                _ if rss::frame_queue(frame, self.id.count) == self.id.index => Route::Local,
+                _ => Route::NotOurs,
+            };
         }
         if frame.get(12..14) == Some(&[0x08, 0x06]) {
             return Route::LocalAndReplicate;
@@ -280,6 +327,29 @@ mod test {
         f[36..38].copy_from_slice(&dport.to_be_bytes());
         f[46] = 0x50;
         f
+    }
+
+    #[test]
+    fn replicated_shards_split_every_flow_and_one_answers_arp() {
+        let s: Vec<Shard> = (0..3)
+            .map(|index| Shard::replicated(ShardId { index, count: 3 }))
+            .collect();
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(s[0].route(&arp), Route::Local);
+        assert_eq!(s[1].route(&arp), Route::Replica);
+        assert_eq!(s[2].route(&arp), Route::Replica);
+        let mut per_shard = [0; 3];
+        for port in 40000..40300 {
+            let f = tcp_frame(port, 8080);
+            let owners: Vec<usize> = (0..3).filter(|&i| s[i].route(&f) == Route::Local).collect();
+            assert_eq!(owners.len(), 1, "port {port}: {owners:?}");
+            assert!((0..3).all(|i| i == owners[0] || s[i].route(&f) == Route::NotOurs));
+            per_shard[owners[0]] += 1;
+        }
+        // The hash spreads flows over every process.
+        assert!(per_shard.iter().all(|&n| n > 50), "{per_shard:?}");
+        assert!(s.iter().all(|x| !x.may_pass()));
     }
 
     #[test]

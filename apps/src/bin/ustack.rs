@@ -62,10 +62,18 @@ struct ExecArgs {
     #[command(flatten)]
     net: NetArgs,
     /// Who keeps the stack when the program forks: the parent (a server
-    /// that forks helpers, as redis's BGSAVE), or the child (a master that
-    /// forks the one worker serving its sockets, as nginx with one worker).
+    /// that forks helpers, as redis's BGSAVE), the child (a master that
+    /// forks the one worker serving its sockets, as nginx with one worker),
+    /// or each child a stack of its own (a master that forks `--workers`
+    /// workers sharing `reuseport` listeners, as nginx with several).
     #[arg(long, value_enum, default_value = "parent")]
     fork: ForkOwner,
+    /// With `--fork each`: how many workers the program forks. Each runs
+    /// its own stack on the interface and serves the connections whose
+    /// flow hash names it.
+    #[arg(long, value_name = "N", required_if_eq("fork", "each"),
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: Option<u32>,
     /// Run to completion: a thread that is about to wait (recv, accept,
     /// poll, epoll_wait) first drives the stack itself for up to this many
     /// microseconds (burning its CPU), and sleeps only after that; 0 leaves
@@ -137,8 +145,12 @@ struct DemoArgs {
 /// `ustack exec --fork`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum ForkOwner {
+    /// The parent keeps the stack.
     Parent,
+    /// The stack moves to the child.
     Child,
+    /// Each child starts a stack of its own (with `--workers`).
+    Each,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -188,15 +200,19 @@ fn main() -> ExitCode {
 /// preload library and the flags in its environment.
 fn exec(args: &ExecArgs) -> Result<ExitCode> {
     use std::os::unix::process::CommandExt;
+    if args.workers.is_some() && args.fork != ForkOwner::Each {
+        eprintln!("error: --workers goes with --fork each");
+        return Ok(ExitCode::from(2));
+    }
     // The same checks the library makes before `main`, with the same words.
     args.net.net_config()?;
-    // The NET words as given (without exec's own --fork and --spin).
+    // The NET words as given (without exec's own --fork, --spin and --workers).
     let mut raw: Vec<String> = std::env::args()
         .skip_while(|a| a != "exec")
         .skip(1)
         .take_while(|a| a != "--")
         .collect();
-    for own in ["--fork", "--spin"] {
+    for own in ["--fork", "--spin", "--workers"] {
         while let Some(i) = raw.iter().position(|a| a == own) {
             raw.drain(i..(i + 2).min(raw.len()));
         }
@@ -236,10 +252,10 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
         .env("USTACK_SPIN_US", args.spin.to_string())
         .env(
             "USTACK_FORK",
-            if args.fork == ForkOwner::Child {
-                "child"
-            } else {
-                "parent"
+            match (args.fork, args.workers) {
+                (ForkOwner::Child, _) => "child".to_string(),
+                (ForkOwner::Each, Some(n)) => format!("each:{n}"),
+                _ => "parent".to_string(),
             },
         )
         .exec();
