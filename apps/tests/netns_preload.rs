@@ -1821,3 +1821,137 @@ fn udp_full_send_queue_nonblocking_gives_eagain() {
     eprintln!("non-blocking UDP flood on ustack: {r}");
     assert!(r["eagain"].as_u64().unwrap() > 0, "no EAGAIN: {r}");
 }
+
+// ------------------------------------------------------------ keepalive
+
+/// Connect, check the echo, turn keepalive on (1 s idle, 1 s between
+/// probes, 2 probes), leave a marker file, then wait in `recv`: prints the
+/// errno it ends with.
+const KEEPALIVE: &str = r#"
+import errno, json, socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.sendall(b"x")
+assert s.recv(10) == b"x"
+s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+out = {"keepcnt": s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)}
+open(sys.argv[3], "w").close()
+t = time.monotonic()
+try:
+    out["recv"] = repr(s.recv(10))
+except OSError as e:
+    out["recv"] = errno.errorcode.get(e.errno, str(e.errno))
+out["secs"] = round(time.monotonic() - t, 1)
+print(json.dumps(out), flush=True)
+"#;
+
+/// Keepalive against a peer that falls silent (a ustack process stopped
+/// with SIGSTOP: nothing answers, nothing resets): the blocked `recv`
+/// fails with the errno Linux's own client gets, ETIMEDOUT, and the
+/// probes are counted in telemetry.
+#[test]
+fn keepalive_times_out_a_silent_peer_as_linux_does() {
+    need_root!();
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let lab = Lab::new("pk", need_preload!());
+    let peer_py = lab.path("peer.py");
+    std::fs::write(&peer_py, PEER).unwrap();
+    let client_py = lab.path("keepalive.py");
+    std::fs::write(&client_py, KEEPALIVE).unwrap();
+    let (peer_py, client_py) = (
+        peer_py.display().to_string(),
+        client_py.display().to_string(),
+    );
+    // An echo server on ustack at `ip` (`host`), answering "ready".
+    let start_peer = |host: Host, ip: &str| {
+        let mut peer = lab.start_with(host, false, false, &[PYTHON, &peer_py, ip, "7101", "7102"]);
+        use std::io::BufRead;
+        let out = peer.daemon.child.as_mut().unwrap().stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the peer did not start");
+        peer
+    };
+    // Wait for the client's marker, silence the peer (SIGSTOP) until the
+    // client has ended, then end the peer.
+    let silence_while = |peer: Preloaded, marker: &Path, ended: &mut dyn FnMut() -> bool| {
+        let signal = |sig: &str| {
+            let ok = Command::new("kill")
+                .args([sig, &peer.pid().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} the peer");
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !marker.exists() {
+            assert!(Instant::now() < deadline, "the client never got going");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        signal("-STOP");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ended() {
+            if Instant::now() >= deadline {
+                signal("-CONT");
+                panic!("the client still waits 60 s after its peer fell silent");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        signal("-CONT");
+        drop(peer);
+    };
+    // Linux's own client, from 10.77.0.1, to a peer at 10.77.0.2.
+    let peer = start_peer(Host::Stack, "10.77.0.2");
+    let marker = lab.path("linux.up");
+    let mut linux = lab.linux_daemon(&[
+        PYTHON,
+        &client_py,
+        "10.77.0.2",
+        "7102",
+        &marker.display().to_string(),
+    ]);
+    silence_while(peer, &marker, &mut || {
+        linux
+            .child
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .is_ok_and(|s| s.is_some())
+    });
+    let (code, out, err) = linux.wait();
+    assert_eq!(code, 0, "Linux client: {out}{err}");
+    let linux = stdout_json("keepalive on Linux", out.as_bytes(), err.as_bytes());
+    // The same program on ustack, from 10.77.0.2, to a peer at 10.77.0.3.
+    let peer = start_peer(Host::LinuxSide, "10.77.0.3");
+    let marker = lab.path("ustack.up");
+    let mut ours = lab.start(
+        Host::Stack,
+        false,
+        &[
+            PYTHON,
+            &client_py,
+            "10.77.0.3",
+            "7102",
+            &marker.display().to_string(),
+        ],
+    );
+    silence_while(peer, &marker, &mut || ours.exited_within(Duration::ZERO));
+    let end = ours.wait();
+    end.check(0);
+    let got = stdout_json(
+        "keepalive on ustack",
+        end.out.as_bytes(),
+        end.err.as_bytes(),
+    );
+    eprintln!("keepalive: Linux {linux}, ustack {got}");
+    assert_eq!(linux["recv"], "ETIMEDOUT", "{linux}");
+    assert_eq!(got["recv"], linux["recv"], "{got}");
+    assert_eq!(got["keepcnt"], 2, "{got}");
+    let probes =
+        end.last.as_ref().expect("telemetry")["stack"]["tcp"]["totals"]["keepalive_probes"]
+            .as_u64()
+            .unwrap_or(0);
+    assert!(probes >= 2, "keepalive probes counted: {probes}");
+}

@@ -40,7 +40,11 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
     match (level, name) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => o.reuse_addr = int(val)? != 0,
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => o.reuse_port = int(val)? != 0,
-        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => o.keepalive = int(val)? != 0,
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => {
+            o.keepalive = int(val)? != 0;
+            drop(o);
+            sock::apply_tcp_opts(s);
+        }
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => o.sndbuf = int(val)?,
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => o.rcvbuf = int(val)?,
         (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => o.rcvtimeo_us = timeval_us(val)?,
@@ -62,9 +66,28 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
             drop(o);
             sock::apply_tcp_opts(s);
         }
-        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => o.keep_idle = int(val)?,
-        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL) => o.keep_intvl = int(val)?,
-        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT) => o.keep_cnt = int(val)?,
+        (
+            libc::IPPROTO_TCP,
+            name @ (libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT),
+        ) => {
+            // Linux's bounds: 1..=32767 s, 1..=32767 s, 1..=127 probes.
+            let v = int(val)?;
+            let max = if name == libc::TCP_KEEPCNT {
+                127
+            } else {
+                32767
+            };
+            if !(1..=max).contains(&v) {
+                return Err(libc::EINVAL);
+            }
+            match name {
+                libc::TCP_KEEPIDLE => o.keep_idle = v,
+                libc::TCP_KEEPINTVL => o.keep_intvl = v,
+                _ => o.keep_cnt = v,
+            }
+            drop(o);
+            sock::apply_tcp_opts(s);
+        }
         // Kept as the kernel keeps them; the stack does not act on them.
         (libc::IPPROTO_IP, libc::IP_TOS) | (libc::SOL_SOCKET, libc::SO_PRIORITY) => {
             int(val)?;

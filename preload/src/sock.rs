@@ -478,11 +478,17 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
                 handle: h,
                 connecting: false,
             };
-            // Accepted sockets inherit the listener's TCP_NODELAY.
-            let nodelay = sock.opts.lock().nodelay;
-            if nodelay {
-                new.opts.lock().nodelay = true;
-                let _ = net.with_stack(|s| s.tcp_set_nodelay(h, true));
+            // Accepted sockets inherit the listener's TCP_NODELAY and
+            // keepalive settings, as on Linux.
+            let l = *sock.opts.lock();
+            {
+                let mut o = new.opts.lock();
+                o.nodelay = l.nodelay;
+                o.keepalive = l.keepalive;
+                (o.keep_idle, o.keep_intvl, o.keep_cnt) = (l.keep_idle, l.keep_intvl, l.keep_cnt);
+            }
+            if l.nodelay || l.keepalive {
+                apply_tcp_opts(&new);
             }
             watch(net, &new, SocketRef::Tcp(h));
             return Ok((fd, peer));
@@ -514,6 +520,8 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
                     connecting: true,
                 };
                 drop(kind);
+                // Options set before connect act on the connection now.
+                apply_tcp_opts(sock);
                 watch(net, sock, SocketRef::Tcp(h));
                 if nonblock {
                     return Err(libc::EINPROGRESS);
@@ -994,7 +1002,28 @@ pub fn apply_tcp_opts(sock: &Sock) {
     let _ = net.with_stack(|s| {
         let _ = s.tcp_set_nodelay(handle, o.nodelay);
         let _ = s.tcp_set_cork(handle, o.cork);
+        let _ = s.tcp_set_keepalive(handle, keepalive_of(&o));
     });
+}
+
+/// `SO_KEEPALIVE` with the `TCP_KEEP*` timings (Linux's defaults where
+/// unset: 7200 s, 75 s, 9 probes).
+fn keepalive_of(o: &fd::Opts) -> Option<ustack::tcp::KeepAlive> {
+    let d = ustack::tcp::KeepAlive::default();
+    let secs = |v: c_int, or: Duration| {
+        u64::try_from(v)
+            .ok()
+            .filter(|&s| s > 0)
+            .map_or(or, Duration::from_secs)
+    };
+    o.keepalive.then(|| ustack::tcp::KeepAlive {
+        idle: secs(o.keep_idle, d.idle),
+        interval: secs(o.keep_intvl, d.interval),
+        count: u32::try_from(o.keep_cnt)
+            .ok()
+            .filter(|&c| c > 0)
+            .unwrap_or(d.count),
+    })
 }
 
 /// The connection's state for TCP_INFO.

@@ -516,6 +516,18 @@ impl Stack {
         self.tcp.set_nagle(h, !on)
     }
 
+    /// `SO_KEEPALIVE` with `TCP_KEEPIDLE`/`KEEPINTVL`/`KEEPCNT`: probe an
+    /// idle connection and reset it (`TimedOut`) when the peer is gone;
+    /// `None` turns it off.
+    pub fn tcp_set_keepalive(
+        &mut self,
+        h: TcpHandle,
+        ka: Option<crate::tcp::KeepAlive>,
+    ) -> Result<(), Error> {
+        let now = self.now;
+        self.tcp.set_keepalive(now, h, ka)
+    }
+
     /// `TCP_CORK`: while on, only full-sized segments leave; turning it
     /// off sends what was held.
     pub fn tcp_set_cork(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {

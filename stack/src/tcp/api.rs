@@ -3,7 +3,7 @@
 
 use core::net::{Ipv4Addr, SocketAddrV4};
 
-use super::conn::{ConnError, ConnInfo, State, TcpConn};
+use super::conn::{ConnError, ConnInfo, KeepAlive, State, TcpConn};
 use super::{ListenHandle, Listener, TcpHandle, TcpTable, local};
 use crate::error::Error;
 use crate::events::Pending;
@@ -224,6 +224,18 @@ impl TcpTable {
     /// Nagle's algorithm on or off (off is `TCP_NODELAY`).
     pub fn set_nagle(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
         self.conn_mut(h)?.set_nagle(on);
+        self.mark_dirty(h.slot);
+        Ok(())
+    }
+
+    /// Keepalive on (with its timings) or off, from `now`.
+    pub fn set_keepalive(
+        &mut self,
+        now: Instant,
+        h: TcpHandle,
+        ka: Option<KeepAlive>,
+    ) -> Result<(), Error> {
+        self.conn_mut(h)?.set_keepalive(now, ka);
         self.mark_dirty(h.slot);
         Ok(())
     }

@@ -147,6 +147,31 @@ impl Default for TcpConfig {
     }
 }
 
+/// TCP keepalive (RFC 1122 4.2.3.6, as Linux does it): after `idle` with
+/// no segment from the peer and nothing of ours in flight, a probe (an
+/// empty segment one byte before `SND.UNA`, which draws an ACK) every
+/// `interval`; once `count` probes went unanswered the connection is reset
+/// and fails with `TimedOut`. Off by default, as on Linux (`SO_KEEPALIVE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Idle time before the first probe (Linux: `TCP_KEEPIDLE`, 7200 s).
+    pub idle: Duration,
+    /// Time between probes (`TCP_KEEPINTVL`, 75 s).
+    pub interval: Duration,
+    /// Unanswered probes before giving up (`TCP_KEEPCNT`, 9).
+    pub count: u32,
+}
+
+impl Default for KeepAlive {
+    fn default() -> Self {
+        KeepAlive {
+            idle: Duration::from_secs(7200),
+            interval: Duration::from_secs(75),
+            count: 9,
+        }
+    }
+}
+
 /// Why a connection ended abnormally.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, thiserror::Error)]
 pub enum ConnError {
@@ -284,6 +309,8 @@ pub struct ConnStats {
     pub bad_segments: u64,
     /// Times an ICMP fragmentation-needed lowered the MSS (path MTU).
     pub pmtu_reductions: u64,
+    /// Keepalive probes sent (RFC 1122 4.2.3.6).
+    pub keepalive_probes: u64,
 }
 
 impl ConnStats {
@@ -298,6 +325,7 @@ impl ConnStats {
         self.timeouts += o.timeouts;
         self.dup_acks += o.dup_acks;
         self.zero_window_probes += o.zero_window_probes;
+        self.keepalive_probes += o.keepalive_probes;
         self.challenge_acks += o.challenge_acks;
         self.ooo_dropped += o.ooo_dropped;
         self.bad_segments += o.bad_segments;
@@ -425,6 +453,15 @@ pub struct TcpConn {
     /// The app closed the connection entirely ([`TcpConn::release`]): it
     /// reads nothing more, so new data is answered with RST.
     orphaned: bool,
+    /// Keepalive, when the app turned it on.
+    keepalive: Option<KeepAlive>,
+    /// When the peer last sent us a segment.
+    last_rx: Instant,
+    /// Keepalive probes sent since then, and when the last left.
+    ka_probes: u32,
+    ka_last_probe: Instant,
+    /// A keepalive probe is owed.
+    ka_pending: bool,
 
     // What to send next.
     ack_now: bool,
@@ -547,6 +584,11 @@ impl TcpConn {
             time_wait_at: None,
             fin_wait2_at: None,
             orphaned: false,
+            keepalive: None,
+            last_rx: Instant::ZERO,
+            ka_probes: 0,
+            ka_last_probe: Instant::ZERO,
+            ka_pending: false,
             ack_now: false,
             dupacks_owed: 0,
             unacked_segs: 0,
@@ -908,6 +950,9 @@ impl TcpConn {
     /// Process one segment addressed to this connection.
     pub fn on_segment(&mut self, now: Instant, seg: &Segment<'_>) {
         self.stats.segs_in += 1;
+        // The peer is alive (keepalive counts idle time from here).
+        self.last_rx = now;
+        self.ka_probes = 0;
         match self.state {
             State::Closed | State::Listen => {}
             State::SynSent => self.on_segment_syn_sent(now, seg),
@@ -1404,6 +1449,37 @@ impl TcpConn {
         self.fin_wait2_at = None;
     }
 
+    /// Turn keepalive on (with its timings) or off; idle time counts from
+    /// the peer's last segment, or from `now` if later.
+    pub fn set_keepalive(&mut self, now: Instant, ka: Option<KeepAlive>) {
+        self.keepalive = ka;
+        self.ka_probes = 0;
+        self.ka_pending = false;
+        // `last_rx` serves keepalive alone: counting from now changes
+        // nothing else (Linux restarts the timer when the option is set).
+        self.last_rx = self.last_rx.max(now);
+    }
+
+    /// Whether keepalive is on.
+    pub fn keepalive(&self) -> Option<KeepAlive> {
+        self.keepalive
+    }
+
+    /// When the next keepalive probe (or the verdict on the last one) is
+    /// due: only on an established connection with nothing in flight or
+    /// queued (retransmissions time out on their own).
+    fn keepalive_at(&self) -> Option<Instant> {
+        let ka = self.keepalive?;
+        if self.state != State::Established || self.in_flight() > 0 || self.send_queued() > 0 {
+            return None;
+        }
+        Some(if self.ka_probes == 0 {
+            self.last_rx + ka.idle
+        } else {
+            self.ka_last_probe + ka.interval
+        })
+    }
+
     /// The next time [`on_timer`](Self::on_timer) or a transmit is due.
     pub fn poll_at(&self) -> Option<Instant> {
         if self.ack_now
@@ -1421,6 +1497,7 @@ impl TcpConn {
             self.delack_at,
             self.time_wait_at,
             self.fin_wait2_at,
+            self.keepalive_at(),
         ]
         .into_iter()
         .flatten()
@@ -1444,6 +1521,22 @@ impl TcpConn {
             self.reset_orphan(None);
             self.error = Some(ConnError::TimedOut);
             return;
+        }
+        if let Some((ka, t)) = self.keepalive.zip(self.keepalive_at()) {
+            if now >= t {
+                if self.ka_probes >= ka.count {
+                    // Nothing came back: the peer is gone (Linux: ETIMEDOUT).
+                    self.error = Some(ConnError::TimedOut);
+                    self.rst_pending = Some((self.snd_nxt, Some(self.rcv_nxt)));
+                    self.state = State::Closed;
+                    self.clear_timers();
+                    return;
+                }
+                self.ka_probes += 1;
+                self.ka_last_probe = now;
+                self.ka_pending = true;
+                self.stats.keepalive_probes += 1;
+            }
         }
         if self.delack_at.is_some_and(|t| now >= t) {
             self.delack_at = None;
@@ -1568,6 +1661,14 @@ impl TcpConn {
             seg.hdr.seq = self.snd_una - 1;
             self.sent_ack(&seg);
             self.arm_persist(now);
+            return Some(seg);
+        }
+        if self.ka_pending {
+            self.ka_pending = false;
+            // Keepalive probe: an old sequence number draws the peer's ACK.
+            let mut seg = self.base_segment(now);
+            seg.hdr.seq = self.snd_una - 1;
+            self.sent_ack(&seg);
             return Some(seg);
         }
         if self.ack_now {
@@ -2170,6 +2271,76 @@ mod test {
         }
         assert_eq!(c.error(), Some(ConnError::TimedOut));
         assert_eq!(syns as u32, 1 + TcpConfig::default().syn_retries);
+    }
+
+    const KA: KeepAlive = KeepAlive {
+        idle: Duration::from_secs(10),
+        interval: Duration::from_secs(2),
+        count: 3,
+    };
+
+    #[test]
+    fn keepalive_probes_an_answering_peer_and_stays_up() {
+        let (mut c, mut s, mut now) = established(cfg(), cfg());
+        c.set_keepalive(now, Some(KA));
+        assert_eq!(c.poll_at(), Some(now + KA.idle));
+        // An hour of silence from both apps: the peer answers each probe.
+        let end = now + Duration::from_secs(3600);
+        while now < end {
+            now = c.poll_at().expect("keepalive armed");
+            let probes = drain(&mut c, now);
+            assert_eq!(probes.len(), 1);
+            let p = &probes[0];
+            assert_eq!(p.out.hdr.seq, c.snd_una - 1);
+            assert!(p.payload.is_empty() && !p.out.hdr.rst);
+            s.on_segment(now, &p.seg());
+            for w in drain(&mut s, now) {
+                c.on_segment(now, &w.seg());
+            }
+        }
+        assert_eq!(c.state(), State::Established);
+        assert_eq!(c.error(), None);
+        // One probe per idle period, every one answered.
+        assert_eq!(c.stats().keepalive_probes, 3600 / 10);
+        c.set_keepalive(now, None);
+        assert_eq!(c.poll_at(), None);
+    }
+
+    #[test]
+    fn keepalive_resets_a_silent_peer_after_count_probes() {
+        let (mut c, _s, mut now) = established(cfg(), cfg());
+        let start = now;
+        c.set_keepalive(now, Some(KA));
+        let mut probes = 0;
+        while let Some(t) = c.poll_at() {
+            now = t;
+            for w in drain(&mut c, now) {
+                if w.out.hdr.rst {
+                    assert_eq!(c.error(), Some(ConnError::TimedOut));
+                } else {
+                    probes += 1;
+                }
+            }
+            if c.state() == State::Closed {
+                break;
+            }
+        }
+        assert_eq!(probes, KA.count);
+        assert_eq!(c.error(), Some(ConnError::TimedOut));
+        // Idle, then `count` intervals for the probes' answers.
+        assert_eq!(now - start, KA.idle + KA.interval * KA.count);
+    }
+
+    #[test]
+    fn keepalive_waits_while_data_is_in_flight() {
+        let (mut c, _s, now) = established(cfg(), cfg());
+        c.set_keepalive(now, Some(KA));
+        c.send(b"unanswered");
+        let out = drain(&mut c, now);
+        assert_eq!(out.len(), 1);
+        // Only the retransmission timer runs, not keepalive.
+        assert!(c.poll_at().is_some_and(|t| t < now + KA.idle));
+        assert_eq!(c.keepalive_at(), None);
     }
 
     #[test]

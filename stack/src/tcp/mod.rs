@@ -23,7 +23,7 @@ use std::hash::Hasher;
 use siphasher::sip::SipHasher24;
 
 pub use api::TcpStatus;
-pub use conn::{ConnError, ConnInfo, Segment, State, TcpConfig, TcpConn};
+pub use conn::{ConnError, ConnInfo, KeepAlive, Segment, State, TcpConfig, TcpConn};
 pub use seq::Seq;
 
 use crate::events::{Event, Pending, Readiness, SocketRef};
