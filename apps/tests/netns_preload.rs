@@ -1642,6 +1642,21 @@ attempt("msg_peek", lambda: s.recv(10, socket.MSG_PEEK).decode())
 attempt("after_peek", lambda: s.recv(10).decode())
 s.close()
 
+# bind, then connect: the bound port is the connection's.
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 47123))
+s.connect((peer, echo_port))
+out["bound_connect_port"] = s.getsockname()[1]
+s.sendall(b"b")
+out["bound_connect_echo"] = s.recv(10).decode()
+s2 = socket.socket()
+s2.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s2.bind(("0.0.0.0", 47123))
+attempt("bound_connect_same_flow", lambda: s2.connect((peer, echo_port)))
+s2.close()
+s.close()
+
 # A closed port: ECONNREFUSED, blocking and not.
 s = socket.socket()
 attempt("connect_closed", lambda: s.connect((peer, closed_port)))
@@ -1755,6 +1770,9 @@ fn bad_input_gets_the_errno_linux_gives() {
         ("nonblock_connect_closed", "EINPROGRESS"),
         ("nonblock_closed_so_error", "ECONNREFUSED"),
         ("reset_recv", "ECONNRESET"),
+        ("bound_connect_echo", "b"),
+        // The same 4-tuple twice: Linux says EADDRNOTAVAIL.
+        ("bound_connect_same_flow", "EADDRNOTAVAIL"),
     ];
     for (key, value) in want {
         assert_eq!(ours[key], value, "ustack {key}: {ours}");
@@ -1765,6 +1783,8 @@ fn bad_input_gets_the_errno_linux_gives() {
         "{ours} vs {linux}"
     );
     assert_ne!(ours["inet6_connect"], "ok", "{ours}");
+    assert_eq!(ours["bound_connect_port"], 47123, "{ours}");
+    assert_eq!(linux["bound_connect_port"], 47123, "{linux}");
     assert_eq!(ours["nonblock_select_writable"], true, "{ours}");
     // POLLOUT (4) alone.
     assert_eq!(ours["nonblock_poll"], serde_json::json!([4]), "{ours}");

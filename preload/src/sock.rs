@@ -507,14 +507,22 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
     let handle = {
         let mut kind = sock.kind.lock();
         match *kind {
-            Kind::Fresh { .. } => {
+            Kind::Fresh { port } => {
                 if remote.ip().is_unspecified() || remote.port() == 0 {
                     return Err(libc::ECONNREFUSED);
                 }
+                // A port bound first is the connection's local port.
                 let h = net
-                    .with_stack(|s| s.tcp_connect(remote))
+                    .with_stack(|s| match port {
+                        0 => s.tcp_connect(remote),
+                        p => s.tcp_connect_from(p, remote),
+                    })
                     .map_err(gone)?
-                    .map_err(errno_of)?;
+                    .map_err(|e| match e {
+                        // The 4-tuple is taken: Linux's connect says so.
+                        StackError::AddrInUse => libc::EADDRNOTAVAIL,
+                        e => errno_of(e),
+                    })?;
                 *kind = Kind::Stream {
                     handle: h,
                     connecting: true,

@@ -462,6 +462,19 @@ impl Stack {
         self.tcp.connect(now, me, shard, remote)
     }
 
+    /// Open a connection to `remote` from local `port` (`bind` then
+    /// `connect`); `AddrInUse` when that flow exists or a listener holds
+    /// the port. On a host with several shards the flow may hash to
+    /// another shard: the app asked for the port.
+    pub fn tcp_connect_from(
+        &mut self,
+        port: u16,
+        remote: SocketAddrV4,
+    ) -> Result<TcpHandle, Error> {
+        let (now, me) = (self.now, self.ip());
+        self.tcp.connect_from(now, me, port, remote)
+    }
+
     /// Queue bytes; returns how many fit in the send buffer (0 when full).
     pub fn tcp_send(&mut self, h: TcpHandle, data: &[u8]) -> Result<usize, Error> {
         self.tcp.send(h, data)

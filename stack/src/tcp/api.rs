@@ -109,6 +109,36 @@ impl TcpTable {
         let port = self
             .pick_port(remote, |p| shard.owns_tcp(me, p, remote))
             .ok_or(Error::NoFreePort)?;
+        self.open_from(now, me, port, remote)
+    }
+
+    /// Active open from a local port the app chose (`bind` then
+    /// `connect`): `AddrInUse` when that flow exists already or a listener
+    /// holds the port.
+    pub fn connect_from(
+        &mut self,
+        now: Instant,
+        me: Ipv4Addr,
+        port: u16,
+        remote: SocketAddrV4,
+    ) -> Result<TcpHandle, Error> {
+        let key = super::FlowKey {
+            local_port: port,
+            remote,
+        };
+        if port == 0 || self.flows.contains_key(&key) || self.listeners.contains_key(&port) {
+            return Err(Error::AddrInUse);
+        }
+        self.open_from(now, me, port, remote)
+    }
+
+    fn open_from(
+        &mut self,
+        now: Instant,
+        me: Ipv4Addr,
+        port: u16,
+        remote: SocketAddrV4,
+    ) -> Result<TcpHandle, Error> {
         let local = local(me, port);
         let iss = self.isn(now, local, remote);
         let conn = TcpConn::connect(self.cfg.clone(), local, remote, iss);
