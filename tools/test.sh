@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-config
           iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd ethtool nmap
           # stock programs run on ustack under LD_PRELOAD (apps/tests/netns_preload.rs)
-          python3 sockperf redis-server redis-tools memcached libmemcached-tools nginx-light wrk curl)
+          python3 sockperf redis-server redis-tools memcached libmemcached-tools nginx-light wrk curl
+          # capsh: the pcap offload test drops CAP_NET_ADMIN (apps/tests/netns_offloads.rs)
+          libcap2-bin)
 
 step() { printf '\n==> %s\n' "$*"; }
 

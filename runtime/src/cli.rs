@@ -26,19 +26,23 @@ pub struct NetArgs {
     pub pcap: Option<String>,
     /// Run on a DPDK port (0 unless --dpdk-port) with these EAL arguments,
     /// e.g. "--no-huge -m 256 --no-pci --vdev=net_af_packet0,iface=eth1".
+    // Hidden from --help in builds without the `dpdk` feature (where it
+    // fails with a line saying how to build it), as are its companions.
     #[arg(
         long,
         value_name = "EAL ARGS",
         conflicts_with = "sim",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        hide = !cfg!(feature = "dpdk")
     )]
     pub dpdk: Option<String>,
     /// With --dpdk: the port to run on.
-    #[arg(long, value_name = "N", default_value_t = 0, requires = "dpdk")]
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "dpdk",
+          hide = !cfg!(feature = "dpdk"))]
     pub dpdk_port: u16,
     /// With --dpdk: mbufs in the port's pool (receive and transmit).
     #[arg(long, value_name = "N", default_value_t = 8191, requires = "dpdk",
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..), hide = !cfg!(feature = "dpdk"))]
     pub dpdk_mbufs: u32,
     /// Run on the in-process simulated link.
     #[arg(long)]
@@ -58,7 +62,8 @@ pub struct NetArgs {
     /// With --dpdk: one poll loop per CPU in LIST (`0,1` or `0-3`), each
     /// pinned, with its own queue pair of the port, its own stack, pools and
     /// connections (symmetric RSS keeps a flow on one core).
-    #[arg(long, value_name = "LIST", value_parser = parse_cores, requires = "dpdk")]
+    #[arg(long, value_name = "LIST", value_parser = parse_cores, requires = "dpdk",
+          hide = !cfg!(feature = "dpdk"))]
     pub cores: Option<CoreList>,
     /// Keep the idle back-off on pinned cores instead of busy-polling (for
     /// machines where the cores are shared).
@@ -83,6 +88,11 @@ pub struct NetArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 4 << 20,
           value_parser = clap::value_parser!(u32).range(4096..=(1 << 30)))]
     pub rcvbuf_max: u32,
+    /// pcap: take TCP/UDP frames whose checksum holds only the
+    /// pseudo-header sum (a local sender's checksum offload: veth, tap, a
+    /// bridge) and finish the checksum, instead of dropping them.
+    #[arg(long)]
+    pub accept_partial_checksum: bool,
 }
 
 /// `A.B.C.D/LEN`.
@@ -232,6 +242,9 @@ impl NetArgs {
         }
         if let Some(c) = &self.capture {
             b = b.capture(c);
+        }
+        if self.accept_partial_checksum {
+            b = b.accept_partial_checksum(true);
         }
         if let Some(i) = &self.impair {
             b = b.impair(i.clone());

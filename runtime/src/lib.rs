@@ -122,6 +122,15 @@ mod shared;
 pub mod telemetry;
 
 pub use clock::Clock;
+
+/// Say something the user must act on, on stderr as one `ustack: ...`
+/// line: the runtime's few start-up and first-occurrence warnings (an
+/// interface's offloads, partial checksums), which must be seen whatever
+/// the program's log settings.
+pub fn notice(msg: &str) {
+    tracing::debug!("{msg}");
+    eprintln!("ustack: {msg}");
+}
 pub use net::{AppCounters, Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
 pub use shared::{Net, Runtime, Watcher, io_error};

@@ -104,6 +104,9 @@ pub struct NetConfig {
     /// This stack is one of several processes on one replicated port (see
     /// [`Builder::replica`]).
     pub replica: Option<ustack::shard::ShardId>,
+    /// pcap: finish partial checksums from a local sender instead of
+    /// dropping them (see [`Builder::accept_partial_checksum`]).
+    pub accept_partial_checksum: bool,
 }
 
 /// Reads a program's own counters (name, value) for telemetry; called on
@@ -172,6 +175,7 @@ pub struct Builder {
     rcvbuf_max: Option<usize>,
     app_counters: Option<AppCounters>,
     replica: Option<ustack::shard::ShardId>,
+    accept_partial_checksum: bool,
 }
 
 impl Builder {
@@ -282,6 +286,16 @@ impl Builder {
         self
     }
 
+    /// pcap: take TCP/UDP frames whose checksum field holds only the
+    /// pseudo-header sum (what a local sender with checksum offload hands
+    /// over: veth, tap, a bridge) and finish their checksum, instead of
+    /// dropping them as bad (off by default: such a frame's bytes are then
+    /// not checked).
+    pub fn accept_partial_checksum(mut self, on: bool) -> Self {
+        self.accept_partial_checksum = on;
+        self
+    }
+
     /// Write every frame to this pcap file.
     pub fn capture(mut self, file: impl Into<PathBuf>) -> Self {
         self.capture = Some(file.into());
@@ -360,6 +374,14 @@ impl Builder {
             }
             stack.shard = id;
         }
+        check_user_input(
+            &backend,
+            ip,
+            self.gateway,
+            self.core,
+            self.cores.as_deref(),
+            stack.mtu,
+        )?;
         let dpdk = matches!(backend, Backend::Dpdk { .. });
         if self.cores.is_some() && !dpdk {
             return Err(Error::Config(
@@ -377,6 +399,7 @@ impl Builder {
             impair: self.impair,
             app_counters: self.app_counters,
             replica: self.replica,
+            accept_partial_checksum: self.accept_partial_checksum,
         })
     }
 
@@ -632,10 +655,74 @@ where
     .into())
 }
 
+/// The checks on what a user gave that can be made before anything is
+/// opened or printed: a gateway on our subnet, CPUs that exist, and an IP
+/// MTU the interface can carry (from sysfs, so the user reads why rather
+/// than libpcap's "Message too long" on the first large frame).
+fn check_user_input(
+    backend: &Backend,
+    ip: Ipv4Cidr,
+    gateway: Option<Ipv4Addr>,
+    core: Option<usize>,
+    cores: Option<&[usize]>,
+    mtu: usize,
+) -> Result<(), Error> {
+    if let Some(gw) = gateway {
+        if !ip.contains_addr(&gw) || gw == ip.address() {
+            return Err(Error::Config(format!(
+                "gateway {gw} is not another address on our subnet {}: --gw must be reachable directly",
+                ip.network()
+            )));
+        }
+    }
+    let wanted: Vec<usize> = core
+        .into_iter()
+        .chain(cores.unwrap_or_default().iter().copied())
+        .collect();
+    if !wanted.is_empty() {
+        let mut have: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        have.sort_unstable();
+        if let Some(bad) = wanted.iter().find(|c| !have.contains(c)) {
+            let list = have
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            return Err(Error::Config(format!(
+                "no CPU {bad} to run on: this process may use CPUs {list}"
+            )));
+        }
+    }
+    if let Backend::Pcap(iface) = backend {
+        let path = format!("/sys/class/net/{iface}/mtu");
+        if let Some(link_mtu) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+        {
+            if mtu > link_mtu {
+                return Err(Error::Config(format!(
+                    "--mtu {mtu} is above the MTU of {iface} ({link_mtu}): pass --mtu {link_mtu} or less, or raise the interface's (ip link set {iface} mtu {mtu})"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(feature = "pcap")]
 fn open_pcap<U: NodeUser>(cfg: &NetConfig, iface: &str, user: U) -> Result<U::Output, U::Error> {
     use crate::backend::pcap::PcapPort;
-    let port = PcapPort::open(iface, cfg.stack.mac, cfg.stack.mtu).map_err(Error::from)?;
+    let port = PcapPort::open_with(
+        iface,
+        cfg.stack.mac,
+        cfg.stack.mtu,
+        cfg.accept_partial_checksum,
+    )
+    .map_err(Error::from)?;
     with_wrappers(cfg, port, user)
 }
 

@@ -28,6 +28,14 @@ pub struct PortStats {
     pub tx_errors: u64,
     /// Transmits retried after a transient refusal (a full socket buffer).
     pub tx_retries: u64,
+    /// Frames larger than the MTU the kernel merged (GRO/LRO) and the port
+    /// cut back into segments (pcap).
+    pub rx_gro_frames: u64,
+    /// TCP/UDP frames whose checksum held only the pseudo-header sum (a
+    /// local sender's checksum offload), completed or left to be dropped.
+    pub rx_partial_checksum: u64,
+    /// Frames too large for the port that were no aggregate it could cut.
+    pub rx_oversize: u64,
 }
 
 /// What a backend can do, read once by the poll loop.

@@ -1,4 +1,5 @@
 //! Backends that need system libraries, each behind its cargo feature.
 
+pub mod offload;
 #[cfg(feature = "pcap")]
 pub mod pcap;

@@ -17,6 +17,8 @@ use ustack::device::{Device, DeviceCaps, PortStats};
 use ustack::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
 use ustack::time::Instant;
 
+use super::offload::{self, OffloadGuard, OffloadOutcome};
+
 /// Why a pcap port could not be opened or stopped working.
 #[derive(Debug, thiserror::Error)]
 pub enum PcapError {
@@ -60,6 +62,13 @@ pub struct PcapPort {
     /// Frames the kernel dropped on the capture's ring (pcap_stats, read
     /// once a second).
     kernel_drops: u64,
+    /// Complete partial checksums (`--accept-partial-checksum`) instead of
+    /// leaving them to fail.
+    accept_partial: bool,
+    /// The interface's receive offloads, turned off for the run.
+    _offloads: Option<OffloadGuard>,
+    /// Whether the partial-checksum notice was given.
+    told_partial: bool,
 }
 
 /// Frames held for a retry at most; beyond it they are dropped (counted).
@@ -104,6 +113,17 @@ fn link_up(iface: &str) -> Result<(), PcapError> {
     Ok(())
 }
 
+/// For a veth: which interface its peer is (`iflink`), for a message.
+fn veth_peer_hint(iface: &str) -> String {
+    let read = |f: &str| std::fs::read_to_string(format!("/sys/class/net/{iface}/{f}"));
+    match (read("iflink"), read("ifindex")) {
+        (Ok(link), Ok(index)) if link.trim() != index.trim() => {
+            format!(": the peer of {iface}, ifindex {}", link.trim())
+        }
+        _ => String::new(),
+    }
+}
+
 impl core::fmt::Debug for PcapPort {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("PcapPort")
@@ -134,7 +154,37 @@ fn classify(iface: &str, e: ::pcap::Error) -> PcapError {
 }
 
 impl PcapPort {
-    /// Open `iface` for the stack whose MAC is `mac`.
+    /// Open `iface` for the stack whose MAC is `mac`, with the kernel's
+    /// receive offloads turned off for the run where the process may
+    /// (see [`offload`]); partial checksums from a local sender are
+    /// completed when `accept_partial`.
+    pub fn open_with(
+        iface: &str,
+        mac: EthernetAddress,
+        mtu: usize,
+        accept_partial: bool,
+    ) -> Result<Self, PcapError> {
+        let mut port = Self::open(iface, mac, mtu)?;
+        port.accept_partial = accept_partial;
+        let (guard, outcome) = OffloadGuard::engage(iface);
+        match outcome {
+            OffloadOutcome::AlreadyOff => {}
+            OffloadOutcome::TurnedOff(names) => tracing::info!(
+                "pcap on {iface}: turned {} off for the run (restored at exit)",
+                names.join(", ")
+            ),
+            OffloadOutcome::LeftOn { command, why } => crate::notice(&format!(
+                "pcap on {iface}: receive offloads are on and could not be turned off ({why}); \
+                 frames merged by the kernel are cut back into segments, but run `{command}` \
+                 (needs CAP_NET_ADMIN) for full speed"
+            )),
+        }
+        port._offloads = guard;
+        Ok(port)
+    }
+
+    /// Open `iface` for the stack whose MAC is `mac`, its offloads as they
+    /// are.
     pub fn open(iface: &str, mac: EthernetAddress, mtu: usize) -> Result<Self, PcapError> {
         let known = ::pcap::Device::list().map_err(|e| classify(iface, e))?;
         if !known.iter().any(|d| d.name == iface) {
@@ -168,6 +218,9 @@ impl PcapPort {
             next_link_check: Instant::ZERO,
             backlog: VecDeque::new(),
             kernel_drops: 0,
+            accept_partial: false,
+            _offloads: None,
+            told_partial: false,
         })
     }
 
@@ -210,16 +263,62 @@ impl Device for PcapPort {
                 }
             };
             let data: &[u8] = pkt.data;
+            if data.len() > self.mtu + 14 {
+                // Merged by the kernel (GRO, or a local sender's TSO): cut
+                // back into segments that fit, if its checksum is one the
+                // kernel left (verified, or the pseudo-header sum).
+                let whole = offload::is_partial_checksum(data) || offload::l4_checksum_ok(data);
+                let before = out.len();
+                let (stats, pool) = (&mut self.stats, &mut self.pool);
+                let cut = whole
+                    .then(|| {
+                        offload::split_aggregate(data, self.mtu, |seg| {
+                            let Some(mut buf) = pool.alloc() else {
+                                stats.rx_nombuf += 1;
+                                return;
+                            };
+                            if buf.set_len(seg.len()) {
+                                buf.as_mut().copy_from_slice(seg);
+                                stats.rx_packets += 1;
+                                stats.rx_bytes += seg.len() as u64;
+                                out.push(buf);
+                            }
+                        })
+                    })
+                    .flatten();
+                match cut {
+                    Some(_) => {
+                        self.stats.rx_gro_frames += 1;
+                        n += out.len() - before;
+                    }
+                    None => self.stats.rx_oversize += 1,
+                }
+                continue;
+            }
             let Some(mut buf) = self.pool.alloc() else {
                 self.stats.rx_nombuf += 1;
                 continue;
             };
             if !buf.set_len(data.len()) {
-                // Larger than any frame the stack accepts: count and drop.
-                self.stats.rx_missed += 1;
+                self.stats.rx_oversize += 1;
                 continue;
             }
             buf.as_mut().copy_from_slice(data);
+            if offload::is_partial_checksum(data) {
+                self.stats.rx_partial_checksum += 1;
+                if self.accept_partial {
+                    offload::complete_checksum(buf.as_mut());
+                } else if !std::mem::replace(&mut self.told_partial, true) {
+                    crate::notice(&format!(
+                        "pcap on {}: TCP/UDP frames arrive with partial checksums (the sender's \
+                         checksum offload) and are dropped: turn it off where they come from \
+                         (`ethtool -K IF tx off` on the sending interface{}) or run with \
+                         --accept-partial-checksum",
+                        self.iface,
+                        veth_peer_hint(&self.iface)
+                    ));
+                }
+            }
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += data.len() as u64;
             out.push(buf);

@@ -1,0 +1,231 @@
+//! pcap mode on an interface left as the kernel sets it up: a veth pair
+//! with checksum offload, TSO, GSO and GRO on at both ends (what a laptop's
+//! NIC and a local peer look like), with `ustack run`.
+//!
+//! - As root: the stack turns its interface's GRO off for the run and puts
+//!   it back (`ethtool -k` equal before and after); with
+//!   `--accept-partial-checksum` Linux ping, a 64 MiB nc echo byte-exact
+//!   and stock iperf3 both ways work, the peer's 64 KB TSO frames are cut
+//!   back into segments (`rx_gro_frames`) and its partial checksums
+//!   completed (`rx_partial_checksum`).
+//! - Without CAP_NET_ADMIN (capsh drops it): one warning line names the
+//!   `ethtool -K` command, GRO stays on, and the transfer still works.
+//! - Without `--accept-partial-checksum`: one line says which frames are
+//!   dropped and the two ways out.
+//!
+//! The goodput with offloads on against off is printed here and measured
+//! by tools/bench; it is not asserted (the machines are shared).
+
+#[macro_use]
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Daemon, Topo, sha256, stdout_json};
+
+/// The kernel's defaults on both veth ends, GRO on the stack's side too
+/// (as a NIC's driver sets it).
+fn offloads_on(topo: &Topo) {
+    for (side, iface) in [("linux", topo.linux_if()), ("stack", topo.stack_if())] {
+        let o = topo.in_ns(
+            side,
+            &[
+                "ethtool", "-K", &iface, "tx", "on", "rx", "on", "tso", "on", "gso", "on", "gro",
+                "on",
+            ],
+        );
+        assert!(o.status.success(), "ethtool -K {iface}: {o:?}");
+    }
+}
+
+/// `ethtool -k` of the stack's interface.
+fn features(topo: &Topo) -> String {
+    let o = topo.in_ns("stack", &["ethtool", "-k", &topo.stack_if()]);
+    assert!(o.status.success());
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Whether GRO is on for the stack's interface.
+fn gro_on(topo: &Topo) -> bool {
+    features(topo)
+        .lines()
+        .any(|l| l.trim() == "generic-receive-offload: on")
+}
+
+/// `ustack run` on the stack side with `extra` flags, wrapped by `wrap`
+/// (capsh), once it answers ARP.
+fn start(topo: &Topo, wrap: Option<&str>, extra: &[&str]) -> Daemon {
+    let exe = env!("CARGO_BIN_EXE_ustack");
+    let iface = topo.stack_if();
+    let mut args: Vec<String> = ["run", "--pcap", &iface, "--ip", "10.77.0.2/24"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &topo.ns("stack")]);
+    match wrap {
+        Some(drop_cap) => {
+            let line = std::iter::once(exe.to_string())
+                .chain(args)
+                .collect::<Vec<_>>()
+                .join(" ");
+            c.args(["capsh", &format!("--drop={drop_cap}"), "--", "-c"])
+                .arg(format!("exec {line}"));
+        }
+        None => {
+            c.arg(exe).args(&args);
+        }
+    }
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ustack run");
+    let d = Daemon::new(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !topo.arping_once() {
+        assert!(Instant::now() < deadline, "ustack run did not come up");
+    }
+    d
+}
+
+/// `nc` echo of `bytes` random bytes through port 7: whether the bytes
+/// came back exact.
+fn echo_exact(topo: &Topo, bytes: usize) -> bool {
+    let (file, _) = common::random_file(bytes);
+    let want = sha256(&file);
+    let o = topo.linux(&[
+        "sh",
+        "-c",
+        &format!(
+            "timeout 120 nc -N 10.77.0.2 7 < {} | sha256sum",
+            file.display()
+        ),
+    ]);
+    String::from_utf8_lossy(&o.stdout).starts_with(&want)
+}
+
+/// Stock iperf3 against the stack's port 5201 (`-R`: the stack sends):
+/// bits per second the receiver counted.
+fn iperf3(topo: &Topo, reverse: bool) -> f64 {
+    let mut args = vec![
+        "timeout",
+        "30",
+        "iperf3",
+        "-c",
+        "10.77.0.2",
+        "-t",
+        "2",
+        "-J",
+    ];
+    if reverse {
+        args.push("-R");
+    }
+    let o = topo.linux(&args);
+    let v = stdout_json("iperf3", &o.stdout, &o.stderr);
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no receiver figure: {v}"))
+}
+
+/// Port counters from the stack's telemetry socket.
+fn port(sock: &std::path::Path) -> serde_json::Value {
+    common::telemetry(sock)["port"].clone()
+}
+
+#[test]
+fn kernel_default_offloads_as_root() {
+    need_root!();
+    need_program!("ethtool", "ethtool");
+    need_program!("iperf3", "iperf3");
+    let topo = Topo::up("of");
+    // With offloads off first: the reference goodput.
+    let off = {
+        let d = start(&topo, None, &[]);
+        let f = (iperf3(&topo, false), iperf3(&topo, true));
+        let (code, _, err) = d.stop();
+        assert_eq!(code, 0, "{err}");
+        f
+    };
+    offloads_on(&topo);
+    assert!(gro_on(&topo));
+    let before = features(&topo);
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("of.sock");
+    let d = start(
+        &topo,
+        None,
+        &[
+            "--accept-partial-checksum",
+            "--telemetry",
+            &sock.display().to_string(),
+        ],
+    );
+    assert!(!gro_on(&topo), "GRO still on while the stack runs");
+    let ping = topo.linux(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.77.0.2"]);
+    assert!(ping.status.success(), "ping: {ping:?}");
+    assert!(echo_exact(&topo, 64 << 20), "64 MiB echo not byte-exact");
+    let on = (iperf3(&topo, false), iperf3(&topo, true));
+    let p = port(&sock);
+    let (code, _, err) = d.stop();
+    assert_eq!(code, 0, "{err}");
+    // The Linux peer's TSO frames and partial checksums were seen, cut and
+    // completed.
+    assert!(p["rx_gro_frames"].as_u64().unwrap_or(0) > 0, "{p}");
+    assert!(p["rx_partial_checksum"].as_u64().unwrap_or(0) > 0, "{p}");
+    assert_eq!(p["rx_oversize"], 0, "{p}");
+    assert_eq!(
+        features(&topo),
+        before,
+        "the interface's settings were not restored"
+    );
+    eprintln!(
+        "iperf3 to / from the stack, Gbit/s: offloads off {:.2} / {:.2}, on {:.2} / {:.2}",
+        off.0 / 1e9,
+        off.1 / 1e9,
+        on.0 / 1e9,
+        on.1 / 1e9
+    );
+    assert!(on.0 > 0.0 && on.1 > 0.0);
+}
+
+#[test]
+fn without_cap_net_admin_one_line_names_the_fix() {
+    need_root!();
+    need_program!("ethtool", "ethtool");
+    need_program!("capsh", "libcap2-bin");
+    let topo = Topo::up("oc");
+    offloads_on(&topo);
+    let d = start(&topo, Some("cap_net_admin"), &["--accept-partial-checksum"]);
+    assert!(gro_on(&topo), "GRO was turned off without CAP_NET_ADMIN");
+    // Frames the kernel merged are cut back into segments.
+    assert!(echo_exact(&topo, 8 << 20), "8 MiB echo not byte-exact");
+    let (code, _, err) = d.stop();
+    assert_eq!(code, 0, "{err}");
+    let fix = format!("ethtool -K {} gro off", topo.stack_if());
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains(&fix)).collect();
+    assert_eq!(lines.len(), 1, "the warning naming `{fix}`: {err}");
+    assert!(lines[0].starts_with("ustack: "), "{}", lines[0]);
+}
+
+#[test]
+fn partial_checksums_are_named_and_refused_by_default() {
+    need_root!();
+    need_program!("ethtool", "ethtool");
+    let topo = Topo::up("op");
+    offloads_on(&topo);
+    let d = start(&topo, None, &[]);
+    // The SYN carries a partial checksum: no connection, and the reason.
+    let o = topo.linux(&["sh", "-c", "echo hi | timeout 3 nc -N 10.77.0.2 7 | wc -c"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "0");
+    let (code, _, err) = d.stop();
+    assert_eq!(code, 0, "{err}");
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("partial checksums"))
+        .collect();
+    assert_eq!(said.len(), 1, "one line, once: {err}");
+    assert!(said[0].contains("--accept-partial-checksum") && said[0].contains("tx off"));
+}

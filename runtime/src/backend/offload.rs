@@ -1,0 +1,398 @@
+//! What a kernel's offloads do to the frames a capture sees, and how a pcap
+//! port copes with them on an interface left at its defaults (a laptop's).
+//!
+//! - **GRO/LRO aggregates.** With generic receive offload on, the kernel
+//!   merges consecutive TCP segments of a flow into one frame larger than
+//!   the MTU before a packet socket sees it. [`split_aggregate`] cuts such a
+//!   frame (IPv4 total length consistent with the frame) back into segments
+//!   that fit the MTU. The kernel merges only segments whose checksums it
+//!   verified, so the pieces get checksums computed here: the bytes are
+//!   the ones it checked.
+//! - **Partial checksums.** A local peer with transmit checksum offload
+//!   (veth, tap, a bridge) hands over TCP and UDP segments whose checksum
+//!   field holds only the pseudo-header sum (the NIC was to finish it).
+//!   [`is_partial_checksum`] recognises that exact pattern; the port counts
+//!   it and, when allowed (`--accept-partial-checksum`), completes the
+//!   checksum ([`complete_checksum`]).
+//! - **The interface's own offloads.** [`OffloadGuard`] turns GRO and LRO
+//!   off on the stack's interface through `ethtool` (with CAP_NET_ADMIN)
+//!   and puts them back when dropped; without the right, it says which
+//!   command to run.
+
+use smoltcp::wire::{
+    EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket,
+};
+
+/// Ethernet header length.
+const ETH: usize = 14;
+
+/// Cut a TCP/IPv4 aggregate larger than `mtu` (IP bytes) into frames that
+/// fit, calling `emit` with each; returns how many, or `None` when `frame`
+/// is no such aggregate (not IPv4/TCP, options in the IP header, a length
+/// that disagrees with the frame, a fragment).
+pub fn split_aggregate(frame: &[u8], mtu: usize, mut emit: impl FnMut(&[u8])) -> Option<usize> {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
+        return None;
+    }
+    let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+    let ihl = usize::from(ip.header_len());
+    let total = usize::from(ip.total_len());
+    if ip.next_header() != IpProtocol::Tcp
+        || total != frame.len() - ETH
+        || ip.more_frags()
+        || ip.frag_offset() != 0
+    {
+        return None;
+    }
+    let tcp = TcpPacket::new_checked(ip.payload()).ok()?;
+    let thl = usize::from(tcp.header_len());
+    let payload = tcp.payload();
+    let per = mtu.checked_sub(ihl + thl).filter(|&p| p > 0)?;
+    if payload.len() <= per {
+        return None;
+    }
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    let (seq, id, fin, psh) = (tcp.seq_number(), ip.ident(), tcp.fin(), tcp.psh());
+    let headers = ETH + ihl + thl;
+    let mut buf = vec![0u8; headers + per];
+    let mut count = 0;
+    for (i, chunk) in payload.chunks(per).enumerate() {
+        let last = (i + 1) * per >= payload.len();
+        let len = headers + chunk.len();
+        let out = &mut buf[..len];
+        out[..headers].copy_from_slice(&frame[..headers]);
+        out[headers..].copy_from_slice(chunk);
+        {
+            let mut ip = Ipv4Packet::new_unchecked(&mut out[ETH..]);
+            ip.set_total_len(u16::try_from(len - ETH).ok()?);
+            ip.set_ident(id.wrapping_add(i as u16));
+            ip.fill_checksum();
+        }
+        let mut tcp = TcpPacket::new_unchecked(&mut out[ETH + ihl..]);
+        tcp.set_seq_number(seq + i * per);
+        // FIN and PSH belong to the aggregate's end.
+        tcp.set_fin(fin && last);
+        tcp.set_psh(psh && last);
+        tcp.fill_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst));
+        emit(out);
+        count += 1;
+    }
+    Some(count)
+}
+
+/// The transport header of an IPv4 TCP or UDP frame: (protocol, source,
+/// destination, transport bytes).
+fn transport(frame: &[u8]) -> Option<(IpProtocol, IpAddress, IpAddress, usize, usize)> {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
+        return None;
+    }
+    let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+    let proto = ip.next_header();
+    if !matches!(proto, IpProtocol::Tcp | IpProtocol::Udp) || ip.frag_offset() != 0 || ip.more_frags()
+    {
+        return None;
+    }
+    let start = ETH + usize::from(ip.header_len());
+    let end = ETH + usize::from(ip.total_len());
+    if end > frame.len() || end < start + 8 {
+        return None;
+    }
+    Some((
+        proto,
+        IpAddress::Ipv4(ip.src_addr()),
+        IpAddress::Ipv4(ip.dst_addr()),
+        start,
+        end,
+    ))
+}
+
+/// The folded (not complemented) pseudo-header sum of a transport segment.
+fn pseudo_sum(proto: IpProtocol, src: &IpAddress, dst: &IpAddress, len: usize) -> u16 {
+    let (IpAddress::Ipv4(s), IpAddress::Ipv4(d)) = (src, dst);
+    let mut sum: u32 = 0;
+    for b in [s.octets(), d.octets()] {
+        sum += u32::from(u16::from_be_bytes([b[0], b[1]]));
+        sum += u32::from(u16::from_be_bytes([b[2], b[3]]));
+    }
+    sum += u32::from(u8::from(proto));
+    sum += len as u32;
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// Whether `frame` is a TCP or UDP/IPv4 segment whose checksum field holds
+/// the pseudo-header sum alone, as a sender with checksum offload leaves
+/// it for the NIC (and a local peer hands it over as it is), and whose
+/// real checksum does not verify.
+pub fn is_partial_checksum(frame: &[u8]) -> bool {
+    let Some((proto, src, dst, start, end)) = transport(frame) else {
+        return false;
+    };
+    let seg = &frame[start..end];
+    let field = match proto {
+        IpProtocol::Tcp => 16,
+        _ => 6,
+    };
+    let Some(got) = seg.get(field..field + 2) else {
+        return false;
+    };
+    let got = u16::from_be_bytes([got[0], got[1]]);
+    got == pseudo_sum(proto, &src, &dst, seg.len()) && !verifies(proto, &src, &dst, seg)
+}
+
+/// Whether an IPv4 TCP/UDP frame's transport checksum verifies.
+pub fn l4_checksum_ok(frame: &[u8]) -> bool {
+    transport(frame).is_some_and(|(proto, src, dst, start, end)| {
+        verifies(proto, &src, &dst, &frame[start..end])
+    })
+}
+
+/// Whether a segment's checksum verifies.
+fn verifies(proto: IpProtocol, src: &IpAddress, dst: &IpAddress, seg: &[u8]) -> bool {
+    match proto {
+        IpProtocol::Tcp => TcpPacket::new_checked(seg).is_ok_and(|t| t.verify_checksum(src, dst)),
+        _ => UdpPacket::new_checked(seg).is_ok_and(|u| u.verify_checksum(src, dst)),
+    }
+}
+
+/// Finish a partial checksum in place (see [`is_partial_checksum`]).
+pub fn complete_checksum(frame: &mut [u8]) {
+    let Some((proto, src, dst, start, end)) = transport(frame) else {
+        return;
+    };
+    let seg = &mut frame[start..end];
+    match proto {
+        IpProtocol::Tcp => TcpPacket::new_unchecked(seg).fill_checksum(&src, &dst),
+        _ => UdpPacket::new_unchecked(seg).fill_checksum(&src, &dst),
+    }
+}
+
+/// The interface offloads that change the frames a capture sees, by
+/// `ethtool -k`'s names, with the short names `ethtool -K` takes.
+const RECEIVE_OFFLOADS: [(&str, &str); 3] = [
+    ("generic-receive-offload", "gro"),
+    ("large-receive-offload", "lro"),
+    ("rx-gro-hw", "rx-gro-hw"),
+];
+
+/// What [`OffloadGuard::engage`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OffloadOutcome {
+    /// Nothing to change (all off, or the interface has none).
+    AlreadyOff,
+    /// Turned off (and put back when the guard drops): the short names.
+    TurnedOff(Vec<String>),
+    /// On and left on: the command that would turn them off, and why it
+    /// was not run.
+    LeftOn {
+        /// `ethtool -K IF ... off`.
+        command: String,
+        /// Why (no CAP_NET_ADMIN, no ethtool).
+        why: String,
+    },
+}
+
+/// Receive offloads turned off on an interface for as long as it lives.
+#[derive(Debug)]
+pub struct OffloadGuard {
+    iface: String,
+    restore: Vec<String>,
+}
+
+/// `ethtool -k IF`: each receive offload that is on and not fixed.
+fn receive_offloads_on(iface: &str) -> Result<Vec<&'static str>, String> {
+    let out = std::process::Command::new("ethtool")
+        .args(["-k", iface])
+        .output()
+        .map_err(|e| format!("cannot run ethtool ({e})"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(RECEIVE_OFFLOADS
+        .iter()
+        .filter(|(long, _)| {
+            text.lines().any(|l| {
+                l.trim_start().strip_prefix(long).is_some_and(|rest| {
+                    let v = rest.trim_start_matches(':').trim();
+                    v.starts_with("on") && !v.contains("[fixed]")
+                })
+            })
+        })
+        .map(|(_, short)| *short)
+        .collect())
+}
+
+/// `ethtool -K IF NAME VALUE...`.
+fn set_offloads(iface: &str, names: &[&str], value: &str) -> Result<(), String> {
+    let mut args = vec!["-K".to_string(), iface.to_string()];
+    for n in names {
+        args.push((*n).to_string());
+        args.push(value.to_string());
+    }
+    let out = std::process::Command::new("ethtool")
+        .args(&args)
+        .output()
+        .map_err(|e| format!("cannot run ethtool ({e})"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+impl OffloadGuard {
+    /// Turn the receive offloads of `iface` off where they are on; the
+    /// guard puts them back on drop. `None` when nothing was changed, with
+    /// what was found.
+    pub fn engage(iface: &str) -> (Option<OffloadGuard>, OffloadOutcome) {
+        let on = match receive_offloads_on(iface) {
+            Ok(on) if on.is_empty() => return (None, OffloadOutcome::AlreadyOff),
+            Ok(on) => on,
+            // No ethtool, or an interface it cannot query: nothing known.
+            Err(_) => return (None, OffloadOutcome::AlreadyOff),
+        };
+        let command = format!(
+            "ethtool -K {iface} {}",
+            on.iter()
+                .map(|n| format!("{n} off"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        match set_offloads(iface, &on, "off") {
+            Ok(()) => {
+                let names: Vec<String> = on.iter().map(|s| (*s).to_string()).collect();
+                (
+                    Some(OffloadGuard {
+                        iface: iface.to_string(),
+                        restore: names.clone(),
+                    }),
+                    OffloadOutcome::TurnedOff(names),
+                )
+            }
+            Err(why) => (None, OffloadOutcome::LeftOn { command, why }),
+        }
+    }
+}
+
+impl Drop for OffloadGuard {
+    fn drop(&mut self) {
+        let names: Vec<&str> = self.restore.iter().map(String::as_str).collect();
+        if let Err(e) = set_offloads(&self.iface, &names, "on") {
+            tracing::warn!(
+                "pcap on {}: could not turn {} back on: {e}",
+                self.iface,
+                self.restore.join(", ")
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use smoltcp::wire::{
+        EthernetAddress, EthernetRepr, Ipv4Address, Ipv4Repr, TcpControl, TcpRepr, TcpSeqNumber,
+    };
+
+    const A: Ipv4Address = Ipv4Address::new(10, 0, 0, 1);
+    const B: Ipv4Address = Ipv4Address::new(10, 0, 0, 2);
+
+    /// An Ethernet/IPv4/TCP frame with `payload`, checksums right.
+    fn tcp_frame(payload: &[u8], fin: bool) -> Vec<u8> {
+        let tcp = TcpRepr {
+            src_port: 5001,
+            dst_port: 40000,
+            control: if fin { TcpControl::Fin } else { TcpControl::Psh },
+            seq_number: TcpSeqNumber(1000),
+            ack_number: Some(TcpSeqNumber(77)),
+            window_len: 500,
+            window_scale: None,
+            max_seg_size: None,
+            sack_permitted: false,
+            sack_ranges: [None; 3],
+            timestamp: None,
+            payload,
+        };
+        let ip = Ipv4Repr {
+            src_addr: A,
+            dst_addr: B,
+            next_header: IpProtocol::Tcp,
+            payload_len: tcp.buffer_len(),
+            hop_limit: 64,
+        };
+        let eth = EthernetRepr {
+            src_addr: EthernetAddress([2, 0, 0, 0, 0, 1]),
+            dst_addr: EthernetAddress([2, 0, 0, 0, 0, 2]),
+            ethertype: EthernetProtocol::Ipv4,
+        };
+        let mut f = vec![0u8; 14 + 20 + tcp.buffer_len()];
+        let mut e = EthernetFrame::new_unchecked(&mut f[..]);
+        eth.emit(&mut e);
+        let mut i = Ipv4Packet::new_unchecked(e.payload_mut());
+        ip.emit(&mut i, &smoltcp::phy::ChecksumCapabilities::default());
+        let mut t = TcpPacket::new_unchecked(i.payload_mut());
+        tcp.emit(
+            &mut t,
+            &IpAddress::Ipv4(A),
+            &IpAddress::Ipv4(B),
+            &smoltcp::phy::ChecksumCapabilities::default(),
+        );
+        f
+    }
+
+    #[test]
+    fn an_aggregate_splits_into_valid_segments_carrying_every_byte() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let frame = tcp_frame(&data, true);
+        let mut got = Vec::new();
+        let mut pieces = Vec::new();
+        let n = split_aggregate(&frame, 1500, |f| pieces.push(f.to_vec())).expect("an aggregate");
+        assert_eq!(n, pieces.len());
+        assert_eq!(n, data.len().div_ceil(1460));
+        for (i, p) in pieces.iter().enumerate() {
+            assert!(p.len() <= 1514);
+            let eth = EthernetFrame::new_checked(&p[..]).unwrap();
+            let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+            assert!(ip.verify_checksum());
+            assert_eq!(usize::from(ip.total_len()), p.len() - 14);
+            let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+            assert!(tcp.verify_checksum(&IpAddress::Ipv4(A), &IpAddress::Ipv4(B)));
+            assert_eq!(tcp.seq_number(), TcpSeqNumber(1000) + got.len());
+            assert_eq!(tcp.fin(), i + 1 == n, "FIN only on the last");
+            got.extend_from_slice(tcp.payload());
+        }
+        assert_eq!(got, data);
+    }
+
+    #[test]
+    fn frames_that_fit_or_lie_about_their_length_are_not_aggregates() {
+        assert_eq!(split_aggregate(&tcp_frame(&[1; 1000], false), 1500, |_| {}), None);
+        let mut bad = tcp_frame(&[1; 5000], false);
+        // An IPv4 total length that disagrees with the frame.
+        bad[16..18].copy_from_slice(&3000u16.to_be_bytes());
+        assert_eq!(split_aggregate(&bad, 1500, |_| panic!("split")), None);
+        assert_eq!(split_aggregate(&[0u8; 3000], 1500, |_| panic!("split")), None);
+    }
+
+    #[test]
+    fn a_partial_checksum_is_recognised_and_completed() {
+        let mut f = tcp_frame(b"hello", false);
+        assert!(!is_partial_checksum(&f));
+        // What a sender with checksum offload leaves: the pseudo-header sum.
+        let seg_len = f.len() - 34;
+        let sum = pseudo_sum(IpProtocol::Tcp, &IpAddress::Ipv4(A), &IpAddress::Ipv4(B), seg_len);
+        f[34 + 16..34 + 18].copy_from_slice(&sum.to_be_bytes());
+        assert!(is_partial_checksum(&f));
+        complete_checksum(&mut f);
+        assert!(!is_partial_checksum(&f));
+        assert_eq!(f, tcp_frame(b"hello", false));
+        // Any other wrong checksum is not that pattern.
+        f[34 + 16] ^= 0x40;
+        assert!(!is_partial_checksum(&f));
+    }
+}
