@@ -229,3 +229,46 @@ fn partial_checksums_are_named_and_refused_by_default() {
     assert_eq!(said.len(), 1, "one line, once: {err}");
     assert!(said[0].contains("--accept-partial-checksum") && said[0].contains("tx off"));
 }
+
+/// A second stack, or a stack given the Linux host's address, finds the
+/// address taken at start (RFC 5227 probe) and exits 2 with one line
+/// naming it and the holder; the first stack runs on undisturbed.
+#[test]
+fn a_second_stack_on_a_taken_address_exits_2() {
+    need_root!();
+    let topo = Topo::up("oa");
+    let first = topo.ustack_run(&[]);
+    let exe = env!("CARGO_BIN_EXE_ustack");
+    let run = |iface: &str, ip: &str| {
+        let o = topo.in_ns(
+            if iface == topo.stack_if() {
+                "stack"
+            } else {
+                "linux"
+            },
+            // Bounded: a stack that missed the conflict would run on.
+            &["timeout", "20", exe, "run", "--pcap", iface, "--ip", ip],
+        );
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    // Another ustack, beside the Linux host, asking for the first's address.
+    let (code, err) = run(&topo.linux_if(), "10.77.0.2/24");
+    assert_eq!(code, Some(2), "{err}");
+    let line = err.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("10.77.0.2 is already in use") && line.contains("02-75-73"),
+        "{err}"
+    );
+    // A stack asking for the Linux host's own address.
+    let (code, err) = run(&topo.stack_if(), "10.77.0.1/24");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("10.77.0.1 is already in use"), "{err}");
+    // The first stack still answers.
+    let ping = topo.linux(&["ping", "-c", "2", "-i", "0.2", "-W", "2", "10.77.0.2"]);
+    assert!(ping.status.success(), "{ping:?}");
+    let (code, _, err) = first.stop();
+    assert_eq!(code, 0, "{err}");
+}

@@ -131,6 +131,23 @@ pub fn notice(msg: &str) {
     tracing::debug!("{msg}");
     eprintln!("ustack: {msg}");
 }
+
+/// Once per stack: a [`notice`] when another host turns out to use the
+/// stack's address after start (RFC 5227 conflict: the two reset each
+/// other's connections). Looked at when telemetry is due, not per packet.
+pub(crate) fn tell_conflict(stack: &ustack::Stack, told: &mut bool) {
+    if *told {
+        return;
+    }
+    if let Some(mac) = stack.address_conflict() {
+        *told = true;
+        notice(&format!(
+            "{} is also used by {mac} on this link (address conflict, RFC 5227): \
+             connections may be reset; counted as arp_conflict",
+            stack.ip()
+        ));
+    }
+}
 pub use net::{AppCounters, Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
 pub use shared::{Net, Runtime, Watcher, io_error};

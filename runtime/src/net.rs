@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ustack::device::Device;
 use ustack::impair::Impaired;
-use ustack::node::{App, Node, Snapshot};
+use ustack::node::{App, Node, Port, Snapshot};
 use ustack::shard::{Shard, ShardId, Steer, SteerRule};
 use ustack::sim::{LinkConfig, SimLink};
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
@@ -56,6 +56,53 @@ pub enum Error {
     /// A poll-loop thread panicked (a bug: the engine never panics on input).
     #[error("a poll-loop thread panicked")]
     Panicked,
+    /// Another host answered the probe for our address (RFC 5227).
+    #[error(
+        "{ip} is already in use on this link by {mac}: pick another address with --ip (or stop the other stack)"
+    )]
+    AddressInUse {
+        /// The address asked for.
+        ip: std::net::Ipv4Addr,
+        /// The other host's MAC.
+        mac: smoltcp::wire::EthernetAddress,
+    },
+}
+
+/// ARP probes sent for our address at start, and the time between them
+/// (RFC 5227 asks for 3 probes 1-2 s apart; a stack that starts in 0.2 s
+/// is kept, and a holder on a LAN answers in well under that).
+const PROBES: u32 = 3;
+const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(60);
+
+/// Probe for our address before the stack speaks (pcap and DPDK ports,
+/// where other hosts share the link): `AddressInUse` when a host answers.
+fn probe<D: Device>(stack: &mut Stack, dev: D) -> Result<D, Error> {
+    let clock = Clock::new();
+    let start = clock.now();
+    let mut port = Port::new(dev, None);
+    for k in 1..=PROBES {
+        stack.probe_address();
+        let until = start + PROBE_INTERVAL * k;
+        loop {
+            let now = clock.now();
+            port.step(stack, now, &mut ());
+            if let Some(mac) = stack.address_conflict() {
+                return Err(Error::AddressInUse {
+                    ip: stack.ip(),
+                    mac,
+                });
+            }
+            if let Some(why) = port.dev.failure() {
+                return Err(RunError::Device(why).into());
+            }
+            if now >= until {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    stack.end_probing();
+    Ok(port.into_device())
 }
 
 /// Where frames come from and go.
@@ -114,6 +161,12 @@ pub struct NetConfig {
 pub type AppCounters = fn() -> Vec<(&'static str, u64)>;
 
 impl NetConfig {
+    /// Whether the stack probes for its address at start: on ports other
+    /// hosts share (pcap, DPDK), not on the simulated link.
+    pub fn probes(&self) -> bool {
+        !matches!(self.backend, Backend::Sim(..))
+    }
+
     /// The poll loop's settings: pinned to `core` if given, and
     /// busy-polling when that core is dedicated to a DPDK port (otherwise
     /// the loop backs off when idle, so shared CPUs are not starved).
@@ -599,7 +652,12 @@ where
     D::Buf: Send,
     U: NodeUser,
 {
-    let stack = Stack::new(cfg.stack.clone());
+    let mut stack = Stack::new(cfg.stack.clone());
+    let dev = if cfg.probes() {
+        probe(&mut stack, dev).map_err(U::Error::from)?
+    } else {
+        dev
+    };
     match (&cfg.capture, &cfg.impair) {
         (Some(path), imp) => capture(cfg, stack, dev, path, imp.clone(), user),
         (None, Some(imp)) => user.run(Node::new(stack, Impaired::new(dev, imp.clone()))),

@@ -92,10 +92,12 @@ pub fn run<D: Device, A: App + ?Sized>(
     let end = cfg.duration.map(|d| start + d);
     let mut next_stats = start + cfg.stats_interval;
     let mut backoff = Duration::from_micros(1);
+    let mut told_conflict = false;
     loop {
         let now = clock.now();
         let report = node.step(now, app);
         if now >= next_stats {
+            crate::tell_conflict(&node.stack, &mut told_conflict);
             on_stats(&node.snapshot(now));
             next_stats = now + cfg.stats_interval;
         }

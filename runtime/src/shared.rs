@@ -343,6 +343,7 @@ where
         publisher,
         wake: Vec::new(),
         notify: Vec::new(),
+        told_conflict: false,
     }));
     let driver: Arc<Mutex<dyn Drive>> = core.clone();
     let shared = Arc::new(Shared {
@@ -454,6 +455,8 @@ struct Core<D: Device, A> {
     /// stack's lock (kept to reuse their allocations).
     wake: Vec<Waker>,
     notify: Vec<(Watcher, Readiness)>,
+    /// The address conflict notice was given.
+    told_conflict: bool,
 }
 
 impl std::fmt::Debug for dyn Drive {
@@ -527,6 +530,9 @@ where
             }
         }
         let stats_due = now >= self.next_stats;
+        if stats_due {
+            crate::tell_conflict(&inner.stack, &mut self.told_conflict);
+        }
         let snapshot =
             (stats_due && self.publisher.is_some()).then(|| self.port.snapshot(&inner.stack, now));
         if stats_due {

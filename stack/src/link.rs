@@ -90,6 +90,13 @@ pub(crate) struct Link {
     /// set `passed` instead of answering it.
     pub(crate) may_pass: bool,
     pub(crate) passed: bool,
+    /// An RFC 5227 probe for our address is owed to the next poll.
+    probe_due: bool,
+    /// Probing: the announcement waits (it would claim the address in other
+    /// hosts' caches before we know it is ours).
+    probing: bool,
+    /// The first other host seen claiming our address (RFC 5227 conflict).
+    conflict: Option<EthernetAddress>,
 }
 
 impl Link {
@@ -106,6 +113,9 @@ impl Link {
             ip_idents: ident_buckets(secret),
             ident_hash: foldhash::fast::FixedState::with_seed(secret.0 ^ secret.1.rotate_left(32)),
             arp_retry: Vec::new(),
+            probe_due: false,
+            probing: false,
+            conflict: None,
             replica: false,
             may_pass: false,
             passed: false,
@@ -119,7 +129,10 @@ impl Link {
 
     /// The gratuitous ARP on the first poll, and ARP retries that are due.
     pub(crate) fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
-        if !self.announced {
+        if std::mem::take(&mut self.probe_due) {
+            self.send_probe(tx);
+        }
+        if !self.announced && !self.probing {
             self.announced = true;
             let me = self.ip();
             self.send_arp(tx, ArpOperation::Request, EthernetAddress::BROADCAST, me);
@@ -134,9 +147,50 @@ impl Link {
         self.arp_retry = retry;
     }
 
+    /// Owe an ARP probe for our address (RFC 5227 2.1.1) to the next poll.
+    pub(crate) fn probe_address(&mut self) {
+        self.probe_due = true;
+        self.probing = true;
+    }
+
+    /// Probing is over: the announcement may go.
+    pub(crate) fn end_probing(&mut self) {
+        self.probing = false;
+    }
+
+    /// Whether a probe is owed.
+    pub(crate) fn probe_due(&self) -> bool {
+        self.probe_due
+    }
+
+    /// The MAC of another host seen using our address, if any.
+    pub(crate) fn conflict(&self) -> Option<EthernetAddress> {
+        self.conflict
+    }
+
+    /// An ARP probe: a request for our address from sender 0.0.0.0, which
+    /// a host holding the address answers without learning us.
+    fn send_probe<T: Tx>(&mut self, tx: &mut T) {
+        let repr = ArpRepr::EthernetIpv4 {
+            operation: ArpOperation::Request,
+            source_hardware_addr: self.cfg.mac,
+            source_protocol_addr: Ipv4Addr::UNSPECIFIED,
+            target_hardware_addr: EthernetAddress([0; 6]),
+            target_protocol_addr: self.ip(),
+        };
+        let src = self.cfg.mac;
+        let len = ETH_LEN + repr.buffer_len();
+        let ok = tx.send(len, |buf| {
+            write_eth(buf, src, EthernetAddress::BROADCAST, EthernetProtocol::Arp);
+            repr.emit(&mut ArpPacket::new_unchecked(&mut buf[ETH_LEN..]));
+        });
+        self.count_tx(ok, len);
+        self.arp.stats.tx_requests += 1;
+    }
+
     /// Whether the first poll still owes the gratuitous ARP.
     pub(crate) fn announce_due(&self) -> bool {
-        !self.announced
+        !self.announced && !self.probing
     }
 
     /// Process a sibling shard's copy of an ARP frame: learn, never answer.
@@ -175,7 +229,13 @@ impl Link {
         }
         let me = self.ip();
         if spa == me {
-            // Someone else claims our address: never learn it.
+            // Someone else claims our address: never learn it. (On a host
+            // with several shards, our own MAC is a sibling's answer.)
+            let sibling = sha == self.cfg.mac && self.cfg.shard.count > 1;
+            if !sibling && self.conflict.is_none() {
+                self.conflict = Some(sha);
+                tracing::warn!("address conflict: {me} is also used by {sha} (RFC 5227)");
+            }
             return Err(DropReason::ArpConflict);
         }
         let for_us = tpa == me;

@@ -169,6 +169,12 @@ impl<D: Device> Port<D> {
         }
     }
 
+    /// The device back (after a start-up phase driven on a port of its
+    /// own); buffers still held by the port go back to their pools.
+    pub fn into_device(self) -> D {
+        self.dev
+    }
+
     /// One loop iteration of `stack` on this port at `now`.
     pub fn step<A: App + ?Sized>(
         &mut self,

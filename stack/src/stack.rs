@@ -79,6 +79,25 @@ impl Stack {
         self.link.cfg.mac
     }
 
+    /// Send an ARP probe for our address on the next poll (RFC 5227
+    /// 2.1.1): a host that holds the address answers it, and
+    /// [`address_conflict`](Self::address_conflict) then names it.
+    pub fn probe_address(&mut self) {
+        self.link.probe_address();
+    }
+
+    /// Probing is over (no conflict): the gratuitous ARP that announces the
+    /// address, held back while probing, leaves on the next poll.
+    pub fn end_probing(&mut self) {
+        self.link.end_probing();
+    }
+
+    /// The MAC address of another host seen using our IP address (it
+    /// answered a probe, or sent ARP from our address), if any.
+    pub fn address_conflict(&self) -> Option<EthernetAddress> {
+        self.link.conflict()
+    }
+
     /// A copy of every counter, gauges filled in.
     pub fn stats(&self) -> Stats {
         let mut s = self.link.stats.clone();
@@ -316,6 +335,7 @@ impl Stack {
     /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
     pub fn poll_at(&self) -> Option<Instant> {
         if self.link.announce_due()
+            || self.link.probe_due()
             || self.has_events()
             || self.pings.has_work()
             || self.udp.has_work()
@@ -748,6 +768,37 @@ mod test {
         // Someone claiming our address is never learned.
         let (_, drop) = feed(&mut s, &arp(ArpOperation::Reply, OUR_IP, OUR_IP));
         assert_eq!(drop, Some(DropReason::ArpConflict));
+    }
+
+    #[test]
+    fn a_probe_answered_by_the_holder_of_our_address_is_a_conflict() {
+        // The newcomer, configured with the address `holder` already uses.
+        let mut newcomer = Stack::new(Config::new(PEER_MAC, Ipv4Cidr::new(OUR_IP, 24)));
+        let mut holder = stack();
+        newcomer.probe_address();
+        assert_eq!(newcomer.poll_at(), Some(Instant::ZERO));
+        let mut tx = VecTx::new();
+        newcomer.poll(T0, &mut tx);
+        // Only the probe: the announcement waits for the end of probing.
+        assert_eq!(tx.frames.len(), 1);
+        let probe = tx.frames.pop().expect("a probe");
+        let f = EthernetFrame::new_checked(&probe[..]).unwrap();
+        assert!(f.dst_addr().is_broadcast());
+        let a = ArpPacket::new_checked(f.payload()).unwrap();
+        assert_eq!(a.source_protocol_addr(), &[0u8; 4][..]);
+        assert_eq!(a.target_protocol_addr(), &OUR_IP.octets()[..]);
+        let (answer, _) = feed(&mut holder, &probe);
+        assert_eq!(answer.len(), 1, "the holder answers the probe");
+        // The holder did not learn the prober's 0.0.0.0.
+        assert!(holder.arp_entries(T0).is_empty());
+        assert_eq!(newcomer.address_conflict(), None);
+        let (_, drop) = feed(&mut newcomer, &answer[0]);
+        assert_eq!(drop, Some(DropReason::ArpConflict));
+        assert_eq!(newcomer.address_conflict(), Some(OUR_MAC));
+        // Probing over: the announcement leaves.
+        newcomer.end_probing();
+        newcomer.poll(T0, &mut tx);
+        assert_eq!(tx.frames.len(), 1);
     }
 
     #[test]
