@@ -16,6 +16,37 @@ pub const EXCHANGE_RESULTS: u8 = 13;
 pub const DISPLAY_RESULTS: u8 = 14;
 pub const IPERF_DONE: u8 = 16;
 pub const ACCESS_DENIED: u8 = 0xff;
+/// The server failed: followed by iperf3's error code (`i_errno`) and
+/// `errno`, each a big-endian i32; the client prints iperf3's text for the
+/// code (`iperf3: error - ...`).
+pub const SERVER_ERROR: u8 = 0xfe;
+/// iperf3's `IEUNIMP`: "an option you are trying to set is not implemented yet".
+pub const IEUNIMP: i32 = 13;
+/// Linux errno values sent beside the code (what was refused).
+pub const EPROTONOSUPPORT: i32 = 93;
+pub const EOPNOTSUPP: i32 = 95;
+
+/// A test the server will not run, and the error state a stock client
+/// understands for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Our words for it (the server's own output).
+    pub reason: String,
+    /// iperf3's `i_errno`.
+    pub code: i32,
+    /// `errno` beside it.
+    pub errno: i32,
+}
+
+impl Refusal {
+    /// The bytes on the control connection: `SERVER_ERROR`, code, errno.
+    pub fn wire(&self) -> Vec<u8> {
+        let mut v = vec![SERVER_ERROR];
+        v.extend(self.code.to_be_bytes());
+        v.extend(self.errno.to_be_bytes());
+        v
+    }
+}
 
 /// Test parameters a client sends.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,15 +55,39 @@ pub struct Params {
     pub parallel: usize,
     pub time: f64,
     pub len: usize,
+    /// Seconds at the start not counted (iperf3's `-O`).
+    pub omit: f64,
+}
+
+/// A test the server does not run (UDP, `--bidir`), as the error state a
+/// stock iperf3 client prints.
+pub fn refusal(json: &[u8]) -> Option<Refusal> {
+    let v: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let flag = |k: &str| v.get(k).is_some_and(|x| x.as_bool() != Some(false));
+    if v.get("tcp").is_none() && v.get("udp").is_some() {
+        return Some(Refusal {
+            reason: "UDP tests are not supported (TCP only)".into(),
+            code: IEUNIMP,
+            errno: EPROTONOSUPPORT,
+        });
+    }
+    if flag("bidirectional") {
+        return Some(Refusal {
+            reason: "--bidir is not supported (one direction per test: -R for reverse)".into(),
+            code: IEUNIMP,
+            errno: EOPNOTSUPP,
+        });
+    }
+    None
 }
 
 /// Parse the client's parameter JSON (flags are tested by presence; unknown keys ignored).
 pub fn parse_params(json: &[u8]) -> Result<Params, String> {
+    if let Some(r) = refusal(json) {
+        return Err(r.reason);
+    }
     let v: serde_json::Value =
         serde_json::from_slice(json).map_err(|e| format!("bad parameter JSON: {e}"))?;
-    if v.get("tcp").is_none() && v.get("udp").is_some() {
-        return Err("UDP tests are not supported".into());
-    }
     let flag = |k: &str| v.get(k).is_some_and(|x| x.as_bool() != Some(false));
     let parallel = v
         .get("parallel")
@@ -44,9 +99,6 @@ pub fn parse_params(json: &[u8]) -> Result<Params, String> {
         .and_then(serde_json::Value::as_u64)
         .unwrap_or(128 << 10)
         .clamp(1, 1 << 20) as usize;
-    if flag("bidirectional") {
-        return Err("--bidir is not supported".into());
-    }
     Ok(Params {
         reverse: flag("reverse"),
         parallel,
@@ -55,6 +107,11 @@ pub fn parse_params(json: &[u8]) -> Result<Params, String> {
             .and_then(serde_json::Value::as_f64)
             .unwrap_or(10.0),
         len,
+        omit: v
+            .get("omit")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(0.0)
+            .clamp(0.0, 600.0),
     })
 }
 
@@ -132,7 +189,8 @@ mod test {
                 reverse: false,
                 parallel: 1,
                 time: 10.0,
-                len: 131_072
+                len: 131_072,
+                omit: 0.0,
             }
         );
         let p = parse_params(br#"{"tcp":true,"time":2,"parallel":4,"reverse":true,"len":1000}"#)

@@ -803,6 +803,25 @@ impl App for IperfClient {
             return Control::Continue;
         }
         if self.stop.load(Ordering::Relaxed) {
+            // As iperf3 on SIGINT: the interval so far and the summary of
+            // what this side saw (the server's numbers never came, so its
+            // column reads 0), then "interrupt - the client has terminated".
+            if matches!(self.phase, Phase::Running | Phase::AwaitExchange) {
+                if self.phase == Phase::Running {
+                    self.report_interval(stack, now);
+                }
+                if let Some(started) = self.started {
+                    self.test_secs = secs(started, now);
+                }
+                self.summary(stack);
+                // No "iperf Done.": the test did not finish.
+                if self.output.last().is_some_and(|l| l == "iperf Done.") {
+                    self.output.pop();
+                    if self.output.last().is_some_and(String::is_empty) {
+                        self.output.pop();
+                    }
+                }
+            }
             self.out.push(CLIENT_TERMINATE);
             send_out(stack, ctrl, &mut self.out);
             self.fail(stack, now, "interrupt - the client has terminated".into());

@@ -41,6 +41,8 @@ struct Test {
     started: Instant,
     interval_start: Instant,
     client_bytes: u64,
+    /// The `-O` seconds are over (counters started again).
+    omit_done: bool,
 }
 
 /// One finished test, for the caller and the tests.
@@ -155,6 +157,7 @@ impl IperfServer {
                     started: now,
                     interval_start: now,
                     client_bytes: 0,
+                    omit_done: false,
                 });
             }
         }
@@ -408,13 +411,19 @@ impl App for IperfServer {
         let mut end_test = false;
         match t.phase {
             Phase::Params => match take_json(&mut t.inbuf) {
-                Ok(Some(json)) => match parse_params(&json) {
-                    Ok(p) => {
+                Ok(Some(json)) => match (refusal(&json), parse_params(&json)) {
+                    // iperf3's own error state, so a stock client prints
+                    // why instead of "control socket has closed unexpectedly".
+                    (Some(r), _) => {
+                        t.out.extend(r.wire());
+                        error = Some(r.reason);
+                    }
+                    (None, Ok(p)) => {
                         t.params = Some(p);
                         t.out.push(CREATE_STREAMS);
                         t.phase = Phase::Streams;
                     }
-                    Err(e) => error = Some(e),
+                    (None, Err(e)) => error = Some(e),
                 },
                 Ok(None) => {}
                 Err(e) => error = Some(e),
@@ -457,6 +466,23 @@ impl App for IperfServer {
                 Err(e) => error = Some(e),
             },
             Phase::Streams | Phase::Done => {}
+        }
+        // iperf3's -O: what moved in the first seconds is not counted; both
+        // ends start their totals (and the test's seconds) again then.
+        let omit = t.params.as_ref().map_or(0.0, |p| p.omit);
+        if t.phase == Phase::Running
+            && !t.omit_done
+            && now.saturating_duration_since(t.started).as_secs_f64() >= omit
+        {
+            t.omit_done = true;
+            if omit > 0.0 {
+                for s in &mut t.streams {
+                    s.bytes = 0;
+                    s.interval_bytes = 0;
+                }
+                t.started = now;
+                t.interval_start = now;
+            }
         }
         // Data streams.
         let reverse = t.params.as_ref().is_some_and(|p| p.reverse);

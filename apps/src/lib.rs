@@ -14,21 +14,90 @@ pub mod services;
 pub mod telemetry;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// A flag set by Ctrl-C or SIGTERM (one handler per process).
+/// The stop flags handed out by [`stop_flag`]: set by Ctrl-C or SIGTERM,
+/// and by a closed standard output ([`out`]).
+static STOP_FLAGS: Mutex<Vec<Arc<AtomicBool>>> = Mutex::new(Vec::new());
+
+/// A flag set by Ctrl-C or SIGTERM (one handler per process), and when
+/// standard output is closed (`| head`).
 pub fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     ctrlc::set_handler(move || s.store(true, Ordering::Relaxed))
         .map_err(|e| anyhow::anyhow!("installing the signal handler: {e}"))?;
+    if let Ok(mut flags) = STOP_FLAGS.lock() {
+        flags.push(stop.clone());
+    }
     Ok(stop)
 }
 
-/// A binary's exit: its code, or one error line (`NAME: reason`) and status 2.
+/// Standard output that may be closed under us (`uping ... | head -1`).
+///
+/// Rust ignores SIGPIPE, so a write to a closed pipe fails with EPIPE, and
+/// `println!` panics on it. The binaries print through [`outln!`] and
+/// [`out!`] instead: the first EPIPE marks stdout closed, sets every
+/// [`stop_flag`] (the program winds down as ping does when SIGPIPE kills
+/// it, but through its normal exit path, so telemetry sockets and devices
+/// are released), and later output is dropped. [`exit`] then returns 141,
+/// the status a shell reports for a program killed by SIGPIPE (128 + 13),
+/// which is what `ping | head -1` gives; nothing is printed about it.
+pub mod out {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static CLOSED: AtomicBool = AtomicBool::new(false);
+
+    /// The exit status after stdout was closed: a SIGPIPE death as the shell
+    /// reports it.
+    pub const CLOSED_STATUS: u8 = 141;
+
+    /// Whether a write found stdout closed.
+    pub fn closed() -> bool {
+        CLOSED.load(Ordering::Relaxed)
+    }
+
+    /// Write `args` to stdout (flushed); on a closed pipe, remember it and
+    /// ask the program to stop.
+    pub fn write(args: std::fmt::Arguments<'_>) {
+        if closed() {
+            return;
+        }
+        let mut o = std::io::stdout().lock();
+        let r = o.write_fmt(args).and_then(|()| o.flush());
+        if let Err(e) = r {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                CLOSED.store(true, Ordering::Relaxed);
+                if let Ok(flags) = super::STOP_FLAGS.lock() {
+                    for f in flags.iter() {
+                        f.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `println!` that does not panic when stdout is closed (see [`out`]).
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::out::write(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::out::write(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `print!` that does not panic when stdout is closed (see [`out`]).
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => { $crate::out::write(format_args!($($t)*)) };
+}
+
+/// A binary's exit: its code, or one error line (`NAME: reason`) and status
+/// 2; 141 without a word when stdout was closed under it (see [`out`]).
 pub fn exit(name: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
+        Ok(_) if out::closed() => ExitCode::from(out::CLOSED_STATUS),
         Ok(code) => code,
         Err(e) => {
             eprintln!("{name}: {e:#}");

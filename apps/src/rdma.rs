@@ -151,7 +151,7 @@ impl App for PingFront {
                     "time_ms": p.rtt.as_secs_f64() * 1e3, "duplicate": p.duplicate,
                 }));
             } else if !self.quiet {
-                println!("{}", pong_line(&p));
+                crate::outln!("{}", pong_line(&p));
             }
         }
         ctl
@@ -199,7 +199,7 @@ impl NodeUser for PingUser {
             replies: Vec::new(),
         };
         if !o.json {
-            println!(
+            crate::outln!(
                 "RDMA UD PING {dst} qkey {:#010x}: {size} bytes per message, RoCEv2 from {}",
                 o.qkey,
                 node.stack.ip()
@@ -223,14 +223,16 @@ impl NodeUser for PingUser {
             bail!("{dst}: {e}");
         }
         let s = front.pinger.summary().clone();
+        // iputils' `time`: first request to last request.
         let elapsed = front
             .pinger
             .started()
-            .map_or(Duration::ZERO, |t| clock.now().saturating_duration_since(t));
+            .zip(front.pinger.last_sent())
+            .map_or(Duration::ZERO, |(a, b)| b.saturating_duration_since(a));
         if o.json {
-            println!("{}", ping_json(dst, &s, elapsed, front.replies));
+            crate::outln!("{}", ping_json(dst, &s, elapsed, front.replies));
         } else {
-            print!("{}", ping_summary(dst, &s, elapsed));
+            crate::out!("{}", ping_summary(dst, &s, elapsed));
         }
         Ok(if s.received > 0 {
             ExitCode::SUCCESS
@@ -257,7 +259,7 @@ pub fn verbs_ping(o: &PingOpts) -> Result<ExitCode> {
     cfg.size = o.size;
     cfg.timeout = o.timeout;
     let mut p = UdPinger::new(cfg);
-    println!(
+    crate::outln!(
         "RDMA UD PING {dst} qkey {:#010x}: verbs device {} ({})",
         o.qkey,
         dev.device(),
@@ -270,7 +272,7 @@ pub fn verbs_ping(o: &PingOpts) -> Result<ExitCode> {
         let done = p.poll_transport(now, &mut dev) == Control::Exit;
         for e in p.drain_events() {
             if !o.quiet {
-                println!("{}", pong_line(&e));
+                crate::outln!("{}", pong_line(&e));
             }
         }
         if done {
@@ -284,7 +286,7 @@ pub fn verbs_ping(o: &PingOpts) -> Result<ExitCode> {
     let elapsed = p
         .started()
         .map_or(Duration::ZERO, |t| clock.now().saturating_duration_since(t));
-    print!("{}", ping_summary(dst, p.summary(), elapsed));
+    crate::out!("{}", ping_summary(dst, p.summary(), elapsed));
     Ok(if p.summary().received > 0 {
         ExitCode::SUCCESS
     } else {
@@ -338,7 +340,7 @@ impl App for BwFront {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let c = self.0.poll(now, stack);
         for r in self.0.take_results() {
-            println!("{}", bw_row(&r));
+            crate::outln!("{}", bw_row(&r));
         }
         c
     }
@@ -374,18 +376,20 @@ impl NodeUser for BwUser {
             }
             cfg.sizes = vec![s];
         }
-        println!(
+        crate::outln!(
             "                    Send BW Test (RoCEv2 UD by ustack)\n Dual-port: OFF  Transport: RoCEv2 UD  QP: to {dst}  Q_Key {:#010x}\n TX depth: {}  Max msg: {max} bytes  Iterations: {}",
-            o.qkey, cfg.tx_depth, cfg.iterations
+            o.qkey,
+            cfg.tx_depth,
+            cfg.iterations
         );
-        print!("{}", bw_header());
+        crate::out!("{}", bw_header());
         let mut front = BwFront(UdBandwidth::new(cfg));
         let lcfg = LoopConfig {
             core: o.core,
             ..LoopConfig::default()
         };
         crate::run_app(&mut node, &mut front, &lcfg, None)?;
-        println!("{}", "-".repeat(95));
+        crate::outln!("{}", "-".repeat(95));
         if let Some(e) = front.0.error() {
             bail!("{dst}: {e}");
         }
@@ -410,7 +414,7 @@ impl NodeUser for SinkUser {
         D::Buf: Send,
     {
         let mut r = UdResponder::new(self.qpn, self.qkey);
-        println!(
+        crate::outln!(
             "uperf: RDMA UD sink on {} qpn {} qkey {:#010x} (also answers UD pings)",
             node.stack.ip(),
             self.qpn,
@@ -424,7 +428,7 @@ impl NodeUser for SinkUser {
         if let Some(e) = r.error() {
             bail!("{e}");
         }
-        println!("{}", responder_line(&r));
+        crate::outln!("{}", responder_line(&r));
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -569,7 +573,7 @@ impl NodeUser for UdMeshUser {
     {
         let mut pingers = self.pingers();
         if !self.json {
-            println!(
+            crate::outln!(
                 "RDMA UD MESH {} targets (qpn {} qkey {:#010x}), {} pings/s for {} s",
                 self.targets.len(),
                 self.qpn,
@@ -584,9 +588,9 @@ impl NodeUser for UdMeshUser {
         }
         let (text, json) = self.report(&pingers);
         if self.json {
-            println!("{json}");
+            crate::outln!("{json}");
         } else {
-            print!("{text}");
+            crate::out!("{text}");
         }
         Ok(if pingers.iter().all(|p| p.summary().received > 0) {
             ExitCode::SUCCESS

@@ -129,3 +129,125 @@ fn exec_refuses_bad_spin_and_fork_values() {
         assert!(bad.iter().any(|w| err.contains(w)), "{bad:?}: {err}");
     }
 }
+
+/// Run `bin args` with its stdout a pipe whose reader is already gone (as
+/// under `| head -1` after head exits): (status, stderr).
+pub fn with_closed_stdout(bin: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `ustack demo | head -1`: no "failed printing to stdout" panic (101), the
+/// status a SIGPIPE death gets from the shell instead, and nothing on stderr.
+#[test]
+fn closed_stdout_exits_quietly() {
+    let (code, err) = with_closed_stdout(
+        env!("CARGO_BIN_EXE_ustack"),
+        &["demo", "--duration", "1", "--no-tui", "--tcp-mib", "0"],
+    );
+    assert_eq!(code, Some(141), "stderr:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.is_empty(), "quiet: {err}");
+}
+
+fn help(bin: &str, args: &[&str]) -> String {
+    let out = Command::new(bin).args(args).output().expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ustack run --help` names everything the daemon serves; --dpdk and
+/// --verbs are listed only in builds that have them.
+#[test]
+fn help_names_services_and_only_built_backends() {
+    let run = help(env!("CARGO_BIN_EXE_ustack"), &["run", "--help"]);
+    for what in [
+        "echo (7)",
+        "discard (9)",
+        "iperf3 (5201",
+        "UD ping responder",
+    ] {
+        assert!(run.contains(what), "{what} in\n{run}");
+    }
+    let uping = help(env!("CARGO_BIN_EXE_uping"), &["--help"]);
+    let uperf = help(env!("CARGO_BIN_EXE_uperf"), &["--help"]);
+    for h in [&run, &uping, &uperf] {
+        assert_eq!(h.contains("--dpdk"), cfg!(feature = "dpdk"), "{h}");
+        assert_eq!(h.contains("--cores"), cfg!(feature = "dpdk"), "{h}");
+    }
+    assert_eq!(
+        uping.contains("--verbs"),
+        cfg!(feature = "verbs"),
+        "{uping}"
+    );
+}
+
+/// `ustack send`'s own checks: port 0 and bad byte counts are refused with
+/// one `error:` line and status 2; K/M/G suffixes are taken.
+#[test]
+fn send_refuses_port_zero_and_takes_byte_suffixes() {
+    let send = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ustack"))
+            .args(["send", "--ip", "10.77.0.2/24"])
+            .args(extra)
+            .output()
+            .expect("run ustack")
+    };
+    for bad in [
+        &["--to", "10.77.0.1:0"][..],
+        &["--to", "10.77.0.1:9", "--bytes", "12X"],
+        &["--to", "10.77.0.1:9", "--bytes", "0"],
+        &["--to", "10.77.0.1:9", "--bytes", "99999999999T"],
+    ] {
+        let out = send(bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.starts_with("error: "), "{bad:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A suffixed count parses: the next complaint is the missing backend.
+    for ok in ["64M", "512k", "1G", "1048576"] {
+        let out = send(&["--to", "10.77.0.1:9", "--bytes", ok]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{ok}: {err}");
+        assert!(err.contains("choose a backend"), "{ok}: {err}");
+    }
+}
+
+/// Mistakes in NET found before anything starts: a gateway off the subnet
+/// and a CPU that does not exist give one line and status 2, and nothing
+/// on stdout (no banner first).
+#[test]
+fn net_mistakes_are_refused_before_the_banner() {
+    for (bad, what) in [
+        (
+            &["--gw", "192.168.9.1"][..],
+            "not another address on our subnet",
+        ),
+        (&["--gw", "10.77.0.2"], "not another address on our subnet"),
+        (&["--core", "4096"], "no CPU 4096"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ustack"))
+            // An interface that does not exist: a check that is missing
+            // fails on opening it, and nothing is ever sent.
+            .args(["run", "--pcap", "nosuch0", "--ip", "10.77.0.2/24"])
+            .args(bad)
+            .output()
+            .expect("run ustack");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(out.stdout.is_empty(), "{bad:?}: banner printed");
+        assert!(err.contains(what), "{bad:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}

@@ -756,3 +756,153 @@ fn uperf_client_text_output_and_errors() {
     );
     assert_eq!(lines.last(), Some(&"iperf Done."), "{text}");
 }
+
+/// Rough edges a new user hit (issue 18), against the kernel in our own
+/// namespaces: a closed stdout, an absent host, an interrupted send, an
+/// MTU the interface cannot carry.
+#[test]
+fn rough_edges_closed_stdout_absent_host_interrupt_and_mtu() {
+    need_root!();
+    let topo = Topo::up("re");
+    let closed = |mut c: Command| {
+        let mut child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        // Both exit on their own (a count, a --duration) if the fix is gone.
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // `uping ... | head -1` and `ustack run ... | head -2`, head gone: no
+    // "failed printing to stdout" panic, the shell's SIGPIPE status.
+    let mut c = Command::new("ip");
+    c.args([
+        "netns",
+        "exec",
+        &topo.ns("stack"),
+        env!("CARGO_BIN_EXE_uping"),
+    ])
+    .args(["--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"])
+    .args(["-c", "3", "-i", "0.2", "10.77.0.1"]);
+    let (code, err) = closed(c);
+    assert_eq!(code, Some(141), "uping: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let mut c = topo.ustack(&["run", "--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"]);
+    c.args(["--duration", "20"]);
+    let (code, err) = closed(c);
+    assert_eq!(code, Some(141), "ustack run: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // ARP for the target fails: iputils' line for each request, counted
+    // as errors, and ping's exit status 1.
+    let out = topo.uping(&["-c", "2", "-i", "0.2", "-W", "30", "10.77.0.9"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    for seq in [1, 2] {
+        assert!(
+            text.contains(&format!(
+                "From 10.77.0.2 icmp_seq={seq} Destination Host Unreachable"
+            )),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains("2 packets transmitted, 0 received, +2 errors"),
+        "{text}"
+    );
+
+    // `ustack send` to a host that never answers ARP says so.
+    let out = topo
+        .ustack(&["send", "--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"])
+        .args(["--to", "10.77.0.9:9", "--bytes", "1M", "--timeout", "5"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no ARP reply from 10.77.0.9"), "{err}");
+    assert!(!err.contains("written"), "{err}");
+
+    // SIGTERM during a send is reported as an interrupt, not a timeout.
+    let child = topo
+        .ustack(&["send", "--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"])
+        .args(["--to", "10.77.0.9:9", "--bytes", "1M"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, _, err) = Daemon::new(child).stop();
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("interrupted after"), "{err}");
+    assert!(!err.contains("not finished after 120"), "{err}");
+
+    // An IP MTU above the interface's: said at start, before the banner.
+    let out = topo
+        .ustack(&["run", "--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"])
+        .args(["--mtu", "9000"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        err.contains(&format!(
+            "--mtu 9000 is above the MTU of {} (1500)",
+            topo.stack_if()
+        )),
+        "{err}"
+    );
+}
+
+/// A stock `iperf3 -c` against `uperf -s`: `-u` and `--bidir` are refused
+/// with iperf3's own error (printed by the client), and `-O` is honoured so
+/// the sender's and receiver's totals agree.
+#[test]
+fn stock_iperf3_refusals_and_omit_against_uperf_server() {
+    need_root!();
+    let topo = Topo::up("io");
+    let server = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.ns("stack"),
+            env!("CARGO_BIN_EXE_uperf"),
+        ])
+        .args(["--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24", "-s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _server = scopeguard(server);
+    std::thread::sleep(Duration::from_millis(700));
+    for args in [&["-u", "-t", "1"][..], &["--bidir", "-t", "1"]] {
+        let out = topo.linux(&[&["iperf3", "-c", "10.77.0.2"][..], args].concat());
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{args:?}: {text}");
+        assert!(
+            text.contains("an option you are trying to set is not implemented yet"),
+            "{args:?}: {text}"
+        );
+        assert!(!text.contains("closed unexpectedly"), "{args:?}: {text}");
+    }
+    let out = topo.linux(&["iperf3", "-c", "10.77.0.2", "-t", "2", "-O", "1", "-J"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.status.success(), "{json}");
+    let sent = json["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+    let received = json["end"]["sum_received"]["bytes"].as_u64().unwrap();
+    // Without -O honoured the server counts the omitted second too:
+    // received would be about 1.5 x sent.
+    assert!(
+        received <= sent + sent / 10 && received >= sent / 2,
+        "sent {sent}, received {received}"
+    );
+}

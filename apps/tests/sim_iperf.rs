@@ -262,3 +262,138 @@ fn busy_server_denies_a_second_client() {
     let e = second.error.clone().unwrap();
     assert!(e.contains("busy"), "{e}");
 }
+
+/// A stock iperf3 client's control connection, by hand: cookie, then the
+/// parameters it is given; keeps every byte the server sends until it
+/// closes.
+struct RawClient {
+    params: serde_json::Value,
+    h: Option<ustack::tcp::TcpHandle>,
+    stage: u8,
+    got: Vec<u8>,
+}
+
+impl App for RawClient {
+    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
+        let h = match self.h {
+            Some(h) => h,
+            None => *self
+                .h
+                .insert(stack.tcp_connect(SocketAddrV4::new(SERVER, 5201)).unwrap()),
+        };
+        let Ok(st) = stack.tcp_status(h) else {
+            return Control::Exit;
+        };
+        if self.stage == 0 && st.state == ustack::tcp::State::Established {
+            let mut cookie = [b'a'; 37];
+            cookie[36] = 0;
+            stack.tcp_send(h, &cookie).unwrap();
+            self.stage = 1;
+        }
+        let mut b = [0u8; 256];
+        while let Ok(n) = stack.tcp_recv(h, &mut b) {
+            if n == 0 {
+                break;
+            }
+            self.got.extend_from_slice(&b[..n]);
+        }
+        if self.stage == 1 && self.got.first() == Some(&ustack_apps::iperf::PARAM_EXCHANGE) {
+            stack
+                .tcp_send(h, &ustack_apps::iperf::frame_json(&self.params))
+                .unwrap();
+            self.stage = 2;
+        }
+        if st.eof || st.error.is_some() {
+            let _ = stack.tcp_close(h);
+            return Control::Exit;
+        }
+        Control::Continue
+    }
+}
+
+/// `iperf3 -c -u` and `--bidir` against the server: iperf3's own error
+/// state (SERVER_ERROR, IEUNIMP and an errno) goes out before the close,
+/// so the stock client prints "an option you are trying to set is not
+/// implemented yet" rather than "control socket has closed unexpectedly".
+#[test]
+fn refused_tests_get_iperf3_error_state() {
+    for (params, errno) in [
+        (
+            serde_json::json!({"udp": true, "omit": 0, "time": 2, "parallel": 1, "len": 1460,
+            "bandwidth": 1048576, "client_version": "3.12"}),
+            93i32,
+        ),
+        (
+            serde_json::json!({"tcp": true, "omit": 0, "time": 2, "parallel": 1, "len": 131072,
+            "bidirectional": true, "client_version": "3.12"}),
+            95,
+        ),
+    ] {
+        let mut net = SimNet::new(link());
+        net.add(host_config(1));
+        net.add(host_config(2));
+        let mut server = IperfServer::new(5201, false);
+        let mut raw = RawClient {
+            params: params.clone(),
+            h: None,
+            stage: 0,
+            got: Vec::new(),
+        };
+        net.run_until(
+            Instant::ZERO + Duration::from_secs(5),
+            &mut [&mut server, &mut raw],
+            |_| false,
+        );
+        let mut want = vec![ustack_apps::iperf::PARAM_EXCHANGE, 0xfe];
+        want.extend(13i32.to_be_bytes());
+        want.extend(errno.to_be_bytes());
+        assert_eq!(raw.got, want, "{params}: {:?}", server.output);
+        assert!(
+            server.output.iter().any(|l| l.contains("not supported")),
+            "{:?}",
+            server.output
+        );
+    }
+}
+
+/// Ctrl-C during `uperf -c`: iperf3's partial summary (the interval so
+/// far, then sender and receiver lines), and the interrupt as the error.
+#[test]
+fn interrupted_client_prints_the_partial_summary() {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut c = IperfClient::new(config(10.0, 1, false), stop.clone());
+    let mut server = IperfServer::new(5201, false);
+    let mut net = SimNet::new(link());
+    net.add(host_config(1));
+    net.add(host_config(2));
+    let mut done = false;
+    let at = |s: f64| Instant::ZERO + Duration::from_secs_f64(s);
+    {
+        let mut app = ClientApp {
+            c: &mut c,
+            done: &mut done,
+        };
+        net.run_until(at(2.5), &mut [&mut server, &mut app], |_| false);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    {
+        let mut app = ClientApp {
+            c: &mut c,
+            done: &mut done,
+        };
+        net.run_until(at(10.0), &mut [&mut server, &mut app], |_| false);
+    }
+    assert!(done, "the client stopped");
+    let text = c.output.join("\n");
+    assert!(
+        c.error.as_deref() == Some("interrupt - the client has terminated"),
+        "{:?}",
+        c.error
+    );
+    assert!(text.contains("- - - - - - - - -"), "{text}");
+    let sender = text.lines().find(|l| l.ends_with("sender")).expect(&text);
+    assert!(sender.contains("  0.00-2."), "{sender}");
+    assert!(!sender.contains(" 0.00 Bytes"), "{sender}");
+    assert!(text.lines().any(|l| l.ends_with("receiver")), "{text}");
+    assert!(!text.contains("iperf Done."), "{text}");
+}

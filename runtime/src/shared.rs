@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Waker};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
@@ -103,6 +103,31 @@ pub(crate) struct Shared {
     driver: Arc<Mutex<dyn Drive>>,
     /// Callers inside [`Net::drive`]; a pause waits for none to be left.
     drivers: AtomicUsize,
+    /// When a caller last ran a turn ([`Net::drive`]), in microseconds of
+    /// [`since_start`].
+    driven_at: AtomicU64,
+}
+
+/// Microseconds since the first call in this process (a cheap clock for
+/// "recently").
+fn since_start() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_micros() as u64
+}
+
+/// How recently a caller must have driven the stack for the loop's thread
+/// to stay out of its way.
+const DRIVING: u64 = 200;
+
+impl Shared {
+    /// Whether a caller drove the stack in the last [`DRIVING`] µs.
+    fn driving(&self) -> bool {
+        let at = self.driven_at.load(Ordering::Relaxed);
+        at != 0 && since_start().saturating_sub(at) < DRIVING
+    }
 }
 
 /// A handle on a running stack: what the async and blocking fronts hold.
@@ -134,6 +159,12 @@ impl Net {
     /// The loop has work (data queued, a connection opened): wake it if it
     /// sleeps.
     pub(crate) fn kick(&self) {
+        // A caller drives the stack (run to completion): it sends what was
+        // queued on its next turn; waking the loop's thread would only
+        // take the CPU from it.
+        if self.shared.driving() {
+            return;
+        }
         if let Some(t) = self.shared.loop_thread.lock().as_ref() {
             t.unpark();
         }
@@ -359,6 +390,7 @@ where
         pause: AtomicBool::new(false),
         driver,
         drivers: AtomicUsize::new(0),
+        driven_at: AtomicU64::new(0),
     });
     let net = Net {
         shared: shared.clone(),
@@ -600,6 +632,7 @@ impl Net {
             && s.driver.try_lock().is_some_and(|mut core| {
                 // Checked again under the core's lock: the loop's thread
                 // ends holding it.
+                s.driven_at.store(since_start().max(1), Ordering::Relaxed);
                 !s.gone.load(Ordering::Acquire) && core.turn(s, false).busy
             });
         s.drivers.fetch_sub(1, Ordering::SeqCst);
@@ -630,6 +663,14 @@ where
     loop {
         let stop = shared.stop.load(Ordering::Acquire);
         let mut c = match core.try_lock() {
+            // A caller drove it a moment ago: stay out of its way (on a
+            // shared CPU, waking here would preempt it).
+            Some(c) if !stop && shared.driving() && !shared.pause.load(Ordering::Acquire) => {
+                drop(c);
+                backoff = (backoff * 2).min(Duration::from_micros(100));
+                std::thread::park_timeout(backoff);
+                continue;
+            }
             Some(c) => c,
             // A caller drives the stack now: it runs the iterations.
             None if !stop && !shared.pause.load(Ordering::Acquire) => {
@@ -637,6 +678,7 @@ where
                 std::thread::park_timeout(backoff);
                 continue;
             }
+
             None => core.lock(),
         };
         let turn = c.turn(shared, stop);

@@ -89,7 +89,9 @@ struct Cli {
 fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
-        _ => Err(format!("'{s}' is not a number of seconds from 0 to 86400")),
+        _ => Err(format!(
+            "'{s}' is not a test length: give more than 0 and at most 86400 seconds"
+        )),
     }
 }
 
@@ -123,7 +125,7 @@ impl App for ServerFront {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let c = self.0.poll(now, stack);
         for line in self.0.output.drain(..) {
-            println!("{line}");
+            ustack_apps::outln!("{line}");
         }
         c
     }
@@ -140,7 +142,7 @@ impl App for ClientFront {
         let c = self.client.poll(now, stack);
         for line in self.client.output.drain(..) {
             if !self.json {
-                println!("{line}");
+                ustack_apps::outln!("{line}");
             }
         }
         c
@@ -213,7 +215,7 @@ impl NodeUser for Run<'_> {
             if let Err(e) = &run {
                 v["error"] = serde_json::json!(e.to_string());
             }
-            println!(
+            ustack_apps::outln!(
                 "{}",
                 serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
             );
@@ -262,9 +264,9 @@ fn run_rr<D: Device>(
         |s| tele.publish(s),
     )?;
     if cli.json {
-        println!("{}", client.json());
+        ustack_apps::outln!("{}", client.json());
     } else if client.transactions > 0 {
-        println!("{}", client.summary());
+        ustack_apps::outln!("{}", client.summary());
     }
     match &client.error {
         Some(e) => {

@@ -3,8 +3,7 @@
 
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -36,7 +35,9 @@ struct Cli {
     /// Bytes of data per request.
     #[arg(short = 's', value_name = "PACKETSIZE", default_value_t = 56)]
     size: usize,
-    /// Seconds to wait for the last reply.
+    /// Seconds to wait for replies after the last request when none has come
+    /// back (iputils' -W); with replies in, uping waits twice the longest
+    /// RTT, at least one interval, as iputils does.
     #[arg(short = 'W', value_name = "TIMEOUT", default_value_t = 10.0, value_parser = interval)]
     timeout: f64,
     /// Quiet: print only the summary.
@@ -55,8 +56,9 @@ struct Cli {
     #[arg(long, value_name = "K", default_value = ustack_apps::rdma::DEFAULT_QKEY_STR, value_parser = ustack_apps::rdma::parse_u32, requires = "rdma")]
     qkey: u32,
     /// With --rdma: use the host's RNIC through ibverbs instead of the stack
-    /// (needs the `verbs` feature; NET flags are then ignored).
-    #[arg(long, requires = "rdma")]
+    /// (NET flags are then ignored).
+    // Hidden from --help in builds without the `verbs` feature.
+    #[arg(long, requires = "rdma", hide = !cfg!(feature = "verbs"))]
     verbs: bool,
     /// Mesh mode: ping every target in FILE (one `A.B.C.D [label]` per line).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "count", "interval"])]
@@ -111,6 +113,85 @@ struct Front {
     quiet: bool,
     json: bool,
     replies: Vec<serde_json::Value>,
+    /// Requests answered (replies or ICMP errors) or reported unreachable.
+    answered: std::collections::HashSet<u16>,
+    /// Requests reported unreachable because ARP for the next hop failed.
+    unreachable: u64,
+    /// Requests up to this one have been looked at for an ARP failure.
+    reported_upto: u64,
+    /// The ARP failures counted so far (`arp.unresolved`).
+    arp_failures: u64,
+    next_arp_check: Instant,
+}
+
+/// How often the front looks for a failed ARP resolution.
+const ARP_CHECK: Duration = Duration::from_millis(100);
+
+impl Front {
+    fn new(pinger: Pinger, quiet: bool, json: bool) -> Front {
+        Front {
+            pinger,
+            quiet,
+            json,
+            replies: Vec::new(),
+            answered: std::collections::HashSet::new(),
+            unreachable: 0,
+            reported_upto: 0,
+            arp_failures: 0,
+            next_arp_check: Instant::ZERO,
+        }
+    }
+
+    /// As Linux does when ARP for the next hop fails (its queued requests
+    /// are dropped): `From <our ip> icmp_seq=N Destination Host Unreachable`
+    /// for each request sent before the failure and not answered, counted as
+    /// an error.
+    fn check_arp(&mut self, now: Instant, stack: &Stack) {
+        if now < self.next_arp_check {
+            return;
+        }
+        self.next_arp_check = now + ARP_CHECK;
+        let failures = stack.stats().arp.unresolved;
+        if failures == self.arp_failures {
+            return;
+        }
+        self.arp_failures = failures;
+        let dst = self.pinger.config().dst;
+        let cfg = stack.config();
+        let hop = if cfg.ip.contains_addr(&dst) {
+            Some(dst)
+        } else {
+            cfg.gateway
+        };
+        if hop.is_some_and(|h| stack.arp_entries(now).iter().any(|(ip, _)| *ip == h)) {
+            return; // another address failed, or it resolved since
+        }
+        let sent = self.pinger.summary().transmitted;
+        for n in self.reported_upto + 1..=sent {
+            let seq = (n % 65_536) as u16;
+            if !self.answered.insert(seq) {
+                continue;
+            }
+            self.unreachable += 1;
+            if !self.quiet && !self.json {
+                ustack_apps::outln!(
+                    "From {} icmp_seq={seq} Destination Host Unreachable",
+                    stack.ip()
+                );
+            }
+        }
+        self.reported_upto = sent;
+    }
+
+    /// Every request of a counted run sent and answered one way or another
+    /// (iputils stops when replies + errors reach the count).
+    fn all_answered(&self) -> bool {
+        let s = self.pinger.summary();
+        self.pinger
+            .config()
+            .count
+            .is_some_and(|c| s.transmitted >= c && s.received + s.errors + self.unreachable >= c)
+    }
 }
 
 impl App for Front {
@@ -120,6 +201,9 @@ impl App for Front {
         for ev in events {
             match ev {
                 PingerEvent::Reply { reply, duplicate } => {
+                    if !duplicate && !self.answered.insert(reply.seq) {
+                        continue; // reported unreachable already
+                    }
                     let time = reply.rtt();
                     if self.json {
                         self.replies.push(serde_json::json!({
@@ -131,13 +215,17 @@ impl App for Front {
                             .map(|t| format!(" time={} ms", reply_time(t)))
                             .unwrap_or_default();
                         let dup = if duplicate { " (DUP!)" } else { "" };
-                        println!(
+                        ustack_apps::outln!(
                             "{} bytes from {}: icmp_seq={} ttl={}{t}{dup}",
-                            reply.bytes, reply.from, reply.seq, reply.ttl
+                            reply.bytes,
+                            reply.from,
+                            reply.seq,
+                            reply.ttl
                         );
                     }
                 }
                 PingerEvent::Unreachable { from, seq, code } => {
+                    self.answered.insert(seq);
                     if !self.quiet && !self.json {
                         let what = match code {
                             0 => "Destination Net Unreachable",
@@ -146,16 +234,25 @@ impl App for Front {
                             3 => "Destination Port Unreachable",
                             _ => "Destination Unreachable",
                         };
-                        println!("From {from} icmp_seq={seq} {what}");
+                        ustack_apps::outln!("From {from} icmp_seq={seq} {what}");
                     }
                 }
+            }
+        }
+        if ctl == Control::Continue {
+            self.check_arp(now, stack);
+            if self.all_answered() {
+                return Control::Exit;
             }
         }
         ctl
     }
 
     fn poll_at(&self) -> Option<Instant> {
-        self.pinger.poll_at()
+        let p = self.pinger.poll_at();
+        // While requests are out, look for an ARP failure now and then.
+        let waiting = self.pinger.summary().transmitted > self.answered.len() as u64;
+        ustack::time::earliest(p, waiting.then_some(self.next_arp_check))
     }
 }
 
@@ -179,24 +276,16 @@ impl NodeUser for Run<'_> {
         cfg.size = cli.size;
         cfg.timeout = Duration::from_secs_f64(cli.timeout);
         cfg.ident = (std::process::id() & 0xffff) as u16;
-        let mut front = Front {
-            pinger: Pinger::new(cfg),
-            quiet: cli.quiet,
-            json: cli.json,
-            replies: Vec::new(),
-        };
+        let mut front = Front::new(Pinger::new(cfg), cli.quiet, cli.json);
         if !cli.json {
-            println!(
+            ustack_apps::outln!(
                 "PING {dst} ({dst}) {}({}) bytes of data.",
                 cli.size,
                 cli.size + 28,
                 dst = self.dst
             );
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        ctrlc::set_handler(move || s.store(true, Ordering::Relaxed))
-            .context("installing the signal handler")?;
+        let stop = ustack_apps::stop_flag()?;
         let clock = Clock::new();
         let lcfg = cli.net.loop_config();
         let tele = ustack_apps::telemetry::Telemetry::start(&cli.net, "uping")?;
@@ -211,13 +300,17 @@ impl NodeUser for Run<'_> {
         if let Some(e) = front.pinger.error() {
             bail!("{}: {e}", self.dst);
         }
-        let s = front.pinger.summary();
+        let mut s = front.pinger.summary();
+        s.errors += front.unreachable;
+        // iputils' `time`: from the first request to the last one sent
+        // (not to the end of the wait for replies).
         let elapsed = front
             .pinger
             .started()
-            .map_or(Duration::ZERO, |t| clock.now().saturating_duration_since(t));
+            .zip(front.pinger.last_sent())
+            .map_or(Duration::ZERO, |(a, b)| b.saturating_duration_since(a));
         if cli.json {
-            println!("{}", json_summary(self.dst, &s, elapsed, front.replies));
+            ustack_apps::outln!("{}", json_summary(self.dst, &s, elapsed, front.replies));
         } else {
             print_summary(self.dst, &s, elapsed);
         }
@@ -230,7 +323,7 @@ impl NodeUser for Run<'_> {
 }
 
 fn print_summary(dst: Ipv4Addr, s: &PingSummary, elapsed: Duration) {
-    print!(
+    ustack_apps::out!(
         "{}",
         ustack_apps::report::ping_statistics(
             &dst.to_string(),
@@ -354,7 +447,7 @@ impl NodeUser for MeshRun<'_> {
         let cli = self.cli;
         let mut pinger = ustack_apps::mesh::MeshPinger::new(self.cfg);
         if !cli.json && !cli.quiet {
-            println!(
+            ustack_apps::outln!(
                 "MESH {} targets, {} pings/s for {} s, {} bytes of data.",
                 pinger.stats.len(),
                 cli.rate,
@@ -368,9 +461,9 @@ impl NodeUser for MeshRun<'_> {
             bail!("{e}");
         }
         if cli.json {
-            println!("{}", pinger.json());
+            ustack_apps::outln!("{}", pinger.json());
         } else {
-            print!("{}", pinger.report());
+            ustack_apps::out!("{}", pinger.report());
         }
         Ok(if pinger.all_answered() {
             ExitCode::SUCCESS

@@ -40,8 +40,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// The daemon: answers ARP and ping, serves TCP echo (7) and discard (9).
-    /// Stops on Ctrl-C or SIGTERM and prints its counters.
+    /// The daemon: answers ARP and ping, serves TCP echo (7), discard (9)
+    /// and iperf3 (5201, for a stock `iperf3 -c` or `uperf -c`), and the
+    /// RDMA UD ping responder (RoCEv2, QPN 2, Q_Key 0x11111111, for
+    /// `uping --rdma`). Stops on Ctrl-C or SIGTERM and prints its counters.
     Run(RunArgs),
     /// Send a verified byte stream to a TCP server and report goodput.
     Send(SendArgs),
@@ -103,10 +105,11 @@ struct SendArgs {
     #[command(flatten)]
     net: NetArgs,
     /// Server to send to.
-    #[arg(long, value_name = "A.B.C.D:PORT")]
+    #[arg(long, value_name = "A.B.C.D:PORT", value_parser = server_addr)]
     to: SocketAddrV4,
-    /// Bytes to send.
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Bytes to send, with an optional K, M, G or T suffix (1024-based, as
+    /// iperf3's -n): 64M, 1G.
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = byte_count)]
     bytes: u64,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 120.0, value_parser = positive_secs)]
@@ -158,6 +161,35 @@ fn positive_secs(s: &str) -> Result<f64, String> {
         Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
         _ => Err(format!("'{s}' is not a positive number of seconds")),
     }
+}
+
+/// `A.B.C.D:PORT` with a port a server can listen on (not 0).
+fn server_addr(s: &str) -> Result<SocketAddrV4, String> {
+    let a: SocketAddrV4 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not A.B.C.D:PORT (for example 10.77.0.1:9)"))?;
+    if a.port() == 0 {
+        return Err(format!("'{s}': port 0 is not a port a server listens on"));
+    }
+    Ok(a)
+}
+
+/// A byte count: digits with an optional K, M, G or T (1024-based).
+fn byte_count(s: &str) -> Result<u64, String> {
+    let bad = || format!("'{s}' is not a byte count like 1048576, 512K, 64M or 1G");
+    let (num, shift) = match s.as_bytes().last().map(u8::to_ascii_uppercase) {
+        Some(b'K') => (&s[..s.len() - 1], 10),
+        Some(b'M') => (&s[..s.len() - 1], 20),
+        Some(b'G') => (&s[..s.len() - 1], 30),
+        Some(b'T') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let v = n.checked_mul(1u64 << shift).ok_or_else(bad)?;
+    if v == 0 {
+        return Err(format!("'{s}': there must be at least one byte to send"));
+    }
+    Ok(v)
 }
 
 fn positive_ms(s: &str) -> Result<f64, String> {
@@ -293,7 +325,7 @@ impl App for DaemonApps {
         for line in self.iperf.output.drain(..) {
             match self.held.as_mut() {
                 Some(held) => held.push(line),
-                None => println!("{line}"),
+                None => ustack_apps::outln!("{line}"),
             }
         }
         Control::Continue
@@ -325,7 +357,7 @@ impl NodeUser for Daemon<'_> {
             ud: ustack::ud::ping::UdResponder::default(),
             held: tui.then(Vec::new),
         };
-        println!(
+        ustack_apps::outln!(
             "ustack: {} ({}) on {}; answering ARP and ping, TCP echo on 7, discard on 9, iperf3 on 5201, RDMA UD responder on qpn 2 (qkey 0x11111111)",
             node.stack.config().ip,
             node.stack.mac(),
@@ -352,24 +384,25 @@ impl NodeUser for Daemon<'_> {
             let _ = m.join();
         }
         for line in services.held.take().unwrap_or_default() {
-            println!("{line}");
+            ustack_apps::outln!("{line}");
         }
         if let Some(s) = &last {
-            print!(
+            ustack_apps::out!(
                 "{}",
                 counters(&format!("ustack {}", node.stack.config().ip), s)
             );
         }
         let iperf_tests = services.iperf.finished.len();
         let (echo, iperf) = (&services.services, &services.iperf);
-        println!(
+        ustack_apps::outln!(
             "tcp services: {} bytes in, {} echoed; {iperf_tests} iperf3 tests",
-            echo.bytes_in, echo.bytes_echoed
+            echo.bytes_in,
+            echo.bytes_echoed
         );
         for (bytes, crc) in &echo.discarded {
-            println!("tcp discard: {bytes} bytes, crc32 {crc:08x}");
+            ustack_apps::outln!("tcp discard: {bytes} bytes, crc32 {crc:08x}");
         }
-        println!("{}", ustack_apps::rdma::responder_line(&services.ud));
+        ustack_apps::outln!("{}", ustack_apps::rdma::responder_line(&services.ud));
         if let Some(e) = echo.error.as_ref().or(iperf.error.as_ref()) {
             bail!("{e}");
         }
@@ -397,7 +430,7 @@ fn run_sharded(args: &RunArgs, stop: &AtomicBool) -> Result<ExitCode> {
     let ip = args.net.config()?.ip;
     let name = format!("ustack {ip}");
     let tele = Telemetry::open(args.net.telemetry.as_deref(), &name, false)?;
-    println!(
+    ustack_apps::outln!(
         "ustack: {ip} on {} with {} cores {cores:?}; answering ARP and ping, TCP echo on 7, discard on 9, iperf3 on 5201 (core {}), RDMA UD responder on qpn 2 (qkey 0x11111111)",
         args.net.describe(),
         cores.len(),
@@ -426,7 +459,7 @@ fn run_sharded(args: &RunArgs, stop: &AtomicBool) -> Result<ExitCode> {
     let (mut bytes_in, mut echoed, mut tests) = (0, 0, 0);
     for (i, ((apps, last), core)) in results.iter().zip(&cores).enumerate() {
         if let Some(s) = last {
-            print!(
+            ustack_apps::out!(
                 "{}",
                 counters(&format!("ustack {ip} core {core} (shard {i})"), s)
             );
@@ -435,10 +468,10 @@ fn run_sharded(args: &RunArgs, stop: &AtomicBool) -> Result<ExitCode> {
         echoed += apps.services.bytes_echoed;
         tests += apps.iperf.finished.len();
         for (bytes, crc) in &apps.services.discarded {
-            println!("tcp discard: {bytes} bytes, crc32 {crc:08x} (core {core})");
+            ustack_apps::outln!("tcp discard: {bytes} bytes, crc32 {crc:08x} (core {core})");
         }
     }
-    println!("tcp services: {bytes_in} bytes in, {echoed} echoed; {tests} iperf3 tests");
+    ustack_apps::outln!("tcp services: {bytes_in} bytes in, {echoed} echoed; {tests} iperf3 tests");
     for (apps, _) in &results {
         if let Some(e) = apps.services.error.as_ref().or(apps.iperf.error.as_ref()) {
             bail!("{e}");
@@ -462,6 +495,7 @@ impl NodeUser for Sender<'_> {
     {
         let mut app = BulkSend::new(self.args.to, self.args.bytes);
         let clock = Clock::new();
+        let started = clock.now();
         let cfg = loop_config(&self.args.net, Some(self.args.timeout));
         let stop = self.stop.clone();
         runtime::run(
@@ -476,19 +510,49 @@ impl NodeUser for Sender<'_> {
             bail!("{}: {e}", self.args.to);
         }
         if !app.done() {
-            bail!(
-                "{}: not finished after {} s ({} bytes written)",
-                self.args.to,
-                self.args.timeout,
-                app.transfer.bytes
-            );
+            let to = self.args.to;
+            let now = clock.now();
+            let stack = &node.stack;
+            let cfg = stack.config();
+            let hop = if cfg.ip.contains_addr(to.ip()) {
+                Some(*to.ip())
+            } else {
+                cfg.gateway
+            };
+            let resolved =
+                hop.is_some_and(|h| stack.arp_entries(now).iter().any(|(ip, _)| *ip == h));
+            let connected = app.transfer.started.is_some()
+                && app.handle().is_some_and(|h| {
+                    stack
+                        .tcp_status(h)
+                        .is_ok_and(|s| s.state != ustack::tcp::State::SynSent)
+                });
+            let why = match (resolved, connected) {
+                (false, _) => format!(
+                    "no ARP reply from {}: nothing was sent (is the host up, on this link and in {}?)",
+                    hop.map_or("-".into(), |h| h.to_string()),
+                    cfg.ip.network()
+                ),
+                (true, false) => "no answer to the connection request (SYN)".into(),
+                (true, true) => format!(
+                    "{} of {} bytes written to the connection",
+                    app.transfer.bytes, self.args.bytes
+                ),
+            };
+            let elapsed = now.saturating_duration_since(started).as_secs_f64();
+            if stop.load(Ordering::Relaxed) {
+                // Ctrl-C or SIGTERM: say so, not "not finished after TIMEOUT".
+                eprintln!("ustack: {to}: interrupted after {elapsed:.1} s: {why}");
+                return Ok(ExitCode::from(1));
+            }
+            bail!("{to}: not finished after {} s: {why}", self.args.timeout);
         }
         let t = app.transfer;
         let secs = t
             .finished
             .zip(t.started)
             .map_or(0.0, |(f, s)| f.saturating_duration_since(s).as_secs_f64());
-        println!(
+        ustack_apps::outln!(
             "sent {} bytes to {} in {:.3} s = {:.3} Gbit/s, crc32 {:08x}, {} retransmits",
             t.bytes,
             self.args.to,
@@ -667,9 +731,11 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
         ud: ustack::ud::ping::UdResponder::default(),
     };
 
-    println!(
+    ustack_apps::outln!(
         "ustack demo: {a_ip} <-> {b_ip} on the sim link (loss {}% and delay {} ms each way), {} s",
-        args.loss, args.delay, args.duration
+        args.loss,
+        args.delay,
+        args.duration
     );
     let clock = Clock::new();
     let total = Duration::from_secs_f64(args.duration);
@@ -701,7 +767,7 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
         }
         let s = host_a.pinger.summary();
         let tcp = tcp_progress(&host_a, &net);
-        println!(
+        ustack_apps::outln!(
             "[{:5.1}s] ping {}/{} replies ({:.1}% loss) rtt avg {} ms | udp echo {}/{}{tcp}",
             elapsed.as_secs_f64(),
             s.received,
@@ -742,16 +808,16 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
     host_a_tail.poll(clock.now(), &mut net.nodes[a].stack);
 
     let s = host_a_tail.pinger.summary();
-    println!();
-    println!("--- {b_ip} ping statistics ---");
-    println!(
+    ustack_apps::outln!();
+    ustack_apps::outln!("--- {b_ip} ping statistics ---");
+    ustack_apps::outln!(
         "{} packets transmitted, {} received, {}% packet loss",
         s.transmitted,
         s.received,
         fmt_loss(s.loss_percent())
     );
     if s.rtt.count > 0 {
-        println!(
+        ustack_apps::outln!(
             "rtt min/avg/max/mdev = {}/{}/{}/{} ms",
             ms(s.rtt.min),
             ms(s.rtt.avg()),
@@ -759,13 +825,14 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
             ms(s.rtt.mdev())
         );
     }
-    println!(
+    ustack_apps::outln!(
         "udp echo: {} sent, {} echoed",
-        host_a_tail.probe.sent, host_a_tail.probe.echoed
+        host_a_tail.probe.sent,
+        host_a_tail.probe.echoed
     );
     let u = host_a_tail.ud.summary();
     let p = |q| u.percentile(q).map(ms).unwrap_or_else(|| "-".into());
-    println!(
+    ustack_apps::outln!(
         "rdma ud ping: {} sent, {} answered, {}% loss, rtt p50/p99 {}/{} ms (RoCEv2 UD to qpn {})",
         u.transmitted,
         u.received,
@@ -780,7 +847,7 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
                 let ok = t.bytes == b.transfer.bytes
                     && t.crc == b.transfer.crc
                     && host_b.bulk.corrupt_bytes == 0;
-                println!(
+                ustack_apps::outln!(
                     "tcp: {} MiB in {:.3} s = {:.2} Gbit/s goodput, {} retransmits, {}",
                     t.bytes >> 20,
                     b.transfer
@@ -807,7 +874,7 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
                     );
                 }
             }
-            _ => println!(
+            _ => ustack_apps::outln!(
                 "tcp: transfer not finished within the run ({} of {} MiB sent); try a longer --duration or a smaller --tcp-mib",
                 b.transfer.bytes >> 20,
                 args.tcp_mib
@@ -815,17 +882,19 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
         }
     }
     let link = net.link.stats();
-    println!(
+    ustack_apps::outln!(
         "sim link: {} frames sent, {} delivered, {} lost",
-        link.sent, link.delivered, link.lost
+        link.sent,
+        link.delivered,
+        link.lost
     );
-    println!();
+    ustack_apps::outln!();
     let now = clock.now();
-    print!(
+    ustack_apps::out!(
         "{}",
         counters(&format!("host A {a_ip}"), &net.nodes[a].snapshot(now))
     );
-    print!(
+    ustack_apps::out!(
         "{}",
         counters(&format!("host B {b_ip}"), &net.nodes[b].snapshot(now))
     );

@@ -90,7 +90,9 @@ fn transport(frame: &[u8]) -> Option<(IpProtocol, IpAddress, IpAddress, usize, u
     }
     let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
     let proto = ip.next_header();
-    if !matches!(proto, IpProtocol::Tcp | IpProtocol::Udp) || ip.frag_offset() != 0 || ip.more_frags()
+    if !matches!(proto, IpProtocol::Tcp | IpProtocol::Udp)
+        || ip.frag_offset() != 0
+        || ip.more_frags()
     {
         return None;
     }
@@ -307,7 +309,11 @@ mod test {
         let tcp = TcpRepr {
             src_port: 5001,
             dst_port: 40000,
-            control: if fin { TcpControl::Fin } else { TcpControl::Psh },
+            control: if fin {
+                TcpControl::Fin
+            } else {
+                TcpControl::Psh
+            },
             seq_number: TcpSeqNumber(1000),
             ack_number: Some(TcpSeqNumber(77)),
             window_len: 500,
@@ -371,12 +377,18 @@ mod test {
 
     #[test]
     fn frames_that_fit_or_lie_about_their_length_are_not_aggregates() {
-        assert_eq!(split_aggregate(&tcp_frame(&[1; 1000], false), 1500, |_| {}), None);
+        assert_eq!(
+            split_aggregate(&tcp_frame(&[1; 1000], false), 1500, |_| {}),
+            None
+        );
         let mut bad = tcp_frame(&[1; 5000], false);
         // An IPv4 total length that disagrees with the frame.
         bad[16..18].copy_from_slice(&3000u16.to_be_bytes());
         assert_eq!(split_aggregate(&bad, 1500, |_| panic!("split")), None);
-        assert_eq!(split_aggregate(&[0u8; 3000], 1500, |_| panic!("split")), None);
+        assert_eq!(
+            split_aggregate(&[0u8; 3000], 1500, |_| panic!("split")),
+            None
+        );
     }
 
     #[test]
@@ -385,7 +397,12 @@ mod test {
         assert!(!is_partial_checksum(&f));
         // What a sender with checksum offload leaves: the pseudo-header sum.
         let seg_len = f.len() - 34;
-        let sum = pseudo_sum(IpProtocol::Tcp, &IpAddress::Ipv4(A), &IpAddress::Ipv4(B), seg_len);
+        let sum = pseudo_sum(
+            IpProtocol::Tcp,
+            &IpAddress::Ipv4(A),
+            &IpAddress::Ipv4(B),
+            seg_len,
+        );
         f[34 + 16..34 + 18].copy_from_slice(&sum.to_be_bytes());
         assert!(is_partial_checksum(&f));
         complete_checksum(&mut f);

@@ -22,8 +22,23 @@ pub struct PingerConfig {
     pub interval: Duration,
     /// Echo data bytes (56 like ping's default).
     pub size: usize,
-    /// How long to wait for the last reply.
+    /// How long to wait for replies after the last request when none has
+    /// come back by then (ping's `-W`). With replies in, the wait is
+    /// [`linger`]'s: twice the longest RTT, at least one interval.
     pub timeout: Duration,
+}
+
+/// How long a pinger with a count waits after its last request for the
+/// replies still outstanding, decided when that request leaves, as iputils
+/// ping does (`schedule_exit`): with any reply in, twice the longest RTT
+/// seen but at least one interval; with none, the whole `timeout` (`-W`).
+/// It stops sooner when every request is answered.
+pub fn linger(received: u64, max_rtt: Duration, interval: Duration, timeout: Duration) -> Duration {
+    if received > 0 {
+        (max_rtt * 2).max(interval)
+    } else {
+        timeout
+    }
 }
 
 impl PingerConfig {
@@ -144,6 +159,9 @@ pub struct Pinger {
     next_send: Option<Instant>,
     first_send: Option<Instant>,
     last_send: Option<Instant>,
+    /// When the wait for outstanding replies ends, once the last request
+    /// of a counted run has left ([`linger`]).
+    linger_until: Option<Instant>,
     /// Sequence numbers sent and not yet answered, with their send time.
     outstanding: HashMap<u16, Instant>,
     answered: HashSet<u16>,
@@ -164,6 +182,7 @@ impl Pinger {
             next_send: None,
             first_send: None,
             last_send: None,
+            linger_until: None,
             outstanding: HashMap::new(),
             answered: HashSet::new(),
             summary: PingSummary::default(),
@@ -200,6 +219,12 @@ impl Pinger {
         self.first_send
     }
 
+    /// When the latest request left, if one did (iputils' `time` in the
+    /// summary runs from the first request to this one).
+    pub fn last_sent(&self) -> Option<Instant> {
+        self.last_send
+    }
+
     /// Events since the last call.
     pub fn drain_events(&mut self) -> impl Iterator<Item = PingerEvent> + '_ {
         self.events.drain(..)
@@ -225,7 +250,7 @@ impl Pinger {
         if !self.all_sent() {
             return false;
         }
-        self.outstanding.is_empty() || self.last_send.is_some_and(|t| now >= t + self.cfg.timeout)
+        self.outstanding.is_empty() || self.linger_until.is_some_and(|t| now >= t)
     }
 
     fn push_event(&mut self, ev: PingerEvent) {
@@ -299,6 +324,12 @@ impl App for Pinger {
                     self.answered.remove(&seq);
                     self.first_send.get_or_insert(now);
                     self.last_send = Some(now);
+                    if self.all_sent() {
+                        let s = &self.summary;
+                        let wait =
+                            linger(s.received, s.rtt.max, self.cfg.interval, self.cfg.timeout);
+                        self.linger_until = Some(now + wait);
+                    }
                 }
                 Err(e) => {
                     self.error = Some(e);
@@ -335,7 +366,7 @@ impl App for Pinger {
         if self.outstanding.is_empty() {
             return None;
         }
-        self.last_send.map(|t| t + self.cfg.timeout)
+        self.linger_until
     }
 }
 
@@ -365,5 +396,103 @@ mod test {
         };
         assert!((s.loss_percent() - 30.0).abs() < 1e-9);
         assert_eq!(PingSummary::default().loss_percent(), 0.0);
+    }
+
+    /// Runs a pinger on node 0 and notes when it exits.
+    struct Timed {
+        pinger: Pinger,
+        exited: Option<Instant>,
+    }
+
+    impl App for Timed {
+        fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+            if self.exited.is_none() && self.pinger.poll(now, stack) == Control::Exit {
+                self.exited = Some(now);
+            }
+            Control::Continue
+        }
+        fn poll_at(&self) -> Option<Instant> {
+            self.exited
+                .is_none()
+                .then(|| self.pinger.poll_at())
+                .flatten()
+        }
+    }
+
+    /// `-c COUNT -i 1 -W 20` to host 2 of a sim link (1 ms each way).
+    /// Request n leaves at n-1 s; those in `lose` are lost on the wire (the
+    /// link drops everything from 0.4 s before to 0.5 s after), and with
+    /// `all_lost` the link drops everything, ARP included. The pinger's exit
+    /// time in virtual seconds, and its summary.
+    fn ping_run(count: u64, lose: &[u64], all_lost: bool) -> (f64, PingSummary) {
+        use crate::sim::{LinkConfig, SimNet, host_config};
+        let link = |loss: f64| LinkConfig {
+            delay: Duration::from_millis(1),
+            loss,
+            ..LinkConfig::default()
+        };
+        let mut net = SimNet::new(link(if all_lost { 1.0 } else { 0.0 }));
+        net.add(host_config(1));
+        net.add(host_config(2));
+        let dst = net.nodes[1].stack.ip();
+        let mut cfg = PingerConfig::new(dst);
+        cfg.count = Some(count);
+        cfg.timeout = Duration::from_secs(20);
+        let mut app = Timed {
+            pinger: Pinger::new(cfg),
+            exited: None,
+        };
+        let at = |s: f64| Instant::ZERO + Duration::from_secs_f64(s);
+        for &seq in lose {
+            let sent = seq as f64 - 1.0;
+            net.run_until(at(sent - 0.4), &mut [&mut app], |_| false);
+            net.link.set_config(link(1.0));
+            net.run_until(at(sent + 0.5), &mut [&mut app], |_| false);
+            net.link.set_config(link(0.0));
+        }
+        net.run_until(at(100.0), &mut [&mut app], |_| false);
+        let exited = app.exited.expect("the pinger exits");
+        (
+            exited
+                .saturating_duration_since(Instant::ZERO)
+                .as_secs_f64(),
+            app.pinger.summary(),
+        )
+    }
+
+    /// iputils applies -W only when nothing came back: one lost reply of
+    /// `-c 3 -W 20` ends one interval after the last request (2 x RTT is
+    /// less), not 20 s after it.
+    #[test]
+    fn one_lost_reply_waits_the_linger_not_the_timeout() {
+        let (t, s) = ping_run(3, &[2], false);
+        assert_eq!((s.transmitted, s.received), (3, 2));
+        assert!(
+            (t - 3.0).abs() < 0.01,
+            "exited at {t} s, want 2 s + 1 interval"
+        );
+        let (t, s) = ping_run(3, &[3], false);
+        assert_eq!((s.transmitted, s.received), (3, 2));
+        assert!((t - 3.0).abs() < 0.01, "exited at {t} s");
+    }
+
+    /// With every reply lost the whole -W is waited, from the last request.
+    #[test]
+    fn no_reply_waits_the_whole_timeout() {
+        let (t, s) = ping_run(1, &[], true);
+        assert_eq!((s.transmitted, s.received), (1, 0));
+        assert!((t - 20.0).abs() < 0.01, "exited at {t} s, want -W 20");
+        // All answered: done at the last reply.
+        let (t, s) = ping_run(2, &[], false);
+        assert_eq!(s.received, 2);
+        assert!(t < 1.01, "exited at {t} s");
+    }
+
+    #[test]
+    fn linger_as_iputils() {
+        let ms = Duration::from_millis;
+        assert_eq!(linger(0, ms(0), ms(1000), ms(10_000)), ms(10_000));
+        assert_eq!(linger(2, ms(3), ms(1000), ms(10_000)), ms(1000));
+        assert_eq!(linger(2, ms(800), ms(1000), ms(10_000)), ms(1600));
     }
 }

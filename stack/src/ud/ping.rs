@@ -119,7 +119,9 @@ pub struct UdPingerConfig {
     pub interval: Duration,
     /// Message bytes (at least [`PING_LEN`]).
     pub size: usize,
-    /// How long to wait for the last pong.
+    /// How long to wait for pongs after the last ping when none has come
+    /// back by then (`-W`); with pongs in, the wait is
+    /// [`crate::app::ping::linger`]'s, as iputils ping does.
     pub timeout: Duration,
 }
 
@@ -220,6 +222,9 @@ pub struct UdPinger {
     next_send: Option<Instant>,
     first_send: Option<Instant>,
     last_send: Option<Instant>,
+    /// When the wait for outstanding pongs ends, once the last ping of a
+    /// counted run has left.
+    linger_until: Option<Instant>,
     outstanding: HashMap<u64, Sent>,
     answered: HashMap<u64, ()>,
     summary: UdPingSummary,
@@ -248,6 +253,7 @@ impl UdPinger {
             next_send: None,
             first_send: None,
             last_send: None,
+            linger_until: None,
             outstanding: HashMap::new(),
             answered: HashMap::new(),
             summary: UdPingSummary::default(),
@@ -285,6 +291,10 @@ impl UdPinger {
     pub fn started(&self) -> Option<Instant> {
         self.first_send
     }
+    /// When the latest ping left, if one did.
+    pub fn last_sent(&self) -> Option<Instant> {
+        self.last_send
+    }
     /// Pongs since the last call (none when [`quiet`](Self::quiet)).
     pub fn drain_events(&mut self) -> impl Iterator<Item = UdPong> + '_ {
         self.events.drain(..)
@@ -300,8 +310,7 @@ impl UdPinger {
     pub fn finished(&self, now: Instant) -> bool {
         self.error.is_some()
             || (self.all_sent()
-                && (self.outstanding.is_empty()
-                    || self.last_send.is_some_and(|t| now >= t + self.cfg.timeout)))
+                && (self.outstanding.is_empty() || self.linger_until.is_some_and(|t| now >= t)))
     }
 
     fn on_completion(&mut self, c: &Completion) {
@@ -434,6 +443,16 @@ impl UdPinger {
                     );
                     self.first_send.get_or_insert(now);
                     self.last_send = Some(now);
+                    if self.all_sent() {
+                        let s = &self.summary;
+                        let wait = crate::app::ping::linger(
+                            s.received,
+                            s.rtt.max,
+                            self.cfg.interval,
+                            self.cfg.timeout,
+                        );
+                        self.linger_until = Some(now + wait);
+                    }
                 }
                 Err(UdError::QueueFull) => {}
                 Err(e) => {
@@ -484,7 +503,7 @@ impl UdPinger {
         if self.outstanding.is_empty() {
             return None;
         }
-        self.last_send.map(|t| t + self.cfg.timeout)
+        self.linger_until
     }
 }
 

@@ -22,7 +22,7 @@ const SECOND_WAIT: Duration = Duration::from_secs(1);
     name = "utop",
     version,
     about = "Monitor a running ustack: pools, ports, protocols, TCP connections",
-    after_help = "Keys: Tab/1-4 pane, s sort column, r reverse, / filter, q/Esc/Ctrl-C quit.\n\
+    after_help = "Keys: Tab/1-4 pane, s sort column, r reverse, / filter (Esc clears), q/Ctrl-C quit.\n\
                   Stacks publish with `--telemetry PATH`; a bare NAME means\n\
                   $XDG_RUNTIME_DIR/ustack/NAME.sock (else /tmp/ustack-$UID/NAME.sock)."
 )]
@@ -96,9 +96,16 @@ fn once(
         Err(_) => {} // no second snapshot in time: print without rates
     }
     let mut out = std::io::stdout().lock();
-    out.write_all(m.text_frame(width).as_bytes())?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    match out
+        .write_all(m.text_frame(width).as_bytes())
+        .and_then(|()| out.flush())
+    {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        // `utop --once | head`: quiet, with the status a SIGPIPE death gets
+        // from the shell (128 + 13), as the ustack binaries do.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::from(141)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// No `--telemetry`: the one live stack in the default directory, or a

@@ -397,7 +397,12 @@ impl Monitor {
         }
         let pane = self.pane.index();
         match k.code {
-            KeyCode::Char('q') | KeyCode::Esc => return Action::Quit,
+            KeyCode::Char('q') => return Action::Quit,
+            // Esc clears a kept filter and otherwise does nothing (htop's
+            // habit): a user pressing it after Enter must not stop the
+            // daemon behind `ustack run --tui`.
+            KeyCode::Esc if !self.filter.is_empty() => self.filter.clear(),
+            KeyCode::Esc => return Action::Continue,
             KeyCode::Tab => self.pane = Pane::ALL[(pane + 1) % 4],
             KeyCode::BackTab => self.pane = Pane::ALL[(pane + 3) % 4],
             KeyCode::Char(c @ '1'..='4') => self.pane = Pane::ALL[usize::from(c as u8 - b'1')],
@@ -524,9 +529,31 @@ mod test {
         m.on_key(key(KeyCode::Enter));
         assert_eq!(m.filter, "q1");
         assert_eq!(m.on_key(key(KeyCode::Char('q'))), Action::Quit);
-        assert_eq!(m.on_key(key(KeyCode::Esc)), Action::Quit);
         let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
         m.on_key(key(KeyCode::Char('/')));
         assert_eq!(m.on_key(ctrl_c), Action::Quit);
+    }
+
+    /// Esc clears or cancels, never quits (htop's habit): `q` quits.
+    #[test]
+    fn esc_after_keeping_a_filter_clears_it_and_does_not_quit() {
+        let mut m = Monitor::new("x");
+        m.on_key(key(KeyCode::Char('/')));
+        for c in "10.0".chars() {
+            m.on_key(key(KeyCode::Char(c)));
+        }
+        m.on_key(key(KeyCode::Enter));
+        assert_eq!(m.filter, "10.0");
+        // The Esc a user presses right after keeping the filter.
+        assert_eq!(m.on_key(key(KeyCode::Esc)), Action::Continue);
+        assert_eq!(m.filter, "", "Esc clears the kept filter");
+        // A second Esc with nothing to clear does nothing either.
+        assert_eq!(m.on_key(key(KeyCode::Esc)), Action::Continue);
+        // Esc while typing cancels the edit.
+        m.on_key(key(KeyCode::Char('/')));
+        m.on_key(key(KeyCode::Char('9')));
+        assert_eq!(m.on_key(key(KeyCode::Esc)), Action::Continue);
+        assert!(!m.editing && m.filter.is_empty());
+        assert_eq!(m.on_key(key(KeyCode::Char('q'))), Action::Quit);
     }
 }

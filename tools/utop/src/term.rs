@@ -123,7 +123,7 @@ impl Drop for Screen {
     }
 }
 
-/// Run the monitor on the terminal until the user quits (q, Esc, Ctrl-C),
+/// Run the monitor on the terminal until the user quits (q, Ctrl-C),
 /// or, with `exit_when_gone`, until the stack goes away. Returns the monitor
 /// as it ended.
 pub fn run(

@@ -187,7 +187,7 @@ fn footer_line(m: &Monitor) -> Line<'static> {
         ]
     } else {
         vec![Span::raw(
-            " q quit  Tab/1-4 pane  s sort  r reverse  / filter",
+            " q quit  Tab/1-4 pane  s sort  r reverse  / filter  Esc clear",
         )]
     };
     if let Some(n) = &m.note {

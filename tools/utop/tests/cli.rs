@@ -168,3 +168,26 @@ fn without_a_path_utop_finds_the_stack_in_the_default_dir() {
     );
     assert!(err.contains("--telemetry PATH"), "{err}");
 }
+
+/// `utop --once | head -1` after head has exited: quiet, status 141 (as a
+/// SIGPIPE death), not "Broken pipe" with status 2.
+#[test]
+fn once_into_a_closed_pipe_is_quiet() {
+    let dir = TmpDir::new("epipe");
+    let sock = dir.0.join("s.sock");
+    fake_stack(&sock, &[LINE, LINE], 1);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_utop"))
+        .args(["--once", "--telemetry", sock.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "stderr: {err}");
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("panicked"),
+        "{err}"
+    );
+}
