@@ -848,9 +848,10 @@ impl App for IperfClient {
                         stack,
                         now,
                         format!(
-                            "unable to connect to server: no answer from {} within {:.1} s",
+                            "unable to connect to server: no answer from {} within {:.1} s{}",
                             self.cfg.server,
-                            self.cfg.connect_timeout.as_secs_f64()
+                            self.cfg.connect_timeout.as_secs_f64(),
+                            crate::bad_checksum_hint(stack)
                         ),
                     );
                     return Control::Continue;

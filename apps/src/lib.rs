@@ -80,6 +80,25 @@ pub mod out {
     }
 }
 
+/// Why a connection attempt may have gone unanswered, when the stack knows:
+/// TCP segments dropped for bad checksums (what a local sender's checksum
+/// offload looks like over pcap). Empty when none were.
+pub fn bad_checksum_hint(stack: &ustack::Stack) -> String {
+    let bad = stack
+        .stats()
+        .drops
+        .get(ustack::stats::DropReason::TcpBadChecksum);
+    if bad == 0 {
+        return String::new();
+    }
+    format!(
+        ": {bad} TCP segment(s) (SYN-ACKs among them) arrived with bad checksums, as a local \
+         sender's checksum offload leaves them: run with --accept-partial-checksum, or \
+         `ethtool -K IF tx off` on the sending interface (README: \"On an interface as the \
+         kernel left it\")"
+    )
+}
+
 /// `println!` that does not panic when stdout is closed (see [`out`]).
 #[macro_export]
 macro_rules! outln {

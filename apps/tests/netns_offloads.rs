@@ -228,6 +228,36 @@ fn partial_checksums_are_named_and_refused_by_default() {
         .collect();
     assert_eq!(said.len(), 1, "one line, once: {err}");
     assert!(said[0].contains("--accept-partial-checksum") && said[0].contains("tx off"));
+    // uperf -c to Linux's iperf3: the SYN-ACK comes with a partial checksum;
+    // the client says so instead of "no answer".
+    let server = topo.linux_iperf3_server();
+    let o = topo.in_ns(
+        "stack",
+        &[
+            env!("CARGO_BIN_EXE_uperf"),
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+            "-c",
+            "10.77.0.1",
+            "-t",
+            "1",
+            "--connect-timeout",
+            "2000",
+        ],
+    );
+    drop(server);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!o.status.success(), "{text}");
+    assert!(
+        text.contains("arrived with bad checksums") && text.contains("--accept-partial-checksum"),
+        "{text}"
+    );
 }
 
 /// A second stack, or a stack given the Linux host's address, finds the

@@ -533,7 +533,10 @@ impl NodeUser for Sender<'_> {
                     hop.map_or("-".into(), |h| h.to_string()),
                     cfg.ip.network()
                 ),
-                (true, false) => "no answer to the connection request (SYN)".into(),
+                (true, false) => format!(
+                    "no answer to the connection request (SYN){}",
+                    ustack_apps::bad_checksum_hint(stack)
+                ),
                 (true, true) => format!(
                     "{} of {} bytes written to the connection",
                     app.transfer.bytes, self.args.bytes
