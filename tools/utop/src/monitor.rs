@@ -186,6 +186,38 @@ impl Col {
         }
     }
 
+    /// The columns that fit `width` cells, in table order: the least
+    /// telling go first when the terminal is narrow (80 columns keeps the
+    /// addresses, state, RTT and both rates), and the sort column stays.
+    pub fn fitting(width: u16, sort: Col) -> Vec<Col> {
+        // Dropped in this order.
+        const LEAST_FIRST: [Col; 12] = [
+            Col::Ooo,
+            Col::Ssthresh,
+            Col::Pps,
+            Col::SndWnd,
+            Col::BytesOut,
+            Col::BytesIn,
+            Col::Retx,
+            Col::Cwnd,
+            Col::RcvWnd,
+            Col::Remote,
+            Col::OutRate,
+            Col::InRate,
+        ];
+        let mut cols: Vec<Col> = Col::ALL.to_vec();
+        let need = |cols: &[Col]| cols.iter().map(|c| c.width() + 1).sum::<u16>();
+        for drop in LEAST_FIRST {
+            if need(&cols) <= width {
+                break;
+            }
+            if drop != sort {
+                cols.retain(|c| *c != drop);
+            }
+        }
+        cols
+    }
+
     /// The cell text.
     pub fn text(self, c: &Conn, r: &ConnRate) -> String {
         match self {
@@ -288,6 +320,8 @@ pub struct Monitor {
     pub(crate) last_draw_bytes: Option<u64>,
     pub(crate) frames_drawn: u64,
     pub(crate) note: Option<String>,
+    /// Lines scrolled off the top of the Protocols and Connections panes.
+    pub(crate) scroll: u16,
     dirty: bool,
 }
 
@@ -307,6 +341,7 @@ impl Monitor {
             last_draw_bytes: None,
             frames_drawn: 0,
             note: None,
+            scroll: 0,
             dirty: true,
         }
     }
@@ -403,6 +438,13 @@ impl Monitor {
             // daemon behind `ustack run --tui`.
             KeyCode::Esc if !self.filter.is_empty() => self.filter.clear(),
             KeyCode::Esc => return Action::Continue,
+            // Long panes scroll (at 80x24 neither the protocol counters
+            // nor many connections fit).
+            KeyCode::Down | KeyCode::Char('j') => self.scroll = self.scroll.saturating_add(1),
+            KeyCode::Up | KeyCode::Char('k') => self.scroll = self.scroll.saturating_sub(1),
+            KeyCode::PageDown => self.scroll = self.scroll.saturating_add(10),
+            KeyCode::PageUp => self.scroll = self.scroll.saturating_sub(10),
+            KeyCode::Home => self.scroll = 0,
             KeyCode::Tab => self.pane = Pane::ALL[(pane + 1) % 4],
             KeyCode::BackTab => self.pane = Pane::ALL[(pane + 3) % 4],
             KeyCode::Char(c @ '1'..='4') => self.pane = Pane::ALL[usize::from(c as u8 - b'1')],

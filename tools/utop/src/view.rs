@@ -18,10 +18,18 @@ const PORT_ROWS: u16 = 11;
 
 impl Widget for &Monitor {
     fn render(self, area: Rect, buf: &mut Buffer) {
+        // The summary wraps onto a second line on a narrow terminal rather
+        // than losing its end (the rates).
+        let summary_text = summary_line(self);
+        let summary_h = if summary_text.width() > usize::from(area.width) {
+            2
+        } else {
+            1
+        };
         let [title, tabs, summary, body, footer] = Layout::vertical([
             Constraint::Length(1),
             Constraint::Length(1),
-            Constraint::Length(1),
+            Constraint::Length(summary_h),
             Constraint::Min(0),
             Constraint::Length(1),
         ])
@@ -35,7 +43,9 @@ impl Widget for &Monitor {
             .select(Pane::ALL.iter().position(|p| *p == self.pane))
             .highlight_style(Style::new().add_modifier(Modifier::REVERSED))
             .render(tabs, buf);
-        summary_line(self).render(summary, buf);
+        Paragraph::new(summary_text)
+            .wrap(ratatui::widgets::Wrap { trim: true })
+            .render(summary, buf);
         match &self.frame {
             None => Paragraph::new(self.status_text())
                 .block(Block::bordered())
@@ -68,11 +78,25 @@ fn render_pane(m: &Monitor, pane: Pane, area: Rect, buf: &mut Buffer) {
         }
         Pane::Protocols => {
             let width = area.width.saturating_sub(2);
-            Paragraph::new(protocol_lines(f, width))
-                .block(Block::bordered().title(" Protocols "))
+            let lines = protocol_lines(f, width);
+            let shown = area.height.saturating_sub(2);
+            let total = u16::try_from(lines.len()).unwrap_or(u16::MAX);
+            let top = m.scroll.min(total.saturating_sub(shown));
+            let title = if total > shown {
+                format!(
+                    " Protocols: lines {}-{} of {total} (Up/Down, PgUp/PgDn) ",
+                    top + 1,
+                    (top + shown).min(total)
+                )
+            } else {
+                " Protocols ".to_string()
+            };
+            Paragraph::new(lines)
+                .scroll((top, 0))
+                .block(Block::bordered().title(title))
                 .render(area, buf);
         }
-        Pane::Connections => connections(m, f).render(area, buf),
+        Pane::Connections => connections(m, f, area.width).render(area, buf),
     }
 }
 
@@ -163,12 +187,15 @@ fn summary_line(m: &Monitor) -> Line<'static> {
     });
     let drops: u64 = f.drops().iter().map(|d| d.1).sum();
     let rate = match m.rates.port {
+        // Bytes and bits a second: operators think of links in bit/s.
         Some(r) => format!(
-            "rx {} pkt/s {}B/s  tx {} pkt/s {}B/s",
+            "rx {} pkt/s {}B/s {}bit/s  tx {} pkt/s {}B/s {}bit/s",
             human(r.rx_pps),
             human(r.rx_bps),
+            human(r.rx_bps * 8.0),
             human(r.tx_pps),
-            human(r.tx_bps)
+            human(r.tx_bps),
+            human(r.tx_bps * 8.0)
         ),
         None => "rx - pkt/s  tx - pkt/s".into(),
     };
@@ -187,7 +214,7 @@ fn footer_line(m: &Monitor) -> Line<'static> {
         ]
     } else {
         vec![Span::raw(
-            " q quit  Tab/1-4 pane  s sort  r reverse  / filter  Esc clear",
+            " q quit  Tab/1-4 pane  s sort  r reverse  / filter  Esc clear  Up/Down scroll",
         )]
     };
     if let Some(n) = &m.note {
@@ -355,7 +382,7 @@ fn drops(f: &Frame) -> Table<'static> {
         .block(Block::bordered().title(" Drops by reason "))
 }
 
-fn connections(m: &Monitor, f: &Frame) -> Table<'static> {
+fn connections(m: &Monitor, f: &Frame, width: u16) -> Table<'static> {
     let shown = m.connections();
     let order = if m.reverse { "descending" } else { "ascending" };
     let mut title = format!(
@@ -367,18 +394,21 @@ fn connections(m: &Monitor, f: &Frame) -> Table<'static> {
     if !m.filter.is_empty() {
         title.push_str(&format!("filter '{}' ", m.filter));
     }
+    // Whole columns that fit, rather than every column cut short.
+    let cols = Col::fitting(width.saturating_sub(2), m.sort);
+    if cols.len() < Col::ALL.len() {
+        title.push_str(&format!("{} of {} columns ", cols.len(), Col::ALL.len()));
+    }
+    let skip = usize::from(m.scroll).min(shown.len().saturating_sub(1));
+    if skip > 0 {
+        title.push_str(&format!("from row {} ", skip + 1));
+    }
     let rows: Vec<Row> = shown
         .iter()
-        .map(|(c, r)| {
-            Row::new(
-                Col::ALL
-                    .iter()
-                    .map(|col| col.text(c, r))
-                    .collect::<Vec<_>>(),
-            )
-        })
+        .skip(skip)
+        .map(|(c, r)| Row::new(cols.iter().map(|col| col.text(c, r)).collect::<Vec<_>>()))
         .collect();
-    let head = Row::new(Col::ALL.iter().map(|c| {
+    let head = Row::new(cols.iter().map(|c| {
         let cell = ratatui::widgets::Cell::from(c.title());
         if *c == m.sort {
             cell.style(Style::new().add_modifier(Modifier::REVERSED))
@@ -387,7 +417,7 @@ fn connections(m: &Monitor, f: &Frame) -> Table<'static> {
         }
     }))
     .style(Style::new().add_modifier(Modifier::BOLD));
-    Table::new(rows, Col::ALL.iter().map(|c| Constraint::Length(c.width())))
+    Table::new(rows, cols.iter().map(|c| Constraint::Length(c.width())))
         .header(head)
         .block(Block::bordered().title(title))
 }

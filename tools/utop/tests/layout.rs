@@ -317,3 +317,57 @@ fn a_multi_core_stack_shows_a_row_per_core() {
     // The text frame has it too.
     assert!(m.text_frame(120).contains("Cores (one stack per queue)"));
 }
+
+/// The standard 80x24 terminal: whole columns with their titles (not
+/// every column cut to four characters), rates in bytes and bits a second,
+/// and a long Protocols pane that scrolls.
+#[test]
+fn readable_at_80_by_24() {
+    let mut m = Monitor::new("/run/ustack/a.sock");
+    m.on_update(Update::Frame(fixture(0, 5000, 12)));
+    m.on_update(Update::Frame(fixture(1000, 9000, 12)));
+    m.set_pane(Pane::Connections);
+    let s = screen(&m, 80, 24);
+    let head = s.lines().find(|l| l.contains("Remote")).expect("a header");
+    for title in ["Local", "Remote", "State", "SRTT", "RxB/s", "TxB/s"] {
+        assert!(head.contains(title), "{title} missing from {head}\n{s}");
+    }
+    assert!(
+        s.contains("10.0.0.1:5001") && s.contains("10.0.0.2:49152"),
+        "{s}"
+    );
+    assert!(
+        s.contains("ESTABLISHED") || s.contains("Established"),
+        "{s}"
+    );
+    assert!(
+        s.contains("columns"),
+        "the title says columns are hidden: {s}"
+    );
+    // Rates with their units, bits beside bytes.
+    // The summary wraps rather than losing its end (the transmit rate).
+    let summary: String = s.lines().skip(2).take(2).collect();
+    assert!(summary.contains("rx ") && summary.contains("tx "), "{s}");
+    assert_eq!(summary.matches("bit/s").count(), 2, "{summary}");
+    assert!(summary.contains("tcp 1 connections"), "{summary}");
+    // A Protocols pane longer than the screen scrolls.
+    let mut long = fixture(2000, 9000, 12);
+    for i in 0..40 {
+        long.stack
+            .insert(format!("extra{i:02}"), serde_json::json!({"counter": i}));
+    }
+    m.on_update(Update::Frame(long));
+    m.set_pane(Pane::Protocols);
+    let top = screen(&m, 80, 24);
+    assert!(top.contains("lines 1-"), "{top}");
+    assert!(top.contains("eth "), "{top}");
+    for _ in 0..30 {
+        m.on_key(ratatui::crossterm::event::KeyEvent::from(
+            ratatui::crossterm::event::KeyCode::Down,
+        ));
+    }
+    let down = screen(&m, 80, 24);
+    assert!(down.contains("lines 31-"), "{down}");
+    assert!(down.contains("extra"), "{down}");
+    assert!(!down.contains("eth    rx"), "{down}");
+}
