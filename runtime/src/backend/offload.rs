@@ -19,9 +19,10 @@
 //!   and puts them back when dropped; without the right, it says which
 //!   command to run.
 
-use smoltcp::wire::{
-    EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket,
-};
+use std::net::Ipv4Addr;
+
+use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket};
+use ustack::checksum;
 
 /// Ethernet header length.
 const ETH: usize = 14;
@@ -69,21 +70,24 @@ pub fn split_aggregate(frame: &[u8], mtu: usize, mut emit: impl FnMut(&[u8])) ->
             ip.set_ident(id.wrapping_add(i as u16));
             ip.fill_checksum();
         }
-        let mut tcp = TcpPacket::new_unchecked(&mut out[ETH + ihl..]);
+        let seg = &mut out[ETH + ihl..];
+        let mut tcp = TcpPacket::new_unchecked(&mut *seg);
         tcp.set_seq_number(seq + i * per);
         // FIN and PSH belong to the aggregate's end.
         tcp.set_fin(fin && last);
         tcp.set_psh(psh && last);
-        tcp.fill_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst));
+        tcp.set_checksum(0);
+        let c = checksum::compute(src, dst, u8::from(IpProtocol::Tcp), seg);
+        TcpPacket::new_unchecked(&mut *seg).set_checksum(c);
         emit(out);
         count += 1;
     }
     Some(count)
 }
 
-/// The transport header of an IPv4 TCP or UDP frame: (protocol, source,
-/// destination, transport bytes).
-fn transport(frame: &[u8]) -> Option<(IpProtocol, IpAddress, IpAddress, usize, usize)> {
+/// The transport part of an IPv4 TCP or UDP frame: (protocol number,
+/// source, destination, where the transport bytes start and end).
+fn transport(frame: &[u8]) -> Option<(u8, Ipv4Addr, Ipv4Addr, usize, usize)> {
     let eth = EthernetFrame::new_checked(frame).ok()?;
     if eth.ethertype() != EthernetProtocol::Ipv4 {
         return None;
@@ -101,29 +105,16 @@ fn transport(frame: &[u8]) -> Option<(IpProtocol, IpAddress, IpAddress, usize, u
     if end > frame.len() || end < start + 8 {
         return None;
     }
-    Some((
-        proto,
-        IpAddress::Ipv4(ip.src_addr()),
-        IpAddress::Ipv4(ip.dst_addr()),
-        start,
-        end,
-    ))
+    Some((u8::from(proto), ip.src_addr(), ip.dst_addr(), start, end))
 }
 
-/// The folded (not complemented) pseudo-header sum of a transport segment.
-fn pseudo_sum(proto: IpProtocol, src: &IpAddress, dst: &IpAddress, len: usize) -> u16 {
-    let (IpAddress::Ipv4(s), IpAddress::Ipv4(d)) = (src, dst);
-    let mut sum: u32 = 0;
-    for b in [s.octets(), d.octets()] {
-        sum += u32::from(u16::from_be_bytes([b[0], b[1]]));
-        sum += u32::from(u16::from_be_bytes([b[2], b[3]]));
+/// Where the checksum field sits in a TCP or UDP header.
+fn checksum_at(proto: u8) -> usize {
+    if proto == u8::from(IpProtocol::Tcp) {
+        16
+    } else {
+        6
     }
-    sum += u32::from(u8::from(proto));
-    sum += len as u32;
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    sum as u16
 }
 
 /// Whether `frame` is a TCP or UDP/IPv4 segment whose checksum field holds
@@ -135,30 +126,17 @@ pub fn is_partial_checksum(frame: &[u8]) -> bool {
         return false;
     };
     let seg = &frame[start..end];
-    let field = match proto {
-        IpProtocol::Tcp => 16,
-        _ => 6,
-    };
-    let Some(got) = seg.get(field..field + 2) else {
-        return false;
-    };
-    let got = u16::from_be_bytes([got[0], got[1]]);
-    got == pseudo_sum(proto, &src, &dst, seg.len()) && !verifies(proto, &src, &dst, seg)
+    let at = checksum_at(proto);
+    let got = u16::from_be_bytes([seg[at], seg[at + 1]]);
+    got == checksum::fold(checksum::pseudo_header(src, dst, proto, seg.len()))
+        && !checksum::verifies(src, dst, proto, seg)
 }
 
 /// Whether an IPv4 TCP/UDP frame's transport checksum verifies.
 pub fn l4_checksum_ok(frame: &[u8]) -> bool {
     transport(frame).is_some_and(|(proto, src, dst, start, end)| {
-        verifies(proto, &src, &dst, &frame[start..end])
+        checksum::verifies(src, dst, proto, &frame[start..end])
     })
-}
-
-/// Whether a segment's checksum verifies.
-fn verifies(proto: IpProtocol, src: &IpAddress, dst: &IpAddress, seg: &[u8]) -> bool {
-    match proto {
-        IpProtocol::Tcp => TcpPacket::new_checked(seg).is_ok_and(|t| t.verify_checksum(src, dst)),
-        _ => UdpPacket::new_checked(seg).is_ok_and(|u| u.verify_checksum(src, dst)),
-    }
 }
 
 /// Finish a partial checksum in place (see [`is_partial_checksum`]).
@@ -167,10 +145,14 @@ pub fn complete_checksum(frame: &mut [u8]) {
         return;
     };
     let seg = &mut frame[start..end];
-    match proto {
-        IpProtocol::Tcp => TcpPacket::new_unchecked(seg).fill_checksum(&src, &dst),
-        _ => UdpPacket::new_unchecked(seg).fill_checksum(&src, &dst),
+    let at = checksum_at(proto);
+    seg[at..at + 2].fill(0);
+    let mut c = checksum::compute(src, dst, proto, seg);
+    if c == 0 && at == 6 {
+        // UDP sends a computed zero as all ones (zero means "none").
+        c = 0xffff;
     }
+    seg[at..at + 2].copy_from_slice(&c.to_be_bytes());
 }
 
 /// The interface offloads that change the frames a capture sees, by
@@ -298,7 +280,8 @@ impl Drop for OffloadGuard {
 mod test {
     use super::*;
     use smoltcp::wire::{
-        EthernetAddress, EthernetRepr, Ipv4Address, Ipv4Repr, TcpControl, TcpRepr, TcpSeqNumber,
+        EthernetAddress, EthernetRepr, IpAddress, Ipv4Address, Ipv4Repr, TcpControl, TcpRepr,
+        TcpSeqNumber,
     };
 
     const A: Ipv4Address = Ipv4Address::new(10, 0, 0, 1);
@@ -397,12 +380,7 @@ mod test {
         assert!(!is_partial_checksum(&f));
         // What a sender with checksum offload leaves: the pseudo-header sum.
         let seg_len = f.len() - 34;
-        let sum = pseudo_sum(
-            IpProtocol::Tcp,
-            &IpAddress::Ipv4(A),
-            &IpAddress::Ipv4(B),
-            seg_len,
-        );
+        let sum = checksum::fold(checksum::pseudo_header(A, B, 6, seg_len));
         f[34 + 16..34 + 18].copy_from_slice(&sum.to_be_bytes());
         assert!(is_partial_checksum(&f));
         complete_checksum(&mut f);

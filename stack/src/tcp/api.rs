@@ -122,11 +122,7 @@ impl TcpTable {
         port: u16,
         remote: SocketAddrV4,
     ) -> Result<TcpHandle, Error> {
-        let key = super::FlowKey {
-            local_port: port,
-            remote,
-        };
-        if port == 0 || self.flows.contains_key(&key) || self.listeners.contains_key(&port) {
+        if port == 0 || !self.port_free(port, remote) {
             return Err(Error::AddrInUse);
         }
         self.open_from(now, me, port, remote)

@@ -473,15 +473,21 @@ impl TcpTable {
             } else {
                 p + 1
             };
-            let key = FlowKey {
-                local_port: p,
-                remote,
-            };
-            if !self.flows.contains_key(&key) && !self.listeners.contains_key(&p) && fits(p) {
+            if self.port_free(p, remote) && fits(p) {
                 return Some(p);
             }
         }
         None
+    }
+
+    /// Whether local `port` may open a connection to `remote`: no such flow
+    /// and no listener on the port.
+    pub fn port_free(&self, port: u16, remote: SocketAddrV4) -> bool {
+        let key = FlowKey {
+            local_port: port,
+            remote,
+        };
+        !self.flows.contains_key(&key) && !self.listeners.contains_key(&port)
     }
 }
 
