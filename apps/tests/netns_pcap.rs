@@ -617,9 +617,10 @@ fn ustack_run_serves_iperf3() {
         let client = topo.linux(&[&["iperf3", "-c", "10.77.0.2", "-J"][..], args].concat());
         let json: serde_json::Value = serde_json::from_slice(&client.stdout).expect("iperf3 JSON");
         assert!(client.status.success(), "iperf3 {args:?}: {json}");
+        // A missing figure fails here too, with the client's JSON shown.
         assert!(
-            json["end"]["sum_received"]["bytes"].as_u64().unwrap() > 1 << 20,
-            "{json}"
+            json["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0) > 1 << 20,
+            "iperf3 {args:?}: {json}"
         );
     }
     let (code, out, err) = d.stop();
