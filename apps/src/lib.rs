@@ -7,6 +7,8 @@ pub mod iperf_client;
 pub mod iperf_server;
 pub mod mesh;
 pub mod net;
+pub mod oob;
+pub mod pingpong;
 pub mod rdma;
 pub mod report;
 pub mod rr;

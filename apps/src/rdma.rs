@@ -104,8 +104,21 @@ pub fn ping_summary(dst: UdAddr, s: &UdPingSummary, elapsed: Duration) -> String
             p(0.99),
             ms(s.rtt.max)
         );
+        out += rtt_clock_line(s);
     }
     out
+}
+
+/// Which clock measured the RTTs: the NIC's completion timestamps (verbs on
+/// a device that stamps completions) or the poll loop's.
+pub fn rtt_clock_line(s: &UdPingSummary) -> &'static str {
+    if s.nic_stamped == 0 {
+        "rtt clock = poll loop (post to receive completion)\n"
+    } else if s.nic_stamped == s.received {
+        "rtt clock = nic (send to receive completion timestamps)\n"
+    } else {
+        "rtt clock = nic where both completions were stamped, else poll loop\n"
+    }
 }
 
 fn ping_json(
@@ -124,6 +137,7 @@ fn ping_json(
         "errors": s.errors,
         "loss_percent": s.loss_percent(),
         "time_ms": elapsed.as_millis() as u64,
+        "rtt_clock": if s.nic_stamped > 0 { "nic" } else { "poll" },
         "rtt_ms": (s.rtt.count > 0).then(|| serde_json::json!({
             "min": ms(s.rtt.min), "avg": ms(s.rtt.avg()), "max": ms(s.rtt.max),
             "mdev": ms(s.rtt.mdev()),
@@ -328,9 +342,17 @@ pub fn bw_row(r: &BwResult) -> String {
         Some(d) => format!("{d}/{}", r.iterations),
         None => "n/a".to_string(),
     };
+    let fig = |v: Option<f64>, decimals: usize| match v {
+        Some(v) => format!("{v:.decimals$}"),
+        None => "n/a".to_string(),
+    };
     format!(
-        " {:<10} {:<14} {:<18.2} {:<20.2} {:<15.6} {delivered}",
-        r.bytes, r.iterations, r.bw_peak_mbs, r.bw_avg_mbs, r.msg_rate_mpps
+        " {:<10} {:<14} {:<18} {:<20} {:<15} {delivered}",
+        r.bytes,
+        r.iterations,
+        fig(r.bw_peak_mbs, 2),
+        fig(r.bw_avg_mbs, 2),
+        fig(r.msg_rate_mpps, 6)
     )
 }
 
@@ -437,11 +459,12 @@ impl NodeUser for SinkUser {
 pub fn responder_line(r: &UdResponder) -> String {
     let s = r.stats();
     format!(
-        "rdma ud: qpn {}: {} pings answered, {} sink messages ({} bytes)",
+        "rdma ud: qpn {}: {} pings answered, {} sink messages ({} bytes), {} echoed",
         r.qpn(),
         s.pongs,
         s.sink_msgs,
-        s.sink_bytes
+        s.sink_bytes,
+        s.echoed
     )
 }
 
@@ -465,11 +488,23 @@ mod test {
         let r = BwResult {
             bytes: 64,
             iterations: 1000,
-            bw_peak_mbs: 12.5,
-            bw_avg_mbs: 10.25,
-            msg_rate_mpps: 0.167_936,
+            bw_peak_mbs: Some(12.5),
+            bw_avg_mbs: Some(10.25),
+            msg_rate_mpps: Some(0.167_936),
             delivered: Some(1000),
         };
+        let unmeasured = BwResult {
+            bw_peak_mbs: None,
+            bw_avg_mbs: None,
+            msg_rate_mpps: None,
+            ..r
+        };
+        assert!(
+            bw_row(&unmeasured).contains(" n/a "),
+            "{}",
+            bw_row(&unmeasured)
+        );
+        assert!(!bw_row(&unmeasured).contains("0.00"));
         let row = bw_row(&r);
         assert!(row.starts_with(" 64 "));
         assert!(row.contains("12.50") && row.contains("10.25") && row.contains("0.167936"));

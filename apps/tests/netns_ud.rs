@@ -306,15 +306,21 @@ fn uperf_rdma_prints_the_send_bw_table() {
         text.contains("#bytes     #iterations    BW peak[MB/sec]"),
         "{text}"
     );
-    let row = regex::Regex::new(r"(?m)^ (\d+)\s+200\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)/200$")
-        .unwrap();
+    // A size whose sends all complete within one poll has no span to
+    // divide by: its figures are "n/a", never 0.00.
+    let row = regex::Regex::new(
+        r"(?m)^ (\d+)\s+200\s+([\d.]+|n/a)\s+([\d.]+|n/a)\s+([\d.]+|n/a)\s+(\d+)/200$",
+    )
+    .unwrap();
     let sizes: Vec<u64> = row
         .captures_iter(&text)
         .map(|c| c[1].parse().unwrap())
         .collect();
-    assert_eq!(sizes, vec![64, 128, 256, 512, 1024, 1444], "{text}");
+    assert_eq!(sizes, vec![64, 128, 256, 512, 1024], "{text}");
     for c in row.captures_iter(&text) {
-        assert!(c[3].parse::<f64>().unwrap() > 0.0, "{text}");
+        if &c[3] != "n/a" {
+            assert!(c[3].parse::<f64>().unwrap() > 0.0, "{text}");
+        }
     }
     let (code, dout, _) = d.stop();
     assert_eq!(code, 0);

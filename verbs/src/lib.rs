@@ -36,7 +36,8 @@ pub struct VerbsConfig {
     pub device: Option<String>,
     /// Port number (1 when `None`).
     pub port: Option<u8>,
-    /// GID index; the first IPv4-mapped (RoCEv2) GID when `None`.
+    /// GID index (it must be an IPv4 RoCE v2 GID); the first IPv4 RoCE v2
+    /// GID when `None`.
     pub gid_index: Option<u8>,
 }
 
@@ -62,8 +63,9 @@ struct VerbsQp {
     free_recv: Vec<usize>,
     send_at: usize,
     send_slot: usize,
-    /// Per send slot: the caller's wr_id and the length sent.
-    send: Vec<Option<(u64, usize)>>,
+    /// Per send slot: the caller's wr_id, the length sent and when it was
+    /// posted (the loop's `now` at the last poll).
+    send: Vec<Option<(u64, usize, Instant)>>,
     send_next: usize,
 }
 
@@ -78,6 +80,9 @@ pub struct VerbsUd {
     max_msg: usize,
     /// HCA core clock in kHz (0: unknown).
     clock_khz: u64,
+    /// The `now` of the last `poll_cq`: the post time of sends made before
+    /// the next (apps poll, then post, in one turn of the loop).
+    last_now: Instant,
     qps: slotmap::SlotMap<QpHandle, VerbsQp>,
     ahs: HashMap<Ipv4Addr, *mut ibv_ah>,
 }
@@ -126,6 +131,67 @@ fn gid_ipv4(raw: &[u8; 16]) -> Option<Ipv4Addr> {
         .then(|| Ipv4Addr::new(raw[12], raw[13], raw[14], raw[15]))
 }
 
+/// One GID table entry as the device lists it.
+#[derive(Debug, Clone, Copy)]
+struct GidEntry {
+    index: u8,
+    raw: [u8; 16],
+    /// `IBV_GID_TYPE_*`, or `None` where the library cannot tell.
+    kind: Option<ibv_gid_type>,
+}
+
+/// The GID to send from: an IPv4-mapped entry of type RoCE v2 (UDP 4791).
+/// ConnectX lists each address twice, RoCE v1 (EtherType 0x8915, which no
+/// RoCEv2 peer sees) first; the type decides, never the order. Entries of
+/// unknown type count only where no entry's type is known (old libraries).
+/// With `want`, that index, refused unless it is an IPv4 RoCE v2 GID.
+fn pick_gid(entries: &[GidEntry], want: Option<u8>) -> Result<(u8, Ipv4Addr), UdError> {
+    let typed = entries.iter().any(|e| e.kind.is_some());
+    let usable = |e: &GidEntry| {
+        let v2 = match e.kind {
+            Some(k) => k == IBV_GID_TYPE_ROCE_V2,
+            None => !typed,
+        };
+        gid_ipv4(&e.raw).filter(|_| v2)
+    };
+    if let Some(w) = want {
+        let e = entries
+            .iter()
+            .find(|e| e.index == w)
+            .ok_or(UdError::Unsupported("no such GID index on this port"))?;
+        return usable(e).map(|ip| (w, ip)).ok_or(UdError::Unsupported(
+            "that GID index is not an IPv4 RoCE v2 GID (RoCE v1 or IPv6)",
+        ));
+    }
+    entries
+        .iter()
+        .find_map(|e| usable(e).map(|ip| (e.index, ip)))
+        .ok_or(UdError::Unsupported(
+            "no IPv4 RoCE v2 GID on this port: set an IPv4 address on its netdev",
+        ))
+}
+
+/// NIC clock ticks to nanoseconds with the device's clock (`hca_core_clock`,
+/// kHz). Ticks are not nanoseconds: a ConnectX-4 counts at 156.25 MHz, a
+/// ConnectX-6 at 1 GHz, so taking ticks as time makes two NICs disagree.
+/// `None` when the device does not say its clock: its stamps are unusable.
+fn ticks_to_ns(ticks: u64, clock_khz: u64) -> Option<u64> {
+    (clock_khz > 0).then(|| (u128::from(ticks) * 1_000_000 / u128::from(clock_khz)) as u64)
+}
+
+// Declared in rdma-core's verbs.h (since v32) behind the ibv_query_gid_ex
+// macro; rdma-sys's bindings leave out names starting with an underscore.
+unsafe extern "C" {
+    fn _ibv_query_gid_ex(
+        context: *mut ibv_context,
+        port_num: u32,
+        gid_index: u32,
+        entry: *mut ibv_gid_entry,
+        flags: u32,
+        entry_size: usize,
+    ) -> i32;
+}
+
 impl VerbsUd {
     /// Open a device. Fails with [`UdError::NoDevice`] when the host has no
     /// RDMA device (or none of that name).
@@ -172,6 +238,7 @@ impl VerbsUd {
             device,
             max_msg: 1024,
             clock_khz: 0,
+            last_now: Instant::ZERO,
             qps: slotmap::SlotMap::with_key(),
             ahs: HashMap::new(),
         };
@@ -188,11 +255,8 @@ impl VerbsUd {
             return Err(dev_err("ibv_query_port"));
         }
         me.max_msg = mtu_bytes(pa.active_mtu);
-        let mut found = None;
-        for i in 0..pa.gid_tbl_len.max(0) {
-            if cfg.gid_index.is_some_and(|g| i32::from(g) != i) {
-                continue;
-            }
+        let mut entries = Vec::new();
+        for i in 0..pa.gid_tbl_len.clamp(0, 256) {
             // SAFETY: all-zero is a valid GID.
             let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
             // SAFETY: ctx is open, `gid` a valid out-pointer, i < table length.
@@ -201,14 +265,31 @@ impl VerbsUd {
             }
             // SAFETY: every bit pattern is a valid `raw` view of the union.
             let raw = unsafe { gid.raw };
-            if let Some(ip) = gid_ipv4(&raw) {
-                found = Some((i as u8, ip));
-                break;
+            if raw == [0; 16] {
+                continue;
             }
+            // SAFETY: all-zero is a valid entry (integers and a GID).
+            let mut entry: ibv_gid_entry = unsafe { std::mem::zeroed() };
+            // SAFETY: ctx is open; `entry` is a valid out-pointer of the size
+            // given; index and port are in range.
+            let kind = (unsafe {
+                _ibv_query_gid_ex(
+                    ctx,
+                    u32::from(me.port),
+                    i as u32,
+                    &mut entry,
+                    0,
+                    std::mem::size_of::<ibv_gid_entry>(),
+                )
+            } == 0)
+                .then_some(entry.gid_type);
+            entries.push(GidEntry {
+                index: i as u8,
+                raw,
+                kind,
+            });
         }
-        let (gi, ip) = found.ok_or(UdError::Unsupported(
-            "no IPv4 (RoCEv2) GID on this port: set an IPv4 address on its netdev",
-        ))?;
+        let (gi, ip) = pick_gid(&entries, cfg.gid_index)?;
         me.gid_index = gi;
         me.local_ip = ip;
         // SAFETY: all-zero is a valid input and attribute struct.
@@ -312,7 +393,14 @@ impl VerbsUd {
     ) -> Option<Completion> {
         if wr_id & SEND_BIT != 0 {
             let slot = (wr_id & !SEND_BIT) as usize;
-            let (id, len) = q.send.get_mut(slot)?.take()?;
+            let (id, len, posted) = q.send.get_mut(slot)?.take()?;
+            // Without NIC stamps the poll that found the completion says
+            // nothing about when the message left: the post time is the
+            // closest the loop's clock knows.
+            let timestamp = match ts_source {
+                TsSource::Nic => timestamp,
+                TsSource::Poll => posted,
+            };
             return Some(Completion {
                 wr_id: id,
                 opcode: WcOpcode::Send,
@@ -519,6 +607,7 @@ impl UdTransport for VerbsUd {
             return Err(UdError::TooLarge(wr.data.len(), self.max_msg));
         }
         let ah = self.ah(wr.dest.ip)?;
+        let posted = self.last_now;
         let q = self.qp_mut(qp)?;
         let slot = q.send_next;
         if q.send[slot].is_some() {
@@ -560,7 +649,7 @@ impl UdTransport for VerbsUd {
         if unsafe { ibv_post_send(q.qp, &mut swr, &mut bad) } != 0 {
             return Err(dev_err("ibv_post_send"));
         }
-        q.send[slot] = Some((wr.wr_id, wr.data.len()));
+        q.send[slot] = Some((wr.wr_id, wr.data.len(), posted));
         q.send_next = (slot + 1) % q.send.len();
         Ok(())
     }
@@ -573,13 +662,7 @@ impl UdTransport for VerbsUd {
         out: &mut Vec<Completion>,
     ) -> Result<usize, UdError> {
         let clock_khz = self.clock_khz;
-        let to_ns = |c: u64| {
-            if clock_khz == 0 {
-                c
-            } else {
-                (u128::from(c) * 1_000_000 / u128::from(clock_khz)) as u64
-            }
-        };
+        self.last_now = now;
         let q = self.qp_mut(qp)?;
         let mut n = 0;
         match q.cq {
@@ -613,10 +696,9 @@ impl UdTransport for VerbsUd {
                     } else {
                         None
                     };
-                    let (timestamp, src) = if with_ts {
-                        (Instant::from_nanos(to_ns(ts)), TsSource::Nic)
-                    } else {
-                        (now, TsSource::Poll)
+                    let (timestamp, src) = match ticks_to_ns(ts, clock_khz) {
+                        Some(ns) if with_ts => (Instant::from_nanos(ns), TsSource::Nic),
+                        _ => (now, TsSource::Poll),
                     };
                     if let Some(c) = Self::complete(
                         q,
@@ -713,5 +795,55 @@ mod test {
         raw[0] = 0xfe;
         assert_eq!(gid_ipv4(&raw), None);
         assert_eq!(mtu_bytes(ibv_mtu::IBV_MTU_4096), 4096);
+    }
+
+    fn v4(index: u8, last: u8, kind: Option<ibv_gid_type>) -> GidEntry {
+        let mut raw = [0u8; 16];
+        raw[10] = 0xff;
+        raw[11] = 0xff;
+        raw[12..].copy_from_slice(&[10, 77, 0, last]);
+        GidEntry { index, raw, kind }
+    }
+
+    #[test]
+    fn the_roce_v2_gid_is_picked_by_type_not_order() {
+        let mut link_local = v4(0, 0, Some(IBV_GID_TYPE_ROCE_V1));
+        link_local.raw = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        // ConnectX: fe80 v1, fe80 v2, then the IPv4 address as v1 and v2.
+        let mut fe80_v2 = link_local;
+        fe80_v2.index = 1;
+        fe80_v2.kind = Some(IBV_GID_TYPE_ROCE_V2);
+        let cx = [
+            link_local,
+            fe80_v2,
+            v4(2, 2, Some(IBV_GID_TYPE_ROCE_V1)),
+            v4(3, 2, Some(IBV_GID_TYPE_ROCE_V2)),
+        ];
+        assert_eq!(pick_gid(&cx, None), Ok((3, Ipv4Addr::new(10, 77, 0, 2))));
+        // Asking for the v1 entry is refused with the reason.
+        assert!(matches!(
+            pick_gid(&cx, Some(2)),
+            Err(UdError::Unsupported(m)) if m.contains("RoCE v1")
+        ));
+        assert_eq!(pick_gid(&cx, Some(3)).unwrap().0, 3);
+        assert!(pick_gid(&cx, Some(9)).is_err());
+        // rxe: fe80 (v2), then the IPv4 GID (v2).
+        let rxe = [fe80_v2, v4(1, 3, Some(IBV_GID_TYPE_ROCE_V2))];
+        assert_eq!(pick_gid(&rxe, None).unwrap().0, 1);
+        // Only v1: nothing a RoCEv2 peer would see.
+        assert!(pick_gid(&[v4(0, 2, Some(IBV_GID_TYPE_ROCE_V1))], None).is_err());
+        // A library that cannot tell types: the IPv4-mapped entry.
+        assert_eq!(pick_gid(&[v4(4, 2, None)], None).unwrap().0, 4);
+    }
+
+    #[test]
+    fn nic_ticks_become_time_with_the_device_clock() {
+        // One millisecond on a 156.25 MHz ConnectX-4 and a 1 GHz ConnectX-6.
+        assert_eq!(ticks_to_ns(156_250, 156_250), Some(1_000_000));
+        assert_eq!(ticks_to_ns(1_000_000, 1_000_000), Some(1_000_000));
+        // Large counters do not overflow.
+        assert_eq!(ticks_to_ns(u64::MAX / 2, 1_000_000), Some(u64::MAX / 2));
+        // An unknown clock gives no time at all, not ticks taken as ns.
+        assert_eq!(ticks_to_ns(123, 0), None);
     }
 }

@@ -32,9 +32,10 @@ struct Cli {
     /// Seconds between requests.
     #[arg(short = 'i', value_name = "INTERVAL", default_value_t = 1.0, value_parser = interval)]
     interval: f64,
-    /// Bytes of data per request.
-    #[arg(short = 's', value_name = "PACKETSIZE", default_value_t = 56)]
-    size: usize,
+    /// Bytes of data per request [default: 56; 1024 with --pingpong, as
+    /// ibv_ud_pingpong's -s].
+    #[arg(short = 's', value_name = "PACKETSIZE")]
+    size: Option<usize>,
     /// Seconds to wait for replies after the last request when none has come
     /// back (iputils' -W); with replies in, uping waits twice the longest
     /// RTT, at least one interval, as iputils does.
@@ -60,6 +61,14 @@ struct Cli {
     // Hidden from --help in builds without the `verbs` feature.
     #[arg(long, requires = "rdma", hide = !cfg!(feature = "verbs"))]
     verbs: bool,
+    /// With --rdma: ping-pong with a stock `ibv_ud_pingpong` server on HOST
+    /// (its TCP address exchange on --port, then -c messages of -s bytes,
+    /// each echoed; use the server's -n and -s).
+    #[arg(long, requires = "rdma", conflicts_with_all = ["verbs", "pinglist"])]
+    pingpong: bool,
+    /// With --pingpong: the server's exchange port.
+    #[arg(long, value_name = "PORT", default_value_t = ustack::ud::exchange::PINGPONG_PORT, requires = "pingpong")]
+    port: u16,
     /// Mesh mode: ping every target in FILE (one `A.B.C.D [label]` per line).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "count", "interval"])]
     pinglist: Option<std::path::PathBuf>,
@@ -72,6 +81,13 @@ struct Cli {
     /// The host to ping (an IPv4 address).
     #[arg(required_unless_present = "pinglist")]
     host: Option<String>,
+}
+
+impl Cli {
+    /// `-s`, or its default: 56, or ibv_ud_pingpong's 1024 with --pingpong.
+    fn size(&self) -> usize {
+        self.size.unwrap_or(if self.pingpong { 1024 } else { 56 })
+    }
 }
 
 fn rate(s: &str) -> Result<f64, String> {
@@ -273,15 +289,15 @@ impl NodeUser for Run<'_> {
         let mut cfg = PingerConfig::new(self.dst);
         cfg.count = cli.count;
         cfg.interval = Duration::from_secs_f64(cli.interval);
-        cfg.size = cli.size;
+        cfg.size = cli.size();
         cfg.timeout = Duration::from_secs_f64(cli.timeout);
         cfg.ident = (std::process::id() & 0xffff) as u16;
         let mut front = Front::new(Pinger::new(cfg), cli.quiet, cli.json);
         if !cli.json {
             ustack_apps::outln!(
                 "PING {dst} ({dst}) {}({}) bytes of data.",
-                cli.size,
-                cli.size + 28,
+                cli.size(),
+                cli.size() + 28,
                 dst = self.dst
             );
         }
@@ -358,10 +374,10 @@ fn json_summary(
 }
 
 fn ping(cli: &Cli) -> Result<ExitCode> {
-    if cli.size > MAX_PING_DATA {
+    if cli.size() > MAX_PING_DATA {
         bail!(
             "invalid -s value: '{}': out of range: 0 <= value <= {MAX_PING_DATA}",
-            cli.size
+            cli.size()
         );
     }
     if let Some(list) = &cli.pinglist {
@@ -371,6 +387,18 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
     let dst: Ipv4Addr = host.parse().map_err(|_| {
         anyhow::anyhow!("{host}: not an IPv4 address (uping does no name resolution)")
     })?;
+    if cli.pingpong {
+        let opts = ustack_apps::pingpong::PingpongOpts {
+            dst,
+            port: cli.port,
+            count: cli.count.unwrap_or(1000),
+            size: cli.size(),
+            timeout: Duration::from_secs_f64(cli.timeout.min(5.0)),
+            quiet: cli.quiet,
+            core: cli.net.core,
+        };
+        return with_node(&cli.net, ustack_apps::pingpong::PingpongUser(opts));
+    }
     if cli.rdma {
         let opts = ustack_apps::rdma::PingOpts {
             dst,
@@ -378,7 +406,7 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
             qkey: cli.qkey,
             count: cli.count,
             interval: Duration::from_secs_f64(cli.interval),
-            size: cli.size,
+            size: cli.size(),
             timeout: Duration::from_secs_f64(cli.timeout),
             quiet: cli.quiet,
             json: cli.json,
@@ -398,7 +426,7 @@ fn mesh(cli: &Cli, list: &std::path::Path) -> Result<ExitCode> {
         .with_context(|| format!("cannot read the ping list {}", list.display()))?;
     let targets = ustack_apps::mesh::parse_pinglist(&text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", list.display()))?;
-    if cli.size < 8 {
+    if cli.size() < 8 {
         bail!("mesh mode needs -s 8 or more (the request carries its send time)");
     }
     if cli.rdma {
@@ -412,7 +440,7 @@ fn mesh(cli: &Cli, list: &std::path::Path) -> Result<ExitCode> {
                 rate: cli.rate,
                 duration: Duration::from_secs_f64(cli.duration),
                 wait: Duration::from_secs_f64(cli.timeout.min(2.0)),
-                size: cli.size,
+                size: cli.size(),
                 qpn: cli.qpn,
                 qkey: cli.qkey,
                 json: cli.json,
@@ -425,7 +453,7 @@ fn mesh(cli: &Cli, list: &std::path::Path) -> Result<ExitCode> {
         rate: cli.rate,
         duration: Duration::from_secs_f64(cli.duration),
         wait: Duration::from_secs_f64(cli.timeout.min(2.0)),
-        size: cli.size,
+        size: cli.size(),
         ident: (std::process::id() & 0xffff) as u16,
     };
     with_node(&cli.net, MeshRun { cli, cfg })
@@ -452,7 +480,7 @@ impl NodeUser for MeshRun<'_> {
                 pinger.stats.len(),
                 cli.rate,
                 cli.duration,
-                cli.size
+                cli.size()
             );
         }
         let tele = ustack_apps::telemetry::Telemetry::start(&cli.net, "uping")?;

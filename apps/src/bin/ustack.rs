@@ -313,6 +313,10 @@ struct DaemonApps {
     services: Services,
     iperf: IperfServer,
     ud: ustack::ud::ping::UdResponder,
+    /// ibv_ud_pingpong's address exchange (TCP 18515) for the responder;
+    /// not on a sharded run (the exchange and the UD flow it announces may
+    /// hash to different cores).
+    pingpong: Option<ustack_apps::pingpong::PingpongServer>,
     /// iperf3 lines held while the monitor owns the terminal.
     held: Option<Vec<String>>,
 }
@@ -322,7 +326,12 @@ impl App for DaemonApps {
         self.services.poll(now, stack);
         self.iperf.poll(now, stack);
         self.ud.poll(now, stack);
-        for line in self.iperf.output.drain(..) {
+        let mut lines: Vec<String> = self.iperf.output.drain(..).collect();
+        if let Some(p) = self.pingpong.as_mut() {
+            p.poll(now, stack, &mut self.ud);
+            lines.append(&mut p.output);
+        }
+        for line in lines {
             match self.held.as_mut() {
                 Some(held) => held.push(line),
                 None => ustack_apps::outln!("{line}"),
@@ -355,10 +364,13 @@ impl NodeUser for Daemon<'_> {
             services: Services::new(),
             iperf: IperfServer::new(5201, false),
             ud: ustack::ud::ping::UdResponder::default(),
+            pingpong: Some(ustack_apps::pingpong::PingpongServer::new(
+                ustack::ud::exchange::PINGPONG_PORT,
+            )),
             held: tui.then(Vec::new),
         };
         ustack_apps::outln!(
-            "ustack: {} ({}) on {}; answering ARP and ping, TCP echo on 7, discard on 9, iperf3 on 5201, RDMA UD responder on qpn 2 (qkey 0x11111111)",
+            "ustack: {} ({}) on {}; answering ARP and ping, TCP echo on 7, discard on 9, iperf3 on 5201, RDMA UD responder on qpn 2 (qkey 0x11111111, ibv_ud_pingpong exchange on 18515)",
             node.stack.config().ip,
             node.stack.mac(),
             self.args.net.describe()
@@ -452,6 +464,7 @@ fn run_sharded(args: &RunArgs, stop: &AtomicBool) -> Result<ExitCode> {
             // shard 0's server prints.
             iperf: IperfServer::new(5201, false),
             ud: ustack::ud::ping::UdResponder::default(),
+            pingpong: None,
             held: (shard.index != 0).then(Vec::new),
         },
     )?;

@@ -18,6 +18,7 @@
 //! 40, and a completion's `byte_len` counts the 40 bytes. Each QP has its
 //! own completion queue (sends and receives), bounded by its work requests.
 
+pub mod exchange;
 pub mod ping;
 pub mod wire;
 
@@ -148,7 +149,9 @@ pub enum WcStatus {
 pub enum TsSource {
     /// The NIC's completion timestamp (converted to nanoseconds of its clock).
     Nic,
-    /// The poll loop's `now` when the packet was received or sent.
+    /// The poll loop's `now`: when the packet was received, or when it was
+    /// written to the device (the stack's transport) or posted (a verbs
+    /// device without completion timestamps: when it left is unknown).
     Poll,
 }
 
@@ -299,10 +302,28 @@ pub(crate) struct UdTable {
     ready: VecDeque<QpHandle>,
 }
 
-/// Largest UD message on a link of IP MTU `mtu`: one packet with room for
-/// immediate data, rounded down to a multiple of 4.
+/// Bytes a RoCE peer reserves for headers when it derives the InfiniBand
+/// path MTU from the IP MTU (Linux rxe's `RXE_MAX_HDR_LENGTH`, and what
+/// RNIC drivers use): the largest IB MTU that fits `mtu - 80`.
+pub const IB_MTU_HEADROOM: usize = 80;
+
+/// The InfiniBand path MTU of a link with IP MTU `mtu`: the largest of 256,
+/// 512, 1024, 2048 and 4096 that fits `mtu - 80` (1024 on a 1500-byte
+/// link, 4096 on a 9000-byte one), or `None` below 336 bytes.
+pub fn ib_path_mtu(mtu: usize) -> Option<usize> {
+    let room = mtu.checked_sub(IB_MTU_HEADROOM)?;
+    [4096, 2048, 1024, 512, 256]
+        .into_iter()
+        .find(|&m| m <= room)
+}
+
+/// Largest UD message on a link of IP MTU `mtu`: the InfiniBand path MTU,
+/// as every verbs peer computes it (a verbs device never delivers nor sends
+/// a larger UD message, so a bigger one would only reach another ustack).
+/// On links too small for the 256-byte IB MTU: what one packet holds with
+/// room for immediate data, rounded down to a multiple of 4.
 pub fn max_msg(mtu: usize) -> usize {
-    mtu.saturating_sub(ROCE_OVERHEAD) & !3
+    ib_path_mtu(mtu).unwrap_or(mtu.saturating_sub(ROCE_OVERHEAD) & !3)
 }
 
 impl UdTable {
@@ -603,5 +624,28 @@ impl UdTable {
         self.by_qpn.remove(&q.qpn);
         self.ready.retain(|&i| i != qp);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn ud_messages_are_capped_at_the_ib_path_mtu() {
+        // As rxe derives it from the netdev's MTU (mtu - 80, rounded down
+        // to an IB MTU).
+        assert_eq!(ib_path_mtu(1500), Some(1024));
+        assert_eq!(ib_path_mtu(9000), Some(4096));
+        assert_eq!(ib_path_mtu(4200), Some(4096));
+        assert_eq!(ib_path_mtu(4175), Some(2048));
+        assert_eq!(ib_path_mtu(2128), Some(2048));
+        assert_eq!(ib_path_mtu(2127), Some(1024));
+        assert_eq!(ib_path_mtu(336), Some(256));
+        assert_eq!(ib_path_mtu(335), None);
+        assert_eq!(max_msg(1500), 1024);
+        assert_eq!(max_msg(65535), 4096);
+        // Below the smallest IB MTU: one packet's worth, a multiple of 4.
+        assert_eq!(max_msg(300), (300 - ROCE_OVERHEAD) & !3);
     }
 }

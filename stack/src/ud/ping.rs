@@ -149,15 +149,16 @@ pub struct UdPong {
     pub from: UdAddr,
     /// Message bytes received.
     pub bytes: usize,
-    /// Round trip: our receive completion minus our send completion, less
-    /// the responder's processing delay.
+    /// Round trip, less the responder's processing delay: our receive
+    /// completion minus our send completion where the NIC stamped both,
+    /// else the receive's poll-loop time minus the post time.
     pub rtt: Duration,
     /// The responder's processing delay (its pong post minus its receive
     /// completion), as it reported it.
     pub server_delay: Duration,
     /// A second pong for the same ping (`rtt` and `server_delay` are zero).
     pub duplicate: bool,
-    /// Where our timestamps came from.
+    /// Which clock measured `rtt`.
     pub ts_source: TsSource,
 }
 
@@ -174,6 +175,9 @@ pub struct UdPingSummary {
     pub errors: u64,
     /// RTTs of the answered pings.
     pub rtt: RttStats,
+    /// Of `received`, the RTTs measured between two NIC completion
+    /// timestamps; the others are on the poll loop's clock.
+    pub nic_stamped: u64,
     /// RTT samples in nanoseconds (the first million).
     samples: Vec<u64>,
 }
@@ -210,7 +214,8 @@ impl UdPingSummary {
 #[derive(Debug, Clone, Copy)]
 struct Sent {
     posted: Instant,
-    tx_ts: Option<Instant>,
+    /// The send completion's timestamp and its clock.
+    tx_ts: Option<(Instant, TsSource)>,
 }
 
 /// An app that pings one UD peer.
@@ -313,7 +318,7 @@ impl UdPinger {
                 && (self.outstanding.is_empty() || self.linger_until.is_some_and(|t| now >= t)))
     }
 
-    fn on_completion(&mut self, c: &Completion) {
+    fn on_completion(&mut self, now: Instant, c: &Completion) {
         match c.opcode {
             WcOpcode::Send => {
                 if c.status != WcStatus::Success {
@@ -321,7 +326,7 @@ impl UdPinger {
                         self.summary.errors += 1;
                     }
                 } else if let Some(s) = self.outstanding.get_mut(&c.wr_id) {
-                    s.tx_ts = Some(c.timestamp);
+                    s.tx_ts = Some((c.timestamp, c.ts_source));
                 }
             }
             WcOpcode::Recv => {
@@ -334,13 +339,21 @@ impl UdPinger {
                 let Some(from) = c.src else { return };
                 let duplicate = match self.outstanding.remove(&m.seq) {
                     Some(sent) => {
-                        let tx = sent.tx_ts.unwrap_or(sent.posted);
+                        // Both ends of the RTT on one clock: the NIC's when
+                        // it stamped both completions, else the loop's.
+                        let (tx, rx, clock) = match sent.tx_ts {
+                            Some((tx, src)) if src == c.ts_source => (tx, c.timestamp, src),
+                            _ if c.ts_source == TsSource::Poll => {
+                                (sent.posted, c.timestamp, TsSource::Poll)
+                            }
+                            _ => (sent.posted, now, TsSource::Poll),
+                        };
                         let server = Duration::from_nanos(m.c);
-                        let rtt = c
-                            .timestamp
-                            .saturating_duration_since(tx)
-                            .saturating_sub(server);
+                        let rtt = rx.saturating_duration_since(tx).saturating_sub(server);
                         self.summary.received += 1;
+                        if clock == TsSource::Nic {
+                            self.summary.nic_stamped += 1;
+                        }
                         self.summary.rtt.add(rtt);
                         if self.summary.samples.len() < MAX_SAMPLES {
                             self.summary.samples.push(ns(rtt));
@@ -353,7 +366,7 @@ impl UdPinger {
                             rtt,
                             server_delay: server,
                             duplicate: false,
-                            ts_source: c.ts_source,
+                            ts_source: clock,
                         });
                         false
                     }
@@ -406,7 +419,7 @@ impl UdPinger {
         let mut cqes = std::mem::take(&mut self.cqes);
         while t.poll_cq(qp, now, 64, &mut cqes).unwrap_or(0) > 0 {
             for mut c in cqes.drain(..) {
-                self.on_completion(&c);
+                self.on_completion(now, &c);
                 if c.opcode == WcOpcode::Recv {
                     repost(t, qp, &mut c);
                 }
@@ -531,7 +544,14 @@ pub struct ResponderStats {
     pub sink_msgs: u64,
     /// Payload bytes of those messages.
     pub sink_bytes: u64,
+    /// Messages from an echo peer sent back as they came.
+    pub echoed: u64,
+    /// Echoes not sent (send queue full).
+    pub echo_drops: u64,
 }
+
+/// Most peers a responder echoes for at once (the oldest is forgotten).
+pub const MAX_ECHO_PEERS: usize = 64;
 
 /// Answers UD pings on a well-known QPN and sinks other messages.
 #[derive(Debug)]
@@ -544,6 +564,8 @@ pub struct UdResponder {
     error: Option<UdError>,
     cqes: Vec<Completion>,
     msg: Vec<u8>,
+    /// Peers whose every message is sent back unchanged, oldest first.
+    echo_peers: VecDeque<UdAddr>,
 }
 
 impl Default for UdResponder {
@@ -565,7 +587,20 @@ impl UdResponder {
             error: None,
             cqes: Vec::new(),
             msg: vec![0; PING_LEN],
+            echo_peers: VecDeque::new(),
         }
+    }
+
+    /// Send every message from `peer` back to it unchanged, whatever it
+    /// holds: what a stock ping-pong peer (`ibv_ud_pingpong`, perftest's
+    /// latency test) expects of its partner. Asked for by the peer's address
+    /// exchange; at most [`MAX_ECHO_PEERS`] at once, the oldest forgotten.
+    pub fn echo_for(&mut self, peer: UdAddr) {
+        self.echo_peers.retain(|p| *p != peer);
+        if self.echo_peers.len() >= MAX_ECHO_PEERS {
+            self.echo_peers.pop_front();
+        }
+        self.echo_peers.push_back(peer);
     }
 
     /// Receive buffers kept posted (default 512).
@@ -646,6 +681,21 @@ impl UdResponder {
             return;
         }
         let payload = c.payload();
+        if let Some(src) = c.src.filter(|s| self.echo_peers.contains(s)) {
+            let wr = SendWr {
+                wr_id: 0,
+                dest: src,
+                remote_qkey: self.qkey,
+                imm: None,
+                solicited: false,
+                data: payload,
+            };
+            match t.post_send(qp, &wr) {
+                Ok(()) => self.stats.echoed += 1,
+                Err(_) => self.stats.echo_drops += 1,
+            }
+            return;
+        }
         let (Some(m), Some(src)) = (Msg::parse(payload), c.src) else {
             self.stats.sink_msgs += 1;
             self.stats.sink_bytes += payload.len() as u64;
@@ -713,12 +763,15 @@ pub struct BwResult {
     /// Sends that completed successfully at this size.
     pub iterations: u64,
     /// MB/s (2^20 bytes), as perftest reports by default: the best window
-    /// of tx-depth consecutive send completions.
-    pub bw_peak_mbs: f64,
-    /// MB/s (2^20 bytes) from the first post to the last send completion.
-    pub bw_avg_mbs: f64,
+    /// of tx-depth consecutive send completions. `None` when every send
+    /// completed at the same instant of the clock (within one poll): there
+    /// is no span to divide by.
+    pub bw_peak_mbs: Option<f64>,
+    /// MB/s (2^20 bytes) from the first post to the last send completion
+    /// (NIC timestamps: first to last send completion). `None` as above.
+    pub bw_avg_mbs: Option<f64>,
     /// Millions of messages per second over the same span as `bw_avg_mbs`.
-    pub msg_rate_mpps: f64,
+    pub msg_rate_mpps: Option<f64>,
     /// Messages the sink counted for this size, if it answered.
     pub delivered: Option<u64>,
 }
@@ -788,6 +841,8 @@ pub struct UdBandwidth {
     completed: u64,
     first_post: Option<Instant>,
     tx_ts: Vec<Instant>,
+    /// The send completions carry NIC timestamps.
+    tx_nic: bool,
     in_flight: usize,
     sink_before: Option<u64>,
     pending: Option<BwResult>,
@@ -813,6 +868,7 @@ impl UdBandwidth {
             completed: 0,
             first_post: None,
             tx_ts: Vec::new(),
+            tx_nic: false,
             in_flight: 0,
             sink_before: None,
             pending: None,
@@ -885,15 +941,23 @@ impl UdBandwidth {
 
     fn result(&self, size: usize) -> BwResult {
         let ts = &self.tx_ts;
-        let start = self.first_post.unwrap_or(Instant::ZERO);
+        // The span starts at the first post on the loop's clock, or at the
+        // first send completion when the NIC stamped them (its clock is not
+        // the loop's).
+        let start = if self.tx_nic {
+            ts.first().copied()
+        } else {
+            self.first_post
+        }
+        .unwrap_or(Instant::ZERO);
         let end = ts.last().copied().unwrap_or(start);
         let secs = end.saturating_duration_since(start).as_secs_f64();
         let mb = |msgs: f64, secs: f64| msgs * size as f64 / secs / f64::from(1u32 << 20);
         let n = ts.len() as f64;
         let (avg, rate) = if secs > 0.0 {
-            (mb(n, secs), n / secs / 1e6)
+            (Some(mb(n, secs)), Some(n / secs / 1e6))
         } else {
-            (0.0, 0.0)
+            (None, None)
         };
         // Peak: the best window of tx-depth consecutive completions.
         let w = self.cfg.tx_depth.clamp(1, ts.len().max(1));
@@ -901,7 +965,8 @@ impl UdBandwidth {
         for i in w..ts.len() {
             let d = ts[i].saturating_duration_since(ts[i - w]).as_secs_f64();
             if d > 0.0 {
-                peak = peak.max(mb(w as f64, d));
+                let m = mb(w as f64, d);
+                peak = Some(peak.map_or(m, |p| p.max(m)));
             }
         }
         BwResult {
@@ -954,6 +1019,7 @@ impl UdBandwidth {
                         self.in_flight = self.in_flight.saturating_sub(1);
                         self.completed += 1;
                         if c.status == WcStatus::Success {
+                            self.tx_nic = c.ts_source == TsSource::Nic;
                             self.tx_ts.push(c.timestamp);
                         }
                     }
@@ -1060,5 +1126,6 @@ mod test {
         assert_eq!(s.percentile(0.99), Some(Duration::from_millis(99)));
         assert_eq!(s.percentile(1.0), Some(Duration::from_millis(100)));
         assert_eq!(sweep_sizes(1444), vec![64, 128, 256, 512, 1024, 1444]);
+        assert_eq!(sweep_sizes(1024), vec![64, 128, 256, 512, 1024]);
     }
 }
