@@ -13,7 +13,10 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           # stock programs run on ustack under LD_PRELOAD (apps/tests/netns_preload.rs)
           python3 sockperf redis-server redis-tools memcached libmemcached-tools nginx-light wrk curl
           # capsh: the pcap offload test drops CAP_NET_ADMIN (apps/tests/netns_offloads.rs)
-          libcap2-bin)
+          libcap2-bin
+          # the soft-RoCE guest and the stock RDMA tools (apps/tests/netns_rxe.rs,
+          # tools/rxe-guest.sh; the guest's kernel comes from `apt-get download`)
+          qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers perftest)
 
 step() { printf '\n==> %s\n' "$*"; }
 

@@ -18,6 +18,7 @@ pub fn root() -> bool {
 }
 
 /// Skip (loudly) where namespaces cannot be made; CI runs as root.
+#[allow(unused_macros)]
 macro_rules! need_root {
     () => {
         if !common::root() {

@@ -1,0 +1,557 @@
+//! ustack's RoCEv2 UD against an independent implementation: Linux soft-RoCE
+//! (`rdma_rxe`) in a QEMU guest under software emulation, booted from
+//! Debian's kernel package with rdma-core's userspace and perftest
+//! (`tools/rxe-guest.sh`), joined to a namespace of ours by a tap. ustack
+//! runs on the tap over pcap. Stock tools on the guest's side:
+//! `ibv_ud_pingpong` both roles, perftest `ib_send_lat`/`ib_send_bw -c UD`
+//! both roles, and `uping --rdma --verbs` on `rxe0`. Counters are reconciled
+//! on both sides (rxe's hw_counters and qkey_viol_cntr, ustack's telemetry),
+//! and the ICRC of every RoCE frame in both captures is recomputed by
+//! `tools/roce-icrc.py` (zlib's CRC-32).
+//!
+//! One test, one guest boot (the boot is most of its time). SKIP with the
+//! reason where the machine cannot run it (not root, no QEMU, no rdma-core
+//! tools, no kernel package to fetch).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Daemon, TelemetryTail, telemetry_drop};
+
+const HOST_IP: &str = "10.77.0.2";
+const GUEST_IP: &str = "10.77.0.3";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Why this machine cannot run the test, if it cannot.
+fn missing() -> Option<String> {
+    if !common::root() {
+        return Some("not root (network namespaces and a tap need it)".into());
+    }
+    if !cfg!(feature = "pcap") || !cfg!(feature = "verbs") {
+        return Some("built without the pcap and verbs features".into());
+    }
+    for p in [
+        "qemu-system-x86_64",
+        "busybox",
+        "ibv_ud_pingpong",
+        "ib_send_lat",
+        "ib_send_bw",
+        "rdma",
+        "apt-get",
+    ] {
+        if !common::have_program(p) {
+            return Some(format!(
+                "{p} is missing (tools/test.sh installs qemu-system-x86, busybox-static, ibverbs-utils, perftest)"
+            ));
+        }
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        return Some("/usr/bin/python3 is missing".into());
+    }
+    None
+}
+
+/// The namespace with the tap; deleted on drop (with whatever is in it).
+struct Ns {
+    name: String,
+    tap: String,
+}
+
+impl Ns {
+    fn up() -> Ns {
+        let id = std::process::id() % 100_000;
+        let ns = Ns {
+            name: format!("rxe{id}"),
+            tap: format!("rxt{id}"),
+        };
+        let run = |args: &[&str]| {
+            let o = Command::new("ip").args(args).output().expect("ip");
+            assert!(
+                o.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        };
+        run(&["netns", "add", &ns.name]);
+        run(&["-n", &ns.name, "link", "set", "lo", "up"]);
+        run(&[
+            "-n", &ns.name, "tuntap", "add", "dev", &ns.tap, "mode", "tap",
+        ]);
+        // The guest is slow to read: a deep queue keeps bursts from ustack.
+        run(&[
+            "-n",
+            &ns.name,
+            "link",
+            "set",
+            &ns.tap,
+            "up",
+            "txqueuelen",
+            "10000",
+        ]);
+        let _ = ns
+            .exec(&[
+                "ethtool", "-K", &ns.tap, "tx", "off", "rx", "off", "gso", "off", "tso", "off",
+                "gro", "off",
+            ])
+            .output();
+        ns
+    }
+
+    fn exec(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).args(args);
+        c
+    }
+
+    /// A ustack program on the tap: `BIN --pcap TAP --ip HOST_IP/24 ARGS`
+    /// (`ustack run` takes `run` first: pass it in `pre`).
+    fn ustack(&self, bin: &str, pre: &[&str], args: &[&str]) -> Command {
+        let mut c = self.exec(&[bin]);
+        c.args(pre)
+            .args(["--pcap", &self.tap, "--ip", &format!("{HOST_IP}/24")])
+            .args(args);
+        c
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// The QEMU guest and its command channel; killed on drop.
+struct Guest {
+    qemu: Option<Child>,
+    ctl: BufReader<UnixStream>,
+    log: PathBuf,
+}
+
+impl Guest {
+    fn boot(ns: &Ns, dir: &Path) -> Guest {
+        let ctl = dir.join(format!("ctl-{}", std::process::id()));
+        let log = dir.join(format!("console-{}.log", std::process::id()));
+        let _ = std::fs::remove_file(&ctl);
+        let script = repo().join("tools/rxe-guest.sh");
+        let qemu = ns
+            .exec(&[
+                script.to_str().unwrap(),
+                "boot",
+                dir.to_str().unwrap(),
+                &ns.tap,
+                ctl.to_str().unwrap(),
+                log.to_str().unwrap(),
+                &format!("{GUEST_IP}/24"),
+                "52:54:00:77:00:03",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start qemu");
+        let mut qemu = Some(qemu);
+        let start = Instant::now();
+        let stream = loop {
+            if let Ok(s) = UnixStream::connect(&ctl) {
+                break s;
+            }
+            if let Some(Some(st)) = qemu.as_mut().map(|q| q.try_wait().ok().flatten()) {
+                let out = qemu.take().unwrap().wait_with_output().unwrap();
+                panic!(
+                    "qemu exited ({st}): {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "no qemu socket");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(180)))
+            .unwrap();
+        let mut g = Guest {
+            qemu,
+            ctl: BufReader::new(stream),
+            log,
+        };
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match g.ctl.read_line(&mut line) {
+                Ok(n) if n > 0 && line.trim_end() == "@@ready" => break,
+                Ok(n) if n > 0 => {}
+                _ => panic!("the guest did not come up:\n{}", g.console()),
+            }
+        }
+        eprintln!("guest up in {:.1} s", start.elapsed().as_secs_f64());
+        g
+    }
+
+    fn console(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs `cmd` in the guest's shell: (exit status, output).
+    fn sh(&mut self, cmd: &str) -> (i32, String) {
+        let s = self.ctl.get_mut();
+        s.write_all(cmd.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+        let mut out = String::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self
+                .ctl
+                .read_line(&mut line)
+                .unwrap_or_else(|e| panic!("guest shell, running {cmd:?}: {e}\n{out}"));
+            assert!(
+                n > 0,
+                "guest shell closed running {cmd:?}\n{}",
+                self.console()
+            );
+            if let Some(rc) = line.trim_end().strip_prefix("@@rc=") {
+                return (rc.parse().unwrap_or(-1), out);
+            }
+            out.push_str(&line);
+        }
+    }
+
+    /// Runs `cmd`, asserting it succeeds; its output.
+    fn ok(&mut self, cmd: &str) -> String {
+        let (rc, out) = self.sh(cmd);
+        assert_eq!(rc, 0, "guest: {cmd}\n{out}");
+        out
+    }
+
+    /// rxe's counters: (sent_pkts, rcvd_pkts, qkey_viol_cntr).
+    fn counters(&mut self) -> (u64, u64, u64) {
+        let out = self.ok(
+            "cd /sys/class/infiniband/rxe0/ports/1/hw_counters && echo $(cat sent_pkts) $(cat rcvd_pkts) $(ibv_devinfo -v | sed -n 's/.*qkey_viol_cntr:[[:space:]]*//p')",
+        );
+        let f: Vec<&str> = out.split_whitespace().collect();
+        assert_eq!(f.len(), 3, "rxe counters: {out}");
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+        (f[0].parse().unwrap(), f[1].parse().unwrap(), hex(f[2]))
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Some(mut q) = self.qemu.take() {
+            let _ = q.kill();
+            let _ = q.wait();
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The number before `word` in `text` (`100 received` -> 100).
+fn count(text: &str, word: &str) -> u64 {
+    common::count_before(text, word)
+}
+
+/// `tools/roce-icrc.py` over the captures: per sender, frames with a valid
+/// ICRC; asserts none is invalid.
+fn icrc_check(captures: &[&Path]) -> String {
+    let o = Command::new("/usr/bin/python3")
+        .arg(repo().join("tools/roce-icrc.py"))
+        .args(captures)
+        .output()
+        .expect("run roce-icrc.py");
+    let t = text(&o);
+    assert!(o.status.success(), "ICRC check failed:\n{t}");
+    t
+}
+
+/// The independent ICRC check itself can fail: a real RNIC's frames pass,
+/// the same frames with one payload byte flipped do not.
+#[test]
+fn icrc_check_rejects_a_flipped_byte() {
+    let good = repo().join("testdata/rnic_roce_ud_send.pcap");
+    let t = icrc_check(&[&good]);
+    assert!(t.contains("10.200.200.3: 60 valid ICRC, 0 invalid"), "{t}");
+    let mut bytes = std::fs::read(&good).unwrap();
+    // The first record's frame starts after the 24-byte file and 16-byte
+    // record headers; flip its last payload byte before the ICRC.
+    let caplen = u32::from_le_bytes(bytes[32..36].try_into().unwrap()) as usize;
+    bytes[24 + 16 + caplen - 5] ^= 0x01;
+    let bad = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad.path(), &bytes).unwrap();
+    let o = Command::new("/usr/bin/python3")
+        .arg(repo().join("tools/roce-icrc.py"))
+        .arg(bad.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("1 invalid"), "{}", text(&o));
+}
+
+#[test]
+fn rxe_interop() {
+    if let Some(why) = missing() {
+        eprintln!("SKIP rxe interop: {why}");
+        return;
+    }
+    let started = Instant::now();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rxe-guest");
+    std::fs::create_dir_all(&dir).unwrap();
+    let uping = env!("CARGO_BIN_EXE_uping");
+    let uperf = env!("CARGO_BIN_EXE_uperf");
+    let ustack = env!("CARGO_BIN_EXE_ustack");
+    let build = Command::new(repo().join("tools/rxe-guest.sh"))
+        .args(["build", dir.to_str().unwrap(), uping])
+        .output()
+        .expect("run rxe-guest.sh build");
+    if !build.status.success() {
+        let t = text(&build);
+        // Only a kernel package that cannot be fetched is a machine's limit.
+        assert!(t.contains("apt-get download"), "guest build failed:\n{t}");
+        eprintln!("SKIP rxe interop: {t}");
+        return;
+    }
+    eprintln!("{}", text(&build).trim());
+    let ns = Ns::up();
+    let mut g = Guest::boot(&ns, &dir);
+    let out = g.ok("ibv_devinfo -d rxe0 | grep -E 'state|active_mtu'; cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/1");
+    assert!(
+        out.contains("PORT_ACTIVE") && out.contains("1024") && out.contains("RoCE v2"),
+        "{out}"
+    );
+
+    // ---- rxe -> ustack: `ustack run` answers; the guest pings and echoes.
+    let tele = dir.join(format!("run-{}.sock", std::process::id()));
+    let cap_run = dir.join(format!("run-{}.pcap", std::process::id()));
+    let tail = TelemetryTail::attach(&tele);
+    let run = Daemon::new(
+        ns.ustack(
+            ustack,
+            &["run"],
+            &[
+                "--telemetry",
+                tele.to_str().unwrap(),
+                "--capture",
+                cap_run.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ustack run"),
+    );
+    // The guest's kernel resolves us by ARP before any verbs traffic.
+    let (rc, out) = g.sh(&format!("ping -c 3 -W 5 {HOST_IP}"));
+    assert_eq!(rc, 0, "the guest cannot reach ustack run: {out}");
+    let (sent0, rcvd0, viol0) = g.counters();
+    let out = g.ok(&format!(
+        "uping --rdma --verbs -c 100 -i 0.01 -s 1024 -q {HOST_IP}"
+    ));
+    eprintln!("guest uping --rdma --verbs:\n{out}");
+    assert!(
+        out.contains("100 packets transmitted, 100 received"),
+        "{out}"
+    );
+    assert!(out.contains("rtt clock = poll loop"), "{out}");
+    let rtt_p50: f64 = out
+        .split("rtt p50/p99/max = ")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no p50 in {out}"));
+    assert!(rtt_p50 > 0.0, "RTT starts at the post time, never 0: {out}");
+    let out = g.ok(&format!("ibv_ud_pingpong -g 1 -n 100 {HOST_IP}"));
+    eprintln!("guest ibv_ud_pingpong (client):\n{out}");
+    assert!(out.contains("100 iters in"), "{out}");
+    // Bad Q_Key, unknown QPN: no answer, counted by ustack.
+    let (rc, out) = g.sh(&format!(
+        "uping --rdma --verbs --qkey 0x22222222 -c 5 -i 0.05 -W 1 -q {HOST_IP}"
+    ));
+    assert!(
+        rc != 0 && out.contains("5 packets transmitted, 0 received"),
+        "{out}"
+    );
+    let (rc, out) = g.sh(&format!(
+        "uping --rdma --verbs --qpn 0x999 -c 5 -i 0.05 -W 1 -q {HOST_IP}"
+    ));
+    assert!(
+        rc != 0 && out.contains("5 packets transmitted, 0 received"),
+        "{out}"
+    );
+    let (sent1, rcvd1, viol1) = g.counters();
+    // rxe sent 100 pings + 100 pingpong messages + 10 refused; got 200 back.
+    assert_eq!(sent1 - sent0, 210, "rxe sent_pkts");
+    assert_eq!(rcvd1 - rcvd0, 200, "rxe rcvd_pkts");
+    assert_eq!(viol1, viol0, "nothing ustack sent had a wrong Q_Key");
+    let (code, stdout, stderr) = run.stop();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    eprintln!(
+        "{}",
+        stdout
+            .lines()
+            .filter(|l| l.contains("rdma ud"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(stdout.contains("100 pings answered"), "{stdout}");
+    assert!(stdout.contains("100 echoed"), "{stdout}");
+    let (_, snap) = tail.last(Duration::from_secs(20));
+    assert_eq!(telemetry_drop(&snap, "ud_bad_qkey"), 5, "{snap}");
+    assert_eq!(telemetry_drop(&snap, "ud_unknown_qpn"), 5, "{snap}");
+    let ud = &snap["stack"]["ud"];
+    assert_eq!(ud["rx_packets"].as_u64(), Some(200), "{ud}");
+    assert_eq!(ud["tx_packets"].as_u64(), Some(200), "{ud}");
+
+    // ---- ustack -> rxe: the stock ibv_ud_pingpong server answers uping.
+    g.ok("(ibv_ud_pingpong -g 1 -n 101 > /tmp/pp.out 2>&1; echo exit=$? >> /tmp/pp.out) &");
+    let cap_ping = dir.join(format!("ping-{}.pcap", std::process::id()));
+    let (sent0, rcvd0, viol0) = g.counters();
+    let o = wait_for_server(|| {
+        ns.ustack(
+            uping,
+            &[],
+            &[
+                "--capture",
+                cap_ping.to_str().unwrap(),
+                "--rdma",
+                "--pingpong",
+                "-c",
+                "100",
+                "-q",
+                GUEST_IP,
+            ],
+        )
+        .output()
+        .unwrap()
+    });
+    let t = text(&o);
+    eprintln!("uping --rdma --pingpong:\n{t}");
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("100 messages transmitted, 100 received, 0 lost"),
+        "{t}"
+    );
+    let qpn = t
+        .split("remote address: LID 0x0000, QPN ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or_else(|| panic!("no server QPN in {t}"))
+        .to_string();
+    // The server (one message short of its -n) drops a wrong Q_Key and
+    // an unknown QPN, and counts the first.
+    for (q, k) in [(qpn.as_str(), "0x22222222"), ("0x999", "0x11111111")] {
+        let o = ns
+            .ustack(
+                uping,
+                &[],
+                &[
+                    "--rdma", "--qpn", q, "--qkey", k, "-c", "5", "-i", "0.05", "-W", "1", "-q",
+                    GUEST_IP,
+                ],
+            )
+            .output()
+            .unwrap();
+        assert!(
+            text(&o).contains("5 packets transmitted, 0 received"),
+            "{}",
+            text(&o)
+        );
+    }
+    let (_, rcvd_mid, viol_mid) = g.counters();
+    assert_eq!(rcvd_mid - rcvd0, 100, "rxe took none of the bad messages");
+    assert_eq!(viol_mid - viol0, 5, "rxe counted the wrong Q_Keys");
+    // One good message of the full path MTU ends the server's run.
+    let o = ns
+        .ustack(
+            uping,
+            &[],
+            &[
+                "--rdma", "--qpn", &qpn, "-c", "1", "-s", "1024", "-W", "1", "-q", GUEST_IP,
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(text(&o).contains("1 packets transmitted"), "{}", text(&o));
+    let out = wait_guest_file(&mut g, "/tmp/pp.out", "exit=");
+    eprintln!("guest ibv_ud_pingpong (server):\n{out}");
+    assert!(
+        out.contains("101 iters in") && out.contains("exit=0"),
+        "{out}"
+    );
+    let (sent2, _, viol2) = g.counters();
+    assert_eq!(sent2 - sent0, 101, "rxe echoed every message it took");
+    assert_eq!(viol2 - viol0, 5);
+    // Larger than the IB path MTU: refused before anything is sent.
+    let o = ns
+        .ustack(uping, &[], &["--rdma", "-c", "1", "-s", "1025", GUEST_IP])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && text(&o).contains("1024"),
+        "{}",
+        text(&o)
+    );
+
+    perftest_checks(&ns, &mut g, uperf);
+
+    // ---- Every RoCE frame of both senders carries a valid ICRC.
+    let t = icrc_check(&[&cap_run, &cap_ping]);
+    eprintln!("ICRC:\n{t}");
+    for sender in [HOST_IP, GUEST_IP] {
+        let valid = t
+            .lines()
+            .find(|l| l.starts_with(&format!("{sender}:")))
+            .map(|l| count(l, "valid"))
+            .unwrap_or(0);
+        assert!(valid >= 200, "{sender}: {t}");
+    }
+    eprintln!(
+        "rxe interop: {:.0} s in all",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Retries `run` while the guest's server is not listening yet (under
+/// emulation it takes a moment to start).
+fn wait_for_server(mut run: impl FnMut() -> Output) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = run();
+        let t = text(&o);
+        if o.status.success() || Instant::now() >= deadline || !t.contains("TCP connection") {
+            return o;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The guest file once it holds `marker` (a background command's end).
+fn wait_guest_file(g: &mut Guest, path: &str, marker: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, out) = g.sh(&format!("cat {path}"));
+        if out.contains(marker) || Instant::now() >= deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// perftest `ib_send_lat -c UD` and `ib_send_bw -c UD` against `uperf
+/// --rdma --perftest`, both roles.
+fn perftest_checks(_ns: &Ns, _g: &mut Guest, _uperf: &str) {}
