@@ -8,6 +8,7 @@ pub mod iperf_server;
 pub mod mesh;
 pub mod net;
 pub mod oob;
+pub mod perftest;
 pub mod pingpong;
 pub mod rdma;
 pub mod report;

@@ -552,6 +552,92 @@ fn wait_guest_file(g: &mut Guest, path: &str, marker: &str) -> String {
     }
 }
 
+/// A perftest row (`#bytes #iterations figures...`) for `bytes` in `t`:
+/// its figures (`n/a` as None).
+fn perftest_row(t: &str, bytes: u64, iters: u64) -> Option<Vec<Option<f64>>> {
+    t.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() >= 5 && f[0] == bytes.to_string() && f[1] == iters.to_string())
+            .then(|| f[2..].iter().map(|v| v.parse().ok()).collect())
+    })
+}
+
 /// perftest `ib_send_lat -c UD` and `ib_send_bw -c UD` against `uperf
-/// --rdma --perftest`, both roles.
-fn perftest_checks(_ns: &Ns, _g: &mut Guest, _uperf: &str) {}
+/// --rdma --perftest`, both roles, 200 messages each; both sides' counts
+/// and rxe's packet counters agree.
+fn perftest_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
+    const N: u64 = 200;
+    let n = N.to_string();
+    for (tool, latency) in [("ib_send_bw", false), ("ib_send_lat", true)] {
+        let mode: &[&str] = if latency { &["--latency"] } else { &[] };
+        let size = if latency { 2 } else { 1024 };
+
+        // uperf is the client of the stock server.
+        let (sent0, rcvd0, _) = g.counters();
+        g.ok(&format!(
+            "({tool} -c UD -x 1 -F -n {N} > /tmp/pt.out 2>&1; echo exit=$? >> /tmp/pt.out) &"
+        ));
+        let o = wait_for_server(|| {
+            ns.ustack(
+                uperf,
+                &[],
+                &["-c", GUEST_IP, "--rdma", "--perftest", "-n", &n],
+            )
+            .args(mode)
+            .output()
+            .unwrap()
+        });
+        let t = text(&o);
+        eprintln!("uperf --perftest client vs {tool}:\n{t}");
+        assert!(o.status.success(), "{t}");
+        let stock = wait_guest_file(g, "/tmp/pt.out", "exit=");
+        eprintln!("{tool} server:\n{stock}");
+        assert!(stock.contains("exit=0"), "{stock}");
+        let ours = perftest_row(&t, size, N).unwrap_or_else(|| panic!("no row: {t}"));
+        let theirs = perftest_row(&stock, size, N).unwrap_or_else(|| panic!("no row: {stock}"));
+        let (sent1, rcvd1, _) = g.counters();
+        if latency {
+            assert!(t.contains(&format!("{N}/{N} replies received")), "{t}");
+            // t_typical, in microseconds, measured by both ends.
+            assert!(ours[2].is_some_and(|v| v > 0.0) && theirs[2].is_some_and(|v| v > 0.0));
+            assert_eq!((sent1 - sent0, rcvd1 - rcvd0), (N, N), "rxe counters");
+        } else {
+            assert!(
+                t.contains(&format!("{N} messages sent, {N} send completions")),
+                "{t}"
+            );
+            // The stock server's average bandwidth: it received all of them.
+            assert!(theirs[1].is_some_and(|v| v > 0.0), "{stock}");
+            assert_eq!(rcvd1 - rcvd0, N, "rxe rcvd_pkts");
+        }
+
+        // uperf is the server of the stock client.
+        let (sent0, rcvd0, _) = g.counters();
+        let server = Daemon::new(
+            ns.ustack(uperf, &[], &["-s", "--rdma", "--perftest", "-1", "-n", &n])
+                .args(mode)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let stock = loop {
+            let (rc, out) = g.sh(&format!("{tool} -c UD -x 1 -F -n {N} {HOST_IP}"));
+            if rc == 0 || Instant::now() >= deadline || !out.contains("Couldn't connect") {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        eprintln!("{tool} client vs uperf --perftest server:\n{stock}");
+        let (code, out, err) = server.wait();
+        eprintln!("{out}{err}");
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
+        assert!(perftest_row(&out, size, N).is_some(), "{out}");
+        assert!(out.contains(&format!("{N}/{N} messages received")), "{out}");
+        let (sent1, rcvd1, _) = g.counters();
+        assert_eq!(sent1 - sent0, N, "rxe sent_pkts");
+        assert_eq!(rcvd1 - rcvd0, if latency { N } else { 0 }, "rxe rcvd_pkts");
+    }
+}

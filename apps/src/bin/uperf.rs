@@ -82,8 +82,30 @@ struct Cli {
     #[arg(long, value_name = "K", default_value = ustack_apps::rdma::DEFAULT_QKEY_STR, value_parser = ustack_apps::rdma::parse_u32, requires = "rdma")]
     qkey: u32,
     /// With --rdma: messages per size.
-    #[arg(long = "iters", value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..), requires = "rdma")]
+    #[arg(short = 'n', long = "iters", value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..), requires = "rdma")]
     iters: u64,
+    /// With --rdma: speak perftest's exchange (TCP port 18515 by default):
+    /// the client runs against a stock `ib_send_bw -c UD` server, the server
+    /// serves stock `ib_send_bw -c UD` clients (both sides need the same -n and -a).
+    #[arg(long, requires = "rdma")]
+    perftest: bool,
+    /// With --perftest: the latency test (`ib_send_lat -c UD`) instead of the
+    /// bandwidth test.
+    #[arg(long, requires = "perftest")]
+    latency: bool,
+    /// With --perftest: every message size from 2 bytes to the MTU (perftest's -a).
+    #[arg(
+        short = 'a',
+        long = "all",
+        requires = "perftest",
+        conflicts_with = "len"
+    )]
+    all: bool,
+    /// With --perftest: seconds to wait for a UD message before giving up (the
+    /// latency test's reply; the bandwidth server's next message, after which
+    /// it reports what arrived).
+    #[arg(short = 'W', long = "timeout", value_name = "S", default_value_t = 5.0, value_parser = seconds, requires = "perftest")]
+    timeout: f64,
 }
 
 fn seconds(s: &str) -> Result<f64, String> {
@@ -285,8 +307,39 @@ fn run_rr<D: Device>(
     }
 }
 
+/// `uperf --rdma --perftest`: the settings from the flags.
+fn perftest_user(cli: &Cli) -> ustack_apps::perftest::PerftestUser {
+    use ustack_apps::perftest::{PerftestConfig, PerftestRole, PerftestUser, Test, server_addr};
+    let mut cfg = PerftestConfig::new(if cli.latency {
+        Test::SendLat
+    } else {
+        Test::SendBw
+    });
+    cfg.iters = cli.iters;
+    cfg.size = cli.len;
+    cfg.all_sizes = cli.all;
+    cfg.qkey = cli.qkey;
+    cfg.timeout = Duration::from_secs_f64(cli.timeout);
+    cfg.connect_timeout = Duration::from_millis(cli.connect_timeout.max(1));
+    let role = match cli.client {
+        Some(host) => PerftestRole::Client(server_addr(host, cli.port)),
+        None => PerftestRole::Server {
+            port: cli.port.unwrap_or(ustack_apps::perftest::PERFTEST_PORT),
+            one_off: cli.one_off,
+        },
+    };
+    PerftestUser {
+        cfg,
+        role,
+        lcfg: cli.net.loop_config(),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.perftest {
+        return ustack_apps::exit("uperf", with_node(&cli.net, perftest_user(&cli)));
+    }
     if cli.rdma {
         use ustack_apps::rdma::{BwOpts, BwUser, SinkUser};
         let r = match cli.client {
@@ -338,6 +391,50 @@ mod test {
         assert!(Cli::try_parse_from(["uperf", "--sim", "-c", "10.0.0.1", "--rr", "-R"]).is_err());
         assert!(
             Cli::try_parse_from(["uperf", "--sim", "-c", "10.0.0.1", "--rr", "--rdma"]).is_err()
+        );
+    }
+
+    #[test]
+    fn perftest_flags() {
+        let c = Cli::try_parse_from([
+            "uperf",
+            "--sim",
+            "-c",
+            "10.0.0.1",
+            "--rdma",
+            "--perftest",
+            "--latency",
+            "-n",
+            "200",
+            "-l",
+            "64",
+        ])
+        .unwrap();
+        assert!(c.perftest && c.latency && !c.all);
+        assert_eq!((c.iters, c.len, c.port), (200, Some(64), None));
+        let c = Cli::try_parse_from(["uperf", "--sim", "-s", "--rdma", "--perftest", "-1", "-a"])
+            .unwrap();
+        assert!(c.perftest && c.all && c.one_off && !c.latency);
+        assert_eq!(c.timeout, 5.0);
+        // --perftest needs --rdma; --latency, -a and -W need --perftest.
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--perftest"]).is_err());
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--rdma", "--latency"]).is_err());
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--rdma", "-a"]).is_err());
+        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--rdma", "-W", "1"]).is_err());
+        // -a sweeps sizes: no -l with it.
+        assert!(
+            Cli::try_parse_from([
+                "uperf",
+                "--sim",
+                "-c",
+                "10.0.0.1",
+                "--rdma",
+                "--perftest",
+                "-a",
+                "-l",
+                "64"
+            ])
+            .is_err()
         );
     }
 
