@@ -216,8 +216,7 @@ impl std::fmt::Display for Row {
 
 /// `%-7.{prec}f` of a figure, `n/a` when there is none.
 fn fig(v: Option<f64>, prec: usize) -> String {
-    let s = v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.prec$}"));
-    format!("{s:<7}")
+    format!("{:<7}", crate::report::figure(v, prec))
 }
 
 /// A row as perftest prints it (`REPORT_FMT_LAT`).

@@ -342,10 +342,7 @@ pub fn bw_row(r: &BwResult) -> String {
         Some(d) => format!("{d}/{}", r.iterations),
         None => "n/a".to_string(),
     };
-    let fig = |v: Option<f64>, decimals: usize| match v {
-        Some(v) => format!("{v:.decimals$}"),
-        None => "n/a".to_string(),
-    };
+    let fig = crate::report::figure;
     format!(
         " {:<10} {:<14} {:<18} {:<20} {:<15} {delivered}",
         r.bytes,

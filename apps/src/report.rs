@@ -4,6 +4,12 @@ use std::fmt::Write;
 
 use ustack::node::Snapshot;
 
+/// A measured figure with `decimals` decimals, or `n/a` where there is none
+/// (no time span to divide by): never a made-up 0.00.
+pub fn figure(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.decimals$}"))
+}
+
 /// A compact multi-line report of one stack's counters.
 pub fn counters(name: &str, s: &Snapshot) -> String {
     let st = &s.stack;
