@@ -104,7 +104,15 @@ fn echo_exact(topo: &Topo, bytes: usize) -> bool {
             file.display()
         ),
     ]);
-    String::from_utf8_lossy(&o.stdout).starts_with(&want)
+    let ok = String::from_utf8_lossy(&o.stdout).starts_with(&want);
+    if !ok {
+        eprintln!(
+            "echo of {bytes} bytes: want {want}, got {:?} {:?}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    ok
 }
 
 /// Stock iperf3 against the stack's port 5201 (`-R`: the stack sends):

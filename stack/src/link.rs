@@ -256,7 +256,10 @@ impl Link {
                 .map_err(|_| DropReason::ArpSpoofRefused)?;
             self.flush_waiting(sha, waiting, tx);
         }
-        if for_us && operation == ArpOperation::Request && !self.replica {
+        // While probing the address is not ours yet (RFC 5227 2.1.1): a
+        // host that resolved us then would send to a stack whose apps have
+        // not started (a SYN answered with a reset).
+        if for_us && operation == ArpOperation::Request && !self.replica && !self.probing {
             self.send_arp(tx, ArpOperation::Reply, sha, spa);
             self.arp.stats.tx_replies += 1;
         }

@@ -802,6 +802,19 @@ mod test {
     }
 
     #[test]
+    fn a_probing_stack_does_not_answer_for_its_address() {
+        let mut s = stack();
+        s.probe_address();
+        let mut tx = VecTx::new();
+        s.poll(T0, &mut tx);
+        let (answer, _) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        assert!(answer.is_empty(), "answered while probing (RFC 5227 2.1.1)");
+        s.end_probing();
+        let (answer, _) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        assert_eq!(answer.len(), 1, "answers once probing is over");
+    }
+
+    #[test]
     fn gratuitous_arp_updates_known_entry_only() {
         let mut s = stack();
         let (_, drop) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, PEER_IP));
