@@ -43,6 +43,8 @@ struct Test {
     client_bytes: u64,
     /// The `-O` seconds are over (counters started again).
     omit_done: bool,
+    /// The summary was printed (when the results went to the client).
+    summarized: bool,
 }
 
 /// One finished test, for the caller and the tests.
@@ -158,6 +160,7 @@ impl IperfServer {
                     interval_start: now,
                     client_bytes: 0,
                     omit_done: false,
+                    summarized: false,
                 });
             }
         }
@@ -241,8 +244,28 @@ impl IperfServer {
         })
     }
 
+    /// Ends the test: its summary (unless printed already) and the sockets.
     fn finish(&mut self, stack: &mut Stack, now: Instant) {
+        self.summarize(now);
         let Some(t) = self.test.take() else { return };
+        for s in &t.streams {
+            let _ = stack.tcp_close(s.h);
+        }
+        let _ = stack.tcp_close(t.ctrl);
+    }
+
+    /// Prints the test's summary and records it, once: as soon as the
+    /// results went to the client (as iperf3's server does), so a server
+    /// stopped right after the client exits has printed it.
+    fn summarize(&mut self, now: Instant) {
+        let Some(mut t) = self.test.take() else {
+            return;
+        };
+        if t.summarized {
+            self.test = Some(t);
+            return;
+        }
+        t.summarized = true;
         let reverse = t.params.as_ref().is_some_and(|p| p.reverse);
         let secs = now.saturating_duration_since(t.started).as_secs_f64();
         let bytes: u64 = t.streams.iter().map(|s| s.bytes).sum();
@@ -279,10 +302,6 @@ impl IperfServer {
             self.output
                 .push(serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string()));
         }
-        for s in &t.streams {
-            let _ = stack.tcp_close(s.h);
-        }
-        let _ = stack.tcp_close(t.ctrl);
         self.finished.push(TestSummary {
             reverse,
             streams: t.streams.len(),
@@ -290,6 +309,7 @@ impl IperfServer {
             client_bytes: t.client_bytes,
             seconds: secs,
         });
+        self.test = Some(t);
     }
 
     /// One test as iperf3 -s -J prints it: what this side measured, and
@@ -533,6 +553,9 @@ impl App for IperfServer {
                 >= 1.0;
         if interval_due || end_test {
             self.report_interval(now, end_test);
+        }
+        if phase == Phase::Done {
+            self.summarize(now);
         }
         if let Some(e) = error {
             self.say(format!("iperf3: error - {e}"));
