@@ -510,6 +510,9 @@ mod test {
     }
 }
 
+/// How long a mesh pinger coalesces its sends ([`UdPingerConfig::batch`]).
+pub const MESH_BATCH: Duration = Duration::from_millis(1);
+
 /// `uping --rdma --pinglist`: mesh mode over UD, one UD pinger (one QP) per
 /// target, each at its share of the rate, reported in the mesh table.
 #[derive(Debug)]
@@ -544,6 +547,9 @@ impl UdMeshUser {
                 cfg.interval = Duration::from_secs_f64(n / self.rate);
                 cfg.size = self.size.max(ustack::ud::ping::PING_LEN);
                 cfg.timeout = self.wait;
+                // A mesh cares for rate and RTTs, not for evenly spaced
+                // sends: one wake-up per millisecond, not per ping.
+                cfg.batch = MESH_BATCH;
                 UdPinger::new(cfg).quiet()
             })
             .collect()

@@ -120,13 +120,24 @@ pub fn run<D: Device, A: App + ?Sized>(
             .into_iter()
             .fold(None, earliest)
             .unwrap_or(now + max_sleep);
-        let sleep = backoff.min(wake.saturating_duration_since(now));
-        if !sleep.is_zero() {
-            std::thread::sleep(sleep);
+        let until = wake.saturating_duration_since(now);
+        if until.is_zero() {
+            continue;
         }
+        // A device that wakes us when frames come (pcap) is waited on up to
+        // the next timer: an idle or lightly loaded loop wakes once per
+        // packet or timer instead of every back-off step.
+        if node.dev_mut().wait_rx(until.min(MAX_DEVICE_WAIT)) {
+            continue;
+        }
+        std::thread::sleep(backoff.min(until));
         backoff = (backoff * 2).min(max_sleep);
     }
 }
+
+/// Longest wait on a device's wake-up when no timer is due sooner: how
+/// quickly a stop request (Ctrl-C, a closed stdout) is seen by an idle loop.
+pub const MAX_DEVICE_WAIT: Duration = Duration::from_millis(50);
 
 /// Run a [`SimNet`] against the wall clock until `done` or `duration`
 /// passes, sleeping when nothing is due (the demo's two stacks on one

@@ -75,6 +75,14 @@ pub trait Device {
     fn failure(&self) -> Option<String> {
         None
     }
+    /// Block for at most `timeout` until frames may have arrived, where the
+    /// device can tell (libpcap's selectable descriptor); `false`, at once,
+    /// where it cannot, and the caller sleeps or polls instead. A wake-up
+    /// may be spurious. The engine never calls this: an idle poll loop does.
+    fn wait_rx(&mut self, timeout: core::time::Duration) -> bool {
+        let _ = timeout;
+        false
+    }
 }
 
 /// Where the engine writes outgoing frames.

@@ -300,6 +300,11 @@ impl<D: Device> Node<D> {
         &self.port.dev
     }
 
+    /// The device, to wait on it ([`Device::wait_rx`]).
+    pub fn dev_mut(&mut self) -> &mut D {
+        &mut self.port.dev
+    }
+
     /// One loop iteration at `now`.
     pub fn step<A: App + ?Sized>(&mut self, now: Instant, app: &mut A) -> StepReport {
         self.port.step(&mut self.stack, now, app)

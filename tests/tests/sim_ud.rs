@@ -386,3 +386,66 @@ fn bad_icrc_qkey_qpn_opcode_and_missing_buffers_are_counted() {
     assert_eq!(net.nodes[0].stack.stats().ud.qps, 0);
     drain_and_check_pools(&mut net);
 }
+
+/// A pinger that counts the turns in which it sent something.
+struct SendTurns {
+    p: UdPinger,
+    turns: u64,
+}
+
+impl ustack::node::App for SendTurns {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> ustack::node::Control {
+        let before = self.p.summary().transmitted;
+        let c = self.p.poll(now, stack);
+        if self.p.summary().transmitted > before {
+            self.turns += 1;
+        }
+        c
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.p.next_wakeup()
+    }
+}
+
+/// 10,000 pings/s with a 1 ms batch: every ping sent and answered, in
+/// about one sending turn per millisecond instead of one per ping.
+#[test]
+fn a_batching_pinger_keeps_its_rate_in_fewer_wakeups() {
+    for (batch, max_turns, min_turns) in [
+        (Duration::from_millis(1), 110, 90),
+        (Duration::ZERO, 1000, 1000),
+    ] {
+        let mut net = two_hosts(LinkConfig {
+            delay: DELAY,
+            ..LinkConfig::default()
+        });
+        let mut cfg = UdPingerConfig::new(UdAddr {
+            ip: B,
+            qpn: RESPONDER_QPN,
+        });
+        cfg.count = Some(1000);
+        cfg.interval = Duration::from_micros(100);
+        cfg.timeout = Duration::from_millis(100);
+        cfg.batch = batch;
+        let mut p = SendTurns {
+            p: UdPinger::new(cfg),
+            turns: 0,
+        };
+        let mut r = UdResponder::default();
+        net.run_until(Instant::from_secs(30), &mut [&mut p, &mut r], |_| false);
+        let s = p.p.summary();
+        assert_eq!((s.transmitted, s.received), (1000, 1000), "batch {batch:?}");
+        assert!(
+            (min_turns..=max_turns).contains(&p.turns),
+            "batch {batch:?}: {} sending turns",
+            p.turns
+        );
+        // The rate held: the last ping left about 100 ms after the first.
+        let span = p.p.last_sent().unwrap() - p.p.started().unwrap();
+        assert!(
+            span >= Duration::from_millis(98) && span <= Duration::from_millis(101),
+            "batch {batch:?}: {span:?}"
+        );
+        drain_and_check_pools(&mut net);
+    }
+}

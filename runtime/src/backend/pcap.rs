@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::pcap::{Active, Capture, Direction, Linktype, Packet, PacketHeader, Savefile};
+use rustix::event::{PollFd, PollFlags, Timespec};
 use smoltcp::wire::EthernetAddress;
 
 use ustack::device::{Device, DeviceCaps, PortStats};
@@ -388,6 +389,27 @@ impl Device for PcapPort {
     fn failure(&self) -> Option<String> {
         self.failed.as_ref().map(ToString::to_string)
     }
+
+    fn wait_rx(&mut self, timeout: std::time::Duration) -> bool {
+        if !self.backlog.is_empty() {
+            return true;
+        }
+        // libpcap's descriptor (the packet socket) is readable once a frame
+        // is in its ring.
+        let mut fds = [PollFd::new(&self.cap, PollFlags::IN)];
+        let ts = Timespec {
+            tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
+            tv_nsec: timeout.subsec_nanos().into(),
+        };
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            // An error state (the interface went away) is not a wake-up:
+            // the caller sleeps and the next receive reports it.
+            Ok(_) => !fds[0]
+                .revents()
+                .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL),
+            Err(_) => false,
+        }
+    }
 }
 
 /// A device whose frames, both ways, are also written to a pcap file.
@@ -473,6 +495,10 @@ impl<D: Device> Device for Captured<D> {
 
     fn failure(&self) -> Option<String> {
         self.inner.failure()
+    }
+
+    fn wait_rx(&mut self, timeout: std::time::Duration) -> bool {
+        self.inner.wait_rx(timeout)
     }
 }
 
