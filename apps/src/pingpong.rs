@@ -20,7 +20,9 @@ use ustack::app::ping::RttStats;
 use ustack::device::Device;
 use ustack::node::{App, Control, Node};
 use ustack::tcp::ListenHandle;
-use ustack::ud::exchange::{DONE, PINGPONG_MSG_LEN, PingpongDest, gid_ipv4, ipv4_gid};
+use ustack::ud::exchange::{
+    DONE, PINGPONG_MSG_LEN, PingpongDest, VERSION_LEN, gid_ipv4, ipv4_gid, parse_version,
+};
 use ustack::ud::ping::UdResponder;
 use ustack::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, SendWr, UdAddr, UdTransport, WcOpcode,
@@ -145,6 +147,17 @@ impl PingpongServer {
         }
         x.conn.poll(stack).map_err(|e| e.to_string())?;
         if x.peer.is_none() {
+            // perftest's client opens with its 16-byte version and waits.
+            let head = x.conn.pending();
+            if head.len() >= VERSION_LEN
+                && !head[..VERSION_LEN].contains(&b':')
+                && parse_version(&head[..VERSION_LEN]).is_some()
+            {
+                return Err(
+                    "that is perftest's exchange: serve it with `uperf -s --rdma --perftest`"
+                        .into(),
+                );
+            }
             let Some(msg) = x
                 .conn
                 .recv_exact(stack, PINGPONG_MSG_LEN)

@@ -393,6 +393,12 @@ fn rxe_interop() {
         rc != 0 && out.contains("5 packets transmitted, 0 received"),
         "{out}"
     );
+    // A perftest client at the ibv_ud_pingpong port is told apart and
+    // refused at once, not left waiting.
+    let (rc, out) = g.sh(&format!(
+        "timeout 20 ib_send_lat -c UD -x 1 -F -n 5 {HOST_IP}"
+    ));
+    assert!(rc != 0 && rc != 124, "rc {rc}: {out}");
     let (sent1, rcvd1, viol1) = g.counters();
     // rxe sent 100 pings + 100 pingpong messages + 10 refused; got 200 back.
     assert_eq!(sent1 - sent0, 210, "rxe sent_pkts");
@@ -410,6 +416,10 @@ fn rxe_interop() {
     );
     assert!(stdout.contains("100 pings answered"), "{stdout}");
     assert!(stdout.contains("100 echoed"), "{stdout}");
+    assert!(
+        stdout.contains("that is perftest's exchange: serve it with `uperf -s --rdma --perftest`"),
+        "{stdout}"
+    );
     let (_, snap) = tail.last(Duration::from_secs(20));
     assert_eq!(telemetry_drop(&snap, "ud_bad_qkey"), 5, "{snap}");
     assert_eq!(telemetry_drop(&snap, "ud_unknown_qpn"), 5, "{snap}");
