@@ -505,6 +505,30 @@ impl Stack {
         self.tcp.recv(h, buf)
     }
 
+    /// Zero-copy send: `f` writes the data straight into the connection's
+    /// send ring (the free space in one piece; call again for the rest
+    /// after the ring's wrap) and returns how many bytes it wrote, with a
+    /// value of its own. Errors as [`tcp_send`](Self::tcp_send).
+    pub fn tcp_send_with<R>(
+        &mut self,
+        h: TcpHandle,
+        f: impl FnOnce(&mut [u8]) -> (usize, R),
+    ) -> Result<(usize, R), Error> {
+        self.tcp.send_with(h, f)
+    }
+
+    /// Zero-copy receive: `f` reads received bytes where they lie in the
+    /// receive ring (in one piece; call again for the rest) and returns how
+    /// many it consumed, with a value of its own. Errors as
+    /// [`tcp_recv`](Self::tcp_recv).
+    pub fn tcp_recv_with<R>(
+        &mut self,
+        h: TcpHandle,
+        f: impl FnOnce(&[u8]) -> (usize, R),
+    ) -> Result<(usize, R), Error> {
+        self.tcp.recv_with(h, f)
+    }
+
     /// Copy received bytes without taking them (a later `tcp_recv` returns
     /// them again): `MSG_PEEK`.
     pub fn tcp_peek(&self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {

@@ -150,6 +150,23 @@ impl TcpTable {
 
     /// Queue bytes; returns how many fit in the send buffer (0 when full).
     pub fn send(&mut self, h: TcpHandle, data: &[u8]) -> Result<usize, Error> {
+        self.send_op(h, |c| (c.send(data), ())).map(|(n, ())| n)
+    }
+
+    /// Zero-copy send ([`TcpConn::send_with`]); errors as [`send`](Self::send).
+    pub fn send_with<R>(
+        &mut self,
+        h: TcpHandle,
+        f: impl FnOnce(&mut [u8]) -> (usize, R),
+    ) -> Result<(usize, R), Error> {
+        self.send_op(h, |c| c.send_with(f))
+    }
+
+    fn send_op<R>(
+        &mut self,
+        h: TcpHandle,
+        op: impl FnOnce(&mut TcpConn) -> (usize, R),
+    ) -> Result<(usize, R), Error> {
         let c = self.conn_mut(h)?;
         if let Some(e) = c.error() {
             return Err(Error::Tcp(e));
@@ -167,17 +184,34 @@ impl TcpTable {
         {
             return Err(Error::Closed);
         }
-        let n = c.send(data);
+        let (n, r) = op(c);
         if n > 0 {
             self.mark_dirty(h.slot);
         }
-        Ok(n)
+        Ok((n, r))
     }
 
     /// Read received bytes (0 when none are ready; see [`TcpStatus::eof`]).
     pub fn recv(&mut self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
+        self.recv_op(h, |c| (c.recv(buf), ())).map(|(n, ())| n)
+    }
+
+    /// Zero-copy read ([`TcpConn::recv_with`]); errors as [`recv`](Self::recv).
+    pub fn recv_with<R>(
+        &mut self,
+        h: TcpHandle,
+        f: impl FnOnce(&[u8]) -> (usize, R),
+    ) -> Result<(usize, R), Error> {
+        self.recv_op(h, |c| c.recv_with(f))
+    }
+
+    fn recv_op<R>(
+        &mut self,
+        h: TcpHandle,
+        op: impl FnOnce(&mut TcpConn) -> (usize, R),
+    ) -> Result<(usize, R), Error> {
         let c = self.conn_mut(h)?;
-        let n = c.recv(buf);
+        let (n, r) = op(c);
         if n == 0 {
             if let Some(e) = c.error() {
                 return Err(Error::Tcp(e));
@@ -185,7 +219,7 @@ impl TcpTable {
         } else {
             self.mark_dirty(h.slot);
         }
-        Ok(n)
+        Ok((n, r))
     }
 
     /// Copy received bytes out and leave them to be read again; errors as

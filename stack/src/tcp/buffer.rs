@@ -76,6 +76,29 @@ impl Ring {
         n
     }
 
+    /// The bytes at logical positions `pos..pos + max` that lie in one
+    /// piece (up to where the ring wraps, or its capacity).
+    fn chunk(&self, pos: usize, max: usize) -> &[u8] {
+        let cap = self.buf.len();
+        if pos >= cap {
+            return &[];
+        }
+        let at = self.index(pos);
+        let n = max.min(cap - pos).min(cap - at);
+        &self.buf[at..at + n]
+    }
+
+    /// [`chunk`](Self::chunk), writable.
+    fn chunk_mut(&mut self, pos: usize, max: usize) -> &mut [u8] {
+        let cap = self.buf.len();
+        if pos >= cap {
+            return &mut [];
+        }
+        let at = self.index(pos);
+        let n = max.min(cap - pos).min(cap - at);
+        &mut self.buf[at..at + n]
+    }
+
     /// A larger ring holding the same logical bytes (head back at 0).
     fn grow(&mut self, capacity: usize) {
         if capacity <= self.capacity() {
@@ -143,6 +166,21 @@ impl SendBuffer {
         let n = self.ring.write(self.len, &data[..n]);
         self.len += n;
         n
+    }
+
+    /// Zero-copy append: `f` gets the free space that lies in one piece
+    /// after the held bytes (empty when full; the rest of the free space,
+    /// past the ring's wrap, comes in the next call) and returns how many
+    /// bytes it wrote from the start, with a value of its own. Bytes past
+    /// the slice's length are not taken.
+    pub fn write_with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> (usize, R)) -> (usize, R) {
+        let free = self.free();
+        let chunk = self.ring.chunk_mut(self.len, free);
+        let max = chunk.len();
+        let (n, r) = f(chunk);
+        let n = n.min(max);
+        self.len += n;
+        (n, r)
     }
 
     /// Copy the bytes starting `offset` bytes after the first held byte into
@@ -361,6 +399,20 @@ impl RecvBuffer {
         n
     }
 
+    /// Zero-copy read: `f` gets the readable bytes that lie in one piece
+    /// from the first (the rest, past the ring's wrap, comes in the next
+    /// call) and returns how many of them it consumed, with a value of its
+    /// own; those are freed.
+    pub fn read_with<R>(&mut self, f: impl FnOnce(&[u8]) -> (usize, R)) -> (usize, R) {
+        let chunk = self.ring.chunk(0, self.readable);
+        let max = chunk.len();
+        let (n, r) = f(chunk);
+        let n = n.min(max);
+        self.ring.advance(n);
+        self.readable -= n;
+        (n, r)
+    }
+
     /// Out-of-order ranges as `(start, end)` offsets from rcv_nxt, written
     /// into `out` (cleared first): the range holding the most recently
     /// received segment first, then the others, most recently updated first
@@ -436,6 +488,44 @@ mod test {
         assert_eq!(r.read(&mut out), 6);
         assert_eq!(&out, b"fghijk");
         assert_eq!(r.peek(&mut peeked), 0);
+    }
+
+    #[test]
+    fn zero_copy_write_and_read_come_in_pieces_around_the_wrap() {
+        let mut s = SendBuffer::new(10);
+        s.write(b"abcdefgh");
+        s.consume(6);
+        // Free: positions 8, 9 before the wrap, then 0..6.
+        let (n, seen) = s.write_with(|b| {
+            b.copy_from_slice(&b"ij"[..b.len()]);
+            (b.len(), b.len())
+        });
+        assert_eq!((n, seen), (2, 2));
+        // A closure that claims more than it was given is clamped.
+        let (n, ()) = s.write_with(|b| {
+            b[..3].copy_from_slice(b"klm");
+            (99, ())
+        });
+        assert_eq!(n, 6);
+        assert_eq!(s.len(), 10);
+        assert_eq!(s.write_with(|b| (b.len(), ())).0, 0, "full: an empty slice");
+        let mut out = [0u8; 5];
+        assert_eq!(s.read_at(0, &mut out), 5);
+        assert_eq!(&out, b"ghijk");
+
+        let mut r = RecvBuffer::new(8, 2);
+        r.write_at(0, b"abcdef");
+        assert_eq!(r.read_with(|b| (b.len().min(5), ())).0, 5);
+        r.write_at(0, b"ghijk");
+        // Readable: "f", "g", "h" before the wrap, then "ijk".
+        let (n, first) = r.read_with(|b| (1, b.to_vec()));
+        assert_eq!((n, first.as_slice()), (1, &b"fgh"[..]));
+        let (n, rest) = r.read_with(|b| (b.len(), b.to_vec()));
+        assert_eq!((n, rest.as_slice()), (2, &b"gh"[..]));
+        let (n, rest) = r.read_with(|b| (b.len(), b.to_vec()));
+        assert_eq!((n, rest.as_slice()), (3, &b"ijk"[..]));
+        assert_eq!(r.readable(), 0);
+        assert_eq!(r.read_with(|b| (b.len() + 1, ())).0, 0);
     }
 
     #[test]

@@ -763,6 +763,23 @@ impl TcpConn {
     /// Read received bytes. Opening the window may trigger a window update.
     pub fn recv(&mut self, dst: &mut [u8]) -> usize {
         let n = self.rcvbuf.read(dst);
+        self.after_read(n);
+        n
+    }
+
+    /// Zero-copy read: `f` sees received bytes in place (those that lie in
+    /// one piece of the ring; call again for the rest) and returns how many
+    /// it consumed, with a value of its own. As [`recv`](Self::recv) for
+    /// the window.
+    pub fn recv_with<R>(&mut self, f: impl FnOnce(&[u8]) -> (usize, R)) -> (usize, R) {
+        let (n, r) = self.rcvbuf.read_with(f);
+        self.after_read(n);
+        (n, r)
+    }
+
+    /// The app took `n` bytes: autotuning's count, and a window update
+    /// when the opening is worth one.
+    fn after_read(&mut self, n: usize) {
         self.tune.read += n as u64;
         if n > 0 && self.state.synchronized() {
             let advertised = self.rcv_adv.since(self.rcv_nxt);
@@ -775,7 +792,6 @@ impl TcpConn {
                 self.ack_now = true;
             }
         }
-        n
     }
 
     /// Bytes the app can write now.
@@ -824,6 +840,16 @@ impl TcpConn {
             return 0;
         }
         self.sndbuf.write(data)
+    }
+
+    /// Zero-copy send: `f` writes into the send ring in place (the free
+    /// space that lies in one piece; empty when nothing may be sent now)
+    /// and returns how many bytes it wrote, with a value of its own.
+    pub fn send_with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> (usize, R)) -> (usize, R) {
+        if self.send_capacity() == 0 {
+            return f(&mut []);
+        }
+        self.sndbuf.write_with(f)
     }
 
     /// Bytes written and not yet acknowledged.

@@ -52,6 +52,12 @@ enum Cmd {
         /// Socket buffer size of the flow (both ends, both stacks).
         #[arg(long, default_value = "256K", value_parser = size)]
         buffer: u64,
+        /// Each stack's zero-copy API: the sender claims send-buffer space
+        /// in place and the receiver consumes received bytes in place
+        /// (ustack `tcp_send_with`/`tcp_recv_with`, smoltcp `send`/`recv`
+        /// with closures) instead of copying from and to its own buffer.
+        #[arg(long)]
+        zero_copy: bool,
     },
     /// Resident memory per idle established TCP connection (ustack).
     Memory {
@@ -156,11 +162,12 @@ fn run(cli: Cli) -> Result<()> {
             idle,
             bytes,
             buffer,
+            zero_copy,
         } => {
             let buffer = usize::try_from(buffer)?;
             let g = match stack {
-                Which::Ustack => ustack_side::goodput(idle, bytes, buffer)?,
-                Which::Smoltcp => smol::goodput(idle, bytes, buffer)?,
+                Which::Ustack => ustack_side::goodput(idle, bytes, buffer, zero_copy)?,
+                Which::Smoltcp => smol::goodput(idle, bytes, buffer, zero_copy)?,
             };
             print_goodput(stack, idle, &g);
         }

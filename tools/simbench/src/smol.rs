@@ -172,7 +172,7 @@ fn now(origin: std::time::Instant) -> SmolInstant {
 }
 
 /// Set up the idle sockets, then time one flow of `bytes`.
-pub fn goodput(idle: usize, bytes: u64, buffer: usize) -> Result<crate::Goodput> {
+pub fn goodput(idle: usize, bytes: u64, buffer: usize, zero_copy: bool) -> Result<crate::Goodput> {
     let origin = std::time::Instant::now();
     let wire = Rc::new(RefCell::new(Wire::default()));
     // End 0 receives the flow (10.0.0.1), end 1 sends it (10.0.0.2).
@@ -248,7 +248,16 @@ pub fn goodput(idle: usize, bytes: u64, buffer: usize) -> Result<crate::Goodput>
             let s = tx.sockets.get_mut::<tcp::Socket>(src);
             while sent < bytes && s.can_send() {
                 let n = (bytes - sent).min(data.len() as u64) as usize;
-                match s.send_slice(&data[..n]) {
+                let r = if zero_copy {
+                    // The space is claimed in place; nothing is copied in.
+                    s.send(|buf| {
+                        let k = buf.len().min(n);
+                        (k, k)
+                    })
+                } else {
+                    s.send_slice(&data[..n])
+                };
+                match r {
                     Ok(0) | Err(_) => break,
                     Ok(k) => sent += k as u64,
                 }
@@ -259,7 +268,12 @@ pub fn goodput(idle: usize, bytes: u64, buffer: usize) -> Result<crate::Goodput>
         {
             let s = rx.sockets.get_mut::<tcp::Socket>(sink);
             while s.can_recv() {
-                match s.recv_slice(&mut rbuf) {
+                let r = if zero_copy {
+                    s.recv(|buf| (buf.len(), buf.len()))
+                } else {
+                    s.recv_slice(&mut rbuf)
+                };
+                match r {
                     Ok(0) | Err(_) => break,
                     Ok(k) => got += k as u64,
                 }
@@ -282,8 +296,9 @@ pub fn goodput(idle: usize, bytes: u64, buffer: usize) -> Result<crate::Goodput>
         frames: w.frames - frames0,
         data_frames: w.data_frames - data0,
         // App -> tx buffer (send_slice), tx buffer -> frame (dispatch),
-        // frame -> rx buffer (process_tcp), rx buffer -> app (recv_slice).
-        copied: sent + 2 * payload + got,
+        // frame -> rx buffer (process_tcp), rx buffer -> app (recv_slice);
+        // the zero-copy API leaves out the first and the last.
+        copied: 2 * payload + if zero_copy { 0 } else { sent + got },
         retransmits: retransmitted / 1460,
     })
 }

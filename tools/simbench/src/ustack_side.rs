@@ -121,6 +121,8 @@ struct Receiver {
     flow: Option<TcpHandle>,
     got: u64,
     buf: Vec<u8>,
+    /// Consume in place (`tcp_recv_with`) instead of copying out.
+    zero_copy: bool,
     error: Option<String>,
 }
 
@@ -153,7 +155,13 @@ impl App for Receiver {
         }
         if let Some(h) = self.flow {
             loop {
-                match stack.tcp_recv(h, &mut self.buf) {
+                let r = if self.zero_copy {
+                    // Consumed where it lies in the receive ring.
+                    stack.tcp_recv_with(h, |b| (b.len(), ())).map(|(n, ())| n)
+                } else {
+                    stack.tcp_recv(h, &mut self.buf)
+                };
+                match r {
                     Ok(0) => break,
                     Ok(n) => self.got += n as u64,
                     Err(e) => {
@@ -178,6 +186,8 @@ struct Sender {
     total: u64,
     sent: u64,
     buf: Vec<u8>,
+    /// Claim send-ring space in place (`tcp_send_with`) instead of copying.
+    zero_copy: bool,
     error: Option<String>,
 }
 
@@ -211,7 +221,15 @@ impl App for Sender {
         };
         while self.sent < self.total {
             let n = (self.total - self.sent).min(self.buf.len() as u64) as usize;
-            match stack.tcp_send(h, &self.buf[..n]) {
+            let r = if self.zero_copy {
+                // The send ring's space is claimed in place.
+                stack
+                    .tcp_send_with(h, |b| (b.len().min(n), ()))
+                    .map(|(k, ())| k)
+            } else {
+                stack.tcp_send(h, &self.buf[..n])
+            };
+            match r {
                 Ok(0) => break,
                 Ok(k) => self.sent += k as u64,
                 Err(e) => {
@@ -277,12 +295,13 @@ fn drive(
 }
 
 /// Set up the idle sockets, then time one flow of `bytes`.
-pub fn goodput(idle: usize, bytes: u64, buffer: usize) -> Result<crate::Goodput> {
+pub fn goodput(idle: usize, bytes: u64, buffer: usize, zero_copy: bool) -> Result<crate::Goodput> {
     let mut net = net(buffer);
     let dst = net.nodes[0].stack.ip();
     let mut rx = Receiver {
         idle_listeners: idle / 2,
         buf: vec![0; 64 << 10],
+        zero_copy,
         ..Default::default()
     };
     let mut tx = Sender {
@@ -290,6 +309,7 @@ pub fn goodput(idle: usize, bytes: u64, buffer: usize) -> Result<crate::Goodput>
         dst: Some(dst),
         total: bytes,
         buf: vec![0x5a; 64 << 10],
+        zero_copy,
         ..Default::default()
     };
     let clock = Clock::new();
@@ -356,7 +376,9 @@ pub fn goodput(idle: usize, bytes: u64, buffer: usize) -> Result<crate::Goodput>
         data_frames: si.stats.segs_out,
         // App -> send ring, ring -> frame (tcp::io::emit), frame -> receive
         // ring, ring -> app. The wire moves frames without copying.
-        copied: tx.sent + si.stats.bytes_out + ri.stats.bytes_in + rx.got,
+        copied: si.stats.bytes_out
+            + ri.stats.bytes_in
+            + if zero_copy { 0 } else { tx.sent + rx.got },
         retransmits: si.stats.retransmits,
     })
 }
