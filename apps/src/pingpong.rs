@@ -16,14 +16,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use ustack::app::ping::RttStats;
 use ustack::device::Device;
 use ustack::node::{App, Control, Node};
 use ustack::tcp::ListenHandle;
 use ustack::ud::exchange::{
     DONE, PINGPONG_MSG_LEN, PingpongDest, VERSION_LEN, gid_ipv4, ipv4_gid, parse_version,
 };
-use ustack::ud::ping::UdResponder;
+use ustack::ud::ping::{UdPingSummary, UdResponder};
 use ustack::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, SendWr, UdAddr, UdTransport, WcOpcode,
     WcStatus,
@@ -244,15 +243,12 @@ pub struct PingpongClient {
     waiting: Option<(u64, Instant)>,
     first_post: Option<Instant>,
     last_reply: Option<Instant>,
-    /// Replies matched, late replies, timeouts.
-    pub received: u64,
+    /// Messages sent and replies matched, with their RTTs.
+    pub summary: UdPingSummary,
     /// Replies that came after their message timed out.
     pub late: u64,
     /// Replies whose payload differed from what was sent.
     pub corrupt: u64,
-    /// RTTs of matched replies.
-    pub rtt: RttStats,
-    samples: Vec<u64>,
     error: Option<String>,
     msg: Vec<u8>,
     cqes: Vec<Completion>,
@@ -274,11 +270,9 @@ impl PingpongClient {
             waiting: None,
             first_post: None,
             last_reply: None,
-            received: 0,
+            summary: UdPingSummary::default(),
             late: 0,
             corrupt: 0,
-            rtt: RttStats::default(),
-            samples: Vec::new(),
             error: None,
             cqes: Vec::new(),
             output: Vec::new(),
@@ -288,19 +282,6 @@ impl PingpongClient {
     /// Why the run stopped early, if it did.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
-    }
-
-    /// Messages sent.
-    pub fn sent(&self) -> u64 {
-        self.seq
-    }
-
-    /// The `q` quantile of the RTTs (nearest rank).
-    pub fn percentile(&self, q: f64) -> Option<Duration> {
-        let mut s = self.samples.clone();
-        s.sort_unstable();
-        let i = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len().max(1)) - 1;
-        s.get(i).map(|&ns| Duration::from_nanos(ns))
     }
 
     /// First post to last reply.
@@ -369,6 +350,7 @@ impl PingpongClient {
             data: &self.msg,
         };
         stack.post_send(qp, &wr).map_err(|e| e.to_string())?;
+        self.summary.transmitted += 1;
         self.first_post.get_or_insert(now);
         self.waiting = Some((self.seq, now));
         Ok(())
@@ -451,9 +433,7 @@ impl App for PingpongClient {
                             if payload != self.msg.as_slice() {
                                 self.corrupt += 1;
                             }
-                            self.received += 1;
-                            self.rtt.add(rtt);
-                            self.samples.push(rtt.as_nanos() as u64);
+                            self.summary.record(rtt);
                             self.last_reply = Some(c.timestamp);
                             self.waiting = None;
                             if !self.o.quiet {
@@ -534,22 +514,22 @@ impl NodeUser for PingpongUser {
         if let Some(e) = c.error() {
             bail!("{e}");
         }
-        let sent = c.sent();
-        let lost = sent.saturating_sub(c.received);
+        let s = &c.summary;
+        let (sent, lost) = (s.transmitted, s.lost());
         crate::outln!("\n--- {} ibv_ud_pingpong statistics ---", o.dst);
         crate::outln!(
             "{sent} messages transmitted, {} received, {lost} lost, {} late, {} corrupt",
-            c.received,
+            s.received,
             c.late,
             c.corrupt
         );
-        if c.rtt.count > 0 {
-            let p = |q| c.percentile(q).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        if s.rtt.count > 0 {
+            let p = |q| s.percentile(q).map_or(0.0, |d| d.as_secs_f64() * 1e3);
             crate::outln!(
                 "rtt min/avg/max = {:.3}/{:.3}/{:.3} ms, p50/p99 = {:.3}/{:.3} ms",
-                c.rtt.min.as_secs_f64() * 1e3,
-                c.rtt.avg().as_secs_f64() * 1e3,
-                c.rtt.max.as_secs_f64() * 1e3,
+                s.rtt.min.as_secs_f64() * 1e3,
+                s.rtt.avg().as_secs_f64() * 1e3,
+                s.rtt.max.as_secs_f64() * 1e3,
                 p(0.5),
                 p(0.99)
             );
@@ -558,7 +538,7 @@ impl NodeUser for PingpongUser {
         // The tool's own closing lines.
         let usec = c.elapsed().as_secs_f64() * 1e6;
         if usec > 0.0 {
-            let bytes = (o.size as u64) * c.received * 2;
+            let bytes = (o.size as u64) * s.received * 2;
             crate::outln!(
                 "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
                 usec / 1e6,
@@ -566,9 +546,9 @@ impl NodeUser for PingpongUser {
             );
             crate::outln!(
                 "{} iters in {:.2} seconds = {:.2} usec/iter",
-                c.received,
+                s.received,
                 usec / 1e6,
-                usec / c.received.max(1) as f64
+                usec / s.received.max(1) as f64
             );
         }
         Ok(if lost == 0 && c.corrupt == 0 {

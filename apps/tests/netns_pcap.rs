@@ -17,15 +17,7 @@ use ustack::app::bulk::fill_pattern;
 impl Topo {
     /// A ustack command in the stack namespace.
     fn ustack(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args([
-            "netns",
-            "exec",
-            &self.ns("stack"),
-            env!("CARGO_BIN_EXE_ustack"),
-        ]);
-        c.args(args);
-        c
+        self.bin(env!("CARGO_BIN_EXE_ustack"), args)
     }
 
     fn daemon(&self) -> Daemon {
@@ -781,15 +773,11 @@ fn rough_edges_closed_stdout_absent_host_interrupt_and_mtu() {
     };
     // `uping ... | head -1` and `ustack run ... | head -2`, head gone: no
     // "failed printing to stdout" panic, the shell's SIGPIPE status.
-    let mut c = Command::new("ip");
-    c.args([
-        "netns",
-        "exec",
-        &topo.ns("stack"),
+    let mut c = topo.bin(
         env!("CARGO_BIN_EXE_uping"),
-    ])
-    .args(["--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"])
-    .args(["-c", "3", "-i", "0.2", "10.77.0.1"]);
+        &["--pcap", &topo.stack_if(), "--ip", "10.77.0.2/24"],
+    );
+    c.args(["-c", "3", "-i", "0.2", "10.77.0.1"]);
     let (code, err) = closed(c);
     assert_eq!(code, Some(141), "uping: {err}");
     assert!(!err.contains("panicked"), "{err}");

@@ -24,6 +24,7 @@ use std::ptr;
 
 use rdma_sys::*;
 use ustack::Instant;
+use ustack::ud::exchange::{gid_ipv4, ipv4_gid};
 use ustack::ud::{
     Completion, GRH_LEN, QpConfig, QpHandle, SendWr, TsSource, UdAddr, UdError, UdTransport,
     WcOpcode, WcStatus,
@@ -124,11 +125,6 @@ fn wc_status(s: ibv_wc_status::Type) -> WcStatus {
         ibv_wc_status::IBV_WC_WR_FLUSH_ERR => WcStatus::Flushed,
         x => WcStatus::Other(x),
     }
-}
-
-fn gid_ipv4(raw: &[u8; 16]) -> Option<Ipv4Addr> {
-    (raw[..10] == [0; 10] && raw[10..12] == [0xff, 0xff])
-        .then(|| Ipv4Addr::new(raw[12], raw[13], raw[14], raw[15]))
 }
 
 /// One GID table entry as the device lists it.
@@ -314,10 +310,7 @@ impl VerbsUd {
         if let Some(ah) = self.ahs.get(&ip) {
             return Ok(*ah);
         }
-        let mut raw = [0u8; 16];
-        raw[10] = 0xff;
-        raw[11] = 0xff;
-        raw[12..].copy_from_slice(&ip.octets());
+        let raw = ipv4_gid(ip);
         let mut attr = ibv_ah_attr {
             grh: ibv_global_route {
                 dgid: ibv_gid { raw },
@@ -798,10 +791,7 @@ mod test {
     }
 
     fn v4(index: u8, last: u8, kind: Option<ibv_gid_type>) -> GidEntry {
-        let mut raw = [0u8; 16];
-        raw[10] = 0xff;
-        raw[11] = 0xff;
-        raw[12..].copy_from_slice(&[10, 77, 0, last]);
+        let raw = ipv4_gid(Ipv4Addr::new(10, 77, 0, last));
         GidEntry { index, raw, kind }
     }
 

@@ -209,6 +209,16 @@ impl UdPingSummary {
         self.transmitted.saturating_sub(self.received)
     }
 
+    /// One answered ping and its RTT (the sample kept for percentiles up
+    /// to the first million).
+    pub fn record(&mut self, rtt: Duration) {
+        self.received += 1;
+        self.rtt.add(rtt);
+        if self.samples.len() < MAX_SAMPLES {
+            self.samples.push(ns(rtt));
+        }
+    }
+
     /// The `q` quantile (0.0..=1.0) of the RTTs, nearest rank.
     pub fn percentile(&self, q: f64) -> Option<Duration> {
         if self.samples.is_empty() {
@@ -363,13 +373,9 @@ impl UdPinger {
                         };
                         let server = Duration::from_nanos(m.c);
                         let rtt = rx.saturating_duration_since(tx).saturating_sub(server);
-                        self.summary.received += 1;
+                        self.summary.record(rtt);
                         if clock == TsSource::Nic {
                             self.summary.nic_stamped += 1;
-                        }
-                        self.summary.rtt.add(rtt);
-                        if self.summary.samples.len() < MAX_SAMPLES {
-                            self.summary.samples.push(ns(rtt));
                         }
                         self.answered.insert(m.seq, ());
                         self.push(UdPong {
