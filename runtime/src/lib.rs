@@ -116,6 +116,7 @@ pub mod blocking;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod clock;
+pub mod metrics;
 pub mod net;
 pub mod poll;
 mod shared;

@@ -154,6 +154,9 @@ pub struct NetConfig {
     /// pcap: finish partial checksums from a local sender instead of
     /// dropping them (see [`Builder::accept_partial_checksum`]).
     pub accept_partial_checksum: bool,
+    /// Extra Prometheus metrics from the program (see
+    /// [`Builder::metrics_source`]).
+    pub metrics_sources: Vec<crate::metrics::SharedSource>,
 }
 
 /// Reads a program's own counters (name, value) for telemetry; called on
@@ -229,6 +232,7 @@ pub struct Builder {
     app_counters: Option<AppCounters>,
     replica: Option<ustack::shard::ShardId>,
     accept_partial_checksum: bool,
+    metrics_sources: Vec<crate::metrics::SharedSource>,
 }
 
 impl Builder {
@@ -325,6 +329,17 @@ impl Builder {
     /// each telemetry line (the LD_PRELOAD layer's refused calls, say).
     pub fn app_counters(mut self, read: AppCounters) -> Self {
         self.app_counters = Some(read);
+        self
+    }
+
+    /// Add the program's own Prometheus metrics (a mesh's per-target
+    /// probes, say) to what the metrics endpoint serves.
+    pub fn metrics_source(
+        mut self,
+        source: std::sync::Arc<dyn crate::metrics::MetricsSource>,
+    ) -> Self {
+        self.metrics_sources
+            .push(crate::metrics::SharedSource(source));
         self
     }
 
@@ -453,6 +468,7 @@ impl Builder {
             app_counters: self.app_counters,
             replica: self.replica,
             accept_partial_checksum: self.accept_partial_checksum,
+            metrics_sources: self.metrics_sources,
         })
     }
 
