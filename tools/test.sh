@@ -16,7 +16,9 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           libcap2-bin
           # the soft-RoCE guest and the stock RDMA tools (apps/tests/netns_rxe.rs,
           # tools/rxe-guest.sh; the guest's kernel comes from `apt-get download`)
-          qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers perftest)
+          qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers perftest
+          # Prometheus and promtool: metrics, alert rules, the mesh scrape test (tools/prometheus/)
+          prometheus)
 
 step() { printf '\n==> %s\n' "$*"; }
 
