@@ -162,6 +162,7 @@ impl Device for DpdkPort {
         DeviceCaps {
             mtu: self.mtu,
             busy_poll_only: true,
+            offloads: Default::default(),
         }
     }
 

@@ -45,6 +45,57 @@ pub struct DeviceCaps {
     pub mtu: usize,
     /// Whether the port sleeps well (sim, pcap) or must be busy-polled (DPDK).
     pub busy_poll_only: bool,
+    /// The work the port does on frames for the engine (none by default).
+    pub offloads: Offloads,
+}
+
+/// Work a port does on frames so the engine does not: checksums and TCP
+/// segmentation, as a NIC's offload engine (or a software port that skips
+/// them, like a veth pair) does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Offloads {
+    /// The port fills the IPv4 header and TCP checksums of frames marked
+    /// with a [`TxOffload`]; the engine leaves the pseudo-header sum in the
+    /// TCP checksum field (what DPDK's `RTE_MBUF_F_TX_TCP_CKSUM` and Linux's
+    /// `CHECKSUM_PARTIAL` expect).
+    pub tx_tcp_checksum: bool,
+    /// The port verifies received TCP checksums and says so per frame
+    /// ([`PacketBuf::rx_checksum`]); the engine skips its own check for
+    /// frames marked good.
+    pub rx_checksum: bool,
+    /// TCP segmentation offload: the port cuts a TCP segment of up to this
+    /// many bytes of IP packet into frames of the MSS the frame's
+    /// [`TxOffload::tso_segsz`] names. 0 when the port cannot.
+    pub tso_max: usize,
+    /// The port may deliver merged TCP segments larger than the MTU (LRO,
+    /// GRO), up to 64 KiB of IP packet: the engine accepts them.
+    pub rx_large: bool,
+}
+
+/// What the port is asked to finish on one transmitted frame.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxOffload {
+    /// Ethernet header bytes.
+    pub l2_len: u8,
+    /// IPv4 header bytes.
+    pub l3_len: u8,
+    /// TCP header bytes (options included).
+    pub l4_len: u8,
+    /// With TSO: the payload bytes of each frame the port cuts the segment
+    /// into (0: the frame is one segment; only its checksums are left).
+    pub tso_segsz: u16,
+}
+
+/// What the port found of a received frame's transport checksum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RxChecksum {
+    /// The port did not check (the engine verifies).
+    #[default]
+    Unknown,
+    /// The port verified it.
+    Good,
+    /// The port found it wrong (the engine verifies again, and drops).
+    Bad,
 }
 
 /// A network port driven in bursts.
@@ -90,6 +141,19 @@ pub trait Tx {
     /// Take a buffer of exactly `len` bytes, let `fill` write the frame into it,
     /// and queue it. Returns false (nothing sent) when no buffer is available.
     fn send<F: FnOnce(&mut [u8])>(&mut self, len: usize, fill: F) -> bool;
+
+    /// [`send`](Self::send) a frame the port finishes as `offload` says
+    /// (only called when the port's [`Offloads`] allow it). A sink without
+    /// a port keeps the frame as written.
+    fn send_offloaded<F: FnOnce(&mut [u8])>(
+        &mut self,
+        len: usize,
+        offload: TxOffload,
+        fill: F,
+    ) -> bool {
+        let _ = offload;
+        self.send(len, fill)
+    }
 }
 
 /// A [`Tx`] that collects frames in memory (unit tests, tools).
@@ -183,6 +247,29 @@ impl<D: Device> Tx for DeviceTx<'_, D> {
             return false;
         }
         fill(buf.as_mut());
+        self.queue.push(buf);
+        if self.queue.len() >= self.burst {
+            self.flush();
+        }
+        true
+    }
+
+    fn send_offloaded<F: FnOnce(&mut [u8])>(
+        &mut self,
+        len: usize,
+        offload: TxOffload,
+        fill: F,
+    ) -> bool {
+        let Some(mut buf) = self.dev.alloc_tx() else {
+            self.dropped += 1;
+            return false;
+        };
+        if !buf.set_len(len) {
+            self.dropped += 1;
+            return false;
+        }
+        fill(buf.as_mut());
+        buf.set_tx_offload(offload);
         self.queue.push(buf);
         if self.queue.len() >= self.burst {
             self.flush();

@@ -169,6 +169,7 @@ pub mod icmp;
 pub mod impair;
 pub(crate) mod link;
 pub mod node;
+pub mod offload;
 pub mod pool;
 pub mod rss;
 pub mod shard;
@@ -180,7 +181,7 @@ pub mod time;
 pub mod ud;
 pub mod udp;
 
-pub use device::{Device, PortStats, Tx, VecTx};
+pub use device::{Device, Offloads, PortStats, RxChecksum, Tx, TxOffload, VecTx};
 pub use pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
 pub use stack::{Config, Error, Stack};
 pub use time::Instant;

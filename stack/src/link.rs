@@ -16,7 +16,7 @@ use smoltcp::wire::{
 
 use crate::arp::{ArpCache, Enqueue};
 use crate::config::Config;
-use crate::device::Tx;
+use crate::device::{Offloads, Tx, TxOffload};
 use crate::error::Error;
 use crate::stats::{DropReason, Stats};
 use crate::time::Instant;
@@ -74,6 +74,11 @@ pub(crate) struct IpMeta<'a> {
 pub(crate) struct Link {
     pub(crate) cfg: Config,
     pub(crate) checksum: ChecksumCapabilities,
+    /// What the port finishes for us (from its [`crate::device::DeviceCaps`]).
+    pub(crate) offloads: Offloads,
+    /// The frame being received had its transport checksum verified by
+    /// the port.
+    pub(crate) rx_l4_good: bool,
     arp: ArpCache,
     pub(crate) stats: Stats,
     /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
@@ -109,6 +114,8 @@ impl Link {
             announced: !cfg.announce,
             cfg,
             checksum: ChecksumCapabilities::default(),
+            offloads: Offloads::default(),
+            rx_l4_good: false,
             stats: Stats::default(),
             ip_idents: ident_buckets(secret),
             ident_hash: foldhash::fast::FixedState::with_seed(secret.0 ^ secret.1.rotate_left(32)),
@@ -479,6 +486,59 @@ impl Link {
         fill: F,
     ) -> Result<(), Error> {
         self.send_packet(now, tx, dst, protocol, &[], payload_len, fill)
+    }
+
+    /// Send one unfragmented TCP packet the port finishes (its checksums,
+    /// and with `tso_segsz` its segmentation: then the packet may exceed
+    /// the MTU up to the port's `tso_max`). `fill` sees the whole packet,
+    /// header written, and must leave the pseudo-header sum in the TCP
+    /// checksum field. Returns `Ok(false)` when the next hop's MAC is not
+    /// known yet: nothing was built, and the caller sends the packet the
+    /// ordinary way (it waits for ARP there).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_tcp_offloaded<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        tcp_header_len: usize,
+        payload_len: usize,
+        tso_segsz: u16,
+        fill: F,
+    ) -> Result<bool, Error> {
+        let len = IP_LEN + payload_len;
+        let limit = if tso_segsz > 0 {
+            self.offloads.tso_max.min(usize::from(u16::MAX))
+        } else {
+            self.cfg.mtu
+        };
+        if len > limit {
+            return Err(Error::TooLarge);
+        }
+        let (_, Some(mac)) = self.resolve(now, dst)? else {
+            return Ok(false);
+        };
+        let header = self.header(dst, IpProtocol::Tcp);
+        let src = self.cfg.mac;
+        let offload = TxOffload {
+            l2_len: ETH_LEN as u8,
+            l3_len: IP_LEN as u8,
+            l4_len: tcp_header_len as u8,
+            tso_segsz,
+        };
+        let ok = tx.send_offloaded(ETH_LEN + len, offload, |buf| {
+            write_eth(buf, src, mac, EthernetProtocol::Ipv4);
+            let ip = &mut buf[ETH_LEN..];
+            header.write(ip, &[], payload_len, 0, false);
+            fill(ip);
+        });
+        self.count_tx(ok, ETH_LEN + len);
+        if !ok {
+            return Err(Error::QueueFull);
+        }
+        self.stats.ipv4.tx_packets += 1;
+        self.stats.ipv4.tx_bytes += len as u64;
+        Ok(true)
     }
 
     /// One unfragmented packet with `options` in its header; `fill` sees the

@@ -145,6 +145,8 @@ pub struct Port<D: Device> {
     rx: Vec<D::Buf>,
     txq: Vec<D::Buf>,
     events: Vec<Event>,
+    /// The device's offloads, read once.
+    offloads: crate::device::Offloads,
 }
 
 impl<D: Device + std::fmt::Debug> std::fmt::Debug for Port<D> {
@@ -161,6 +163,7 @@ impl<D: Device> Port<D> {
     /// is given.
     pub fn new(dev: D, shard: Option<Shard>) -> Self {
         Port {
+            offloads: dev.caps().offloads,
             dev,
             shard,
             rx: Vec::with_capacity(BURST),
@@ -182,6 +185,7 @@ impl<D: Device> Port<D> {
         now: Instant,
         app: &mut A,
     ) -> StepReport {
+        stack.set_offloads(self.offloads);
         let mut rx = self.dev.rx_burst(now, &mut self.rx, BURST);
         let mut tx = DeviceTx::new(&mut self.dev, &mut self.txq, now, BURST);
         if let Some(shard) = &mut self.shard {
@@ -201,6 +205,8 @@ impl<D: Device> Port<D> {
         }
         for buf in self.rx.drain(..) {
             let frame = buf.as_ref();
+            stack.link.rx_l4_good =
+                crate::pool::PacketBuf::rx_checksum(&buf) == crate::device::RxChecksum::Good;
             match self.shard.as_mut().map(|s| (s.route(frame), s)) {
                 None => stack.receive(now, frame, &mut tx),
                 Some((Route::Local, shard)) => {
@@ -218,6 +224,7 @@ impl<D: Device> Port<D> {
             }
             // `buf` drops here: the frame's buffer goes back to its pool.
         }
+        stack.link.rx_l4_good = false;
         self.events.clear();
         stack.drain_events(&mut self.events);
         if !self.events.is_empty() {

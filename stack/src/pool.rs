@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
 
+use crate::device::{RxChecksum, TxOffload};
+
 /// A packet buffer owned by a pool; returned to the pool when dropped.
 ///
 /// `as_ref`/`as_mut` expose the first `len()` bytes (the frame).
@@ -26,6 +28,15 @@ pub trait PacketBuf: AsRef<[u8]> + AsMut<[u8]> {
     fn capacity(&self) -> usize;
     /// Set the frame length. Returns false (and leaves the length) if `len > capacity()`.
     fn set_len(&mut self, len: usize) -> bool;
+    /// Ask the port to finish this frame (checksums, segmentation) as
+    /// `offload` says. Buffers of ports without offloads ignore it.
+    fn set_tx_offload(&mut self, offload: TxOffload) {
+        let _ = offload;
+    }
+    /// What the port found of this received frame's transport checksum.
+    fn rx_checksum(&self) -> RxChecksum {
+        RxChecksum::Unknown
+    }
 }
 
 /// Counters every pool publishes.
@@ -116,6 +127,8 @@ impl Pool for SlabPool {
                 data,
                 len: 0,
                 pool: Arc::clone(&self.inner),
+                tx_offload: None,
+                rx_checksum: RxChecksum::Unknown,
             }),
             None => {
                 self.inner.alloc_failures.fetch_add(1, Ordering::Relaxed);
@@ -141,9 +154,29 @@ pub struct SlabBuf {
     data: Box<[u8]>,
     len: usize,
     pool: Arc<SlabInner>,
+    /// What the sender asked the port to finish (a software port that
+    /// models offloads reads it).
+    tx_offload: Option<TxOffload>,
+    /// What a software port that models receive offloads found.
+    rx_checksum: RxChecksum,
 }
 
 impl SlabBuf {
+    /// The offload the engine asked for on this frame, if any.
+    pub fn tx_offload(&self) -> Option<TxOffload> {
+        self.tx_offload
+    }
+
+    /// Forget the transmit offload (a port finished it).
+    pub fn clear_tx_offload(&mut self) {
+        self.tx_offload = None;
+    }
+
+    /// Mark what the port found of this received frame's checksum.
+    pub fn set_rx_checksum(&mut self, c: RxChecksum) {
+        self.rx_checksum = c;
+    }
+
     /// Copy this buffer's frame into a fresh buffer from `pool`.
     pub fn try_clone_from(&self, pool: &SlabPool) -> Option<SlabBuf> {
         let mut b = pool.alloc()?;
@@ -151,6 +184,8 @@ impl SlabBuf {
             return None;
         }
         b.as_mut().copy_from_slice(self.as_ref());
+        b.tx_offload = self.tx_offload;
+        b.rx_checksum = self.rx_checksum;
         Some(b)
     }
 }
@@ -180,6 +215,12 @@ impl PacketBuf for SlabBuf {
         }
         self.len = len;
         true
+    }
+    fn set_tx_offload(&mut self, offload: TxOffload) {
+        self.tx_offload = Some(offload);
+    }
+    fn rx_checksum(&self) -> RxChecksum {
+        self.rx_checksum
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::Serialize;
 use smoltcp::wire::{EthernetAddress, Ipv4Address, Ipv4Cidr};
 
-use crate::device::{Device, DeviceCaps, PortStats};
+use crate::device::{Device, DeviceCaps, Offloads, PortStats, RxChecksum};
 use crate::node::{App, Node};
 use crate::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
 use crate::shard::SteerRule;
@@ -284,7 +284,7 @@ impl SimLink {
 
     /// Attach a port with MAC `mac` and a pool of `pool_bufs` buffers.
     pub fn attach(&self, mac: EthernetAddress, pool_bufs: usize) -> SimPort {
-        self.attach_queue(mac, 0, 1, pool_bufs)
+        self.attach_queue(mac, 0, 1, pool_bufs, 0)
     }
 
     /// Attach a host with `queues` receive/transmit queue pairs, each a port
@@ -298,8 +298,24 @@ impl SimLink {
     ) -> Vec<SimPort> {
         let queues = queues.max(1);
         (0..queues)
-            .map(|q| self.attach_queue(mac, q, queues, pool_bufs))
+            .map(|q| self.attach_queue(mac, q, queues, pool_bufs, 0))
             .collect()
+    }
+
+    /// Attach a port that plays a NIC with `offloads`: it finishes the
+    /// TCP checksums of frames marked for it and cuts TSO segments into
+    /// frames of the MTU (with the software of [`crate::offload`]), and
+    /// marks received frames whose checksum it verified. Its pool's
+    /// buffers hold a whole TSO segment when `offloads.tso_max` is set.
+    pub fn attach_offloaded(
+        &self,
+        mac: EthernetAddress,
+        pool_bufs: usize,
+        offloads: Offloads,
+    ) -> SimPort {
+        let mut port = self.attach_queue(mac, 0, 1, pool_bufs, offloads.tso_max + 14);
+        port.offloads = offloads;
+        port
     }
 
     fn attach_queue(
@@ -308,9 +324,10 @@ impl SimLink {
         queue: usize,
         queues: usize,
         pool_bufs: usize,
+        min_buf: usize,
     ) -> SimPort {
         let mut w = self.lock();
-        let buf_size = (w.cfg.mtu + 14).max(SIM_BUF_SIZE);
+        let buf_size = (w.cfg.mtu + 14).max(SIM_BUF_SIZE).max(min_buf);
         let name = match queues {
             1 => format!("sim-{mac}"),
             _ => format!("sim-{mac}-q{queue}"),
@@ -331,6 +348,7 @@ impl SimLink {
             stats: PortStats::default(),
             mtu: w.cfg.mtu,
             rx_own_pool: false,
+            offloads: Offloads::default(),
         }
     }
 
@@ -376,6 +394,8 @@ pub struct SimPort {
     /// Copy received frames into this port's pool (drop on an empty pool)
     /// instead of taking the sender's buffer.
     rx_own_pool: bool,
+    /// The NIC offloads this port plays ([`SimLink::attach_offloaded`]).
+    offloads: Offloads,
 }
 
 impl SimPort {
@@ -401,6 +421,7 @@ impl Device for SimPort {
         DeviceCaps {
             mtu: self.mtu,
             busy_poll_only: false,
+            offloads: self.offloads,
         }
     }
 
@@ -425,6 +446,10 @@ impl Device for SimPort {
             } else {
                 f.buf
             };
+            let mut buf = buf;
+            if self.offloads.rx_checksum && crate::offload::l4_checksum_ok(buf.as_ref()) {
+                buf.set_rx_checksum(RxChecksum::Good);
+            }
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += buf.len() as u64;
             out.push(buf);
@@ -437,7 +462,31 @@ impl Device for SimPort {
     fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<SlabBuf>) -> usize {
         let n = pkts.len();
         let mut w = self.link.lock();
-        for buf in pkts.drain(..) {
+        for mut buf in pkts.drain(..) {
+            if let Some(o) = buf.tx_offload() {
+                // The NIC's work: cut a TSO segment, or finish the checksum.
+                buf.clear_tx_offload();
+                if o.tso_segsz > 0 && buf.len() > self.mtu + 14 {
+                    let (pool, stats, id) = (&self.pool, &mut self.stats, self.id);
+                    let cut =
+                        crate::offload::split_tcp(buf.as_ref(), usize::from(o.tso_segsz), |f| {
+                            let Some(mut b) = pool.alloc() else {
+                                stats.tx_errors += 1;
+                                return;
+                            };
+                            if b.set_len(f.len()) {
+                                b.as_mut().copy_from_slice(f);
+                                stats.tx_packets += 1;
+                                stats.tx_bytes += f.len() as u64;
+                                w.transmit(id, now, b);
+                            }
+                        });
+                    if cut.is_some() {
+                        continue;
+                    }
+                }
+                crate::offload::complete_checksum(buf.as_mut());
+            }
             self.stats.tx_packets += 1;
             self.stats.tx_bytes += buf.len() as u64;
             w.transmit(self.id, now, buf);
@@ -510,6 +559,14 @@ impl SimNet {
     /// Add a stack; returns its index.
     pub fn add(&mut self, cfg: Config) -> usize {
         let port = self.link.attach(cfg.mac, SIM_POOL_BUFS);
+        self.nodes.push(Node::new(Stack::new(cfg), port));
+        self.nodes.len() - 1
+    }
+
+    /// Add a host whose port plays a NIC with `offloads` (see
+    /// [`SimLink::attach_offloaded`]). Returns its index.
+    pub fn add_offloaded(&mut self, cfg: Config, offloads: Offloads) -> usize {
+        let port = self.link.attach_offloaded(cfg.mac, SIM_POOL_BUFS, offloads);
         self.nodes.push(Node::new(Stack::new(cfg), port));
         self.nodes.len() - 1
     }

@@ -133,6 +133,18 @@ impl Stack {
 
     // ---------------------------------------------------------------- receive
 
+    /// Use a port's offloads from now on (a [`crate::node::Port`] sets its
+    /// device's on every step): checksums the port fills and verifies, TSO,
+    /// merged frames above the MTU.
+    pub fn set_offloads(&mut self, offloads: crate::device::Offloads) {
+        self.link.offloads = offloads;
+    }
+
+    /// The offloads in use.
+    pub fn offloads(&self) -> crate::device::Offloads {
+        self.link.offloads
+    }
+
     /// Process one received frame. Replies (ARP, echo, ICMP errors) are
     /// written to `tx` at once.
     pub fn receive<T: Tx>(&mut self, now: Instant, frame: &[u8], tx: &mut T) {
@@ -184,7 +196,9 @@ impl Stack {
         tx: &mut T,
     ) -> Result<(), DropReason> {
         let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::EthTruncated)?;
-        if frame.len() > ETH_LEN + self.link.cfg.mtu {
+        if frame.len() > ETH_LEN + self.link.cfg.mtu
+            && !(self.link.offloads.rx_large && frame.len() <= ETH_LEN + usize::from(u16::MAX))
+        {
             return Err(DropReason::EthOversize);
         }
         let dst = eth.dst_addr();

@@ -238,6 +238,7 @@ impl Device for PcapPort {
         DeviceCaps {
             mtu: self.mtu,
             busy_poll_only: false,
+            offloads: Default::default(),
         }
     }
 

@@ -255,6 +255,9 @@ pub struct Outgoing {
     pub payload_offset: usize,
     /// Payload length in bytes (0 for a pure ACK, SYN or RST).
     pub payload_len: usize,
+    /// For a segment the port is to cut (TSO): the payload bytes of each
+    /// frame. 0 for a segment that leaves as one frame.
+    pub tso_segsz: usize,
 }
 
 impl From<Header> for Outgoing {
@@ -264,6 +267,7 @@ impl From<Header> for Outgoing {
             hdr,
             payload_offset: 0,
             payload_len: 0,
+            tso_segsz: 0,
         }
     }
 }
@@ -410,6 +414,8 @@ pub struct TcpConn {
     corked: bool,
     /// MSS for segments we send.
     mss: usize,
+    /// Largest IP packet the port cuts into frames (TSO); 0 without.
+    tso_max: usize,
 
     // Receive side.
     irs: Seq,
@@ -560,6 +566,7 @@ impl TcpConn {
             fin_queued: false,
             corked: false,
             mss,
+            tso_max: 0,
             irs: Seq(0),
             rcv_nxt: Seq(0),
             rcv_adv: Seq(0),
@@ -692,7 +699,13 @@ impl TcpConn {
     pub fn snd_wnd(&self) -> usize {
         self.snd_wnd
     }
-    /// MSS for segments we send, bytes.
+    /// Let new data leave in TCP segments of up to `max` bytes of IP
+    /// packet that the port cuts into frames (TSO); 0 turns it off.
+    pub fn set_tso_max(&mut self, max: usize) {
+        self.tso_max = max;
+    }
+
+    /// MSS for segments we send, bytes (payload per frame, before options).
     pub fn mss(&self) -> usize {
         self.mss
     }
@@ -1774,7 +1787,15 @@ impl TcpConn {
         let usable_wnd = wnd_edge.since(self.snd_nxt);
         let usable_cwnd = cwnd.saturating_sub(flight);
         let max_payload = self.max_payload();
-        let len = unsent.min(max_payload).min(usable_wnd).min(usable_cwnd);
+        // With TSO, new data leaves in segments of whole frames the port
+        // cuts (a retransmission stays one frame).
+        let tso_cap = if self.tso_max > 0 && self.snd_nxt == self.snd_max {
+            let header = 40 + self.mss.saturating_sub(max_payload);
+            (self.tso_max.saturating_sub(header) / max_payload * max_payload).max(max_payload)
+        } else {
+            max_payload
+        };
+        let len = unsent.min(tso_cap).min(usable_wnd).min(usable_cwnd);
         // A persist expiry forces one segment past SWS avoidance and Nagle
         // (RFC 9293 3.8.6.2.1 override timeout).
         let forced = self.probe_pending && len > 0;
@@ -1818,6 +1839,9 @@ impl TcpConn {
         let mut seg = self.base_segment(now);
         seg.payload_offset = self.snd_nxt.since(self.data_start);
         seg.payload_len = len;
+        if len > max_payload {
+            seg.tso_segsz = max_payload;
+        }
         let after = self.snd_nxt + len;
         if self.fin_queued
             && after == data_end

@@ -126,6 +126,35 @@ fn emit<T: Tx>(
     let (src, dst) = (IpAddress::Ipv4(me), IpAddress::Ipv4(peer));
     let fill = link.checksum.tcp.tx();
     let len = hdr + out.payload_len;
+    let mut payload = Some(payload);
+    if fill && (link.offloads.tx_tcp_checksum || out.tso_segsz > 0) {
+        // The port finishes the checksum (and cuts a TSO segment): leave it
+        // the pseudo-header sum, without the length for TSO (each frame's
+        // length is the port's to add, as DPDK and Linux expect).
+        let tso = u16::try_from(out.tso_segsz).unwrap_or(0);
+        let phdr_len = if tso > 0 { 0 } else { len };
+        let partial = crate::checksum::fold(crate::checksum::pseudo_header(me, peer, 6, phdr_len));
+        let built = link.send_tcp_offloaded(now, tx, peer, hdr, len, tso, |ip| {
+            let buf = &mut ip[smoltcp::wire::IPV4_HEADER_LEN..];
+            if let Some(p) = payload.take() {
+                p(&mut buf[hdr..]);
+            }
+            let mut pkt = TcpPacket::new_unchecked(&mut *buf);
+            repr.emit(&mut pkt, &src, &dst, &ChecksumCapabilities::ignored());
+            pkt.set_checksum(partial);
+        });
+        match built {
+            Ok(true) => return true,
+            Err(_) => return false,
+            // Next hop not resolved: the ordinary path below holds the
+            // packet for ARP (a TSO segment cannot wait there).
+            Ok(false) if out.tso_segsz > 0 => return false,
+            Ok(false) => {}
+        }
+    }
+    let Some(payload) = payload else {
+        return false;
+    };
     link.send_ip(now, tx, peer, IpProtocol::Tcp, len, |buf| {
         payload(&mut buf[hdr..]);
         let mut pkt = TcpPacket::new_unchecked(&mut *buf);
@@ -187,7 +216,10 @@ impl TcpTable {
         }
         let pkt = TcpPacket::new_checked(body).map_err(|_| DropReason::TcpMalformed)?;
         let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
-        if link.checksum.tcp.rx() && !crate::checksum::verifies(meta.src, meta.dst, 6, body) {
+        if link.checksum.tcp.rx()
+            && !link.rx_l4_good
+            && !crate::checksum::verifies(meta.src, meta.dst, 6, body)
+        {
             return Err(DropReason::TcpBadChecksum);
         }
         let repr = TcpRepr::parse(&pkt, &src, &dst, &ChecksumCapabilities::ignored())
@@ -458,6 +490,7 @@ impl TcpTable {
             };
             let before = conn.stats().retransmits;
             let levels = Levels::of(conn);
+            conn.set_tso_max(link.offloads.tso_max);
             while let Some(out) = conn.poll_transmit(now) {
                 let (port, remote) = (conn.local().port(), conn.remote());
                 let c: &TcpConn = conn;

@@ -36,6 +36,17 @@ enum Which {
     Smoltcp,
 }
 
+/// The NIC offloads a goodput run's link plays.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offload {
+    /// Checksums in software, MTU-sized segments.
+    None,
+    /// Checksums left to the port.
+    Csum,
+    /// Checksums and segmentation left to the port (ustack only).
+    Tso,
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Stack-only TCP goodput, two stacks on one in-memory link, one thread.
@@ -58,6 +69,12 @@ enum Cmd {
         /// with closures) instead of copying from and to its own buffer.
         #[arg(long)]
         zero_copy: bool,
+        /// NIC offloads on the link: `csum` (the port fills and checks TCP
+        /// and IPv4 checksums: neither stack computes them), `tso` (csum,
+        /// and ustack hands the port 64 KiB segments, delivered merged as
+        /// a receiving NIC's LRO does; smoltcp has no TSO and runs csum).
+        #[arg(long, value_enum, default_value = "none")]
+        offload: Offload,
     },
     /// Resident memory per idle established TCP connection (ustack).
     Memory {
@@ -163,11 +180,14 @@ fn run(cli: Cli) -> Result<()> {
             bytes,
             buffer,
             zero_copy,
+            offload,
         } => {
             let buffer = usize::try_from(buffer)?;
             let g = match stack {
-                Which::Ustack => ustack_side::goodput(idle, bytes, buffer, zero_copy)?,
-                Which::Smoltcp => smol::goodput(idle, bytes, buffer, zero_copy)?,
+                Which::Ustack => ustack_side::goodput(idle, bytes, buffer, zero_copy, offload)?,
+                Which::Smoltcp => {
+                    smol::goodput(idle, bytes, buffer, zero_copy, offload != Offload::None)?
+                }
             };
             print_goodput(stack, idle, &g);
         }

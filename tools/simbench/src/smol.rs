@@ -39,6 +39,8 @@ struct Dev {
     wire: Rc<RefCell<Wire>>,
     /// Which end: we receive on `queues[me]`, send on `queues[1 - me]`.
     me: usize,
+    /// The port fills and checks the IPv4 and TCP checksums.
+    csum_offload: bool,
 }
 
 struct Rx {
@@ -129,6 +131,10 @@ impl phy::Device for Dev {
         let mut caps = DeviceCapabilities::default();
         caps.medium = Medium::Ethernet;
         caps.max_transmission_unit = FRAME;
+        if self.csum_offload {
+            caps.checksum.ipv4 = phy::Checksum::None;
+            caps.checksum.tcp = phy::Checksum::None;
+        }
         caps
     }
 }
@@ -139,11 +145,12 @@ struct Host {
     sockets: SocketSet<'static>,
 }
 
-fn host(wire: &Rc<RefCell<Wire>>, me: usize, now: SmolInstant) -> Host {
+fn host(wire: &Rc<RefCell<Wire>>, me: usize, now: SmolInstant, csum_offload: bool) -> Host {
     let n = u8::try_from(me + 1).unwrap_or(1);
     let mut dev = Dev {
         wire: wire.clone(),
         me,
+        csum_offload,
     };
     let mut cfg = Config::new(HardwareAddress::Ethernet(EthernetAddress([
         0x02, 0, 0, 0, 0, n,
@@ -172,12 +179,18 @@ fn now(origin: std::time::Instant) -> SmolInstant {
 }
 
 /// Set up the idle sockets, then time one flow of `bytes`.
-pub fn goodput(idle: usize, bytes: u64, buffer: usize, zero_copy: bool) -> Result<crate::Goodput> {
+pub fn goodput(
+    idle: usize,
+    bytes: u64,
+    buffer: usize,
+    zero_copy: bool,
+    csum_offload: bool,
+) -> Result<crate::Goodput> {
     let origin = std::time::Instant::now();
     let wire = Rc::new(RefCell::new(Wire::default()));
     // End 0 receives the flow (10.0.0.1), end 1 sends it (10.0.0.2).
-    let mut rx = host(&wire, 0, now(origin));
-    let mut tx = host(&wire, 1, now(origin));
+    let mut rx = host(&wire, 0, now(origin), csum_offload);
+    let mut tx = host(&wire, 1, now(origin), csum_offload);
     let server = IpAddress::v4(10, 0, 0, 1);
     let (n_listen, n_est) = (idle / 2, idle - idle / 2);
     for i in 0..n_listen {

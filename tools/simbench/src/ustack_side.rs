@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
-use ustack::device::{Device, DeviceCaps};
+use ustack::device::{Device, DeviceCaps, Offloads, RxChecksum};
+
+use crate::Offload;
 use ustack::node::{App, Control, Node};
 use ustack::sim::host_config;
 use ustack::tcp::{ListenHandle, TcpHandle};
@@ -35,6 +37,8 @@ pub struct QueueDev {
     me: usize,
     pool: SlabPool,
     stats: PortStats,
+    /// The NIC offloads this end plays (`--offload`).
+    offloads: Offloads,
 }
 
 impl Device for QueueDev {
@@ -44,6 +48,7 @@ impl Device for QueueDev {
         DeviceCaps {
             mtu: 1500,
             busy_poll_only: false,
+            offloads: self.offloads,
         }
     }
 
@@ -60,6 +65,17 @@ impl Device for QueueDev {
         let n = pkts.len();
         let mut w = self.wire.borrow_mut();
         w.frames += n as u64;
+        if self.offloads.tx_tcp_checksum {
+            // What a NIC pair with offloads does, at no CPU cost: the
+            // sender's fills the checksums (and cuts a TSO segment), the
+            // receiver's verifies them (and merges the pieces back, LRO).
+            for b in pkts.iter_mut() {
+                if b.tx_offload().is_some() {
+                    b.clear_tx_offload();
+                    b.set_rx_checksum(RxChecksum::Good);
+                }
+            }
+        }
         w.queues[1 - self.me].extend(pkts.drain(..));
         self.stats.tx_packets += n as u64;
         n
@@ -242,8 +258,19 @@ impl App for Sender {
     }
 }
 
-fn net(buffer: usize) -> Pair {
+fn net(buffer: usize, offload: Offload) -> Pair {
     let wire = Rc::new(RefCell::new(Wire::default()));
+    let offloads = Offloads {
+        tx_tcp_checksum: offload != Offload::None,
+        rx_checksum: offload != Offload::None,
+        tso_max: if offload == Offload::Tso { 65535 } else { 0 },
+        rx_large: offload == Offload::Tso,
+    };
+    let buf_size = if offload == Offload::Tso {
+        65535 + 14
+    } else {
+        2048
+    };
     let node = |n: u8| {
         let mut c = host_config(n);
         c.tcp.send_buffer = buffer;
@@ -251,8 +278,9 @@ fn net(buffer: usize) -> Pair {
         let dev = QueueDev {
             wire: wire.clone(),
             me: usize::from(n - 1),
-            pool: SlabPool::new(format!("bench-{n}"), POOL_BUFS, 2048),
+            pool: SlabPool::new(format!("bench-{n}"), POOL_BUFS, buf_size),
             stats: PortStats::default(),
+            offloads,
         };
         Node::new(Stack::new(c), dev)
     };
@@ -295,8 +323,14 @@ fn drive(
 }
 
 /// Set up the idle sockets, then time one flow of `bytes`.
-pub fn goodput(idle: usize, bytes: u64, buffer: usize, zero_copy: bool) -> Result<crate::Goodput> {
-    let mut net = net(buffer);
+pub fn goodput(
+    idle: usize,
+    bytes: u64,
+    buffer: usize,
+    zero_copy: bool,
+    offload: Offload,
+) -> Result<crate::Goodput> {
+    let mut net = net(buffer, offload);
     let dst = net.nodes[0].stack.ip();
     let mut rx = Receiver {
         idle_listeners: idle / 2,
@@ -385,7 +419,7 @@ pub fn goodput(idle: usize, bytes: u64, buffer: usize, zero_copy: bool) -> Resul
 
 /// Resident memory per idle established connection (both ends in this process).
 pub fn memory(conns: usize, buffer: usize) -> Result<Value> {
-    let mut net = net(buffer);
+    let mut net = net(buffer, Offload::None);
     let dst = net.nodes[0].stack.ip();
     // Warm up: one connection and the pools, so the baseline holds them.
     let mut rx = Receiver {
