@@ -25,6 +25,20 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
         s.port.rx_missed,
         s.port.rx_nombuf
     );
+    let o = s.offloads;
+    if o.tx_tcp_checksum || o.rx_checksum || o.tso_max > 0 {
+        let mut on = Vec::new();
+        if o.tx_tcp_checksum {
+            on.push("tx tcp checksum".to_string());
+        }
+        if o.rx_checksum {
+            on.push("rx tcp checksum".to_string());
+        }
+        if o.tso_max > 0 {
+            on.push(format!("tso {} B", o.tso_max));
+        }
+        let _ = writeln!(out, "  offload {}", on.join(", "));
+    }
     let _ = writeln!(
         out,
         "  eth    rx {} accepted {} dropped {}  tx {} no-buffer {}",

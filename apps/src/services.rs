@@ -1,7 +1,9 @@
-//! TCP echo (7) and discard (9), served by `ustack run` (beside iperf3 on 5201).
+//! TCP echo (7) and discard (9), and UDP echo (7), served by `ustack run`
+//! (beside iperf3 on 5201).
 
 use ustack::node::{App, Control};
 use ustack::tcp::{ListenHandle, TcpHandle};
+use ustack::udp::UdpHandle;
 use ustack::{Instant, Stack};
 
 struct Conn {
@@ -15,10 +17,11 @@ struct Conn {
     got: u64,
 }
 
-/// TCP echo and discard servers.
+/// TCP echo and discard servers, and the UDP echo.
 #[derive(Default)]
 pub struct Services {
     echo: Option<ListenHandle>,
+    udp_echo: Option<UdpHandle>,
     discard: Option<ListenHandle>,
     conns: Vec<Conn>,
     buf: Vec<u8>,
@@ -26,6 +29,9 @@ pub struct Services {
     pub bytes_in: u64,
     /// Bytes echoed back.
     pub bytes_echoed: u64,
+    /// UDP datagrams echoed back (a full send queue drops the echo, as a
+    /// UDP server would).
+    pub udp_echoed: u64,
     /// Listening failed (a port in use): the reason.
     pub error: Option<String>,
     /// (bytes, CRC-32) of each discard connection the peer finished cleanly.
@@ -59,12 +65,29 @@ impl Services {
             }
             (Err(e), _) | (_, Err(e)) => self.error = Some(format!("cannot listen: {e}")),
         }
+        match stack.udp_bind(7) {
+            Ok(h) => self.udp_echo = Some(h),
+            Err(e) => self.error = Some(format!("cannot bind UDP port 7: {e}")),
+        }
+    }
+
+    /// Send every waiting datagram on UDP port 7 back to its source.
+    fn udp_echo(&mut self, stack: &mut Stack) {
+        let Some(h) = self.udp_echo else { return };
+        while let Ok(Some((n, from))) = stack.udp_recv_from(h, &mut self.buf) {
+            // Longer datagrams than the buffer (64 KiB) cannot arrive.
+            let n = n.min(self.buf.len());
+            if stack.udp_send_to(h, from, &self.buf[..n]).is_ok() {
+                self.udp_echoed += 1;
+            }
+        }
     }
 }
 
 impl App for Services {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
         self.listen(stack);
+        self.udp_echo(stack);
         for (l, echo) in [(self.echo, true), (self.discard, false)] {
             let Some(l) = l else { continue };
             while let Ok(Some(h)) = stack.tcp_accept(l) {

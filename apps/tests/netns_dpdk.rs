@@ -176,10 +176,44 @@ fn tap_vdev_answers_the_kernel() {
     let text = String::from_utf8_lossy(&ping.stdout);
     assert!(ping.status.success(), "{text}");
     assert_eq!(count_before(&text, "received"), 5, "{text}");
+    // TCP both ways through net_tap's checksum offloads (on by default:
+    // the engine leaves the TCP checksum to the port on transmit and
+    // trusts the port's verdict on receive): the kernel checks every
+    // checksum the port filled, and the echo is byte-exact.
+    const BYTES: usize = 2 << 20;
+    let (input, _) = random_file(BYTES);
+    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let nc = topo.in_ns(
+        "stack",
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "nc -N -w 30 10.77.2.2 7 < {} > {}",
+                input.display(),
+                output.display()
+            ),
+        ],
+    );
+    assert!(
+        nc.status.success(),
+        "nc: {}",
+        String::from_utf8_lossy(&nc.stderr)
+    );
+    assert_eq!(sha256(&input), sha256(&output), "echo differs");
     let (code, out, err) = d.stop();
     assert_eq!(code, 0, "{out}{err}");
     no_crash(&err);
     assert!(out.contains("echo req in/out 5/0"), "{out}");
+    assert!(
+        out.contains(&format!("tcp services: {BYTES} bytes in, {BYTES} echoed")),
+        "{out}"
+    );
+    // The port did offer them, and the engine used them.
+    assert!(
+        out.contains("offload tx tcp checksum, rx tcp checksum"),
+        "{out}"
+    );
     // The tap driver keeps its rx ring filled with mbufs, so in use is not
     // 0 at rest; after the port closes every one must be back.
     let (in_use, capacity, _) = pool_line(&out);

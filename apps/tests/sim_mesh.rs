@@ -1,13 +1,21 @@
-//! `uping --pinglist` (mesh mode) against several stacks on the sim link at
-//! 10,000 pings per second, in virtual time: per-target counts, loss and RTT
-//! percentiles.
+//! `uping --pinglist` (mesh mode) against several stacks on the sim link,
+//! in virtual time: per-(target, probe) counts, loss and RTT percentiles,
+//! every probe type (icmp, udp, tcp, ud) against `ustack run`'s services,
+//! the Prometheus families, and a ping list changed while running.
 
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use ustack::Instant;
+use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack_apps::mesh::{MeshConfig, MeshPinger, Target, parse_pinglist};
+use ustack::ud::ping::UdResponder;
+use ustack::{Instant, Stack};
+use ustack_apps::mesh::{
+    ListSource, MeshConfig, MeshMetrics, MeshPinger, Probe, Reloader, Target, parse_pinglist,
+};
+use ustack_apps::services::Services;
+use ustack_runtime::metrics::{Family, MetricsSource, Value};
 
 fn mesh(link: LinkConfig, targets: Vec<Target>, rate: f64, secs: u64) -> (MeshPinger, SimNet) {
     let mut net = SimNet::new(link);
@@ -15,14 +23,7 @@ fn mesh(link: LinkConfig, targets: Vec<Target>, rate: f64, secs: u64) -> (MeshPi
         net.add(host_config(n));
     }
     let baseline = net.pools_in_use();
-    let mut pinger = MeshPinger::new(MeshConfig {
-        targets,
-        rate,
-        duration: Duration::from_secs(secs),
-        wait: Duration::from_secs(1),
-        size: 56,
-        ident: 0x4d31,
-    });
+    let mut pinger = MeshPinger::new(MeshConfig::new(targets, rate, Duration::from_secs(secs)));
     net.run_until(
         Instant::ZERO + Duration::from_secs(secs + 10),
         &mut [&mut pinger],
@@ -42,10 +43,13 @@ fn four_targets() -> Vec<Target> {
 fn ten_thousand_pings_per_second_clean() {
     let (p, net) = mesh(LinkConfig::default(), four_targets(), 10_000.0, 2);
     for t in &p.stats {
+        assert_eq!(t.probe, Probe::Icmp);
         assert_eq!(t.sent, 5_000, "{}", t.target.addr);
         assert_eq!(t.received, 5_000, "{}", t.target.addr);
+        assert_eq!(t.lost, 0);
         assert_eq!(t.duplicates, 0);
         assert_eq!(t.rtt.len(), 5_000);
+        assert_eq!(t.rtt_buckets.count(), 5_000);
     }
     // Each target's stack answered exactly its share, plus the one
     // uncounted warm-up request that resolved ARP.
@@ -59,6 +63,7 @@ fn ten_thousand_pings_per_second_clean() {
     assert!((9_900.0..=10_100.0).contains(&rate), "{rate}");
     let t0 = &j["targets"][0];
     assert_eq!(t0["label"], "a");
+    assert_eq!(t0["probe"], "icmp");
     let (p50, p99, max) = (
         t0["rtt_ms"]["p50"].as_f64().unwrap(),
         t0["rtt_ms"]["p99"].as_f64().unwrap(),
@@ -68,6 +73,7 @@ fn ten_thousand_pings_per_second_clean() {
     assert!(p.all_answered());
     let text = p.report();
     assert!(text.contains("20000 requests"), "{text}");
+    assert!(text.lines().nth(1).unwrap().contains("probe"), "{text}");
     assert_eq!(text.lines().count(), 2 + 4, "{text}");
 }
 
@@ -79,49 +85,234 @@ fn loss_is_counted_per_target() {
         ..LinkConfig::default()
     };
     let mut targets = four_targets();
-    targets.push(Target {
-        addr: Ipv4Addr::new(10, 0, 0, 99),
-        label: Some("nobody".into()),
-    });
+    targets.push(Target::new(
+        Ipv4Addr::new(10, 0, 0, 99),
+        Some("nobody"),
+        Probe::Icmp,
+    ));
     let (p, _) = mesh(link, targets, 10_000.0, 2);
     for t in &p.stats[..4] {
         // Request and reply each cross a 5% loss link: about 9.75% lost.
         let loss = t.loss_percent();
         assert!((6.0..=14.0).contains(&loss), "{}: {loss}%", t.target.addr);
         assert_eq!(t.received as usize, t.rtt.len() as usize);
+        // Every probe ended one way or the other.
+        assert_eq!(t.received + t.lost, t.sent, "{}", t.target.addr);
     }
     let silent = &p.stats[4];
     assert_eq!(silent.received, 0);
     assert!(silent.sent > 0);
+    assert_eq!(silent.lost, silent.sent);
     assert_eq!(silent.loss_percent(), 100.0);
+    assert_eq!(silent.up, Some(false));
     assert!(!p.all_answered());
+}
+
+/// What `ustack run` serves to a mesh: TCP and UDP echo, the UD responder
+/// (and ICMP, which every stack answers).
+#[derive(Debug)]
+struct Responder {
+    svc: Services,
+    ud: UdResponder,
+}
+
+impl Responder {
+    fn new() -> Self {
+        Responder {
+            svc: Services::new(),
+            ud: UdResponder::default(),
+        }
+    }
+}
+
+impl App for Responder {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        self.svc.poll(now, stack);
+        self.ud.poll(now, stack);
+        Control::Continue
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.ud.poll_at()
+    }
+}
+
+fn family<'a>(fams: &'a [Family], name: &str) -> &'a Family {
+    fams.iter()
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("no family {name}"))
+}
+
+/// The sample of (target, probe) in a family.
+fn sample<'a>(f: &'a Family, target: &str, probe: &str) -> Option<&'a Value> {
+    f.samples
+        .iter()
+        .find(|s| {
+            s.labels.contains(&("target".into(), target.into()))
+                && s.labels.contains(&("probe".into(), probe.into()))
+        })
+        .map(|s| &s.value)
+}
+
+fn number(v: Option<&Value>) -> f64 {
+    match v {
+        Some(Value::Number(n)) => *n,
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+#[test]
+fn every_probe_type_against_ustack_run_services() {
+    let mut net = SimNet::new(LinkConfig::default());
+    for n in 1..=3 {
+        net.add(host_config(n));
+    }
+    let baseline = net.pools_in_use();
+    let list = "10.0.0.2 a probes=icmp,udp,tcp,ud\n\
+                10.0.0.3 b probes=tcp,udp,ud,icmp\n\
+                10.0.0.99 ghost probes=icmp,udp,tcp,ud\n";
+    let metrics = Arc::new(MeshMetrics::new());
+    let mut pinger = MeshPinger::new(MeshConfig::new(
+        parse_pinglist(list).unwrap(),
+        4_000.0,
+        Duration::from_secs(2),
+    ))
+    .with_metrics(metrics.clone());
+    let (mut r1, mut r2) = (Responder::new(), Responder::new());
+    net.run_until(
+        Instant::ZERO + Duration::from_secs(12),
+        &mut [&mut pinger, &mut r1, &mut r2],
+        |_| false,
+    );
+    assert!(pinger.done(), "the mesh did not finish");
+    assert_eq!(pinger.stats.len(), 12);
+    let text = pinger.report();
+    for addr in [Ipv4Addr::new(10, 0, 0, 2), Ipv4Addr::new(10, 0, 0, 3)] {
+        for probe in [Probe::Icmp, Probe::Udp, Probe::Tcp, Probe::Ud] {
+            let s = pinger.series(addr, probe).unwrap();
+            // 4,000/s over 12 series for 2 s: about 666 each.
+            assert!(s.sent >= 600, "{addr} {probe}: sent {}\n{text}", s.sent);
+            assert_eq!(s.received, s.sent, "{addr} {probe}\n{text}");
+            assert_eq!(s.lost, 0, "{addr} {probe}: {:?}", s.last_error);
+            assert_eq!(s.up, Some(true), "{addr} {probe}");
+            // The TCP connect is a probe without an RTT sample.
+            let rtts = if probe == Probe::Tcp {
+                s.sent - 1
+            } else {
+                s.sent
+            };
+            assert_eq!(s.rtt_buckets.count(), rtts, "{addr} {probe}");
+            assert_eq!(s.rtt.len(), rtts, "{addr} {probe}");
+        }
+    }
+    for n in [1, 2] {
+        let svc = if n == 1 { &r1 } else { &r2 };
+        let udp = pinger
+            .series(Ipv4Addr::new(10, 0, 0, n as u8 + 1), Probe::Udp)
+            .unwrap();
+        assert_eq!(svc.svc.udp_echoed, udp.sent, "the UDP echo answered each");
+        let ud = pinger
+            .series(Ipv4Addr::new(10, 0, 0, n as u8 + 1), Probe::Ud)
+            .unwrap();
+        assert_eq!(svc.ud.stats().pongs, ud.sent);
+    }
+    let ghost = Ipv4Addr::new(10, 0, 0, 99);
+    for probe in [Probe::Icmp, Probe::Udp, Probe::Tcp, Probe::Ud] {
+        let s = pinger.series(ghost, probe).unwrap();
+        assert!(s.sent > 0, "{probe}");
+        assert_eq!(s.received, 0, "{probe}");
+        assert_eq!(s.lost, s.sent, "{probe}: every probe ran out");
+        assert_eq!(s.up, Some(false), "{probe}");
+        assert!(s.last_error.is_some(), "{probe}");
+    }
+    assert!(!pinger.all_answered());
+
+    // The metrics as the endpoint would serve them.
+    let mut fams = Vec::new();
+    metrics.collect(&mut fams);
+    let sent = family(&fams, "ustack_mesh_probes_sent_total");
+    assert_eq!(sent.samples.len(), 12);
+    let s = pinger
+        .series(Ipv4Addr::new(10, 0, 0, 2), Probe::Udp)
+        .unwrap();
+    assert_eq!(number(sample(sent, "10.0.0.2", "udp")), s.sent as f64);
+    assert!(
+        sent.samples[0]
+            .labels
+            .contains(&("source".into(), "10.0.0.1".into()))
+    );
+    assert!(
+        sent.samples[0]
+            .labels
+            .contains(&("target_name".into(), "a".into()))
+    );
+    let lost = family(&fams, "ustack_mesh_probes_lost_total");
+    assert_eq!(number(sample(lost, "10.0.0.2", "tcp")), 0.0);
+    let ghost_tcp = pinger.series(ghost, Probe::Tcp).unwrap();
+    assert_eq!(
+        number(sample(lost, "10.0.0.99", "tcp")),
+        ghost_tcp.lost as f64
+    );
+    let up = family(&fams, "ustack_mesh_target_up");
+    assert_eq!(number(sample(up, "10.0.0.3", "ud")), 1.0);
+    assert_eq!(number(sample(up, "10.0.0.99", "icmp")), 0.0);
+    let connect = family(&fams, "ustack_mesh_tcp_connect_seconds");
+    assert_eq!(connect.samples.len(), 3, "one per tcp series");
+    match sample(connect, "10.0.0.2", "tcp") {
+        Some(Value::Histogram { count, buckets, .. }) => {
+            assert_eq!(*count, 1);
+            assert_eq!(buckets.last().unwrap().1, 1, "under 1 s");
+        }
+        other => panic!("{other:?}"),
+    }
+    match sample(family(&fams, "ustack_mesh_rtt_seconds"), "10.0.0.3", "icmp") {
+        Some(Value::Histogram { count, buckets, .. }) => {
+            let s = pinger
+                .series(Ipv4Addr::new(10, 0, 0, 3), Probe::Icmp)
+                .unwrap();
+            assert_eq!(*count, s.received);
+            assert_eq!(buckets.last().unwrap().1, *count, "all under 1 s");
+        }
+        other => panic!("{other:?}"),
+    }
+    let errors = family(&fams, "ustack_mesh_last_error_info");
+    assert!(
+        errors
+            .samples
+            .iter()
+            .all(|s| s.labels.contains(&("target".into(), "10.0.0.99".into()))),
+        "only the ghost has errors: {errors:?}"
+    );
+    assert_eq!(errors.samples.len(), 4);
+    assert_eq!(
+        number(Some(&family(&fams, "ustack_mesh_targets").samples[0].value)),
+        3.0
+    );
+
+    // The services close their side after the mesh's FIN: no buffer kept.
+    net.run_until(
+        net.now + Duration::from_secs(1),
+        &mut [&mut (), &mut r1, &mut r2],
+        |_| false,
+    );
+    assert_eq!(net.pools_in_use(), baseline, "leaked buffers");
 }
 
 /// Mesh mode over RDMA UD: four UD responders, 10,000 pings/s in all.
 #[test]
 fn ud_mesh_at_ten_thousand_per_second() {
-    use ustack::node::App;
-    use ustack::ud::ping::UdResponder;
     use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN};
-    use ustack_apps::rdma::UdMeshUser;
 
     let mut net = SimNet::new(LinkConfig::default());
     for n in 1..=5 {
         net.add(host_config(n));
     }
     let baseline = net.pools_in_use();
-    let user = UdMeshUser {
-        targets: four_targets(),
-        rate: 10_000.0,
-        duration: Duration::from_secs(2),
-        wait: Duration::from_secs(1),
-        size: 64,
-        qpn: RESPONDER_QPN,
-        qkey: DEFAULT_QKEY,
-        json: true,
-        lcfg: Default::default(),
-    };
-    let mut pingers = user.pingers();
+    let targets = ustack_apps::mesh::parse_pinglist_with(
+        "10.0.0.2 a\n10.0.0.3 b\n10.0.0.4 c\n10.0.0.5 d\n",
+        Probe::Ud,
+    )
+    .unwrap();
+    let mut pinger = MeshPinger::new(MeshConfig::new(targets, 10_000.0, Duration::from_secs(2)));
     let mut responders: Vec<UdResponder> = (0..4)
         .map(|_| UdResponder::new(RESPONDER_QPN, DEFAULT_QKEY))
         .collect();
@@ -129,13 +320,15 @@ fn ud_mesh_at_ten_thousand_per_second() {
         let [r1, r2, r3, r4] = &mut responders[..] else {
             unreachable!()
         };
-        let apps: &mut [&mut dyn App] = &mut [&mut pingers, r1, r2, r3, r4];
+        let apps: &mut [&mut dyn App] = &mut [&mut pinger, r1, r2, r3, r4];
         net.run_until(Instant::ZERO + Duration::from_secs(10), apps, |_| false);
     }
-    let (text, json) = user.report(&pingers);
+    assert!(pinger.done());
+    let (text, json) = (pinger.report(), pinger.json());
     assert_eq!(json["sent"], 20_000, "{text}");
     assert_eq!(json["received"], 20_000, "{text}");
     for t in json["targets"].as_array().unwrap() {
+        assert_eq!(t["probe"], "ud");
         assert_eq!(t["sent"], 5_000);
         assert_eq!(t["loss_percent"], 0.0);
         assert!(t["rtt_ms"]["p99"].as_f64().unwrap() >= t["rtt_ms"]["p50"].as_f64().unwrap());
@@ -144,10 +337,130 @@ fn ud_mesh_at_ten_thousand_per_second() {
         assert_eq!(r.stats().pongs, 5_000, "{:?}", r.stats());
     }
     assert!(
-        text.contains("rdma ud mesh statistics: 4 targets, 20000 requests"),
+        text.contains("mesh ping statistics: 4 targets, 20000 requests"),
         "{text}"
     );
-    drop(pingers);
     net.run_until(net.now + Duration::from_millis(100), &mut [], |_| false);
     assert_eq!(net.pools_in_use(), baseline, "leaked buffers");
+}
+
+/// A ping list file changed while the mesh runs (until stopped): the new
+/// target starts, the removed one stops and leaves the metrics.
+#[test]
+fn pinglist_file_reloaded_while_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mesh.txt");
+    let first = "10.0.0.2 a\n";
+    std::fs::write(&path, first).unwrap();
+    let mut net = SimNet::new(LinkConfig::default());
+    for n in 1..=3 {
+        net.add(host_config(n));
+    }
+    let metrics = Arc::new(MeshMetrics::new());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reloader = Reloader {
+        source: ListSource::File(path.clone()),
+        default_probe: Probe::Icmp,
+        every: Duration::from_millis(20),
+        current: first.into(),
+        errors: metrics.pinglist_errors.clone(),
+        stop: stop.clone(),
+    }
+    .spawn(tx)
+    .unwrap();
+    // Duration zero: a monitor that never ends by itself.
+    let mut pinger = MeshPinger::new(MeshConfig::new(
+        parse_pinglist(first).unwrap(),
+        200.0,
+        Duration::ZERO,
+    ))
+    .with_metrics(metrics.clone())
+    .with_updates(rx);
+    let (mut r1, mut r2) = (Responder::new(), Responder::new());
+    let mut step = |net: &mut SimNet, pinger: &mut MeshPinger| {
+        net.run_until(
+            net.now + Duration::from_millis(100),
+            &mut [pinger, &mut r1, &mut r2],
+            |_| false,
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // Run until `cond` holds, for at most 30 s of real time.
+    let wait_for = |what: &str,
+                    net: &mut SimNet,
+                    pinger: &mut MeshPinger,
+                    step: &mut dyn FnMut(&mut SimNet, &mut MeshPinger),
+                    cond: &dyn Fn(&MeshPinger) -> bool| {
+        let t0 = std::time::Instant::now();
+        while !cond(pinger) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{what}: never happened"
+            );
+            step(net, pinger);
+        }
+    };
+    let a = Ipv4Addr::new(10, 0, 0, 2);
+    let b = Ipv4Addr::new(10, 0, 0, 3);
+    wait_for("answers from .2", &mut net, &mut pinger, &mut step, &|p| {
+        p.series(a, Probe::Icmp).is_some_and(|s| s.received > 10)
+    });
+    // A bad list is counted and changes nothing.
+    std::fs::write(&path, "10.0.0.2 a\nnot-an-address\n").unwrap();
+    let m = metrics.clone();
+    wait_for("a counted error", &mut net, &mut pinger, &mut step, &|_| {
+        m.pinglist_errors.load(std::sync::atomic::Ordering::Relaxed) == 1
+    });
+    assert_eq!(pinger.reloads(), 0);
+    std::fs::write(&path, "10.0.0.2 a\n10.0.0.3 b probes=udp,tcp\n").unwrap();
+    wait_for(
+        "answers from the new target",
+        &mut net,
+        &mut pinger,
+        &mut step,
+        &|p| {
+            p.series(b, Probe::Udp).is_some_and(|s| s.received > 5)
+                && p.series(b, Probe::Tcp).is_some_and(|s| s.received > 5)
+        },
+    );
+    assert_eq!(pinger.reloads(), 1);
+    assert_eq!(pinger.stats.len(), 3);
+    step(&mut net, &mut pinger);
+    step(&mut net, &mut pinger);
+    let mut fams = Vec::new();
+    metrics.collect(&mut fams);
+    let recv = family(&fams, "ustack_mesh_probes_received_total");
+    assert!(number(sample(recv, "10.0.0.3", "udp")) > 0.0);
+    assert_eq!(
+        number(Some(
+            &family(&fams, "ustack_mesh_pinglist_reloads_total").samples[0].value
+        )),
+        1.0
+    );
+    assert_eq!(
+        number(Some(&family(&fams, "ustack_mesh_targets").samples[0].value)),
+        2.0
+    );
+    // .2 leaves the list: its series stops and leaves the metrics.
+    std::fs::write(&path, "10.0.0.3 b probes=udp,tcp\n").unwrap();
+    wait_for(
+        "the removed target gone",
+        &mut net,
+        &mut pinger,
+        &mut step,
+        &|p| p.series(a, Probe::Icmp).is_none(),
+    );
+    step(&mut net, &mut pinger);
+    step(&mut net, &mut pinger);
+    let mut fams = Vec::new();
+    metrics.collect(&mut fams);
+    let sent = family(&fams, "ustack_mesh_probes_sent_total");
+    assert!(sample(sent, "10.0.0.2", "icmp").is_none(), "{sent:?}");
+    assert!(sample(sent, "10.0.0.3", "tcp").is_some());
+    assert!(!pinger.done(), "--duration 0 runs on");
+    let json = pinger.json();
+    assert_eq!(json["pinglist_reloads"], 2);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reloader.join().unwrap();
 }

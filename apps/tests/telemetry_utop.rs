@@ -151,3 +151,143 @@ fn utop_once_shows_pools_and_the_live_tcp_connection_of_a_demo() {
     assert_eq!(code, 2);
     assert!(err.contains("no stack at"), "{err}");
 }
+
+/// `GET /metrics` from `addr`: the body of a 200 answer.
+fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to utop --prometheus");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
+    out.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+/// A series' value: `name{...labels containing `labels`...} value`.
+fn series(body: &str, name: &str, labels: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Scrape until `pred` holds (a retry, not a timing assertion).
+fn scrape_until(addr: std::net::SocketAddr, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = scrape(addr);
+        if pred(&body) {
+            return body;
+        }
+        assert!(Instant::now() < end, "never {what}:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn utop_prometheus_serves_a_demos_telemetry_and_follows_restarts() {
+    let dir = TmpDir(std::env::temp_dir().join(format!("ustack-prom-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let sock = dir.0.join("demo.sock");
+    // The sidecar starts before the stack: it serves `ustack_up 0`.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let _sidecar = match utop_bin() {
+        Some(bin) => {
+            let child = Command::new(bin)
+                .arg("--prometheus")
+                .arg(addr.to_string())
+                .arg("--telemetry")
+                .arg(&sock)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("run utop --prometheus");
+            (Demo(Some(child)), None)
+        }
+        None => {
+            eprintln!("utop binary not built (cargo build -p utop): using the utop library");
+            let s = utop::prometheus::Sidecar::start(sock.clone(), addr).unwrap();
+            (Demo(None), Some(s))
+        }
+    };
+    let end = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < end, "utop --prometheus never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let body = scrape(addr);
+    assert_eq!(
+        series(&body, "ustack_up", "stack=\"demo\""),
+        Some(0.0),
+        "{body}"
+    );
+
+    for run in 0..2 {
+        let child = Command::new(env!("CARGO_BIN_EXE_ustack"))
+            .args(["demo", "--duration", "3", "--no-tui", "--interval", "50"])
+            .args(["--tcp-mib", "1000000", "--telemetry"])
+            .arg(&sock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run ustack demo");
+        let mut demo = Demo(Some(child));
+        let body = scrape_until(addr, "a moving TCP counter", |b| {
+            series(b, "ustack_tcp_segments_sent_total", "stack=\"demo\"").unwrap_or(0.0) > 0.0
+        });
+        assert_eq!(series(&body, "ustack_up", ""), Some(1.0), "{body}");
+        assert!(
+            series(&body, "ustack_info", "version=\"").is_some(),
+            "{body}"
+        );
+        assert!(
+            series(
+                &body,
+                "ustack_tcp_connection_cwnd_bytes",
+                "remote=\"10.0.0.2:5001\""
+            )
+            .is_some()
+                || series(&body, "ustack_tcp_connections", "").is_some(),
+            "{body}"
+        );
+        assert!(
+            series(&body, "ustack_telemetry_clients", "").unwrap_or(0.0) >= 1.0,
+            "{body}"
+        );
+        if run == 0 {
+            let pt = std::process::Command::new("promtool")
+                .args(["check", "metrics"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn();
+            match pt {
+                Ok(mut pt) => {
+                    use std::io::Write;
+                    pt.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+                    let out = pt.wait_with_output().unwrap();
+                    assert!(
+                        out.status.success(),
+                        "promtool: {}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                Err(_) => eprintln!("SKIP promtool check: promtool is not installed"),
+            }
+        }
+        // The demo ends: the sidecar says the stack is down, then (next
+        // run) attaches to the new one.
+        let child = demo.0.take().unwrap();
+        assert!(child.wait_with_output().unwrap().status.success());
+        scrape_until(addr, "ustack_up 0 after the demo exited", |b| {
+            series(b, "ustack_up", "") == Some(0.0)
+        });
+    }
+}

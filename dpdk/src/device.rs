@@ -22,6 +22,8 @@ pub struct DpdkPortConfig {
     /// How long `open` waits for the link to come up (a memif client
     /// connects within about a second); the port is used either way.
     pub link_wait: std::time::Duration,
+    /// Use the port's TCP checksum offloads where it has them.
+    pub offloads: bool,
 }
 
 impl DpdkPortConfig {
@@ -32,6 +34,7 @@ impl DpdkPortConfig {
             mtu: 1500,
             promiscuous: true,
             link_wait: std::time::Duration::from_secs(2),
+            offloads: true,
         }
     }
 }
@@ -53,6 +56,8 @@ pub struct DpdkPort {
     /// Every queue's pool, for the leak check when the port closes.
     all_pools: Vec<MbufPool>,
     mtu: usize,
+    /// The offloads in use (from the port's capabilities).
+    offloads: ustack::Offloads,
     /// Frames the tx ring refused.
     tx_refused: u64,
     /// Chained (multi-segment) frames received, dropped: the engine reads
@@ -111,8 +116,20 @@ impl DpdkPort {
             tx_desc: desc,
             mtu: Some(cfg.mtu.min(usize::from(u16::MAX)) as u16),
             promiscuous: cfg.promiscuous,
+            offloads: cfg.offloads,
         };
         let port = Port::open(eal, cfg.port, &pcfg, &pools)?;
+        let info = port.info();
+        // TSO is not used: a TSO segment needs a chain of mbufs or a pool of
+        // 64 KiB ones, and net_tap (the one port here that offers it) sent
+        // the first segment of a connection and dropped the rest.
+        let offloads = ustack::Offloads {
+            tx_tcp_checksum: info.tx_tcp_checksum_on,
+            rx_checksum: info.rx_tcp_checksum_on,
+            tso_max: 0,
+            rx_large: false,
+        };
+
         let deadline = std::time::Instant::now() + cfg.link_wait;
         while port.link().is_some_and(|l| !l.up) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -125,6 +142,7 @@ impl DpdkPort {
             port.info().rss,
             cfg.mbufs
         );
+        tracing::debug!("DPDK port {} offloads: {offloads:?}", cfg.port);
         Ok(port
             .into_queues()
             .into_iter()
@@ -134,6 +152,7 @@ impl DpdkPort {
                 pool,
                 all_pools: pools.clone(),
                 mtu: cfg.mtu,
+                offloads,
                 tx_refused: 0,
                 rx_chained: 0,
                 sw: PortStats::default(),
@@ -162,7 +181,7 @@ impl Device for DpdkPort {
         DeviceCaps {
             mtu: self.mtu,
             busy_poll_only: true,
-            offloads: Default::default(),
+            offloads: self.offloads,
         }
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dpdk_sys::{rte_mbuf, rte_mempool};
+use ustack::device::{RxChecksum, TxOffload};
 use ustack::pool::{PacketBuf, Pool, PoolStats};
 
 use crate::{DpdkError, Eal, rte_errno, strerror};
@@ -290,5 +291,39 @@ impl PacketBuf for Mbuf {
         // lengths beyond the data room. Bytes newly exposed are the data
         // room's previous contents (initialised memory from the mempool).
         unsafe { dpdk_sys::ustack_mbuf_set_len(self.ptr.as_ptr(), len) == 0 }
+    }
+
+    fn set_tx_offload(&mut self, o: TxOffload) {
+        use dpdk_sys::offload::*;
+        // The port fills the TCP checksum over the pseudo-header sum the
+        // engine left; the IPv4 header checksum is already written (this
+        // port is never asked for TSO: see `DpdkPort::open_queues`).
+        let flags = RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_TCP_CKSUM;
+        // SAFETY: `ptr` is a valid mbuf we own exclusively; the shim only
+        // sets its offload fields.
+        unsafe {
+            dpdk_sys::ustack_mbuf_tx_offload(
+                self.ptr.as_ptr(),
+                flags,
+                u16::from(o.l2_len),
+                u16::from(o.l3_len),
+                u16::from(o.l4_len),
+                o.tso_segsz,
+            )
+        }
+    }
+
+    fn rx_checksum(&self) -> RxChecksum {
+        use dpdk_sys::offload::*;
+        // SAFETY: `ptr` is a valid mbuf we own.
+        let f = unsafe { dpdk_sys::ustack_mbuf_ol_flags(self.ptr.as_ptr()) };
+        match (
+            f & RTE_MBUF_F_RX_L4_CKSUM_GOOD != 0,
+            f & RTE_MBUF_F_RX_L4_CKSUM_BAD != 0,
+        ) {
+            (true, false) => RxChecksum::Good,
+            (false, true) => RxChecksum::Bad,
+            _ => RxChecksum::Unknown,
+        }
     }
 }

@@ -25,6 +25,9 @@ pub struct PortConfig {
     pub mtu: Option<u16>,
     /// Receive every frame (the stack filters by its own MAC).
     pub promiscuous: bool,
+    /// Turn on the TCP checksum offloads (transmit and receive) where the
+    /// port has them.
+    pub offloads: bool,
 }
 
 impl Default for PortConfig {
@@ -36,6 +39,7 @@ impl Default for PortConfig {
             tx_desc: 1024,
             mtu: None,
             promiscuous: true,
+            offloads: true,
         }
     }
 }
@@ -53,6 +57,10 @@ pub struct PortInfo {
     pub tx_checksum: bool,
     /// The port validates IPv4/TCP/UDP checksums on receive.
     pub rx_checksum: bool,
+    /// On, of the offloads the stack uses: TCP checksum on transmit.
+    pub tx_tcp_checksum_on: bool,
+    /// On: TCP checksum verified on receive (flags in each mbuf).
+    pub rx_tcp_checksum_on: bool,
     pub promiscuous: bool,
     /// Receive queues configured.
     pub rx_queues: u16,
@@ -185,8 +193,24 @@ impl Port {
             });
         }
         let mut conf = rte_eth_conf::default();
+        let want = |capa: u64, bits: u64| {
+            if cfg.offloads && capa & bits == bits {
+                bits
+            } else {
+                0
+            }
+        };
+        let tx_csum = want(
+            dev.tx_offload_capa,
+            RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | RTE_ETH_TX_OFFLOAD_TCP_CKSUM,
+        );
+        let rx_csum = want(
+            dev.rx_offload_capa,
+            RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_TCP_CKSUM,
+        );
+        conf.rxmode.offloads = rx_csum;
         // Every transmitted mbuf comes from our pools with refcount 1.
-        conf.txmode.offloads = dev.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE;
+        conf.txmode.offloads = tx_csum | (dev.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE);
         // Several rx queues: symmetric RSS where the port hashes (both
         // directions of a flow on one queue; see `ustack::rss`). Ports that
         // do not (memif pairs queues with its peer's, af_packet fans out by
@@ -290,6 +314,8 @@ impl Port {
                         | RTE_ETH_RX_OFFLOAD_TCP_CKSUM
                         | RTE_ETH_RX_OFFLOAD_UDP_CKSUM)
                     != 0,
+                tx_tcp_checksum_on: tx_csum != 0,
+                rx_tcp_checksum_on: rx_csum != 0,
                 promiscuous: false,
                 rx_queues: cfg.rx_queues,
                 rss,

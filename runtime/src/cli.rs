@@ -5,8 +5,16 @@
 //! ```text
 //! NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim
 //!        --ip A.B.C.D/LEN [--gw A.B.C.D] [--mac MAC] [--core N | --cores LIST]
-//!        [--telemetry PATH] [--capture FILE.pcap] [--impair SPEC] [--mtu N]
+//!        [--telemetry PATH] [--metrics ADDR:PORT] [--capture FILE.pcap]
+//!        [--impair SPEC] [--mtu N]
 //! ```
+//!
+//! `--metrics ADDR:PORT` serves Prometheus metrics (`GET /metrics`, text
+//! format 0.0.4) over HTTP on that address of the kernel's network (the
+//! management side: the stack's own port is not involved), from the
+//! snapshots the loop publishes a few times a second; see
+//! [`crate::metrics`]. `127.0.0.1:0` picks a free port and tells it on
+//! stderr (`ustack: metrics on http://127.0.0.1:PORT/metrics`).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -69,9 +77,21 @@ pub struct NetArgs {
     /// machines where the cores are shared).
     #[arg(long)]
     pub backoff: bool,
+    /// With --dpdk: compute every TCP checksum in software even where the
+    /// port offers checksum offload.
+    #[arg(long, requires = "dpdk", hide = !cfg!(feature = "dpdk"))]
+    pub no_offloads: bool,
     /// Publish telemetry on this Unix socket.
     #[arg(long, value_name = "PATH")]
     pub telemetry: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP on this address of the kernel's
+    /// network (the management side), e.g. 0.0.0.0:9464: GET /metrics.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// The loop-to-endpoint feed every configuration built from these
+    /// flags shares (the loop's settings and the node's are built apart).
+    #[arg(skip)]
+    pub metrics_feed: crate::metrics::Feed,
     /// Write every frame sent and received to this pcap file.
     #[arg(long, value_name = "FILE.pcap")]
     pub capture: Option<PathBuf>,
@@ -93,6 +113,12 @@ pub struct NetArgs {
     /// bridge) and finish the checksum, instead of dropping them.
     #[arg(long)]
     pub accept_partial_checksum: bool,
+}
+
+/// `ADDR:PORT` of `--metrics` (`0.0.0.0:9464`, `127.0.0.1:0`, `[::1]:9464`).
+pub fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("'{s}' is not ADDR:PORT (for example 0.0.0.0:9464 or 127.0.0.1:9464)"))
 }
 
 /// `A.B.C.D/LEN`.
@@ -210,7 +236,8 @@ impl NetArgs {
             .ip(ip.address(), ip.prefix_len())
             .mtu(usize::from(self.mtu))
             .rcvbuf_max(self.rcvbuf_max as usize)
-            .backoff(self.backoff);
+            .backoff(self.backoff)
+            .offloads(!self.no_offloads);
         b = match (&self.pcap, &self.dpdk) {
             (Some(iface), _) => b.pcap(iface),
             (_, Some(eal)) => b.dpdk(eal).dpdk_port(self.dpdk_port, self.dpdk_mbufs),
@@ -239,6 +266,9 @@ impl NetArgs {
         }
         if let Some(t) = &self.telemetry {
             b = b.telemetry(t);
+        }
+        if let Some(addr) = self.metrics {
+            b = b.metrics(addr).metrics_feed(self.metrics_feed.clone());
         }
         if let Some(c) = &self.capture {
             b = b.capture(c);
@@ -311,5 +341,52 @@ mod test {
         assert!(parse_cores("3-1").is_err());
         assert!(parse_cores("a").is_err());
         assert!(parse_cores("").is_err());
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        assert!(parse_metrics_addr("[::1]:0").is_ok());
+        assert!(parse_metrics_addr("9464").is_err());
+        assert!(parse_metrics_addr("localhost:9464").is_err());
+    }
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        net: NetArgs,
+    }
+
+    #[test]
+    fn configurations_from_the_same_flags_share_the_metrics_feed() {
+        use clap::Parser;
+        let cli = Cli::parse_from([
+            "x",
+            "--pcap",
+            "lo",
+            "--ip",
+            "10.77.0.2/24",
+            "--metrics",
+            "127.0.0.1:0",
+        ]);
+        let cfg = cli.net.builder().unwrap().build().unwrap();
+        assert_eq!(cfg.metrics, Some("127.0.0.1:0".parse().unwrap()));
+        // The loop's settings, built on their own, feed the same endpoint.
+        let lcfg = cli.net.loop_config();
+        let feed = lcfg.metrics.expect("a feed with --metrics");
+        let snap = ustack::node::Snapshot {
+            at_ns: 1,
+            stack: Default::default(),
+            port: Default::default(),
+            pools: Vec::new(),
+            connections: Vec::new(),
+            connections_total: 0,
+            offloads: Default::default(),
+            shard: None,
+        };
+        feed.publish(&snap);
+        assert!(cfg.metrics_feed.line("x", None).is_some());
+        // Without the flag, the loop feeds nothing.
+        let cli = Cli::parse_from(["x", "--pcap", "lo", "--ip", "10.77.0.2/24"]);
+        assert!(cli.net.loop_config().metrics.is_none());
     }
 }

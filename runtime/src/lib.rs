@@ -59,6 +59,14 @@
 //! `utop` reads them. Publishing never blocks the loop: a snapshot the
 //! publisher is not ready for is skipped and counted.
 //!
+//! # Metrics
+//!
+//! With [`Builder::metrics`] (`--metrics ADDR:PORT`) a [`metrics`]
+//! endpoint serves Prometheus text on that address of the kernel's
+//! network: the loop leaves each snapshot in a [`metrics::Feed`] (never
+//! waiting), and a scrape converts the latest one, plus the program's own
+//! [`metrics::MetricsSource`]s, on the endpoint's threads.
+//!
 //! # Multi-core
 //!
 //! One stack per core and NIC queue pair, shared-nothing: with several

@@ -7,7 +7,7 @@
 //! configuration names and hands a concrete [`Node`] to a [`NodeUser`], so
 //! nothing is boxed on the data path.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +42,9 @@ pub enum Error {
     /// The telemetry socket could not be set up.
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
+    /// The metrics endpoint could not listen (`--metrics`).
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// The pcap port or capture file could not be opened.
     #[cfg(feature = "pcap")]
     #[error(transparent)]
@@ -138,6 +141,8 @@ pub struct NetConfig {
     pub cores: Option<Vec<usize>>,
     /// Keep the idle back-off on pinned cores instead of busy-polling.
     pub backoff: bool,
+    /// Use the port's offloads (DPDK: TCP checksums) where it has them.
+    pub offloads: bool,
     /// Publish telemetry on this Unix socket (a path, or a bare name in
     /// [`crate::telemetry::default_dir`]).
     pub telemetry: Option<PathBuf>,
@@ -157,6 +162,13 @@ pub struct NetConfig {
     /// Extra Prometheus metrics from the program (see
     /// [`Builder::metrics_source`]).
     pub metrics_sources: Vec<crate::metrics::SharedSource>,
+    /// Serve Prometheus metrics over HTTP on this address of the kernel's
+    /// network (see [`Builder::metrics`]).
+    pub metrics: Option<SocketAddr>,
+    /// Where the loop leaves its snapshots for the metrics endpoint
+    /// ([`loop_config`](Self::loop_config) hands it to the loop when
+    /// `metrics` is set).
+    pub metrics_feed: crate::metrics::Feed,
 }
 
 /// Reads a program's own counters (name, value) for telemetry; called on
@@ -184,6 +196,7 @@ impl NetConfig {
         LoopConfig {
             core: self.core,
             idle,
+            metrics: self.metrics.map(|_| self.metrics_feed.clone()),
             ..LoopConfig::default()
         }
     }
@@ -223,6 +236,7 @@ pub struct Builder {
     core: Option<usize>,
     cores: Option<Vec<usize>>,
     backoff: bool,
+    no_offloads: bool,
     telemetry: Option<PathBuf>,
     capture: Option<PathBuf>,
     impair: Option<LinkConfig>,
@@ -233,6 +247,8 @@ pub struct Builder {
     replica: Option<ustack::shard::ShardId>,
     accept_partial_checksum: bool,
     metrics_sources: Vec<crate::metrics::SharedSource>,
+    metrics: Option<SocketAddr>,
+    metrics_feed: Option<crate::metrics::Feed>,
 }
 
 impl Builder {
@@ -319,6 +335,13 @@ impl Builder {
         self
     }
 
+    /// Use the port's offloads where it has them (the default; DPDK ports
+    /// with TCP checksum offload), or compute everything in software.
+    pub fn offloads(mut self, on: bool) -> Self {
+        self.no_offloads = !on;
+        self
+    }
+
     /// Publish telemetry on this Unix socket (for `utop`).
     pub fn telemetry(mut self, socket: impl Into<PathBuf>) -> Self {
         self.telemetry = Some(socket.into());
@@ -340,6 +363,26 @@ impl Builder {
     ) -> Self {
         self.metrics_sources
             .push(crate::metrics::SharedSource(source));
+        self
+    }
+
+    /// Serve Prometheus metrics on `addr` (`GET /metrics`, text format
+    /// 0.0.4), a TCP address of the kernel's network: the management side,
+    /// not the port the stack runs on. What is served is the latest
+    /// snapshot the loop published (every `stats_interval`), converted,
+    /// plus every [`metrics_source`](Self::metrics_source); the endpoint
+    /// never reaches into the loop. Port 0 picks a free port; the address
+    /// is told on stderr (`ustack: metrics on http://ADDR/metrics`).
+    pub fn metrics(mut self, addr: SocketAddr) -> Self {
+        self.metrics = Some(addr);
+        self
+    }
+
+    /// Use this feed between the loop and the metrics endpoint, so that
+    /// configurations built more than once from the same flags (the
+    /// loop's settings and the node's) share it; a fresh one otherwise.
+    pub fn metrics_feed(mut self, feed: crate::metrics::Feed) -> Self {
+        self.metrics_feed = Some(feed);
         self
     }
 
@@ -462,6 +505,7 @@ impl Builder {
             core: self.core,
             cores: self.cores,
             backoff: self.backoff,
+            offloads: !self.no_offloads,
             telemetry: self.telemetry,
             capture: self.capture,
             impair: self.impair,
@@ -469,6 +513,8 @@ impl Builder {
             replica: self.replica,
             accept_partial_checksum: self.accept_partial_checksum,
             metrics_sources: self.metrics_sources,
+            metrics: self.metrics,
+            metrics_feed: self.metrics_feed.unwrap_or_default(),
         })
     }
 
@@ -510,12 +556,14 @@ impl Builder {
             ));
         }
         let publisher = publisher(&cfg)?;
-        with_node(
+        let endpoint = start_metrics(&cfg)?;
+        open(
             &cfg,
             Spawn {
                 app,
                 lcfg: cfg.loop_config(),
                 publisher,
+                endpoint,
                 replica: cfg.replica,
             },
         )
@@ -549,13 +597,35 @@ fn publisher(cfg: &NetConfig) -> Result<Option<Publisher>, Error> {
     let Some(path) = &cfg.telemetry else {
         return Ok(None);
     };
-    let name = format!("app {}", cfg.stack.ip);
+    let name = format!("{} {}", crate::metrics::stack::program_name(), cfg.stack.ip);
     let socket = crate::telemetry::socket_path(path)?;
     let mut p = Publisher::start(&name, Some(&socket))?;
     if let Some(read) = cfg.app_counters {
         p.app_counters(read);
     }
+    cfg.metrics_feed.set_publisher(p.handle());
     Ok(Some(p))
+}
+
+/// Start the metrics endpoint `cfg` asks for (`--metrics`), if any: bound
+/// now, so that an address in use is one clear error before the backend
+/// opens. It serves what the loop leaves in `cfg.metrics_feed` (the
+/// loop's settings from [`NetConfig::loop_config`] carry the feed), the
+/// program's counters and every extra source. Stops when dropped.
+pub fn start_metrics(cfg: &NetConfig) -> Result<Option<crate::metrics::Endpoint>, Error> {
+    let Some(addr) = cfg.metrics else {
+        return Ok(None);
+    };
+    let stack = crate::metrics::StackMetrics {
+        feed: cfg.metrics_feed.clone(),
+        name: crate::metrics::stack::program_name(),
+        app: cfg.app_counters,
+        sources: cfg.metrics_sources.clone(),
+        options: crate::metrics::Options::default(),
+    };
+    let ep = crate::metrics::Endpoint::bind(addr, Arc::new(move || stack.families()))?;
+    crate::notice(&format!("metrics on http://{}/metrics", ep.local_addr()));
+    Ok(Some(ep))
 }
 
 /// [`Builder::spawn_with`]'s [`NodeUser`].
@@ -563,6 +633,7 @@ struct Spawn<A> {
     app: A,
     lcfg: LoopConfig,
     publisher: Option<Publisher>,
+    endpoint: Option<crate::metrics::Endpoint>,
     replica: Option<ustack::shard::ShardId>,
 }
 
@@ -577,7 +648,7 @@ impl<A: App + Send + 'static> NodeUser for Spawn<A> {
         if let Some(id) = self.replica {
             node.port.shard = Some(ustack::shard::Shard::replicated(id));
         }
-        crate::shared::spawn(node, self.app, self.lcfg, self.publisher)
+        crate::shared::spawn(node, self.app, self.lcfg, self.publisher, self.endpoint)
     }
 }
 
@@ -614,6 +685,9 @@ pub fn run_app<D: Device, A: App + ?Sized>(
     stop: &AtomicBool,
     publisher: Option<&Publisher>,
 ) -> Result<(), Error> {
+    if let (Some(feed), Some(p)) = (&lcfg.metrics, publisher) {
+        feed.set_publisher(p.handle());
+    }
     crate::poll::run(
         node,
         app,
@@ -646,8 +720,18 @@ pub trait NodeUser {
 
 /// Open the backend `cfg` names and hand a node on it to `user`. With
 /// several `cores` (DPDK), the user's node is the first core's and the
-/// others run beside it (see [`run_primary`]).
+/// others run beside it (see [`run_primary`]). With `--metrics`, the
+/// endpoint listens before the backend opens and until `user` is done
+/// (the user's loop feeds it when it runs with `cfg.loop_config()`).
 pub fn with_node<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
+    let endpoint = start_metrics(cfg).map_err(U::Error::from)?;
+    let out = open(cfg, user);
+    drop(endpoint);
+    out
+}
+
+/// [`with_node`] without the metrics endpoint.
+fn open<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
     if cfg.cores.is_some() {
         return run_primary(cfg, user);
     }
@@ -827,6 +911,7 @@ fn dpdk_port_config(cfg: &NetConfig) -> ustack_dpdk::DpdkPortConfig {
     let mut pcfg = ustack_dpdk::DpdkPortConfig::new(port);
     pcfg.mbufs = mbufs;
     pcfg.mtu = cfg.stack.mtu;
+    pcfg.offloads = cfg.offloads;
     pcfg
 }
 
@@ -922,6 +1007,11 @@ where
     F: Fn(ShardId) -> A + Sync,
 {
     let cores = cores(cfg)?;
+    let _endpoint = start_metrics(cfg)?;
+    let metrics = cfg.metrics.map(|_| cfg.metrics_feed.clone());
+    if let (Some(feed), Some(p)) = (&metrics, publisher) {
+        feed.set_publisher(p.handle());
+    }
     let ports = open_dpdk_queues(cfg, cores.len())?;
     let shards = ustack::shard::shards(cores.len(), steer);
     let idle = if cfg.backoff {
@@ -941,6 +1031,7 @@ where
                     core: Some(core),
                     idle,
                     duration,
+                    metrics: metrics.clone(),
                     ..LoopConfig::default()
                 };
                 std::thread::Builder::new()

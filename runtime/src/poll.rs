@@ -35,6 +35,9 @@ pub struct LoopConfig {
     pub stats_interval: Duration,
     /// Stop after this long (engine time from the start).
     pub duration: Option<Duration>,
+    /// Also hand every snapshot to this feed (the metrics endpoint's;
+    /// see [`crate::metrics::Feed`]), whatever `on_stats` does with it.
+    pub metrics: Option<crate::metrics::Feed>,
 }
 
 impl Default for LoopConfig {
@@ -46,6 +49,7 @@ impl Default for LoopConfig {
             core: None,
             stats_interval: Duration::from_millis(250),
             duration: None,
+            metrics: None,
         }
     }
 }
@@ -93,6 +97,12 @@ pub fn run<D: Device, A: App + ?Sized>(
     let mut next_stats = start + cfg.stats_interval;
     let mut backoff = Duration::from_micros(1);
     let mut told_conflict = false;
+    let mut on_stats = |s: &Snapshot| {
+        if let Some(feed) = &cfg.metrics {
+            feed.publish(s);
+        }
+        on_stats(s);
+    };
     loop {
         let now = clock.now();
         let report = node.step(now, app);

@@ -355,6 +355,7 @@ pub(crate) fn spawn<D, A>(
     app: A,
     lcfg: LoopConfig,
     publisher: Option<Publisher>,
+    endpoint: Option<crate::metrics::Endpoint>,
 ) -> Result<Runtime<A>, crate::Error>
 where
     D: Device + Send + 'static,
@@ -371,7 +372,9 @@ where
         next_stats: start + lcfg.stats_interval,
         stats_interval: lcfg.stats_interval,
         clock,
+        metrics: lcfg.metrics.clone(),
         publisher,
+        endpoint,
         wake: Vec::new(),
         notify: Vec::new(),
         told_conflict: false,
@@ -418,9 +421,16 @@ where
     if let Ok(Outcome::Paused) = r {
         *shared.loop_thread.lock() = None;
         // The publisher's thread pauses too, and runs on wherever the loop
-        // does (after `fork`, maybe in the child).
-        if let Some(p) = core.lock().publisher.as_mut() {
-            p.pause();
+        // does (after `fork`, maybe in the child); so does the metrics
+        // endpoint's (its socket is inherited, its threads are not).
+        {
+            let mut c = core.lock();
+            if let Some(p) = c.publisher.as_mut() {
+                p.pause();
+            }
+            if let Some(e) = c.endpoint.as_mut() {
+                e.pause();
+            }
         }
         return Exit::Paused(Box::new(move || {
             {
@@ -429,6 +439,12 @@ where
                     if let Err(e) = p.resume() {
                         tracing::warn!("telemetry stops: {e}");
                         c.publisher = None;
+                    }
+                }
+                if let Some(e) = c.endpoint.as_mut() {
+                    if let Err(e) = e.resume() {
+                        tracing::warn!("metrics stop: {e}");
+                        c.endpoint = None;
                     }
                 }
             }
@@ -454,11 +470,12 @@ where
     // Drivers check `gone` before they take the core: it is ours alone now.
     // The publisher goes now (its thread ends, its socket file is removed),
     // not when the last handle on the stack is dropped.
-    let (app, publisher) = {
+    let (app, publisher, endpoint) = {
         let mut c = core.lock();
-        (c.app.take(), c.publisher.take())
+        (c.app.take(), c.publisher.take(), c.endpoint.take())
     };
     drop(publisher);
+    drop(endpoint);
     Exit::Done(r.and_then(|_| app.ok_or(crate::Error::Panicked)))
 }
 
@@ -482,7 +499,11 @@ struct Core<D: Device, A> {
     end: Option<ustack::Instant>,
     next_stats: ustack::Instant,
     stats_interval: Duration,
+    /// Where snapshots go for the metrics endpoint.
+    metrics: Option<crate::metrics::Feed>,
     publisher: Option<Publisher>,
+    /// The metrics endpoint (`--metrics`), paused and resumed with the loop.
+    endpoint: Option<crate::metrics::Endpoint>,
     /// Wakers and watchers of this iteration's events, called outside the
     /// stack's lock (kept to reuse their allocations).
     wake: Vec<Waker>,
@@ -565,8 +586,8 @@ where
         if stats_due {
             crate::tell_conflict(&inner.stack, &mut self.told_conflict);
         }
-        let snapshot =
-            (stats_due && self.publisher.is_some()).then(|| self.port.snapshot(&inner.stack, now));
+        let snapshot = (stats_due && (self.publisher.is_some() || self.metrics.is_some()))
+            .then(|| self.port.snapshot(&inner.stack, now));
         if stats_due {
             self.next_stats = now + self.stats_interval;
         }
@@ -583,8 +604,13 @@ where
         for (w, r) in self.notify.drain(..) {
             w(r);
         }
-        if let (Some(s), Some(p)) = (snapshot, &self.publisher) {
-            p.publish(&s);
+        if let Some(s) = snapshot {
+            if let Some(p) = &self.publisher {
+                p.publish(&s);
+            }
+            if let Some(f) = &self.metrics {
+                f.publish(&s);
+            }
         }
         Turn {
             now,
@@ -596,9 +622,18 @@ where
     }
 
     fn publish_last(&mut self, shared: &Shared) {
-        if let Some(p) = &self.publisher {
+        if self.publisher.is_none() && self.metrics.is_none() {
+            return;
+        }
+        let s = {
             let inner = shared.inner.lock();
-            p.publish(&self.port.snapshot(&inner.stack, self.clock.now()));
+            self.port.snapshot(&inner.stack, self.clock.now())
+        };
+        if let Some(p) = &self.publisher {
+            p.publish(&s);
+        }
+        if let Some(f) = &self.metrics {
+            f.publish(&s);
         }
     }
 

@@ -9,8 +9,9 @@
 //! behind, or whose socket fails, is dropped. Nothing the loop does waits on
 //! a client.
 //!
-//! Each line is one JSON object: `name`, `pid`, `seq`, `publisher` (clients,
-//! skipped snapshots, dropped clients) and the fields of [`Snapshot`]
+//! Each line is one JSON object: `name`, `version` (the runtime's), `pid`,
+//! `seq`, `publisher` (clients, skipped snapshots, dropped clients) and the
+//! fields of [`Snapshot`]
 //! (`at_ns`, `stack`, `port`, `pools`, `connections`, `connections_total`).
 //! A client that connects gets the latest line at once, then every new one.
 //!
@@ -134,6 +135,34 @@ pub fn discover(dir: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(found)
 }
 
+/// The runtime's version, sent in every line (`ustack_info{version}`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Reads a publisher's counters from another thread (the metrics endpoint).
+#[derive(Debug, Clone)]
+pub struct PublisherHandle {
+    skipped: Arc<AtomicU64>,
+    live: Arc<LiveStats>,
+}
+
+impl PublisherHandle {
+    /// The counters now.
+    pub fn stats(&self) -> PublisherStats {
+        PublisherStats {
+            clients: self.live.clients.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
+            dropped_clients: self.live.dropped_clients.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The publisher thread's counters, as it last left them.
+#[derive(Debug, Default)]
+struct LiveStats {
+    clients: AtomicU64,
+    dropped_clients: AtomicU64,
+}
+
 /// Counters of the publisher itself, sent in every line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct PublisherStats {
@@ -148,6 +177,7 @@ pub struct PublisherStats {
 #[derive(Serialize)]
 struct Line<'a> {
     name: &'a str,
+    version: &'static str,
     pid: u32,
     seq: u64,
     publisher: PublisherStats,
@@ -164,6 +194,7 @@ pub struct Publisher {
     tx: Option<Sender<Snapshot>>,
     subscribe: Sender<Sender<Arc<str>>>,
     skipped: Arc<AtomicU64>,
+    live: Arc<LiveStats>,
     thread: Option<JoinHandle<Option<Worker>>>,
     /// The thread's state while it is paused ([`Publisher::pause`]).
     parked: Option<Worker>,
@@ -207,8 +238,10 @@ impl Publisher {
             subs,
             pause: Arc::new(AtomicBool::new(false)),
             app: Arc::default(),
+            live: Arc::default(),
         };
         let pause = worker.pause.clone();
+        let live = worker.live.clone();
         let app = worker.app.clone();
         let thread = worker
             .spawn()
@@ -217,6 +250,7 @@ impl Publisher {
             tx: Some(tx),
             subscribe,
             skipped,
+            live,
             thread: Some(thread),
             parked: None,
             pause,
@@ -269,6 +303,14 @@ impl Publisher {
         }
         if let Err(TrySendError::Full(_)) = tx.try_send(s.clone()) {
             self.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A reader of this publisher's counters for another thread.
+    pub fn handle(&self) -> PublisherHandle {
+        PublisherHandle {
+            skipped: self.skipped.clone(),
+            live: self.live.clone(),
         }
     }
 
@@ -413,6 +455,8 @@ struct Worker {
     pause: Arc<AtomicBool>,
     /// The program's own counters, read for each line.
     app: Arc<std::sync::OnceLock<crate::net::AppCounters>>,
+    /// Clients and dropped clients, for [`PublisherHandle`].
+    live: Arc<LiveStats>,
 }
 
 impl Worker {
@@ -470,6 +514,7 @@ impl Worker {
                 self.dropped_clients += 1;
             }
         }
+        self.count_clients();
     }
 
     /// The value to publish for `s`: the snapshot itself, or for a shard
@@ -492,6 +537,7 @@ impl Worker {
         self.seq += 1;
         let line = Line {
             name: &self.name,
+            version: VERSION,
             pid: self.pid,
             seq: self.seq,
             publisher: PublisherStats {
@@ -517,12 +563,22 @@ impl Worker {
             )
         });
         self.last = Some(text);
+        self.count_clients();
+    }
+
+    fn count_clients(&self) {
+        let live = &self.live;
+        live.clients
+            .store(self.clients.len() as u64, Ordering::Relaxed);
+        live.dropped_clients
+            .store(self.dropped_clients, Ordering::Relaxed);
     }
 
     fn flush(&mut self) {
         let before = self.clients.len();
         self.clients.retain_mut(Client::flush);
         self.dropped_clients += (before - self.clients.len()) as u64;
+        self.count_clients();
     }
 }
 
@@ -530,7 +586,7 @@ impl Worker {
 /// summed, `at_ns` is the latest, pools and connections are listed together
 /// (connections up to [`MAX_CONNECTIONS`]); `shards` keeps each shard's
 /// `shard`, `stack`, `port` and `connections_total`.
-fn merge_shards(shards: &[Option<serde_json::Value>]) -> serde_json::Value {
+pub(crate) fn merge_shards(shards: &[Option<serde_json::Value>]) -> serde_json::Value {
     use serde_json::{Map, Value};
     let mut total = Map::new();
     let mut per_shard = Vec::new();
@@ -615,6 +671,7 @@ mod test {
             }],
             connections: Vec::new(),
             connections_total: 0,
+            offloads: Default::default(),
             shard: None,
         }
     }

@@ -110,6 +110,8 @@ pub struct Snapshot {
     pub stack: Stats,
     /// The device's port counters.
     pub port: PortStats,
+    /// The offloads the port does for the engine.
+    pub offloads: crate::device::Offloads,
     /// Counters of every packet pool the device owns.
     pub pools: Vec<PoolStats>,
     /// TCP connections in slot order, at most [`MAX_CONNECTIONS`].
@@ -270,6 +272,7 @@ impl<D: Device> Port<D> {
             }),
             stack: stats,
             port: self.dev.port_stats(),
+            offloads: self.offloads,
             pools,
         }
     }

@@ -38,9 +38,11 @@ struct Cli {
     size: Option<usize>,
     /// Seconds to wait for replies after the last request when none has come
     /// back (iputils' -W); with replies in, uping waits twice the longest
-    /// RTT, at least one interval, as iputils does.
-    #[arg(short = 'W', value_name = "TIMEOUT", default_value_t = 10.0, value_parser = interval)]
-    timeout: f64,
+    /// RTT, at least one interval, as iputils does. Mesh mode: how long each
+    /// probe waits for its answer before it counts as lost [default: 10;
+    /// 2 in mesh mode].
+    #[arg(short = 'W', value_name = "TIMEOUT", value_parser = interval)]
+    timeout: Option<f64>,
     /// Quiet: print only the summary.
     #[arg(short = 'q')]
     quiet: bool,
@@ -69,14 +71,21 @@ struct Cli {
     /// With --pingpong: the server's exchange port.
     #[arg(long, value_name = "PORT", default_value_t = ustack::ud::exchange::PINGPONG_PORT, requires = "pingpong")]
     port: u16,
-    /// Mesh mode: ping every target in FILE (one `A.B.C.D [label]` per line).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["host", "count", "interval"])]
-    pinglist: Option<std::path::PathBuf>,
-    /// Mesh mode: requests per second, spread across all targets.
+    /// Mesh mode: probe every target of the ping list at FILE or an
+    /// http(s):// URL, one `A.B.C.D [label] [probes=icmp,ud,tcp,udp]
+    /// [tcp_port=N] [udp_port=N]` per line.
+    #[arg(long, value_name = "FILE|URL", conflicts_with_all = ["host", "count", "interval"])]
+    pinglist: Option<String>,
+    /// Mesh mode: re-read the ping list every S seconds and apply it when it
+    /// changed (0: never).
+    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = seconds, requires = "pinglist")]
+    pinglist_refresh: f64,
+    /// Mesh mode: probes per second, spread across all (target, probe) pairs.
     #[arg(long, value_name = "PPS", default_value_t = 100.0, value_parser = rate, requires = "pinglist")]
     rate: f64,
-    /// Mesh mode: seconds to send for.
-    #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = interval, requires = "pinglist")]
+    /// Mesh mode: seconds to send for; 0 runs until stopped (a monitor;
+    /// the table is printed at Ctrl-C).
+    #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = seconds, requires = "pinglist")]
     duration: f64,
     /// The host to ping (an IPv4 address).
     #[arg(required_unless_present = "pinglist")]
@@ -96,6 +105,13 @@ fn rate(s: &str) -> Result<f64, String> {
         _ => Err(format!(
             "'{s}' is not a rate from 0.1 to 10000000 per second"
         )),
+    }
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a number of seconds (0 or more)")),
     }
 }
 
@@ -290,7 +306,7 @@ impl NodeUser for Run<'_> {
         cfg.count = cli.count;
         cfg.interval = Duration::from_secs_f64(cli.interval);
         cfg.size = cli.size();
-        cfg.timeout = Duration::from_secs_f64(cli.timeout);
+        cfg.timeout = Duration::from_secs_f64(cli.timeout.unwrap_or(10.0));
         cfg.ident = (std::process::id() & 0xffff) as u16;
         let mut front = Front::new(Pinger::new(cfg), cli.quiet, cli.json);
         if !cli.json {
@@ -393,7 +409,7 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
             port: cli.port,
             count: cli.count.unwrap_or(1000),
             size: cli.size(),
-            timeout: Duration::from_secs_f64(cli.timeout.min(5.0)),
+            timeout: Duration::from_secs_f64(cli.timeout.unwrap_or(10.0).min(5.0)),
             quiet: cli.quiet,
             core: cli.net.core,
         };
@@ -407,7 +423,7 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
             count: cli.count,
             interval: Duration::from_secs_f64(cli.interval),
             size: cli.size(),
-            timeout: Duration::from_secs_f64(cli.timeout),
+            timeout: Duration::from_secs_f64(cli.timeout.unwrap_or(10.0)),
             quiet: cli.quiet,
             json: cli.json,
             core: cli.net.core,
@@ -420,48 +436,62 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
     with_node(&cli.net, Run { cli, dst })
 }
 
-/// Mesh mode: every target of the ping list at `--rate` for `--duration`.
-fn mesh(cli: &Cli, list: &std::path::Path) -> Result<ExitCode> {
-    let text = std::fs::read_to_string(list)
-        .with_context(|| format!("cannot read the ping list {}", list.display()))?;
-    let targets = ustack_apps::mesh::parse_pinglist(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", list.display()))?;
+/// Mesh mode: every (target, probe) of the ping list at `--rate` for
+/// `--duration` (0: until stopped), the list re-read every
+/// `--pinglist-refresh`, the metrics served with `--metrics`.
+fn mesh(cli: &Cli, list: &str) -> Result<ExitCode> {
+    use ustack_apps::mesh::{ListSource, MeshMetrics, Probe, Reloader};
+    let source = ListSource::parse(list);
+    let text = source.read().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let default_probe = if cli.rdma { Probe::Ud } else { Probe::Icmp };
+    let targets = ustack_apps::mesh::parse_pinglist_with(&text, default_probe)
+        .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     if cli.size() < 8 {
         bail!("mesh mode needs -s 8 or more (the request carries its send time)");
     }
-    if cli.rdma {
-        if cli.verbs {
-            bail!("mesh mode over --verbs is not supported; use --rdma on the stack");
-        }
-        return with_node(
-            &cli.net,
-            ustack_apps::rdma::UdMeshUser {
-                targets,
-                rate: cli.rate,
-                duration: Duration::from_secs_f64(cli.duration),
-                wait: Duration::from_secs_f64(cli.timeout.min(2.0)),
-                size: cli.size(),
-                qpn: cli.qpn,
-                qkey: cli.qkey,
-                json: cli.json,
-                lcfg: cli.net.loop_config(),
-            },
-        );
+    if cli.verbs {
+        bail!("mesh mode over --verbs is not supported; use --rdma on the stack");
     }
+    let metrics = std::sync::Arc::new(MeshMetrics::new());
     let cfg = ustack_apps::mesh::MeshConfig {
         targets,
         rate: cli.rate,
         duration: Duration::from_secs_f64(cli.duration),
-        wait: Duration::from_secs_f64(cli.timeout.min(2.0)),
+        wait: Duration::from_secs_f64(cli.timeout.unwrap_or(2.0)),
         size: cli.size(),
         ident: (std::process::id() & 0xffff) as u16,
+        ud_qpn: cli.qpn,
+        ud_qkey: cli.qkey,
     };
-    with_node(&cli.net, MeshRun { cli, cfg })
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut pinger = ustack_apps::mesh::MeshPinger::new(cfg).with_metrics(metrics.clone());
+    let reloader = if cli.pinglist_refresh > 0.0 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        pinger = pinger.with_updates(rx);
+        let r = Reloader {
+            source,
+            default_probe,
+            every: Duration::from_secs_f64(cli.pinglist_refresh),
+            current: text,
+            errors: metrics.pinglist_errors.clone(),
+            stop: stop.clone(),
+        };
+        Some(r.spawn(tx).context("starting the ping list thread")?)
+    } else {
+        None
+    };
+    let net = cli.net.builder()?.metrics_source(metrics).build()?;
+    let result = ustack_runtime::net::with_node(&net, MeshRun { cli, pinger });
+    stop.store(true, Ordering::Relaxed);
+    if let Some(t) = reloader {
+        let _ = t.join();
+    }
+    result
 }
 
 struct MeshRun<'a> {
     cli: &'a Cli,
-    cfg: ustack_apps::mesh::MeshConfig,
+    pinger: ustack_apps::mesh::MeshPinger,
 }
 
 impl NodeUser for MeshRun<'_> {
@@ -473,13 +503,18 @@ impl NodeUser for MeshRun<'_> {
         D::Buf: Send,
     {
         let cli = self.cli;
-        let mut pinger = ustack_apps::mesh::MeshPinger::new(self.cfg);
+        let mut pinger = self.pinger;
         if !cli.json && !cli.quiet {
+            let until = if cli.duration > 0.0 {
+                format!("for {} s", cli.duration)
+            } else {
+                "until stopped".into()
+            };
             ustack_apps::outln!(
-                "MESH {} targets, {} pings/s for {} s, {} bytes of data.",
+                "MESH {} targets, {} series, {} probes/s {until}, {} bytes of data.",
+                pinger.targets().len(),
                 pinger.stats.len(),
                 cli.rate,
-                cli.duration,
                 cli.size()
             );
         }

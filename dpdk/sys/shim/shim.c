@@ -44,11 +44,14 @@ uint8_t *ustack_mbuf_append(struct rte_mbuf *m, uint16_t len) { return (uint8_t 
 
 uint8_t *ustack_mbuf_prepend(struct rte_mbuf *m, uint16_t len) { return (uint8_t *)rte_pktmbuf_prepend(m, len); }
 
-void ustack_mbuf_tx_offload(struct rte_mbuf *m, uint64_t flags, uint16_t l2_len, uint16_t l3_len)
+void ustack_mbuf_tx_offload(struct rte_mbuf *m, uint64_t flags, uint16_t l2_len, uint16_t l3_len,
+			    uint16_t l4_len, uint16_t tso_segsz)
 {
 	m->ol_flags |= flags;
 	m->l2_len = l2_len;
 	m->l3_len = l3_len;
+	m->l4_len = l4_len;
+	m->tso_segsz = tso_segsz;
 }
 
 uint64_t ustack_mbuf_ol_flags(const struct rte_mbuf *m) { return m->ol_flags; }
@@ -81,6 +84,8 @@ _Static_assert(RTE_ETH_TX_OFFLOAD_IPV4_CKSUM == (1ULL << 1), "tx ipv4 cksum");
 _Static_assert(RTE_ETH_TX_OFFLOAD_UDP_CKSUM == (1ULL << 2), "tx udp cksum");
 _Static_assert(RTE_ETH_TX_OFFLOAD_TCP_CKSUM == (1ULL << 3), "tx tcp cksum");
 _Static_assert(RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE == (1ULL << 16), "mbuf fast free");
+_Static_assert(RTE_MBUF_F_RX_L4_CKSUM_BAD == (1ULL << 3), "mbuf rx l4 bad");
+_Static_assert(RTE_MBUF_F_RX_L4_CKSUM_GOOD == (1ULL << 8), "mbuf rx l4 good");
 _Static_assert(RTE_ETH_RX_OFFLOAD_IPV4_CKSUM == (1ULL << 1), "rx ipv4 cksum");
 _Static_assert(RTE_ETH_RX_OFFLOAD_UDP_CKSUM == (1ULL << 2), "rx udp cksum");
 _Static_assert(RTE_ETH_RX_OFFLOAD_TCP_CKSUM == (1ULL << 3), "rx tcp cksum");

@@ -40,7 +40,8 @@ int ustack_mbuf_set_len(struct rte_mbuf *m, uint16_t len);
 uint8_t *ustack_mbuf_append(struct rte_mbuf *m, uint16_t len);
 uint8_t *ustack_mbuf_prepend(struct rte_mbuf *m, uint16_t len);
 /* Transmit checksum offload request (RTE_MBUF_F_TX_IPV4 | IP_CKSUM | L4 kind). */
-void ustack_mbuf_tx_offload(struct rte_mbuf *m, uint64_t flags, uint16_t l2_len, uint16_t l3_len);
+void ustack_mbuf_tx_offload(struct rte_mbuf *m, uint64_t flags, uint16_t l2_len, uint16_t l3_len,
+			    uint16_t l4_len, uint16_t tso_segsz);
 uint64_t ustack_mbuf_ol_flags(const struct rte_mbuf *m);
 
 /* Link state without the bitfields. */

@@ -78,3 +78,13 @@ impl fmt::Debug for SharedSource {
         f.write_str("MetricsSource")
     }
 }
+
+pub mod convert;
+pub mod http;
+pub mod stack;
+pub mod text;
+
+pub use convert::{Options, add_label, line_families};
+pub use http::{Endpoint, Limits, MetricsError, ScrapeFn};
+pub use stack::{Feed, StackMetrics};
+pub use text::{CONTENT_TYPE, render};

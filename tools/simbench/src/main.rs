@@ -88,6 +88,9 @@ enum Cmd {
     RrServer {
         #[arg(long, default_value = "0.0.0.0:7")]
         listen: std::net::SocketAddr,
+        /// Spin on non-blocking sockets instead of sleeping in read.
+        #[arg(long)]
+        busy: bool,
     },
     /// Linux TCP request/response client: send SIZE bytes, wait for the echo, repeat.
     RrClient {
@@ -97,6 +100,9 @@ enum Cmd {
         size: usize,
         #[arg(long, default_value_t = 5.0)]
         secs: f64,
+        /// Spin on a non-blocking socket instead of sleeping in read.
+        #[arg(long)]
+        busy: bool,
     },
 }
 
@@ -195,13 +201,14 @@ fn run(cli: Cli) -> Result<()> {
             let v = ustack_side::memory(conns, usize::try_from(buffer)?)?;
             println!("{v}");
         }
-        Cmd::RrServer { listen } => rr::server(listen)?,
+        Cmd::RrServer { listen, busy } => rr::server(listen, busy)?,
         Cmd::RrClient {
             connect,
             size,
             secs,
+            busy,
         } => {
-            let v = rr::client(connect, size, secs)?;
+            let v = rr::client(connect, size, secs, busy)?;
             println!("{v}");
         }
     }

@@ -15,6 +15,7 @@
 pub mod feed;
 pub mod model;
 pub mod monitor;
+pub mod prometheus;
 pub mod term;
 mod view;
 

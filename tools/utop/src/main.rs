@@ -40,6 +40,11 @@ struct Cli {
     /// Show the bytes each frame writes to the terminal.
     #[arg(long)]
     debug_draw: bool,
+    /// Serve the stack's telemetry as Prometheus metrics on ADDR:PORT
+    /// (GET /metrics) instead of showing it; reattaches when the stack
+    /// restarts, and serves `ustack_up 0` while it is away.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with = "once")]
+    prometheus: Option<std::net::SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -54,6 +59,22 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<ExitCode> {
+    if let Some(addr) = cli.prometheus {
+        let path = match &cli.telemetry {
+            Some(p) => telemetry::resolve(p),
+            None => choose(true)?,
+        };
+        let sidecar = utop::prometheus::Sidecar::start(path.clone(), addr)?;
+        eprintln!(
+            "utop: metrics of {} on http://{}/metrics",
+            path.display(),
+            sidecar.local_addr()
+        );
+        // Serves until the process is killed.
+        loop {
+            std::thread::park();
+        }
+    }
     let path = match &cli.telemetry {
         Some(p) => telemetry::resolve(p),
         None => choose(cli.once)?,
