@@ -91,6 +91,12 @@ impl App for Services {
         for (l, echo) in [(self.echo, true), (self.discard, false)] {
             let Some(l) = l else { continue };
             while let Ok(Some(h)) = stack.tcp_accept(l) {
+                if echo {
+                    // An echo answers each request at once (a latency
+                    // probe waits on it): no Nagle hold behind the
+                    // previous answer's ACK.
+                    let _ = stack.tcp_set_nodelay(h, true);
+                }
                 self.conns.push(Conn {
                     h,
                     echo,

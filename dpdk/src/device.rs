@@ -117,6 +117,7 @@ impl DpdkPort {
             mtu: Some(cfg.mtu.min(usize::from(u16::MAX)) as u16),
             promiscuous: cfg.promiscuous,
             offloads: cfg.offloads,
+            rx_interrupts: true,
         };
         let port = Port::open(eal, cfg.port, &pcfg, &pools)?;
         let info = port.info();
@@ -217,6 +218,10 @@ impl Device for DpdkPort {
 
     fn alloc_tx(&mut self) -> Option<Mbuf> {
         self.pool.alloc()
+    }
+
+    fn wait_rx(&mut self, timeout: std::time::Duration) -> bool {
+        self.queue.wait_rx(timeout)
     }
 
     fn port_stats(&self) -> PortStats {

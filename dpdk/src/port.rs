@@ -28,6 +28,10 @@ pub struct PortConfig {
     /// Turn on the TCP checksum offloads (transmit and receive) where the
     /// port has them.
     pub offloads: bool,
+    /// Let an idle loop sleep until frames come, where the driver's
+    /// receive interrupt is a descriptor readable while frames wait
+    /// (net_tap: the tap's own descriptor). See [`PortQueue::wait_rx`].
+    pub rx_interrupts: bool,
 }
 
 impl Default for PortConfig {
@@ -40,6 +44,7 @@ impl Default for PortConfig {
             mtu: None,
             promiscuous: true,
             offloads: true,
+            rx_interrupts: true,
         }
     }
 }
@@ -100,6 +105,36 @@ pub struct PortQueue {
 }
 
 impl PortQueue {
+    /// Block for at most `timeout` until frames may wait on this queue,
+    /// on the driver's receive-interrupt descriptor; `false`, at once,
+    /// when the port has none (the caller sleeps or polls instead).
+    pub fn wait_rx(&self, timeout: std::time::Duration) -> bool {
+        let Some(fd) = self
+            .port
+            .rx_intr_fds
+            .get(usize::from(self.queue))
+            .copied()
+            .flatten()
+        else {
+            return false;
+        };
+        let id = self.port.id;
+        // SAFETY: valid started port; the queue exists (it has an fd).
+        unsafe { dpdk_sys::rte_eth_dev_rx_intr_enable(id, self.queue) };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd; the descriptor belongs to the driver and
+        // stays open while the port is (we hold it through `self.port`).
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // SAFETY: as above.
+        unsafe { dpdk_sys::rte_eth_dev_rx_intr_disable(id, self.queue) };
+        rc >= 0 && pfd.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) == 0
+    }
+
     pub fn queue(&self) -> u16 {
         self.queue
     }
@@ -135,6 +170,9 @@ pub struct Port {
     _rx_pools: Vec<MbufPool>,
     /// The RSS key the port was configured with (drivers read it at start).
     _rss_key: Box<[u8; 40]>,
+    /// Per rx queue: the driver's receive-interrupt descriptor, readable
+    /// while frames wait (net_tap only; see [`PortConfig::rx_interrupts`]).
+    rx_intr_fds: Vec<Option<i32>>,
     _eal: Eal,
 }
 
@@ -192,7 +230,23 @@ impl Port {
                 ),
             });
         }
+        let driver = if dev.driver_name.is_null() {
+            String::new()
+        } else {
+            // SAFETY: the driver name is a static NUL-terminated string.
+            unsafe { CStr::from_ptr(dev.driver_name) }
+                .to_string_lossy()
+                .into_owned()
+        };
         let mut conf = rte_eth_conf::default();
+        // Receive interrupts where the driver's descriptor is readable
+        // exactly while frames wait: net_tap's is the tap itself. (Drivers
+        // that signal through an eventfd would need it drained, and memif
+        // has none reachable through ethdev in this DPDK.)
+        let rx_intr = cfg.rx_interrupts && driver == "net_tap";
+        if rx_intr {
+            conf.intr_conf.set_rxq(1);
+        }
         let want = |capa: u64, bits: u64| {
             if cfg.offloads && capa & bits == bits {
                 bits
@@ -293,6 +347,16 @@ impl Port {
         }
         // SAFETY: valid, configured port with all queues set up.
         check(id, "start", unsafe { dpdk_sys::rte_eth_dev_start(id) })?;
+        let rx_intr_fds = (0..cfg.rx_queues)
+            .map(|q| {
+                if !rx_intr {
+                    return None;
+                }
+                // SAFETY: valid started port and queue.
+                let fd = unsafe { dpdk_sys::rte_eth_dev_rx_intr_ctl_q_get_fd(id, q) };
+                (fd >= 0).then_some(fd)
+            })
+            .collect();
         // From here on the port is started; dropping `port` stops it.
         let mut port = Port {
             id,
@@ -322,14 +386,10 @@ impl Port {
             },
             _rx_pools: rx_pools.to_vec(),
             _rss_key: rss_key,
+            rx_intr_fds,
             _eal: eal.clone(),
         };
-        if !dev.driver_name.is_null() {
-            // SAFETY: the driver name is a static NUL-terminated string.
-            port.info.driver = unsafe { CStr::from_ptr(dev.driver_name) }
-                .to_string_lossy()
-                .into_owned();
-        }
+        port.info.driver = driver;
         let mut name = [0 as std::ffi::c_char; dpdk_sys::RTE_ETH_NAME_MAX_LEN as usize];
         // SAFETY: valid port; the buffer has RTE_ETH_NAME_MAX_LEN bytes as required.
         if unsafe { dpdk_sys::rte_eth_dev_get_name_by_port(id, name.as_mut_ptr()) } == 0 {

@@ -179,6 +179,12 @@ impl<D: Device> Device for Impaired<D> {
     fn failure(&self) -> Option<String> {
         self.inner.failure()
     }
+
+    // Frames held back are due at `poll_at`, which bounds the caller's
+    // timeout, so waiting on the inner device misses none of them.
+    fn wait_rx(&mut self, timeout: core::time::Duration) -> bool {
+        self.inner.wait_rx(timeout)
+    }
 }
 
 #[cfg(test)]
