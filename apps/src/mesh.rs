@@ -644,6 +644,35 @@ impl MeshPinger {
         self.stats.get_mut(i)
     }
 
+    /// An answer: to the probe `id` it matched (its RTT recorded), or,
+    /// matching none in flight, a duplicate or late one counted on the
+    /// `probe` series of the target it came from.
+    fn settle(
+        &mut self,
+        id: Option<u64>,
+        probe: Probe,
+        from: Ipv4Addr,
+        rtt: impl FnOnce() -> Duration,
+    ) {
+        match id {
+            Some(id) => {
+                let rtt = rtt();
+                if let Some(s) = self.by_id(id) {
+                    s.answered(rtt);
+                }
+            }
+            None => {
+                if let Some(s) = self
+                    .stats
+                    .iter_mut()
+                    .find(|s| s.probe == probe && s.target.addr == from)
+                {
+                    s.duplicates += 1;
+                }
+            }
+        }
+    }
+
     fn receive(&mut self, now: Instant, stack: &mut Stack) {
         if let Some(sock) = self.icmp {
             while let Ok(Some(ev)) = stack.ping_recv(sock) {
@@ -655,23 +684,8 @@ impl MeshPinger {
                                 .get(&id)
                                 .is_some_and(|&i| stats[i].target.addr == r.from)
                         };
-                        match self.inflight_icmp.take(u64::from(r.seq), ok) {
-                            Some(id) => {
-                                let rtt = r.rtt().unwrap_or_default();
-                                if let Some(s) = self.by_id(id) {
-                                    s.answered(rtt);
-                                }
-                            }
-                            None => {
-                                if let Some(s) = self
-                                    .stats
-                                    .iter_mut()
-                                    .find(|s| s.probe == Probe::Icmp && s.target.addr == r.from)
-                                {
-                                    s.duplicates += 1;
-                                }
-                            }
-                        }
+                        let id = self.inflight_icmp.take(u64::from(r.seq), ok);
+                        self.settle(id, Probe::Icmp, r.from, || r.rtt().unwrap_or_default());
                     }
                     PingEvent::Unreachable { seq, code, .. } => {
                         if let Some(id) = self.inflight_icmp.take(u64::from(seq), |_| true)
@@ -697,23 +711,10 @@ impl MeshPinger {
                             && stats[i].target.udp_port == from.port()
                     })
                 };
-                match self.inflight_udp.take(key, ok) {
-                    Some(id) => {
-                        let rtt = now.saturating_duration_since(Instant::from_nanos(ts));
-                        if let Some(s) = self.by_id(id) {
-                            s.answered(rtt);
-                        }
-                    }
-                    None => {
-                        if let Some(s) = self
-                            .stats
-                            .iter_mut()
-                            .find(|s| s.probe == Probe::Udp && s.target.addr == *from.ip())
-                        {
-                            s.duplicates += 1;
-                        }
-                    }
-                }
+                let id = self.inflight_udp.take(key, ok);
+                self.settle(id, Probe::Udp, *from.ip(), || {
+                    now.saturating_duration_since(Instant::from_nanos(ts))
+                });
             }
             self.buf = buf;
         }
@@ -757,30 +758,16 @@ impl MeshPinger {
                         .get(&id)
                         .is_some_and(|&i| stats[i].target.addr == from.ip)
                 };
-                match self.inflight_ud.take(seq, ok) {
-                    Some(id) => {
-                        let at = if c.ts_source == ustack::ud::TsSource::Poll {
-                            c.timestamp
-                        } else {
-                            now
-                        };
-                        let rtt = at
-                            .saturating_duration_since(Instant::from_nanos(posted))
-                            .saturating_sub(Duration::from_nanos(delay));
-                        if let Some(s) = self.by_id(id) {
-                            s.answered(rtt);
-                        }
-                    }
-                    None => {
-                        if let Some(s) = self
-                            .stats
-                            .iter_mut()
-                            .find(|s| s.probe == Probe::Ud && s.target.addr == from.ip)
-                        {
-                            s.duplicates += 1;
-                        }
-                    }
-                }
+                let id = self.inflight_ud.take(seq, ok);
+                self.settle(id, Probe::Ud, from.ip, || {
+                    let at = if c.ts_source == ustack::ud::TsSource::Poll {
+                        c.timestamp
+                    } else {
+                        now
+                    };
+                    at.saturating_duration_since(Instant::from_nanos(posted))
+                        .saturating_sub(Duration::from_nanos(delay))
+                });
             }
         }
     }

@@ -217,8 +217,8 @@ pub struct PingpongOpts {
     pub timeout: Duration,
     /// Print only the summary.
     pub quiet: bool,
-    /// Pin the loop.
-    pub core: Option<usize>,
+    /// The poll loop's settings (pinning, idle mode, the metrics feed).
+    pub lcfg: LoopConfig,
 }
 
 #[derive(Debug)]
@@ -504,10 +504,7 @@ impl NodeUser for PingpongUser {
             o.count,
             o.size
         );
-        let lcfg = LoopConfig {
-            core: o.core,
-            ..LoopConfig::default()
-        };
+        let lcfg = o.lcfg.clone();
         let mut front = Front(PingpongClient::new(o.clone()));
         crate::run_app(&mut node, &mut front, &lcfg, None)?;
         let c = front.0;

@@ -70,7 +70,8 @@ pub struct PingOpts {
     pub timeout: Duration,
     pub quiet: bool,
     pub json: bool,
-    pub core: Option<usize>,
+    /// The poll loop's settings (pinning, idle mode, the metrics feed).
+    pub lcfg: LoopConfig,
 }
 
 /// One reply line, shaped like uping's ICMP lines.
@@ -221,10 +222,7 @@ impl NodeUser for PingUser {
         }
         let stop = crate::stop_flag()?;
         let clock = Clock::new();
-        let lcfg = LoopConfig {
-            core: o.core,
-            ..LoopConfig::default()
-        };
+        let lcfg = o.lcfg.clone();
         runtime::run(
             &mut node,
             &mut front,
@@ -325,7 +323,8 @@ pub struct BwOpts {
     pub iterations: u64,
     /// One size instead of the sweep.
     pub size: Option<usize>,
-    pub core: Option<usize>,
+    /// The poll loop's settings (pinning, idle mode, the metrics feed).
+    pub lcfg: LoopConfig,
 }
 
 /// The ib_send_bw table header.
@@ -403,10 +402,7 @@ impl NodeUser for BwUser {
         );
         crate::out!("{}", bw_header());
         let mut front = BwFront(UdBandwidth::new(cfg));
-        let lcfg = LoopConfig {
-            core: o.core,
-            ..LoopConfig::default()
-        };
+        let lcfg = o.lcfg.clone();
         crate::run_app(&mut node, &mut front, &lcfg, None)?;
         crate::outln!("{}", "-".repeat(95));
         if let Some(e) = front.0.error() {
@@ -421,7 +417,8 @@ impl NodeUser for BwUser {
 pub struct SinkUser {
     pub qpn: u32,
     pub qkey: u32,
-    pub core: Option<usize>,
+    /// The poll loop's settings (pinning, idle mode, the metrics feed).
+    pub lcfg: LoopConfig,
 }
 
 impl NodeUser for SinkUser {
@@ -439,10 +436,7 @@ impl NodeUser for SinkUser {
             self.qpn,
             self.qkey
         );
-        let lcfg = LoopConfig {
-            core: self.core,
-            ..LoopConfig::default()
-        };
+        let lcfg = self.lcfg.clone();
         crate::run_app(&mut node, &mut r, &lcfg, None)?;
         if let Some(e) = r.error() {
             bail!("{e}");

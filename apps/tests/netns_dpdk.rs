@@ -86,6 +86,32 @@ fn assert_mbufs_returned(out: &str, err: &str) {
     assert!(!err.contains("not returned"), "{err}");
 }
 
+/// `bytes` random bytes through the TCP echo (port 7) at `addr`, sent with
+/// `nc` from the namespace `side`: the echo must come back whole and equal.
+fn nc_echo(topo: &Topo, side: &str, addr: &str, bytes: usize) {
+    let (input, _) = random_file(bytes);
+    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let nc = topo.in_ns(
+        side,
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "nc -N -w 30 {addr} 7 < {} > {}",
+                input.display(),
+                output.display()
+            ),
+        ],
+    );
+    assert!(
+        nc.status.success(),
+        "nc: {}",
+        String::from_utf8_lossy(&nc.stderr)
+    );
+    assert_eq!(std::fs::metadata(&output).unwrap().len(), bytes as u64);
+    assert_eq!(sha256(&input), sha256(&output), "echo differs");
+}
+
 #[test]
 fn af_packet_answers_ping_arping_and_echoes_tcp_from_linux() {
     need_root!();
@@ -108,24 +134,7 @@ fn af_packet_answers_ping_arping_and_echoes_tcp_from_linux() {
     assert!(text.contains("3 packets received"), "{text}");
 
     const BYTES: usize = 4 << 20;
-    let (input, _) = random_file(BYTES);
-    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let nc = topo.linux(&[
-        "sh",
-        "-c",
-        &format!(
-            "nc -N -w 30 10.77.0.2 7 < {} > {}",
-            input.display(),
-            output.display()
-        ),
-    ]);
-    assert!(
-        nc.status.success(),
-        "nc: {}",
-        String::from_utf8_lossy(&nc.stderr)
-    );
-    assert_eq!(std::fs::metadata(&output).unwrap().len(), BYTES as u64);
-    assert_eq!(sha256(&input), sha256(&output), "echo differs");
+    nc_echo(&topo, "linux", "10.77.0.2", BYTES);
 
     let (code, out, err) = d.stop();
     assert_eq!(code, 0, "{out}{err}");
@@ -181,26 +190,7 @@ fn tap_vdev_answers_the_kernel() {
     // trusts the port's verdict on receive): the kernel checks every
     // checksum the port filled, and the echo is byte-exact.
     const BYTES: usize = 2 << 20;
-    let (input, _) = random_file(BYTES);
-    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let nc = topo.in_ns(
-        "stack",
-        &[
-            "sh",
-            "-c",
-            &format!(
-                "nc -N -w 30 10.77.2.2 7 < {} > {}",
-                input.display(),
-                output.display()
-            ),
-        ],
-    );
-    assert!(
-        nc.status.success(),
-        "nc: {}",
-        String::from_utf8_lossy(&nc.stderr)
-    );
-    assert_eq!(sha256(&input), sha256(&output), "echo differs");
+    nc_echo(&topo, "stack", "10.77.2.2", BYTES);
     let (code, out, err) = d.stop();
     assert_eq!(code, 0, "{out}{err}");
     no_crash(&err);
@@ -390,19 +380,7 @@ fn bad_arguments_missing_port_and_tiny_pool() {
     let replies = count_before(&ptext, "received");
     assert!(replies > 0, "{ptext}");
     const BYTES: usize = 1 << 20;
-    let (input, _) = random_file(BYTES);
-    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let nc = topo.linux(&[
-        "sh",
-        "-c",
-        &format!(
-            "nc -N -w 30 10.77.0.2 7 < {} > {}",
-            input.display(),
-            output.display()
-        ),
-    ]);
-    assert!(nc.status.success());
-    assert_eq!(sha256(&input), sha256(&output), "echo differs");
+    nc_echo(&topo, "linux", "10.77.0.2", BYTES);
     let (code, out, err) = d.stop();
     assert_eq!(code, 0, "{out}{err}");
     no_crash(&err);

@@ -238,8 +238,11 @@ fn utop_prometheus_serves_a_demos_telemetry_and_follows_restarts() {
             .spawn()
             .expect("run ustack demo");
         let mut demo = Demo(Some(child));
-        let body = scrape_until(addr, "a moving TCP counter", |b| {
+        // The line that counts the sidecar among the socket's clients is
+        // written after it attached: wait for one (not just the first).
+        let body = scrape_until(addr, "a moving TCP counter and the sidecar attached", |b| {
             series(b, "ustack_tcp_segments_sent_total", "stack=\"demo\"").unwrap_or(0.0) > 0.0
+                && series(b, "ustack_telemetry_clients", "").unwrap_or(0.0) >= 1.0
         });
         assert_eq!(series(&body, "ustack_up", ""), Some(1.0), "{body}");
         assert!(

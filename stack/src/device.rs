@@ -236,28 +236,13 @@ impl<'a, D: Device> DeviceTx<'a, D> {
     }
 }
 
-impl<D: Device> Tx for DeviceTx<'_, D> {
-    fn send<F: FnOnce(&mut [u8])>(&mut self, len: usize, fill: F) -> bool {
-        let Some(mut buf) = self.dev.alloc_tx() else {
-            self.dropped += 1;
-            return false;
-        };
-        if !buf.set_len(len) {
-            self.dropped += 1;
-            return false;
-        }
-        fill(buf.as_mut());
-        self.queue.push(buf);
-        if self.queue.len() >= self.burst {
-            self.flush();
-        }
-        true
-    }
-
-    fn send_offloaded<F: FnOnce(&mut [u8])>(
+impl<D: Device> DeviceTx<'_, D> {
+    /// Build a frame of `len` bytes in a device buffer, mark it with
+    /// `offload` if given, and queue it.
+    fn build<F: FnOnce(&mut [u8])>(
         &mut self,
         len: usize,
-        offload: TxOffload,
+        offload: Option<TxOffload>,
         fill: F,
     ) -> bool {
         let Some(mut buf) = self.dev.alloc_tx() else {
@@ -269,12 +254,29 @@ impl<D: Device> Tx for DeviceTx<'_, D> {
             return false;
         }
         fill(buf.as_mut());
-        buf.set_tx_offload(offload);
+        if let Some(o) = offload {
+            buf.set_tx_offload(o);
+        }
         self.queue.push(buf);
         if self.queue.len() >= self.burst {
             self.flush();
         }
         true
+    }
+}
+
+impl<D: Device> Tx for DeviceTx<'_, D> {
+    fn send<F: FnOnce(&mut [u8])>(&mut self, len: usize, fill: F) -> bool {
+        self.build(len, None, fill)
+    }
+
+    fn send_offloaded<F: FnOnce(&mut [u8])>(
+        &mut self,
+        len: usize,
+        offload: TxOffload,
+        fill: F,
+    ) -> bool {
+        self.build(len, Some(offload), fill)
     }
 }
 

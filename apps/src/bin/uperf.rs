@@ -351,7 +351,7 @@ fn main() -> ExitCode {
                     qkey: cli.qkey,
                     iterations: cli.iters,
                     size: None,
-                    core: cli.net.core,
+                    lcfg: cli.net.loop_config(),
                 }),
             ),
             None => with_node(
@@ -359,7 +359,7 @@ fn main() -> ExitCode {
                 SinkUser {
                     qpn: cli.qpn,
                     qkey: cli.qkey,
-                    core: cli.net.core,
+                    lcfg: cli.net.loop_config(),
                 },
             ),
         };

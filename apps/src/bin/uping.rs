@@ -411,7 +411,7 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
             size: cli.size(),
             timeout: Duration::from_secs_f64(cli.timeout.unwrap_or(10.0).min(5.0)),
             quiet: cli.quiet,
-            core: cli.net.core,
+            lcfg: cli.net.loop_config(),
         };
         return with_node(&cli.net, ustack_apps::pingpong::PingpongUser(opts));
     }
@@ -426,7 +426,7 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
             timeout: Duration::from_secs_f64(cli.timeout.unwrap_or(10.0)),
             quiet: cli.quiet,
             json: cli.json,
-            core: cli.net.core,
+            lcfg: cli.net.loop_config(),
         };
         if cli.verbs {
             return ustack_apps::rdma::verbs_ping(&opts);
