@@ -1,10 +1,12 @@
-//! RoCEv2: the BTH/DETH views and `UdSendRepr` on any bytes, the ICRC on
+//! RoCEv2: the BTH/DETH views, `UdSendRepr` and the RC extended headers
+//! (`RcHeaders`: parse, emit, parse equal) on any bytes, the ICRC on
 //! any packet, and UDP 4791 datagrams (ICRC repaired unless the input says
 //! not) into a stack's UD path with the responder QP and receive buffers.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use smoltcp::wire::{EthernetProtocol, IpProtocol, UdpPacket};
+use ustack::rc::wire::{RcHeaders, RcOpcode};
 use ustack::ud::wire::{BthPacket, DethPacket, ROCE_PORT, UdSendRepr, icrc, icrc_verify};
 use ustack::ud::UdTransport;
 use ustack::{Instant, VecTx};
@@ -34,6 +36,13 @@ fuzz_target!(|data: &[u8]| {
             );
             if let Ok(d) = DethPacket::new_checked(b.payload()) {
                 let _ = (d.qkey(), d.src_qp());
+            }
+            if let Some(op) = RcOpcode::from_u8(u8::from(b.opcode()))
+                && let Ok(h) = RcHeaders::parse(op, b.payload())
+            {
+                let mut out = vec![0u8; h.buffer_len()];
+                h.emit(&mut out);
+                assert_eq!(RcHeaders::parse(op, &out), Ok(h));
             }
         }
         let _ = UdSendRepr::parse(body);

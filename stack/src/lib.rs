@@ -171,6 +171,7 @@ pub(crate) mod link;
 pub mod node;
 pub mod offload;
 pub mod pool;
+pub mod rc;
 pub mod rss;
 pub mod shard;
 pub mod sim;

@@ -37,6 +37,10 @@ pub enum WireError {
     /// The BTH's TVer field is not 0.
     #[error("unsupported transport header version")]
     BadVersion,
+    /// Headers that disagree with the opcode (an RC acknowledgement or
+    /// request that carries payload).
+    #[error("headers do not match the opcode")]
+    Malformed,
 }
 
 /// BTH opcodes the UD path speaks.
