@@ -8,6 +8,7 @@
 
 use core::ops::Range;
 
+pub use crate::ud::wire::IMM_LEN;
 use crate::ud::wire::WireError;
 
 /// RDMA Extended Transport Header length.
@@ -18,9 +19,6 @@ pub const AETH_LEN: usize = 4;
 pub const ATOMIC_ETH_LEN: usize = 28;
 /// Atomic ACK Extended Transport Header length.
 pub const ATOMIC_ACK_ETH_LEN: usize = 8;
-/// Immediate data length.
-pub const IMM_LEN: usize = 4;
-
 /// The RC opcodes (the BTH opcode's transport bits are 000).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
