@@ -157,11 +157,15 @@ impl TargetStats {
         self.rtt_buckets.observe(rtt.as_secs_f64());
     }
 
-    fn lose(&mut self, why: Option<String>) {
+    /// A probe lost; `why` becomes the last error (stored only when it
+    /// changed: an unreachable target loses thousands a second).
+    fn lose(&mut self, why: Option<&str>) {
         self.lost += 1;
         self.up = Some(false);
-        if let Some(w) = why {
-            self.last_error = Some(w);
+        if let Some(w) = why
+            && self.last_error.as_deref() != Some(w)
+        {
+            self.last_error = Some(w.to_owned());
         }
     }
 
@@ -692,7 +696,7 @@ impl MeshPinger {
                             && let Some(s) = self.by_id(id)
                         {
                             s.unreachable += 1;
-                            s.lose(Some(format!("destination unreachable (code {code})")));
+                            s.lose(Some(&format!("destination unreachable (code {code})")));
                         }
                     }
                 }
@@ -741,7 +745,7 @@ impl MeshPinger {
                     && let Some(id) = self.inflight_ud.take(c.wr_id, |_| true)
                     && let Some(s) = self.by_id(id)
                 {
-                    s.lose(Some(format!("UD send failed: {:?}", c.status)));
+                    s.lose(Some(&format!("UD send failed: {:?}", c.status)));
                 }
             }
             WcOpcode::Recv => {
@@ -778,7 +782,7 @@ impl MeshPinger {
         let (index, stats) = (&self.index, &mut self.stats);
         let mut lose = |id: u64| {
             if let Some(&i) = index.get(&id) {
-                stats[i].lose(Some("timeout".into()));
+                stats[i].lose(Some("timeout"));
             }
         };
         self.inflight_icmp.expire(now, &mut lose);
@@ -924,7 +928,7 @@ impl MeshPinger {
                             && let Some(o) = self.by_id(old)
                         {
                             // Its sequence number came round again unanswered.
-                            o.lose(Some("timeout".into()));
+                            o.lose(Some("timeout"));
                         }
                     }
                     Err(e) => tracing::debug!("mesh icmp to {addr}: {e}"),
@@ -1310,7 +1314,7 @@ mod test {
         s.sent = 3;
         s.answered(Duration::from_micros(30));
         assert_eq!(s.up, Some(true));
-        s.lose(Some("timeout".into()));
+        s.lose(Some("timeout"));
         assert_eq!((s.received, s.lost, s.up), (1, 1, Some(false)));
         let snap = s.snapshot();
         assert_eq!(snap.rtt.count(), 1);
