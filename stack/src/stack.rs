@@ -41,6 +41,7 @@ pub struct Stack {
     udp: UdpTable,
     pub(crate) tcp: TcpTable,
     pub(crate) ud: UdTable,
+    pub(crate) rc: crate::rc::RcTable,
     /// The latest `now` seen (for API calls that need a time, like connect).
     pub(crate) now: Instant,
 }
@@ -60,6 +61,7 @@ impl Stack {
             udp: UdpTable::default(),
             tcp: TcpTable::new(cfg_tcp, secret),
             ud: UdTable::default(),
+            rc: crate::rc::RcTable::new(secret),
             now: Instant::ZERO,
         }
     }
@@ -109,6 +111,7 @@ impl Stack {
         s.udp.sockets = self.udp.count() as u64;
         s.tcp = self.tcp.stats();
         s.ud.qps = self.ud.count() as u64;
+        s.rc = self.rc.stats();
         s
     }
 
@@ -317,6 +320,20 @@ impl Stack {
             },
             IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {
                 None => Ok(()),
+                Some(roce) if crate::ud::is_rc(roce) => {
+                    let ip = crate::ud::roce_packet(ip, roce)?;
+                    match self.rc.process(now, ip, roce) {
+                        // An RC opcode sent to a UD QP.
+                        Err(DropReason::UdUnknownQpn)
+                            if self.ud.has_qpn(
+                                crate::ud::wire::BthPacket::new_unchecked(roce).dest_qp(),
+                            ) =>
+                        {
+                            Err(DropReason::UdBadOpcode)
+                        }
+                        r => r,
+                    }
+                }
                 Some(roce) => self.ud.process_roce(&mut self.link, now, ip, roce),
             },
             IpProtocol::Tcp => self.tcp.process(&mut self.link, now, meta, body, tx),
@@ -344,6 +361,7 @@ impl Stack {
         self.udp.emit(&mut self.link, now, tx);
         self.tcp.poll(&mut self.link, now, tx);
         self.ud.emit(&mut self.link, now, tx);
+        self.rc.poll(&mut self.link, now, tx);
     }
 
     /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
@@ -355,12 +373,13 @@ impl Stack {
             || self.udp.has_work()
             || self.tcp.has_work()
             || self.ud.has_work()
+            || self.rc.has_work()
         {
             return Some(Instant::ZERO);
         }
         earliest(
             earliest(self.link.arp().poll_at(), self.frags.poll_at()),
-            self.tcp.next_timer(),
+            earliest(self.tcp.next_timer(), self.rc.next_timer()),
         )
     }
 
@@ -614,7 +633,8 @@ impl Stack {
 /// RoCEv2 UD spoken by the stack itself ([`crate::ud`]).
 impl UdTransport for Stack {
     fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
-        self.ud.create_qp(cfg)
+        let rc = &self.rc;
+        self.ud.create_qp(cfg, &|q| rc.has_qpn(q))
     }
 
     fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError> {

@@ -100,7 +100,8 @@ drop_reasons! {
     UdMalformed => "ud_malformed",
     /// RoCEv2 invariant CRC does not verify.
     UdBadIcrc => "ud_bad_icrc",
-    /// BTH opcode other than UD SEND_ONLY (with or without immediate).
+    /// BTH opcode other than UD SEND_ONLY (with or without immediate) for
+    /// a UD QP, or not an RC opcode for an RC one.
     UdBadOpcode => "ud_bad_opcode",
     /// P_Key not of the default partition.
     UdBadPkey => "ud_bad_pkey",
@@ -114,6 +115,13 @@ drop_reasons! {
     UdRecvTooSmall => "ud_recv_too_small",
     /// The QP's completion queue is full.
     UdCqFull => "ud_cq_full",
+    /// RC packet from an address other than the QP's connected peer.
+    RcWrongPeer => "rc_wrong_peer",
+    /// RC packet for a QP not connected, or in the error state.
+    RcBadState => "rc_bad_state",
+    /// RC response or ACK matching nothing outstanding (stale, duplicate,
+    /// out of order), or one of the wrong length for its place.
+    RcStale => "rc_stale",
 }
 
 /// One counter per [`DropReason`].
@@ -303,6 +311,21 @@ pub struct UdStats {
     pub cq_depth_hwm: u64,
 }
 
+/// RoCEv2 RC: gauges, and every QP's counters summed (QPs destroyed
+/// included).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RcStats {
+    /// RC queue pairs open now (a gauge).
+    pub qps: u64,
+    /// Memory regions registered now (a gauge).
+    pub mrs: u64,
+    /// Bytes of those regions (a gauge).
+    pub mr_bytes: u64,
+    /// The QPs' counters.
+    #[serde(flatten)]
+    pub totals: crate::rc::RcQpStats,
+}
+
 /// All engine counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
@@ -320,6 +343,8 @@ pub struct Stats {
     pub tcp: crate::tcp::TcpStats,
     /// RDMA UD over RoCEv2.
     pub ud: UdStats,
+    /// RDMA RC over RoCEv2.
+    pub rc: RcStats,
     /// Received frames dropped, one counter per [`DropReason`].
     pub drops: Drops,
 }

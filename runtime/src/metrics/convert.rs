@@ -282,6 +282,9 @@ fn is_gauge(section: &str, field: &str) -> bool {
                 | ("ipv4", "reassembly_bytes")
                 | ("udp", "sockets")
                 | ("ud", "qps")
+                | ("rc", "qps")
+                | ("rc", "mrs")
+                | ("rc", "mr_bytes")
                 | ("tcp", "connections")
                 | ("tcp", "ooo_bytes")
                 | ("tcp", "autotune_bytes")
@@ -321,6 +324,7 @@ fn layer_name(section: &str) -> &str {
         "icmp" => "ICMP",
         "udp" => "UDP",
         "ud" => "RDMA UD",
+        "rc" => "RDMA RC",
         "tcp" => "TCP",
         s => s,
     }

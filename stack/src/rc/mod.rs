@@ -1,5 +1,827 @@
-//! RoCEv2 Reliable Connected (RC) transport: the wire formats first (issue
-//! 22). The queue pairs (requester, responder, completer) come on top of
-//! [`wire`], sans-IO like TCP.
+//! RoCEv2 Reliable Connected (RC) transport spoken by the stack: queue
+//! pairs with a requester, a completer and a responder ([`qp`]), memory
+//! regions with keys ([`mr`]), and the packet formats ([`wire`]). Sans-IO
+//! like TCP: the table takes parsed packets and `now`, and emits on
+//! [`Stack::poll`](crate::Stack::poll).
+//!
+//! The app API is the verbs shape (`Stack::rc_*`): register memory regions,
+//! create a QP (it starts in INIT with its QPN and first PSN chosen),
+//! connect it to the peer's (address, QPN, PSN) learnt out of band (the
+//! stock tools' TCP exchange, [`crate::ud::exchange`]), post receives and
+//! SEND / WRITE / READ work requests naming bytes of a region, and poll
+//! its completion queue.
+//!
+//! What is spoken: SEND, SEND with immediate, RDMA WRITE, WRITE with
+//! immediate, RDMA READ, each segmented at the path MTU (FIRST / MIDDLE /
+//! LAST / ONLY, one PSN per packet, a READ taking as many PSNs as its
+//! responses); AckReq on the last packet of a message and every 64
+//! packets; coalesced ACKs; go-back-N from the oldest unacknowledged PSN on
+//! a sequence NAK, a gap in READ responses or the ACK timeout (4.096 µs ×
+//! 2^timeout, `retry_cnt` tries); RNR NAK with its timer and `rnr_retry`
+//! (7 is forever); duplicates re-acknowledged, duplicate READs replayed;
+//! invalid-request and remote-access NAKs that move both QPs to the error
+//! state. Atomics are not offered: a CmpSwap or FetchAdd gets an
+//! invalid-request NAK.
 
+pub mod mr;
+pub mod qp;
 pub mod wire;
+
+use core::net::Ipv4Addr;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::Hasher;
+
+use serde::Serialize;
+use siphasher::sip::SipHasher24;
+use slotmap::SlotMap;
+use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
+
+use crate::device::Tx;
+use crate::error::Error;
+use crate::link::Link;
+use crate::stats::DropReason;
+use crate::time::Instant;
+use crate::ud::wire::{
+    self as udwire, BTH_LEN, BthPacket, DEFAULT_PKEY, ICRC_LEN, MAX_QPN, PSN_MASK, ROCE_PORT,
+};
+
+use mr::MrTable;
+pub use mr::{Access, MrHandle, MrInfo};
+use qp::{OutPacket, RcQp, Rx};
+use wire::{RcHeaders, RcOpcode};
+
+/// The largest RC message (2^31 bytes, the verbs limit).
+pub const MAX_MSG: usize = 1 << 31;
+
+slotmap::new_key_type! {
+    /// An RC queue pair of the stack. Stale handles are refused.
+    pub struct RcQpHandle;
+}
+
+/// How to create an RC QP (the verbs QP attributes that matter here).
+#[derive(Debug, Clone)]
+pub struct RcQpConfig {
+    /// Ask for a QP number (else the next free one).
+    pub qpn: Option<u32>,
+    /// First PSN this QP sends with (else a keyed-random one).
+    pub psn: Option<u32>,
+    /// The InfiniBand path MTU (256, 512, 1024, 2048 or 4096); both ends
+    /// must use the same. Default: the largest the link carries.
+    pub mtu: Option<usize>,
+    /// Send work requests posted and not yet polled.
+    pub max_send_wr: usize,
+    /// Receive work requests posted and not yet polled.
+    pub max_recv_wr: usize,
+    /// Local ACK timeout, encoded: 4.096 µs × 2^timeout (14 is 67 ms,
+    /// perftest's default).
+    pub timeout: u8,
+    /// Retries after an ACK timeout or a sequence NAK (0-7).
+    pub retry_cnt: u8,
+    /// Retries after an RNR NAK (0-7; 7 is forever).
+    pub rnr_retry: u8,
+    /// The RNR timer this QP asks peers to wait (encoded, IBTA table 45;
+    /// 12 is 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// READs this QP has outstanding at once.
+    pub max_rd_atomic: usize,
+    /// READs from the peer this QP answers at once.
+    pub max_dest_rd_atomic: usize,
+    /// Packets in flight (not acknowledged) at most.
+    pub window: u32,
+}
+
+impl Default for RcQpConfig {
+    fn default() -> Self {
+        RcQpConfig {
+            qpn: None,
+            psn: None,
+            mtu: None,
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            window: 1024,
+        }
+    }
+}
+
+/// The peer an RC QP is connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RcDest {
+    /// The peer's IPv4 address.
+    pub ip: Ipv4Addr,
+    /// The peer QP's number.
+    pub qpn: u32,
+    /// The first PSN the peer sends with (what this QP expects first).
+    pub psn: u32,
+}
+
+/// A QP's state (the verbs states this transport uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum QpState {
+    /// Created, not connected: nothing is sent or taken.
+    Init,
+    /// Connected: ready to send and receive.
+    Rts,
+    /// Failed (or moved there by the app): work is flushed.
+    Error,
+}
+
+/// Bytes of a memory region: a scatter/gather element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Virtual address of the first byte (within the region).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The region's local key.
+    pub lkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RcOp {
+    /// SEND: consumes a receive at the peer.
+    Send,
+    /// SEND with immediate data.
+    SendImm(u32),
+    /// RDMA WRITE to the peer's `remote_addr` in the region `rkey` names.
+    Write {
+        /// Where in the peer's region.
+        remote_addr: u64,
+        /// The peer region's remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate data (consumes a receive at the peer).
+    WriteImm {
+        /// Where in the peer's region.
+        remote_addr: u64,
+        /// The peer region's remote key.
+        rkey: u32,
+        /// The immediate data.
+        imm: u32,
+    },
+    /// RDMA READ from the peer's `remote_addr` into the local bytes.
+    Read {
+        /// Where in the peer's region.
+        remote_addr: u64,
+        /// The peer region's remote key.
+        rkey: u32,
+    },
+}
+
+impl RcOp {
+    fn is_read(self) -> bool {
+        matches!(self, RcOp::Read { .. })
+    }
+}
+
+/// The local side of a send work request.
+#[derive(Debug, Clone, Copy)]
+pub enum Local<'a> {
+    /// Bytes of a registered region (read when sent, and again when
+    /// resent; a READ's destination).
+    Sge(Sge),
+    /// Bytes copied when posted (verbs' inline send; not for READ).
+    Inline(&'a [u8]),
+}
+
+/// A send work request.
+#[derive(Debug, Clone, Copy)]
+pub struct RcSendWr<'a> {
+    /// The caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// SEND, WRITE or READ.
+    pub op: RcOp,
+    /// The local bytes.
+    pub local: Local<'a>,
+    /// Whether a successful completion is reported (errors always are).
+    pub signaled: bool,
+    /// Set the solicited-event bit on the last packet.
+    pub solicited: bool,
+}
+
+/// What a completion is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum WcOpcode {
+    /// A SEND (with or without immediate) this QP posted.
+    Send,
+    /// An RDMA WRITE this QP posted.
+    RdmaWrite,
+    /// An RDMA READ this QP posted.
+    RdmaRead,
+    /// A SEND received into a posted receive.
+    Recv,
+    /// A WRITE with immediate received (its data is in the region; the
+    /// receive carries the immediate).
+    RecvRdmaWithImm,
+}
+
+/// A completion's status (the `ibv_wc_status` values RC produces).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum WcStatus {
+    /// Done.
+    Success,
+    /// A received message was longer than the posted receive.
+    LocalLengthError,
+    /// A local region was missing, too small or without the access.
+    LocalProtectionError,
+    /// Flushed: the QP went to the error state with it outstanding.
+    Flushed,
+    /// The peer answered with an invalid-request NAK.
+    RemoteInvalidRequest,
+    /// The peer refused the key or range (remote access NAK).
+    RemoteAccessError,
+    /// The peer could not complete it (remote operational NAK).
+    RemoteOperationalError,
+    /// No ACK after the retry count was spent.
+    RetryExceeded,
+    /// RNR NAKs after the RNR retry count was spent.
+    RnrRetryExceeded,
+}
+
+/// A completion queue entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Wc {
+    /// The work request's identifier.
+    pub wr_id: u64,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// How it ended.
+    pub status: WcStatus,
+    /// Message bytes (received, or of the work request).
+    pub byte_len: usize,
+    /// Immediate data received.
+    pub imm: Option<u32>,
+    /// The QP it belongs to.
+    pub qp_num: u32,
+}
+
+/// Errors of the RC API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RcError {
+    /// The handle names no QP or region.
+    #[error("no such queue pair or memory region")]
+    InvalidHandle,
+    /// The QP number asked for is taken (by an RC or a UD QP).
+    #[error("QP number {0} is in use")]
+    QpnInUse(u32),
+    /// The QP number asked for is not in 2..=0xffffff.
+    #[error("QP number {0} is out of range (2..=0xffffff)")]
+    BadQpn(u32),
+    /// The path MTU asked for is not 256, 512, 1024, 2048 or 4096, or
+    /// does not fit the link.
+    #[error("path MTU {0} is not an InfiniBand MTU that fits the link")]
+    BadMtu(usize),
+    /// The work queue holds its maximum.
+    #[error("work queue full")]
+    QueueFull,
+    /// The local bytes are not in a region with the access needed.
+    #[error("local protection error: the bytes are not in a region that allows this")]
+    LocalProtection,
+    /// A READ needs a region to land in, not inline data.
+    #[error("an RDMA READ needs a memory region, not inline data")]
+    InlineRead,
+    /// The message exceeds 2^31 bytes.
+    #[error("message of {0} bytes exceeds the RC limit of 2^31")]
+    TooLarge(usize),
+    /// The QP is in the error state.
+    #[error("queue pair is in the error state")]
+    QpError,
+    /// The QP is not in the state the call needs (connect twice).
+    #[error("queue pair is not in INIT")]
+    BadState,
+    /// No memory for the region.
+    #[error("cannot register a memory region")]
+    NoMemory,
+}
+
+impl From<RcError> for Error {
+    fn from(e: RcError) -> Self {
+        match e {
+            RcError::QueueFull => Error::QueueFull,
+            RcError::TooLarge(_) => Error::TooLarge,
+            RcError::QpnInUse(_) => Error::AddrInUse,
+            _ => Error::InvalidHandle,
+        }
+    }
+}
+
+/// One QP's counters (and the totals of all of them in [`crate::stats::RcStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RcQpStats {
+    /// Packets sent (requests, responses, including retransmissions).
+    pub tx_packets: u64,
+    /// Payload bytes sent the first time (SEND/WRITE data, READ responses).
+    pub tx_bytes: u64,
+    /// Requests taken in sequence.
+    pub rx_packets: u64,
+    /// Payload bytes placed (received SENDs and WRITEs, READ responses).
+    pub rx_bytes: u64,
+    /// Request packets sent again (go-back-N).
+    pub retransmits: u64,
+    /// ACK timeouts.
+    pub ack_timeouts: u64,
+    /// PSN-sequence NAKs sent (one per gap).
+    pub seq_naks_sent: u64,
+    /// PSN-sequence NAKs received.
+    pub seq_naks_received: u64,
+    /// RNR NAKs sent (no receive posted).
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Other NAKs sent (invalid request, remote access, operational).
+    pub naks_sent: u64,
+    /// Fatal NAKs received.
+    pub remote_errors: u64,
+    /// ACKs (and NAKs) sent.
+    pub acks_sent: u64,
+    /// Requests that arrived again after they were executed.
+    pub duplicates: u64,
+    /// Requests ahead of the expected PSN.
+    pub out_of_sequence: u64,
+    /// Gaps seen in READ responses.
+    pub read_gaps: u64,
+    /// ACKs and responses matching nothing outstanding.
+    pub stale_acks: u64,
+    /// WRITEs and READs refused for key, access or range.
+    pub access_errors: u64,
+    /// Responses with the wrong length or opcode for their place.
+    pub malformed: u64,
+    /// Times the QP went to the error state.
+    pub errors: u64,
+}
+
+/// What utop and telemetry show of one QP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RcQpStatus {
+    /// The QP number.
+    pub qpn: u32,
+    /// Its state.
+    pub state: QpState,
+    /// The peer, once connected.
+    pub dest: Option<RcDest>,
+    /// Path MTU in bytes.
+    pub mtu: usize,
+    /// The first PSN this QP sends with (what its peer must expect).
+    pub initial_psn: u32,
+    /// The PSN the next posted work request starts at.
+    pub next_psn: u32,
+    /// The oldest PSN not acknowledged.
+    pub una_psn: u32,
+    /// The PSN expected from the peer.
+    pub expected_psn: u32,
+    /// Send work requests not completed.
+    pub send_outstanding: usize,
+    /// Receives posted and not used.
+    pub recv_posted: usize,
+    /// READs sent whose responses are not all in.
+    pub reads_outstanding: usize,
+    /// Completions not polled.
+    pub cq_depth: usize,
+    /// The counters.
+    pub stats: RcQpStats,
+}
+
+/// The stack's RC QPs (hashed by QPN) and memory regions.
+#[derive(Debug)]
+pub(crate) struct RcTable {
+    qps: SlotMap<RcQpHandle, (RcQp, QpSched)>,
+    by_qpn: HashMap<u32, RcQpHandle>,
+    pub(crate) mrs: MrTable,
+    next_qpn: u32,
+    psn_seq: u64,
+    secret: (u64, u64),
+    timers: BinaryHeap<Reverse<(Instant, RcQpHandle)>>,
+    ready: VecDeque<RcQpHandle>,
+    /// Counters of QPs already destroyed (so totals never go back).
+    gone: RcQpStats,
+}
+
+/// A QP's place in the table's queues.
+#[derive(Debug, Default)]
+struct QpSched {
+    queued: bool,
+    timer_at: Option<Instant>,
+}
+
+/// RC QPNs start here (UD's start at 0x100): rxe-like small numbers,
+/// clear of the well-known UD services.
+const FIRST_RC_QPN: u32 = 0x1000;
+
+impl RcTable {
+    pub(crate) fn new(secret: (u64, u64)) -> Self {
+        RcTable {
+            qps: SlotMap::with_key(),
+            by_qpn: HashMap::new(),
+            mrs: MrTable::new(secret),
+            next_qpn: FIRST_RC_QPN,
+            psn_seq: 0,
+            secret,
+            timers: BinaryHeap::new(),
+            ready: VecDeque::new(),
+            gone: RcQpStats::default(),
+        }
+    }
+
+    pub(crate) fn has_qpn(&self, qpn: u32) -> bool {
+        self.by_qpn.contains_key(&qpn)
+    }
+
+    pub(crate) fn has_work(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Gauges and totals over every QP, live and gone.
+    pub(crate) fn stats(&self) -> crate::stats::RcStats {
+        let mut totals = self.gone;
+        for (q, _) in self.qps.values() {
+            add_stats(&mut totals, &q.stats);
+        }
+        crate::stats::RcStats {
+            qps: self.qps.len() as u64,
+            mrs: self.mrs.count() as u64,
+            mr_bytes: self.mrs.bytes() as u64,
+            totals,
+        }
+    }
+
+    pub(crate) fn status(&self) -> Vec<RcQpStatus> {
+        self.qps.values().map(|(q, _)| qp_status(q)).collect()
+    }
+
+    /// After anything that may give a QP work or move its timer.
+    fn schedule(&mut self, h: RcQpHandle) {
+        let Some((qp, s)) = self.qps.get_mut(h) else {
+            return;
+        };
+        if qp.wants_tx() && !s.queued {
+            s.queued = true;
+            self.ready.push_back(h);
+        }
+        if let Some(t) = qp.deadline() {
+            if s.timer_at.is_none_or(|old| t < old) {
+                s.timer_at = Some(t);
+                self.timers.push(Reverse((t, h)));
+            }
+        }
+    }
+
+    fn pick_qpn(&mut self, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
+        for _ in 0..MAX_QPN {
+            let q = self.next_qpn.max(FIRST_RC_QPN);
+            self.next_qpn = if q >= MAX_QPN { FIRST_RC_QPN } else { q + 1 };
+            if !self.by_qpn.contains_key(&q) && !taken(q) {
+                return Some(q);
+            }
+        }
+        None
+    }
+
+    fn random_psn(&mut self) -> u32 {
+        self.psn_seq += 1;
+        let mut h = SipHasher24::new_with_keys(self.secret.0 ^ 0x0070_736e, self.secret.1);
+        h.write_u64(self.psn_seq);
+        h.finish() as u32 & PSN_MASK
+    }
+
+    pub(crate) fn create_qp(
+        &mut self,
+        cfg: &RcQpConfig,
+        link_mtu: usize,
+        ud_taken: &dyn Fn(u32) -> bool,
+    ) -> Result<RcQpHandle, RcError> {
+        let path = crate::ud::ib_path_mtu(link_mtu).ok_or(RcError::BadMtu(link_mtu))?;
+        let pmtu = match cfg.mtu {
+            None => path,
+            Some(m) if [256, 512, 1024, 2048, 4096].contains(&m) && m <= path => m,
+            Some(m) => return Err(RcError::BadMtu(m)),
+        };
+        let qpn = match cfg.qpn {
+            Some(q) if !(2..=MAX_QPN).contains(&q) => return Err(RcError::BadQpn(q)),
+            Some(q) if self.by_qpn.contains_key(&q) || ud_taken(q) => {
+                return Err(RcError::QpnInUse(q));
+            }
+            Some(q) => q,
+            None => self.pick_qpn(ud_taken).ok_or(RcError::QueueFull)?,
+        };
+        let psn = match cfg.psn {
+            Some(p) => p & PSN_MASK,
+            None => self.random_psn(),
+        };
+        let h = self
+            .qps
+            .insert((RcQp::new(qpn, cfg, pmtu, psn), QpSched::default()));
+        self.by_qpn.insert(qpn, h);
+        Ok(h)
+    }
+
+    fn qp(&self, h: RcQpHandle) -> Result<&RcQp, RcError> {
+        self.qps
+            .get(h)
+            .map(|(q, _)| q)
+            .ok_or(RcError::InvalidHandle)
+    }
+
+    fn qp_mut(&mut self, h: RcQpHandle) -> Result<&mut RcQp, RcError> {
+        self.qps
+            .get_mut(h)
+            .map(|(q, _)| q)
+            .ok_or(RcError::InvalidHandle)
+    }
+
+    /// Receive path for RC packets (the BTH opcode is an RC one). `ip` is
+    /// the whole IPv4 packet, checked (ICRC included) by the caller.
+    pub(crate) fn process(
+        &mut self,
+        now: Instant,
+        ip: &[u8],
+        roce: &[u8],
+    ) -> Result<(), DropReason> {
+        let bth = BthPacket::new_checked(roce).map_err(|_| DropReason::UdMalformed)?;
+        if bth.version() != 0 {
+            return Err(DropReason::UdMalformed);
+        }
+        if bth.pkey() & 0x7fff != DEFAULT_PKEY & 0x7fff {
+            return Err(DropReason::UdBadPkey);
+        }
+        let opcode = RcOpcode::from_u8(u8::from(bth.opcode())).ok_or(DropReason::UdBadOpcode)?;
+        let pad = usize::from(bth.pad_count());
+        let body = roce
+            .len()
+            .checked_sub(BTH_LEN + ICRC_LEN + pad)
+            .ok_or(DropReason::UdMalformed)?;
+        let hdrs = RcHeaders::parse(opcode, &roce[BTH_LEN..BTH_LEN + body])
+            .map_err(|_| DropReason::UdMalformed)?;
+        let h = *self
+            .by_qpn
+            .get(&bth.dest_qp())
+            .ok_or(DropReason::UdUnknownQpn)?;
+        let (qp, _) = self.qps.get_mut(h).ok_or(DropReason::UdUnknownQpn)?;
+        let src = Ipv4Packet::new_unchecked(ip).src_addr();
+        if qp.dest.is_none_or(|d| d.ip != src) {
+            return Err(DropReason::RcWrongPeer);
+        }
+        let r = qp.on_packet(now, bth.psn(), bth.ack_req(), &hdrs, &mut self.mrs);
+        self.schedule(h);
+        match r {
+            Rx::Ok => Ok(()),
+            Rx::BadState => Err(DropReason::RcBadState),
+            Rx::Stale => Err(DropReason::RcStale),
+        }
+    }
+
+    /// Run due timers and emit what QPs have to send.
+    pub(crate) fn poll<T: Tx>(&mut self, link: &mut Link, now: Instant, tx: &mut T) {
+        while let Some(Reverse((t, h))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some((qp, s)) = self.qps.get_mut(h) else {
+                continue;
+            };
+            if s.timer_at == Some(t) {
+                s.timer_at = None;
+            }
+            qp.on_timer(now);
+            self.schedule(h);
+        }
+        let mut again = Vec::new();
+        while let Some(h) = self.ready.pop_front() {
+            let Some((qp, s)) = self.qps.get_mut(h) else {
+                continue;
+            };
+            s.queued = false;
+            let Some(dest) = qp.dest else { continue };
+            let src_qpn = qp.qpn;
+            let mrs = &self.mrs;
+            let r = qp.poll_transmit(now, mrs, &mut |p| {
+                send_packet(link, now, tx, dest, src_qpn, p)
+            });
+            if r.is_err() || qp.wants_tx_now() {
+                again.push(h);
+            }
+            if let Some((qp, s)) = self.qps.get_mut(h) {
+                if let Some(t) = qp.deadline() {
+                    if s.timer_at.is_none_or(|old| t < old) {
+                        s.timer_at = Some(t);
+                        self.timers.push(Reverse((t, h)));
+                    }
+                }
+            }
+        }
+        for h in again {
+            if let Some((_, s)) = self.qps.get_mut(h) {
+                if !s.queued {
+                    s.queued = true;
+                    self.ready.push_back(h);
+                }
+            }
+        }
+    }
+}
+
+/// Put one RC packet on the wire: `IPv4 | UDP 4791 | BTH | headers |
+/// payload | pad | ICRC`, DF set.
+fn send_packet<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    dest: RcDest,
+    src_qpn: u32,
+    p: &OutPacket<'_>,
+) -> Result<(), Error> {
+    let pad = (4 - p.hdrs.payload.len() % 4) % 4;
+    let roce_len = BTH_LEN + p.hdrs.buffer_len() + pad + ICRC_LEN;
+    let udp_len = 8 + roce_len;
+    let sport = udwire::udp_source_port(src_qpn, dest.qpn);
+    link.send_ip_packet(now, tx, dest.ip, IpProtocol::Udp, udp_len, |ip| {
+        let mut pkt = Ipv4Packet::new_unchecked(&mut *ip);
+        pkt.set_dont_frag(true);
+        pkt.fill_checksum();
+        let udp = &mut ip[IP_LEN..];
+        udp[0..2].copy_from_slice(&sport.to_be_bytes());
+        udp[2..4].copy_from_slice(&ROCE_PORT.to_be_bytes());
+        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        udp[6..8].fill(0);
+        let mut bth = BthPacket::new_unchecked(&mut udp[8..]);
+        bth.set_opcode(udwire::Opcode::from(p.opcode as u8));
+        bth.set_flags(p.solicited, true, pad as u8);
+        bth.set_pkey(DEFAULT_PKEY);
+        bth.set_resv8a(0);
+        bth.set_dest_qp(dest.qpn);
+        bth.set_ack_req(p.ack_req);
+        bth.set_psn(p.psn);
+        let rest = bth.payload_mut();
+        let n = p.hdrs.buffer_len();
+        p.hdrs.emit(&mut rest[..n]);
+        rest[n..n + pad + ICRC_LEN].fill(0);
+        udwire::icrc_fill(ip);
+    })
+}
+
+fn add_stats(t: &mut RcQpStats, s: &RcQpStats) {
+    t.tx_packets += s.tx_packets;
+    t.tx_bytes += s.tx_bytes;
+    t.rx_packets += s.rx_packets;
+    t.rx_bytes += s.rx_bytes;
+    t.retransmits += s.retransmits;
+    t.ack_timeouts += s.ack_timeouts;
+    t.seq_naks_sent += s.seq_naks_sent;
+    t.seq_naks_received += s.seq_naks_received;
+    t.rnr_naks_sent += s.rnr_naks_sent;
+    t.rnr_naks_received += s.rnr_naks_received;
+    t.naks_sent += s.naks_sent;
+    t.remote_errors += s.remote_errors;
+    t.acks_sent += s.acks_sent;
+    t.duplicates += s.duplicates;
+    t.out_of_sequence += s.out_of_sequence;
+    t.read_gaps += s.read_gaps;
+    t.stale_acks += s.stale_acks;
+    t.access_errors += s.access_errors;
+    t.malformed += s.malformed;
+    t.errors += s.errors;
+}
+
+fn qp_status(q: &RcQp) -> RcQpStatus {
+    let (initial_psn, next_psn, una_psn, expected_psn) = q.psns();
+    let (send_outstanding, recv_posted) = q.outstanding();
+    RcQpStatus {
+        qpn: q.qpn,
+        state: q.state,
+        dest: q.dest,
+        mtu: q.pmtu(),
+        initial_psn,
+        next_psn,
+        una_psn,
+        expected_psn,
+        send_outstanding,
+        recv_posted,
+        reads_outstanding: q.reads_outstanding(),
+        cq_depth: q.cq_len(),
+        stats: q.stats,
+    }
+}
+
+/// The RC verbs on the stack.
+impl crate::Stack {
+    /// Register a memory region of `len` zeroed bytes the engine owns,
+    /// allowing `access`. Its address and keys are in [`rc_mr_info`](Self::rc_mr_info).
+    pub fn rc_reg_mr(&mut self, len: usize, access: Access) -> Result<MrHandle, RcError> {
+        if len > MAX_MSG {
+            return Err(RcError::TooLarge(len));
+        }
+        self.rc.mrs.register(len, access).ok_or(RcError::NoMemory)
+    }
+
+    /// A region's address range, keys and access.
+    pub fn rc_mr_info(&self, mr: MrHandle) -> Result<MrInfo, RcError> {
+        self.rc.mrs.info(mr).ok_or(RcError::InvalidHandle)
+    }
+
+    /// A region's bytes.
+    pub fn rc_mr(&self, mr: MrHandle) -> Result<&[u8], RcError> {
+        self.rc.mrs.data(mr).ok_or(RcError::InvalidHandle)
+    }
+
+    /// A region's bytes, writable (what a peer READs, what a SEND sends).
+    pub fn rc_mr_mut(&mut self, mr: MrHandle) -> Result<&mut [u8], RcError> {
+        self.rc.mrs.data_mut(mr).ok_or(RcError::InvalidHandle)
+    }
+
+    /// Deregister a region. Work still naming it fails with a protection
+    /// error; peers' accesses are refused.
+    pub fn rc_dereg_mr(&mut self, mr: MrHandle) -> Result<(), RcError> {
+        if self.rc.mrs.deregister(mr) {
+            Ok(())
+        } else {
+            Err(RcError::InvalidHandle)
+        }
+    }
+
+    /// Create an RC QP in INIT: its QPN and first PSN are chosen (see
+    /// [`rc_qp_status`](Self::rc_qp_status)) for the app to hand its peer.
+    pub fn rc_create_qp(&mut self, cfg: &RcQpConfig) -> Result<RcQpHandle, RcError> {
+        let ud = &self.ud;
+        self.rc
+            .create_qp(cfg, self.link.cfg.mtu, &|q| ud.has_qpn(q))
+    }
+
+    /// Connect a QP in INIT to its peer (verbs: to RTR and RTS at once).
+    pub fn rc_connect(&mut self, qp: RcQpHandle, dest: RcDest) -> Result<(), RcError> {
+        let q = self.rc.qp_mut(qp)?;
+        if q.state != QpState::Init {
+            return Err(RcError::BadState);
+        }
+        q.connect(RcDest {
+            qpn: dest.qpn & MAX_QPN,
+            psn: dest.psn & PSN_MASK,
+            ..dest
+        });
+        self.rc.schedule(qp);
+        Ok(())
+    }
+
+    /// Post a receive: a SEND (or WRITE with immediate) from the peer lands
+    /// in `sge`, which must lie in a region with local write access.
+    pub fn rc_post_recv(&mut self, qp: RcQpHandle, wr_id: u64, sge: Sge) -> Result<(), RcError> {
+        let RcTable { qps, mrs, .. } = &mut self.rc;
+        let (q, _) = qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
+        q.post_recv(wr_id, sge, mrs)
+    }
+
+    /// Post a send work request; it leaves on the next poll (once
+    /// connected), in order with the others.
+    pub fn rc_post_send(&mut self, qp: RcQpHandle, wr: &RcSendWr<'_>) -> Result<(), RcError> {
+        let RcTable { qps, mrs, .. } = &mut self.rc;
+        let (q, _) = qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
+        q.post_send(wr, mrs)?;
+        self.rc.schedule(qp);
+        Ok(())
+    }
+
+    /// Move up to `max` completions into `out`; returns how many.
+    pub fn rc_poll_cq(
+        &mut self,
+        qp: RcQpHandle,
+        max: usize,
+        out: &mut Vec<Wc>,
+    ) -> Result<usize, RcError> {
+        Ok(self.rc.qp_mut(qp)?.poll_cq(max, out))
+    }
+
+    /// A QP's state, PSNs, queues and counters.
+    pub fn rc_qp_status(&self, qp: RcQpHandle) -> Result<RcQpStatus, RcError> {
+        Ok(qp_status(self.rc.qp(qp)?))
+    }
+
+    /// Every RC QP's status (for telemetry).
+    pub fn rc_qps(&self) -> Vec<RcQpStatus> {
+        self.rc.status()
+    }
+
+    /// Move a QP to the error state: outstanding work completes flushed.
+    pub fn rc_set_error(&mut self, qp: RcQpHandle) -> Result<(), RcError> {
+        self.rc.qp_mut(qp)?.set_error();
+        Ok(())
+    }
+
+    /// Destroy a QP; outstanding work is discarded.
+    pub fn rc_destroy_qp(&mut self, qp: RcQpHandle) -> Result<(), RcError> {
+        let (q, _) = self.rc.qps.remove(qp).ok_or(RcError::InvalidHandle)?;
+        self.rc.by_qpn.remove(&q.qpn);
+        self.rc.ready.retain(|&h| h != qp);
+        add_stats(&mut self.rc.gone, &q.stats);
+        Ok(())
+    }
+}

@@ -343,7 +343,11 @@ impl UdTable {
         !self.ready.is_empty()
     }
 
-    fn pick_qpn(&mut self) -> Option<u32> {
+    pub(crate) fn has_qpn(&self, qpn: u32) -> bool {
+        self.by_qpn.contains_key(&qpn)
+    }
+
+    fn pick_qpn(&mut self, taken: &dyn Fn(u32) -> bool) -> Option<u32> {
         for _ in 0..MAX_QPN {
             let q = self.next_qpn.max(FIRST_DYNAMIC_QPN);
             self.next_qpn = if q >= MAX_QPN {
@@ -351,12 +355,40 @@ impl UdTable {
             } else {
                 q + 1
             };
-            if !self.by_qpn.contains_key(&q) {
+            if !self.by_qpn.contains_key(&q) && !taken(q) {
                 return Some(q);
             }
         }
         None
     }
+}
+
+/// The IPv4 packet a RoCEv2 datagram came in (header through the end of
+/// the UDP datagram), checked to hold a BTH and a good ICRC. Reassembled
+/// datagrams have no single header to check: RoCE is never fragmented
+/// (RNICs set DF).
+pub(crate) fn roce_packet<'a>(
+    ip: Option<&'a [u8]>,
+    udp_payload: &[u8],
+) -> Result<&'a [u8], DropReason> {
+    let ip = ip.ok_or(DropReason::UdMalformed)?;
+    let ihl = usize::from(ip.first().copied().unwrap_or(0) & 0x0f) * 4;
+    let ip = ip
+        .get(..ihl + 8 + udp_payload.len())
+        .ok_or(DropReason::UdMalformed)?;
+    if udp_payload.len() < BTH_LEN + ICRC_LEN {
+        return Err(DropReason::UdMalformed);
+    }
+    if !wire::icrc_verify(ip) {
+        return Err(DropReason::UdBadIcrc);
+    }
+    Ok(ip)
+}
+
+/// Whether a RoCEv2 datagram's BTH opcode is an RC one (transport bits
+/// 000), for the RC table rather than UD.
+pub(crate) fn is_rc(udp_payload: &[u8]) -> bool {
+    udp_payload.first().is_some_and(|&op| op <= 0x1f)
 }
 
 impl UdTable {
@@ -370,19 +402,7 @@ impl UdTable {
         ip: Option<&[u8]>,
         udp_payload: &[u8],
     ) -> Result<(), DropReason> {
-        // Reassembled datagrams have no single header to check: RoCE is
-        // never fragmented (RNICs set DF).
-        let ip = ip.ok_or(DropReason::UdMalformed)?;
-        let ihl = usize::from(ip.first().copied().unwrap_or(0) & 0x0f) * 4;
-        let ip = ip
-            .get(..ihl + 8 + udp_payload.len())
-            .ok_or(DropReason::UdMalformed)?;
-        if udp_payload.len() < BTH_LEN + ICRC_LEN {
-            return Err(DropReason::UdMalformed);
-        }
-        if !wire::icrc_verify(ip) {
-            return Err(DropReason::UdBadIcrc);
-        }
+        let ip = roce_packet(ip, udp_payload)?;
         let repr = UdSendRepr::parse(udp_payload).map_err(|e| match e {
             WireError::BadOpcode => DropReason::UdBadOpcode,
             _ => DropReason::UdMalformed,
@@ -521,12 +541,20 @@ impl UdTable {
 /// The [`UdTransport`] operations on the table; the stack implements the
 /// trait with these (see `Stack`), passing its message size limit.
 impl UdTable {
-    pub(crate) fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
+    /// Create a QP; `taken` names QP numbers other transports of the
+    /// stack (RC) hold.
+    pub(crate) fn create_qp(
+        &mut self,
+        cfg: &QpConfig,
+        taken: &dyn Fn(u32) -> bool,
+    ) -> Result<QpHandle, UdError> {
         let qpn = match cfg.qpn {
             Some(q) if !(2..=MAX_QPN).contains(&q) => return Err(UdError::BadQpn(q)),
-            Some(q) if self.by_qpn.contains_key(&q) => return Err(UdError::QpnInUse(q)),
+            Some(q) if self.by_qpn.contains_key(&q) || taken(q) => {
+                return Err(UdError::QpnInUse(q));
+            }
             Some(q) => q,
-            None => self.pick_qpn().ok_or(UdError::QueueFull)?,
+            None => self.pick_qpn(taken).ok_or(UdError::QueueFull)?,
         };
         let qp = Qp {
             qpn,

@@ -1,0 +1,714 @@
+//! RoCEv2 RC spoken by the stack, on the sim link: SEND, SEND with
+//! immediate, WRITE, WRITE with immediate and READ from 1 B to 8 MB
+//! byte-exact on a clean link and under loss, reordering and duplication
+//! (go-back-N visible in the counters), RNR NAKs and their retry count,
+//! the ACK timeout's retry count, bad keys and ranges (the NAK the spec
+//! names, both QPs in error, nothing written), crafted packets far out of
+//! window and a NAK storm, and every buffer back in its pool.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use ustack::rc::wire::{NakCode, RcHeaders, RcOpcode, Syndrome};
+use ustack::rc::{
+    Access, Local, MrHandle, QpState, RcDest, RcOp, RcQpConfig, RcQpHandle, RcSendWr, Sge, Wc,
+    WcOpcode, WcStatus,
+};
+use ustack::sim::{LinkConfig, SimNet, host_config};
+use ustack::stats::DropReason;
+use ustack::ud::wire::{BTH_LEN, BthPacket, ICRC_LEN, Opcode, ROCE_PORT, icrc_fill};
+use ustack::{Instant, Stack, VecTx};
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const MAX: usize = 8 << 20;
+
+struct Pair {
+    net: SimNet,
+    qa: RcQpHandle,
+    qb: RcQpHandle,
+    /// A's region (sources of SEND/WRITE, READ destination).
+    ma: MrHandle,
+    /// B's region (receives, WRITE target, READ source).
+    mb: MrHandle,
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..len).map(|_| rng.u8(..)).collect()
+}
+
+fn pair(link: LinkConfig, qcfg: &RcQpConfig, region: usize) -> Pair {
+    let mut net = SimNet::new(link);
+    net.add(host_config(1));
+    net.add(host_config(2));
+    let (qa, ma) = {
+        let s = &mut net.nodes[0].stack;
+        (
+            s.rc_create_qp(qcfg).unwrap(),
+            s.rc_reg_mr(region, Access::ALL).unwrap(),
+        )
+    };
+    let (qb, mb) = {
+        let s = &mut net.nodes[1].stack;
+        (
+            s.rc_create_qp(qcfg).unwrap(),
+            s.rc_reg_mr(region, Access::ALL).unwrap(),
+        )
+    };
+    let sa = net.nodes[0].stack.rc_qp_status(qa).unwrap();
+    let sb = net.nodes[1].stack.rc_qp_status(qb).unwrap();
+    assert_eq!(sa.state, QpState::Init);
+    net.nodes[0]
+        .stack
+        .rc_connect(
+            qa,
+            RcDest {
+                ip: B,
+                qpn: sb.qpn,
+                psn: sb.initial_psn,
+            },
+        )
+        .unwrap();
+    net.nodes[1]
+        .stack
+        .rc_connect(
+            qb,
+            RcDest {
+                ip: A,
+                qpn: sa.qpn,
+                psn: sa.initial_psn,
+            },
+        )
+        .unwrap();
+    Pair {
+        net,
+        qa,
+        qb,
+        ma,
+        mb,
+    }
+}
+
+fn sge(s: &Stack, mr: MrHandle, off: usize, len: usize) -> Sge {
+    let i = s.rc_mr_info(mr).unwrap();
+    Sge {
+        addr: i.addr + off as u64,
+        len: len as u32,
+        lkey: i.lkey,
+    }
+}
+
+impl Pair {
+    /// Run until A has `na` and B has `nb` completions (or a minute of
+    /// virtual time passes); returns them.
+    fn run(&mut self, na: usize, nb: usize, secs: u64) -> (Vec<Wc>, Vec<Wc>) {
+        let (qa, qb) = (self.qa, self.qb);
+        let mut wa = Vec::new();
+        let mut wb = Vec::new();
+        let deadline = self.net.now + Duration::from_secs(secs);
+        self.net.run_until(deadline, &mut [], |n| {
+            // (A QP a test destroyed has nothing to poll.)
+            let _ = n.nodes[0].stack.rc_poll_cq(qa, usize::MAX, &mut wa);
+            let _ = n.nodes[1].stack.rc_poll_cq(qb, usize::MAX, &mut wb);
+            wa.len() >= na && wb.len() >= nb
+        });
+        (wa, wb)
+    }
+
+    fn a(&mut self) -> &mut Stack {
+        &mut self.net.nodes[0].stack
+    }
+
+    fn b(&mut self) -> &mut Stack {
+        &mut self.net.nodes[1].stack
+    }
+
+    /// Let everything in flight land and check no buffer is held.
+    fn drain(&mut self) {
+        let deadline = self.net.now + Duration::from_secs(5);
+        self.net.run_until(deadline, &mut [], |_| false);
+        assert_eq!(self.net.link.in_flight(), 0);
+        assert_eq!(self.net.pools_in_use(), 0, "buffers leaked");
+    }
+
+    /// One message of `len` bytes with `op` from A to B, checked
+    /// byte-exact; returns A's and B's completions.
+    fn transfer(&mut self, kind: &str, len: usize, seed: u64) {
+        let (qa, qb, ma, mb) = (self.qa, self.qb, self.ma, self.mb);
+        let data = pattern(len, seed);
+        let ib = self.b().rc_mr_info(mb).unwrap();
+        let (wr_op, recv) = match kind {
+            "send" => (RcOp::Send, true),
+            "send_imm" => (RcOp::SendImm(seed as u32), true),
+            "write" => (
+                RcOp::Write {
+                    remote_addr: ib.addr,
+                    rkey: ib.rkey,
+                },
+                false,
+            ),
+            "write_imm" => (
+                RcOp::WriteImm {
+                    remote_addr: ib.addr,
+                    rkey: ib.rkey,
+                    imm: seed as u32,
+                },
+                true,
+            ),
+            "read" => (
+                RcOp::Read {
+                    remote_addr: ib.addr,
+                    rkey: ib.rkey,
+                },
+                false,
+            ),
+            _ => unreachable!(),
+        };
+        // The source side holds the pattern, the other side zeros.
+        if kind == "read" {
+            self.b().rc_mr_mut(mb).unwrap()[..len].copy_from_slice(&data);
+            self.a().rc_mr_mut(ma).unwrap()[..len].fill(0);
+        } else {
+            self.a().rc_mr_mut(ma).unwrap()[..len].copy_from_slice(&data);
+            self.b().rc_mr_mut(mb).unwrap()[..len].fill(0);
+        }
+        if recv {
+            let rs = if kind == "write_imm" {
+                sge(self.b(), mb, 0, 0)
+            } else {
+                sge(self.b(), mb, 0, len)
+            };
+            self.b().rc_post_recv(qb, 7, rs).unwrap();
+        }
+        let local = sge(self.a(), ma, 0, len);
+        self.a()
+            .rc_post_send(
+                qa,
+                &RcSendWr {
+                    wr_id: 42,
+                    op: wr_op,
+                    local: Local::Sge(local),
+                    signaled: true,
+                    solicited: false,
+                },
+            )
+            .unwrap();
+        let (wa, wb) = self.run(1, usize::from(recv), 600);
+        assert_eq!(
+            wa.len(),
+            1,
+            "{kind} {len}: no completion at A (status {:?})",
+            self.a().rc_qp_status(qa)
+        );
+        assert_eq!(wa[0].status, WcStatus::Success, "{kind} {len}");
+        assert_eq!(wa[0].wr_id, 42);
+        assert_eq!(wa[0].byte_len, len);
+        assert_eq!(
+            wa[0].opcode,
+            match kind {
+                "send" | "send_imm" => WcOpcode::Send,
+                "read" => WcOpcode::RdmaRead,
+                _ => WcOpcode::RdmaWrite,
+            }
+        );
+        if recv {
+            assert_eq!(wb.len(), 1, "{kind} {len}: no receive completion");
+            assert_eq!(wb[0].status, WcStatus::Success);
+            assert_eq!(wb[0].wr_id, 7);
+            assert_eq!(wb[0].byte_len, len);
+            let imm = (kind.ends_with("imm")).then_some(seed as u32);
+            assert_eq!(wb[0].imm, imm);
+            assert_eq!(
+                wb[0].opcode,
+                if kind == "write_imm" {
+                    WcOpcode::RecvRdmaWithImm
+                } else {
+                    WcOpcode::Recv
+                }
+            );
+        } else {
+            assert!(wb.is_empty(), "{kind}: the responder completes nothing");
+        }
+        let got = if kind == "read" {
+            self.a().rc_mr(ma).unwrap()[..len].to_vec()
+        } else {
+            self.b().rc_mr(mb).unwrap()[..len].to_vec()
+        };
+        assert!(got == data, "{kind} {len}: bytes differ");
+    }
+}
+
+const SIZES: [usize; 8] = [1, 1023, 1024, 1025, 4096, 65_536, 1 << 20, MAX];
+const KINDS: [&str; 5] = ["send", "send_imm", "write", "write_imm", "read"];
+
+fn sweep(link: LinkConfig, qcfg: &RcQpConfig) -> Pair {
+    let mut p = pair(link, qcfg, MAX);
+    let mut seed = 1;
+    for len in SIZES {
+        for kind in KINDS {
+            seed += 1;
+            p.transfer(kind, len, seed);
+        }
+    }
+    p.drain();
+    p
+}
+
+#[test]
+fn every_operation_from_1_byte_to_8_mib_is_byte_exact_on_a_clean_link() {
+    // A lossless fabric, as RoCE is run on (PFC): no queue ever drops.
+    let lossless = LinkConfig {
+        queue_frames: 1 << 20,
+        ..LinkConfig::default()
+    };
+    let mut p = sweep(lossless, &RcQpConfig::default());
+    assert_eq!(p.net.link.stats().queue_drops, 0);
+    let (qa, qb) = (p.qa, p.qb);
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sb = p.b().rc_qp_status(qb).unwrap();
+    assert_eq!(sa.state, QpState::Rts);
+    assert_eq!(sa.stats.retransmits, 0, "{sa:?}");
+    assert_eq!(sa.stats.ack_timeouts, 0, "{sa:?}");
+    assert_eq!(sb.stats.seq_naks_sent, 0, "{sb:?}");
+    // Every PSN was acknowledged and nothing is outstanding.
+    assert_eq!(sa.una_psn, sa.next_psn);
+    assert_eq!(sb.expected_psn, sa.next_psn);
+    assert_eq!(sa.send_outstanding, 0);
+    assert_eq!(sa.mtu, 1024);
+    let st = p.a().stats();
+    assert_eq!(st.rc.qps, 1);
+    assert_eq!(st.rc.mrs, 1);
+    assert_eq!(st.drops.total(), 0);
+}
+
+fn lossy(loss: f64, seed: u64) -> LinkConfig {
+    LinkConfig {
+        loss,
+        reorder: loss / 2.0,
+        duplicate: loss / 2.0,
+        delay: Duration::from_micros(20),
+        // A 10 Gbit/s wire: the data in flight is bounded by what the
+        // link holds, as on a real one.
+        rate_bps: 10_000_000_000,
+        seed,
+        ..LinkConfig::default()
+    }
+}
+
+#[test]
+fn every_operation_survives_1_percent_loss_reordering_and_duplication() {
+    let mut p = sweep(lossy(0.01, 11), &RcQpConfig::default());
+    let (qa, qb) = (p.qa, p.qb);
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sb = p.b().rc_qp_status(qb).unwrap();
+    eprintln!(
+        "1% loss: requester {:?}\nresponder {:?}\nlink {:?}",
+        sa.stats,
+        sb.stats,
+        p.net.link.stats()
+    );
+    assert!(sa.stats.retransmits > 0, "go-back-N never ran: {sa:?}");
+    assert!(sb.stats.seq_naks_sent > 0 && sa.stats.seq_naks_received > 0);
+    assert!(
+        sb.stats.duplicates > 0,
+        "duplicates were never seen: {sb:?}"
+    );
+    assert!(
+        sa.stats.read_gaps > 0,
+        "no READ response was ever lost: {sa:?}"
+    );
+}
+
+#[test]
+fn every_operation_survives_10_percent_loss() {
+    let cfg = RcQpConfig {
+        window: 128,
+        ..RcQpConfig::default()
+    };
+    let mut p = sweep(lossy(0.10, 12), &cfg);
+    let (qa, qb) = (p.qa, p.qb);
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sb = p.b().rc_qp_status(qb).unwrap();
+    eprintln!(
+        "10% loss: requester {:?}\nresponder {:?}\nlink {:?}",
+        sa.stats,
+        sb.stats,
+        p.net.link.stats()
+    );
+    assert!(sa.stats.retransmits > 1000, "{sa:?}");
+    assert!(sa.stats.ack_timeouts > 0, "{sa:?}");
+    assert!(sb.stats.seq_naks_sent > 0);
+    assert_eq!(sa.state, QpState::Rts);
+    assert_eq!(sb.state, QpState::Rts);
+}
+
+#[test]
+fn a_send_without_a_receive_is_rnr_nakked_until_one_is_posted() {
+    let mut p = pair(LinkConfig::default(), &RcQpConfig::default(), 4096);
+    let (qa, qb, ma, mb) = (p.qa, p.qb, p.ma, p.mb);
+    p.a().rc_mr_mut(ma).unwrap()[..100].copy_from_slice(&[9; 100]);
+    let local = sge(p.a(), ma, 0, 100);
+    p.a()
+        .rc_post_send(
+            qa,
+            &RcSendWr {
+                wr_id: 1,
+                op: RcOp::Send,
+                local: Local::Sge(local),
+                signaled: true,
+                solicited: false,
+            },
+        )
+        .unwrap();
+    // 5 ms of no receive: the RNR timer (0.64 ms) runs several times.
+    let (wa, _) = p.run(1, 0, 0);
+    assert!(wa.is_empty());
+    let deadline = p.net.now + Duration::from_millis(5);
+    p.net.run_until(deadline, &mut [], |_| false);
+    let rnr = p.b().rc_qp_status(qb).unwrap().stats.rnr_naks_sent;
+    assert!(rnr >= 3, "{rnr} RNR NAKs");
+    assert_eq!(p.a().rc_qp_status(qa).unwrap().stats.rnr_naks_received, rnr);
+    let rs = sge(p.b(), mb, 0, 4096);
+    p.b().rc_post_recv(qb, 2, rs).unwrap();
+    let (wa, wb) = p.run(1, 1, 10);
+    assert_eq!(wa[0].status, WcStatus::Success);
+    assert_eq!((wb[0].status, wb[0].byte_len), (WcStatus::Success, 100));
+    assert_eq!(&p.b().rc_mr(mb).unwrap()[..100], &[9; 100]);
+    p.drain();
+}
+
+#[test]
+fn rnr_retries_run_out_and_both_sides_report_it() {
+    let cfg = RcQpConfig {
+        rnr_retry: 2,
+        ..RcQpConfig::default()
+    };
+    let mut p = pair(LinkConfig::default(), &cfg, 4096);
+    let (qa, ma) = (p.qa, p.ma);
+    let local = sge(p.a(), ma, 0, 10);
+    for id in 0..3 {
+        p.a()
+            .rc_post_send(
+                qa,
+                &RcSendWr {
+                    wr_id: id,
+                    op: RcOp::Send,
+                    local: Local::Sge(local),
+                    signaled: true,
+                    solicited: false,
+                },
+            )
+            .unwrap();
+    }
+    let (wa, _) = p.run(3, 0, 10);
+    assert_eq!(wa[0].status, WcStatus::RnrRetryExceeded);
+    assert_eq!(wa[1].status, WcStatus::Flushed);
+    assert_eq!(wa[2].status, WcStatus::Flushed);
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    assert_eq!(sa.state, QpState::Error);
+    assert_eq!(sa.stats.rnr_naks_received, 3, "first try and 2 retries");
+    // A QP in error takes no new work.
+    assert!(
+        p.a()
+            .rc_post_send(
+                qa,
+                &RcSendWr {
+                    wr_id: 9,
+                    op: RcOp::Send,
+                    local: Local::Inline(b"x"),
+                    signaled: true,
+                    solicited: false,
+                }
+            )
+            .is_err()
+    );
+    p.drain();
+}
+
+#[test]
+fn a_silent_peer_exhausts_the_retry_count() {
+    let cfg = RcQpConfig {
+        retry_cnt: 3,
+        timeout: 10,
+        ..RcQpConfig::default()
+    };
+    let mut p = pair(LinkConfig::default(), &cfg, 4096);
+    let (qa, qb) = (p.qa, p.qb);
+    // The peer's QP is gone: nothing answers.
+    p.b().rc_destroy_qp(qb).unwrap();
+    p.a()
+        .rc_post_send(
+            qa,
+            &RcSendWr {
+                wr_id: 5,
+                op: RcOp::Send,
+                local: Local::Inline(b"hello"),
+                signaled: true,
+                solicited: false,
+            },
+        )
+        .unwrap();
+    let (wa, _) = p.run(1, 0, 10);
+    assert_eq!(wa[0].status, WcStatus::RetryExceeded);
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    assert_eq!(sa.stats.ack_timeouts, 4, "the first timeout and 3 retries");
+    assert_eq!(sa.stats.retransmits, 3);
+    assert_eq!(sa.state, QpState::Error);
+    assert!(p.b().stats().drops.get(DropReason::UdUnknownQpn) >= 4);
+    p.drain();
+}
+
+#[test]
+fn a_write_with_a_bad_key_or_range_is_refused_and_writes_nothing() {
+    for case in [
+        "bad rkey",
+        "past the end",
+        "no remote write",
+        "read past the end",
+    ] {
+        let mut p = pair(LinkConfig::default(), &RcQpConfig::default(), 4096);
+        let (qa, qb, mb) = (p.qa, p.qb, p.mb);
+        let ib = p.b().rc_mr_info(mb).unwrap();
+        let ro = p.b().rc_reg_mr(4096, Access::REMOTE_READ).unwrap();
+        let iro = p.b().rc_mr_info(ro).unwrap();
+        let ma = p.ma;
+        let local = sge(p.a(), ma, 0, 100);
+        let op = match case {
+            "bad rkey" => RcOp::Write {
+                remote_addr: ib.addr,
+                rkey: ib.rkey ^ 0x55,
+            },
+            "past the end" => RcOp::Write {
+                remote_addr: ib.addr + 4000,
+                rkey: ib.rkey,
+            },
+            "no remote write" => RcOp::Write {
+                remote_addr: iro.addr,
+                rkey: iro.rkey,
+            },
+            _ => RcOp::Read {
+                remote_addr: iro.addr + 4090,
+                rkey: iro.rkey,
+            },
+        };
+        p.a().rc_mr_mut(ma).unwrap()[..100].fill(0xee);
+        p.a()
+            .rc_post_send(
+                qa,
+                &RcSendWr {
+                    wr_id: 3,
+                    op,
+                    local: Local::Sge(local),
+                    signaled: true,
+                    solicited: false,
+                },
+            )
+            .unwrap();
+        let (wa, _) = p.run(1, 0, 10);
+        assert_eq!(wa[0].status, WcStatus::RemoteAccessError, "{case}");
+        assert_eq!(
+            p.a().rc_qp_status(qa).unwrap().state,
+            QpState::Error,
+            "{case}"
+        );
+        let sb = p.b().rc_qp_status(qb).unwrap();
+        assert_eq!(sb.state, QpState::Error, "{case}");
+        assert_eq!(sb.stats.access_errors, 1, "{case}");
+        assert!(
+            p.b().rc_mr(mb).unwrap().iter().all(|&b| b == 0),
+            "{case}: bytes were written"
+        );
+        assert!(
+            p.b().rc_mr(ro).unwrap().iter().all(|&b| b == 0),
+            "{case}: bytes were written"
+        );
+        p.drain();
+    }
+}
+
+/// A crafted RC packet from A's address to B's QP.
+fn crafted(p: &mut Pair, op: RcOpcode, psn: u32, hdrs: RcHeaders<'_>) -> Vec<u8> {
+    let qb = p.qb;
+    let qpn = p.b().rc_qp_status(qb).unwrap().qpn;
+    let n = hdrs.buffer_len();
+    let pad = (4 - hdrs.payload.len() % 4) % 4;
+    let udp_len = 8 + BTH_LEN + n + pad + ICRC_LEN;
+    let ip_len = 20 + udp_len;
+    let mut f = vec![0u8; 14 + ip_len];
+    f[0..6].copy_from_slice(&p.b().mac().0);
+    f[6..12].copy_from_slice(&p.a().mac().0);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    let ip = &mut f[14..];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+    ip[6] = 0x40;
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&A.octets());
+    ip[16..20].copy_from_slice(&B.octets());
+    let mut v4 = smoltcp::wire::Ipv4Packet::new_unchecked(&mut ip[..]);
+    v4.fill_checksum();
+    ip[20..22].copy_from_slice(&0xc000u16.to_be_bytes());
+    ip[22..24].copy_from_slice(&ROCE_PORT.to_be_bytes());
+    ip[24..26].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    let mut bth = BthPacket::new_unchecked(&mut ip[28..]);
+    bth.set_opcode(Opcode::from(op as u8));
+    bth.set_flags(false, true, pad as u8);
+    bth.set_pkey(0xffff);
+    bth.set_dest_qp(qpn);
+    bth.set_ack_req(true);
+    bth.set_psn(psn);
+    hdrs.emit(&mut ip[28 + BTH_LEN..28 + BTH_LEN + n]);
+    assert!(icrc_fill(ip));
+    f
+}
+
+fn hdrs(opcode: RcOpcode, payload: &[u8]) -> RcHeaders<'_> {
+    RcHeaders {
+        opcode,
+        reth: None,
+        atomic: None,
+        aeth: None,
+        atomic_ack: None,
+        imm: None,
+        payload,
+    }
+}
+
+#[test]
+fn crafted_packets_far_out_of_window_get_one_nak_and_harm_nothing() {
+    let mut p = pair(LinkConfig::default(), &RcQpConfig::default(), 4096);
+    let (qa, qb, mb) = (p.qa, p.qb, p.mb);
+    let epsn = p.b().rc_qp_status(qb).unwrap().expected_psn;
+    let mut tx = VecTx::default();
+    // 100 SENDs far ahead of the expected PSN (and 100 far behind): one
+    // sequence NAK for the gap, duplicates re-acknowledged, nothing placed.
+    for i in 0..100u32 {
+        let ahead = crafted(
+            &mut p,
+            RcOpcode::SendOnly,
+            (epsn + 0x40_0000 + i) & 0xff_ffff,
+            hdrs(RcOpcode::SendOnly, b"evil"),
+        );
+        let behind = crafted(
+            &mut p,
+            RcOpcode::SendOnly,
+            (epsn + 0xc0_0000 + i) & 0xff_ffff,
+            hdrs(RcOpcode::SendOnly, b"evil"),
+        );
+        p.b().receive(Instant::ZERO, &ahead, &mut tx);
+        p.b().receive(Instant::ZERO, &behind, &mut tx);
+    }
+    // Wrong opcodes for the place: a MIDDLE with nothing begun is an
+    // invalid request (the QP moves to error, as the spec says).
+    let sb = p.b().rc_qp_status(qb).unwrap();
+    assert_eq!(sb.stats.seq_naks_sent, 1);
+    assert_eq!(sb.stats.out_of_sequence, 100);
+    assert_eq!(sb.stats.duplicates, 100);
+    assert_eq!(sb.state, QpState::Rts);
+    assert!(p.b().rc_mr(mb).unwrap().iter().all(|&b| b == 0));
+    // The QP still works end to end afterwards.
+    let _ = std::mem::take(&mut tx);
+    p.transfer("write", 3000, 77);
+    p.transfer("send", 1000, 78);
+    let epsn = p_epsn(&mut p);
+    let middle = crafted(
+        &mut p,
+        RcOpcode::SendMiddle,
+        epsn,
+        hdrs(RcOpcode::SendMiddle, &[1; 1024]),
+    );
+    let now = p.net.now;
+    p.b().receive(now, &middle, &mut tx);
+    let sb = p.b().rc_qp_status(qb).unwrap();
+    assert_eq!(sb.state, QpState::Error);
+    assert_eq!(sb.stats.naks_sent, 1);
+    let _ = qa;
+    p.drain();
+}
+
+fn p_epsn(p: &mut Pair) -> u32 {
+    let qb = p.qb;
+    p.b().rc_qp_status(qb).unwrap().expected_psn
+}
+
+#[test]
+fn a_nak_storm_costs_bounded_retries_and_then_the_qp() {
+    let cfg = RcQpConfig {
+        retry_cnt: 2,
+        ..RcQpConfig::default()
+    };
+    let mut p = pair(LinkConfig::default(), &cfg, 4096);
+    let qa = p.qa;
+    // Take B's QP out so only the storm answers A.
+    let qb = p.qb;
+    p.b().rc_set_error(qb).unwrap();
+    p.a()
+        .rc_post_send(
+            qa,
+            &RcSendWr {
+                wr_id: 1,
+                op: RcOp::Send,
+                local: Local::Inline(&[5; 3000]),
+                signaled: true,
+                solicited: false,
+            },
+        )
+        .unwrap();
+    let step = p.net.now + Duration::from_micros(10);
+    p.net.run_until(step, &mut [], |_| false);
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    let first = sa.una_psn;
+    assert_eq!(sa.stats.tx_packets, 3);
+    // 1,000 sequence NAKs for the first PSN, from B's address to A's QP.
+    let qpn_a = sa.qpn;
+    let mut tx = VecTx::default();
+    for _ in 0..1000 {
+        let mut f = crafted_ack(
+            &mut p,
+            qpn_a,
+            first,
+            Syndrome::Nak(NakCode::PsnSequenceError),
+        );
+        let n = f.len();
+        assert!(icrc_fill(&mut f[14..n]));
+        let now = p.net.now;
+        p.a().receive(now, &f, &mut tx);
+        let step = p.net.now + Duration::from_micros(1);
+        p.net.run_until(step, &mut [], |_| false);
+    }
+    // The same PSN NAKed 1,000 times went back once: 3 packets resent.
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    assert_eq!(sa.stats.seq_naks_received, 1000);
+    assert_eq!(sa.stats.retransmits, 3, "{sa:?}");
+    assert_eq!(sa.state, QpState::Rts);
+    // Then the ACK timeout spends the rest of the retry count (the NAK
+    // took one) and the QP fails.
+    let (wa, _) = p.run(1, 0, 10);
+    assert_eq!(wa[0].status, WcStatus::RetryExceeded);
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    assert_eq!(sa.state, QpState::Error);
+    assert_eq!(sa.stats.retransmits, 6, "{sa:?}");
+    p.drain();
+}
+
+/// An ACK-type packet from B's address to A's QP `qpn`.
+fn crafted_ack(p: &mut Pair, qpn: u32, psn: u32, s: Syndrome) -> Vec<u8> {
+    let h = RcHeaders {
+        aeth: Some((s, 0)),
+        ..hdrs(RcOpcode::Acknowledge, &[])
+    };
+    let mut f = crafted(p, RcOpcode::Acknowledge, psn, h);
+    // Turn it around: from B to A, to A's QP.
+    let (ma, mb) = (p.a().mac().0, p.b().mac().0);
+    f[0..6].copy_from_slice(&ma);
+    f[6..12].copy_from_slice(&mb);
+    f[14 + 12..14 + 16].copy_from_slice(&B.octets());
+    f[14 + 16..14 + 20].copy_from_slice(&A.octets());
+    let ip = &mut f[14..];
+    let mut v4 = smoltcp::wire::Ipv4Packet::new_unchecked(&mut ip[..]);
+    v4.fill_checksum();
+    BthPacket::new_unchecked(&mut ip[28..]).set_dest_qp(qpn);
+    f
+}
