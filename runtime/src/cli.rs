@@ -382,6 +382,7 @@ mod test {
             connections_total: 0,
             offloads: Default::default(),
             shard: None,
+            rc_qps: Vec::new(),
         };
         feed.publish(&snap);
         assert!(cfg.metrics_feed.line("x", None).is_some());

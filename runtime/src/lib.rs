@@ -114,7 +114,7 @@
 //! ```
 //!
 //! The [`blocking`] and [`aio`] module docs show a TCP echo between two
-//! spawned stacks with each front.
+//! spawned stacks with each front; [`rdma`] shows an RC WRITE between two.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -127,6 +127,7 @@ pub mod clock;
 pub mod metrics;
 pub mod net;
 pub mod poll;
+pub mod rdma;
 mod shared;
 pub mod telemetry;
 

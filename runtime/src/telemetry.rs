@@ -673,6 +673,7 @@ mod test {
             connections_total: 0,
             offloads: Default::default(),
             shard: None,
+            rc_qps: Vec::new(),
         }
     }
 

@@ -29,6 +29,9 @@ pub enum SocketRef {
     Udp(UdpHandle),
     /// A ping socket.
     Ping(PingHandle),
+    /// An RDMA RC queue pair: readable when completions wait in its
+    /// queue, errored when it moved to the error state.
+    RcQp(crate::rc::RcQpHandle),
 }
 
 /// What changed, as a set of flags.

@@ -122,6 +122,10 @@ pub struct Snapshot {
     /// with several queues.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<ShardSnapshot>,
+    /// RDMA RC queue pairs (state, PSNs, counters), at most
+    /// [`MAX_CONNECTIONS`]; absent when there are none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rc_qps: Vec<crate::rc::RcQpStatus>,
 }
 
 /// A shard's place and mailbox counters in a [`Snapshot`].
@@ -265,6 +269,7 @@ impl<D: Device> Port<D> {
             at_ns: now.as_nanos(),
             connections: stack.tcp_connections().take(MAX_CONNECTIONS).collect(),
             connections_total: stats.tcp.connections,
+            rc_qps: stack.rc_qps(MAX_CONNECTIONS),
             shard: self.shard.as_ref().map(|s| ShardSnapshot {
                 index: s.id.index,
                 count: s.id.count,

@@ -127,11 +127,15 @@ impl Stack {
         self.tcp.drain_events(out);
         self.udp.drain_events(out);
         self.pings.drain_events(out);
+        self.rc.drain_events(out);
     }
 
     /// Whether readiness events wait to be drained.
     pub fn has_events(&self) -> bool {
-        self.tcp.has_events() || self.udp.has_events() || self.pings.has_events()
+        self.tcp.has_events()
+            || self.udp.has_events()
+            || self.pings.has_events()
+            || self.rc.has_events()
     }
 
     // ---------------------------------------------------------------- receive

@@ -652,6 +652,7 @@ mod test {
             connections_total: 0,
             offloads: Default::default(),
             shard: None,
+            rc_qps: Vec::new(),
         };
         s.stack.tcp.retransmits = 5;
         s.stack.tcp.segs_in = 11;

@@ -39,6 +39,7 @@ use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
 
 use crate::device::Tx;
 use crate::error::Error;
+use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::link::Link;
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -104,7 +105,9 @@ impl Default for RcQpConfig {
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 16,
-            max_dest_rd_atomic: 16,
+            // rxe offers 128 outstanding READs and perftest asks for what
+            // the device offers: answer as many.
+            max_dest_rd_atomic: 128,
             window: 1024,
         }
     }
@@ -399,6 +402,8 @@ pub(crate) struct RcTable {
     secret: (u64, u64),
     timers: BinaryHeap<Reverse<(Instant, RcQpHandle)>>,
     ready: VecDeque<RcQpHandle>,
+    /// QPs with readiness events to hand out.
+    events: VecDeque<RcQpHandle>,
     /// Counters of QPs already destroyed (so totals never go back).
     gone: RcQpStats,
 }
@@ -408,6 +413,10 @@ pub(crate) struct RcTable {
 struct QpSched {
     queued: bool,
     timer_at: Option<Instant>,
+    /// Completions the app has been told about (raised READABLE for).
+    cq_told: usize,
+    error_told: bool,
+    events: Pending,
 }
 
 /// RC QPNs start here (UD's start at 0x100): rxe-like small numbers,
@@ -425,6 +434,7 @@ impl RcTable {
             secret,
             timers: BinaryHeap::new(),
             ready: VecDeque::new(),
+            events: VecDeque::new(),
             gone: RcQpStats::default(),
         }
     }
@@ -455,18 +465,61 @@ impl RcTable {
         }
     }
 
-    pub(crate) fn status(&self) -> Vec<RcQpStatus> {
-        self.qps.values().map(|(q, _)| qp_status(q)).collect()
+    pub(crate) fn status(&self, max: usize) -> Vec<RcQpStatus> {
+        self.qps
+            .values()
+            .take(max)
+            .map(|(q, _)| qp_status(q))
+            .collect()
     }
 
-    /// After anything that may give a QP work or move its timer.
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    pub(crate) fn drain_events(&mut self, out: &mut Vec<Event>) {
+        for h in self.events.drain(..) {
+            if let Some((_, s)) = self.qps.get_mut(h) {
+                let readiness = s.events.take();
+                if !readiness.is_empty() {
+                    out.push(Event {
+                        socket: SocketRef::RcQp(h),
+                        readiness,
+                    });
+                }
+            }
+        }
+    }
+
+    /// After anything that may give a QP work, completions or a new
+    /// timer: queue it to send, raise its events, arm its timer.
     fn schedule(&mut self, h: RcQpHandle) {
+        if let Some((qp, s)) = self.qps.get_mut(h) {
+            if qp.wants_tx() && !s.queued {
+                s.queued = true;
+                self.ready.push_back(h);
+            }
+        }
+        self.notice(h);
+    }
+
+    /// Raise the QP's events (new completions, the error state) and arm
+    /// its timer.
+    fn notice(&mut self, h: RcQpHandle) {
         let Some((qp, s)) = self.qps.get_mut(h) else {
             return;
         };
-        if qp.wants_tx() && !s.queued {
-            s.queued = true;
-            self.ready.push_back(h);
+        let mut r = Readiness::NONE;
+        if qp.cq_len() > s.cq_told {
+            r |= Readiness::READABLE;
+        }
+        s.cq_told = qp.cq_len();
+        if qp.state == QpState::Error && !s.error_told {
+            s.error_told = true;
+            r |= Readiness::ERROR;
+        }
+        if s.events.raise(r) {
+            self.events.push_back(h);
         }
         if let Some(t) = qp.deadline() {
             if s.timer_at.is_none_or(|old| t < old) {
@@ -611,14 +664,8 @@ impl RcTable {
             if r.is_err() || qp.wants_tx_now() {
                 again.push(h);
             }
-            if let Some((qp, s)) = self.qps.get_mut(h) {
-                if let Some(t) = qp.deadline() {
-                    if s.timer_at.is_none_or(|old| t < old) {
-                        s.timer_at = Some(t);
-                        self.timers.push(Reverse((t, h)));
-                    }
-                }
-            }
+            // Sending arms timers and may fail the QP (a region gone).
+            self.notice(h);
         }
         for h in again {
             if let Some((_, s)) = self.qps.get_mut(h) {
@@ -790,14 +837,20 @@ impl crate::Stack {
         Ok(())
     }
 
-    /// Move up to `max` completions into `out`; returns how many.
+    /// Move up to `max` completions into `out`; returns how many. New
+    /// completions raise a READABLE event for the QP
+    /// ([`SocketRef::RcQp`](crate::events::SocketRef::RcQp)); moving to
+    /// the error state raises ERROR.
     pub fn rc_poll_cq(
         &mut self,
         qp: RcQpHandle,
         max: usize,
         out: &mut Vec<Wc>,
     ) -> Result<usize, RcError> {
-        Ok(self.rc.qp_mut(qp)?.poll_cq(max, out))
+        let (q, s) = self.rc.qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
+        let n = q.poll_cq(max, out);
+        s.cq_told = q.cq_len();
+        Ok(n)
     }
 
     /// A QP's state, PSNs, queues and counters.
@@ -805,14 +858,15 @@ impl crate::Stack {
         Ok(qp_status(self.rc.qp(qp)?))
     }
 
-    /// Every RC QP's status (for telemetry).
-    pub fn rc_qps(&self) -> Vec<RcQpStatus> {
-        self.rc.status()
+    /// The status of up to `max` RC QPs (for telemetry).
+    pub fn rc_qps(&self, max: usize) -> Vec<RcQpStatus> {
+        self.rc.status(max)
     }
 
     /// Move a QP to the error state: outstanding work completes flushed.
     pub fn rc_set_error(&mut self, qp: RcQpHandle) -> Result<(), RcError> {
         self.rc.qp_mut(qp)?.set_error();
+        self.rc.schedule(qp);
         Ok(())
     }
 
@@ -821,6 +875,7 @@ impl crate::Stack {
         let (q, _) = self.rc.qps.remove(qp).ok_or(RcError::InvalidHandle)?;
         self.rc.by_qpn.remove(&q.qpn);
         self.rc.ready.retain(|&h| h != qp);
+        self.rc.events.retain(|&h| h != qp);
         add_stats(&mut self.rc.gone, &q.stats);
         Ok(())
     }

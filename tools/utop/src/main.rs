@@ -22,7 +22,7 @@ const SECOND_WAIT: Duration = Duration::from_secs(1);
     name = "utop",
     version,
     about = "Monitor a running ustack: pools, ports, protocols, TCP connections",
-    after_help = "Keys: Tab/1-4 pane, s sort column, r reverse, / filter (Esc clears), q/Ctrl-C quit.\n\
+    after_help = "Keys: Tab/1-5 pane, s sort column, r reverse, / filter (Esc clears), q/Ctrl-C quit.\n\
                   Stacks publish with `--telemetry PATH`; a bare NAME means\n\
                   $XDG_RUNTIME_DIR/ustack/NAME.sock (else /tmp/ustack-$UID/NAME.sock)."
 )]

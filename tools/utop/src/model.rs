@@ -25,6 +25,8 @@ pub struct Frame {
     pub pools: Vec<Pool>,
     pub connections: Vec<Conn>,
     pub connections_total: u64,
+    /// RDMA RC queue pairs (absent when the stack has none).
+    pub rc_qps: Vec<RcQp>,
     /// Each core's own figures when the stack runs one shard per core
     /// (`--cores`); the fields above are then the totals.
     pub shards: Vec<ShardFrame>,
@@ -115,6 +117,51 @@ pub struct ConnStats {
     pub retransmits: u64,
 }
 
+/// An RDMA RC queue pair as telemetry shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct RcQp {
+    pub qpn: u64,
+    /// `Init`, `Rts` or `Error`.
+    pub state: String,
+    pub dest: Option<RcDest>,
+    pub mtu: u64,
+    pub next_psn: u64,
+    pub una_psn: u64,
+    pub expected_psn: u64,
+    pub send_outstanding: u64,
+    pub recv_posted: u64,
+    pub reads_outstanding: u64,
+    pub cq_depth: u64,
+    pub stats: RcQpStats,
+}
+
+/// The peer of an RC QP.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct RcDest {
+    pub ip: String,
+    pub qpn: u64,
+}
+
+/// An RC QP's counters (the ones utop shows).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct RcQpStats {
+    pub tx_packets: u64,
+    pub rx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    pub retransmits: u64,
+    pub ack_timeouts: u64,
+    pub seq_naks_sent: u64,
+    pub seq_naks_received: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_received: u64,
+    pub duplicates: u64,
+    pub errors: u64,
+}
+
 impl Frame {
     /// Parse one telemetry line.
     pub fn parse(line: &str) -> Result<Frame, serde_json::Error> {
@@ -131,6 +178,7 @@ impl Frame {
             && self.pools == other.pools
             && self.connections == other.connections
             && self.connections_total == other.connections_total
+            && self.rc_qps == other.rc_qps
             && self.shards == other.shards
     }
 

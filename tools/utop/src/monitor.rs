@@ -10,17 +10,24 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use crate::feed::Update;
 use crate::model::{Conn, Frame};
 
-/// The panes, in key order (1-4).
+/// The panes, in key order (1-5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pane {
     Pools,
     Ports,
     Protocols,
     Connections,
+    Rdma,
 }
 
 impl Pane {
-    pub const ALL: [Pane; 4] = [Pane::Pools, Pane::Ports, Pane::Protocols, Pane::Connections];
+    pub const ALL: [Pane; 5] = [
+        Pane::Pools,
+        Pane::Ports,
+        Pane::Protocols,
+        Pane::Connections,
+        Pane::Rdma,
+    ];
 
     pub fn title(self) -> &'static str {
         match self {
@@ -28,6 +35,7 @@ impl Pane {
             Pane::Ports => "Ports",
             Pane::Protocols => "Protocols",
             Pane::Connections => "Connections",
+            Pane::Rdma => "RDMA",
         }
     }
 
@@ -445,9 +453,11 @@ impl Monitor {
             KeyCode::PageDown => self.scroll = self.scroll.saturating_add(10),
             KeyCode::PageUp => self.scroll = self.scroll.saturating_sub(10),
             KeyCode::Home => self.scroll = 0,
-            KeyCode::Tab => self.pane = Pane::ALL[(pane + 1) % 4],
-            KeyCode::BackTab => self.pane = Pane::ALL[(pane + 3) % 4],
-            KeyCode::Char(c @ '1'..='4') => self.pane = Pane::ALL[usize::from(c as u8 - b'1')],
+            KeyCode::Tab => self.pane = Pane::ALL[(pane + 1) % Pane::ALL.len()],
+            KeyCode::BackTab => {
+                self.pane = Pane::ALL[(pane + Pane::ALL.len() - 1) % Pane::ALL.len()];
+            }
+            KeyCode::Char(c @ '1'..='5') => self.pane = Pane::ALL[usize::from(c as u8 - b'1')],
             KeyCode::Char('s') => {
                 let i = Col::ALL.iter().position(|c| *c == self.sort).unwrap_or(0);
                 self.sort = Col::ALL[(i + 1) % Col::ALL.len()];
@@ -558,7 +568,12 @@ mod test {
         assert_eq!(m.pane(), Pane::Ports);
         m.on_key(key(KeyCode::BackTab));
         m.on_key(key(KeyCode::BackTab));
+        assert_eq!(m.pane(), Pane::Rdma, "BackTab wraps to the last pane");
+        m.on_key(key(KeyCode::BackTab));
         assert_eq!(m.pane(), Pane::Connections);
+        m.on_key(key(KeyCode::Char('5')));
+        assert_eq!(m.pane(), Pane::Rdma);
+        m.on_key(key(KeyCode::Char('4')));
         m.on_key(key(KeyCode::Char('s')));
         assert_eq!(m.sort, Col::Remote);
         m.on_key(key(KeyCode::Char('r')));

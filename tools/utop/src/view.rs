@@ -97,7 +97,65 @@ fn render_pane(m: &Monitor, pane: Pane, area: Rect, buf: &mut Buffer) {
                 .render(area, buf);
         }
         Pane::Connections => connections(m, f, area.width).render(area, buf),
+        Pane::Rdma => rc_qps(f).render(area, buf),
     }
+}
+
+/// The RC queue pairs: state, peer, PSNs, queues and the counters that
+/// tell a healthy QP from a struggling one.
+fn rc_qps(f: &Frame) -> Table<'static> {
+    let head = Row::new([
+        "QPN",
+        "STATE",
+        "PEER",
+        "MTU",
+        "NEXT PSN",
+        "UNA PSN",
+        "EXP PSN",
+        "SQ",
+        "RQ",
+        "READS",
+        "TX PKTS",
+        "RX PKTS",
+        "RETRANS",
+        "TIMEOUTS",
+        "RNR IN/OUT",
+        "SEQ NAK IN/OUT",
+        "DUPS",
+    ])
+    .style(Style::new().add_modifier(Modifier::BOLD));
+    let rows: Vec<Row> = f
+        .rc_qps
+        .iter()
+        .map(|q| {
+            let s = &q.stats;
+            Row::new([
+                q.qpn.to_string(),
+                q.state.to_uppercase(),
+                q.dest
+                    .as_ref()
+                    .map_or("-".into(), |d| format!("{} qpn {}", d.ip, d.qpn)),
+                q.mtu.to_string(),
+                q.next_psn.to_string(),
+                q.una_psn.to_string(),
+                q.expected_psn.to_string(),
+                q.send_outstanding.to_string(),
+                q.recv_posted.to_string(),
+                q.reads_outstanding.to_string(),
+                human(s.tx_packets as f64),
+                human(s.rx_packets as f64),
+                human(s.retransmits as f64),
+                s.ack_timeouts.to_string(),
+                format!("{}/{}", s.rnr_naks_received, s.rnr_naks_sent),
+                format!("{}/{}", s.seq_naks_received, s.seq_naks_sent),
+                human(s.duplicates as f64),
+            ])
+        })
+        .collect();
+    let widths = [6, 6, 24, 5, 9, 9, 9, 5, 5, 6, 9, 9, 9, 9, 11, 15, 7].map(Constraint::Length);
+    Table::new(rows, widths)
+        .header(head)
+        .block(Block::bordered().title(format!(" RDMA RC queue pairs: {} ", f.rc_qps.len())))
 }
 
 /// The natural height of a pane in the text frame.
@@ -114,6 +172,7 @@ fn pane_height(m: &Monitor, f: &Frame, pane: Pane, width: u16) -> u16 {
         }
         Pane::Protocols => protocol_lines(f, width.saturating_sub(2)).len(),
         Pane::Connections => m.connections().len() + 1,
+        Pane::Rdma => f.rc_qps.len() + 1,
     };
     u16::try_from(n + 2).unwrap_or(u16::MAX)
 }
@@ -214,7 +273,7 @@ fn footer_line(m: &Monitor) -> Line<'static> {
         ]
     } else {
         vec![Span::raw(
-            " q quit  Tab/1-4 pane  s sort  r reverse  / filter  Esc clear  Up/Down scroll",
+            " q quit  Tab/1-5 pane  s sort  r reverse  / filter  Esc clear  Up/Down scroll",
         )]
     };
     if let Some(n) = &m.note {

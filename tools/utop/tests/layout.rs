@@ -371,3 +371,93 @@ fn readable_at_80_by_24() {
     assert!(down.contains("extra"), "{down}");
     assert!(!down.contains("eth    rx"), "{down}");
 }
+
+/// A live RC QP pair in the engine, through the publisher: the RDMA pane
+/// names the QP, its peer, its state and its counters.
+#[test]
+fn rdma_pane_shows_the_engines_rc_queue_pairs() {
+    use ustack::rc::{Access, Local, RcDest, RcOp, RcQpConfig, RcSendWr};
+    use ustack::sim::{LinkConfig, SimNet, host_config};
+    use ustack_runtime::telemetry::Publisher;
+    let mut net = SimNet::new(LinkConfig::default());
+    let a = net.add(host_config(1));
+    let b = net.add(host_config(2));
+    let qa = net.nodes[a]
+        .stack
+        .rc_create_qp(&RcQpConfig::default())
+        .unwrap();
+    let qb = net.nodes[b]
+        .stack
+        .rc_create_qp(&RcQpConfig::default())
+        .unwrap();
+    let sa = net.nodes[a].stack.rc_qp_status(qa).unwrap();
+    let sb = net.nodes[b].stack.rc_qp_status(qb).unwrap();
+    let (ia, ib) = (net.nodes[a].stack.ip(), net.nodes[b].stack.ip());
+    net.nodes[a]
+        .stack
+        .rc_connect(
+            qa,
+            RcDest {
+                ip: ib,
+                qpn: sb.qpn,
+                psn: sb.initial_psn,
+            },
+        )
+        .unwrap();
+    net.nodes[b]
+        .stack
+        .rc_connect(
+            qb,
+            RcDest {
+                ip: ia,
+                qpn: sa.qpn,
+                psn: sa.initial_psn,
+            },
+        )
+        .unwrap();
+    let mr = net.nodes[b].stack.rc_reg_mr(8192, Access::ALL).unwrap();
+    let info = net.nodes[b].stack.rc_mr_info(mr).unwrap();
+    net.nodes[a]
+        .stack
+        .rc_post_send(
+            qa,
+            &RcSendWr {
+                wr_id: 1,
+                op: RcOp::Write {
+                    remote_addr: info.addr,
+                    rkey: info.rkey,
+                },
+                local: Local::Inline(&[7; 5000]),
+                signaled: true,
+                solicited: false,
+            },
+        )
+        .unwrap();
+    let deadline = net.now + Duration::from_secs(5);
+    let mut wcs = Vec::new();
+    assert!(net.run_until(deadline, &mut [], |n| {
+        n.nodes[a].stack.rc_poll_cq(qa, 8, &mut wcs).unwrap();
+        !wcs.is_empty()
+    }));
+    let p = Publisher::start("rc host A", None).unwrap();
+    let lines = p.subscribe();
+    p.publish(&net.nodes[a].snapshot(net.now));
+    let f = Frame::parse(&lines.recv_timeout(Duration::from_secs(5)).unwrap()).unwrap();
+    assert_eq!(f.rc_qps.len(), 1);
+    let q = &f.rc_qps[0];
+    assert_eq!(q.qpn, u64::from(sa.qpn));
+    assert_eq!(q.state, "Rts");
+    assert_eq!(q.stats.tx_packets, 5, "5000 bytes in 1024-byte packets");
+    assert_eq!(q.una_psn, q.next_psn, "all acknowledged");
+    assert_eq!(f.counter("rc", "qps"), 1);
+    let mut m = Monitor::new("x");
+    m.on_update(Update::Frame(Box::new(f)));
+    let t = m.text_frame(200);
+    for s in [
+        " RDMA RC queue pairs: 1 ",
+        "RTS",
+        &format!("{ib} qpn {}", sb.qpn),
+    ] {
+        assert!(t.contains(s), "{s} in\n{t}");
+    }
+}
