@@ -534,15 +534,21 @@ impl RcQp {
                 break;
             }
             let Some(w) = self.sq.pop_front() else { break };
-            self.req_idx = self.req_idx.saturating_sub(1);
-            if self.req_idx == 0 && self.sq.is_empty() {
+            if self.req_idx == 0 {
+                // Being resent (a go-back) and acknowledged meanwhile.
                 self.req_off = 0;
+            } else {
+                self.req_idx -= 1;
             }
             self.push_send_wc(&w, WcStatus::Success, false);
         }
         let next = psn_add(psn, 1);
         if psn_diff(next, self.una) > 0 && psn_diff(next, self.sent_next) <= 0 {
             self.una = next;
+        }
+        // A go-back in progress never resends what is acknowledged now.
+        if psn_diff(self.next_tx_psn(), self.una) < 0 {
+            self.rewind(self.una);
         }
         if self.una != before {
             self.retry_left = self.retry_cnt;
@@ -1313,6 +1319,84 @@ mod test {
         assert_eq!(psn_diff(5, 5), 0);
         assert_eq!(psn_diff(0x40_0000, 0), 0x40_0000);
         assert_eq!(psn_diff(0x80_0000, 0), -0x80_0000);
+    }
+
+    fn ack(syndrome: Syndrome) -> RcHeaders<'static> {
+        RcHeaders {
+            opcode: RcOpcode::Acknowledge,
+            reth: None,
+            atomic: None,
+            aeth: Some((syndrome, 0)),
+            atomic_ack: None,
+            imm: None,
+            payload: &[],
+        }
+    }
+
+    fn sent(qp: &mut RcQp, mrs: &MrTable) -> Vec<(u32, RcOpcode)> {
+        let mut out = Vec::new();
+        qp.poll_transmit(Instant::ZERO, mrs, &mut |p| {
+            out.push((p.psn, p.opcode));
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    /// A go-back to the middle of a message, then a late ACK for that
+    /// whole message: sending resumes at the next message's first packet.
+    #[test]
+    fn a_late_ack_during_a_go_back_moves_the_resend_point() {
+        let mrs = MrTable::new((1, 2));
+        let mut qp = RcQp::new(0x1000, &RcQpConfig::default(), 1024, 100);
+        qp.connect(RcDest {
+            ip: core::net::Ipv4Addr::new(10, 0, 0, 2),
+            qpn: 7,
+            psn: 0,
+        });
+        for (id, len) in [(1, 3000), (2, 10)] {
+            let data = vec![0u8; len];
+            let wr = RcSendWr {
+                wr_id: id,
+                op: RcOp::Send,
+                local: Local::Inline(&data),
+                signaled: true,
+                solicited: false,
+            };
+            qp.post_send(&wr, &mrs).unwrap();
+        }
+        let first: Vec<u32> = sent(&mut qp, &mrs).iter().map(|p| p.0).collect();
+        assert_eq!(first, [100, 101, 102, 103]);
+        let mut mrs = mrs;
+        let now = Instant::ZERO;
+        // The peer lost 101: go back to it.
+        assert_eq!(
+            qp.on_packet(
+                now,
+                101,
+                false,
+                &ack(Syndrome::Nak(NakCode::PsnSequenceError)),
+                &mut mrs
+            ),
+            Rx::Ok
+        );
+        // Before anything is resent, a late ACK for 102 (all of message 1).
+        assert_eq!(
+            qp.on_packet(
+                now,
+                102,
+                false,
+                &ack(Syndrome::Ack { credits: 31 }),
+                &mut mrs
+            ),
+            Rx::Ok
+        );
+        assert_eq!(sent(&mut qp, &mrs), [(103, RcOpcode::SendOnly)]);
+        assert_eq!(qp.stats.retransmits, 1);
+        let mut wcs = Vec::new();
+        qp.poll_cq(8, &mut wcs);
+        assert_eq!(wcs.len(), 1);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
     }
 
     #[test]
