@@ -112,6 +112,58 @@ def frames():
     ]
 
 
+def rc_op(kind, side, hi=0):
+    """An rc op byte: op % 13 == kind, bit 4 the side, bits 6-7 as `hi`."""
+    for op in range(256):
+        if op % 13 == kind and (op >> 4) & 1 == side and op & 0xC0 == hi:
+            return op
+    raise ValueError((kind, side, hi))
+
+
+def rc_crafted(side, opcode, psn_sel=0, delta=0, syndrome=0, plen=0, rsel=0, va_off=0, flags=0x08):
+    """A crafted-packet op of the rc target (fields in the order it reads them)."""
+    more = 1  # payload length as a byte; DMA length = payload length
+    b = bytes([rc_op(0, side), flags, more, opcode, psn_sel, delta & 0xFF])
+    b += bytes([rsel]) + struct.pack("!H", va_off) + bytes([plen, 0x5A, syndrome])
+    return b + struct.pack("!IIII", 0, 0xDEADBEEF, 0, 0)
+
+
+def rc_header(c0=0xFC, c1=12 << 3 | 6, c2=0, sizes=(3000, 1000, 2000, 100, 4096, 257), progress=50):
+    return bytes([c0, c1, c2]) + struct.pack("!6H", *sizes) + bytes([progress])
+
+
+def rc_seeds():
+    jump = lambda t: bytes([rc_op(9, 0), t])
+    poll = lambda side: bytes([rc_op(8, side), 19])
+    life = lambda side, b: bytes([rc_op(10, side), b])
+    clean = (rc_header() + jump(0x85) + poll(0) + poll(1)
+             # A: SEND 600 B from the live region; B: a receive for it.
+             + bytes([rc_op(7, 1), 0]) + struct.pack("!HH", 4096, 4096)
+             + bytes([rc_op(6, 0), 0, 2]) + struct.pack("!H", 600) + bytes([0]) + struct.pack("!H", 0)
+             + struct.pack("!I", 0) + bytes([1]) + struct.pack("!H", 0)
+             + jump(0x85) + poll(0) + poll(1))
+    acks = rc_header(progress=10) + b"".join(
+        rc_crafted(0, 0x11, psn_sel=2, delta=d, syndrome=s)
+        for d, s in ((0, 0x1F), (1, 0x2C), (0, 0x60), (2, 0x40), (0, 0x61), (0, 0x9F)))
+    requests = rc_header(progress=0) + b"".join([
+        rc_crafted(1, 0x0A, plen=64, va_off=0x100),  # WRITE Only into B's live region
+        rc_crafted(1, 0x0C, plen=0, va_off=0),  # READ request (length 0)
+        rc_crafted(1, 0x00, plen=255),  # SEND First, short: invalid
+        rc_crafted(1, 0x0A, plen=16, rsel=2),  # WRITE into the no-remote region
+        rc_crafted(1, 0x04, psn_sel=0, delta=5, plen=8),  # ahead: sequence NAK
+        rc_crafted(1, 0x04, psn_sel=0, delta=-3, plen=8),  # behind: duplicate
+        rc_crafted(1, 0x13, plen=0),  # CmpSwap: not offered
+    ]) + jump(0x50) + poll(0) + poll(1)
+    mutate = rc_header() + jump(0x20) + b"".join(
+        bytes([rc_op(4, s), 0, k, b]) + bytes(12) for s, k, b in ((0, 3, 2), (1, 9, 0x23), (0, 1, 5), (1, 20, 0x0B)))
+    lifecycle = (rc_header() + life(0, 5 | 8) + jump(0x45) + life(1, 6) + life(0, 0) + jump(0x10)
+                 + life(1, 2) + jump(0x10) + life(0, 3) + life(1, 4) + jump(0xC2) + poll(0) + poll(1))
+    # First PSN just before the wrap, window 4, READs limited to 1.
+    wrap = rc_header(c2=0x41, sizes=(4096, 4096, 4096, 1, 0, 4096)) + jump(0xC5) + poll(0) + poll(1)
+    return {"clean": clean, "acks": acks, "requests": requests, "mutate": mutate,
+            "lifecycle": lifecycle, "wrap": wrap}
+
+
 def write(target, name, data):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -191,6 +243,9 @@ def main():
     write("roundtrip", "tcp_syn", bytes([1]) + tcp(5001, 1000, 0, 0x02, SYN_OPTS))
     write("roundtrip", "tcp_sack", bytes([1]) + tcp(5001, 1000, 5, 0x10, bytes([1, 1, 5, 10, 0, 0, 0, 1, 0, 0, 0, 9])))
     write("roundtrip", "ipv4", bytes([2]) + ipv4(17, udp(7, b"hi")))
+    # rc: config, initial work, then ops (see fuzz_targets/rc.rs).
+    for name, data in rc_seeds().items():
+        write("rc", name, data)
 
 
 if __name__ == "__main__":

@@ -712,3 +712,60 @@ fn crafted_ack(p: &mut Pair, qpn: u32, psn: u32, s: Syndrome) -> Vec<u8> {
     BthPacket::new_unchecked(&mut ip[28..]).set_dest_qp(qpn);
     f
 }
+
+#[test]
+fn a_small_window_asks_for_the_ack_that_opens_it() {
+    // 4 packets in flight at most, no retries allowed: every window's last
+    // packet must ask for an ACK, or the QP would stall until the timeout.
+    let cfg = RcQpConfig {
+        window: 4,
+        retry_cnt: 0,
+        ..RcQpConfig::default()
+    };
+    let link = LinkConfig {
+        delay: Duration::from_micros(20),
+        ..LinkConfig::default()
+    };
+    let mut p = pair(link, &cfg, 1 << 16);
+    for (i, kind) in KINDS.iter().enumerate() {
+        p.transfer(kind, 1 << 16, i as u64);
+    }
+    let qa = p.qa;
+    let sa = p.a().rc_qp_status(qa).unwrap();
+    assert_eq!(
+        (sa.stats.ack_timeouts, sa.stats.retransmits),
+        (0, 0),
+        "{sa:?}"
+    );
+    p.drain();
+}
+
+#[test]
+fn a_qp_failing_mid_send_flushes_the_receive_it_was_filling() {
+    let mut p = pair(LinkConfig::default(), &RcQpConfig::default(), 8192);
+    let (qb, mb) = (p.qb, p.mb);
+    for id in [1, 2] {
+        let s = sge(p.b(), mb, 0, 8192);
+        p.b().rc_post_recv(qb, id, s).unwrap();
+    }
+    // The first packet of a 3-packet SEND, and nothing more.
+    let epsn = p_epsn(&mut p);
+    let first = crafted(
+        &mut p,
+        RcOpcode::SendFirst,
+        epsn,
+        hdrs(RcOpcode::SendFirst, &[3; 1024]),
+    );
+    let mut tx = VecTx::default();
+    p.b().receive(Instant::ZERO, &first, &mut tx);
+    assert_eq!(
+        p.b().rc_qp_status(qb).unwrap().recv_posted,
+        1,
+        "one receive is being filled"
+    );
+    p.b().rc_set_error(qb).unwrap();
+    let (_, wb) = p.run(0, 2, 1);
+    let got: Vec<_> = wb.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, [(1, WcStatus::Flushed), (2, WcStatus::Flushed)]);
+    p.drain();
+}

@@ -444,10 +444,13 @@ impl RcQp {
         }
         self.req_idx = 0;
         self.req_off = 0;
+        // A SEND in progress holds the oldest receive: it is flushed first.
+        if let Some(RespCtx::Send { recv, .. }) = self.ctx.take() {
+            self.push_recv_wc(recv.wr_id, WcOpcode::Recv, WcStatus::Flushed, 0, None);
+        }
         while let Some(r) = self.rq.pop_front() {
             self.push_recv_wc(r.wr_id, WcOpcode::Recv, WcStatus::Flushed, 0, None);
         }
-        self.ctx = None;
         self.ack_deadline = None;
         self.rnr_until = None;
     }
@@ -1165,7 +1168,9 @@ impl RcQp {
                 }
                 RcOp::Read { .. } => unreachable!("handled above"),
             };
-            let ack_req = last || self.noack_pkts + 1 >= MAX_PKT_PER_ACK;
+            // Also when the packet fills a small window: otherwise
+            // nothing would ask for the ACK that opens it again.
+            let ack_req = last || self.noack_pkts + 1 >= MAX_PKT_PER_ACK.min(self.window);
             let pkt = OutPacket {
                 opcode,
                 psn,
