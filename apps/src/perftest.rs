@@ -61,22 +61,22 @@ pub const DEVICE_NAME: &str = "ustack (RoCEv2 by the stack)";
 /// Fewest iterations perftest accepts.
 pub const MIN_ITERS: u64 = 5;
 /// perftest's page size (`cycle_buffer`) and cache line, as exchanged.
-const CYCLE_BUFFER: u32 = 4096;
-const CACHE_LINE: u32 = 64;
+pub(crate) const CYCLE_BUFFER: u32 = 4096;
+pub(crate) const CACHE_LINE: u32 = 64;
 /// perftest's UD receive depth: `min(iters, 16000)`.
 const MAX_RX_DEPTH: u64 = 16_000;
 /// perftest's bw tx depth and completion moderation.
-const BW_TX_DEPTH: u64 = 128;
-const BW_CQ_MOD: usize = 100;
+pub(crate) const BW_TX_DEPTH: u64 = 128;
+pub(crate) const BW_CQ_MOD: usize = 100;
 /// The size perftest's latency test uses without `-s`.
 pub const LAT_DEFAULT_SIZE: usize = 2;
 /// How long a bw client waits for the server's close message: the server
 /// answers once every message arrived, and a stock server gives up only
 /// 60 to 120 s after the last one.
-const BW_CLOSE_WAIT: Duration = Duration::from_secs(150);
+pub(crate) const BW_CLOSE_WAIT: Duration = Duration::from_secs(150);
 /// How long to wait for our last messages (close key, "done") to be
 /// acknowledged before closing the connection.
-const LINGER: Duration = Duration::from_secs(2);
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
 /// Most peak-bandwidth windows started (perftest starts one at every
 /// message, quadratic in the iterations).
 const PEAK_STARTS: usize = 20_000;
@@ -254,6 +254,13 @@ pub fn bw_row_line(r: &BwRow) -> String {
 /// deviation and its square to whole microseconds, so both tools print the
 /// same figure for the same samples.
 pub fn lat_row(bytes: usize, tposted: &[Instant]) -> LatRow {
+    lat_row_rtt(bytes, tposted, 2)
+}
+
+/// [`lat_row`] with perftest's `rtt_factor`: 2 when each gap is a round
+/// trip of two one-way messages (SEND, WRITE ping-pong), 1 when it is one
+/// operation's round trip (RDMA READ).
+pub fn lat_row_rtt(bytes: usize, tposted: &[Instant], rtt_factor: u32) -> LatRow {
     let iters = tposted.len() as u64;
     let mut d: Vec<u64> = tposted
         .windows(2)
@@ -278,7 +285,7 @@ pub fn lat_row(bytes: usize, tposted: &[Instant]) -> LatRow {
     if d[..=n].iter().all(|&x| x == 0) {
         return none;
     }
-    let us = |x: u64| x as f64 / 1000.0 / 2.0;
+    let us = |x: u64| x as f64 / 1000.0 / f64::from(rtt_factor.max(1));
     let median = if (n - 1) % 2 == 1 {
         (d[n / 2] + d[n / 2 - 1]) / 2
     } else {
@@ -313,6 +320,19 @@ const MB: f64 = (1u64 << 20) as f64;
 /// from a post to a completion-moderation point (every 100th completion,
 /// and the last), among those with a time span.
 pub fn bw_sender_row(bytes: usize, tposted: &[Instant], tcompleted: &[Instant]) -> BwRow {
+    bw_sender_row_cq(bytes, tposted, tcompleted, BW_CQ_MOD)
+}
+
+/// [`bw_sender_row`] with perftest's completion moderation `cq_mod`: the
+/// peak windows end at every `cq_mod`-th completion (and the last); only
+/// those entries of `tcompleted` are read.
+pub fn bw_sender_row_cq(
+    bytes: usize,
+    tposted: &[Instant],
+    tcompleted: &[Instant],
+    cq_mod: usize,
+) -> BwRow {
+    let cq_mod = cq_mod.max(1);
     let n = tposted.len().min(tcompleted.len());
     let row = BwRow {
         bytes,
@@ -343,12 +363,12 @@ pub fn bw_sender_row(bytes: usize, tposted: &[Instant], tcompleted: &[Instant]) 
                 best = Some(best.map_or(per, |b| b.min(per)));
             }
         };
-        let mut j = (i + 1).div_ceil(BW_CQ_MOD) * BW_CQ_MOD - 1;
+        let mut j = (i + 1).div_ceil(cq_mod) * cq_mod - 1;
         while j < n {
             window(j);
-            j += BW_CQ_MOD;
+            j += cq_mod;
         }
-        if n % BW_CQ_MOD != 0 {
+        if n % cq_mod != 0 {
             window(n - 1);
         }
     }
@@ -392,7 +412,7 @@ pub fn bw_receiver_row(
 
 /// C's `%#0{width}x`: `0x` and hex digits padded to `width` in all, or
 /// just zeros for 0 (C adds no `0x` to a zero).
-fn c_alt_hex(v: u64, width: usize) -> String {
+pub(crate) fn c_alt_hex(v: u64, width: usize) -> String {
     if v == 0 {
         "0".repeat(width)
     } else {
@@ -403,9 +423,36 @@ fn c_alt_hex(v: u64, width: usize) -> String {
 /// perftest's address lines for one side (`ctx_print_pingpong_data`):
 /// LID, QPN and PSN, then the GID's bytes in decimal.
 pub fn address_lines(side: &str, k: &KeyMsg) -> String {
+    address_lines_verb(side, k, AddrVerb::Send)
+}
+
+/// What perftest adds to an address line for the test's verb.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddrVerb {
+    /// SEND tests: nothing.
+    Send,
+    /// WRITE tests: the buffer's RKey and VAddr.
+    Write,
+    /// READ tests: the outstanding reads, then RKey and VAddr.
+    Read,
+}
+
+/// [`address_lines`] for a test of `verb` (`READ_FMT`, `RDMA_FMT`).
+pub fn address_lines_verb(side: &str, k: &KeyMsg, verb: AddrVerb) -> String {
     let gid: Vec<String> = k.gid.iter().map(|b| format!("{b:02}")).collect();
+    let mut extra = String::new();
+    if verb == AddrVerb::Read {
+        extra += &format!(" OUT {}", c_alt_hex(u64::from(k.out_reads), 4));
+    }
+    if verb != AddrVerb::Send {
+        extra += &format!(
+            " RKey {} VAddr {}",
+            c_alt_hex(u64::from(k.rkey), 8),
+            c_alt_hex(k.vaddr, 16)
+        );
+    }
     format!(
-        " {side} address: LID {} QPN {} PSN {}\n GID: {}",
+        " {side} address: LID {} QPN {} PSN {}{extra}\n GID: {}",
         c_alt_hex(u64::from(k.lid), 4),
         c_alt_hex(u64::from(k.qpn), 6),
         c_alt_hex(u64::from(k.psn), 6),
@@ -415,23 +462,58 @@ pub fn address_lines(side: &str, k: &KeyMsg) -> String {
 
 /// perftest's banner (`ctx_print_test_info`) for our side.
 pub fn banner(cfg: &PerftestConfig, client: bool, mtu: usize) -> String {
+    banner_with(&BannerInfo {
+        title: cfg.test.title(),
+        connection: "UD",
+        tx_depth: client.then(|| cfg.tx_depth()),
+        rx_depth: (!client).then(|| cfg.rx_depth()),
+        cq_mod: (cfg.test == Test::SendBw).then(|| BW_CQ_MOD.min(cfg.tx_depth() as usize)),
+        mtu,
+        out_reads: None,
+    })
+}
+
+/// What a banner shows (`ctx_print_test_info`'s fields that vary).
+#[derive(Debug, Clone)]
+pub struct BannerInfo<'a> {
+    /// The test's title, e.g. `Send BW Test`.
+    pub title: &'a str,
+    /// `UD` or `RC`.
+    pub connection: &'a str,
+    /// The `TX depth` line, if shown.
+    pub tx_depth: Option<u64>,
+    /// The `RX depth` line, if shown.
+    pub rx_depth: Option<u64>,
+    /// The `CQ Moderation` line (bw tests).
+    pub cq_mod: Option<usize>,
+    /// The path MTU.
+    pub mtu: usize,
+    /// READ tests show `Outstand reads` instead of `Max inline data`.
+    pub out_reads: Option<u16>,
+}
+
+/// perftest's banner from its varying fields.
+pub fn banner_with(b: &BannerInfo<'_>) -> String {
     let mut s = format!(
-        "{RESULT_LINE}\n                    {}\n Dual-port       : OFF\t\tDevice         : {DEVICE_NAME}\n Number of qps   : 1\t\tTransport type : IB\n Connection type : UD\t\tUsing SRQ      : OFF\n",
-        cfg.test.title()
+        "{RESULT_LINE}\n                    {}\n Dual-port       : OFF\t\tDevice         : {DEVICE_NAME}\n Number of qps   : 1\t\tTransport type : IB\n Connection type : {}\t\tUsing SRQ      : OFF\n",
+        b.title, b.connection
     );
-    if client {
-        s += &format!(" TX depth        : {}\n", cfg.tx_depth());
-    } else {
-        s += &format!(" RX depth        : {}\n", cfg.rx_depth());
+    if let Some(d) = b.tx_depth {
+        s += &format!(" TX depth        : {d}\n");
     }
-    if cfg.test == Test::SendBw {
-        s += &format!(
-            " CQ Moderation   : {}\n",
-            BW_CQ_MOD.min(cfg.tx_depth() as usize)
-        );
+    if let Some(d) = b.rx_depth {
+        s += &format!(" RX depth        : {d}\n");
     }
+    if let Some(m) = b.cq_mod {
+        s += &format!(" CQ Moderation   : {m}\n");
+    }
+    let inline_or_reads = match b.out_reads {
+        Some(r) => format!(" Outstand reads  : {r}"),
+        None => " Max inline data : 0[B]".to_string(),
+    };
     s += &format!(
-        " Mtu             : {mtu}[B]\n Link type       : Ethernet\n GID index       : 0\n Max inline data : 0[B]\n rdma_cm QPs\t : OFF\n Data ex. method : Ethernet\n{RESULT_LINE}"
+        " Mtu             : {}[B]\n Link type       : Ethernet\n GID index       : 0\n{inline_or_reads}\n rdma_cm QPs\t : OFF\n Data ex. method : Ethernet\n{RESULT_LINE}",
+        b.mtu
     );
     s
 }
@@ -629,6 +711,72 @@ struct Session {
 /// Why a session stops: a message for the user.
 type Fail = String;
 
+/// One lock-step exchange of `len`-byte messages, as perftest's
+/// `ctx_xchg_data_ethernet` and `ctx_hand_shake`: the client writes `mine`
+/// (once: `wrote` remembers it) then reads, the server reads then writes.
+pub(crate) fn lockstep(
+    conn: &mut MsgConn,
+    stack: &Stack,
+    client: bool,
+    wrote: &mut bool,
+    mine: &[u8],
+    len: usize,
+) -> Result<Option<Vec<u8>>, OobError> {
+    if client && !*wrote {
+        conn.send(mine);
+        *wrote = true;
+    }
+    let got = conn.recv_exact(stack, len)?;
+    if got.is_some() && !client {
+        conn.send(mine);
+    }
+    Ok(got)
+}
+
+/// The peer's version message: perftest 5.70 or later.
+pub(crate) fn check_peer_version(b: &[u8]) -> Result<(), Fail> {
+    match parse_version(b) {
+        Some(v) if v >= 5.70 => Ok(()),
+        Some(v) => Err(format!(
+            "the peer's perftest version {v} is older than 5.70, which this exchange needs"
+        )),
+        None => Err(format!(
+            "the peer is not perftest: its first message is not a version ({:?})",
+            String::from_utf8_lossy(b)
+        )),
+    }
+}
+
+/// The MTU both sides use: the smaller of ours (`cap` bytes) and the
+/// peer's message.
+pub(crate) fn negotiate_mtu(b: &[u8], cap: usize) -> usize {
+    let local = mtu_enum(cap);
+    let curr = match parse_mtu_msg(b) {
+        Some(remote) => local.min(mtu_enum(remote)),
+        None => local,
+    };
+    mtu_bytes(curr).unwrap_or(cap).min(cap)
+}
+
+/// A peer's key message, or why it is not one (`what`: the step).
+pub(crate) fn parse_peer_key(b: &[u8], what: &str) -> Result<KeyMsg, Fail> {
+    KeyMsg::parse(b).ok_or_else(|| {
+        format!(
+            "the peer is not perftest: expected a key message in {what}, got {:?}",
+            String::from_utf8_lossy(&b[..b.len().min(40)])
+        )
+    })
+}
+
+/// The IPv4 address of a peer's key (its GID must be IPv4-mapped).
+pub(crate) fn peer_ip(k: &KeyMsg) -> Result<Ipv4Addr, Fail> {
+    gid_ipv4(&k.gid).ok_or_else(|| {
+        "Found Incompatibility issue with GID types: the peer's GID is not \
+         IPv4-mapped (run perftest with the IPv4 RoCEv2 GID, e.g. -x 1 on rxe)"
+            .to_string()
+    })
+}
+
 impl Session {
     fn new(cfg: PerftestConfig, client: bool, conn: MsgConn, to: Option<SocketAddrV4>) -> Self {
         let report = Report::new(cfg.test, client);
@@ -696,18 +844,15 @@ impl Session {
     /// One lock-step exchange of `len`-byte messages: the client writes
     /// `mine` then reads, the server reads then writes.
     fn xchg(&mut self, stack: &Stack, mine: &[u8], len: usize) -> Result<Option<Vec<u8>>, Fail> {
-        if self.client && !self.wrote {
-            self.conn.send(mine);
-            self.wrote = true;
-        }
-        let got = self
-            .conn
-            .recv_exact(stack, len)
-            .map_err(|e| self.oob_fail(&e))?;
-        if got.is_some() && !self.client {
-            self.conn.send(mine);
-        }
-        Ok(got)
+        lockstep(
+            &mut self.conn,
+            stack,
+            self.client,
+            &mut self.wrote,
+            mine,
+            len,
+        )
+        .map_err(|e| self.oob_fail(&e))
     }
 
     fn oob_fail(&self, e: &OobError) -> Fail {
@@ -729,13 +874,7 @@ impl Session {
     }
 
     fn parse_key(&self, b: &[u8]) -> Result<KeyMsg, Fail> {
-        KeyMsg::parse(b).ok_or_else(|| {
-            format!(
-                "the peer is not perftest: expected a key message in {}, got {:?}",
-                self.step.what(),
-                String::from_utf8_lossy(&b[..b.len().min(40)])
-            )
-        })
+        parse_peer_key(b, self.step.what())
     }
 
     fn fail(&mut self, stack: &mut Stack, why: Fail) {
@@ -824,20 +963,8 @@ impl Session {
         match self.step {
             Step::Version => {
                 if let Some(b) = self.xchg(stack, &version_msg(), VERSION_LEN)? {
-                    match parse_version(&b) {
-                        Some(v) if v >= 5.70 => self.goto(now, Step::CycleBuffer),
-                        Some(v) => {
-                            return Err(format!(
-                                "the peer's perftest version {v} is older than 5.70, which this exchange needs"
-                            ));
-                        }
-                        None => {
-                            return Err(format!(
-                                "the peer is not perftest: its first message is not a version ({:?})",
-                                String::from_utf8_lossy(&b)
-                            ));
-                        }
-                    }
+                    check_peer_version(&b)?;
+                    self.goto(now, Step::CycleBuffer);
                 }
             }
             Step::CycleBuffer => {
@@ -852,13 +979,8 @@ impl Session {
             }
             Step::Mtu => {
                 let cap = stack.ud_max_msg();
-                let local = mtu_enum(cap);
                 if let Some(b) = self.xchg(stack, &mtu_msg(cap), 2)? {
-                    let curr = match parse_mtu_msg(&b) {
-                        Some(remote) => local.min(mtu_enum(remote)),
-                        None => local,
-                    };
-                    self.mtu = mtu_bytes(curr).unwrap_or(cap).min(cap);
+                    self.mtu = negotiate_mtu(&b, cap);
                     self.setup(now, stack)?;
                 }
             }
@@ -866,13 +988,7 @@ impl Session {
                 let mine = self.my_key();
                 if let Some(b) = self.xchg(stack, &mine, KEY_MSG_LEN)? {
                     let k = self.parse_key(&b)?;
-                    let Some(ip) = gid_ipv4(&k.gid) else {
-                        return Err(
-                            "Found Incompatibility issue with GID types: the peer's GID is not \
-                             IPv4-mapped (run perftest with the IPv4 RoCEv2 GID, e.g. -x 1 on rxe)"
-                                .to_string(),
-                        );
-                    };
+                    let ip = peer_ip(&k)?;
                     self.peer = Some(k);
                     self.report.peer = Some(UdAddr { ip, qpn: k.qpn });
                     self.goto(now, Step::Key2);
@@ -1469,11 +1585,11 @@ pub struct PerftestUser {
 
 /// Prints an app's lines as they come; busy-polls during data phases (the
 /// latency figures are taken on the loop's clock).
-struct Front<A> {
-    app: A,
+pub(crate) struct Front<A> {
+    pub(crate) app: A,
 }
 
-trait PerftestApp: App {
+pub(crate) trait PerftestApp: App {
     fn lines(&mut self) -> Vec<String>;
     fn error_lines(&mut self) -> Vec<String> {
         Vec::new()
@@ -1503,7 +1619,7 @@ impl PerftestApp for PerftestServer {
 }
 
 impl<A: PerftestApp> Front<A> {
-    fn print(&mut self) {
+    pub(crate) fn print(&mut self) {
         for line in self.app.lines() {
             crate::outln!("{line}");
         }

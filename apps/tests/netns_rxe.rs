@@ -518,6 +518,8 @@ fn rxe_interop() {
     );
 
     perftest_checks(&ns, &mut g, uperf);
+    perftest_rc_checks(&ns, &mut g, uperf);
+    rc_pingpong_checks(&ns, &mut g, uping, &dir);
 
     // ---- Every RoCE frame of both senders carries a valid ICRC.
     let t = icrc_check(&[&cap_run, &cap_ping]);
@@ -649,5 +651,438 @@ fn perftest_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
         let (sent1, rcvd1, _) = g.counters();
         assert_eq!(sent1 - sent0, N, "rxe sent_pkts");
         assert_eq!(rcvd1 - rcvd0, if latency { N } else { 0 }, "rxe rcvd_pkts");
+    }
+}
+
+/// rxe's counters that move only when its peer misbehaves or the path
+/// fails (our duplicates or gaps, our NAKs, retries exhausted), as named
+/// in its hw_counters. `completer_retry_err` (rxe retried on its own
+/// timer) is checked apart: see [`rxe_spurious_retries`].
+const RXE_RC_ERRORS: [&str; 8] = [
+    "duplicate_request",
+    "out_of_seq_request",
+    "rcvd_rnr_err",
+    "send_rnr_err",
+    "rcvd_seq_err",
+    "retry_exceeded_err",
+    "retry_rnr_exceeded_err",
+    "send_err",
+];
+
+/// rxe's QP timeout as ibv_rc_pingpong sets it (14: 4.096 us x 2^14).
+const RXE_ACK_TIMEOUT_MS: f64 = 67.1;
+
+/// Request packets rxe sent again in a capture: (PSN, ms since the PSN
+/// was first sent). rxe arms its retransmit timer only when it is not
+/// already pending (rxe_req.c) and pushes it back only from the completer
+/// (rxe_comp.c), so under emulation a timer armed for an earlier,
+/// acknowledged message can fire while a later one is half sent: rxe then
+/// resends packets that were sent less than its ACK timeout ago, which no
+/// missing ACK can explain.
+fn rxe_spurious_retries(cap: &Path) -> Vec<(u32, f64)> {
+    let guest: std::net::Ipv4Addr = GUEST_IP.parse().unwrap();
+    let mut first = std::collections::HashMap::new();
+    let mut again = Vec::new();
+    for (t, frame) in common::pcap_records(cap) {
+        let Some((src, opcode, psn)) = common::roce_bth(&frame) else {
+            continue;
+        };
+        // Requests only: RC ACKs (0x11) repeat the PSN they acknowledge.
+        if src != guest || opcode == 0x11 {
+            continue;
+        }
+        match first.get(&psn) {
+            Some(&t0) => again.push((psn, (t - t0) * 1e3)),
+            None => {
+                first.insert(psn, t);
+            }
+        }
+    }
+    again
+}
+
+/// All of rxe's hw_counters: name -> value.
+fn rxe_hw_counters(g: &mut Guest) -> std::collections::BTreeMap<String, u64> {
+    let out = g.ok("cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep -H . *");
+    let all: std::collections::BTreeMap<String, u64> = out
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
+        .collect();
+    assert!(
+        [
+            "sent_pkts",
+            "rcvd_pkts",
+            "retry_exceeded_err",
+            "rcvd_seq_err"
+        ]
+        .iter()
+        .all(|k| all.contains_key(*k)),
+        "rxe hw_counters: {out}"
+    );
+    all
+}
+
+/// What moved between two reads of rxe's counters.
+fn rxe_moved(
+    a: &std::collections::BTreeMap<String, u64>,
+    b: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    b.iter()
+        .filter_map(|(k, v)| {
+            let d = v - a.get(k).copied().unwrap_or(0);
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+/// The `rc qp ...` counters line of a uping RC run: the named counts.
+fn rc_counts(out: &str, words: &[&str]) -> Vec<(String, u64)> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("rc qp 0x"))
+        .unwrap_or_else(|| panic!("no counters line in {out}"));
+    words
+        .iter()
+        .map(|w| (w.to_string(), count(line, w)))
+        .collect()
+}
+
+/// The figure before `unit` on the tool's line ending in it.
+fn pingpong_figure(out: &str, unit: &str) -> f64 {
+    out.lines()
+        .find(|l| l.trim_end().ends_with(unit))
+        .and_then(|l| l.split_whitespace().rev().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {unit} in {out}"))
+}
+
+/// RoCE frames with a valid ICRC per sender in one capture (all valid).
+fn roce_frames(cap: &Path) -> (u64, u64) {
+    let t = icrc_check(&[cap]);
+    let of = |ip: &str| {
+        t.lines()
+            .find(|l| l.starts_with(&format!("{ip}:")))
+            .map_or(0, |l| count(l, "valid"))
+    };
+    (of(HOST_IP), of(GUEST_IP))
+}
+
+/// One RC round's checks: our side finished clean (no retransmission,
+/// timeout or NAK of ours), rxe's retry/sequence counters did not move,
+/// and rxe's packet counters match the RoCE frames of our capture both
+/// ways (every frame it sent, we saw; every frame we sent, it took).
+fn rc_round_checks(
+    what: &str,
+    ours: &str,
+    cap: &Path,
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) {
+    let moved = rxe_moved(before, after);
+    let (from_us, from_rxe) = roce_frames(cap);
+    let dups = rc_counts(ours, &["duplicates"])[0].1;
+    eprintln!(
+        "{what}: rxe counters moved {moved:?}; capture: {from_us} RoCE frames from us, \
+         {from_rxe} from rxe; {dups} duplicates received by us"
+    );
+    for (w, v) in rc_counts(
+        ours,
+        &[
+            "retransmits",
+            "ack-timeouts",
+            "seq-naks-sent",
+            "seq-naks-received",
+            "rnr-naks-sent",
+            "rnr-naks-received",
+            "out-of-sequence",
+        ],
+    ) {
+        assert_eq!(v, 0, "{what}: {w}: {ours}");
+    }
+    for k in RXE_RC_ERRORS {
+        assert_eq!(moved.get(k), None, "{what}: rxe {k} moved: {moved:?}");
+    }
+    // rxe's own retries: each resent packet is one we counted as a
+    // duplicate, and each was resent sooner than rxe's ACK timeout after
+    // it first left (its timer was armed before the packet existed): none
+    // waited for an ACK of ours that did not come.
+    let again = rxe_spurious_retries(cap);
+    let retries = moved.get("completer_retry_err").copied().unwrap_or(0);
+    eprintln!(
+        "{what}: rxe retried {retries} times on its own timer, resending {again:?} (PSN, ms after first sent)"
+    );
+    assert_eq!(again.len() as u64, dups, "{what}: {again:?}");
+    assert_eq!(
+        retries == 0,
+        again.is_empty(),
+        "{what}: {again:?} {moved:?}"
+    );
+    for (psn, ms) in &again {
+        assert!(
+            *ms < RXE_ACK_TIMEOUT_MS,
+            "{what}: rxe resent PSN {psn:#x} {ms:.1} ms after sending it: a missing ACK"
+        );
+    }
+    assert_eq!(moved.get("sent_pkts").copied(), Some(from_rxe), "{what}");
+    assert_eq!(moved.get("rcvd_pkts").copied(), Some(from_us), "{what}");
+}
+
+/// Stock `ibv_rc_pingpong` against `uping --rdma=rc --pingpong`, both
+/// roles, 200 iterations of the default 4096 bytes (four packets at path
+/// MTU 1024) and of 1 byte: both ends finish, neither side's QP
+/// retransmitted, timed out or NAKed, rxe's retry and sequence counters did
+/// not move, its packet counters agree with our captures, and every RoCE
+/// frame of them has a valid ICRC.
+fn rc_pingpong_checks(ns: &Ns, g: &mut Guest, uping: &str, dir: &Path) {
+    const N: u64 = 200;
+    let n = N.to_string();
+    for size in [None, Some("1")] {
+        let stock_s = size.map(|s| format!(" -s {s}")).unwrap_or_default();
+        let ours_s: Vec<&str> = size.map(|s| vec!["-s", s]).unwrap_or_default();
+        let label = size.unwrap_or("4096");
+        let packets = N * if size.is_some() { 1 } else { 4 };
+
+        // uping is the client of the stock server.
+        let before = rxe_hw_counters(g);
+        g.ok(&format!(
+            "(timeout 120 ibv_rc_pingpong -g 1 -n {N}{stock_s} > /tmp/rcpp.out 2>&1; echo exit=$? >> /tmp/rcpp.out) &"
+        ));
+        let cap = dir.join(format!("rcpp-client-{label}-{}.pcap", std::process::id()));
+        let o = wait_for_server(|| {
+            ns.ustack(
+                uping,
+                &[],
+                &[
+                    "--capture",
+                    cap.to_str().unwrap(),
+                    "--rdma=rc",
+                    "--pingpong",
+                ],
+            )
+            .args(["-c", &n])
+            .args(&ours_s)
+            .arg(GUEST_IP)
+            .output()
+            .unwrap()
+        });
+        let t = text(&o);
+        let stock = wait_guest_file(g, "/tmp/rcpp.out", "exit=");
+        let what = format!("uping --rdma=rc --pingpong -s {label} vs ibv_rc_pingpong server");
+        eprintln!("{what}:\n{t}\nibv_rc_pingpong server:\n{stock}");
+        assert!(o.status.success(), "{t}");
+        assert!(t.contains(&format!("{N} iters in")), "{t}");
+        assert!(
+            stock.contains(&format!("{N} iters in")) && stock.contains("exit=0"),
+            "{stock}"
+        );
+        assert!(pingpong_figure(&t, "usec/iter") > 0.0, "{t}");
+        assert!(rc_counts(&t, &["packets"])[0].1 == packets, "{t}");
+        let after = rxe_hw_counters(g);
+        rc_round_checks(&what, &t, &cap, &before, &after);
+
+        // uping is the server of the stock client.
+        let before = after;
+        let cap = dir.join(format!("rcpp-server-{label}-{}.pcap", std::process::id()));
+        let server = Daemon::new(
+            ns.ustack(
+                uping,
+                &[],
+                &[
+                    "--capture",
+                    cap.to_str().unwrap(),
+                    "--rdma=rc",
+                    "--pingpong",
+                    "--listen",
+                ],
+            )
+            .args(["-c", &n])
+            .args(&ours_s)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let stock = loop {
+            let (rc, out) = g.sh(&format!(
+                "timeout 120 ibv_rc_pingpong -g 1 -n {N}{stock_s} {HOST_IP}"
+            ));
+            if rc == 0 || Instant::now() >= deadline || !out.contains("Couldn't connect") {
+                break format!("{out}exit={rc}\n");
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        let (code, out, err) = server.wait();
+        let what =
+            format!("ibv_rc_pingpong client -s {label} vs uping --rdma=rc --pingpong --listen");
+        eprintln!("{what}:\n{stock}\nuping server:\n{out}{err}");
+        assert!(
+            stock.contains(&format!("{N} iters in")) && stock.contains("exit=0"),
+            "{stock}"
+        );
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains(&format!("{N} iters in")), "{out}");
+        assert!(rc_counts(&out, &["packets"])[0].1 == packets, "{out}");
+        let after = rxe_hw_counters(g);
+        rc_round_checks(&what, &out, &cap, &before, &after);
+    }
+}
+
+/// rxe's hw_counters that move only on retries, sequence errors, RNR or
+/// failed sends (the perftest RC rounds' own reading of them).
+const PERFTEST_RC_RXE_ERRORS: [&str; 8] = [
+    "duplicate_request",
+    "out_of_seq_request",
+    "rcvd_rnr_err",
+    "send_rnr_err",
+    "rcvd_seq_err",
+    "retry_exceeded_err",
+    "retry_rnr_exceeded_err",
+    "send_err",
+];
+
+/// rxe's hw_counters by name (those that are numbers).
+fn perftest_rc_rxe_counters(g: &mut Guest) -> std::collections::BTreeMap<String, u64> {
+    let out = g.ok("cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep -H . *");
+    let all: std::collections::BTreeMap<String, u64> = out
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
+        .collect();
+    assert!(all.contains_key("rcvd_seq_err"), "rxe hw_counters: {out}");
+    all
+}
+
+/// The counts of our `uperf: perftest ... (RC): ...` summary line:
+/// (messages, errors, retransmits, ACK timeouts, sequence NAKs).
+fn perftest_rc_summary(out: &str) -> (u64, u64, u64, u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("uperf: perftest ") && l.contains("(RC):"))
+        .unwrap_or_else(|| panic!("no summary line:\n{out}"))
+        .replace(';', ",");
+    (
+        count(&line, "messages"),
+        count(&line, "errors"),
+        count(&line, "retransmits"),
+        count(&line, "ACK"),
+        count(&line, "sequence"),
+    )
+}
+
+/// perftest's RC programs (`ib_send_bw`, `ib_write_bw`, `ib_read_bw`,
+/// `ib_send_lat`, `ib_write_lat`, `ib_read_lat`, `-c RC -x 1 -F -n 200`)
+/// against `uperf --rdma rc`, both roles, at a one-packet size and one
+/// above the 1024-byte path MTU: our side exits 0 with its table and a
+/// clean QP, the stock side exits 0 with its row, and rxe's retry,
+/// sequence and RNR counters do not move.
+fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
+    const N: u64 = 200;
+    let n = N.to_string();
+    let programs = [
+        ("ib_send_bw", "send", false),
+        ("ib_write_bw", "write", false),
+        ("ib_read_bw", "read", false),
+        ("ib_send_lat", "send", true),
+        ("ib_write_lat", "write", true),
+        ("ib_read_lat", "read", true),
+    ];
+    for (tool, op, latency) in programs {
+        for size in [if latency { 2u64 } else { 64 }, 4096] {
+            let s = size.to_string();
+            let mut ours: Vec<&str> = vec!["--rdma", "rc", "--op", op, "-n", &n, "--size", &s];
+            if latency {
+                ours.push("--latency");
+            }
+            let stock_args = format!("-c RC -x 1 -F -n {N} -s {size}");
+
+            // uperf is the client of the stock server.
+            let before = perftest_rc_rxe_counters(g);
+            g.ok(&format!(
+                "({tool} {stock_args} > /tmp/rcpt.out 2>&1; echo exit=$? >> /tmp/rcpt.out) &"
+            ));
+            let o = wait_for_server(|| {
+                ns.ustack(uperf, &[], &["-c", GUEST_IP])
+                    .args(&ours)
+                    .output()
+                    .unwrap()
+            });
+            let t = text(&o);
+            eprintln!("uperf --rdma rc client vs {tool} -s {size}:\n{t}");
+            let stock = wait_guest_file(g, "/tmp/rcpt.out", "exit=");
+            eprintln!("{tool} server:\n{stock}");
+            assert!(o.status.success(), "{t}\n{stock}");
+            assert!(stock.contains("exit=0"), "{stock}");
+            assert!(perftest_row(&t, size, N).is_some(), "no row: {t}");
+            // The stock server prints a row except ib_read_lat's (idle).
+            if tool != "ib_read_lat" {
+                assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
+            }
+            let (msgs, errors, retx, timeouts, seq) = perftest_rc_summary(&t);
+            let want = if latency && op != "read" { 2 * N } else { N };
+            assert_eq!(msgs, want, "{t}");
+            assert_eq!((errors, retx, timeouts, seq), (0, 0, 0, 0), "our QP: {t}");
+            let after = perftest_rc_rxe_counters(g);
+            perftest_rc_rxe_clean(&format!("{tool} server -s {size}"), &before, &after);
+
+            // uperf is the server of the stock client.
+            let before = perftest_rc_rxe_counters(g);
+            let server = Daemon::new(
+                ns.ustack(uperf, &[], &["-s", "-1"])
+                    .args(&ours)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let stock = loop {
+                let (rc, out) = g.sh(&format!("{tool} {stock_args} {HOST_IP}"));
+                if rc == 0 || Instant::now() >= deadline || !out.contains("Couldn't connect") {
+                    break format!("{out}exit={rc}\n");
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            };
+            eprintln!("{tool} -s {size} client vs uperf --rdma rc server:\n{stock}");
+            let (code, out, err) = server.wait();
+            eprintln!("{out}{err}");
+            assert_eq!(code, 0, "{out}{err}\n{stock}");
+            assert!(stock.contains("exit=0"), "{stock}");
+            assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
+            if tool != "ib_read_lat" {
+                assert!(perftest_row(&out, size, N).is_some(), "{out}");
+            }
+            let (msgs, errors, retx, timeouts, seq) = perftest_rc_summary(&out);
+            let want = match (op, latency) {
+                ("send", false) => N,
+                ("send" | "write", true) => 2 * N,
+                _ => 0,
+            };
+            assert_eq!(msgs, want, "{out}");
+            assert_eq!((errors, retx, timeouts, seq), (0, 0, 0, 0), "our QP: {out}");
+            let after = perftest_rc_rxe_counters(g);
+            perftest_rc_rxe_clean(&format!("{tool} client -s {size}"), &before, &after);
+        }
+    }
+}
+
+/// rxe's error counters did not move between `a` and `b`.
+fn perftest_rc_rxe_clean(
+    what: &str,
+    a: &std::collections::BTreeMap<String, u64>,
+    b: &std::collections::BTreeMap<String, u64>,
+) {
+    let moved: Vec<(String, u64)> = b
+        .iter()
+        .filter_map(|(k, v)| {
+            let d = v.saturating_sub(a.get(k).copied().unwrap_or(0));
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect();
+    eprintln!("rxe counters moved ({what}): {moved:?}");
+    for name in PERFTEST_RC_RXE_ERRORS {
+        let d = b.get(name).copied().unwrap_or(0) - a.get(name).copied().unwrap_or(0);
+        assert_eq!(d, 0, "{what}: rxe {name} moved: {moved:?}");
     }
 }

@@ -72,10 +72,20 @@ struct Cli {
         conflicts_with = "server"
     )]
     connect_timeout: u64,
-    /// RDMA UD (RoCEv2): client sweeps message sizes like ib_send_bw; server is the UD sink.
-    #[arg(long)]
-    rdma: bool,
-    /// With --rdma: the sink's QP number (client), or the QPN to serve on (server).
+    /// RDMA over RoCEv2 spoken by the stack: `ud` (the default when bare) sweeps
+    /// UD message sizes like ib_send_bw (client) or is the UD sink (server);
+    /// `rc` runs perftest's RC tests (ib_send/write/read_bw/lat -c RC) against
+    /// stock perftest or another uperf, both roles (see --op, --latency, --size, -a).
+    #[arg(long, value_name = "ud|rc", num_args = 0..=1, default_missing_value = "ud", value_enum)]
+    rdma: Option<RdmaKind>,
+    /// With --rdma rc: the verb, as ib_send_*, ib_write_* or ib_read_*.
+    #[arg(long, value_name = "send|write|read", value_parser = clap::value_parser!(RcOpArg))]
+    op: Option<RcOpArg>,
+    /// With --rdma rc: message size in bytes (perftest's -s; K or M suffix;
+    /// 65536 for bw and 2 for lat by default; both sides must agree).
+    #[arg(long = "size", value_name = "BYTES", value_parser = rc_size, conflicts_with_all = ["len", "all"])]
+    size: Option<usize>,
+    /// With --rdma (UD): the sink's QP number (client), or the QPN to serve on (server).
     #[arg(long, value_name = "N", default_value = ustack_apps::rdma::DEFAULT_QPN_STR, value_parser = ustack_apps::rdma::parse_qpn, requires = "rdma")]
     qpn: u32,
     /// With --rdma: the Q_Key (perftest's default).
@@ -89,23 +99,102 @@ struct Cli {
     /// serves stock `ib_send_bw -c UD` clients (both sides need the same -n and -a).
     #[arg(long, requires = "rdma")]
     perftest: bool,
-    /// With --perftest: the latency test (`ib_send_lat -c UD`) instead of the
-    /// bandwidth test.
-    #[arg(long, requires = "perftest")]
+    /// With --perftest or --rdma rc: the latency test (`ib_send_lat -c UD`,
+    /// `ib_*_lat -c RC`) instead of the bandwidth test.
+    #[arg(long)]
     latency: bool,
-    /// With --perftest: every message size from 2 bytes to the MTU (perftest's -a).
-    #[arg(
-        short = 'a',
-        long = "all",
-        requires = "perftest",
-        conflicts_with = "len"
-    )]
+    /// With --perftest or --rdma rc: every message size from 2 bytes to the MTU
+    /// (UD) or to 8 MiB (RC), perftest's -a.
+    #[arg(short = 'a', long = "all", conflicts_with = "len")]
     all: bool,
     /// With --perftest: seconds to wait for a UD message before giving up (the
     /// latency test's reply; the bandwidth server's next message, after which
-    /// it reports what arrived).
-    #[arg(short = 'W', long = "timeout", value_name = "S", default_value_t = 5.0, value_parser = seconds, requires = "perftest")]
+    /// it reports what arrived); with --rdma rc: seconds a data phase may go
+    /// without progress.
+    #[arg(short = 'W', long = "timeout", value_name = "S", default_value_t = 5.0, value_parser = seconds)]
     timeout: f64,
+}
+
+/// `--rdma`'s transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RdmaKind {
+    /// Unreliable Datagram.
+    Ud,
+    /// Reliable Connected (perftest's tests).
+    Rc,
+}
+
+/// `--op`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RcOpArg {
+    /// SEND / RECV (ib_send_bw, ib_send_lat).
+    Send,
+    /// RDMA WRITE (ib_write_bw, ib_write_lat).
+    Write,
+    /// RDMA READ (ib_read_bw, ib_read_lat).
+    Read,
+}
+
+/// An RC message size: bytes, or K/M (1024-based), 1 byte to 1 GiB.
+fn rc_size(s: &str) -> Result<usize, String> {
+    let (num, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1024),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    let max = ustack_apps::perftest_rc::MAX_SIZE;
+    match num.parse::<usize>() {
+        Ok(n) if n >= 1 && n.saturating_mul(mult) <= max => Ok(n * mult),
+        _ => Err(format!("'{s}' is not a size from 1 byte to 1G")),
+    }
+}
+
+/// Flag combinations clap cannot express, checked after parsing: one line
+/// saying what is wrong.
+fn check_flags(cli: &Cli, given: &dyn Fn(&str) -> bool) -> Result<(), String> {
+    let rc = cli.rdma == Some(RdmaKind::Rc);
+    let perftest_like = cli.perftest || rc;
+    if rc {
+        for (id, flag) in [("qpn", "--qpn"), ("qkey", "--qkey")] {
+            if given(id) {
+                return Err(format!("{flag} is for --rdma ud, not --rdma rc"));
+            }
+        }
+    } else {
+        if cli.op.is_some() {
+            return Err("--op needs --rdma rc".to_string());
+        }
+        if cli.size.is_some() {
+            return Err("--size needs --rdma rc".to_string());
+        }
+    }
+    if !perftest_like {
+        for (on, flag) in [
+            (cli.latency, "--latency"),
+            (cli.all, "-a"),
+            (given("timeout"), "-W"),
+        ] {
+            if on {
+                return Err(format!("{flag} needs --perftest or --rdma rc"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parse and check the command line.
+fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::{CommandFactory, FromArgMatches};
+    let m = Cli::command().try_get_matches_from(args)?;
+    let cli = Cli::from_arg_matches(&m)?;
+    let given = |id: &str| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    check_flags(&cli, &given)
+        .map_err(|e| Cli::command().error(clap::error::ErrorKind::ArgumentConflict, e))?;
+    Ok(cli)
 }
 
 fn seconds(s: &str) -> Result<f64, String> {
@@ -335,12 +424,46 @@ fn perftest_user(cli: &Cli) -> ustack_apps::perftest::PerftestUser {
     }
 }
 
+/// `uperf --rdma rc`: the settings from the flags.
+fn rc_user(cli: &Cli) -> ustack_apps::perftest_rc::RcUser {
+    use ustack_apps::perftest_rc::{Op, RcConfig, RcRole, RcUser};
+    let op = match cli.op.unwrap_or(RcOpArg::Send) {
+        RcOpArg::Send => Op::Send,
+        RcOpArg::Write => Op::Write,
+        RcOpArg::Read => Op::Read,
+    };
+    let mut cfg = RcConfig::new(op, cli.latency);
+    cfg.iters = cli.iters;
+    cfg.size = cli.size.or(cli.len);
+    cfg.all_sizes = cli.all;
+    cfg.timeout = Duration::from_secs_f64(cli.timeout);
+    cfg.connect_timeout = Duration::from_millis(cli.connect_timeout.max(1));
+    let role = match cli.client {
+        Some(host) => RcRole::Client(ustack_apps::perftest::server_addr(host, cli.port)),
+        None => RcRole::Server {
+            port: cli.port.unwrap_or(ustack_apps::perftest::PERFTEST_PORT),
+            one_off: cli.one_off,
+        },
+    };
+    RcUser {
+        cfg,
+        role,
+        lcfg: cli.net.loop_config(),
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_args(std::env::args_os()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    if cli.rdma == Some(RdmaKind::Rc) {
+        return ustack_apps::exit("uperf", with_node(&cli.net, rc_user(&cli)));
+    }
     if cli.perftest {
         return ustack_apps::exit("uperf", with_node(&cli.net, perftest_user(&cli)));
     }
-    if cli.rdma {
+    if cli.rdma.is_some() {
         use ustack_apps::rdma::{BwOpts, BwUser, SinkUser};
         let r = match cli.client {
             Some(dst) => with_node(
@@ -417,10 +540,10 @@ mod test {
         assert!(c.perftest && c.all && c.one_off && !c.latency);
         assert_eq!(c.timeout, 5.0);
         // --perftest needs --rdma; --latency, -a and -W need --perftest.
-        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--perftest"]).is_err());
-        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--rdma", "--latency"]).is_err());
-        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--rdma", "-a"]).is_err());
-        assert!(Cli::try_parse_from(["uperf", "--sim", "-s", "--rdma", "-W", "1"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--perftest"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "--latency"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "-a"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "-W", "1"]).is_err());
         // -a sweeps sizes: no -l with it.
         assert!(
             Cli::try_parse_from([
@@ -436,6 +559,90 @@ mod test {
             ])
             .is_err()
         );
+    }
+
+    #[test]
+    fn rdma_takes_an_optional_transport() {
+        // Bare --rdma stays UD, before another flag or at the end.
+        let c = parse_args([
+            "uperf", "--sim", "-c", "10.0.0.1", "--rdma", "--iters", "200",
+        ])
+        .unwrap();
+        assert_eq!((c.rdma, c.iters), (Some(RdmaKind::Ud), 200));
+        let c = parse_args(["uperf", "--sim", "-s", "--rdma"]).unwrap();
+        assert_eq!(c.rdma, Some(RdmaKind::Ud));
+        let c = parse_args(["uperf", "--sim", "-s", "--rdma", "ud", "--qpn", "0x20"]).unwrap();
+        assert_eq!((c.rdma, c.qpn), (Some(RdmaKind::Ud), 0x20));
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "xrc"]).is_err());
+        let c = parse_args(["uperf", "--sim", "-c", "10.0.0.1"]).unwrap();
+        assert_eq!(c.rdma, None);
+    }
+
+    #[test]
+    fn rc_flags() {
+        let c = parse_args([
+            "uperf",
+            "--sim",
+            "-c",
+            "10.0.0.1",
+            "--rdma",
+            "rc",
+            "--op",
+            "write",
+            "--latency",
+            "--size",
+            "64K",
+            "-n",
+            "200",
+        ])
+        .unwrap();
+        assert_eq!(c.rdma, Some(RdmaKind::Rc));
+        assert_eq!(
+            (c.op, c.size, c.iters),
+            (Some(RcOpArg::Write), Some(65536), 200)
+        );
+        assert!(c.latency);
+        let u = rc_user(&c);
+        assert_eq!(u.cfg.name(), "write_lat");
+        assert_eq!(u.cfg.size, Some(65536));
+        assert!(matches!(u.role, ustack_apps::perftest_rc::RcRole::Client(a) if a.port() == 18515));
+        let c = parse_args([
+            "uperf", "--sim", "-s", "--rdma", "rc", "--op", "read", "-1", "-a",
+        ])
+        .unwrap();
+        assert!(c.all && c.one_off);
+        let u = rc_user(&c);
+        assert_eq!(u.cfg.name(), "read_bw");
+        assert!(u.cfg.all_sizes);
+        // --op defaults to send.
+        let c = parse_args(["uperf", "--sim", "-s", "--rdma", "rc"]).unwrap();
+        assert_eq!(rc_user(&c).cfg.name(), "send_bw");
+        // 8 MiB and more are RC sizes.
+        assert_eq!(rc_size("8M"), Ok(8 << 20));
+        assert!(rc_size("0").is_err() && rc_size("2048M").is_err() && rc_size("x").is_err());
+        // RC flags need --rdma rc; UD flags do not go with it.
+        assert!(parse_args(["uperf", "--sim", "-s", "--op", "write"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "--op", "write"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "ud", "--size", "64"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "rc", "--qpn", "0x20"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "rc", "--qkey", "1"]).is_err());
+        assert!(parse_args(["uperf", "--sim", "-s", "--rdma", "rc", "--op", "atomic"]).is_err());
+        assert!(
+            parse_args([
+                "uperf", "--sim", "-c", "1.2.3.4", "--rdma", "rc", "-a", "--size", "64"
+            ])
+            .is_err()
+        );
+        // The message is one line naming the flag.
+        let e = parse_args(["uperf", "--sim", "-s", "--op", "read"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.lines().next().unwrap().contains("--op needs --rdma rc"),
+            "{e}"
+        );
+        // --rr still refuses --rdma of either kind.
+        assert!(parse_args(["uperf", "--sim", "-c", "1.2.3.4", "--rr", "--rdma", "rc"]).is_err());
     }
 
     #[test]

@@ -33,14 +33,16 @@ struct Cli {
     #[arg(short = 'i', value_name = "INTERVAL", default_value_t = 1.0, value_parser = interval)]
     interval: f64,
     /// Bytes of data per request [default: 56; 1024 with --pingpong, as
-    /// ibv_ud_pingpong's -s].
+    /// ibv_ud_pingpong's -s; 4096 with --rdma=rc --pingpong, as
+    /// ibv_rc_pingpong's].
     #[arg(short = 's', value_name = "PACKETSIZE")]
     size: Option<usize>,
     /// Seconds to wait for replies after the last request when none has come
     /// back (iputils' -W); with replies in, uping waits twice the longest
     /// RTT, at least one interval, as iputils does. Mesh mode: how long each
-    /// probe waits for its answer before it counts as lost [default: 10;
-    /// 2 in mesh mode].
+    /// probe waits for its answer before it counts as lost. --rdma=rc
+    /// --pingpong: how long an iteration may wait for a completion before
+    /// the run fails [default: 10; 2 in mesh mode; 5 with --rdma=rc].
     #[arg(short = 'W', value_name = "TIMEOUT", value_parser = interval)]
     timeout: Option<f64>,
     /// Quiet: print only the summary.
@@ -49,9 +51,12 @@ struct Cli {
     /// Print the result as JSON instead.
     #[arg(long)]
     json: bool,
-    /// RDMA UD ping (RoCEv2) instead of ICMP, to a UD responder such as `ustack run`.
-    #[arg(long)]
-    rdma: bool,
+    /// RDMA (RoCEv2) instead of ICMP: `--rdma` or `--rdma=ud` pings a UD
+    /// responder such as `ustack run`; `--rdma=rc` (with --pingpong) speaks
+    /// ibv_rc_pingpong over RC.
+    #[arg(long, value_name = "ud|rc", value_enum, num_args = 0..=1, require_equals = true,
+          default_missing_value = "ud")]
+    rdma: Option<RdmaMode>,
     /// With --rdma: the responder's QP number.
     #[arg(long, value_name = "N", default_value = ustack_apps::rdma::DEFAULT_QPN_STR, value_parser = ustack_apps::rdma::parse_qpn, requires = "rdma")]
     qpn: u32,
@@ -66,11 +71,22 @@ struct Cli {
     /// With --rdma: ping-pong with a stock `ibv_ud_pingpong` server on HOST
     /// (its TCP address exchange on --port, then -c messages of -s bytes,
     /// each echoed; use the server's -n and -s).
+    /// With --rdma=rc: ping-pong with a stock `ibv_rc_pingpong` server on
+    /// HOST (or, with --listen, one stock client) over RC.
     #[arg(long, requires = "rdma", conflicts_with_all = ["verbs", "pinglist"])]
     pingpong: bool,
-    /// With --pingpong: the server's exchange port.
-    #[arg(long, value_name = "PORT", default_value_t = ustack::ud::exchange::PINGPONG_PORT, requires = "pingpong")]
+    /// With --pingpong: the server's exchange port (with --listen, ours).
+    #[arg(long, visible_alias = "pingpong-port", value_name = "PORT", default_value_t = ustack::ud::exchange::PINGPONG_PORT, requires = "pingpong")]
     port: u16,
+    /// With --rdma=rc --pingpong: be the server, wait for one stock
+    /// `ibv_rc_pingpong HOST` client, run its -n iterations and exit.
+    #[arg(long, requires = "pingpong", conflicts_with = "host")]
+    listen: bool,
+    /// With --rdma=rc --pingpong: the InfiniBand path MTU (ibv_rc_pingpong's
+    /// --mtu; both ends must use the same) [default: 1024].
+    #[arg(long, value_name = "BYTES", requires = "pingpong",
+          value_parser = path_mtu)]
+    path_mtu: Option<usize>,
     /// Mesh mode: probe every target of the ping list at FILE or an
     /// http(s):// URL, one `A.B.C.D [label] [probes=icmp,ud,tcp,udp]
     /// [tcp_port=N] [udp_port=N]` per line.
@@ -88,14 +104,66 @@ struct Cli {
     #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = seconds, requires = "pinglist")]
     duration: f64,
     /// The host to ping (an IPv4 address).
-    #[arg(required_unless_present = "pinglist")]
+    #[arg(required_unless_present_any = ["pinglist", "listen"])]
     host: Option<String>,
 }
 
+/// What `--rdma` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RdmaMode {
+    /// Unreliable Datagram (the default of a bare `--rdma`).
+    Ud,
+    /// Reliable Connected (ibv_rc_pingpong with --pingpong).
+    Rc,
+}
+
 impl Cli {
-    /// `-s`, or its default: 56, or ibv_ud_pingpong's 1024 with --pingpong.
+    /// `-s`, or its default: 56, or ibv_ud_pingpong's 1024 with --pingpong,
+    /// or ibv_rc_pingpong's 4096 with --rdma=rc --pingpong.
     fn size(&self) -> usize {
-        self.size.unwrap_or(if self.pingpong { 1024 } else { 56 })
+        self.size.unwrap_or(match (self.pingpong, self.rdma) {
+            (true, Some(RdmaMode::Rc)) => ustack_apps::pingpong_rc::DEFAULT_SIZE,
+            (true, _) => 1024,
+            _ => 56,
+        })
+    }
+
+    /// Whether this is RC (`--rdma=rc`).
+    fn rc(&self) -> bool {
+        self.rdma == Some(RdmaMode::Rc)
+    }
+
+    /// Combinations clap cannot express, as one line each.
+    fn check(&self) -> Result<()> {
+        if self.rc() && !self.pingpong {
+            bail!("--rdma=rc speaks ibv_rc_pingpong only: add --pingpong (and HOST, or --listen)");
+        }
+        if self.listen && !self.rc() {
+            bail!(
+                "--listen is the ibv_rc_pingpong server (--rdma=rc --pingpong --listen); \
+                 ibv_ud_pingpong clients are served by `ustack run`"
+            );
+        }
+        if self.path_mtu.is_some() && !self.rc() {
+            bail!("--path-mtu is for --rdma=rc (a UD message is sized by the link)");
+        }
+        if !self.rc() && self.size() > MAX_PING_DATA {
+            bail!(
+                "invalid -s value: '{}': out of range: 0 <= value <= {MAX_PING_DATA}",
+                self.size()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// An InfiniBand path MTU: 256, 512, 1024, 2048 or 4096.
+fn path_mtu(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v @ (256 | 512 | 1024 | 2048 | 4096)) => Ok(v),
+        _ => Err(format!(
+            "'{s}' is not an InfiniBand MTU (256, 512, 1024, 2048 or 4096)"
+        )),
     }
 }
 
@@ -390,14 +458,12 @@ fn json_summary(
 }
 
 fn ping(cli: &Cli) -> Result<ExitCode> {
-    if cli.size() > MAX_PING_DATA {
-        bail!(
-            "invalid -s value: '{}': out of range: 0 <= value <= {MAX_PING_DATA}",
-            cli.size()
-        );
-    }
+    cli.check()?;
     if let Some(list) = &cli.pinglist {
         return mesh(cli, list);
+    }
+    if cli.rc() {
+        return rc_pingpong(cli);
     }
     let host = cli.host.as_deref().unwrap_or_default();
     let dst: Ipv4Addr = host.parse().map_err(|_| {
@@ -415,7 +481,7 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
         };
         return with_node(&cli.net, ustack_apps::pingpong::PingpongUser(opts));
     }
-    if cli.rdma {
+    if cli.rdma.is_some() {
         let opts = ustack_apps::rdma::PingOpts {
             dst,
             qpn: cli.qpn,
@@ -436,6 +502,30 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
     with_node(&cli.net, Run { cli, dst })
 }
 
+/// `--rdma=rc --pingpong`: ibv_rc_pingpong's client (HOST) or server
+/// (`--listen`).
+fn rc_pingpong(cli: &Cli) -> Result<ExitCode> {
+    use ustack_apps::pingpong_rc::{DEFAULT_ITERS, RcPingpongOpts, RcPingpongUser, Role};
+    let role = if cli.listen {
+        Role::Server(cli.port)
+    } else {
+        let host = cli.host.as_deref().unwrap_or_default();
+        let dst: Ipv4Addr = host.parse().map_err(|_| {
+            anyhow::anyhow!("{host}: not an IPv4 address (uping does no name resolution)")
+        })?;
+        Role::Client(std::net::SocketAddrV4::new(dst, cli.port))
+    };
+    let mut o = RcPingpongOpts::new(role);
+    o.iters = cli.count.unwrap_or(DEFAULT_ITERS);
+    o.size = cli.size();
+    if let Some(m) = cli.path_mtu {
+        o.mtu = m;
+    }
+    o.timeout = Duration::from_secs_f64(cli.timeout.unwrap_or(5.0));
+    o.lcfg = cli.net.loop_config();
+    with_node(&cli.net, RcPingpongUser(o))
+}
+
 /// Mesh mode: every (target, probe) of the ping list at `--rate` for
 /// `--duration` (0: until stopped), the list re-read every
 /// `--pinglist-refresh`, the metrics served with `--metrics`.
@@ -443,7 +533,11 @@ fn mesh(cli: &Cli, list: &str) -> Result<ExitCode> {
     use ustack_apps::mesh::{ListSource, MeshMetrics, Probe, Reloader};
     let source = ListSource::parse(list);
     let text = source.read().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let default_probe = if cli.rdma { Probe::Ud } else { Probe::Icmp };
+    let default_probe = if cli.rdma.is_some() {
+        Probe::Ud
+    } else {
+        Probe::Icmp
+    };
     let targets = ustack_apps::mesh::parse_pinglist_with(&text, default_probe)
         .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     if cli.size() < 8 {
@@ -547,5 +641,110 @@ mod test {
         assert_eq!(reply_time(Duration::from_micros(12_345)), "12.3");
         assert_eq!(reply_time(Duration::from_micros(123_456)), "123");
         assert_eq!(reply_time(Duration::from_nanos(63_500)), "0.064");
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        let net = ["uping", "--sim", "--ip", "10.0.0.2/24"];
+        Cli::try_parse_from(net.iter().chain(args))
+    }
+
+    #[test]
+    fn bare_rdma_is_ud_and_takes_no_value() {
+        let c = parse(&["--rdma", "10.0.0.1"]).unwrap();
+        assert_eq!(c.rdma, Some(RdmaMode::Ud));
+        assert_eq!(c.host.as_deref(), Some("10.0.0.1"));
+        // require_equals: a following word is the host, never the mode.
+        let c = parse(&["--rdma", "rc"]).unwrap();
+        assert_eq!(
+            (c.rdma, c.host.as_deref()),
+            (Some(RdmaMode::Ud), Some("rc"))
+        );
+        assert!(parse(&["--rdma", "rc", "10.0.0.1"]).is_err());
+        let c = parse(&["--rdma", "--qpn", "5", "-c", "3", "10.0.0.1"]).unwrap();
+        assert_eq!((c.rdma, c.qpn, c.count), (Some(RdmaMode::Ud), 5, Some(3)));
+        assert_eq!(parse(&["10.0.0.1"]).unwrap().rdma, None);
+        assert_eq!(parse(&["10.0.0.1"]).unwrap().size(), 56);
+    }
+
+    #[test]
+    fn rdma_takes_ud_or_rc_with_equals() {
+        let c = parse(&["--rdma=ud", "--pingpong", "10.0.0.1"]).unwrap();
+        assert_eq!(c.rdma, Some(RdmaMode::Ud));
+        assert_eq!(c.size(), 1024, "ibv_ud_pingpong's -s");
+        c.check().unwrap();
+        let c = parse(&["--rdma=rc", "--pingpong", "-c", "200", "10.0.0.1"]).unwrap();
+        assert_eq!(c.rdma, Some(RdmaMode::Rc));
+        assert_eq!(c.size(), 4096, "ibv_rc_pingpong's -s");
+        assert_eq!(c.port, 18515);
+        c.check().unwrap();
+        assert!(parse(&["--rdma=xx", "10.0.0.1"]).is_err());
+        // Options of --rdma still need it.
+        assert!(parse(&["--qpn", "5", "10.0.0.1"]).is_err());
+    }
+
+    #[test]
+    fn rc_server_role_needs_no_host() {
+        let c = parse(&[
+            "--rdma=rc",
+            "--pingpong",
+            "--listen",
+            "-c",
+            "7",
+            "-s",
+            "1",
+            "--pingpong-port",
+            "9999",
+        ])
+        .unwrap();
+        assert!(c.listen && c.host.is_none());
+        assert_eq!((c.count, c.size(), c.port), (Some(7), 1, 9999));
+        c.check().unwrap();
+        // --port stays the same flag.
+        assert_eq!(
+            parse(&["--rdma=rc", "--pingpong", "--port", "7", "10.0.0.1"])
+                .unwrap()
+                .port,
+            7
+        );
+        assert!(parse(&["--rdma=rc", "--pingpong", "--listen", "10.0.0.1"]).is_err());
+        assert!(
+            parse(&["--rdma=rc", "--listen"]).is_err(),
+            "needs --pingpong"
+        );
+        assert!(
+            parse(&["--rdma=rc", "--pingpong"]).is_err(),
+            "needs HOST or --listen"
+        );
+    }
+
+    #[test]
+    fn bad_combinations_get_one_line() {
+        let e = parse(&["--rdma=rc", "10.0.0.1"])
+            .unwrap()
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("add --pingpong"), "{e}");
+        let e = parse(&["--rdma", "--pingpong", "--listen"])
+            .unwrap()
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("ustack run"), "{e}");
+        let e = parse(&["--rdma", "--pingpong", "--path-mtu", "512", "10.0.0.1"])
+            .unwrap()
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("--rdma=rc"), "{e}");
+        let c = parse(&["--rdma=rc", "--pingpong", "--path-mtu", "2048", "10.0.0.1"]).unwrap();
+        assert_eq!(c.path_mtu, Some(2048));
+        assert!(parse(&["--rdma=rc", "--pingpong", "--path-mtu", "1000", "10.0.0.1"]).is_err());
+        // RC messages are not capped at an ICMP datagram.
+        let c = parse(&["--rdma=rc", "--pingpong", "-s", "1000000", "10.0.0.1"]).unwrap();
+        c.check().unwrap();
+        let e = parse(&["-s", "1000000", "10.0.0.1"])
+            .unwrap()
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        assert!(parse(&["--rdma=rc", "--pingpong", "--verbs", "10.0.0.1"]).is_err());
     }
 }

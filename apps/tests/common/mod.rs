@@ -435,3 +435,43 @@ pub fn pools_in_use(snap: &serde_json::Value) -> Vec<(String, u64)> {
     assert!(!pools.is_empty(), "no pools in {snap}");
     pools
 }
+
+/// The records of a classic pcap file (Ethernet): (seconds since the
+/// first record, frame bytes), in file order.
+pub fn pcap_records(path: &Path) -> Vec<(f64, Vec<u8>)> {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut reader = pcap_file::pcap::PcapReader::new(file)
+        .unwrap_or_else(|e| panic!("{}: not a pcap file: {e}", path.display()));
+    let mut out = Vec::new();
+    let mut t0 = None;
+    while let Some(pkt) = reader.next_packet() {
+        let Ok(pkt) = pkt else { break };
+        let t = pkt.timestamp.as_secs_f64();
+        let t0 = *t0.get_or_insert(t);
+        out.push((t - t0, pkt.data.into_owned()));
+    }
+    out
+}
+
+/// A RoCEv2 frame's sender, BTH opcode and PSN (`None` for anything else).
+pub fn roce_bth(frame: &[u8]) -> Option<(std::net::Ipv4Addr, u8, u32)> {
+    if frame.len() < 14 + 20 || frame[12..14] != [0x08, 0x00] {
+        return None;
+    }
+    let ip = &frame[14..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ip[0] >> 4 != 4 || ip[9] != 17 || ip.len() < ihl + 8 + 12 {
+        return None;
+    }
+    let udp = &ip[ihl..];
+    if u16::from_be_bytes([udp[2], udp[3]]) != 4791 {
+        return None;
+    }
+    let bth = &udp[8..];
+    let src = std::net::Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    Some((
+        src,
+        bth[0],
+        u32::from_be_bytes([0, bth[9], bth[10], bth[11]]),
+    ))
+}
