@@ -97,6 +97,10 @@ pub struct ArpCache {
     entries_hwm: usize,
     pending_bytes_hwm: usize,
     pub(crate) stats: ArpStats,
+    /// The entry the last successful lookup found (address, MAC, expiry):
+    /// a flow's segments all ask for the same next hop, and this answers
+    /// them without hashing. Cleared whenever an entry changes or goes.
+    last: Option<(Ipv4Addr, EthernetAddress, Instant)>,
 }
 
 impl ArpCache {
@@ -111,17 +115,26 @@ impl ArpCache {
             entries_hwm: 0,
             pending_bytes_hwm: 0,
             stats: ArpStats::default(),
+            last: None,
         }
     }
 
     /// The MAC for `ip` if known and fresh. Counts a hit or a miss.
     pub fn lookup(&mut self, now: Instant, ip: Ipv4Addr) -> Option<EthernetAddress> {
+        if let Some((last, mac, expires)) = self.last {
+            if last == ip && expires > now {
+                self.stats.hits += 1;
+                return Some(mac);
+            }
+        }
         match self.entries.get(&ip) {
             Some(e) if e.expires > now => {
                 self.stats.hits += 1;
+                self.last = Some((ip, e.mac, e.expires));
                 Some(e.mac)
             }
             Some(_) => {
+                self.last = None;
                 self.entries.remove(&ip);
                 self.stats.misses += 1;
                 None
@@ -154,6 +167,9 @@ impl ArpCache {
     ) -> Result<VecDeque<Vec<u8>>, MacChangeRefused> {
         let expires = now + self.cfg.entry_ttl;
         let asked = self.pending.contains_key(&ip);
+        // Whatever happens to the table below, the remembered lookup is
+        // looked up again.
+        self.last = None;
         if let Some(e) = self.entries.get_mut(&ip) {
             // A stale entry is locked too: its MAC changes when we ask.
             if e.mac != mac && !asked && self.cfg.lock_fresh_entries {
@@ -182,6 +198,7 @@ impl ArpCache {
     /// Make room: drop an expired entry, else (when `fresh_too`) the one
     /// closest to expiry. Only runs when the table is full.
     fn evict_one(&mut self, now: Instant, fresh_too: bool) -> bool {
+        self.last = None;
         let victim = self
             .entries
             .iter()
@@ -313,6 +330,51 @@ mod test {
 
     const IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
     const MAC: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 2]);
+
+    proptest::proptest! {
+        /// The remembered last lookup never answers other than the table:
+        /// every lookup gives the MAC of the fresh entry `entries` lists,
+        /// through learning, refreshing, MAC changes we asked for,
+        /// eviction from a full table and expiry.
+        #[test]
+        fn lookups_always_agree_with_the_table(
+            ops in proptest::collection::vec(
+                (0u8..4, 0u8..3, 0u8..3, proptest::bool::ANY, 0u64..40),
+                1..200,
+            )
+        ) {
+            let mut c = ArpCache::new(ArpConfig {
+                max_entries: 2,
+                entry_ttl: core::time::Duration::from_secs(60),
+                ..ArpConfig::default()
+            });
+            let mut now = Instant::ZERO;
+            for (op, host, mac, solicited, secs) in ops {
+                let ip = Ipv4Addr::new(10, 0, 0, 10 + host);
+                let mac = EthernetAddress([2, 0, 0, 0, 1, mac]);
+                now += core::time::Duration::from_secs(secs);
+                match op {
+                    0 => {
+                        let _ = c.learn(now, ip, mac, solicited);
+                    }
+                    1 => {
+                        if c.enqueue(now, ip, vec![0; 8]) == Enqueue::QueuedSendRequest {
+                            // Our own request: its answer may change the MAC.
+                            let _ = c.learn(now, ip, mac, true);
+                        }
+                    }
+                    _ => {
+                        let want = c.entries(now).iter().find(|(i, _)| *i == ip).map(|(_, m)| *m);
+                        let before = c.stats();
+                        proptest::prop_assert_eq!(c.lookup(now, ip), want);
+                        let after = c.stats();
+                        proptest::prop_assert_eq!(after.hits - before.hits, u64::from(want.is_some()));
+                        proptest::prop_assert_eq!(after.misses - before.misses, u64::from(want.is_none()));
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn entry_expires() {

@@ -15,6 +15,7 @@ use smoltcp::wire::{
 };
 
 use crate::arp::{ArpCache, Enqueue};
+use crate::checksum;
 use crate::config::Config;
 use crate::device::{Offloads, Tx, TxOffload};
 use crate::error::Error;
@@ -102,6 +103,9 @@ pub(crate) struct Link {
     probing: bool,
     /// The first other host seen claiming our address (RFC 5227 conflict).
     conflict: Option<EthernetAddress>,
+    /// Our subnet's directed broadcast address (`cfg.ip.broadcast()`,
+    /// computed once: the receive path asks for every packet).
+    subnet_broadcast: Option<Ipv4Addr>,
 }
 
 impl Link {
@@ -112,6 +116,7 @@ impl Link {
             icmp_errors: RateLimit::new(cfg.icmp_error_rate),
             rst_limit: RateLimit::new(cfg.rst_rate),
             announced: !cfg.announce,
+            subnet_broadcast: cfg.ip.broadcast(),
             cfg,
             checksum: ChecksumCapabilities::default(),
             offloads: Offloads::default(),
@@ -277,6 +282,12 @@ impl Link {
         }
     }
 
+    /// Our subnet's directed broadcast address, if it has one.
+    pub(crate) fn subnet_broadcast(&self) -> Option<Ipv4Addr> {
+        self.subnet_broadcast
+    }
+
+    /// Our IPv4 address.
     pub(crate) fn ip(&self) -> Ipv4Addr {
         self.cfg.ip.address()
     }
@@ -596,7 +607,7 @@ impl Link {
             self.stats.ipv4.tx_no_route += 1;
             return Err(Error::NoRoute);
         }
-        if dst.is_broadcast() || Some(dst) == self.cfg.ip.broadcast() {
+        if dst.is_broadcast() || Some(dst) == self.subnet_broadcast {
             return Ok((dst, Some(EthernetAddress::BROADCAST)));
         }
         let Some(hop) = self.next_hop(dst) else {
@@ -673,8 +684,29 @@ impl IpHeader {
         p.set_next_header(self.protocol);
         p.set_src_addr(self.src);
         p.set_dst_addr(self.dst);
-        p.fill_checksum();
+        p.set_checksum(0);
+        // smoltcp's `fill_checksum`, with the word-wide sum.
+        let buf = p.into_inner();
+        let c = !ipv4_header_sum(&buf[..hl]);
+        Ipv4Packet::new_unchecked(buf).set_checksum(c);
     }
+}
+
+/// Whether an IPv4 header (options included) sums to all ones: smoltcp's
+/// `Ipv4Packet::verify_checksum`, with the word-wide sum.
+pub(crate) fn ipv4_checksum_ok(header: &[u8]) -> bool {
+    ipv4_header_sum(header) == 0xffff
+}
+
+/// The folded one's-complement sum of an IPv4 header (what smoltcp's
+/// `checksum::data` gives): `checksum::sum`, unrolled for the usual
+/// 20 bytes.
+fn ipv4_header_sum(header: &[u8]) -> u16 {
+    if let Ok(h) = <&[u8; IP_LEN]>::try_from(header) {
+        let w = |i: usize| u64::from(u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]));
+        return u16::from_be(checksum::fold(w(0) + w(4) + w(8) + w(12) + w(16)));
+    }
+    checksum::fold(checksum::sum(0, header))
 }
 
 pub(crate) fn write_eth(
@@ -700,4 +732,58 @@ fn ident_buckets(secret: (u64, u64)) -> Box<[u16]> {
     (0..IP_ID_BUCKETS)
         .map(|i| seed.hash_one(i) as u16)
         .collect()
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Headers written with the word-wide sum carry smoltcp's checksum,
+        /// and the receive check agrees with smoltcp's on any header.
+        #[test]
+        fn ipv4_header_checksums_are_smoltcps(
+            src in any::<u32>(),
+            dst in any::<u32>(),
+            ttl in any::<u8>(),
+            ident in any::<u16>(),
+            proto in any::<u8>(),
+            words in 0usize..=10,
+            opt in any::<[u8; 40]>(),
+            payload_len in 0usize..2000,
+            frag in (0usize..8000, any::<bool>()),
+            flip in proptest::option::of((0usize..60, 0u8..8)),
+        ) {
+            let header = IpHeader {
+                src: Ipv4Addr::from(src),
+                dst: Ipv4Addr::from(dst),
+                protocol: IpProtocol::from(proto),
+                ttl,
+                ident,
+                dont_frag: frag.0 == 0 && !frag.1,
+            };
+            let hl = IP_LEN + 4 * words;
+            let mut ours = vec![0u8; hl];
+            header.write(&mut ours, &opt[..4 * words], payload_len, frag.0 & !7, frag.1);
+            let mut theirs = ours.clone();
+            Ipv4Packet::new_unchecked(&mut theirs[..]).fill_checksum();
+            prop_assert_eq!(&ours, &theirs);
+            prop_assert!(ipv4_checksum_ok(&ours));
+            if let Some((i, bit)) = flip {
+                ours[1 + i % (hl - 1)] ^= 1 << bit;
+            }
+            prop_assert_eq!(
+                ipv4_checksum_ok(&ours),
+                Ipv4Packet::new_unchecked(&ours[..]).verify_checksum()
+            );
+        }
+    }
+
+    #[test]
+    fn the_subnet_broadcast_is_the_configs() {
+        let link = Link::new(crate::sim::host_config(1));
+        assert_eq!(link.subnet_broadcast(), link.cfg.ip.broadcast());
+        assert!(link.subnet_broadcast().is_some());
+    }
 }

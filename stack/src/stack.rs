@@ -247,12 +247,13 @@ impl Stack {
         if tl < hl || tl > payload.len() {
             return Err(DropReason::Ipv4BadTotalLen);
         }
-        if !pkt.verify_checksum() {
+        if !crate::link::ipv4_checksum_ok(&payload[..hl]) {
             return Err(DropReason::Ipv4BadChecksum);
         }
         let (src, dst) = (pkt.src_addr(), pkt.dst_addr());
         let me = self.ip();
-        let broadcast = dst.is_broadcast() || Some(dst) == self.link.cfg.ip.broadcast();
+        let subnet_broadcast = self.link.subnet_broadcast();
+        let broadcast = dst.is_broadcast() || Some(dst) == subnet_broadcast;
         if dst != me && !broadcast {
             return Err(DropReason::Ipv4NotForUs);
         }
@@ -260,7 +261,7 @@ impl Stack {
             || src.is_multicast()
             || src.is_unspecified()
             || src == me
-            || Some(src) == self.link.cfg.ip.broadcast()
+            || Some(src) == subnet_broadcast
         {
             return Err(DropReason::Ipv4BadSource);
         }

@@ -12,6 +12,8 @@
 //! No method panics on any argument: offsets and lengths out of range are
 //! clamped or ignored, as each method documents.
 
+use crate::checksum;
+
 /// A fixed byte ring addressed by logical position from its start (`head`).
 ///
 /// Every method clamps: bytes that would fall outside `[0, capacity)` are not
@@ -74,6 +76,38 @@ impl Ring {
         let rest = b.len();
         b.copy_from_slice(&self.buf[..rest]);
         n
+    }
+
+    /// [`read`](Self::read), also giving the one's-complement sum of the
+    /// bytes copied (a `checksum::sum` accumulator over them as one
+    /// run), taken from the ring as each piece is copied: summing the
+    /// source beats summing the bytes just written (they are still on
+    /// their way to the cache).
+    fn read_summed(&self, pos: usize, dst: &mut [u8]) -> (usize, u64) {
+        let cap = self.buf.len();
+        if pos >= cap {
+            return (0, 0);
+        }
+        let n = dst.len().min(cap - pos);
+        let at = self.index(pos);
+        let first = n.min(cap - at);
+        let (a, b) = dst[..n].split_at_mut(first);
+        let src_a = &self.buf[at..at + first];
+        let mut acc = checksum::sum(0, src_a);
+        a.copy_from_slice(src_a);
+        let src_b = &self.buf[..b.len()];
+        if !src_b.is_empty() {
+            let sum_b = checksum::sum(0, src_b);
+            // After an odd first piece the second starts mid-word: its
+            // sum is the byte-swapped one (RFC 1071 2.B).
+            acc += if first % 2 == 1 {
+                u64::from(checksum::fold(sum_b).swap_bytes())
+            } else {
+                sum_b
+            };
+            b.copy_from_slice(src_b);
+        }
+        (n, acc)
     }
 
     /// The bytes at logical positions `pos..pos + max` that lie in one
@@ -192,6 +226,16 @@ impl SendBuffer {
             return 0;
         }
         self.ring.read(offset, &mut dst[..n])
+    }
+
+    /// [`read_at`](Self::read_at), also giving the one's-complement sum
+    /// of the bytes copied (a `crate::checksum::sum` accumulator).
+    pub fn read_at_summed(&self, offset: usize, dst: &mut [u8]) -> (usize, u64) {
+        let n = dst.len().min(self.len.saturating_sub(offset));
+        if n == 0 {
+            return (0, 0);
+        }
+        self.ring.read_summed(offset, &mut dst[..n])
     }
 
     /// Drop the first `n` bytes (acknowledged); `n` is clamped to
@@ -451,6 +495,38 @@ mod test {
     use super::*;
     use proptest::prelude::*;
     use std::collections::VecDeque;
+
+    proptest! {
+        /// A summed read copies what `read_at` copies, and its sum is the
+        /// checksum of those bytes as one run, wherever the ring wraps
+        /// (odd pieces included).
+        #[test]
+        fn summed_reads_copy_and_sum_like_plain_ones(
+            cap in 1usize..64,
+            consumed in 0usize..200,
+            fill in 0usize..64,
+            offset in 0usize..70,
+            want in 0usize..70,
+        ) {
+            let mut b = SendBuffer::new(cap);
+            // Move the ring's head around so reads wrap at any place.
+            let data = stream(consumed + fill);
+            let mut k = 0;
+            while k < consumed {
+                let n = b.write(&data[k..consumed]);
+                b.consume(n);
+                k += n.max(1);
+            }
+            b.write(&data[consumed..]);
+            let mut plain = vec![0xa5u8; want];
+            let mut summed = vec![0xa5u8; want];
+            let n = b.read_at(offset, &mut plain);
+            let (m, sum) = b.read_at_summed(offset, &mut summed);
+            prop_assert_eq!(n, m);
+            prop_assert_eq!(&plain, &summed);
+            prop_assert_eq!(checksum::fold(sum), checksum::fold(checksum::sum(0, &plain[..n])));
+        }
+    }
 
     /// A byte stream whose bytes differ from their neighbours and repeat only
     /// after a long period.

@@ -1941,6 +1941,17 @@ impl TcpConn {
         let n = seg.payload_len.min(dst.len());
         self.sndbuf.read_at(seg.payload_offset, &mut dst[..n])
     }
+
+    /// [`copy_payload`](Self::copy_payload), also giving the one's-complement
+    /// sum of what it wrote (a `crate::checksum::sum` accumulator) when it
+    /// filled all of `dst`; `None` when it wrote less.
+    pub fn copy_payload_summed(&self, seg: &Outgoing, dst: &mut [u8]) -> Option<u64> {
+        let n = seg.payload_len.min(dst.len());
+        let (copied, sum) = self
+            .sndbuf
+            .read_at_summed(seg.payload_offset, &mut dst[..n]);
+        (copied == dst.len()).then_some(sum)
+    }
 }
 
 #[cfg(test)]

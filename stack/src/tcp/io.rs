@@ -36,6 +36,42 @@ fn segment_from<'a>(r: &TcpRepr<'a>) -> Segment<'a> {
     }
 }
 
+/// Header prediction on receive (after Van Jacobson's): the segment a
+/// bulk transfer is made of, ACK set, no SYN, FIN or RST, with no options
+/// or only a timestamps option at one of its canonical places (after two
+/// NOPs, as Linux sends it, or first and ended by EOL, as smoltcp and this
+/// stack emit it), read straight from the header without smoltcp's
+/// general option walk. Anything else is `None` and goes through
+/// `TcpRepr::parse`; when it is `Some`, the segment is the one
+/// `segment_from(TcpRepr::parse(..))` gives (property-tested below).
+/// `pkt` has passed `check_len`.
+fn predicted_segment<'a>(pkt: &TcpPacket<&'a [u8]>) -> Option<Segment<'a>> {
+    if !pkt.ack() || pkt.syn() || pkt.fin() || pkt.rst() {
+        return None;
+    }
+    if pkt.src_port() == 0 || pkt.dst_port() == 0 {
+        return None;
+    }
+    let timestamp = match pkt.options() {
+        [] => None,
+        [1, 1, 8, 10, ts @ ..] | [8, 10, ts @ .., 0, _] if ts.len() == 8 => {
+            let word = |i: usize| u32::from_be_bytes([ts[i], ts[i + 1], ts[i + 2], ts[i + 3]]);
+            Some((word(0), word(4)))
+        }
+        _ => return None,
+    };
+    Some(Segment {
+        hdr: Header {
+            seq: pkt.seq_number().into(),
+            ack: Some(pkt.ack_number().into()),
+            window: pkt.window_len(),
+            timestamp,
+            ..Header::default()
+        },
+        payload: pkt.payload(),
+    })
+}
+
 /// What an app can see of a connection, before and after an input, to
 /// tell which readiness events it caused.
 #[derive(Debug, Clone, Copy)]
@@ -82,7 +118,74 @@ impl Levels {
     }
 }
 
-/// Emit one segment; `payload` writes `out.payload_len` bytes.
+/// Whether `repr` has the shape of a bulk transfer's segments (ACK set,
+/// no SYN or RST, no SYN options, no SACK blocks): its header is then
+/// sized and written the short way ([`header_len`], [`write_header`]).
+fn predicted_shape(repr: &TcpRepr<'_>) -> bool {
+    repr.ack_number.is_some()
+        && matches!(
+            repr.control,
+            TcpControl::None | TcpControl::Psh | TcpControl::Fin
+        )
+        && repr.max_seg_size.is_none()
+        && repr.window_scale.is_none()
+        && !repr.sack_permitted
+        && repr.sack_ranges == [None; 3]
+}
+
+/// `repr.header_len()`, without its walk over every option for the
+/// predicted shape (20 bytes, and 12 with timestamps).
+fn header_len(repr: &TcpRepr<'_>) -> usize {
+    if !predicted_shape(repr) {
+        return repr.header_len();
+    }
+    if repr.timestamp.is_some() { 32 } else { 20 }
+}
+
+/// `repr.emit(pkt, ..)` with the checksum left zero (as with
+/// `ChecksumCapabilities::ignored()`): the same bytes (property-tested
+/// below), the predicted shape without the general option machinery.
+/// The payload, if any, is already in place (`repr.payload` is empty).
+fn write_header(
+    pkt: &mut TcpPacket<&mut [u8]>,
+    repr: &TcpRepr<'_>,
+    src: &IpAddress,
+    dst: &IpAddress,
+) {
+    let (true, Some(ack)) = (predicted_shape(repr), repr.ack_number) else {
+        repr.emit(pkt, src, dst, &ChecksumCapabilities::ignored());
+        return;
+    };
+    // The fields in the order `TcpRepr::emit` writes them.
+    pkt.set_src_port(repr.src_port);
+    pkt.set_dst_port(repr.dst_port);
+    pkt.set_seq_number(repr.seq_number);
+    pkt.set_ack_number(ack);
+    pkt.set_window_len(repr.window_len);
+    pkt.set_header_len(header_len(repr) as u8);
+    pkt.clear_flags();
+    match repr.control {
+        TcpControl::Psh => pkt.set_psh(true),
+        TcpControl::Fin => pkt.set_fin(true),
+        _ => {}
+    }
+    pkt.set_ack(true);
+    if let Some(ts) = repr.timestamp {
+        // What `TcpOption::TimeStamp` then `EndOfList` write: kind,
+        // length, TSval, TSecr, and the padding zeroed.
+        let o = pkt.options_mut();
+        o[..2].copy_from_slice(&[8, 10]);
+        o[2..6].copy_from_slice(&ts.tsval.to_be_bytes());
+        o[6..10].copy_from_slice(&ts.tsecr.to_be_bytes());
+        o[10..].fill(0);
+    }
+    pkt.set_urgent_at(0);
+    pkt.set_checksum(0);
+}
+
+/// Emit one segment; `payload` writes `out.payload_len` bytes, and when
+/// its flag asks, returns their one's-complement sum (`None`: sum them
+/// here, from the frame).
 fn emit<T: Tx>(
     link: &mut Link,
     now: Instant,
@@ -90,7 +193,7 @@ fn emit<T: Tx>(
     local_port: u16,
     remote: SocketAddrV4,
     out: &Outgoing,
-    payload: impl FnOnce(&mut [u8]),
+    payload: impl FnOnce(&mut [u8], bool) -> Option<u64>,
 ) -> bool {
     let control = if out.hdr.syn {
         TcpControl::Syn
@@ -121,7 +224,7 @@ fn emit<T: Tx>(
         timestamp: out.hdr.timestamp.map(|(v, e)| TcpTimestampRepr::new(v, e)),
         payload: &[],
     };
-    let hdr = repr.header_len();
+    let hdr = header_len(&repr);
     let (me, peer) = (link.ip(), *remote.ip());
     let (src, dst) = (IpAddress::Ipv4(me), IpAddress::Ipv4(peer));
     let fill = link.checksum.tcp.tx();
@@ -137,10 +240,10 @@ fn emit<T: Tx>(
         let built = link.send_tcp_offloaded(now, tx, peer, hdr, len, tso, |ip| {
             let buf = &mut ip[smoltcp::wire::IPV4_HEADER_LEN..];
             if let Some(p) = payload.take() {
-                p(&mut buf[hdr..]);
+                p(&mut buf[hdr..], false);
             }
             let mut pkt = TcpPacket::new_unchecked(&mut *buf);
-            repr.emit(&mut pkt, &src, &dst, &ChecksumCapabilities::ignored());
+            write_header(&mut pkt, &repr, &src, &dst);
             pkt.set_checksum(partial);
         });
         match built {
@@ -156,13 +259,20 @@ fn emit<T: Tx>(
         return false;
     };
     link.send_ip(now, tx, peer, IpProtocol::Tcp, len, |buf| {
-        payload(&mut buf[hdr..]);
+        let payload_sum = payload(&mut buf[hdr..], fill);
         let mut pkt = TcpPacket::new_unchecked(&mut *buf);
-        repr.emit(&mut pkt, &src, &dst, &ChecksumCapabilities::ignored());
+        write_header(&mut pkt, &repr, &src, &dst);
         if fill {
-            // Our own word-wide sum (crate::checksum), not smoltcp's.
+            // Our own word-wide sum (crate::checksum), not smoltcp's; the
+            // payload's taken as it was copied, when it was.
             pkt.set_checksum(0);
-            let c = crate::checksum::compute(me, peer, 6, buf);
+            let c = match payload_sum {
+                Some(p) => {
+                    use crate::checksum::{fold, pseudo_header, sum};
+                    !fold(sum(pseudo_header(me, peer, 6, buf.len()), &buf[..hdr]) + p)
+                }
+                None => crate::checksum::compute(me, peer, 6, buf),
+            };
             TcpPacket::new_unchecked(buf).set_checksum(c);
         }
     })
@@ -222,26 +332,31 @@ impl TcpTable {
         {
             return Err(DropReason::TcpBadChecksum);
         }
-        let repr = TcpRepr::parse(&pkt, &src, &dst, &ChecksumCapabilities::ignored())
-            .map_err(|_| DropReason::TcpMalformed)?;
-        let seg = segment_from(&repr);
+        let seg = match predicted_segment(&pkt) {
+            Some(seg) => seg,
+            None => segment_from(
+                &TcpRepr::parse(&pkt, &src, &dst, &ChecksumCapabilities::ignored())
+                    .map_err(|_| DropReason::TcpMalformed)?,
+            ),
+        };
         self.stats.segs_in += 1;
-        let remote = SocketAddrV4::new(meta.src, repr.src_port);
+        let (src_port, dst_port) = (pkt.src_port(), pkt.dst_port());
+        let remote = SocketAddrV4::new(meta.src, src_port);
         let key = FlowKey {
-            local_port: repr.dst_port,
+            local_port: dst_port,
             remote,
         };
         if let Some(&slot) = self.flows.get(&key) {
             self.deliver(now, slot, &seg);
             return Ok(());
         }
-        let listening = self.listeners.contains_key(&repr.dst_port);
+        let listening = self.listeners.contains_key(&dst_port);
         if link.may_pass && !(listening && seg.hdr.syn && seg.hdr.ack.is_none()) {
             // Perhaps a sibling shard's flow (or listener), on the wrong queue.
             link.passed = true;
             return Ok(());
         }
-        let me = local(link.ip(), repr.dst_port);
+        let me = local(link.ip(), dst_port);
         if listening && !seg.hdr.rst {
             return self.listen_input(link, now, tx, me, remote, &seg);
         }
@@ -378,7 +493,7 @@ impl TcpTable {
                     timestamp,
                     ..Header::default()
                 });
-                if emit(link, now, tx, me.port(), remote, &out, |_| {}) {
+                if emit(link, now, tx, me.port(), remote, &out, |_, _| Some(0)) {
                     self.stats.syn_cookies_sent += 1;
                     self.stats.segs_out += 1;
                 }
@@ -459,7 +574,7 @@ impl TcpTable {
             self.stats.resets_rate_limited += 1;
             return;
         }
-        if emit(link, now, tx, me.port(), remote, &out, |_| {}) {
+        if emit(link, now, tx, me.port(), remote, &out, |_, _| Some(0)) {
             self.stats.resets_sent += 1;
             self.stats.segs_out += 1;
         }
@@ -494,8 +609,13 @@ impl TcpTable {
             while let Some(out) = conn.poll_transmit(now) {
                 let (port, remote) = (conn.local().port(), conn.remote());
                 let c: &TcpConn = conn;
-                if emit(link, now, tx, port, remote, &out, |buf| {
-                    c.copy_payload(&out, buf);
+                if emit(link, now, tx, port, remote, &out, |buf, summed| {
+                    if summed {
+                        c.copy_payload_summed(&out, buf)
+                    } else {
+                        c.copy_payload(&out, buf);
+                        None
+                    }
                 }) {
                     stats.segs_out += 1;
                     if out.hdr.rst {
@@ -508,6 +628,186 @@ impl TcpTable {
             self.raise(slot, changed);
             self.schedule(slot);
             self.reap(slot);
+        }
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A TCP header with `options` (padded to 4 with `pad`) and `payload`.
+    fn segment_bytes(
+        ports: (u16, u16),
+        flags: u16,
+        options: &[u8],
+        pad: u8,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let opt_len = options.len().div_ceil(4) * 4;
+        let mut b = vec![0u8; 20 + opt_len];
+        b[0..2].copy_from_slice(&ports.0.to_be_bytes());
+        b[2..4].copy_from_slice(&ports.1.to_be_bytes());
+        b[4..8].copy_from_slice(&0x8000_1234u32.to_be_bytes());
+        b[8..12].copy_from_slice(&0xfedc_ba98u32.to_be_bytes());
+        let offset = u16::try_from((20 + opt_len) / 4).unwrap() << 12;
+        b[12..14].copy_from_slice(&(offset | (flags & 0x1ff)).to_be_bytes());
+        b[14..16].copy_from_slice(&0xabcdu16.to_be_bytes());
+        b[20..20 + options.len()].copy_from_slice(options);
+        b[20 + options.len()..].fill(pad);
+        b.extend_from_slice(payload);
+        b
+    }
+
+    /// What the general path makes of `bytes`, if it parses.
+    fn general(bytes: &[u8]) -> Option<Segment<'_>> {
+        let pkt = TcpPacket::new_checked(bytes).ok()?;
+        let a = IpAddress::v4(10, 0, 0, 1);
+        let repr = TcpRepr::parse(&pkt, &a, &a, &ChecksumCapabilities::ignored()).ok()?;
+        Some(segment_from(&repr))
+    }
+
+    fn predicted(bytes: &[u8]) -> Option<Segment<'_>> {
+        predicted_segment(&TcpPacket::new_checked(bytes).ok()?)
+    }
+
+    const TS: [u8; 10] = [8, 10, 0, 0, 0, 7, 0x80, 0, 0, 9];
+
+    #[test]
+    fn canonical_segments_are_predicted_as_parsed() {
+        let ack = 0x10;
+        let nop_nop_ts: Vec<u8> = [1, 1].iter().chain(TS.iter()).copied().collect();
+        let ts_eol: Vec<u8> = TS.iter().chain([0].iter()).copied().collect();
+        for options in [&[][..], &nop_nop_ts, &ts_eol] {
+            for flags in [ack, ack | 0x08, ack | 0x20 | 0x100] {
+                for payload in [&[][..], &b"data"[..]] {
+                    let b = segment_bytes((80, 4000), flags, options, 0, payload);
+                    let fast = predicted(&b).expect("predicted");
+                    let slow = general(&b).expect("parses");
+                    assert_eq!(fast.hdr, slow.hdr);
+                    assert_eq!(fast.payload, slow.payload);
+                    assert_eq!(fast.hdr.timestamp.is_some(), !options.is_empty());
+                }
+            }
+        }
+        // Not predicted: SYN, FIN, RST, no ACK, SACK, MSS, a zero port.
+        for (flags, options, ports) in [
+            (0x12, &nop_nop_ts[..], (80, 4000)),
+            (0x11, &nop_nop_ts[..], (80, 4000)),
+            (0x14, &[][..], (80, 4000)),
+            (0x08, &[][..], (80, 4000)),
+            (0x10, &[1, 1, 5, 10, 0, 0, 0, 1, 0, 0, 0, 2][..], (80, 4000)),
+            (0x10, &[2, 4, 5, 0xb4][..], (80, 4000)),
+            (0x10, &[][..], (0, 4000)),
+            (0x10, &[][..], (80, 0)),
+        ] {
+            let b = segment_bytes(ports, flags, options, 0, b"x");
+            assert!(predicted(&b).is_none(), "{flags:#x} {options:?} {ports:?}");
+        }
+    }
+
+    fn options() -> impl Strategy<Value = Vec<u8>> {
+        let ts = proptest::collection::vec(any::<u8>(), 8);
+        prop_oneof![
+            Just(vec![]),
+            ts.clone().prop_map(|t| [&[1, 1, 8, 10][..], &t].concat()),
+            (ts.clone(), any::<u8>()).prop_map(|(t, x)| [&[8, 10][..], &t, &[0, x]].concat()),
+            (ts, any::<[u8; 4]>()).prop_map(|(t, x)| [&x[..], &t].concat()),
+            proptest::collection::vec(
+                prop_oneof![Just(0u8), Just(1), Just(8), Just(10), Just(5), any::<u8>()],
+                0..40
+            ),
+        ]
+    }
+
+    fn repr_strategy() -> impl Strategy<Value = TcpRepr<'static>> {
+        let control = prop_oneof![
+            Just(TcpControl::None),
+            Just(TcpControl::Psh),
+            Just(TcpControl::Fin),
+            Just(TcpControl::Syn),
+            Just(TcpControl::Rst),
+        ];
+        let sack = proptest::option::weighted(0.2, any::<(u32, u32)>());
+        (
+            (any::<u16>(), any::<u16>(), control, any::<i32>()),
+            (proptest::option::weighted(0.9, any::<i32>()), any::<u16>()),
+            (
+                proptest::option::weighted(0.1, any::<u8>()),
+                proptest::option::weighted(0.1, any::<u16>()),
+                proptest::bool::weighted(0.1),
+            ),
+            [sack.clone(), sack.clone(), sack],
+            proptest::option::weighted(0.8, any::<(u32, u32)>()),
+        )
+            .prop_map(
+                |((sp, dp, control, seq), (ack, window), (ws, mss, sp_ok), sack, ts)| TcpRepr {
+                    src_port: sp,
+                    dst_port: dp,
+                    control,
+                    seq_number: smoltcp::wire::TcpSeqNumber(seq),
+                    ack_number: ack.map(smoltcp::wire::TcpSeqNumber),
+                    window_len: window,
+                    window_scale: ws,
+                    max_seg_size: mss,
+                    sack_permitted: sp_ok,
+                    // SYN options and SACK blocks never meet (together
+                    // they overflow the 60-byte header smoltcp can write).
+                    sack_ranges: if ws.is_some() || mss.is_some() || sp_ok {
+                        [None; 3]
+                    } else {
+                        sack
+                    },
+                    timestamp: ts.map(|(v, e)| TcpTimestampRepr::new(v, e)),
+                    payload: &[],
+                },
+            )
+    }
+
+    proptest! {
+        /// The short way writes the bytes `TcpRepr::emit` writes, over any
+        /// old contents of the buffer, and sizes the header as it does.
+        #[test]
+        fn written_headers_are_smoltcps(
+            repr in repr_strategy(),
+            junk in any::<u8>(),
+            payload in proptest::collection::vec(any::<u8>(), 0..32),
+        ) {
+            prop_assert_eq!(header_len(&repr), repr.header_len());
+            let hl = repr.header_len();
+            let a = IpAddress::v4(10, 0, 0, 1);
+            let mut ours = vec![junk; hl + payload.len()];
+            ours[hl..].copy_from_slice(&payload);
+            let mut theirs = ours.clone();
+            write_header(&mut TcpPacket::new_unchecked(&mut ours[..]), &repr, &a, &a);
+            repr.emit(
+                &mut TcpPacket::new_unchecked(&mut theirs[..]),
+                &a,
+                &a,
+                &ChecksumCapabilities::ignored(),
+            );
+            prop_assert_eq!(ours, theirs);
+        }
+    }
+
+    proptest! {
+        /// The prediction never disagrees with the general parse: when it
+        /// takes a segment, the segment is the one `TcpRepr::parse` gives.
+        #[test]
+        fn prediction_agrees_with_the_general_parse(
+            ports in (prop_oneof![Just(0u16), any::<u16>()], prop_oneof![Just(0u16), any::<u16>()]),
+            flags in prop_oneof![Just(0x10u16), Just(0x18), any::<u16>()],
+            opts in options(),
+            pad in prop_oneof![Just(0u8), Just(1), any::<u8>()],
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let b = segment_bytes(ports, flags, &opts, pad, &payload);
+            if let Some(fast) = predicted(&b) {
+                let slow = general(&b).expect("a predicted segment parses");
+                prop_assert_eq!(fast.hdr, slow.hdr);
+                prop_assert_eq!(fast.payload, slow.payload);
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ pub mod seq;
 
 use core::net::{Ipv4Addr, SocketAddrV4};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::hash::Hasher;
 
 use siphasher::sip::SipHasher24;
@@ -141,7 +141,8 @@ pub(crate) struct TcpTable {
     /// Keyed by a randomly seeded foldhash (SipHash cost 4% of a bulk
     /// transfer's time here).
     pub flows: foldhash::HashMap<FlowKey, u32>,
-    pub listeners: HashMap<u16, Listener>,
+    /// Also foldhash: the loop looks a listener up on every `accept`.
+    pub listeners: foldhash::HashMap<u16, Listener>,
     pub timers: BinaryHeap<Reverse<(Instant, u32)>>,
     pub dirty: VecDeque<u32>,
     pub next_port: u16,
@@ -169,7 +170,7 @@ impl TcpTable {
             slots: Vec::new(),
             free: Vec::new(),
             flows: foldhash::HashMap::default(),
-            listeners: HashMap::new(),
+            listeners: foldhash::HashMap::default(),
             timers: BinaryHeap::new(),
             dirty: VecDeque::new(),
             next_port: EPHEMERAL_FIRST,

@@ -75,6 +75,12 @@ enum Cmd {
         /// a receiving NIC's LRO does; smoltcp has no TSO and runs csum).
         #[arg(long, value_enum, default_value = "none")]
         offload: Offload,
+        /// ustack only: advance the stacks' clock this many nanoseconds
+        /// per loop iteration instead of reading the wall clock, so a run
+        /// takes the same steps natively and under valgrind (for stable
+        /// instruction counts; timings still come from the wall clock).
+        #[arg(long)]
+        virtual_clock_ns: Option<u64>,
     },
     /// Resident memory per idle established TCP connection (ustack).
     Memory {
@@ -135,6 +141,9 @@ pub struct Goodput {
     /// frame -> receive buffer, receive buffer -> app.
     pub copied: u64,
     pub retransmits: u64,
+    /// Loop iterations of the flow: one per turn of both stacks (ustack:
+    /// a `Node::step` of each; smoltcp: a send and a receive turn).
+    pub iterations: u64,
 }
 
 fn print_goodput(which: Which, idle: usize, g: &Goodput) {
@@ -156,6 +165,8 @@ fn print_goodput(which: Which, idle: usize, g: &Goodput) {
         "ns_per_data_packet": ns / g.data_frames.max(1) as f64,
         "copied_per_byte": g.copied as f64 / g.bytes.max(1) as f64,
         "retransmits": g.retransmits,
+        "iterations": g.iterations,
+        "frames_per_iteration": g.frames as f64 / g.iterations.max(1) as f64,
     });
     println!("{v}");
 }
@@ -187,10 +198,15 @@ fn run(cli: Cli) -> Result<()> {
             buffer,
             zero_copy,
             offload,
+            virtual_clock_ns,
         } => {
             let buffer = usize::try_from(buffer)?;
+            let step = virtual_clock_ns.map(std::time::Duration::from_nanos);
             let g = match stack {
-                Which::Ustack => ustack_side::goodput(idle, bytes, buffer, zero_copy, offload)?,
+                Which::Ustack => {
+                    ustack_side::goodput(idle, bytes, buffer, zero_copy, offload, step)?
+                }
+                Which::Smoltcp if step.is_some() => bail!("--virtual-clock-ns is ustack only"),
                 Which::Smoltcp => {
                     smol::goodput(idle, bytes, buffer, zero_copy, offload != Offload::None)?
                 }

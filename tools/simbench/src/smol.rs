@@ -255,7 +255,9 @@ pub fn goodput(
     let t0 = std::time::Instant::now();
     let cpu0 = crate::thread_cpu_secs();
     let flow_end = t0 + Duration::from_secs(600);
+    let mut iterations = 0u64;
     while got < bytes {
+        iterations += 1;
         step(&mut tx);
         {
             let s = tx.sockets.get_mut::<tcp::Socket>(src);
@@ -313,5 +315,6 @@ pub fn goodput(
         // the zero-copy API leaves out the first and the last.
         copied: 2 * payload + if zero_copy { 0 } else { sent + got },
         retransmits: retransmitted / 1460,
+        iterations,
     })
 }

@@ -107,11 +107,14 @@ struct Pair {
     nodes: [Node<QueueDev>; 2],
     wire: Rc<RefCell<Wire>>,
     now: Instant,
+    /// Steps taken (each steps both nodes once).
+    steps: u64,
 }
 
 impl Pair {
     fn step(&mut self, rx: &mut Receiver, tx: &mut Sender) {
         let now = self.now;
+        self.steps += 1;
         self.nodes[0].step(now, rx);
         self.nodes[1].step(now, tx);
     }
@@ -288,13 +291,37 @@ fn net(buffer: usize, offload: Offload) -> Pair {
         nodes: [node(1), node(2)],
         wire: wire.clone(),
         now: Instant::ZERO,
+        steps: 0,
     }
 }
 
-/// Step both nodes on the wall clock until `done` or `limit` passes.
+/// Where the loop's `now` comes from.
+#[derive(Debug)]
+enum Time {
+    /// The wall clock, read once per iteration (as the poll loop does).
+    Wall(Clock),
+    /// A virtual clock that moves a fixed step per reading: the same
+    /// iterations natively and under valgrind (stable instruction counts).
+    Virtual(std::cell::Cell<Instant>, Duration),
+}
+
+impl Time {
+    fn now(&self) -> Instant {
+        match self {
+            Time::Wall(c) => c.now(),
+            Time::Virtual(t, step) => {
+                let n = t.get() + *step;
+                t.set(n);
+                n
+            }
+        }
+    }
+}
+
+/// Step both nodes on `clock` until `done` or `limit` passes.
 fn drive(
     net: &mut Pair,
-    clock: &Clock,
+    clock: &Time,
     rx: &mut Receiver,
     tx: &mut Sender,
     limit: Duration,
@@ -329,6 +356,7 @@ pub fn goodput(
     buffer: usize,
     zero_copy: bool,
     offload: Offload,
+    virtual_step: Option<Duration>,
 ) -> Result<crate::Goodput> {
     let mut net = net(buffer, offload);
     let dst = net.nodes[0].stack.ip();
@@ -346,7 +374,10 @@ pub fn goodput(
         zero_copy,
         ..Default::default()
     };
-    let clock = Clock::new();
+    let clock = match virtual_step {
+        Some(step) => Time::Virtual(std::cell::Cell::new(Instant::ZERO), step),
+        None => Time::Wall(Clock::new()),
+    };
     let want = tx.idle_conns;
     drive(
         &mut net,
@@ -367,6 +398,7 @@ pub fn goodput(
         |_, _| clock.now() > settle,
     )?;
     let frames0 = net.wire.borrow().frames;
+    let steps0 = net.steps;
     tx.start_flow = true;
     let t0 = std::time::Instant::now();
     let cpu0 = crate::thread_cpu_secs();
@@ -414,6 +446,7 @@ pub fn goodput(
             + ri.stats.bytes_in
             + if zero_copy { 0 } else { tx.sent + rx.got },
         retransmits: si.stats.retransmits,
+        iterations: net.steps - steps0,
     })
 }
 
@@ -431,7 +464,7 @@ pub fn memory(conns: usize, buffer: usize) -> Result<Value> {
         dst: Some(dst),
         ..Default::default()
     };
-    let clock = Clock::new();
+    let clock = Time::Wall(Clock::new());
     drive(
         &mut net,
         &clock,
