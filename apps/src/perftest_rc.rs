@@ -1125,7 +1125,11 @@ impl Session {
                 };
                 run.waiting_since = now;
                 match c.opcode {
-                    WcOpcode::Send | WcOpcode::RdmaWrite | WcOpcode::RdmaRead => {
+                    WcOpcode::Send
+                    | WcOpcode::RdmaWrite
+                    | WcOpcode::RdmaRead
+                    | WcOpcode::CompareSwap
+                    | WcOpcode::FetchAdd => {
                         let upto = (c.wr_id + 1).min(run.posted);
                         if upto > run.completed {
                             self.report.done += upto - run.completed;

@@ -356,6 +356,8 @@ impl Fuzz {
                 RcOp::Send | RcOp::SendImm(_) => WcOpcode::Send,
                 RcOp::Write { .. } | RcOp::WriteImm { .. } => WcOpcode::RdmaWrite,
                 RcOp::Read { .. } => WcOpcode::RdmaRead,
+                RcOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+                RcOp::FetchAdd { .. } => WcOpcode::FetchAdd,
             };
             let p = Posted {
                 recv: false,
@@ -634,7 +636,14 @@ impl Fuzz {
             _ => ((u64::from(r.u32()) << 32) | u64::from(r.u32()), r.u32()),
         };
         let imm = r.u32();
-        let op = match b % 5 {
+        // Atomics: mostly at an aligned address, sometimes not (refused
+        // when posted).
+        let aligned = if imm & 1 == 0 {
+            remote_addr & !7
+        } else {
+            remote_addr
+        };
+        let op = match b % 7 {
             0 => RcOp::Send,
             1 => RcOp::SendImm(imm),
             2 => RcOp::Write { remote_addr, rkey },
@@ -643,9 +652,24 @@ impl Fuzz {
                 rkey,
                 imm,
             },
-            _ => RcOp::Read { remote_addr, rkey },
+            4 => RcOp::Read { remote_addr, rkey },
+            5 => RcOp::FetchAdd {
+                remote_addr: aligned,
+                rkey,
+                add: u64::from(imm),
+            },
+            _ => RcOp::CompareSwap {
+                remote_addr: aligned,
+                rkey,
+                compare: u64::from(imm >> 8),
+                swap: u64::from(imm),
+            },
         };
-        let is_read = matches!(op, RcOp::Read { .. });
+        let atomic = matches!(op, RcOp::FetchAdd { .. } | RcOp::CompareSwap { .. });
+        // An atomic's local side is 8 bytes, mostly.
+        let len = if atomic && imm & 2 == 0 { 8 } else { len };
+        // READs and atomics write their local bytes.
+        let is_read = atomic || matches!(op, RcOp::Read { .. });
         let signaled = r.u8() & 3 != 0;
         match (b >> 3) & 3 {
             0 | 1 => {
@@ -1059,13 +1083,7 @@ fn check_rc(ip_bytes: &[u8], roce: &[u8], mtu: usize) {
     assert_eq!(bth.pkey(), 0xffff);
     let op = u8::from(bth.opcode());
     let opcode = RcOpcode::from_u8(op).unwrap_or_else(|| panic!("sent non-RC opcode {op:#x}"));
-    assert!(
-        !matches!(
-            opcode,
-            RcOpcode::CompareSwap | RcOpcode::FetchAdd | RcOpcode::AtomicAcknowledge
-        ),
-        "sent an atomic {opcode:?}"
-    );
+
     let pad = usize::from(bth.pad_count());
     let body = roce
         .len()
@@ -1081,6 +1099,9 @@ fn check_rc(ip_bytes: &[u8], roce: &[u8], mtu: usize) {
     );
     if opcode.is_first() || opcode.is_middle() {
         assert_eq!(h.payload.len(), mtu, "{opcode:?} not a full MTU");
+    }
+    if let Some((va, ..)) = h.atomic {
+        assert_eq!(va % 8, 0, "sent a misaligned {opcode:?}");
     }
     if let Some((Syndrome::Reserved(v), _)) = h.aeth {
         panic!("sent a reserved syndrome {v:#x}");

@@ -769,3 +769,143 @@ fn a_qp_failing_mid_send_flushes_the_receive_it_was_filling() {
     assert_eq!(got, [(1, WcStatus::Flushed), (2, WcStatus::Flushed)]);
     p.drain();
 }
+
+fn atomic_wr(wr_id: u64, op: RcOp, local: Sge) -> RcSendWr<'static> {
+    RcSendWr {
+        wr_id,
+        op,
+        local: Local::Sge(local),
+        signaled: true,
+        solicited: false,
+    }
+}
+
+/// 200 fetch-and-adds under 10% loss with reordering and duplication:
+/// each runs exactly once (the counter ends at 200 x 3 and every value
+/// found is a distinct step), duplicates answered from the saved result.
+#[test]
+fn atomics_run_once_each_under_loss_and_duplication() {
+    let cfg = RcQpConfig {
+        window: 16,
+        ..RcQpConfig::default()
+    };
+    let mut p = pair(lossy(0.10, 21), &cfg, 4096);
+    let (qa, qb, ma, mb) = (p.qa, p.qb, p.ma, p.mb);
+    let ib = p.b().rc_mr_info(mb).unwrap();
+    let target = ib.addr + 64;
+    let mut found = Vec::new();
+    for i in 0..200u64 {
+        // Each result lands in its own 8 bytes of A's region.
+        let local = sge(p.a(), ma, (i as usize % 64) * 8, 8);
+        p.a()
+            .rc_post_send(
+                qa,
+                &atomic_wr(
+                    i,
+                    RcOp::FetchAdd {
+                        remote_addr: target,
+                        rkey: ib.rkey,
+                        add: 3,
+                    },
+                    local,
+                ),
+            )
+            .unwrap();
+        let (wa, _) = p.run(1, 0, 60);
+        assert_eq!(
+            (wa[0].wr_id, wa[0].status, wa[0].opcode),
+            (i, WcStatus::Success, WcOpcode::FetchAdd)
+        );
+        let off = (i as usize % 64) * 8;
+        let got = u64::from_ne_bytes(p.a().rc_mr(ma).unwrap()[off..off + 8].try_into().unwrap());
+        found.push(got);
+    }
+    let counter = u64::from_ne_bytes(p.b().rc_mr(mb).unwrap()[64..72].try_into().unwrap());
+    assert_eq!(counter, 600, "every add ran exactly once");
+    assert_eq!(found, (0..200).map(|i| i * 3).collect::<Vec<_>>());
+    let sb = p.b().rc_qp_status(qb).unwrap();
+    assert!(
+        sb.stats.duplicates > 0,
+        "no duplicate reached the responder: {sb:?}"
+    );
+    // Compare-and-swap: a match swaps, a mismatch leaves the value.
+    let local = sge(p.a(), ma, 0, 8);
+    for (compare, swap, expect_found, expect_after) in
+        [(600, 7, 600, 7), (600, 9, 7, 7), (7, 1, 7, 1)]
+    {
+        p.a()
+            .rc_post_send(
+                qa,
+                &atomic_wr(
+                    1000,
+                    RcOp::CompareSwap {
+                        remote_addr: target,
+                        rkey: ib.rkey,
+                        compare,
+                        swap,
+                    },
+                    local,
+                ),
+            )
+            .unwrap();
+        let (wa, _) = p.run(1, 0, 60);
+        assert_eq!(
+            (wa[0].status, wa[0].opcode),
+            (WcStatus::Success, WcOpcode::CompareSwap)
+        );
+        let got = u64::from_ne_bytes(p.a().rc_mr(ma).unwrap()[0..8].try_into().unwrap());
+        let after = u64::from_ne_bytes(p.b().rc_mr(mb).unwrap()[64..72].try_into().unwrap());
+        assert_eq!((got, after), (expect_found, expect_after));
+    }
+    p.drain();
+}
+
+#[test]
+fn atomics_need_8_aligned_bytes_and_remote_atomic_access() {
+    let mut p = pair(LinkConfig::default(), &RcQpConfig::default(), 4096);
+    let (qa, qb, ma) = (p.qa, p.qb, p.ma);
+    let ro = p
+        .b()
+        .rc_reg_mr(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    let iro = p.b().rc_mr_info(ro).unwrap();
+    let local = sge(p.a(), ma, 0, 8);
+    let op = |addr| RcOp::FetchAdd {
+        remote_addr: addr,
+        rkey: iro.rkey,
+        add: 1,
+    };
+    assert_eq!(
+        p.a()
+            .rc_post_send(qa, &atomic_wr(1, op(iro.addr + 4), local)),
+        Err(ustack::rc::RcError::AtomicShape)
+    );
+    let long = sge(p.a(), ma, 0, 16);
+    assert_eq!(
+        p.a().rc_post_send(qa, &atomic_wr(1, op(iro.addr), long)),
+        Err(ustack::rc::RcError::AtomicShape)
+    );
+    assert_eq!(
+        p.a().rc_post_send(
+            qa,
+            &RcSendWr {
+                wr_id: 1,
+                op: op(iro.addr),
+                local: Local::Inline(&[0; 8]),
+                signaled: true,
+                solicited: false
+            }
+        ),
+        Err(ustack::rc::RcError::InlineRead)
+    );
+    // A region without remote atomic access: refused, nothing changed.
+    p.a()
+        .rc_post_send(qa, &atomic_wr(2, op(iro.addr), local))
+        .unwrap();
+    let (wa, _) = p.run(1, 0, 10);
+    assert_eq!(wa[0].status, WcStatus::RemoteAccessError);
+    let sb = p.b().rc_qp_status(qb).unwrap();
+    assert_eq!((sb.state, sb.stats.access_errors), (QpState::Error, 1));
+    assert!(p.b().rc_mr(ro).unwrap().iter().all(|&b| b == 0));
+    p.drain();
+}

@@ -20,8 +20,8 @@
 //! 2^timeout, `retry_cnt` tries); RNR NAK with its timer and `rnr_retry`
 //! (7 is forever); duplicates re-acknowledged, duplicate READs replayed;
 //! invalid-request and remote-access NAKs that move both QPs to the error
-//! state. Atomics are not offered: a CmpSwap or FetchAdd gets an
-//! invalid-request NAK.
+//! state; 8-byte atomics (compare-and-swap, fetch-and-add) executed once
+//! each, a duplicate answered from the saved result.
 
 pub mod mr;
 pub mod qp;
@@ -176,11 +176,47 @@ pub enum RcOp {
         /// The peer region's remote key.
         rkey: u32,
     },
+    /// Atomic compare-and-swap of the 8 bytes at the peer's `remote_addr`
+    /// (8-byte aligned, host byte order): if they equal `compare` they
+    /// become `swap`. The value found lands in the local 8 bytes.
+    CompareSwap {
+        /// Where in the peer's region.
+        remote_addr: u64,
+        /// The peer region's remote key.
+        rkey: u32,
+        /// The value expected.
+        compare: u64,
+        /// The value stored when it matched.
+        swap: u64,
+    },
+    /// Atomic fetch-and-add on the 8 bytes at the peer's `remote_addr`
+    /// (8-byte aligned, host byte order, wrapping). The value found lands
+    /// in the local 8 bytes.
+    FetchAdd {
+        /// Where in the peer's region.
+        remote_addr: u64,
+        /// The peer region's remote key.
+        rkey: u32,
+        /// What is added.
+        add: u64,
+    },
 }
 
+/// Bytes an atomic operates on (and returns).
+pub const ATOMIC_LEN: usize = 8;
+
 impl RcOp {
-    fn is_read(self) -> bool {
-        matches!(self, RcOp::Read { .. })
+    /// Whether the local bytes are written (READ and atomics), so they
+    /// need a region with local write access.
+    fn fetches(self) -> bool {
+        matches!(
+            self,
+            RcOp::Read { .. } | RcOp::CompareSwap { .. } | RcOp::FetchAdd { .. }
+        )
+    }
+
+    fn is_atomic(self) -> bool {
+        matches!(self, RcOp::CompareSwap { .. } | RcOp::FetchAdd { .. })
     }
 }
 
@@ -218,6 +254,10 @@ pub enum WcOpcode {
     RdmaWrite,
     /// An RDMA READ this QP posted.
     RdmaRead,
+    /// A compare-and-swap this QP posted.
+    CompareSwap,
+    /// A fetch-and-add this QP posted.
+    FetchAdd,
     /// A SEND received into a posted receive.
     Recv,
     /// A WRITE with immediate received (its data is in the region; the
@@ -287,9 +327,13 @@ pub enum RcError {
     /// The local bytes are not in a region with the access needed.
     #[error("local protection error: the bytes are not in a region that allows this")]
     LocalProtection,
-    /// A READ needs a region to land in, not inline data.
-    #[error("an RDMA READ needs a memory region, not inline data")]
+    /// A READ or an atomic needs a region to land in, not inline data.
+    #[error("an RDMA READ or atomic needs a memory region, not inline data")]
     InlineRead,
+    /// An atomic's local bytes are not exactly 8, or its remote address is
+    /// not 8-byte aligned.
+    #[error("an atomic works on 8 bytes at an 8-byte aligned address")]
+    AtomicShape,
     /// The message exceeds 2^31 bytes.
     #[error("message of {0} bytes exceeds the RC limit of 2^31")]
     TooLarge(usize),

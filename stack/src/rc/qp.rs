@@ -82,12 +82,13 @@ impl SendWqe {
         psn_add(self.first_psn, self.npkts - 1)
     }
 
-    fn is_read(&self) -> bool {
-        matches!(self.op, RcOp::Read { .. })
+    /// READ or atomic: complete only when its response is in.
+    fn fetches(&self) -> bool {
+        self.op.fetches()
     }
 
     fn complete(&self) -> bool {
-        !self.is_read() || self.read_done == self.npkts
+        !self.fetches() || self.read_done == self.npkts
     }
 
     fn wc_opcode(&self) -> WcOpcode {
@@ -95,6 +96,8 @@ impl SendWqe {
             RcOp::Send | RcOp::SendImm(_) => WcOpcode::Send,
             RcOp::Write { .. } | RcOp::WriteImm { .. } => WcOpcode::RdmaWrite,
             RcOp::Read { .. } => WcOpcode::RdmaRead,
+            RcOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+            RcOp::FetchAdd { .. } => WcOpcode::FetchAdd,
         }
     }
 }
@@ -127,6 +130,11 @@ enum RespItem {
     Ack {
         psn: u32,
         syndrome: Syndrome,
+    },
+    /// An atomic's answer: the value it found.
+    Atomic {
+        psn: u32,
+        orig: u64,
     },
     Read {
         psn: u32,
@@ -193,6 +201,8 @@ pub(crate) struct RcQp {
     nak_sent: bool,
     out: VecDeque<RespItem>,
     reads_queued: usize,
+    /// The last atomics executed: (PSN, value found), for duplicates.
+    atomics_done: VecDeque<(u32, u64)>,
     // ---- both
     /// The last poll stopped at its budget with packets still to send.
     more: bool,
@@ -250,6 +260,7 @@ impl RcQp {
             nak_sent: false,
             out: VecDeque::new(),
             reads_queued: 0,
+            atomics_done: VecDeque::new(),
             more: false,
             cq: VecDeque::new(),
             stats: RcQpStats::default(),
@@ -286,13 +297,13 @@ impl RcQp {
         }
         let (local, len) = match wr.local {
             Local::Inline(b) => {
-                if wr.op.is_read() {
+                if wr.op.fetches() {
                     return Err(RcError::InlineRead);
                 }
                 (LocalBuf::Inline(b.to_vec()), b.len())
             }
             Local::Sge(sge) => {
-                let need = if wr.op.is_read() {
+                let need = if wr.op.fetches() {
                     Access::LOCAL_WRITE
                 } else {
                     Access::NONE
@@ -304,6 +315,11 @@ impl RcQp {
         };
         if len > super::MAX_MSG {
             return Err(RcError::TooLarge(len));
+        }
+        if let RcOp::CompareSwap { remote_addr, .. } | RcOp::FetchAdd { remote_addr, .. } = wr.op {
+            if len != super::ATOMIC_LEN || remote_addr % 8 != 0 {
+                return Err(RcError::AtomicShape);
+            }
         }
         let npkts = self.npkts(len);
         let first_psn = self.post_psn;
@@ -372,7 +388,7 @@ impl RcQp {
         self.sq
             .iter()
             .take(self.req_idx)
-            .filter(|w| w.is_read() && !w.complete())
+            .filter(|w| w.fetches() && !w.complete())
             .count()
     }
 
@@ -510,7 +526,7 @@ impl RcQp {
             let d = psn_diff(psn, w.first_psn);
             if d >= 0 && (d as u32) < w.npkts {
                 self.req_idx = i;
-                self.req_off = if w.is_read() { w.read_done } else { d as u32 };
+                self.req_off = if w.fetches() { w.read_done } else { d as u32 };
                 return;
             }
         }
@@ -524,7 +540,7 @@ impl RcQp {
     fn ack_through(&mut self, now: Instant, psn: u32) {
         let before = self.una;
         while let Some(w) = self.sq.front() {
-            if w.is_read() && !w.complete() {
+            if w.fetches() && !w.complete() {
                 let resume = psn_add(w.first_psn, w.read_done);
                 if psn_diff(psn, resume) >= 0 {
                     self.una = resume;
@@ -575,14 +591,19 @@ impl RcQp {
     fn on_response(&mut self, now: Instant, psn: u32, h: &RcHeaders<'_>, mrs: &mut MrTable) -> Rx {
         use RcOpcode::*;
         match h.opcode {
-            Acknowledge | AtomicAcknowledge => {
+            // An atomic's answer (its NAKs come as plain Acknowledge).
+            AtomicAcknowledge => match h.aeth {
+                Some((Syndrome::Ack { .. }, _)) => self.on_fetch_response(now, psn, h, mrs),
+                _ => Rx::Stale,
+            },
+            Acknowledge => {
                 let Some((syn, _msn)) = h.aeth else {
                     return Rx::Stale;
                 };
                 self.on_aeth(now, psn, syn)
             }
             ReadResponseFirst | ReadResponseMiddle | ReadResponseLast | ReadResponseOnly => {
-                self.on_read_response(now, psn, h, mrs)
+                self.on_fetch_response(now, psn, h, mrs)
             }
             _ => Rx::Stale,
         }
@@ -647,20 +668,21 @@ impl RcQp {
         Rx::Ok
     }
 
-    fn on_read_response(
+    /// A READ response or an atomic's answer.
+    fn on_fetch_response(
         &mut self,
         now: Instant,
         psn: u32,
         h: &RcHeaders<'_>,
         mrs: &mut MrTable,
     ) -> Rx {
-        // Responses belong to the oldest READ not complete; everything
-        // before it is implicitly acknowledged by them.
+        // Responses belong to the oldest READ or atomic not complete;
+        // everything before it is implicitly acknowledged by them.
         let Some(i) = self
             .sq
             .iter()
             .take(self.req_idx)
-            .position(|w| w.is_read() && !w.complete())
+            .position(|w| w.fetches() && !w.complete())
         else {
             self.stats.stale_acks += 1;
             return Rx::Stale;
@@ -681,22 +703,32 @@ impl RcQp {
             return Rx::Stale;
         }
         let off = w.read_done as usize * self.pmtu;
-        let want = (w.len - off.min(w.len)).min(self.pmtu);
-        let last = w.read_done + 1 == w.npkts;
-        if h.payload.len() != want || h.opcode.is_last() != last {
-            self.stats.malformed += 1;
-            return Rx::Stale;
-        }
+        let orig;
+        let data: &[u8] = match (w.op.is_atomic(), h.opcode, h.atomic_ack) {
+            (true, RcOpcode::AtomicAcknowledge, Some(v)) => {
+                // The value found, in host order (as rxe and RNICs place it).
+                orig = v.to_ne_bytes();
+                &orig
+            }
+            (false, op, _) if op != RcOpcode::AtomicAcknowledge => {
+                let want = (w.len - off.min(w.len)).min(self.pmtu);
+                let last = w.read_done + 1 == w.npkts;
+                if h.payload.len() != want || h.opcode.is_last() != last {
+                    self.stats.malformed += 1;
+                    return Rx::Stale;
+                }
+                h.payload
+            }
+            _ => {
+                self.stats.malformed += 1;
+                return Rx::Stale;
+            }
+        };
         let LocalBuf::Sge(sge) = w.local else {
             return Rx::Stale;
         };
         if mrs
-            .write(
-                sge.lkey,
-                sge.addr + off as u64,
-                h.payload,
-                Access::LOCAL_WRITE,
-            )
+            .write(sge.lkey, sge.addr + off as u64, data, Access::LOCAL_WRITE)
             .is_err()
         {
             self.ack_through(now, psn_add(psn, PSN_MASK));
@@ -704,7 +736,7 @@ impl RcQp {
             return Rx::Ok;
         }
         self.sq[i].read_done += 1;
-        self.stats.rx_bytes += h.payload.len() as u64;
+        self.stats.rx_bytes += data.len() as u64;
         self.ack_through(now, psn);
         Rx::Ok
     }
@@ -765,8 +797,7 @@ impl RcQp {
             Some(RespCtx::Write { .. }) => matches!(op, WriteMiddle | WriteLast | WriteLastImm),
             None => !continuing,
         };
-        if !ok_seq || matches!(op, CompareSwap | FetchAdd) {
-            // Atomics are not offered (max_rd_atomic covers READ only).
+        if !ok_seq {
             return self.nak(psn, NakCode::InvalidRequest);
         }
         let n = h.payload.len();
@@ -917,6 +948,46 @@ impl RcQp {
                 });
                 self.msn = psn_add(self.msn, 1);
             }
+            CompareSwap | FetchAdd => {
+                let Some((va, rkey, swap_add, compare)) = h.atomic else {
+                    return self.nak(psn, NakCode::InvalidRequest);
+                };
+                // An atomic's target is 8 aligned bytes (IBTA 9.4.5).
+                if va % 8 != 0 {
+                    return self.nak(psn, NakCode::InvalidRequest);
+                }
+                let cur = match mrs.read(rkey, va, 8, Access::REMOTE_ATOMIC) {
+                    Ok(b) => {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(b);
+                        u64::from_ne_bytes(w)
+                    }
+                    Err(f) => {
+                        self.stats.access_errors += 1;
+                        tracing::debug!(qpn = self.qpn, ?f, "rc atomic refused");
+                        return self.nak(psn, NakCode::RemoteAccessError);
+                    }
+                };
+                let new = match op {
+                    CompareSwap if cur == compare => swap_add,
+                    CompareSwap => cur,
+                    _ => cur.wrapping_add(swap_add),
+                };
+                if mrs
+                    .write(rkey, va, &new.to_ne_bytes(), Access::REMOTE_ATOMIC)
+                    .is_err()
+                {
+                    return self.nak(psn, NakCode::RemoteAccessError);
+                }
+                // Kept for a duplicate: an atomic runs once, its answer
+                // may be sent again.
+                if self.atomics_done.len() >= self.max_dest_rd_atomic {
+                    self.atomics_done.pop_front();
+                }
+                self.atomics_done.push_back((psn, cur));
+                self.out.push_back(RespItem::Atomic { psn, orig: cur });
+                self.msn = psn_add(self.msn, 1);
+            }
             _ => return Rx::Stale,
         }
         self.stats.rx_packets += 1;
@@ -928,7 +999,7 @@ impl RcQp {
         }
         self.epsn = psn_add(self.epsn, advance);
         self.nak_sent = false;
-        if ack_req && op != ReadRequest {
+        if ack_req && !matches!(op, ReadRequest | CompareSwap | FetchAdd) {
             self.queue_ack(
                 psn,
                 Syndrome::Ack {
@@ -953,6 +1024,14 @@ impl RcQp {
     /// A request already executed: acknowledge it again, or replay a READ.
     fn on_duplicate(&mut self, psn: u32, h: &RcHeaders<'_>, mrs: &MrTable) -> Rx {
         self.stats.duplicates += 1;
+        if matches!(h.opcode, RcOpcode::CompareSwap | RcOpcode::FetchAdd) {
+            // Answered again from the saved result, never run twice.
+            let Some(&(_, orig)) = self.atomics_done.iter().find(|(p, _)| *p == psn) else {
+                return Rx::Stale;
+            };
+            self.out.push_back(RespItem::Atomic { psn, orig });
+            return Rx::Ok;
+        }
         if h.opcode == RcOpcode::ReadRequest {
             let Some((va, rkey, len)) = h.reth else {
                 return Rx::Stale;
@@ -989,7 +1068,9 @@ impl RcQp {
                     }
                     true
                 }
-                RespItem::Ack { psn: a, .. } => psn_diff(*a, psn) < 0,
+                RespItem::Ack { psn: a, .. } | RespItem::Atomic { psn: a, .. } => {
+                    psn_diff(*a, psn) < 0
+                }
             });
             self.reads_queued -= dropped;
             if self.reads_queued >= self.max_dest_rd_atomic {
@@ -1064,7 +1145,7 @@ impl RcQp {
                 break;
             }
             let w = &self.sq[self.req_idx];
-            if w.is_read() && self.reads_outstanding() >= self.max_rd_atomic {
+            if w.fetches() && self.reads_outstanding() >= self.max_rd_atomic {
                 break;
             }
             let sent = self.emit_request(now, mrs, emit);
@@ -1116,6 +1197,34 @@ impl RcQp {
                 },
             };
             (pkt, w.npkts - k)
+        } else if let RcOp::CompareSwap {
+            remote_addr, rkey, ..
+        }
+        | RcOp::FetchAdd {
+            remote_addr, rkey, ..
+        } = w.op
+        {
+            let (opcode, swap_add, compare) = match w.op {
+                RcOp::CompareSwap { compare, swap, .. } => (CompareSwap, swap, compare),
+                RcOp::FetchAdd { add, .. } => (FetchAdd, add, 0),
+                _ => unreachable!("matched above"),
+            };
+            let pkt = OutPacket {
+                opcode,
+                psn,
+                ack_req: true,
+                solicited: false,
+                hdrs: RcHeaders {
+                    opcode,
+                    reth: None,
+                    atomic: Some((remote_addr, rkey, swap_add, compare)),
+                    aeth: None,
+                    atomic_ack: None,
+                    imm: None,
+                    payload: &[],
+                },
+            };
+            (pkt, 1)
         } else {
             let off = k as usize * pmtu;
             let end = (off + pmtu).min(w.len);
@@ -1166,7 +1275,9 @@ impl RcQp {
                         first.then_some((remote_addr, rkey, w.len as u32)),
                     )
                 }
-                RcOp::Read { .. } => unreachable!("handled above"),
+                RcOp::Read { .. } | RcOp::CompareSwap { .. } | RcOp::FetchAdd { .. } => {
+                    unreachable!("handled above")
+                }
             };
             // Also when the packet fills a small window: otherwise
             // nothing would ask for the ACK that opens it again.
@@ -1191,7 +1302,7 @@ impl RcQp {
         emit(&pkt)?;
         let bytes = pkt.hdrs.payload.len() as u64;
         let ack_req = pkt.ack_req;
-        let is_read = self.sq[self.req_idx].is_read();
+        let is_read = self.sq[self.req_idx].fetches();
         self.noack_pkts = if ack_req { 0 } else { self.noack_pkts + 1 };
         let end = psn_add(psn, consumed);
         if psn_diff(psn, self.sent_next) < 0 {
@@ -1236,6 +1347,30 @@ impl RcQp {
                             atomic: None,
                             aeth: Some((syndrome, self.msn)),
                             atomic_ack: None,
+                            imm: None,
+                            payload: &[],
+                        },
+                    })?;
+                    self.stats.acks_sent += 1;
+                    self.out.pop_front();
+                }
+                RespItem::Atomic { psn, orig } => {
+                    emit(&OutPacket {
+                        opcode: AtomicAcknowledge,
+                        psn,
+                        ack_req: false,
+                        solicited: false,
+                        hdrs: RcHeaders {
+                            opcode: AtomicAcknowledge,
+                            reth: None,
+                            atomic: None,
+                            aeth: Some((
+                                Syndrome::Ack {
+                                    credits: CREDITS_UNLIMITED,
+                                },
+                                self.msn,
+                            )),
+                            atomic_ack: Some(orig),
                             imm: None,
                             payload: &[],
                         },
