@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use ustack::rc::wire::{NakCode, RcHeaders, RcOpcode, Syndrome};
 use ustack::rc::{
-    Access, Local, MrHandle, QpState, RcDest, RcOp, RcQpConfig, RcQpHandle, RcSendWr, Sge, Wc,
-    WcOpcode, WcStatus,
+    Access, Local, MrHandle, QpState, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr,
+    Sge, Wc, WcOpcode, WcStatus,
 };
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::stats::DropReason;
@@ -296,18 +296,26 @@ fn lossy(loss: f64, seed: u64) -> LinkConfig {
     }
 }
 
-#[test]
-fn every_operation_survives_1_percent_loss_reordering_and_duplication() {
-    let mut p = sweep(lossy(0.01, 11), &RcQpConfig::default());
+/// The whole sweep on a lossy link; the requester's and responder's
+/// status after it (printed for the record).
+fn lossy_sweep(loss: f64, seed: u64, cfg: &RcQpConfig) -> (RcQpStatus, RcQpStatus) {
+    let mut p = sweep(lossy(loss, seed), cfg);
     let (qa, qb) = (p.qa, p.qb);
     let sa = p.a().rc_qp_status(qa).unwrap();
     let sb = p.b().rc_qp_status(qb).unwrap();
     eprintln!(
-        "1% loss: requester {:?}\nresponder {:?}\nlink {:?}",
+        "{}% loss: requester {:?}\nresponder {:?}\nlink {:?}",
+        loss * 100.0,
         sa.stats,
         sb.stats,
         p.net.link.stats()
     );
+    (sa, sb)
+}
+
+#[test]
+fn every_operation_survives_1_percent_loss_reordering_and_duplication() {
+    let (sa, sb) = lossy_sweep(0.01, 11, &RcQpConfig::default());
     assert!(sa.stats.retransmits > 0, "go-back-N never ran: {sa:?}");
     assert!(sb.stats.seq_naks_sent > 0 && sa.stats.seq_naks_received > 0);
     assert!(
@@ -326,16 +334,7 @@ fn every_operation_survives_10_percent_loss() {
         window: 128,
         ..RcQpConfig::default()
     };
-    let mut p = sweep(lossy(0.10, 12), &cfg);
-    let (qa, qb) = (p.qa, p.qb);
-    let sa = p.a().rc_qp_status(qa).unwrap();
-    let sb = p.b().rc_qp_status(qb).unwrap();
-    eprintln!(
-        "10% loss: requester {:?}\nresponder {:?}\nlink {:?}",
-        sa.stats,
-        sb.stats,
-        p.net.link.stats()
-    );
+    let (sa, sb) = lossy_sweep(0.10, 12, &cfg);
     assert!(sa.stats.retransmits > 1000, "{sa:?}");
     assert!(sa.stats.ack_timeouts > 0, "{sa:?}");
     assert!(sb.stats.seq_naks_sent > 0);

@@ -56,6 +56,65 @@ pub fn ack_timeout(t: u8) -> Duration {
     Duration::from_nanos(4096u64 << t)
 }
 
+/// SEND's opcodes, and WRITE's: first, middle, last, last with
+/// immediate, only, only with immediate.
+const SEND_OPCODES: [RcOpcode; 6] = [
+    RcOpcode::SendFirst,
+    RcOpcode::SendMiddle,
+    RcOpcode::SendLast,
+    RcOpcode::SendLastImm,
+    RcOpcode::SendOnly,
+    RcOpcode::SendOnlyImm,
+];
+const WRITE_OPCODES: [RcOpcode; 6] = [
+    RcOpcode::WriteFirst,
+    RcOpcode::WriteMiddle,
+    RcOpcode::WriteLast,
+    RcOpcode::WriteLastImm,
+    RcOpcode::WriteOnly,
+    RcOpcode::WriteOnlyImm,
+];
+
+/// The opcode of a message's packet from its family (see
+/// [`SEND_OPCODES`]): where it sits and whether the message carries
+/// immediate data.
+fn segment_opcode(family: [RcOpcode; 6], first: bool, last: bool, imm: bool) -> RcOpcode {
+    let [f, m, l, l_imm, only, only_imm] = family;
+    match (first, last, imm) {
+        (true, true, false) => only,
+        (true, true, true) => only_imm,
+        (true, false, _) => f,
+        (false, false, _) => m,
+        (false, true, false) => l,
+        (false, true, true) => l_imm,
+    }
+}
+
+/// An ACK or NAK (Acknowledge), or an atomic's answer (AtomicAcknowledge
+/// with the value found).
+fn ack_packet(psn: u32, syndrome: Syndrome, msn: u32, orig: Option<u64>) -> OutPacket<'static> {
+    let opcode = if orig.is_some() {
+        RcOpcode::AtomicAcknowledge
+    } else {
+        RcOpcode::Acknowledge
+    };
+    OutPacket {
+        opcode,
+        psn,
+        ack_req: false,
+        solicited: false,
+        hdrs: RcHeaders {
+            opcode,
+            reth: None,
+            atomic: None,
+            aeth: Some((syndrome, msn)),
+            atomic_ack: orig,
+            imm: None,
+            payload: &[],
+        },
+    }
+}
+
 /// A send work request's data source as kept in the send queue.
 #[derive(Debug)]
 enum LocalBuf {
@@ -1235,50 +1294,27 @@ impl RcQp {
                     .map_err(|_: MrFault| Error::InvalidHandle)?,
             };
             let (first, last) = (k == 0, k + 1 == w.npkts);
-            let (opcode, imm, reth) = match w.op {
-                RcOp::Send | RcOp::SendImm(_) => {
-                    let imm = if let RcOp::SendImm(i) = w.op {
-                        Some(i)
-                    } else {
-                        None
-                    };
-                    let op = match (first, last, imm.is_some()) {
-                        (true, true, false) => SendOnly,
-                        (true, true, true) => SendOnlyImm,
-                        (true, false, _) => SendFirst,
-                        (false, false, _) => SendMiddle,
-                        (false, true, false) => SendLast,
-                        (false, true, true) => SendLastImm,
-                    };
-                    (op, imm.filter(|_| last), None)
+            let (family, imm, target) = match w.op {
+                RcOp::Send => (SEND_OPCODES, None, None),
+                RcOp::SendImm(i) => (SEND_OPCODES, Some(i), None),
+                RcOp::Write { remote_addr, rkey } => {
+                    (WRITE_OPCODES, None, Some((remote_addr, rkey)))
                 }
-                RcOp::Write { remote_addr, rkey }
-                | RcOp::WriteImm {
-                    remote_addr, rkey, ..
-                } => {
-                    let imm = if let RcOp::WriteImm { imm, .. } = w.op {
-                        Some(imm)
-                    } else {
-                        None
-                    };
-                    let op = match (first, last, imm.is_some()) {
-                        (true, true, false) => WriteOnly,
-                        (true, true, true) => WriteOnlyImm,
-                        (true, false, _) => WriteFirst,
-                        (false, false, _) => WriteMiddle,
-                        (false, true, false) => WriteLast,
-                        (false, true, true) => WriteLastImm,
-                    };
-                    (
-                        op,
-                        imm.filter(|_| last),
-                        first.then_some((remote_addr, rkey, w.len as u32)),
-                    )
-                }
+                RcOp::WriteImm {
+                    remote_addr,
+                    rkey,
+                    imm,
+                } => (WRITE_OPCODES, Some(imm), Some((remote_addr, rkey))),
                 RcOp::Read { .. } | RcOp::CompareSwap { .. } | RcOp::FetchAdd { .. } => {
                     unreachable!("handled above")
                 }
             };
+            let opcode = segment_opcode(family, first, last, imm.is_some());
+            // RETH on a WRITE's first packet; immediate data on the last.
+            let reth = target
+                .filter(|_| first)
+                .map(|(addr, rkey)| (addr, rkey, w.len as u32));
+            let imm = imm.filter(|_| last);
             // Also when the packet fills a small window: otherwise
             // nothing would ask for the ACK that opens it again.
             let ack_req = last || self.noack_pkts + 1 >= MAX_PKT_PER_ACK.min(self.window);
@@ -1336,45 +1372,15 @@ impl RcQp {
         while let Some(item) = self.out.front_mut() {
             match *item {
                 RespItem::Ack { psn, syndrome } => {
-                    emit(&OutPacket {
-                        opcode: Acknowledge,
-                        psn,
-                        ack_req: false,
-                        solicited: false,
-                        hdrs: RcHeaders {
-                            opcode: Acknowledge,
-                            reth: None,
-                            atomic: None,
-                            aeth: Some((syndrome, self.msn)),
-                            atomic_ack: None,
-                            imm: None,
-                            payload: &[],
-                        },
-                    })?;
+                    emit(&ack_packet(psn, syndrome, self.msn, None))?;
                     self.stats.acks_sent += 1;
                     self.out.pop_front();
                 }
                 RespItem::Atomic { psn, orig } => {
-                    emit(&OutPacket {
-                        opcode: AtomicAcknowledge,
-                        psn,
-                        ack_req: false,
-                        solicited: false,
-                        hdrs: RcHeaders {
-                            opcode: AtomicAcknowledge,
-                            reth: None,
-                            atomic: None,
-                            aeth: Some((
-                                Syndrome::Ack {
-                                    credits: CREDITS_UNLIMITED,
-                                },
-                                self.msn,
-                            )),
-                            atomic_ack: Some(orig),
-                            imm: None,
-                            payload: &[],
-                        },
-                    })?;
+                    let ack = Syndrome::Ack {
+                        credits: CREDITS_UNLIMITED,
+                    };
+                    emit(&ack_packet(psn, ack, self.msn, Some(orig)))?;
                     self.stats.acks_sent += 1;
                     self.out.pop_front();
                 }
