@@ -683,9 +683,10 @@ struct Run {
     msg: Vec<u8>,
 }
 
-/// One perftest connection, either side.
+/// One perftest UD connection, either side (driven by [`Client`] and
+/// [`Server`]).
 #[derive(Debug)]
-struct Session {
+pub struct Session {
     cfg: PerftestConfig,
     client: bool,
     conn: MsgConn,
@@ -804,14 +805,6 @@ impl Session {
         }
     }
 
-    fn finished(&self) -> bool {
-        self.step == Step::Finished
-    }
-
-    fn in_run(&self) -> bool {
-        self.step == Step::Run
-    }
-
     fn goto(&mut self, now: Instant, step: Step) {
         self.step = step;
         self.wrote = false;
@@ -827,17 +820,6 @@ impl Session {
             Step::AfterRun if self.client => BW_CLOSE_WAIT.max(self.cfg.exchange_timeout),
             Step::Linger => LINGER,
             _ => self.cfg.exchange_timeout,
-        }
-    }
-
-    fn poll_at(&self) -> Option<Instant> {
-        match self.step {
-            Step::Finished => None,
-            Step::Run => self
-                .run
-                .as_ref()
-                .map(|r| r.waiting_since + self.cfg.timeout),
-            _ => Some(self.since + self.step_timeout()),
         }
     }
 
@@ -891,19 +873,6 @@ impl Session {
         let _ = self.conn.poll(stack);
         let _ = stack.tcp_close(self.conn.handle());
         self.step = Step::Finished;
-    }
-
-    fn poll(&mut self, now: Instant, stack: &mut Stack) {
-        if self.step == Step::Finished {
-            return;
-        }
-        if !self.started {
-            self.started = true;
-            self.since = now;
-        }
-        if let Err(why) = self.turn(now, stack) {
-            self.fail(stack, why);
-        }
     }
 
     fn turn(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
@@ -1364,22 +1333,159 @@ impl Session {
 
 // ------------------------------------------------------------ apps
 
-/// `uperf -c HOST --rdma --perftest`: one session against a perftest server.
+/// What the perftest client and server apps need of a session: the UD
+/// one ([`Session`]) or the RC one ([`crate::perftest_rc::Session`]).
+pub trait PerftestSession: std::fmt::Debug + Sized {
+    /// The test's settings.
+    type Config: Clone + std::fmt::Debug;
+    /// What one session did.
+    type Report: SessionReport + Clone + std::fmt::Debug;
+    /// A session over `conn`: the client's (connected to `to`) or the
+    /// server's.
+    fn open(cfg: Self::Config, client: bool, conn: MsgConn, to: Option<SocketAddrV4>) -> Self;
+    /// The client's report when it could not connect: `why`.
+    fn unconnected(cfg: &Self::Config, why: String) -> Self::Report;
+    /// The test's name (`send_bw`, ...), for the error lines.
+    fn test_name(cfg: &Self::Config) -> String;
+    /// Refuse settings perftest would refuse, before touching the network.
+    fn check(cfg: &Self::Config, stack: &Stack) -> Result<()>;
+    /// One turn of the session.
+    fn poll(&mut self, now: Instant, stack: &mut Stack);
+    /// When the session wants its next turn.
+    fn poll_at(&self) -> Option<Instant>;
+    /// The session ended (its report is final).
+    fn finished(&self) -> bool;
+    /// The data phase runs (the loop should busy-poll).
+    fn in_run(&self) -> bool;
+    /// Lines to print, in order, not yet taken.
+    fn output(&mut self) -> &mut Vec<String>;
+    /// What the session did so far.
+    fn report(&self) -> &Self::Report;
+}
+
+/// What the apps need of a session's report.
+pub trait SessionReport {
+    /// The data phase (or the wait for it) started.
+    fn started(&self) -> bool;
+    /// The reconciliation line.
+    fn summary_line(&self) -> String;
+    /// What failed, or which messages are missing; `None` on success.
+    fn failure(&self) -> Option<String>;
+}
+
+impl SessionReport for Report {
+    fn started(&self) -> bool {
+        self.started
+    }
+    fn summary_line(&self) -> String {
+        Report::summary_line(self)
+    }
+    fn failure(&self) -> Option<String> {
+        Report::failure(self)
+    }
+}
+
+impl PerftestSession for Session {
+    type Config = PerftestConfig;
+    type Report = Report;
+
+    fn open(cfg: PerftestConfig, client: bool, conn: MsgConn, to: Option<SocketAddrV4>) -> Self {
+        Session::new(cfg, client, conn, to)
+    }
+
+    fn unconnected(cfg: &PerftestConfig, why: String) -> Report {
+        let mut r = Report::new(cfg.test, true);
+        r.error = Some(why);
+        r
+    }
+
+    fn test_name(cfg: &PerftestConfig) -> String {
+        cfg.test.name().to_string()
+    }
+
+    fn check(cfg: &PerftestConfig, stack: &Stack) -> Result<()> {
+        check_config(cfg, stack.ud_max_msg())
+    }
+
+    fn poll(&mut self, now: Instant, stack: &mut Stack) {
+        if self.step == Step::Finished {
+            return;
+        }
+        if !self.started {
+            self.started = true;
+            self.since = now;
+        }
+        if let Err(why) = self.turn(now, stack) {
+            self.fail(stack, why);
+        }
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        match self.step {
+            Step::Finished => None,
+            Step::Run => self
+                .run
+                .as_ref()
+                .map(|r| r.waiting_since + self.cfg.timeout),
+            _ => Some(self.since + self.step_timeout()),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.step == Step::Finished
+    }
+
+    fn in_run(&self) -> bool {
+        self.step == Step::Run
+    }
+
+    fn output(&mut self) -> &mut Vec<String> {
+        &mut self.output
+    }
+
+    fn report(&self) -> &Report {
+        &self.report
+    }
+}
+
+/// Gives `s` its turn and moves its lines to `output`, with the summary
+/// line once it finished (if its test started); whether it finished.
+fn drive<S: PerftestSession>(
+    s: &mut S,
+    now: Instant,
+    stack: &mut Stack,
+    output: &mut Vec<String>,
+) -> bool {
+    s.poll(now, stack);
+    output.append(s.output());
+    if !s.finished() {
+        return false;
+    }
+    if s.report().started() {
+        output.push(s.report().summary_line());
+    }
+    true
+}
+
+/// A perftest client: one session against a perftest server.
 #[derive(Debug)]
-pub struct PerftestClient {
-    cfg: PerftestConfig,
+pub struct Client<S: PerftestSession> {
+    cfg: S::Config,
     server: SocketAddrV4,
-    session: Option<Session>,
+    session: Option<S>,
     /// Lines to print (banner, addresses, table, summary), in order.
     pub output: Vec<String>,
     /// The session's report, once it ended.
-    pub report: Option<Report>,
+    pub report: Option<S::Report>,
 }
 
-impl PerftestClient {
+/// `uperf -c HOST --rdma --perftest`: one session against a perftest server.
+pub type PerftestClient = Client<Session>;
+
+impl<S: PerftestSession> Client<S> {
     /// A client of the perftest server at `server`.
-    pub fn new(cfg: PerftestConfig, server: SocketAddrV4) -> Self {
-        PerftestClient {
+    pub fn new(cfg: S::Config, server: SocketAddrV4) -> Self {
+        Client {
             cfg,
             server,
             session: None,
@@ -1395,11 +1501,11 @@ impl PerftestClient {
 
     /// The data phase runs (the loop should busy-poll).
     pub fn in_run(&self) -> bool {
-        self.session.as_ref().is_some_and(Session::in_run)
+        self.session.as_ref().is_some_and(S::in_run)
     }
 }
 
-impl App for PerftestClient {
+impl<S: PerftestSession> App for Client<S> {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         if self.report.is_some() {
             return Control::Exit;
@@ -1407,17 +1513,11 @@ impl App for PerftestClient {
         if self.session.is_none() {
             match MsgConn::connect(stack, self.server) {
                 Ok(conn) => {
-                    self.session = Some(Session::new(
-                        self.cfg.clone(),
-                        true,
-                        conn,
-                        Some(self.server),
-                    ));
+                    self.session = Some(S::open(self.cfg.clone(), true, conn, Some(self.server)));
                 }
                 Err(e) => {
-                    let mut r = Report::new(self.cfg.test, true);
-                    r.error = Some(format!("{}: {e}", self.server));
-                    self.report = Some(r);
+                    let why = format!("{}: {e}", self.server);
+                    self.report = Some(S::unconnected(&self.cfg, why));
                     return Control::Exit;
                 }
             }
@@ -1425,13 +1525,8 @@ impl App for PerftestClient {
         let Some(s) = self.session.as_mut() else {
             return Control::Continue;
         };
-        s.poll(now, stack);
-        self.output.append(&mut s.output);
-        if s.finished() {
-            if s.report.started {
-                self.output.push(s.report.summary_line());
-            }
-            self.report = Some(s.report.clone());
+        if drive(s, now, stack, &mut self.output) {
+            self.report = Some(s.report().clone());
             return Control::Exit;
         }
         Control::Continue
@@ -1449,18 +1544,18 @@ impl App for PerftestClient {
 /// The server's waiting banner, as perftest prints it.
 pub const WAITING: &str = "\n************************************\n* Waiting for client to connect... *\n************************************";
 
-/// `uperf -s --rdma --perftest`: perftest clients, one after another.
+/// A perftest server: perftest clients, one after another.
 #[derive(Debug)]
-pub struct PerftestServer {
-    cfg: PerftestConfig,
+pub struct Server<S: PerftestSession> {
+    cfg: S::Config,
     port: u16,
     one_off: bool,
     listener: Option<ListenHandle>,
-    session: Option<Session>,
+    session: Option<S>,
     /// Lines to print, in order.
     pub output: Vec<String>,
     /// One report per client served.
-    pub reports: Vec<Report>,
+    pub reports: Vec<S::Report>,
     /// Why a client's session failed, one line each, as they come (the
     /// server goes on with the next client unless it is one-off).
     pub errors: Vec<String>,
@@ -1469,10 +1564,13 @@ pub struct PerftestServer {
     exit: bool,
 }
 
-impl PerftestServer {
+/// `uperf -s --rdma --perftest`: perftest clients, one after another.
+pub type PerftestServer = Server<Session>;
+
+impl<S: PerftestSession> Server<S> {
     /// A server on TCP `port`; with `one_off` it exits after one client.
-    pub fn new(cfg: PerftestConfig, port: u16, one_off: bool) -> Self {
-        PerftestServer {
+    pub fn new(cfg: S::Config, port: u16, one_off: bool) -> Self {
+        Server {
             cfg,
             port,
             one_off,
@@ -1488,7 +1586,7 @@ impl PerftestServer {
 
     /// A session's data phase runs (the loop should busy-poll).
     pub fn in_run(&self) -> bool {
-        self.session.as_ref().is_some_and(Session::in_run)
+        self.session.as_ref().is_some_and(S::in_run)
     }
 
     /// The server stopped (one-off done, or listening failed).
@@ -1497,7 +1595,7 @@ impl PerftestServer {
     }
 }
 
-impl App for PerftestServer {
+impl<S: PerftestSession> App for Server<S> {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         if self.exit {
             return Control::Exit;
@@ -1519,23 +1617,18 @@ impl App for PerftestServer {
         if self.session.is_none() {
             if let Ok(Some(h)) = stack.tcp_accept(l) {
                 let conn = MsgConn::accepted(stack, h);
-                self.session = Some(Session::new(self.cfg.clone(), false, conn, None));
+                self.session = Some(S::open(self.cfg.clone(), false, conn, None));
             }
         }
         let Some(s) = self.session.as_mut() else {
             return Control::Continue;
         };
-        s.poll(now, stack);
-        self.output.append(&mut s.output);
-        if s.finished() {
-            if s.report.started {
-                self.output.push(s.report.summary_line());
+        if drive(s, now, stack, &mut self.output) {
+            if let Some(e) = s.report().failure() {
+                let name = S::test_name(&self.cfg);
+                self.errors.push(format!("perftest {name} server: {e}"));
             }
-            if let Some(e) = s.report.failure() {
-                self.errors
-                    .push(format!("perftest {} server: {e}", self.cfg.test.name()));
-            }
-            self.reports.push(s.report.clone());
+            self.reports.push(s.report().clone());
             self.session = None;
             if self.one_off {
                 stack.tcp_unlisten(l);
@@ -1558,7 +1651,7 @@ impl App for PerftestServer {
 
 // ------------------------------------------------------------ front end
 
-/// Where `uperf --rdma --perftest` runs.
+/// Where `uperf --rdma --perftest` (or `--rdma rc`) runs.
 #[derive(Debug, Clone)]
 pub enum PerftestRole {
     /// Connect to the perftest server at this address.
@@ -1572,24 +1665,27 @@ pub enum PerftestRole {
     },
 }
 
-/// Runs `uperf --rdma --perftest` on a node.
+/// Runs a perftest test on a node.
 #[derive(Debug)]
-pub struct PerftestUser {
+pub struct User<S: PerftestSession> {
     /// The test's settings.
-    pub cfg: PerftestConfig,
+    pub cfg: S::Config,
     /// Client or server.
     pub role: PerftestRole,
     /// The poll loop's settings.
     pub lcfg: LoopConfig,
 }
 
+/// Runs `uperf --rdma --perftest` on a node.
+pub type PerftestUser = User<Session>;
+
 /// Prints an app's lines as they come; busy-polls during data phases (the
 /// latency figures are taken on the loop's clock).
-pub(crate) struct Front<A> {
-    pub(crate) app: A,
+struct Front<A> {
+    app: A,
 }
 
-pub(crate) trait PerftestApp: App {
+trait PerftestApp: App {
     fn lines(&mut self) -> Vec<String>;
     fn error_lines(&mut self) -> Vec<String> {
         Vec::new()
@@ -1597,7 +1693,7 @@ pub(crate) trait PerftestApp: App {
     fn busy(&self) -> bool;
 }
 
-impl PerftestApp for PerftestClient {
+impl<S: PerftestSession> PerftestApp for Client<S> {
     fn lines(&mut self) -> Vec<String> {
         std::mem::take(&mut self.output)
     }
@@ -1606,7 +1702,7 @@ impl PerftestApp for PerftestClient {
     }
 }
 
-impl PerftestApp for PerftestServer {
+impl<S: PerftestSession> PerftestApp for Server<S> {
     fn lines(&mut self) -> Vec<String> {
         std::mem::take(&mut self.output)
     }
@@ -1619,7 +1715,7 @@ impl PerftestApp for PerftestServer {
 }
 
 impl<A: PerftestApp> Front<A> {
-    pub(crate) fn print(&mut self) {
+    fn print(&mut self) {
         for line in self.app.lines() {
             crate::outln!("{line}");
         }
@@ -1660,7 +1756,7 @@ pub fn check_config(cfg: &PerftestConfig, max_msg: usize) -> Result<()> {
     Ok(())
 }
 
-impl NodeUser for PerftestUser {
+impl<S: PerftestSession> NodeUser for User<S> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
@@ -1668,16 +1764,16 @@ impl NodeUser for PerftestUser {
         D: Device + Send + 'static,
         D::Buf: Send,
     {
-        check_config(&self.cfg, node.stack.ud_max_msg())?;
-        let name = self.cfg.test.name();
+        S::check(&self.cfg, &node.stack)?;
+        let name = S::test_name(&self.cfg);
         match self.role {
             PerftestRole::Client(server) => {
                 let mut front = Front {
-                    app: PerftestClient::new(self.cfg, server),
+                    app: Client::<S>::new(self.cfg, server),
                 };
                 crate::run_app(&mut node, &mut front, &self.lcfg, None)?;
                 front.print();
-                match front.app.report.as_ref().map(Report::failure) {
+                match front.app.report.as_ref().map(|r| r.failure()) {
                     Some(None) => Ok(ExitCode::SUCCESS),
                     Some(Some(e)) => {
                         eprintln!("uperf: error - perftest {name} client: {e}");
@@ -1691,7 +1787,7 @@ impl NodeUser for PerftestUser {
             }
             PerftestRole::Server { port, one_off } => {
                 let mut front = Front {
-                    app: PerftestServer::new(self.cfg, port, one_off),
+                    app: Server::<S>::new(self.cfg, port, one_off),
                 };
                 crate::run_app(&mut node, &mut front, &self.lcfg, None)?;
                 front.print();

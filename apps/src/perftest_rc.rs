@@ -43,30 +43,25 @@
 //! READ), as `print_report_lat`. Output follows perftest's layout.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use ustack::device::Device;
-use ustack::node::{App, Control, Node};
 use ustack::rc::{
     Access, Local, MrHandle, MrInfo, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr,
     Sge, Wc, WcOpcode, WcStatus,
 };
-use ustack::tcp::{ListenHandle, State};
+use ustack::tcp::State;
 use ustack::ud::exchange::{
     DONE, KEY_MSG_LEN, KeyMsg, VERSION_LEN, ipv4_gid, mtu_msg, version_msg,
 };
 use ustack::{Instant, Stack};
-use ustack_runtime::LoopConfig;
 
-use crate::net::NodeUser;
 use crate::oob::{MsgConn, OobError};
 use crate::perftest::{
     AddrVerb, BW_CQ_MOD, BW_HEADER, BW_TX_DEPTH, BannerInfo, BwRow, CACHE_LINE, CYCLE_BUFFER,
-    Front, LAT_HEADER, LINGER, MIN_ITERS, PerftestApp, RESULT_LINE, Row, WAITING,
-    address_lines_verb, banner_with, bw_receiver_row, bw_sender_row_cq, check_peer_version,
-    lat_row_rtt, lockstep, negotiate_mtu, parse_peer_key, peer_ip,
+    Client, LAT_HEADER, LINGER, MIN_ITERS, PerftestRole, PerftestSession, RESULT_LINE, Row, Server,
+    SessionReport, User, address_lines_verb, banner_with, bw_receiver_row, bw_sender_row_cq,
+    check_peer_version, lat_row_rtt, lockstep, negotiate_mtu, parse_peer_key, peer_ip,
 };
 
 /// perftest's largest `-a` size (`MAX_SIZE`): 8 MiB.
@@ -529,9 +524,10 @@ impl Buf {
     }
 }
 
-/// One perftest RC connection, either side.
+/// One perftest RC connection, either side (driven by [`Client`] and
+/// [`Server`]).
 #[derive(Debug)]
-struct Session {
+pub struct Session {
     cfg: RcConfig,
     client: bool,
     conn: MsgConn,
@@ -592,14 +588,6 @@ impl Session {
         }
     }
 
-    fn finished(&self) -> bool {
-        self.step == Step::Finished
-    }
-
-    fn in_run(&self) -> bool {
-        self.step == Step::Run
-    }
-
     fn goto(&mut self, now: Instant, step: Step) {
         self.step = step;
         self.wrote = false;
@@ -625,17 +613,6 @@ impl Session {
             Step::Drain => DRAIN,
             _ if self.waits_for_run() => RUN_WAIT.max(self.cfg.exchange_timeout),
             _ => self.cfg.exchange_timeout,
-        }
-    }
-
-    fn poll_at(&self) -> Option<Instant> {
-        match self.step {
-            Step::Finished => None,
-            Step::Run => self
-                .run
-                .as_ref()
-                .map(|r| r.waiting_since + self.cfg.timeout),
-            _ => Some(self.since + self.step_timeout()),
         }
     }
 
@@ -688,19 +665,6 @@ impl Session {
         let _ = self.conn.poll(stack);
         let _ = stack.tcp_close(self.conn.handle());
         self.step = Step::Finished;
-    }
-
-    fn poll(&mut self, now: Instant, stack: &mut Stack) {
-        if self.step == Step::Finished {
-            return;
-        }
-        if !self.started {
-            self.started = true;
-            self.since = now;
-        }
-        if let Err(why) = self.turn(now, stack) {
-            self.fail(stack, why);
-        }
     }
 
     fn turn(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
@@ -1356,236 +1320,94 @@ impl Session {
 
 // ------------------------------------------------------------ apps
 
-/// `uperf -c HOST --rdma rc`: one session against a perftest RC server.
-#[derive(Debug)]
-pub struct RcClient {
-    cfg: RcConfig,
-    server: SocketAddrV4,
-    session: Option<Session>,
-    /// Lines to print (banner, addresses, table, summary), in order.
-    pub output: Vec<String>,
-    /// The session's report, once it ended.
-    pub report: Option<RcReport>,
-}
-
-impl RcClient {
-    /// A client of the perftest server at `server`.
-    pub fn new(cfg: RcConfig, server: SocketAddrV4) -> Self {
-        RcClient {
-            cfg,
-            server,
-            session: None,
-            output: Vec::new(),
-            report: None,
-        }
+impl SessionReport for RcReport {
+    fn started(&self) -> bool {
+        self.started
     }
-
-    /// The data phase runs (the loop should busy-poll).
-    pub fn in_run(&self) -> bool {
-        self.session.as_ref().is_some_and(Session::in_run)
+    fn summary_line(&self) -> String {
+        RcReport::summary_line(self)
     }
-
-    /// The session ended (see [`report`](Self::report)).
-    pub fn done(&self) -> bool {
-        self.report.is_some()
+    fn failure(&self) -> Option<String> {
+        RcReport::failure(self)
     }
 }
 
-impl App for RcClient {
-    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
-        if self.report.is_some() {
-            return Control::Exit;
+impl PerftestSession for Session {
+    type Config = RcConfig;
+    type Report = RcReport;
+
+    fn open(cfg: RcConfig, client: bool, conn: MsgConn, to: Option<SocketAddrV4>) -> Self {
+        Session::new(cfg, client, conn, to)
+    }
+
+    fn unconnected(cfg: &RcConfig, why: String) -> RcReport {
+        let mut r = RcReport::new(cfg, true);
+        r.error = Some(why);
+        r
+    }
+
+    fn test_name(cfg: &RcConfig) -> String {
+        cfg.name()
+    }
+
+    fn check(cfg: &RcConfig, _stack: &Stack) -> Result<()> {
+        check_config(cfg)
+    }
+
+    fn poll(&mut self, now: Instant, stack: &mut Stack) {
+        if self.step == Step::Finished {
+            return;
         }
-        if self.session.is_none() {
-            match MsgConn::connect(stack, self.server) {
-                Ok(conn) => {
-                    self.session = Some(Session::new(
-                        self.cfg.clone(),
-                        true,
-                        conn,
-                        Some(self.server),
-                    ));
-                }
-                Err(e) => {
-                    let mut r = RcReport::new(&self.cfg, true);
-                    r.error = Some(format!("{}: {e}", self.server));
-                    self.report = Some(r);
-                    return Control::Exit;
-                }
-            }
+        if !self.started {
+            self.started = true;
+            self.since = now;
         }
-        let Some(s) = self.session.as_mut() else {
-            return Control::Continue;
-        };
-        s.poll(now, stack);
-        self.output.append(&mut s.output);
-        if s.finished() {
-            if s.report.started {
-                self.output.push(s.report.summary_line());
-            }
-            self.report = Some(s.report.clone());
-            return Control::Exit;
+        if let Err(why) = self.turn(now, stack) {
+            self.fail(stack, why);
         }
-        Control::Continue
     }
 
     fn poll_at(&self) -> Option<Instant> {
-        match &self.session {
-            None if self.report.is_none() => Some(Instant::ZERO),
-            None => None,
-            Some(s) => s.poll_at(),
+        match self.step {
+            Step::Finished => None,
+            Step::Run => self
+                .run
+                .as_ref()
+                .map(|r| r.waiting_since + self.cfg.timeout),
+            _ => Some(self.since + self.step_timeout()),
         }
     }
+
+    fn finished(&self) -> bool {
+        self.step == Step::Finished
+    }
+
+    fn in_run(&self) -> bool {
+        self.step == Step::Run
+    }
+
+    fn output(&mut self) -> &mut Vec<String> {
+        &mut self.output
+    }
+
+    fn report(&self) -> &RcReport {
+        &self.report
+    }
 }
+
+/// `uperf -c HOST --rdma rc`: one session against a perftest RC server.
+pub type RcClient = Client<Session>;
 
 /// `uperf -s --rdma rc`: perftest RC clients, one after another.
-#[derive(Debug)]
-pub struct RcServer {
-    cfg: RcConfig,
-    port: u16,
-    one_off: bool,
-    listener: Option<ListenHandle>,
-    session: Option<Session>,
-    /// Lines to print, in order.
-    pub output: Vec<String>,
-    /// One report per client served.
-    pub reports: Vec<RcReport>,
-    /// Why a client's session failed, one line each.
-    pub errors: Vec<String>,
-    /// Listening failed.
-    pub error: Option<String>,
-    exit: bool,
-}
-
-impl RcServer {
-    /// A server on TCP `port`; with `one_off` it exits after one client.
-    pub fn new(cfg: RcConfig, port: u16, one_off: bool) -> Self {
-        RcServer {
-            cfg,
-            port,
-            one_off,
-            listener: None,
-            session: None,
-            output: Vec::new(),
-            reports: Vec::new(),
-            errors: Vec::new(),
-            error: None,
-            exit: false,
-        }
-    }
-
-    /// A session's data phase runs (the loop should busy-poll).
-    pub fn in_run(&self) -> bool {
-        self.session.as_ref().is_some_and(Session::in_run)
-    }
-}
-
-impl App for RcServer {
-    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
-        if self.exit {
-            return Control::Exit;
-        }
-        let Some(l) = self.listener else {
-            match stack.tcp_listen(self.port, 1) {
-                Ok(l) => {
-                    self.listener = Some(l);
-                    self.output.push(WAITING.to_string());
-                }
-                Err(e) => {
-                    self.error = Some(format!("listening on TCP port {}: {e}", self.port));
-                    self.exit = true;
-                    return Control::Exit;
-                }
-            }
-            return Control::Continue;
-        };
-        if self.session.is_none() {
-            if let Ok(Some(h)) = stack.tcp_accept(l) {
-                let conn = MsgConn::accepted(stack, h);
-                self.session = Some(Session::new(self.cfg.clone(), false, conn, None));
-            }
-        }
-        let Some(s) = self.session.as_mut() else {
-            return Control::Continue;
-        };
-        s.poll(now, stack);
-        self.output.append(&mut s.output);
-        if s.finished() {
-            if s.report.started {
-                self.output.push(s.report.summary_line());
-            }
-            if let Some(e) = s.report.failure() {
-                self.errors
-                    .push(format!("perftest {} server: {e}", self.cfg.name()));
-            }
-            self.reports.push(s.report.clone());
-            self.session = None;
-            if self.one_off {
-                stack.tcp_unlisten(l);
-                self.exit = true;
-                return Control::Exit;
-            }
-            self.output.push(WAITING.to_string());
-        }
-        Control::Continue
-    }
-
-    fn poll_at(&self) -> Option<Instant> {
-        match &self.session {
-            _ if self.exit => None,
-            Some(s) => s.poll_at(),
-            None => None,
-        }
-    }
-}
-
-impl PerftestApp for RcClient {
-    fn lines(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.output)
-    }
-    fn busy(&self) -> bool {
-        self.in_run()
-    }
-}
-
-impl PerftestApp for RcServer {
-    fn lines(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.output)
-    }
-    fn error_lines(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.errors)
-    }
-    fn busy(&self) -> bool {
-        self.in_run()
-    }
-}
+pub type RcServer = Server<Session>;
 
 // ------------------------------------------------------------ front end
 
 /// Where `uperf --rdma rc` runs.
-#[derive(Debug, Clone)]
-pub enum RcRole {
-    /// Connect to the perftest server at this address.
-    Client(SocketAddrV4),
-    /// Listen on this TCP port; `one_off` exits after one client.
-    Server {
-        /// TCP port.
-        port: u16,
-        /// Exit after one client.
-        one_off: bool,
-    },
-}
+pub type RcRole = PerftestRole;
 
 /// Runs `uperf --rdma rc` on a node.
-#[derive(Debug)]
-pub struct RcUser {
-    /// The test's settings.
-    pub cfg: RcConfig,
-    /// Client or server.
-    pub role: RcRole,
-    /// The poll loop's settings.
-    pub lcfg: LoopConfig,
-}
+pub type RcUser = User<Session>;
 
 /// Refuse settings perftest would refuse, before touching the network.
 pub fn check_config(cfg: &RcConfig) -> Result<()> {
@@ -1601,56 +1423,6 @@ pub fn check_config(cfg: &RcConfig) -> Result<()> {
         }
     }
     Ok(())
-}
-
-impl NodeUser for RcUser {
-    type Output = ExitCode;
-    type Error = anyhow::Error;
-    fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
-    where
-        D: Device + Send + 'static,
-        D::Buf: Send,
-    {
-        check_config(&self.cfg)?;
-        let name = self.cfg.name();
-        match self.role {
-            RcRole::Client(server) => {
-                let mut front = Front {
-                    app: RcClient::new(self.cfg, server),
-                };
-                crate::run_app(&mut node, &mut front, &self.lcfg, None)?;
-                front.print();
-                match front.app.report.as_ref().map(RcReport::failure) {
-                    Some(None) => Ok(ExitCode::SUCCESS),
-                    Some(Some(e)) => {
-                        eprintln!("uperf: error - perftest {name} client: {e}");
-                        Ok(ExitCode::from(1))
-                    }
-                    None => {
-                        eprintln!("uperf: error - perftest {name} client: interrupted");
-                        Ok(ExitCode::from(1))
-                    }
-                }
-            }
-            RcRole::Server { port, one_off } => {
-                let mut front = Front {
-                    app: RcServer::new(self.cfg, port, one_off),
-                };
-                crate::run_app(&mut node, &mut front, &self.lcfg, None)?;
-                front.print();
-                if let Some(e) = &front.app.error {
-                    eprintln!("uperf: error - {e}");
-                    return Ok(ExitCode::from(1));
-                }
-                let failed = front.app.reports.iter().any(|r| r.failure().is_some());
-                Ok(if one_off && (failed || front.app.reports.is_empty()) {
-                    ExitCode::from(1)
-                } else {
-                    ExitCode::SUCCESS
-                })
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1774,6 +1546,7 @@ mod test {
 
     mod sim {
         use super::*;
+        use ustack::node::App;
         use ustack::sim::{LinkConfig, SimNet, host_config};
 
         const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
