@@ -883,7 +883,7 @@ impl crate::Stack {
 
     /// Move up to `max` completions into `out`; returns how many. New
     /// completions raise a READABLE event for the QP
-    /// ([`SocketRef::RcQp`](crate::events::SocketRef::RcQp)); moving to
+    /// ([`SocketRef::RcQp`]); moving to
     /// the error state raises ERROR.
     pub fn rc_poll_cq(
         &mut self,

@@ -3,7 +3,7 @@
 //! go-back-N, the ACK and RNR timers) and responder (PSN checks, RECV
 //! placement, WRITE and READ against memory regions, coalesced ACKs).
 //! Sans-IO: it takes `now` and parsed packets and hands packets to an
-//! emit callback; the table around it ([`super::RcTable`]) puts them on
+//! emit callback; the table around it (`RcTable` in the parent module) puts them on
 //! the wire. The rules follow IBTA Vol. 1 chapter 9 as Linux rxe applies
 //! them (rxe_req.c, rxe_comp.c, rxe_resp.c).
 
