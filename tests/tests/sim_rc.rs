@@ -99,6 +99,17 @@ fn sge(s: &Stack, mr: MrHandle, off: usize, len: usize) -> Sge {
     }
 }
 
+/// A signaled, unsolicited send work request.
+fn wr(wr_id: u64, op: RcOp, local: Local<'_>) -> RcSendWr<'_> {
+    RcSendWr {
+        wr_id,
+        op,
+        local,
+        signaled: true,
+        solicited: false,
+    }
+}
+
 impl Pair {
     /// Run until A has `na` and B has `nb` completions (or a minute of
     /// virtual time passes); returns them.
@@ -183,16 +194,7 @@ impl Pair {
         }
         let local = sge(self.a(), ma, 0, len);
         self.a()
-            .rc_post_send(
-                qa,
-                &RcSendWr {
-                    wr_id: 42,
-                    op: wr_op,
-                    local: Local::Sge(local),
-                    signaled: true,
-                    solicited: false,
-                },
-            )
+            .rc_post_send(qa, &wr(42, wr_op, Local::Sge(local)))
             .unwrap();
         let (wa, wb) = self.run(1, usize::from(recv), 600);
         assert_eq!(
@@ -349,16 +351,7 @@ fn a_send_without_a_receive_is_rnr_nakked_until_one_is_posted() {
     p.a().rc_mr_mut(ma).unwrap()[..100].copy_from_slice(&[9; 100]);
     let local = sge(p.a(), ma, 0, 100);
     p.a()
-        .rc_post_send(
-            qa,
-            &RcSendWr {
-                wr_id: 1,
-                op: RcOp::Send,
-                local: Local::Sge(local),
-                signaled: true,
-                solicited: false,
-            },
-        )
+        .rc_post_send(qa, &wr(1, RcOp::Send, Local::Sge(local)))
         .unwrap();
     // 5 ms of no receive: the RNR timer (0.64 ms) runs several times.
     let (wa, _) = p.run(1, 0, 0);
@@ -388,16 +381,7 @@ fn rnr_retries_run_out_and_both_sides_report_it() {
     let local = sge(p.a(), ma, 0, 10);
     for id in 0..3 {
         p.a()
-            .rc_post_send(
-                qa,
-                &RcSendWr {
-                    wr_id: id,
-                    op: RcOp::Send,
-                    local: Local::Sge(local),
-                    signaled: true,
-                    solicited: false,
-                },
-            )
+            .rc_post_send(qa, &wr(id, RcOp::Send, Local::Sge(local)))
             .unwrap();
     }
     let (wa, _) = p.run(3, 0, 10);
@@ -410,16 +394,7 @@ fn rnr_retries_run_out_and_both_sides_report_it() {
     // A QP in error takes no new work.
     assert!(
         p.a()
-            .rc_post_send(
-                qa,
-                &RcSendWr {
-                    wr_id: 9,
-                    op: RcOp::Send,
-                    local: Local::Inline(b"x"),
-                    signaled: true,
-                    solicited: false,
-                }
-            )
+            .rc_post_send(qa, &wr(9, RcOp::Send, Local::Inline(b"x")))
             .is_err()
     );
     p.drain();
@@ -437,16 +412,7 @@ fn a_silent_peer_exhausts_the_retry_count() {
     // The peer's QP is gone: nothing answers.
     p.b().rc_destroy_qp(qb).unwrap();
     p.a()
-        .rc_post_send(
-            qa,
-            &RcSendWr {
-                wr_id: 5,
-                op: RcOp::Send,
-                local: Local::Inline(b"hello"),
-                signaled: true,
-                solicited: false,
-            },
-        )
+        .rc_post_send(qa, &wr(5, RcOp::Send, Local::Inline(b"hello")))
         .unwrap();
     let (wa, _) = p.run(1, 0, 10);
     assert_eq!(wa[0].status, WcStatus::RetryExceeded);
@@ -493,16 +459,7 @@ fn a_write_with_a_bad_key_or_range_is_refused_and_writes_nothing() {
         };
         p.a().rc_mr_mut(ma).unwrap()[..100].fill(0xee);
         p.a()
-            .rc_post_send(
-                qa,
-                &RcSendWr {
-                    wr_id: 3,
-                    op,
-                    local: Local::Sge(local),
-                    signaled: true,
-                    solicited: false,
-                },
-            )
+            .rc_post_send(qa, &wr(3, op, Local::Sge(local)))
             .unwrap();
         let (wa, _) = p.run(1, 0, 10);
         assert_eq!(wa[0].status, WcStatus::RemoteAccessError, "{case}");
@@ -644,16 +601,7 @@ fn a_nak_storm_costs_bounded_retries_and_then_the_qp() {
     let qb = p.qb;
     p.b().rc_set_error(qb).unwrap();
     p.a()
-        .rc_post_send(
-            qa,
-            &RcSendWr {
-                wr_id: 1,
-                op: RcOp::Send,
-                local: Local::Inline(&[5; 3000]),
-                signaled: true,
-                solicited: false,
-            },
-        )
+        .rc_post_send(qa, &wr(1, RcOp::Send, Local::Inline(&[5; 3000])))
         .unwrap();
     let step = p.net.now + Duration::from_micros(10);
     p.net.run_until(step, &mut [], |_| false);
@@ -769,16 +717,6 @@ fn a_qp_failing_mid_send_flushes_the_receive_it_was_filling() {
     p.drain();
 }
 
-fn atomic_wr(wr_id: u64, op: RcOp, local: Sge) -> RcSendWr<'static> {
-    RcSendWr {
-        wr_id,
-        op,
-        local: Local::Sge(local),
-        signaled: true,
-        solicited: false,
-    }
-}
-
 /// 200 fetch-and-adds under 10% loss with reordering and duplication:
 /// each runs exactly once (the counter ends at 200 x 3 and every value
 /// found is a distinct step), duplicates answered from the saved result.
@@ -799,14 +737,14 @@ fn atomics_run_once_each_under_loss_and_duplication() {
         p.a()
             .rc_post_send(
                 qa,
-                &atomic_wr(
+                &wr(
                     i,
                     RcOp::FetchAdd {
                         remote_addr: target,
                         rkey: ib.rkey,
                         add: 3,
                     },
-                    local,
+                    Local::Sge(local),
                 ),
             )
             .unwrap();
@@ -835,7 +773,7 @@ fn atomics_run_once_each_under_loss_and_duplication() {
         p.a()
             .rc_post_send(
                 qa,
-                &atomic_wr(
+                &wr(
                     1000,
                     RcOp::CompareSwap {
                         remote_addr: target,
@@ -843,7 +781,7 @@ fn atomics_run_once_each_under_loss_and_duplication() {
                         compare,
                         swap,
                     },
-                    local,
+                    Local::Sge(local),
                 ),
             )
             .unwrap();
@@ -876,30 +814,23 @@ fn atomics_need_8_aligned_bytes_and_remote_atomic_access() {
     };
     assert_eq!(
         p.a()
-            .rc_post_send(qa, &atomic_wr(1, op(iro.addr + 4), local)),
+            .rc_post_send(qa, &wr(1, op(iro.addr + 4), Local::Sge(local))),
         Err(ustack::rc::RcError::AtomicShape)
     );
     let long = sge(p.a(), ma, 0, 16);
     assert_eq!(
-        p.a().rc_post_send(qa, &atomic_wr(1, op(iro.addr), long)),
+        p.a()
+            .rc_post_send(qa, &wr(1, op(iro.addr), Local::Sge(long))),
         Err(ustack::rc::RcError::AtomicShape)
     );
     assert_eq!(
-        p.a().rc_post_send(
-            qa,
-            &RcSendWr {
-                wr_id: 1,
-                op: op(iro.addr),
-                local: Local::Inline(&[0; 8]),
-                signaled: true,
-                solicited: false
-            }
-        ),
+        p.a()
+            .rc_post_send(qa, &wr(1, op(iro.addr), Local::Inline(&[0; 8]))),
         Err(ustack::rc::RcError::InlineRead)
     );
     // A region without remote atomic access: refused, nothing changed.
     p.a()
-        .rc_post_send(qa, &atomic_wr(2, op(iro.addr), local))
+        .rc_post_send(qa, &wr(2, op(iro.addr), Local::Sge(local)))
         .unwrap();
     let (wa, _) = p.run(1, 0, 10);
     assert_eq!(wa[0].status, WcStatus::RemoteAccessError);
