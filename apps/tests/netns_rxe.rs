@@ -1037,14 +1037,24 @@ fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
                     .unwrap(),
             );
             let deadline = Instant::now() + Duration::from_secs(30);
+            // The stock latency tools wait forever for a lost message:
+            // bounded here, so a hang fails with both sides' output.
             let stock = loop {
-                let (rc, out) = g.sh(&format!("{tool} {stock_args} {HOST_IP}"));
+                let (rc, out) = g.sh(&format!("timeout 60 {tool} {stock_args} {HOST_IP}"));
                 if rc == 0 || Instant::now() >= deadline || !out.contains("Couldn't connect") {
                     break format!("{out}exit={rc}\n");
                 }
                 std::thread::sleep(Duration::from_millis(300));
             };
             eprintln!("{tool} -s {size} client vs uperf --rdma rc server:\n{stock}");
+            if stock.contains("exit=124\n") {
+                let (code, out, err) = server.stop();
+                let moved = perftest_rc_rxe_counters(g);
+                panic!(
+                    "{tool} -s {size} client hung against uperf --rdma rc -s (60 s):\n{stock}\n\
+                     uperf server (exit {code}):\n{out}{err}\nrxe counters before {before:?}\nafter {moved:?}"
+                );
+            }
             let (code, out, err) = server.wait();
             eprintln!("{out}{err}");
             assert_eq!(code, 0, "{out}{err}\n{stock}");
