@@ -214,7 +214,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 struct InFlight {
     map: HashMap<u64, (u64, Instant)>,
     /// Keys in send order (deadlines ascending); answered ones stay until
-    /// their deadline.
+    /// those before them are answered or expire.
     order: VecDeque<(u64, u64, Instant)>,
 }
 
@@ -230,9 +230,22 @@ impl InFlight {
         match self.map.get(&key) {
             Some(&(id, _)) if ok(id) => {
                 self.map.remove(&key);
+                self.prune();
                 Some(id)
             }
             _ => None,
+        }
+    }
+
+    /// Forget answered probes at the front of the send order, so the next
+    /// deadline is an unanswered probe's (answers mostly come in order:
+    /// the loop does not wake for the deadlines of probes long answered).
+    fn prune(&mut self) {
+        while let Some(&(key, id, deadline)) = self.order.front() {
+            if self.map.get(&key) == Some(&(id, deadline)) {
+                break;
+            }
+            self.order.pop_front();
         }
     }
 
@@ -248,12 +261,14 @@ impl InFlight {
                 lost(id);
             }
         }
+        self.prune();
     }
 
     /// Remove every probe of series `id`; how many there were.
     fn drop_series(&mut self, id: u64) -> u64 {
         let before = self.map.len();
         self.map.retain(|_, (s, _)| *s != id);
+        self.prune();
         (before - self.map.len()) as u64
     }
 
@@ -1271,6 +1286,20 @@ impl App for MeshPinger {
         .flatten()
         .min()
     }
+
+    /// ICMP and UD replies are timed by the port's receive stamp, so while
+    /// only they are awaited the loop may leave them in the port until the
+    /// next send: one wake-up per send batch instead of one per reply.
+    /// UDP and TCP probes are timed when read: never with them.
+    fn rx_may_wait(&self) -> bool {
+        self.warm.done
+            && self.finished_at.is_none()
+            && self
+                .stats
+                .iter()
+                .all(|s| matches!(s.probe, Probe::Icmp | Probe::Ud))
+            && !(self.inflight_icmp.map.is_empty() && self.inflight_ud.map.is_empty())
+    }
 }
 
 #[cfg(test)]
@@ -1305,6 +1334,25 @@ mod test {
         assert_eq!(f.drop_series(12), 2);
         f.expire(at(1000), |id| lost.push(id));
         assert_eq!(lost, vec![11]);
+    }
+
+    #[test]
+    fn answered_probes_set_no_deadline() {
+        let mut f = InFlight::default();
+        for k in 1..=4 {
+            f.insert(k, 10, at(100 + k));
+        }
+        assert_eq!(f.take(1, |_| true), Some(10));
+        assert_eq!(f.next_deadline(), Some(at(102)), "1 was answered");
+        // Answered out of order: 3 waits behind 2 until 2 is settled.
+        assert_eq!(f.take(3, |_| true), Some(10));
+        assert_eq!(f.next_deadline(), Some(at(102)));
+        assert_eq!(f.take(2, |_| true), Some(10));
+        assert_eq!(f.next_deadline(), Some(at(104)), "2 and 3 answered");
+        assert_eq!(f.order.len(), 1);
+        assert_eq!(f.take(4, |_| true), Some(10));
+        assert_eq!(f.next_deadline(), None);
+        assert!(f.order.is_empty());
     }
 
     #[test]

@@ -183,6 +183,7 @@ impl Device for DpdkPort {
             mtu: self.mtu,
             busy_poll_only: true,
             offloads: self.offloads,
+            rx_timestamps: false,
         }
     }
 

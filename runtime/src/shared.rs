@@ -692,7 +692,7 @@ where
     if let Some(c) = cfg.core {
         crate::poll::pin_to_core(c)?;
     }
-    let mut backoff = Duration::from_micros(1);
+    let mut backoff = crate::poll::Backoff::new();
     // Once asked to stop: until when the loop still lets queued output leave.
     let mut draining: Option<ustack::Instant> = None;
     loop {
@@ -702,15 +702,13 @@ where
             // shared CPU, waking here would preempt it).
             Some(c) if !stop && shared.driving() && !shared.pause.load(Ordering::Acquire) => {
                 drop(c);
-                backoff = (backoff * 2).min(Duration::from_micros(100));
-                std::thread::park_timeout(backoff);
+                std::thread::park_timeout(backoff.yield_step(Duration::from_micros(100)));
                 continue;
             }
             Some(c) => c,
             // A caller drives the stack now: it runs the iterations.
             None if !stop && !shared.pause.load(Ordering::Acquire) => {
-                backoff = (backoff * 2).min(Duration::from_micros(100));
-                std::thread::park_timeout(backoff);
+                std::thread::park_timeout(backoff.yield_step(Duration::from_micros(100)));
                 continue;
             }
 
@@ -741,18 +739,21 @@ where
             continue;
         };
         if turn.busy {
-            backoff = Duration::from_micros(1);
+            backoff.reset();
             continue;
         }
         let until = [turn.poll_at, Some(next_stats), end]
             .into_iter()
             .fold(None, earliest)
             .unwrap_or(turn.now + max_sleep);
-        let sleep = backoff.min(until.saturating_duration_since(turn.now));
+        let sleep = backoff.next(
+            turn.now,
+            max_sleep,
+            until.saturating_duration_since(turn.now),
+        );
         if !sleep.is_zero() {
             // A socket call that gives the loop work unparks it.
             std::thread::park_timeout(sleep);
         }
-        backoff = (backoff * 2).min(max_sleep);
     }
 }

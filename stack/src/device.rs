@@ -47,6 +47,10 @@ pub struct DeviceCaps {
     pub busy_poll_only: bool,
     /// The work the port does on frames for the engine (none by default).
     pub offloads: Offloads,
+    /// The port stamps each received frame with when it arrived
+    /// ([`PacketBuf::rx_timestamp`]): an app that measures with those
+    /// stamps may let frames wait in the port ([`crate::node::App::rx_may_wait`]).
+    pub rx_timestamps: bool,
 }
 
 /// Work a port does on frames so the engine does not: checksums and TCP

@@ -46,7 +46,9 @@ pub struct PingReply {
     pub bytes: usize,
     /// Transmit time read back from the data, if it carried one.
     pub sent_at: Option<Instant>,
-    /// The poll loop's time when the reply was processed.
+    /// When the reply arrived, on the poll loop's clock: the port's receive
+    /// stamp where it has one (libpcap's kernel stamp), else the poll that
+    /// processed it.
     pub received_at: Instant,
 }
 
@@ -291,7 +293,7 @@ impl PingTable {
                     ttl: meta.ttl,
                     bytes: body.len(),
                     sent_at: echo_timestamp(data),
-                    received_at: now,
+                    received_at: link.rx_at.unwrap_or(now),
                 };
                 link.stats.icmp.rx_echo_replies += 1;
                 match self.deliver(reply.ident, PingEvent::Reply(reply)) {

@@ -80,6 +80,9 @@ pub(crate) struct Link {
     /// The frame being received had its transport checksum verified by
     /// the port.
     pub(crate) rx_l4_good: bool,
+    /// When the port received the frame being processed, where it stamps
+    /// frames ([`crate::pool::PacketBuf::rx_timestamp`]); never after `now`.
+    pub(crate) rx_at: Option<Instant>,
     arp: ArpCache,
     pub(crate) stats: Stats,
     /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
@@ -121,6 +124,7 @@ impl Link {
             checksum: ChecksumCapabilities::default(),
             offloads: Offloads::default(),
             rx_l4_good: false,
+            rx_at: None,
             stats: Stats::default(),
             ip_idents: ident_buckets(secret),
             ident_hash: foldhash::fast::FixedState::with_seed(secret.0 ^ secret.1.rotate_left(32)),

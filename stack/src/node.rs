@@ -50,6 +50,16 @@ pub trait App {
     fn poll_at(&self) -> Option<Instant> {
         None
     }
+    /// Whether received frames may wait in a port that stamps them
+    /// ([`crate::device::DeviceCaps::rx_timestamps`]) until the next
+    /// [`poll_at`](Self::poll_at) instead of waking the loop each: true
+    /// for an app whose measurements use those stamps (a ping's receive
+    /// times, [`crate::icmp::PingReply::received_at`] and UD receive
+    /// completions) and that needs nothing else answered sooner. The loop
+    /// then wakes once per timer, not once per frame. False by default.
+    fn rx_may_wait(&self) -> bool {
+        false
+    }
 }
 
 /// The app that does nothing (a stack that only answers).
@@ -76,6 +86,9 @@ impl<A: App> App for Vec<A> {
         } else {
             Control::Continue
         }
+    }
+    fn rx_may_wait(&self) -> bool {
+        !self.is_empty() && self.iter().all(|a| a.rx_may_wait())
     }
     fn poll_at(&self) -> Option<Instant> {
         self.iter().map(App::poll_at).fold(None, earliest)
@@ -213,6 +226,7 @@ impl<D: Device> Port<D> {
             let frame = buf.as_ref();
             stack.link.rx_l4_good =
                 crate::pool::PacketBuf::rx_checksum(&buf) == crate::device::RxChecksum::Good;
+            stack.link.rx_at = crate::pool::PacketBuf::rx_timestamp(&buf).map(|t| t.min(now));
             match self.shard.as_mut().map(|s| (s.route(frame), s)) {
                 None => stack.receive(now, frame, &mut tx),
                 Some((Route::Local, shard)) => {
@@ -231,6 +245,7 @@ impl<D: Device> Port<D> {
             // `buf` drops here: the frame's buffer goes back to its pool.
         }
         stack.link.rx_l4_good = false;
+        stack.link.rx_at = None;
         self.events.clear();
         stack.drain_events(&mut self.events);
         if !self.events.is_empty() {

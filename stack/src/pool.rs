@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use serde::Serialize;
 
 use crate::device::{RxChecksum, TxOffload};
+use crate::time::Instant;
 
 /// A packet buffer owned by a pool; returned to the pool when dropped.
 ///
@@ -37,6 +38,13 @@ pub trait PacketBuf: AsRef<[u8]> + AsMut<[u8]> {
     /// What the port found of this received frame's transport checksum.
     fn rx_checksum(&self) -> RxChecksum {
         RxChecksum::Unknown
+    }
+    /// When the port received this frame, on the poll loop's clock, where
+    /// it stamps frames ([`crate::device::DeviceCaps::rx_timestamps`]):
+    /// a frame that waited in the port before a poll read it keeps its
+    /// arrival time.
+    fn rx_timestamp(&self) -> Option<Instant> {
+        None
     }
 }
 
@@ -413,6 +421,7 @@ impl Pool for SlabPool {
                 pool: Some(pool),
                 tx_offload: None,
                 rx_checksum: RxChecksum::Unknown,
+                rx_at: None,
             }),
             None => {
                 self.inner.alloc_failures.fetch_add(1, Ordering::Relaxed);
@@ -444,6 +453,8 @@ pub struct SlabBuf {
     tx_offload: Option<TxOffload>,
     /// What a software port that models receive offloads found.
     rx_checksum: RxChecksum,
+    /// When the port received it (a port that stamps frames sets it).
+    rx_at: Option<Instant>,
 }
 
 impl SlabBuf {
@@ -462,6 +473,11 @@ impl SlabBuf {
         self.rx_checksum = c;
     }
 
+    /// Stamp when the port received this frame (on the poll loop's clock).
+    pub fn set_rx_timestamp(&mut self, at: Instant) {
+        self.rx_at = Some(at);
+    }
+
     /// Copy this buffer's frame into a fresh buffer from `pool`.
     pub fn try_clone_from(&self, pool: &SlabPool) -> Option<SlabBuf> {
         let mut b = pool.alloc()?;
@@ -471,6 +487,7 @@ impl SlabBuf {
         b.as_mut().copy_from_slice(self.as_ref());
         b.tx_offload = self.tx_offload;
         b.rx_checksum = self.rx_checksum;
+        b.rx_at = self.rx_at;
         Some(b)
     }
 }
@@ -506,6 +523,9 @@ impl PacketBuf for SlabBuf {
     }
     fn rx_checksum(&self) -> RxChecksum {
         self.rx_checksum
+    }
+    fn rx_timestamp(&self) -> Option<Instant> {
+        self.rx_at
     }
 }
 

@@ -348,6 +348,7 @@ impl SimLink {
             stats: PortStats::default(),
             mtu: w.cfg.mtu,
             rx_own_pool: false,
+            rx_timestamps: false,
             offloads: Offloads::default(),
         }
     }
@@ -396,6 +397,8 @@ pub struct SimPort {
     rx_own_pool: bool,
     /// The NIC offloads this port plays ([`SimLink::attach_offloaded`]).
     offloads: Offloads,
+    /// Stamp received frames with their delivery time.
+    rx_timestamps: bool,
 }
 
 impl SimPort {
@@ -412,6 +415,13 @@ impl SimPort {
     pub fn set_rx_own_pool(&mut self, on: bool) {
         self.rx_own_pool = on;
     }
+
+    /// Stamp each received frame with when the link delivered it
+    /// ([`PacketBuf::rx_timestamp`]), as libpcap's kernel stamps do: a
+    /// frame read by a later poll keeps its arrival time.
+    pub fn set_rx_timestamps(&mut self, on: bool) {
+        self.rx_timestamps = on;
+    }
 }
 
 impl Device for SimPort {
@@ -422,6 +432,7 @@ impl Device for SimPort {
             mtu: self.mtu,
             busy_poll_only: false,
             offloads: self.offloads,
+            rx_timestamps: self.rx_timestamps,
         }
     }
 
@@ -447,6 +458,9 @@ impl Device for SimPort {
                 f.buf
             };
             let mut buf = buf;
+            if self.rx_timestamps {
+                buf.set_rx_timestamp(f.at);
+            }
             if self.offloads.rx_checksum && crate::offload::l4_checksum_ok(buf.as_ref()) {
                 buf.set_rx_checksum(RxChecksum::Good);
             }

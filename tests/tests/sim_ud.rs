@@ -449,3 +449,91 @@ fn a_batching_pinger_keeps_its_rate_in_fewer_wakeups() {
         drain_and_check_pools(&mut net);
     }
 }
+
+/// A port that stamps arrivals (libpcap's kernel stamps; here the sim
+/// link's delivery time) dates UD receive completions and ICMP echo replies
+/// by when the frame arrived, not by the later poll that read it; without
+/// stamps they carry the poll's time.
+#[test]
+fn port_receive_stamps_date_ud_receives_and_echo_replies() {
+    for stamped in [true, false] {
+        let mut net = two_hosts(LinkConfig {
+            delay: DELAY,
+            ..LinkConfig::default()
+        });
+        for n in &mut net.nodes {
+            n.dev_mut().set_rx_timestamps(stamped);
+        }
+        assert_eq!(
+            ustack::device::Device::caps(net.nodes[0].dev()).rx_timestamps,
+            stamped
+        );
+        let qa = qp(&mut net.nodes[0].stack, None, QKEY);
+        let qb = qp(&mut net.nodes[1].stack, Some(77), QKEY);
+        for i in 0..2 {
+            net.nodes[1]
+                .stack
+                .post_recv(qb, i, vec![0; GRH_LEN + 64])
+                .unwrap();
+        }
+        let to_b = UdAddr { ip: B, qpn: 77 };
+        // The first SEND resolves B's address.
+        net.nodes[0]
+            .stack
+            .post_send(qa, &send(to_b, b"arp", None, 1))
+            .unwrap();
+        let mut got = Vec::new();
+        assert!(net.run_until(Instant::from_secs(5), &mut [], |n| {
+            got.extend(poll_all(&mut n.nodes[1].stack, qb));
+            !got.is_empty()
+        }));
+        // Now by hand: A sends at t0; B first polls 5 ms later.
+        let t0 = net.now + Duration::from_millis(1);
+        net.nodes[0]
+            .stack
+            .post_send(qa, &send(to_b, b"late", None, 2))
+            .unwrap();
+        net.nodes[0].step(t0, &mut ());
+        let late = t0 + Duration::from_millis(5);
+        net.nodes[1].step(late, &mut ());
+        let mut cqes = Vec::new();
+        net.nodes[1].stack.poll_cq(qb, late, 8, &mut cqes).unwrap();
+        assert_eq!(cqes.len(), 1, "{cqes:?}");
+        assert_eq!(cqes[0].payload(), b"late");
+        let arrived = cqes[0].timestamp;
+        if stamped {
+            assert!(
+                arrived >= t0 + DELAY && arrived < t0 + Duration::from_millis(1),
+                "stamped at {arrived}, sent at {t0}"
+            );
+        } else {
+            assert_eq!(arrived, late);
+        }
+
+        // ICMP: A pings B at t1, B answers at t1 + 1 ms, A reads at t1 + 4 ms.
+        let h = net.nodes[0].stack.ping_open(0x77).unwrap();
+        let t1 = late + Duration::from_millis(1);
+        net.nodes[0].stack.ping_send(h, B, 1, 16).unwrap();
+        net.nodes[0].step(t1, &mut ());
+        net.nodes[1].step(t1 + Duration::from_millis(1), &mut ());
+        net.nodes[0].step(t1 + Duration::from_millis(4), &mut ());
+        let Some(ustack::icmp::PingEvent::Reply(r)) = net.nodes[0].stack.ping_recv(h).unwrap()
+        else {
+            panic!("no echo reply");
+        };
+        let rtt = r.rtt().expect("the request carried its send time");
+        if stamped {
+            let answered = t1 + Duration::from_millis(1);
+            assert!(
+                r.received_at >= answered + DELAY && r.received_at < answered + DELAY * 4,
+                "reply stamped at {}, answered at {answered}",
+                r.received_at
+            );
+            assert!(rtt < Duration::from_millis(2), "rtt {rtt:?}");
+        } else {
+            assert_eq!(r.received_at, t1 + Duration::from_millis(4));
+            assert_eq!(rtt, Duration::from_millis(4));
+        }
+        drain_and_check_pools(&mut net);
+    }
+}

@@ -231,6 +231,33 @@ impl PcapPort {
     }
 }
 
+/// When a frame libpcap stamped `hdr.ts` (the kernel's receive time, wall
+/// clock, microseconds) arrived, on the loop's clock: `now` less how long
+/// before the wall clock's `wall` (read once per burst) it came. Never
+/// after `now`, and `now` itself when the age is over [`MAX_STAMP_AGE`]:
+/// a wall clock stepped either way cannot date a frame after its poll
+/// or far before it.
+fn arrival(now: Instant, wall: &mut Option<std::time::Duration>, hdr: &PacketHeader) -> Instant {
+    let wall = *wall.get_or_insert_with(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+    });
+    let (Ok(secs), Ok(micros)) = (u64::try_from(hdr.ts.tv_sec), u32::try_from(hdr.ts.tv_usec))
+    else {
+        return now;
+    };
+    let stamped = std::time::Duration::new(secs, micros.saturating_mul(1000));
+    match wall.saturating_sub(stamped) {
+        age if age <= MAX_STAMP_AGE => now - age,
+        _ => now,
+    }
+}
+
+/// The oldest a frame's libpcap stamp may be when read and still be
+/// trusted as its arrival time (the loop reads the ring far more often).
+const MAX_STAMP_AGE: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Device for PcapPort {
     type Buf = SlabBuf;
 
@@ -239,6 +266,7 @@ impl Device for PcapPort {
             mtu: self.mtu,
             busy_poll_only: false,
             offloads: Default::default(),
+            rx_timestamps: true,
         }
     }
 
@@ -255,6 +283,9 @@ impl Device for PcapPort {
             }
         }
         let mut n = 0;
+        // The wall clock when this burst began, read at the first frame:
+        // libpcap stamps frames on it (see `arrival`).
+        let mut wall = None;
         while n < max && self.failed.is_none() {
             let pkt = match self.cap.next_packet() {
                 Ok(p) => p,
@@ -265,6 +296,7 @@ impl Device for PcapPort {
                 }
             };
             let data: &[u8] = pkt.data;
+            let at = arrival(now, &mut wall, pkt.header);
             if data.len() > self.mtu + 14 {
                 // Merged by the kernel (GRO, or a local sender's TSO): cut
                 // back into segments that fit, if its checksum is one the
@@ -281,6 +313,7 @@ impl Device for PcapPort {
                             };
                             if buf.set_len(seg.len()) {
                                 buf.as_mut().copy_from_slice(seg);
+                                buf.set_rx_timestamp(at);
                                 stats.rx_packets += 1;
                                 stats.rx_bytes += seg.len() as u64;
                                 out.push(buf);
@@ -306,6 +339,7 @@ impl Device for PcapPort {
                 continue;
             }
             buf.as_mut().copy_from_slice(data);
+            buf.set_rx_timestamp(at);
             if offload::is_partial_checksum(data) {
                 self.stats.rx_partial_checksum += 1;
                 if self.accept_partial {
@@ -529,5 +563,36 @@ mod test {
         ] {
             assert_eq!(send_failure(m), SendFailure::Frame, "{m}");
         }
+    }
+
+    #[test]
+    fn kernel_stamps_become_loop_times_never_after_the_poll() {
+        use std::time::Duration;
+        let hdr = |secs: i64, micros: i64| PacketHeader {
+            ts: libc::timeval {
+                tv_sec: secs as _,
+                tv_usec: micros as _,
+            },
+            caplen: 60,
+            len: 60,
+        };
+        let now = Instant::from_secs(50);
+        let mut wall = Some(Duration::new(1_000, 500_000_000));
+        // 250 µs before the wall clock read: 250 µs before `now`.
+        assert_eq!(
+            arrival(now, &mut wall, &hdr(1_000, 499_750)),
+            now - Duration::from_micros(250)
+        );
+        // Stamped after the read (a clock stepped back): `now`.
+        assert_eq!(arrival(now, &mut wall, &hdr(1_000, 600_000)), now);
+        // Older than a second (a clock stepped forward): not trusted.
+        assert_eq!(arrival(now, &mut wall, &hdr(998, 0)), now);
+        // A stamp libpcap could not have made.
+        assert_eq!(arrival(now, &mut wall, &hdr(-1, 0)), now);
+        // The wall clock is read once, at the first frame of a burst.
+        let mut unread = None;
+        let at = arrival(now, &mut unread, &hdr(0, 0));
+        assert_eq!(at, now, "a 1970 stamp is too old");
+        assert!(unread.is_some());
     }
 }

@@ -149,9 +149,11 @@ pub enum WcStatus {
 pub enum TsSource {
     /// The NIC's completion timestamp (converted to nanoseconds of its clock).
     Nic,
-    /// The poll loop's `now`: when the packet was received, or when it was
-    /// written to the device (the stack's transport) or posted (a verbs
-    /// device without completion timestamps: when it left is unknown).
+    /// The poll loop's clock: when the port received the packet (its
+    /// receive stamp where it has one, as libpcap's kernel stamp, else the
+    /// poll that processed it), or when it was written to the device (the
+    /// stack's transport) or posted (a verbs device without completion
+    /// timestamps: when it left is unknown).
     Poll,
 }
 
@@ -443,7 +445,9 @@ impl UdTable {
             byte_len: need,
             imm: repr.imm,
             src: Some(src),
-            timestamp: now,
+            // The port's receive stamp where it has one (the frame may have
+            // waited in the port for the loop), else this poll.
+            timestamp: link.rx_at.unwrap_or(now),
             ts_source: TsSource::Poll,
             buf: Some(buf),
         });

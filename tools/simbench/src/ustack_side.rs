@@ -49,6 +49,7 @@ impl Device for QueueDev {
             mtu: 1500,
             busy_poll_only: false,
             offloads: self.offloads,
+            rx_timestamps: false,
         }
     }
 
