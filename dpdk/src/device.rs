@@ -9,6 +9,11 @@ use ustack::pool::{PacketBuf, Pool, PoolStats};
 use crate::port::{Port, PortConfig, PortQueue};
 use crate::{DpdkError, Eal, Mbuf, MbufPool};
 
+/// Mbufs of 64 KiB per queue for TSO segments (about 16 MiB): the port
+/// frees each once it has cut and sent it, and a dry pool only defers a
+/// segment (the engine sends it again).
+const TSO_MBUFS: u32 = 255;
+
 /// How to open a [`DpdkPort`].
 #[derive(Debug, Clone)]
 pub struct DpdkPortConfig {
@@ -53,7 +58,13 @@ pub struct DpdkPort {
     /// still alive.
     queue: ManuallyDrop<PortQueue>,
     pool: MbufPool,
-    /// Every queue's pool, for the leak check when the port closes.
+    /// Mbufs of 64 KiB for TSO segments, where the port has TSO.
+    tso_pool: Option<MbufPool>,
+    /// Bytes a frame in `pool` can hold.
+    small: usize,
+    /// The longest frame a TSO segment may be cut into (net_tap).
+    tso_frame_max: Option<u16>,
+    /// Every queue's pools, for the leak check when the port closes.
     all_pools: Vec<MbufPool>,
     mtu: usize,
     /// The offloads in use (from the port's capabilities).
@@ -121,15 +132,35 @@ impl DpdkPort {
         };
         let port = Port::open(eal, cfg.port, &pcfg, &pools)?;
         let info = port.info();
-        // TSO is not used: a TSO segment needs a chain of mbufs or a pool of
-        // 64 KiB ones, and net_tap (the one port here that offers it) sent
-        // the first segment of a connection and dropped the rest.
+        // TSO segments are built whole in mbufs of a second, small pool per
+        // queue with the largest data room an mbuf has (64 KiB).
+        let tso_pools = if info.tso_on {
+            (0..queues)
+                .map(|q| {
+                    let name = match q {
+                        0 => format!("ustack-p{}-tso", cfg.port),
+                        _ => format!("ustack-p{}-q{q}-tso", cfg.port),
+                    };
+                    MbufPool::new(eal, &name, TSO_MBUFS, u16::MAX, None).map(Some)
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            vec![None; usize::from(queues)]
+        };
+        let tso_max = tso_pools.first().and_then(|p| p.as_ref()).map_or(0, |p| {
+            p.data_room().saturating_sub(14).min(usize::from(u16::MAX))
+        });
         let offloads = ustack::Offloads {
             tx_tcp_checksum: info.tx_tcp_checksum_on,
             rx_checksum: info.rx_tcp_checksum_on,
-            tso_max: 0,
+            tso_max,
             rx_large: false,
         };
+        // net_tap refuses a TSO frame whose segments, Ethernet header
+        // included, exceed the MTU (it counts the 14 bytes an MTU leaves
+        // out): its segments are cut 14 bytes shorter.
+        let tso_frame_max = (tso_max > 0 && info.driver == "net_tap")
+            .then(|| u16::try_from(cfg.mtu).unwrap_or(u16::MAX));
 
         let deadline = std::time::Instant::now() + cfg.link_wait;
         while port.link().is_some_and(|l| !l.up) && std::time::Instant::now() < deadline {
@@ -144,14 +175,24 @@ impl DpdkPort {
             cfg.mbufs
         );
         tracing::debug!("DPDK port {} offloads: {offloads:?}", cfg.port);
+        let small = room - dpdk_sys::RTE_PKTMBUF_HEADROOM as usize;
+        let all_pools: Vec<MbufPool> = pools
+            .iter()
+            .cloned()
+            .chain(tso_pools.iter().flatten().cloned())
+            .collect();
         Ok(port
             .into_queues()
             .into_iter()
             .zip(pools.iter().cloned())
-            .map(|(queue, pool)| DpdkPort {
+            .zip(tso_pools)
+            .map(|((queue, pool), tso_pool)| DpdkPort {
                 queue: ManuallyDrop::new(queue),
                 pool,
-                all_pools: pools.clone(),
+                tso_pool,
+                small,
+                tso_frame_max,
+                all_pools: all_pools.clone(),
                 mtu: cfg.mtu,
                 offloads,
                 tx_refused: 0,
@@ -208,6 +249,11 @@ impl Device for DpdkPort {
     }
 
     fn tx_burst(&mut self, _: Instant, pkts: &mut Vec<Mbuf>) -> usize {
+        if let Some(max) = self.tso_frame_max {
+            for m in pkts.iter_mut() {
+                m.clamp_tso_frame(max);
+            }
+        }
         let bytes: u64 = pkts.iter().map(|m| m.len() as u64).sum();
         let n = self.queue.tx_burst(pkts);
         let refused: u64 = pkts.iter().map(|m| m.len() as u64).sum();
@@ -219,6 +265,13 @@ impl Device for DpdkPort {
 
     fn alloc_tx(&mut self) -> Option<Mbuf> {
         self.pool.alloc()
+    }
+
+    fn alloc_tx_len(&mut self, len: usize) -> Option<Mbuf> {
+        match &self.tso_pool {
+            Some(tso) if len > self.small => tso.alloc(),
+            _ => self.pool.alloc(),
+        }
     }
 
     fn wait_rx(&mut self, timeout: std::time::Duration) -> bool {
@@ -256,6 +309,9 @@ impl Device for DpdkPort {
             s.alloc_failures += self.queue.port().stats().rx_nombuf;
         }
         out.push(s);
+        if let Some(tso) = &self.tso_pool {
+            out.push(tso.stats());
+        }
     }
 }
 

@@ -136,6 +136,11 @@ impl MbufPool {
         self.inner.capacity
     }
 
+    /// Bytes of frame each mbuf holds (its data room less the headroom).
+    pub fn data_room(&self) -> usize {
+        self.inner.buf_size
+    }
+
     pub(crate) fn raw(&self) -> *mut rte_mempool {
         self.inner.mp.as_ptr()
     }
@@ -207,6 +212,15 @@ impl Mbuf {
 
     pub(crate) fn as_raw(&self) -> *mut rte_mbuf {
         self.ptr.as_ptr()
+    }
+
+    /// Lower a TSO frame's segment size so each frame it is cut into
+    /// (headers included) is at most `max_frame` bytes; other frames are
+    /// left alone.
+    pub(crate) fn clamp_tso_frame(&mut self, max_frame: u16) {
+        // SAFETY: `ptr` is a valid mbuf we own exclusively; the shim only
+        // reads its offload fields and lowers `tso_segsz`.
+        unsafe { dpdk_sys::ustack_mbuf_clamp_tso_frame(self.ptr.as_ptr(), max_frame) }
     }
 
     /// Segments in the chain (1 for everything this crate hands out).
@@ -296,9 +310,19 @@ impl PacketBuf for Mbuf {
     fn set_tx_offload(&mut self, o: TxOffload) {
         use dpdk_sys::offload::*;
         // The port fills the TCP checksum over the pseudo-header sum the
-        // engine left; the IPv4 header checksum is already written (this
-        // port is never asked for TSO: see `DpdkPort::open_queues`).
-        let flags = RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_TCP_CKSUM;
+        // engine left; the IPv4 header checksum is already written.
+        let mut flags = RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_TCP_CKSUM;
+        if o.tso_segsz > 0 {
+            // A TSO segment (the engine asks only when its payload exceeds
+            // one segment, and left the pseudo-header sum without the
+            // length): DPDK's contract for IPv4 TSO also asks the port for
+            // each frame's IPv4 checksum, over a zeroed field.
+            flags |= RTE_MBUF_F_TX_TCP_SEG | RTE_MBUF_F_TX_IP_CKSUM;
+            let at = usize::from(o.l2_len) + 10;
+            if let Some(field) = self.as_mut().get_mut(at..at + 2) {
+                field.fill(0);
+            }
+        }
         // SAFETY: `ptr` is a valid mbuf we own exclusively; the shim only
         // sets its offload fields.
         unsafe {

@@ -66,6 +66,8 @@ pub struct PortInfo {
     pub tx_tcp_checksum_on: bool,
     /// On: TCP checksum verified on receive (flags in each mbuf).
     pub rx_tcp_checksum_on: bool,
+    /// On: TCP segmentation offload (with the transmit checksums).
+    pub tso_on: bool,
     pub promiscuous: bool,
     /// Receive queues configured.
     pub rx_queues: u16,
@@ -262,9 +264,16 @@ impl Port {
             dev.rx_offload_capa,
             RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_TCP_CKSUM,
         );
+        // TSO only with the checksums it implies.
+        let tso = if tx_csum != 0 {
+            want(dev.tx_offload_capa, RTE_ETH_TX_OFFLOAD_TCP_TSO)
+        } else {
+            0
+        };
         conf.rxmode.offloads = rx_csum;
         // Every transmitted mbuf comes from our pools with refcount 1.
-        conf.txmode.offloads = tx_csum | (dev.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE);
+        conf.txmode.offloads =
+            tx_csum | tso | (dev.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE);
         // Several rx queues: symmetric RSS where the port hashes (both
         // directions of a flow on one queue; see `ustack::rss`). Ports that
         // do not (memif pairs queues with its peer's, af_packet fans out by
@@ -380,6 +389,7 @@ impl Port {
                     != 0,
                 tx_tcp_checksum_on: tx_csum != 0,
                 rx_tcp_checksum_on: rx_csum != 0,
+                tso_on: tso != 0,
                 promiscuous: false,
                 rx_queues: cfg.rx_queues,
                 rss,

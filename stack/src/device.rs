@@ -117,6 +117,13 @@ pub trait Device {
     fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<Self::Buf>) -> usize;
     /// A buffer to build a frame in, or `None` when the pool is dry.
     fn alloc_tx(&mut self) -> Option<Self::Buf>;
+    /// A buffer for a frame of `len` bytes: a port that keeps a pool of
+    /// large buffers for TSO segments hands one from it when `len` needs
+    /// it. By default, [`alloc_tx`](Self::alloc_tx).
+    fn alloc_tx_len(&mut self, len: usize) -> Option<Self::Buf> {
+        let _ = len;
+        self.alloc_tx()
+    }
     /// The port's counters now.
     fn port_stats(&self) -> PortStats;
     /// Push the stats of every pool this device owns.
@@ -249,7 +256,7 @@ impl<D: Device> DeviceTx<'_, D> {
         offload: Option<TxOffload>,
         fill: F,
     ) -> bool {
-        let Some(mut buf) = self.dev.alloc_tx() else {
+        let Some(mut buf) = self.dev.alloc_tx_len(len) else {
             self.dropped += 1;
             return false;
         };

@@ -56,6 +56,16 @@ void ustack_mbuf_tx_offload(struct rte_mbuf *m, uint64_t flags, uint16_t l2_len,
 
 uint64_t ustack_mbuf_ol_flags(const struct rte_mbuf *m) { return m->ol_flags; }
 
+void ustack_mbuf_clamp_tso_frame(struct rte_mbuf *m, uint16_t max_frame)
+{
+	uint32_t headers = (uint32_t)m->l2_len + m->l3_len + m->l4_len;
+
+	if (!(m->ol_flags & RTE_MBUF_F_TX_TCP_SEG) || headers >= max_frame)
+		return;
+	if (m->tso_segsz + headers > max_frame)
+		m->tso_segsz = (uint16_t)(max_frame - headers);
+}
+
 int ustack_link_get(uint16_t port, uint32_t *speed_mbps, int *up, int *full_duplex)
 {
 	struct rte_eth_link link;
@@ -83,12 +93,14 @@ int ustack_macaddr_get(uint16_t port, uint8_t out[6])
 _Static_assert(RTE_ETH_TX_OFFLOAD_IPV4_CKSUM == (1ULL << 1), "tx ipv4 cksum");
 _Static_assert(RTE_ETH_TX_OFFLOAD_UDP_CKSUM == (1ULL << 2), "tx udp cksum");
 _Static_assert(RTE_ETH_TX_OFFLOAD_TCP_CKSUM == (1ULL << 3), "tx tcp cksum");
+_Static_assert(RTE_ETH_TX_OFFLOAD_TCP_TSO == (1ULL << 5), "tx tso");
 _Static_assert(RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE == (1ULL << 16), "mbuf fast free");
 _Static_assert(RTE_MBUF_F_RX_L4_CKSUM_BAD == (1ULL << 3), "mbuf rx l4 bad");
 _Static_assert(RTE_MBUF_F_RX_L4_CKSUM_GOOD == (1ULL << 8), "mbuf rx l4 good");
 _Static_assert(RTE_ETH_RX_OFFLOAD_IPV4_CKSUM == (1ULL << 1), "rx ipv4 cksum");
 _Static_assert(RTE_ETH_RX_OFFLOAD_UDP_CKSUM == (1ULL << 2), "rx udp cksum");
 _Static_assert(RTE_ETH_RX_OFFLOAD_TCP_CKSUM == (1ULL << 3), "rx tcp cksum");
+_Static_assert(RTE_MBUF_F_TX_TCP_SEG == (1ULL << 50), "mbuf tx tso");
 _Static_assert(RTE_MBUF_F_TX_TCP_CKSUM == (1ULL << 52), "mbuf tx tcp");
 _Static_assert(RTE_MBUF_F_TX_UDP_CKSUM == (3ULL << 52), "mbuf tx udp");
 _Static_assert(RTE_MBUF_F_TX_IP_CKSUM == (1ULL << 54), "mbuf tx ip");

@@ -43,6 +43,9 @@ uint8_t *ustack_mbuf_prepend(struct rte_mbuf *m, uint16_t len);
 void ustack_mbuf_tx_offload(struct rte_mbuf *m, uint64_t flags, uint16_t l2_len, uint16_t l3_len,
 			    uint16_t l4_len, uint16_t tso_segsz);
 uint64_t ustack_mbuf_ol_flags(const struct rte_mbuf *m);
+/* Lower a TSO frame's segment size so each frame cut from it, headers
+ * included, is at most `max_frame` bytes (no-op for other frames). */
+void ustack_mbuf_clamp_tso_frame(struct rte_mbuf *m, uint16_t max_frame);
 
 /* Link state without the bitfields. */
 int ustack_link_get(uint16_t port, uint32_t *speed_mbps, int *up, int *full_duplex);

@@ -22,12 +22,14 @@ pub mod offload {
     pub const RTE_ETH_TX_OFFLOAD_IPV4_CKSUM: u64 = 1 << 1;
     pub const RTE_ETH_TX_OFFLOAD_UDP_CKSUM: u64 = 1 << 2;
     pub const RTE_ETH_TX_OFFLOAD_TCP_CKSUM: u64 = 1 << 3;
+    pub const RTE_ETH_TX_OFFLOAD_TCP_TSO: u64 = 1 << 5;
     pub const RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE: u64 = 1 << 16;
     pub const RTE_ETH_RX_OFFLOAD_IPV4_CKSUM: u64 = 1 << 1;
     pub const RTE_ETH_RX_OFFLOAD_UDP_CKSUM: u64 = 1 << 2;
     pub const RTE_ETH_RX_OFFLOAD_TCP_CKSUM: u64 = 1 << 3;
     pub const RTE_MBUF_F_RX_L4_CKSUM_BAD: u64 = 1 << 3;
     pub const RTE_MBUF_F_RX_L4_CKSUM_GOOD: u64 = 1 << 8;
+    pub const RTE_MBUF_F_TX_TCP_SEG: u64 = 1 << 50;
     pub const RTE_MBUF_F_TX_TCP_CKSUM: u64 = 1 << 52;
     pub const RTE_MBUF_F_TX_UDP_CKSUM: u64 = 3 << 52;
     pub const RTE_MBUF_F_TX_IP_CKSUM: u64 = 1 << 54;

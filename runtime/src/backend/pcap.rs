@@ -516,6 +516,10 @@ impl<D: Device> Device for Captured<D> {
         self.inner.alloc_tx()
     }
 
+    fn alloc_tx_len(&mut self, len: usize) -> Option<D::Buf> {
+        self.inner.alloc_tx_len(len)
+    }
+
     fn port_stats(&self) -> PortStats {
         self.inner.port_stats()
     }
