@@ -27,8 +27,11 @@ pub struct DpdkPortConfig {
     /// How long `open` waits for the link to come up (a memif client
     /// connects within about a second); the port is used either way.
     pub link_wait: std::time::Duration,
-    /// Use the port's TCP checksum offloads where it has them.
+    /// Use the port's TCP checksum offloads and TSO where it has them.
     pub offloads: bool,
+    /// Use TSO also on net_tap, which segments in software in the loop's
+    /// thread (see [`PortConfig::software_tso`]).
+    pub software_tso: bool,
 }
 
 impl DpdkPortConfig {
@@ -40,6 +43,7 @@ impl DpdkPortConfig {
             promiscuous: true,
             link_wait: std::time::Duration::from_secs(2),
             offloads: true,
+            software_tso: false,
         }
     }
 }
@@ -129,6 +133,7 @@ impl DpdkPort {
             promiscuous: cfg.promiscuous,
             offloads: cfg.offloads,
             rx_interrupts: true,
+            software_tso: cfg.software_tso,
         };
         let port = Port::open(eal, cfg.port, &pcfg, &pools)?;
         let info = port.info();

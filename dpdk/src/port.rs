@@ -32,6 +32,12 @@ pub struct PortConfig {
     /// receive interrupt is a descriptor readable while frames wait
     /// (net_tap: the tap's own descriptor). See [`PortQueue::wait_rx`].
     pub rx_interrupts: bool,
+    /// Turn on TCP segmentation offload also where the driver segments in
+    /// software in the transmitting thread (net_tap: `rte_gso` and a
+    /// checksum pass per segment, dearer than the engine's own segments,
+    /// whose checksum is summed while copying). Other ports that offer
+    /// TSO get it with `offloads`.
+    pub software_tso: bool,
 }
 
 impl Default for PortConfig {
@@ -45,6 +51,7 @@ impl Default for PortConfig {
             promiscuous: true,
             offloads: true,
             rx_interrupts: true,
+            software_tso: false,
         }
     }
 }
@@ -264,8 +271,9 @@ impl Port {
             dev.rx_offload_capa,
             RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_TCP_CKSUM,
         );
-        // TSO only with the checksums it implies.
-        let tso = if tx_csum != 0 {
+        // TSO only with the checksums it implies, and on net_tap only when
+        // asked (see `PortConfig::software_tso`).
+        let tso = if tx_csum != 0 && (driver != "net_tap" || cfg.software_tso) {
             want(dev.tx_offload_capa, RTE_ETH_TX_OFFLOAD_TCP_TSO)
         } else {
             0

@@ -81,6 +81,11 @@ pub struct NetArgs {
     /// port offers checksum offload.
     #[arg(long, requires = "dpdk", hide = !cfg!(feature = "dpdk"))]
     pub no_offloads: bool,
+    /// With --dpdk: use TCP segmentation offload also on net_tap, whose
+    /// driver segments in software in the loop's thread (other ports that
+    /// offer TSO use it by default).
+    #[arg(long, requires = "dpdk", conflicts_with = "no_offloads", hide = !cfg!(feature = "dpdk"))]
+    pub tso: bool,
     /// Publish telemetry on this Unix socket.
     #[arg(long, value_name = "PATH")]
     pub telemetry: Option<PathBuf>,
@@ -237,7 +242,8 @@ impl NetArgs {
             .mtu(usize::from(self.mtu))
             .rcvbuf_max(self.rcvbuf_max as usize)
             .backoff(self.backoff)
-            .offloads(!self.no_offloads);
+            .offloads(!self.no_offloads)
+            .software_tso(self.tso);
         b = match (&self.pcap, &self.dpdk) {
             (Some(iface), _) => b.pcap(iface),
             (_, Some(eal)) => b.dpdk(eal).dpdk_port(self.dpdk_port, self.dpdk_mbufs),

@@ -141,8 +141,11 @@ pub struct NetConfig {
     pub cores: Option<Vec<usize>>,
     /// Keep the idle back-off on pinned cores instead of busy-polling.
     pub backoff: bool,
-    /// Use the port's offloads (DPDK: TCP checksums) where it has them.
+    /// Use the port's offloads (DPDK: TCP checksums, TSO) where it has them.
     pub offloads: bool,
+    /// DPDK: use TSO also on net_tap, which segments in software in the
+    /// loop's thread.
+    pub software_tso: bool,
     /// Publish telemetry on this Unix socket (a path, or a bare name in
     /// [`crate::telemetry::default_dir`]).
     pub telemetry: Option<PathBuf>,
@@ -237,6 +240,7 @@ pub struct Builder {
     cores: Option<Vec<usize>>,
     backoff: bool,
     no_offloads: bool,
+    software_tso: bool,
     telemetry: Option<PathBuf>,
     capture: Option<PathBuf>,
     impair: Option<LinkConfig>,
@@ -339,6 +343,14 @@ impl Builder {
     /// with TCP checksum offload), or compute everything in software.
     pub fn offloads(mut self, on: bool) -> Self {
         self.no_offloads = !on;
+        self
+    }
+
+    /// DPDK: use TSO also on net_tap, whose driver segments in software in
+    /// the loop's thread (off by default: dearer than the engine's own
+    /// segments; other ports that offer TSO use it with the offloads).
+    pub fn software_tso(mut self, on: bool) -> Self {
+        self.software_tso = on;
         self
     }
 
@@ -506,6 +518,7 @@ impl Builder {
             cores: self.cores,
             backoff: self.backoff,
             offloads: !self.no_offloads,
+            software_tso: self.software_tso,
             telemetry: self.telemetry,
             capture: self.capture,
             impair: self.impair,
@@ -912,6 +925,7 @@ fn dpdk_port_config(cfg: &NetConfig) -> ustack_dpdk::DpdkPortConfig {
     pcfg.mbufs = mbufs;
     pcfg.mtu = cfg.stack.mtu;
     pcfg.offloads = cfg.offloads;
+    pcfg.software_tso = cfg.software_tso;
     pcfg
 }
 
