@@ -33,7 +33,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use ustack::icmp::{PingEvent, PingHandle};
-use ustack::node::{App, Control};
+use ustack::node::{App, Control, RxWait};
 use ustack::tcp::{State, TcpHandle};
 use ustack::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, RESPONDER_QPN, SendWr, UdAddr,
@@ -1288,17 +1288,25 @@ impl App for MeshPinger {
     }
 
     /// ICMP and UD replies are timed by the port's receive stamp, so while
-    /// only they are awaited the loop may leave them in the port until the
-    /// next send: one wake-up per send batch instead of one per reply.
-    /// UDP and TCP probes are timed when read: never with them.
-    fn rx_may_wait(&self) -> bool {
-        self.warm.done
-            && self.finished_at.is_none()
-            && self
-                .stats
-                .iter()
-                .all(|s| matches!(s.probe, Probe::Icmp | Probe::Ud))
-            && !(self.inflight_icmp.map.is_empty() && self.inflight_ud.map.is_empty())
+    /// only they are awaited the loop may leave them in a port that stamps
+    /// frames until the next send: one wake-up per send batch instead of
+    /// one per reply. UDP and TCP probes (and connects) are timed when
+    /// read: while one is awaited, frames are read as they come.
+    fn rx_wait(&self) -> RxWait {
+        if !self.warm.done || self.finished_at.is_some() {
+            return RxWait::Prompt;
+        }
+        let connecting = self
+            .stats
+            .iter()
+            .any(|s| s.tcp.h.is_some() && !s.tcp.established);
+        if connecting || !self.inflight_udp.map.is_empty() || !self.inflight_tcp.map.is_empty() {
+            RxWait::Prompt
+        } else if !(self.inflight_icmp.map.is_empty() && self.inflight_ud.map.is_empty()) {
+            RxWait::Stamped
+        } else {
+            RxWait::Nothing
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ustack::device::Device;
-use ustack::node::{App, Node, Snapshot};
+use ustack::node::{App, Node, RxWait, Snapshot};
 use ustack::sim::SimNet;
 use ustack::time::earliest;
 
@@ -58,6 +58,11 @@ impl Backoff {
     /// Something happened: the next sleep is short again.
     pub(crate) fn reset(&mut self) {
         *self = Backoff::new();
+    }
+
+    /// Make the next step the longest (`max_sleep`) at once.
+    pub(crate) fn longest(&mut self, max_sleep: Duration) {
+        self.step = self.step.max(max_sleep);
     }
 
     /// The next pause of a loop giving way to a caller that drives the
@@ -161,7 +166,7 @@ pub fn run<D: Device, A: App + ?Sized>(
     let mut backoff = Backoff::new();
     let mut told_conflict = false;
     // Frames may wait, stamped, in a port that stamps them for an app
-    // that measures with the stamps (see `App::rx_may_wait`).
+    // that measures with the stamps (see `RxWait::Stamped`).
     let stamps = node.dev().caps().rx_timestamps;
     let mut on_stats = |s: &Snapshot| {
         if let Some(feed) = &cfg.metrics {
@@ -200,7 +205,8 @@ pub fn run<D: Device, A: App + ?Sized>(
         if until.is_zero() {
             continue;
         }
-        if stamps && app.rx_may_wait() {
+        let wait = app.rx_wait();
+        if stamps && wait == RxWait::Stamped {
             // Replies wait in the port with their arrival stamped: one
             // wake-up per timer (a ping's next send), not one per frame.
             std::thread::sleep(until.min(MAX_RX_WAIT));
@@ -212,6 +218,11 @@ pub fn run<D: Device, A: App + ?Sized>(
         if node.dev_mut().wait_rx(until.min(MAX_DEVICE_WAIT)) {
             continue;
         }
+        if wait == RxWait::Nothing {
+            // Awaiting nothing, on a port that cannot wake us: poll it at
+            // the back-off's longest step, not from 1 µs up.
+            backoff.longest(max_sleep);
+        }
         std::thread::sleep(backoff.next(now, max_sleep, until));
     }
 }
@@ -221,7 +232,7 @@ pub fn run<D: Device, A: App + ?Sized>(
 pub const MAX_DEVICE_WAIT: Duration = Duration::from_millis(50);
 
 /// Longest sleep while frames may wait, stamped, in the port
-/// ([`App::rx_may_wait`]): how late an ARP request or an echo request from
+/// ([`RxWait::Stamped`]): how late an ARP request or an echo request from
 /// another host may be answered while a ping's replies are batched.
 pub const MAX_RX_WAIT: Duration = Duration::from_millis(1);
 

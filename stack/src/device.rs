@@ -49,7 +49,7 @@ pub struct DeviceCaps {
     pub offloads: Offloads,
     /// The port stamps each received frame with when it arrived
     /// ([`PacketBuf::rx_timestamp`]): an app that measures with those
-    /// stamps may let frames wait in the port ([`crate::node::App::rx_may_wait`]).
+    /// stamps may let frames wait in the port ([`crate::node::RxWait::Stamped`]).
     pub rx_timestamps: bool,
 }
 

@@ -50,15 +50,40 @@ pub trait App {
     fn poll_at(&self) -> Option<Instant> {
         None
     }
-    /// Whether received frames may wait in a port that stamps them
-    /// ([`crate::device::DeviceCaps::rx_timestamps`]) until the next
-    /// [`poll_at`](Self::poll_at) instead of waking the loop each: true
-    /// for an app whose measurements use those stamps (a ping's receive
-    /// times, [`crate::icmp::PingReply::received_at`] and UD receive
-    /// completions) and that needs nothing else answered sooner. The loop
-    /// then wakes once per timer, not once per frame. False by default.
-    fn rx_may_wait(&self) -> bool {
-        false
+    /// What the app awaits from the port now, so an idle loop knows how
+    /// promptly it must read frames: [`RxWait::Prompt`] by default.
+    fn rx_wait(&self) -> RxWait {
+        RxWait::Prompt
+    }
+}
+
+/// How promptly an app needs received frames read ([`App::rx_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxWait {
+    /// Read each frame as it comes (the loop waits on the port's wake-up,
+    /// or backs off from short sleeps).
+    Prompt,
+    /// Only replies the app times by the port's receive stamps
+    /// ([`crate::device::DeviceCaps::rx_timestamps`]: a ping's
+    /// [`crate::icmp::PingReply::received_at`], UD receive completions):
+    /// on a port that stamps frames they may wait until the app's next
+    /// [`App::poll_at`], so the loop wakes once per timer, not once per
+    /// frame; on one that does not, as `Prompt`.
+    Stamped,
+    /// Nothing: frames may wait a while (a port without a wake-up is
+    /// polled at the back-off's longest step, not from short sleeps).
+    Nothing,
+}
+
+impl RxWait {
+    /// The most urgent of two apps' needs.
+    pub fn most_urgent(self, other: RxWait) -> RxWait {
+        use RxWait::*;
+        match (self, other) {
+            (Prompt, _) | (_, Prompt) => Prompt,
+            (Stamped, _) | (_, Stamped) => Stamped,
+            (Nothing, Nothing) => Nothing,
+        }
     }
 }
 
@@ -87,8 +112,11 @@ impl<A: App> App for Vec<A> {
             Control::Continue
         }
     }
-    fn rx_may_wait(&self) -> bool {
-        !self.is_empty() && self.iter().all(|a| a.rx_may_wait())
+    fn rx_wait(&self) -> RxWait {
+        self.iter()
+            .map(|a| a.rx_wait())
+            .reduce(RxWait::most_urgent)
+            .unwrap_or(RxWait::Prompt)
     }
     fn poll_at(&self) -> Option<Instant> {
         self.iter().map(App::poll_at).fold(None, earliest)
@@ -348,5 +376,32 @@ impl<D: Device> Node<D> {
     /// The counters of this node at `now` (what telemetry publishes).
     pub fn snapshot(&self, now: Instant) -> Snapshot {
         self.port.snapshot(&self.stack, now)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    struct Waits(RxWait);
+
+    impl App for Waits {
+        fn poll(&mut self, _: Instant, _: &mut Stack) -> Control {
+            Control::Continue
+        }
+        fn rx_wait(&self) -> RxWait {
+            self.0
+        }
+    }
+
+    #[test]
+    fn several_apps_wait_as_the_most_urgent_one() {
+        use RxWait::*;
+        let of = |w: &[RxWait]| w.iter().map(|&w| Waits(w)).collect::<Vec<_>>().rx_wait();
+        assert_eq!(of(&[]), Prompt, "no app: read frames as they come");
+        assert_eq!(of(&[Nothing, Nothing]), Nothing);
+        assert_eq!(of(&[Nothing, Stamped]), Stamped);
+        assert_eq!(of(&[Stamped, Prompt, Nothing]), Prompt);
+        assert_eq!(().rx_wait(), Prompt, "by default");
     }
 }
