@@ -14,8 +14,10 @@
 #       Boots the guest in the foreground (run it inside the namespace that
 #       holds TAP). Its eth0 is on TAP with IP/LEN and MAC, offloads off, and
 #       `rxe0` on top of it. The guest's console goes to LOG; CTL is a Unix
-#       socket where a shell reads one command per line and ends each
-#       command's output with a line `@@rc=N`.
+#       socket where a shell reads one command per line, `@@cmd COMMAND`,
+#       runs it with stdin from /dev/null and ends its output with a line
+#       `@@rc=N`; a line without the `@@cmd ` start (damaged on the way)
+#       is answered `@@garbled`, for the sender to send again.
 #
 # Needs root for nothing but the tap; packages: qemu-system-x86,
 # busybox-static, rdma-core, ibverbs-utils, ibverbs-providers, perftest,
@@ -100,8 +102,10 @@ stty -F /dev/ttyS1 raw -echo
 exec setsid sh -c 'exec </dev/ttyS1 >/dev/ttyS1 2>&1
 echo "@@ready"
 while IFS= read -r line; do
-  sh -c "$line"
-  echo "@@rc=$?"
+  case "$line" in
+  "@@cmd "*) sh -c "${line#@@cmd }" </dev/null; echo "@@rc=$?" ;;
+  *) echo "@@garbled" ;;
+  esac
 done'
 EOF
   chmod +x "$1/init"

@@ -174,6 +174,9 @@ impl App for PingFront {
     fn poll_at(&self) -> Option<Instant> {
         self.pinger.next_wakeup()
     }
+    fn rx_wait(&self) -> ustack::node::RxWait {
+        self.pinger.rx_wait()
+    }
 }
 
 /// Runs `uping --rdma` on a node.

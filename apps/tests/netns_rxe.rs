@@ -202,27 +202,41 @@ impl Guest {
     }
 
     /// Runs `cmd` in the guest's shell: (exit status, output).
+    ///
+    /// Each command goes as one `@@cmd ` line, its stdin /dev/null (so no
+    /// command or its background children can read the channel). A line
+    /// that arrives without its start (seen twice under load: a command
+    /// line's first bytes lost, cause not found) is answered `@@garbled`
+    /// and sent again.
     fn sh(&mut self, cmd: &str) -> (i32, String) {
-        let s = self.ctl.get_mut();
-        s.write_all(cmd.as_bytes()).unwrap();
-        s.write_all(b"\n").unwrap();
         let mut out = String::new();
         let mut line = String::new();
-        loop {
-            line.clear();
-            let n = self
-                .ctl
-                .read_line(&mut line)
-                .unwrap_or_else(|e| panic!("guest shell, running {cmd:?}: {e}\n{out}"));
-            assert!(
-                n > 0,
-                "guest shell closed running {cmd:?}\n{}",
-                self.console()
-            );
-            if let Some(rc) = line.trim_end().strip_prefix("@@rc=") {
-                return (rc.parse().unwrap_or(-1), out);
+        let mut sends = 0;
+        'send: loop {
+            sends += 1;
+            assert!(sends <= 3, "guest shell garbled {cmd:?} three times\n{out}");
+            let s = self.ctl.get_mut();
+            s.write_all(format!("@@cmd {cmd}\n").as_bytes()).unwrap();
+            loop {
+                line.clear();
+                let n = self
+                    .ctl
+                    .read_line(&mut line)
+                    .unwrap_or_else(|e| panic!("guest shell, running {cmd:?}: {e}\n{out}"));
+                assert!(
+                    n > 0,
+                    "guest shell closed running {cmd:?}\n{}",
+                    self.console()
+                );
+                if line.trim_end() == "@@garbled" {
+                    eprintln!("guest shell: {cmd:?} arrived damaged; sent again");
+                    continue 'send;
+                }
+                if let Some(rc) = line.trim_end().strip_prefix("@@rc=") {
+                    return (rc.parse().unwrap_or(-1), out);
+                }
+                out.push_str(&line);
             }
-            out.push_str(&line);
         }
     }
 
@@ -633,16 +647,14 @@ fn perftest_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
                 .spawn()
                 .unwrap(),
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let stock = loop {
-            let (rc, out) = g.sh(&format!("{tool} -c UD -x 1 -F -n {N} {HOST_IP}"));
-            if rc == 0 || Instant::now() >= deadline || !out.contains("Couldn't connect") {
-                break out;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        };
-        eprintln!("{tool} client vs uperf --perftest server:\n{stock}");
-        let (code, out, err) = server.wait();
+        let what = format!("{tool} client vs uperf --perftest server");
+        let (stock, code, out, err) = stock_client_vs_server(
+            g,
+            &format!("timeout 60 {tool} -c UD -x 1 -F -n {N} {HOST_IP}"),
+            server,
+            &what,
+        );
+        eprintln!("{what}:\n{stock}");
         eprintln!("{out}{err}");
         assert_eq!(code, 0, "{out}{err}");
         assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
@@ -651,6 +663,39 @@ fn perftest_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
         let (sent1, rcvd1, _) = g.counters();
         assert_eq!(sent1 - sent0, N, "rxe sent_pkts");
         assert_eq!(rcvd1 - rcvd0, if latency { N } else { 0 }, "rxe rcvd_pkts");
+    }
+}
+
+/// Runs the stock client `cmd` in the guest against the ustack `server`,
+/// again while it cannot connect yet (the server still opening), for up to
+/// 30 s; then gives the server 60 s to exit by itself. Returns the client's output with `exit=RC` appended and the
+/// server's exit code, stdout and stderr; a server that does not exit
+/// fails the test with both sides' output and rxe's counters.
+fn stock_client_vs_server(
+    g: &mut Guest,
+    cmd: &str,
+    server: Daemon,
+    what: &str,
+) -> (String, i32, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stock = loop {
+        let (rc, out) = g.sh(cmd);
+        let retry = out.contains("Couldn't connect");
+        if rc == 0 || Instant::now() >= deadline || !retry {
+            break format!("{out}exit={rc}\n");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    match server.wait_at_most(Duration::from_secs(60)) {
+        Ok((code, out, err)) => (stock, code, out, err),
+        Err((code, out, err)) => {
+            let counters = g.sh("cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep -H . *");
+            panic!(
+                "{what}: the server did not exit within 60 s of the client's end.\n\
+                 client:\n{stock}\nserver (stopped, exit {code}):\n{out}{err}\nrxe counters:\n{}",
+                counters.1
+            );
+        }
     }
 }
 
@@ -903,19 +948,14 @@ fn rc_pingpong_checks(ns: &Ns, g: &mut Guest, uping: &str, dir: &Path) {
             .spawn()
             .unwrap(),
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let stock = loop {
-            let (rc, out) = g.sh(&format!(
-                "timeout 120 ibv_rc_pingpong -g 1 -n {N}{stock_s} {HOST_IP}"
-            ));
-            if rc == 0 || Instant::now() >= deadline || !out.contains("Couldn't connect") {
-                break format!("{out}exit={rc}\n");
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        };
-        let (code, out, err) = server.wait();
         let what =
             format!("ibv_rc_pingpong client -s {label} vs uping --rdma=rc --pingpong --listen");
+        let (stock, code, out, err) = stock_client_vs_server(
+            g,
+            &format!("timeout 120 ibv_rc_pingpong -g 1 -n {N}{stock_s} {HOST_IP}"),
+            server,
+            &what,
+        );
         eprintln!("{what}:\n{stock}\nuping server:\n{out}{err}");
         assert!(
             stock.contains(&format!("{N} iters in")) && stock.contains("exit=0"),
@@ -1036,27 +1076,16 @@ fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
                     .spawn()
                     .unwrap(),
             );
-            let deadline = Instant::now() + Duration::from_secs(30);
             // The stock latency tools wait forever for a lost message:
-            // bounded here, so a hang fails with both sides' output.
-            let stock = loop {
-                let (rc, out) = g.sh(&format!("timeout 60 {tool} {stock_args} {HOST_IP}"));
-                if rc == 0 || Instant::now() >= deadline || !out.contains("Couldn't connect") {
-                    break format!("{out}exit={rc}\n");
-                }
-                std::thread::sleep(Duration::from_millis(300));
-            };
-            eprintln!("{tool} -s {size} client vs uperf --rdma rc server:\n{stock}");
-            if stock.contains("exit=124\n") {
-                let (code, out, err) = server.stop();
-                let moved = perftest_rc_rxe_counters(g);
-                panic!(
-                    "{tool} -s {size} client hung against uperf --rdma rc -s (60 s):\n{stock}\n\
-                     uperf server (exit {code}):\n{out}{err}\nrxe counters before {before:?}\nafter {moved:?}"
-                );
-            }
-            let (code, out, err) = server.wait();
-            eprintln!("{out}{err}");
+            // bounded by `timeout`, so a hang fails with both sides' output.
+            let what = format!("{tool} -s {size} client vs uperf --rdma rc server");
+            let (stock, code, out, err) = stock_client_vs_server(
+                g,
+                &format!("timeout 60 {tool} {stock_args} {HOST_IP}"),
+                server,
+                &what,
+            );
+            eprintln!("{what}:\n{stock}\n{out}{err}");
             assert_eq!(code, 0, "{out}{err}\n{stock}");
             assert!(stock.contains("exit=0"), "{stock}");
             assert!(perftest_row(&stock, size, N).is_some(), "{stock}");

@@ -354,6 +354,10 @@ impl App for Front {
         let waiting = self.pinger.summary().transmitted > self.answered.len() as u64;
         ustack::time::earliest(p, waiting.then_some(self.next_arp_check))
     }
+
+    fn rx_wait(&self) -> ustack::node::RxWait {
+        self.pinger.rx_wait()
+    }
 }
 
 struct Run<'a> {

@@ -145,6 +145,26 @@ impl Daemon {
         )
     }
 
+    /// Wait at most `limit` for it to exit by itself: `Ok((exit code,
+    /// stdout, stderr))`; past `limit` it is stopped as by
+    /// [`stop`](Self::stop) and its output comes back as `Err`.
+    pub fn wait_at_most(
+        mut self,
+        limit: std::time::Duration,
+    ) -> Result<(i32, String, String), (i32, String, String)> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let child = self.child.as_mut().expect("running");
+            match child.try_wait() {
+                Ok(Some(_)) => return Ok(self.wait()),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                _ => return Err(self.stop()),
+            }
+        }
+    }
+
     /// Wait for it to exit by itself: (exit code, stdout, stderr).
     pub fn wait(mut self) -> (i32, String, String) {
         let out = self

@@ -196,6 +196,11 @@ impl PcapPort {
             .map_err(|e| classify(iface, e))?
             .promisc(true)
             .immediate_mode(true)
+            .precision(if STAMP_UNIT_NS == 1 {
+                ::pcap::Precision::Nano
+            } else {
+                ::pcap::Precision::Micro
+            })
             .snaplen(65_535)
             .buffer_size(16 << 20)
             .timeout(1)
@@ -231,25 +236,47 @@ impl PcapPort {
     }
 }
 
+/// What one unit of `tv_usec` in libpcap's stamps is, in nanoseconds: on
+/// Linux the capture is opened with nanosecond stamps (TPACKET has them);
+/// elsewhere libpcap's default, microseconds, is kept (asking for
+/// nanoseconds where they are not offered fails silently in the `pcap`
+/// crate, and microseconds read as nanoseconds would misdate frames).
+#[cfg(target_os = "linux")]
+const STAMP_UNIT_NS: u32 = 1;
+#[cfg(not(target_os = "linux"))]
+const STAMP_UNIT_NS: u32 = 1_000;
+
 /// When a frame libpcap stamped `hdr.ts` (the kernel's receive time, wall
-/// clock, microseconds) arrived, on the loop's clock: `now` less how long
-/// before the wall clock's `wall` (read once per burst) it came. Never
+/// clock, in [`STAMP_UNIT_NS`]) arrived, on the loop's clock: how long
+/// before the wall clock's reading in `wall` it came, taken from the loop
+/// clock's reading beside it (the pair is read once per burst). Never
 /// after `now`, and `now` itself when the age is over [`MAX_STAMP_AGE`]:
 /// a wall clock stepped either way cannot date a frame after its poll
 /// or far before it.
-fn arrival(now: Instant, wall: &mut Option<std::time::Duration>, hdr: &PacketHeader) -> Instant {
-    let wall = *wall.get_or_insert_with(|| {
-        SystemTime::now()
+fn arrival(
+    now: Instant,
+    wall: &mut Option<(std::time::Duration, Instant)>,
+    hdr: &PacketHeader,
+) -> Instant {
+    // The wall clock and the loop's clock read together, so the pair
+    // maps one onto the other (`now` itself was read earlier, before the
+    // burst began).
+    let (wall, at) = *wall.get_or_insert_with(|| {
+        let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        (wall, crate::clock::Clock::new().now())
     });
-    let (Ok(secs), Ok(micros)) = (u64::try_from(hdr.ts.tv_sec), u32::try_from(hdr.ts.tv_usec))
-    else {
+    let (Ok(secs), Ok(frac)) = (u64::try_from(hdr.ts.tv_sec), u32::try_from(hdr.ts.tv_usec)) else {
         return now;
     };
-    let stamped = std::time::Duration::new(secs, micros.saturating_mul(1000));
+    let nanos = frac.saturating_mul(STAMP_UNIT_NS);
+    if nanos >= 1_000_000_000 {
+        return now;
+    }
+    let stamped = std::time::Duration::new(secs, nanos);
     match wall.saturating_sub(stamped) {
-        age if age <= MAX_STAMP_AGE => now - age,
+        age if age <= MAX_STAMP_AGE => (at - age).min(now),
         _ => now,
     }
 }
@@ -581,22 +608,40 @@ mod test {
             len: 60,
         };
         let now = Instant::from_secs(50);
-        let mut wall = Some(Duration::new(1_000, 500_000_000));
-        // 250 µs before the wall clock read: 250 µs before `now`.
+        // The clocks were read together a little after `now`.
+        let mut wall = Some((
+            Duration::new(1_000, 500_000_000),
+            now + Duration::from_micros(3),
+        ));
+        let unit = i64::from(STAMP_UNIT_NS);
+        // 250 µs before the wall clock read: 247 µs before `now`.
         assert_eq!(
-            arrival(now, &mut wall, &hdr(1_000, 499_750)),
-            now - Duration::from_micros(250)
+            arrival(now, &mut wall, &hdr(1_000, 499_750_000 / unit)),
+            now - Duration::from_micros(247)
+        );
+        // 1 µs before the read, after `now`: `now`.
+        assert_eq!(
+            arrival(now, &mut wall, &hdr(1_000, 499_999_000 / unit)),
+            now
         );
         // Stamped after the read (a clock stepped back): `now`.
-        assert_eq!(arrival(now, &mut wall, &hdr(1_000, 600_000)), now);
+        assert_eq!(
+            arrival(now, &mut wall, &hdr(1_000, 600_000_000 / unit)),
+            now
+        );
+        // A fraction of a second past its end: not a stamp.
+        assert_eq!(
+            arrival(now, &mut wall, &hdr(1_000, 1_000_000_000 / unit)),
+            now
+        );
         // Older than a second (a clock stepped forward): not trusted.
         assert_eq!(arrival(now, &mut wall, &hdr(998, 0)), now);
         // A stamp libpcap could not have made.
         assert_eq!(arrival(now, &mut wall, &hdr(-1, 0)), now);
         // The wall clock is read once, at the first frame of a burst.
         let mut unread = None;
-        let at = arrival(now, &mut unread, &hdr(0, 0));
-        assert_eq!(at, now, "a 1970 stamp is too old");
+        let at = arrival(Instant::FAR_FUTURE, &mut unread, &hdr(0, 0));
+        assert_eq!(at, Instant::FAR_FUTURE, "a 1970 stamp is too old");
         assert!(unread.is_some());
     }
 }

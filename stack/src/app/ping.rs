@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use crate::icmp::{PingEvent, PingHandle, PingReply};
-use crate::node::{App, Control};
+use crate::node::{App, Control, RxWait};
 use crate::stack::Stack;
 use crate::time::Instant;
 
@@ -367,6 +367,16 @@ impl App for Pinger {
             return None;
         }
         self.linger_until
+    }
+    /// Once a reply has come (so the peer's address is resolved), replies
+    /// to requests still out are timed by the port's receive stamp
+    /// ([`PingReply::received_at`]): they may wait for the next send.
+    fn rx_wait(&self) -> RxWait {
+        match (self.summary.received > 0, self.outstanding.is_empty()) {
+            (true, false) => RxWait::Stamped,
+            (true, true) => RxWait::Nothing,
+            _ => RxWait::Prompt,
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::app::ping::RttStats;
-use crate::node::{App, Control};
+use crate::node::{App, Control, RxWait};
 use crate::stack::Stack;
 use crate::time::Instant;
 use crate::ud::{
@@ -573,6 +573,16 @@ impl App for UdPinger {
     }
     fn poll_at(&self) -> Option<Instant> {
         self.next_wakeup()
+    }
+    /// Once a pong has come (so the peer's address is resolved), pongs
+    /// still awaited are timed by the port's receive stamp (the receive
+    /// completion's timestamp): they may wait for the next send.
+    fn rx_wait(&self) -> RxWait {
+        match (self.summary.received > 0, self.outstanding.is_empty()) {
+            (true, false) => RxWait::Stamped,
+            (true, true) => RxWait::Nothing,
+            _ => RxWait::Prompt,
+        }
     }
 }
 
