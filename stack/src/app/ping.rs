@@ -368,13 +368,19 @@ impl App for Pinger {
         }
         self.linger_until
     }
-    /// Once a reply has come (so the peer's address is resolved), replies
-    /// to requests still out are timed by the port's receive stamp
-    /// ([`PingReply::received_at`]): they may wait for the next send.
+    /// Once a reply has come (so the peer's address is resolved), the
+    /// reply to the last request is timed by the port's receive stamp
+    /// ([`PingReply::received_at`]): it may wait for the next send.
+    /// Requests whose replies were lost (still outstanding) wait for
+    /// nothing.
     fn rx_wait(&self) -> RxWait {
-        match (self.summary.received > 0, self.outstanding.is_empty()) {
-            (true, false) => RxWait::Stamped,
-            (true, true) => RxWait::Nothing,
+        let last = (self.summary.transmitted % 65_536) as u16;
+        match (
+            self.summary.received > 0,
+            self.outstanding.contains_key(&last),
+        ) {
+            (true, true) => RxWait::Stamped,
+            (true, false) => RxWait::Nothing,
             _ => RxWait::Prompt,
         }
     }

@@ -574,13 +574,15 @@ impl App for UdPinger {
     fn poll_at(&self) -> Option<Instant> {
         self.next_wakeup()
     }
-    /// Once a pong has come (so the peer's address is resolved), pongs
-    /// still awaited are timed by the port's receive stamp (the receive
-    /// completion's timestamp): they may wait for the next send.
+    /// Once a pong has come (so the peer's address is resolved), the pong
+    /// of the last ping is timed by the port's receive stamp (the receive
+    /// completion's timestamp): it may wait for the next send. Pings
+    /// whose pongs were lost (still outstanding) wait for nothing.
     fn rx_wait(&self) -> RxWait {
-        match (self.summary.received > 0, self.outstanding.is_empty()) {
-            (true, false) => RxWait::Stamped,
-            (true, true) => RxWait::Nothing,
+        let last_out = self.outstanding.contains_key(&self.summary.transmitted);
+        match (self.summary.received > 0, last_out) {
+            (true, true) => RxWait::Stamped,
+            (true, false) => RxWait::Nothing,
             _ => RxWait::Prompt,
         }
     }
@@ -1161,6 +1163,37 @@ impl App for UdBandwidth {
 #[cfg(test)]
 mod test {
     use super::*;
+
+    #[test]
+    fn pinger_waits_on_stamps_only_for_its_last_ping_once_answered() {
+        let dst = UdAddr {
+            ip: core::net::Ipv4Addr::new(10, 0, 0, 2),
+            qpn: RESPONDER_QPN,
+        };
+        let mut p = UdPinger::new(UdPingerConfig::new(dst));
+        let sent = Sent {
+            posted: Instant::ZERO,
+            tx_ts: None,
+        };
+        // Nothing answered yet (ARP may be pending): read frames at once.
+        assert_eq!(p.rx_wait(), RxWait::Prompt);
+        p.summary.transmitted = 1;
+        p.outstanding.insert(1, sent);
+        assert_eq!(p.rx_wait(), RxWait::Prompt);
+        // Answered once: the last ping's pong may wait, stamped.
+        p.outstanding.remove(&1);
+        p.summary.received = 1;
+        assert_eq!(p.rx_wait(), RxWait::Nothing);
+        p.summary.transmitted = 2;
+        p.outstanding.insert(2, sent);
+        assert_eq!(p.rx_wait(), RxWait::Stamped);
+        // Its pong lost, a later one answered: the lost one waits for nothing.
+        p.summary.transmitted = 3;
+        p.outstanding.insert(3, sent);
+        p.outstanding.remove(&3);
+        p.summary.received = 2;
+        assert_eq!(p.rx_wait(), RxWait::Nothing);
+    }
 
     #[test]
     fn msg_round_trip_and_percentiles() {
