@@ -64,8 +64,6 @@ pub struct DpdkPort {
     pool: MbufPool,
     /// Mbufs of 64 KiB for TSO segments, where the port has TSO.
     tso_pool: Option<MbufPool>,
-    /// Bytes a frame in `pool` can hold.
-    small: usize,
     /// The longest frame a TSO segment may be cut into (net_tap).
     tso_frame_max: Option<u16>,
     /// Every queue's pools, for the leak check when the port closes.
@@ -180,7 +178,6 @@ impl DpdkPort {
             cfg.mbufs
         );
         tracing::debug!("DPDK port {} offloads: {offloads:?}", cfg.port);
-        let small = room - dpdk_sys::RTE_PKTMBUF_HEADROOM as usize;
         let all_pools: Vec<MbufPool> = pools
             .iter()
             .cloned()
@@ -195,7 +192,6 @@ impl DpdkPort {
                 queue: ManuallyDrop::new(queue),
                 pool,
                 tso_pool,
-                small,
                 tso_frame_max,
                 all_pools: all_pools.clone(),
                 mtu: cfg.mtu,
@@ -274,7 +270,7 @@ impl Device for DpdkPort {
 
     fn alloc_tx_len(&mut self, len: usize) -> Option<Mbuf> {
         match &self.tso_pool {
-            Some(tso) if len > self.small => tso.alloc(),
+            Some(tso) if len > self.pool.data_room() => tso.alloc(),
             _ => self.pool.alloc(),
         }
     }

@@ -57,12 +57,14 @@ pub trait App {
     }
 }
 
-/// How promptly an app needs received frames read ([`App::rx_wait`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How promptly an app needs received frames read ([`App::rx_wait`]),
+/// ordered from the least urgent: several apps wait as the most urgent
+/// one (the greatest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RxWait {
-    /// Read each frame as it comes (the loop waits on the port's wake-up,
-    /// or backs off from short sleeps).
-    Prompt,
+    /// Nothing: frames may wait a while (a port without a wake-up is
+    /// polled at the back-off's longest step, not from short sleeps).
+    Nothing,
     /// Only replies the app times by the port's receive stamps
     /// ([`crate::device::DeviceCaps::rx_timestamps`]: a ping's
     /// [`crate::icmp::PingReply::received_at`], UD receive completions):
@@ -70,21 +72,9 @@ pub enum RxWait {
     /// [`App::poll_at`], so the loop wakes once per timer, not once per
     /// frame; on one that does not, as `Prompt`.
     Stamped,
-    /// Nothing: frames may wait a while (a port without a wake-up is
-    /// polled at the back-off's longest step, not from short sleeps).
-    Nothing,
-}
-
-impl RxWait {
-    /// The most urgent of two apps' needs.
-    pub fn most_urgent(self, other: RxWait) -> RxWait {
-        use RxWait::*;
-        match (self, other) {
-            (Prompt, _) | (_, Prompt) => Prompt,
-            (Stamped, _) | (_, Stamped) => Stamped,
-            (Nothing, Nothing) => Nothing,
-        }
-    }
+    /// Read each frame as it comes (the loop waits on the port's wake-up,
+    /// or backs off from short sleeps).
+    Prompt,
 }
 
 /// The app that does nothing (a stack that only answers).
@@ -114,8 +104,8 @@ impl<A: App> App for Vec<A> {
     }
     fn rx_wait(&self) -> RxWait {
         self.iter()
-            .map(|a| a.rx_wait())
-            .reduce(RxWait::most_urgent)
+            .map(App::rx_wait)
+            .max()
             .unwrap_or(RxWait::Prompt)
     }
     fn poll_at(&self) -> Option<Instant> {
