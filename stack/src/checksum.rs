@@ -1,10 +1,10 @@
-//! The Internet checksum (RFC 1071) over whole segments, 8 bytes at a time.
+//! The Internet checksum (RFC 1071) over whole segments, 32 bytes a step.
 //!
 //! `smoltcp::wire` sums 16-bit words one by one; a TCP segment of 1460
 //! bytes is the hottest loop of a bulk transfer (a fifth of the time on the
 //! sim link). The one's-complement sum is associative over any word size
 //! and byte-order independent (RFC 1071 section 2), so this adds native
-//! 32-bit words into a 64-bit accumulator, folds, and swaps once. The
+//! 32-bit words into eight 64-bit accumulators, folds, and swaps once. The
 //! results are identical to smoltcp's (property-tested below).
 
 use core::net::Ipv4Addr;
@@ -16,11 +16,19 @@ pub fn sum(acc: u64, data: &[u8]) -> u64 {
         Some((&b, rest)) if data.len() % 2 == 1 => (rest, Some(b)),
         _ => (data, None),
     };
-    // Native-order 32-bit words into a wide accumulator (the compiler
-    // vectorizes this); the sum is byte-order independent up to a final
-    // swap (RFC 1071 section 2.B).
-    let mut native = 0u64;
-    let mut words = even.chunks_exact(4);
+    // Native-order 32-bit words into wide accumulators, eight lanes of 32
+    // bytes a step (the compiler vectorizes this: two SSE2 vectors of
+    // 64-bit lanes; one accumulator would serialize on its adds); the sum
+    // is byte-order independent up to a final swap (RFC 1071 section 2.B).
+    let mut lanes = [0u64; 8];
+    let mut blocks = even.chunks_exact(32);
+    for b in &mut blocks {
+        for (lane, w) in lanes.iter_mut().zip(b.chunks_exact(4)) {
+            *lane += u64::from(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
+        }
+    }
+    let mut native: u64 = lanes.iter().sum();
+    let mut words = blocks.remainder().chunks_exact(4);
     for w in &mut words {
         native += u64::from(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
     }

@@ -681,18 +681,32 @@ impl IpHeader {
         p.set_total_len((hl + payload_len) as u16);
         p.set_ident(self.ident);
         p.clear_flags();
-        p.set_dont_frag(self.dont_frag && !more && frag_offset == 0);
+        let df = self.dont_frag && !more && frag_offset == 0;
+        p.set_dont_frag(df);
         p.set_more_frags(more);
         p.set_frag_offset(frag_offset as u16);
         p.set_hop_limit(self.ttl);
         p.set_next_header(self.protocol);
         p.set_src_addr(self.src);
         p.set_dst_addr(self.dst);
-        p.set_checksum(0);
-        // smoltcp's `fill_checksum`, with the word-wide sum.
-        let buf = p.into_inner();
-        let c = !ipv4_header_sum(&buf[..hl]);
-        Ipv4Packet::new_unchecked(buf).set_checksum(c);
+        // smoltcp's `fill_checksum`, summed from the values written (as
+        // the TCP header is: reading back the words the small stores just
+        // wrote stalls on the store buffer), options from their slice.
+        let flags_frag = (u16::from(df) << 14) | (u16::from(more) << 13);
+        let halves = |v: u32| u64::from(v >> 16) + u64::from(v & 0xffff);
+        let sum = u64::from(0x4000u16 | ((hl as u16 / 4) << 8))
+            + u64::from((hl + payload_len) as u16)
+            + u64::from(self.ident)
+            + u64::from(flags_frag | (frag_offset as u16 / 8))
+            + u64::from((u16::from(self.ttl) << 8) | u16::from(u8::from(self.protocol)))
+            + halves(u32::from(self.src))
+            + halves(u32::from(self.dst));
+        let options_sum = if options.is_empty() {
+            0
+        } else {
+            u64::from(checksum::fold(checksum::sum(0, options)))
+        };
+        p.set_checksum(!checksum::fold(sum + options_sum));
     }
 }
 
@@ -757,6 +771,7 @@ mod test {
             opt in any::<[u8; 40]>(),
             payload_len in 0usize..2000,
             frag in (0usize..8000, any::<bool>()),
+            dont_frag in any::<bool>(),
             flip in proptest::option::of((0usize..60, 0u8..8)),
         ) {
             let header = IpHeader {
@@ -765,7 +780,7 @@ mod test {
                 protocol: IpProtocol::from(proto),
                 ttl,
                 ident,
-                dont_frag: frag.0 == 0 && !frag.1,
+                dont_frag,
             };
             let hl = IP_LEN + 4 * words;
             let mut ours = vec![0u8; hl];
