@@ -413,6 +413,10 @@ impl Drop for SlabPool {
 impl Pool for SlabPool {
     type Buf = SlabBuf;
 
+    // Inlined so the buffer is built where the caller keeps it: returned
+    // through memory, its small field stores were read back as 16-byte
+    // words, which the store buffer cannot forward (a stall per frame).
+    #[inline]
     fn alloc(&self) -> Option<SlabBuf> {
         match self.inner.take() {
             Some((data, pool)) => Some(SlabBuf {
