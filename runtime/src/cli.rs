@@ -86,6 +86,10 @@ pub struct NetArgs {
     /// offer TSO use it by default).
     #[arg(long, requires = "dpdk", conflicts_with = "no_offloads", hide = !cfg!(feature = "dpdk"))]
     pub tso: bool,
+    /// Decide every TCP frame on its own instead of cutting bursts of up
+    /// to 64 KiB into frames in software (GSO) on ports without TSO.
+    #[arg(long)]
+    pub no_gso: bool,
     /// Publish telemetry on this Unix socket.
     #[arg(long, value_name = "PATH")]
     pub telemetry: Option<PathBuf>,
@@ -243,7 +247,8 @@ impl NetArgs {
             .rcvbuf_max(self.rcvbuf_max as usize)
             .backoff(self.backoff)
             .offloads(!self.no_offloads)
-            .software_tso(self.tso);
+            .software_tso(self.tso)
+            .gso(!self.no_gso);
         b = match (&self.pcap, &self.dpdk) {
             (Some(iface), _) => b.pcap(iface),
             (_, Some(eal)) => b.dpdk(eal).dpdk_port(self.dpdk_port, self.dpdk_mbufs),

@@ -241,6 +241,7 @@ pub struct Builder {
     backoff: bool,
     no_offloads: bool,
     software_tso: bool,
+    no_gso: bool,
     telemetry: Option<PathBuf>,
     capture: Option<PathBuf>,
     impair: Option<LinkConfig>,
@@ -351,6 +352,14 @@ impl Builder {
     /// segments; other ports that offer TSO use it with the offloads).
     pub fn software_tso(mut self, on: bool) -> Self {
         self.software_tso = on;
+        self
+    }
+
+    /// Cut TCP bursts into frames in software (GSO, the default: one
+    /// transmit decision per up to 64 KiB on a port without TSO), or
+    /// decide every frame on its own (`ustack::Config::gso_max` 0).
+    pub fn gso(mut self, on: bool) -> Self {
+        self.no_gso = !on;
         self
     }
 
@@ -470,6 +479,9 @@ impl Builder {
             None => Config::new(mac, ip),
         };
         stack.gateway = self.gateway;
+        if self.no_gso {
+            stack.gso_max = 0;
+        }
         if let Some(mtu) = self.mtu {
             if !(576..=9000).contains(&mtu) {
                 return Err(Error::Config(format!("MTU {mtu} is not in 576..=9000")));

@@ -43,6 +43,13 @@ pub struct Config {
     pub answer_broadcast_ping: bool,
     /// Defaults for every TCP connection.
     pub tcp: TcpConfig,
+    /// Generic segmentation offload in software, for ports without TSO:
+    /// one transmit decision of TCP may cover up to this many bytes of IP
+    /// packet, which the stack then builds as MTU-sized frames one after
+    /// another (the frames are the ones segment-by-segment sending would
+    /// build; the per-segment decision work is paid once). 0 decides
+    /// frame by frame. A port with TSO uses its own limit instead.
+    pub gso_max: usize,
     /// Key for ISNs, SYN cookies and IPv4 IDs (RFC 6528): random with
     /// [`Config::new`], derived from a seed with [`Config::with_seed`].
     pub secret: (u64, u64),
@@ -50,6 +57,9 @@ pub struct Config {
     /// ports whose flows hash back to this queue).
     pub shard: crate::shard::ShardId,
 }
+
+/// [`Config::gso_max`]'s default: 64 KiB, as a TSO port's limit.
+pub const DEFAULT_GSO_MAX: usize = 65_535;
 
 impl Config {
     /// Defaults for a host with address `ip` on a subnet, MTU 1500, and a
@@ -87,6 +97,7 @@ impl Config {
             announce: true,
             answer_broadcast_ping: false,
             tcp: TcpConfig::default(),
+            gso_max: DEFAULT_GSO_MAX,
             secret: (mix(1), mix(2)),
             shard: crate::shard::ShardId::SINGLE,
         }

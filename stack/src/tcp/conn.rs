@@ -700,7 +700,8 @@ impl TcpConn {
         self.snd_wnd
     }
     /// Let new data leave in TCP segments of up to `max` bytes of IP
-    /// packet that the port cuts into frames (TSO); 0 turns it off.
+    /// packet that are cut into frames (by the port: TSO; by the stack
+    /// when the port cannot: GSO); 0 turns it off.
     pub fn set_tso_max(&mut self, max: usize) {
         self.tso_max = max;
     }
@@ -1661,6 +1662,12 @@ impl TcpConn {
         self.stats.segs_out += 1;
     }
 
+    /// A segment from [`poll_transmit`](Self::poll_transmit) left as
+    /// `extra` more frames than one (cut by the stack: GSO).
+    pub(crate) fn count_extra_frames(&mut self, extra: usize) {
+        self.stats.segs_out += extra as u64;
+    }
+
     /// The next segment to send, if any. Call repeatedly until `None`.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
         self.on_timer(now);
@@ -1795,7 +1802,14 @@ impl TcpConn {
         } else {
             max_payload
         };
-        let len = unsent.min(tso_cap).min(usable_wnd).min(usable_cwnd);
+        let mut len = unsent.min(tso_cap).min(usable_wnd).min(usable_cwnd);
+        if len > max_payload {
+            // Whole frames only: a short tail is left to the next call,
+            // which applies SWS avoidance, cork and Nagle to it as to any
+            // short segment (Linux's tcp_mss_split_point), so a burst cut
+            // into frames leaves exactly as segment by segment.
+            len -= len % max_payload;
+        }
         // A persist expiry forces one segment past SWS avoidance and Nagle
         // (RFC 9293 3.8.6.2.1 override timeout).
         let forced = self.probe_pending && len > 0;
@@ -1936,20 +1950,21 @@ impl TcpConn {
         Some(seg)
     }
 
-    /// Copy a segment's payload from the send buffer into `dst`.
-    pub fn copy_payload(&self, seg: &Outgoing, dst: &mut [u8]) -> usize {
-        let n = seg.payload_len.min(dst.len());
-        self.sndbuf.read_at(seg.payload_offset, &mut dst[..n])
+    /// Copy a segment's payload, from byte `at` of it on, from the send
+    /// buffer into `dst`.
+    pub fn copy_payload(&self, seg: &Outgoing, at: usize, dst: &mut [u8]) -> usize {
+        let n = seg.payload_len.saturating_sub(at).min(dst.len());
+        self.sndbuf.read_at(seg.payload_offset + at, &mut dst[..n])
     }
 
     /// [`copy_payload`](Self::copy_payload), also giving the one's-complement
     /// sum of what it wrote (a `crate::checksum::sum` accumulator) when it
     /// filled all of `dst`; `None` when it wrote less.
-    pub fn copy_payload_summed(&self, seg: &Outgoing, dst: &mut [u8]) -> Option<u64> {
-        let n = seg.payload_len.min(dst.len());
+    pub fn copy_payload_summed(&self, seg: &Outgoing, at: usize, dst: &mut [u8]) -> Option<u64> {
+        let n = seg.payload_len.saturating_sub(at).min(dst.len());
         let (copied, sum) = self
             .sndbuf
-            .read_at_summed(seg.payload_offset, &mut dst[..n]);
+            .read_at_summed(seg.payload_offset + at, &mut dst[..n]);
         (copied == dst.len()).then_some(sum)
     }
 }
@@ -1982,7 +1997,7 @@ mod test {
         let mut v = Vec::new();
         while let Some(out) = c.poll_transmit(now) {
             let mut payload = vec![0; out.payload_len];
-            c.copy_payload(&out, &mut payload);
+            c.copy_payload(&out, 0, &mut payload);
             v.push(Wire { out, payload });
             assert!(v.len() < 10_000, "runaway transmit");
         }

@@ -201,9 +201,15 @@ fn write_header(
     Some(sum)
 }
 
-/// Emit one segment; `payload` writes `out.payload_len` bytes, and when
-/// its flag asks, returns their one's-complement sum (`None`: sum them
-/// here, from the frame).
+/// Emit one segment; `payload(offset, buf, summed)` writes the bytes of
+/// `out`'s payload from `offset` on into `buf` (`buf.len()` of them), and
+/// when `summed` asks, returns their one's-complement sum (`None`: sum
+/// them here, from the frame). Returns the frames sent.
+///
+/// A segment with `tso_segsz` is cut into frames by the port when it has
+/// TSO; otherwise here (GSO in software, [`crate::Config::gso_max`]): each
+/// frame is the segment `out` would be with its payload cut to that
+/// frame's bytes (sequence number moved on, FIN on the last only).
 fn emit<T: Tx>(
     link: &mut Link,
     now: Instant,
@@ -211,8 +217,8 @@ fn emit<T: Tx>(
     local_port: u16,
     remote: SocketAddrV4,
     out: &Outgoing,
-    payload: impl FnOnce(&mut [u8], bool) -> Option<u64>,
-) -> bool {
+    mut payload: impl FnMut(usize, &mut [u8], bool) -> Option<u64>,
+) -> usize {
     let control = if out.hdr.syn {
         TcpControl::Syn
     } else if out.hdr.rst {
@@ -242,17 +248,69 @@ fn emit<T: Tx>(
         timestamp: out.hdr.timestamp.map(|(v, e)| TcpTimestampRepr::new(v, e)),
         payload: &[],
     };
-    let hdr = header_len(&repr);
-    let (me, peer) = (link.ip(), *remote.ip());
+    let peer = *remote.ip();
+    if out.tso_segsz > 0 && link.offloads.tso_max == 0 {
+        let mut sent = 0;
+        let mut offset = 0;
+        while offset < out.payload_len {
+            let n = out.tso_segsz.min(out.payload_len - offset);
+            let mut frame = repr;
+            frame.seq_number = repr.seq_number + offset;
+            if offset + n < out.payload_len {
+                frame.control = TcpControl::Psh;
+            }
+            let at = offset;
+            sent += usize::from(emit_frame(
+                link,
+                now,
+                tx,
+                peer,
+                &frame,
+                n,
+                0,
+                |buf, summed| payload(at, buf, summed),
+            ));
+            offset += n;
+        }
+        return sent;
+    }
+    usize::from(emit_frame(
+        link,
+        now,
+        tx,
+        peer,
+        &repr,
+        out.payload_len,
+        out.tso_segsz,
+        |buf, summed| payload(0, buf, summed),
+    ))
+}
+
+/// One segment of `repr`'s header and `payload_len` bytes of payload that
+/// `payload` writes (see [`emit`]), as one frame, or as a TSO segment the
+/// port cuts when `tso_segsz` is set.
+#[allow(clippy::too_many_arguments)]
+fn emit_frame<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    peer: core::net::Ipv4Addr,
+    repr: &TcpRepr<'_>,
+    payload_len: usize,
+    tso_segsz: usize,
+    payload: impl FnOnce(&mut [u8], bool) -> Option<u64>,
+) -> bool {
+    let hdr = header_len(repr);
+    let me = link.ip();
     let (src, dst) = (IpAddress::Ipv4(me), IpAddress::Ipv4(peer));
     let fill = link.checksum.tcp.tx();
-    let len = hdr + out.payload_len;
+    let len = hdr + payload_len;
     let mut payload = Some(payload);
-    if fill && (link.offloads.tx_tcp_checksum || out.tso_segsz > 0) {
+    if fill && (link.offloads.tx_tcp_checksum || tso_segsz > 0) {
         // The port finishes the checksum (and cuts a TSO segment): leave it
         // the pseudo-header sum, without the length for TSO (each frame's
         // length is the port's to add, as DPDK and Linux expect).
-        let tso = u16::try_from(out.tso_segsz).unwrap_or(0);
+        let tso = u16::try_from(tso_segsz).unwrap_or(0);
         let phdr_len = if tso > 0 { 0 } else { len };
         let partial = crate::checksum::fold(crate::checksum::pseudo_header(me, peer, 6, phdr_len));
         let built = link.send_tcp_offloaded(now, tx, peer, hdr, len, tso, |ip| {
@@ -261,7 +319,7 @@ fn emit<T: Tx>(
                 p(&mut buf[hdr..], false);
             }
             let mut pkt = TcpPacket::new_unchecked(&mut *buf);
-            let _ = write_header(&mut pkt, &repr, &src, &dst);
+            let _ = write_header(&mut pkt, repr, &src, &dst);
             pkt.set_checksum(partial);
         });
         match built {
@@ -269,7 +327,7 @@ fn emit<T: Tx>(
             Err(_) => return false,
             // Next hop not resolved: the ordinary path below holds the
             // packet for ARP (a TSO segment cannot wait there).
-            Ok(false) if out.tso_segsz > 0 => return false,
+            Ok(false) if tso_segsz > 0 => return false,
             Ok(false) => {}
         }
     }
@@ -279,7 +337,7 @@ fn emit<T: Tx>(
     link.send_ip(now, tx, peer, IpProtocol::Tcp, len, |buf| {
         let payload_sum = payload(&mut buf[hdr..], fill);
         let mut pkt = TcpPacket::new_unchecked(&mut *buf);
-        let header_sum = write_header(&mut pkt, &repr, &src, &dst);
+        let header_sum = write_header(&mut pkt, repr, &src, &dst);
         if fill {
             // Our own word-wide sum (crate::checksum), not smoltcp's; the
             // payload's taken as it was copied, when it was, and the
@@ -513,7 +571,7 @@ impl TcpTable {
                     timestamp,
                     ..Header::default()
                 });
-                if emit(link, now, tx, me.port(), remote, &out, |_, _| Some(0)) {
+                if emit(link, now, tx, me.port(), remote, &out, |_, _, _| Some(0)) > 0 {
                     self.stats.syn_cookies_sent += 1;
                     self.stats.segs_out += 1;
                 }
@@ -594,7 +652,7 @@ impl TcpTable {
             self.stats.resets_rate_limited += 1;
             return;
         }
-        if emit(link, now, tx, me.port(), remote, &out, |_, _| Some(0)) {
+        if emit(link, now, tx, me.port(), remote, &out, |_, _, _| Some(0)) > 0 {
             self.stats.resets_sent += 1;
             self.stats.segs_out += 1;
         }
@@ -625,22 +683,28 @@ impl TcpTable {
             };
             let before = conn.stats().retransmits;
             let levels = Levels::of(conn);
-            conn.set_tso_max(link.offloads.tso_max);
+            conn.set_tso_max(match link.offloads.tso_max {
+                0 => link.cfg.gso_max,
+                port => port,
+            });
             while let Some(out) = conn.poll_transmit(now) {
                 let (port, remote) = (conn.local().port(), conn.remote());
                 let c: &TcpConn = conn;
-                if emit(link, now, tx, port, remote, &out, |buf, summed| {
+                let frames = emit(link, now, tx, port, remote, &out, |at, buf, summed| {
                     if summed {
-                        c.copy_payload_summed(&out, buf)
+                        c.copy_payload_summed(&out, at, buf)
                     } else {
-                        c.copy_payload(&out, buf);
+                        c.copy_payload(&out, at, buf);
                         None
                     }
-                }) {
-                    stats.segs_out += 1;
-                    if out.hdr.rst {
-                        stats.resets_sent += 1;
-                    }
+                });
+                stats.segs_out += frames as u64;
+                if frames > 0 && out.hdr.rst {
+                    stats.resets_sent += 1;
+                }
+                if frames > 1 {
+                    stats.gso_segments += 1;
+                    conn.count_extra_frames(frames - 1);
                 }
             }
             stats.retransmits += conn.stats().retransmits - before;

@@ -106,8 +106,12 @@ pub struct TcpStats {
     pub listen_overflows: u64,
     /// Well-formed segments received, whatever became of them.
     pub segs_in: u64,
-    /// Segments emitted onto the link.
+    /// Segments emitted onto the link (each frame of a segment the stack
+    /// cuts itself counts; a TSO port's segment counts once).
     pub segs_out: u64,
+    /// Segments the stack cut into several frames itself (GSO, for a port
+    /// without TSO, [`crate::Config::gso_max`]).
+    pub gso_segments: u64,
     /// Retransmitted segments emitted (sum of the connections' retransmits
     /// as they are sent).
     pub retransmits: u64,
