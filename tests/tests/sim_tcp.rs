@@ -394,6 +394,37 @@ fn zero_copy_send_and_receive_are_byte_exact_under_loss_and_reordering() {
 }
 
 #[test]
+fn software_gso_with_checksum_offload_is_byte_exact_under_loss_reordering_and_corruption() {
+    // A port with checksum offload and no TSO (net_tap without --tso):
+    // the stack cuts bursts into frames itself, each frame's checksum left
+    // to the port.
+    let link = LinkConfig {
+        loss: 0.01,
+        reorder: 0.05,
+        corrupt: 0.001,
+        delay: Duration::from_micros(100),
+        seed: 34,
+        ..LinkConfig::default()
+    };
+    let offloads = ustack::Offloads {
+        tx_tcp_checksum: true,
+        rx_checksum: true,
+        tso_max: 0,
+        rx_large: false,
+    };
+    let mut net = SimNet::new(link);
+    for n in [1u8, 2] {
+        net.add_offloaded(host_config(n), offloads);
+    }
+    let (net, _) = run_both_ways(net, 16 << 20, 600, |r| r);
+    for n in &net.nodes {
+        let tcp = n.stack.stats().tcp;
+        assert!(tcp.gso_segments > 0, "no burst was cut in software");
+        assert!(tcp.retransmits > 0, "loss was repaired");
+    }
+}
+
+#[test]
 fn checksum_offload_and_tso_are_byte_exact_under_loss_reordering_and_corruption() {
     // Ports that play a NIC with offloads: the engine leaves the TCP
     // checksum to the port and hands it segments of up to 64 KiB, which the
