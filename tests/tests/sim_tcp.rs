@@ -393,30 +393,36 @@ fn zero_copy_send_and_receive_are_byte_exact_under_loss_and_reordering() {
     assert_eq!(net.pools_in_use(), 0, "buffers leaked");
 }
 
-#[test]
-fn software_gso_with_checksum_offload_is_byte_exact_under_loss_reordering_and_corruption() {
-    // A port with checksum offload and no TSO (net_tap without --tso):
-    // the stack cuts bursts into frames itself, each frame's checksum left
-    // to the port.
+/// Two hosts whose ports play a NIC with checksum offload (and TSO up to
+/// `tso_max`, 0 for none), on a link with loss, reordering and corruption.
+fn offloaded_pair(seed: u64, tso_max: usize) -> SimNet {
     let link = LinkConfig {
         loss: 0.01,
         reorder: 0.05,
         corrupt: 0.001,
         delay: Duration::from_micros(100),
-        seed: 34,
+        seed,
         ..LinkConfig::default()
     };
     let offloads = ustack::Offloads {
         tx_tcp_checksum: true,
         rx_checksum: true,
-        tso_max: 0,
+        tso_max,
         rx_large: false,
     };
     let mut net = SimNet::new(link);
     for n in [1u8, 2] {
         net.add_offloaded(host_config(n), offloads);
     }
-    let (net, _) = run_both_ways(net, 16 << 20, 600, |r| r);
+    net
+}
+
+#[test]
+fn software_gso_with_checksum_offload_is_byte_exact_under_loss_reordering_and_corruption() {
+    // A port with checksum offload and no TSO (net_tap without --tso):
+    // the stack cuts bursts into frames itself, each frame's checksum left
+    // to the port.
+    let (net, _) = run_both_ways(offloaded_pair(34, 0), 16 << 20, 600, |r| r);
     for n in &net.nodes {
         let tcp = n.stack.stats().tcp;
         assert!(tcp.gso_segments > 0, "no burst was cut in software");
@@ -431,26 +437,8 @@ fn checksum_offload_and_tso_are_byte_exact_under_loss_reordering_and_corruption(
     // port cuts into frames; received frames come marked checksum-good
     // when they verify (a corrupted one is not marked, and the engine's
     // own check drops it).
-    let link = LinkConfig {
-        loss: 0.01,
-        reorder: 0.05,
-        corrupt: 0.001,
-        delay: Duration::from_micros(100),
-        seed: 33,
-        ..LinkConfig::default()
-    };
-    let offloads = ustack::Offloads {
-        tx_tcp_checksum: true,
-        rx_checksum: true,
-        tso_max: 65535,
-        rx_large: false,
-    };
-    let mut net = SimNet::new(link);
-    for n in [1u8, 2] {
-        net.add_offloaded(host_config(n), offloads);
-    }
     let bytes = 32 << 20;
-    let (net, _) = run_both_ways(net, bytes, 600, |r| r);
+    let (net, _) = run_both_ways(offloaded_pair(33, 65535), bytes, 600, |r| r);
     for n in &net.nodes {
         let (segs, frames) = (
             n.stack.stats().tcp.segs_out,
