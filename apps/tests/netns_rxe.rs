@@ -353,22 +353,16 @@ fn rxe_interop() {
     let tele = dir.join(format!("run-{}.sock", std::process::id()));
     let cap_run = dir.join(format!("run-{}.pcap", std::process::id()));
     let tail = TelemetryTail::attach(&tele);
-    let run = Daemon::new(
-        ns.ustack(
-            ustack,
-            &["run"],
-            &[
-                "--telemetry",
-                tele.to_str().unwrap(),
-                "--capture",
-                cap_run.to_str().unwrap(),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ustack run"),
-    );
+    let run = Daemon::spawn(&mut ns.ustack(
+        ustack,
+        &["run"],
+        &[
+            "--telemetry",
+            tele.to_str().unwrap(),
+            "--capture",
+            cap_run.to_str().unwrap(),
+        ],
+    ));
     // The guest's kernel resolves us by ARP before any verbs traffic.
     let (rc, out) = g.sh(&format!("ping -c 3 -W 5 {HOST_IP}"));
     assert_eq!(rc, 0, "the guest cannot reach ustack run: {out}");
@@ -639,13 +633,9 @@ fn perftest_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
 
         // uperf is the server of the stock client.
         let (sent0, rcvd0, _) = g.counters();
-        let server = Daemon::new(
+        let server = Daemon::spawn(
             ns.ustack(uperf, &[], &["-s", "--rdma", "--perftest", "-1", "-n", &n])
-                .args(mode)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap(),
+                .args(mode),
         );
         let what = format!("{tool} client vs uperf --perftest server");
         let (stock, code, out, err) = stock_client_vs_server(
@@ -929,7 +919,7 @@ fn rc_pingpong_checks(ns: &Ns, g: &mut Guest, uping: &str, dir: &Path) {
         // uping is the server of the stock client.
         let before = after;
         let cap = dir.join(format!("rcpp-server-{label}-{}.pcap", std::process::id()));
-        let server = Daemon::new(
+        let server = Daemon::spawn(
             ns.ustack(
                 uping,
                 &[],
@@ -942,11 +932,7 @@ fn rc_pingpong_checks(ns: &Ns, g: &mut Guest, uping: &str, dir: &Path) {
                 ],
             )
             .args(["-c", &n])
-            .args(&ours_s)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .args(&ours_s),
         );
         let what =
             format!("ibv_rc_pingpong client -s {label} vs uping --rdma=rc --pingpong --listen");
@@ -1068,14 +1054,7 @@ fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
 
             // uperf is the server of the stock client.
             let before = perftest_rc_rxe_counters(g);
-            let server = Daemon::new(
-                ns.ustack(uperf, &[], &["-s", "-1"])
-                    .args(&ours)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap(),
-            );
+            let server = Daemon::spawn(ns.ustack(uperf, &[], &["-s", "-1"]).args(&ours));
             // The stock latency tools wait forever for a lost message:
             // bounded by `timeout`, so a hang fails with both sides' output.
             let what = format!("{tool} -s {size} client vs uperf --rdma rc server");

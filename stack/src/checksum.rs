@@ -50,15 +50,15 @@ pub fn fold(mut acc: u64) -> u16 {
     acc as u16
 }
 
+/// The sum of a 32-bit field's two 16-bit words (a [`sum`] accumulator):
+/// how a header's checksum is taken from its values instead of its bytes.
+pub fn words(v: u32) -> u64 {
+    u64::from(v >> 16) + u64::from(v & 0xffff)
+}
+
 /// The sum of the IPv4 pseudo-header for `protocol` and `len` bytes.
 pub fn pseudo_header(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, len: usize) -> u64 {
-    let (s, d) = (u32::from(src), u32::from(dst));
-    u64::from(s >> 16)
-        + u64::from(s & 0xffff)
-        + u64::from(d >> 16)
-        + u64::from(d & 0xffff)
-        + u64::from(protocol)
-        + (len as u64 & 0xffff_ffff)
+    words(u32::from(src)) + words(u32::from(dst)) + u64::from(protocol) + (len as u64 & 0xffff_ffff)
 }
 
 /// Whether a transport segment (checksum field included) verifies.

@@ -693,14 +693,13 @@ impl IpHeader {
         // the TCP header is: reading back the words the small stores just
         // wrote stalls on the store buffer), options from their slice.
         let flags_frag = (u16::from(df) << 14) | (u16::from(more) << 13);
-        let halves = |v: u32| u64::from(v >> 16) + u64::from(v & 0xffff);
         let sum = u64::from(0x4000u16 | ((hl as u16 / 4) << 8))
             + u64::from((hl + payload_len) as u16)
             + u64::from(self.ident)
             + u64::from(flags_frag | (frag_offset as u16 / 8))
             + u64::from((u16::from(self.ttl) << 8) | u16::from(u8::from(self.protocol)))
-            + halves(u32::from(self.src))
-            + halves(u32::from(self.dst));
+            + checksum::words(u32::from(self.src))
+            + checksum::words(u32::from(self.dst));
         let options_sum = if options.is_empty() {
             0
         } else {

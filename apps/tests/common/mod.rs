@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use ustack::app::bulk::fill_pattern;
 
@@ -129,6 +129,16 @@ pub struct Daemon {
 impl Daemon {
     pub fn new(child: Child) -> Self {
         Daemon { child: Some(child) }
+    }
+
+    /// Start `cmd` with its stdout and stderr piped (for [`stop`](Self::stop)).
+    pub fn spawn(cmd: &mut Command) -> Self {
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {:?}: {e}", cmd.get_program()));
+        Daemon::new(child)
     }
 
     /// SIGTERM, wait, and return (exit code, stdout, stderr).

@@ -179,11 +179,10 @@ fn write_header(
     pkt.set_psh(flags & 0x08 != 0);
     pkt.set_fin(flags & 0x01 != 0);
     pkt.set_ack(true);
-    let halves = |v: u32| u64::from(v >> 16) + u64::from(v & 0xffff);
     let mut sum = u64::from(repr.src_port)
         + u64::from(repr.dst_port)
-        + halves(repr.seq_number.0 as u32)
-        + halves(ack.0 as u32)
+        + crate::checksum::words(repr.seq_number.0 as u32)
+        + crate::checksum::words(ack.0 as u32)
         + u64::from(repr.window_len)
         + u64::from(((hl as u16 / 4) << 12) | flags);
     if let Some(ts) = repr.timestamp {
@@ -194,7 +193,7 @@ fn write_header(
         o[2..6].copy_from_slice(&ts.tsval.to_be_bytes());
         o[6..10].copy_from_slice(&ts.tsecr.to_be_bytes());
         o[10..].fill(0);
-        sum += 0x080a + halves(ts.tsval) + halves(ts.tsecr);
+        sum += 0x080a + crate::checksum::words(ts.tsval) + crate::checksum::words(ts.tsecr);
     }
     pkt.set_urgent_at(0);
     pkt.set_checksum(0);
@@ -251,15 +250,13 @@ fn emit<T: Tx>(
     let peer = *remote.ip();
     if out.tso_segsz > 0 && link.offloads.tso_max == 0 {
         let mut sent = 0;
-        let mut offset = 0;
-        while offset < out.payload_len {
+        for offset in (0..out.payload_len).step_by(out.tso_segsz) {
             let n = out.tso_segsz.min(out.payload_len - offset);
             let mut frame = repr;
             frame.seq_number = repr.seq_number + offset;
             if offset + n < out.payload_len {
                 frame.control = TcpControl::Psh;
             }
-            let at = offset;
             sent += usize::from(emit_frame(
                 link,
                 now,
@@ -268,9 +265,8 @@ fn emit<T: Tx>(
                 &frame,
                 n,
                 0,
-                |buf, summed| payload(at, buf, summed),
+                |buf, summed| payload(offset, buf, summed),
             ));
-            offset += n;
         }
         return sent;
     }
