@@ -12,6 +12,8 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd ethtool nmap
           # stock programs run on ustack under LD_PRELOAD (apps/tests/netns_preload.rs)
           python3 sockperf redis-server redis-tools memcached libmemcached-tools nginx-light wrk curl
+          # ssh: closefrom(3) at start (the stack keeps its own descriptors)
+          openssh-client
           # capsh: the pcap offload test drops CAP_NET_ADMIN (apps/tests/netns_offloads.rs)
           libcap2-bin
           # the soft-RoCE guest and the stock RDMA tools (apps/tests/netns_rxe.rs,

@@ -27,6 +27,9 @@
 //! - nginx with two `reuseport` workers (`--fork each --workers 2`): a
 //!   stack per worker, both serving.
 //!
+//! - a program that closes every descriptor it did not open (`close`
+//!   loop, `close_range`, `closefrom`, and stock ssh) keeps its stack.
+//!
 //! The library is looked for where tools/test.sh's release build puts it
 //! (a release library beside a debug `ustack`: the stack is fast, and both
 //! come from the same sources); without it the tests are skipped and say
@@ -1974,4 +1977,171 @@ fn keepalive_times_out_a_silent_peer_as_linux_does() {
             .as_u64()
             .unwrap_or(0);
     assert!(probes >= 2, "keepalive probes counted: {probes}");
+}
+
+// ------------------------------------------------- the stack's own descriptors
+
+/// Close every descriptor the program did not open, as daemons and
+/// OpenSSH do: first `close` each descriptor open at start (the stack's,
+/// and any the test's own parents left inheritable) and `dup2` onto each
+/// one that refused, then `close_range` (os.closerange), `closefrom`
+/// (ctypes) and a `close` loop over every number, then echo `LEN` bytes
+/// through the peer and print their SHA-256 and what is still open.
+const CLOSE_ALL: &str = r#"
+import ctypes, errno, hashlib, json, os, socket, sys
+def name(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+def open_fds():
+    # The listing's own descriptor is closed by the time it returns.
+    listed = sorted(int(x) for x in os.listdir("/proc/self/fd") if int(x) > 2)
+    alive = []
+    for fd in listed:
+        try:
+            os.fstat(fd)
+            alive.append(fd)
+        except OSError:
+            pass
+    return alive
+start = open_fds()
+out = {"start": start, "close": [], "dup2": []}
+null = os.open("/dev/null", os.O_RDONLY)
+out["kept"] = []
+for fd in start:
+    try:
+        os.close(fd)
+        out["close"].append("ok")
+        continue
+    except OSError as e:
+        out["close"].append(name(e))
+    out["kept"].append(fd)
+    try:
+        os.dup2(null, fd)
+        out["dup2"].append("ok")
+    except OSError as e:
+        out["dup2"].append(name(e))
+os.close(null)
+os.closerange(3, 1 << 20)
+ctypes.CDLL(None).closefrom(3)
+for fd in range(3, 256):
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+out["after"] = open_fds()
+want = int(sys.argv[3])
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+block = bytes(range(256)) * 256
+h, sent, got = hashlib.sha256(), 0, 0
+while got < want:
+    if sent < want:
+        n = min(len(block), want - sent)
+        s.sendall(block[:n])
+        sent += n
+    d = s.recv(1 << 16)
+    if not d:
+        break
+    h.update(d)
+    got += len(d)
+s.close()
+out["got"], out["sha256"] = got, h.hexdigest()
+print(json.dumps(out), flush=True)
+"#;
+
+/// A program that closes every descriptor it did not open (OpenSSH's
+/// `closefrom(3)`, Python's `os.closerange`, a daemon's close loop) keeps
+/// its stack: the stack's own descriptors (its NIC's, telemetry's) refuse
+/// `close` and `dup2`, survive `close_range` and `closefrom`, and TCP
+/// still carries every byte. Stock ssh, run the same way, then gets the
+/// Linux kernel's refusal instead of EIO from a stack whose NIC it closed.
+#[test]
+fn closing_every_descriptor_leaves_the_stack_its_own() {
+    need_root!();
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let lab = Lab::new("pd", need_preload!());
+    let peer = lab.path("peer.py");
+    std::fs::write(&peer, PEER).unwrap();
+    let script = lab.path("close_all.py");
+    std::fs::write(&script, CLOSE_ALL).unwrap();
+    let mut peer = lab.linux_daemon(&[
+        PYTHON,
+        &peer.display().to_string(),
+        "10.77.0.1",
+        "7201",
+        "7202",
+    ]);
+    {
+        use std::io::BufRead;
+        let out = peer.child.as_mut().unwrap().stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the peer did not start");
+    }
+    const LEN: usize = 3_000_000;
+    // Without telemetry: a telemetry client's connection is opened after
+    // the stack starts and is not kept from the program (README).
+    let end = lab
+        .start_with(
+            Host::Stack,
+            false,
+            false,
+            &[
+                PYTHON,
+                &script.display().to_string(),
+                "10.77.0.1",
+                "7202",
+                &LEN.to_string(),
+            ],
+        )
+        .wait();
+    end.check(0);
+    let r = stdout_json("close-all", end.out.as_bytes(), end.err.as_bytes());
+    eprintln!("closing every descriptor on ustack: {r}");
+    // The stack's own (at least its NIC's socket) refused, the rest closed.
+    let kept = r["kept"].as_array().expect("kept").clone();
+    assert!(!kept.is_empty(), "no descriptor refused close: {r}");
+    let refusals = |key: &str, errno: &str| {
+        r[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| *v == errno)
+            .count()
+    };
+    assert_eq!(refusals("close", "EBADF"), kept.len(), "{r}");
+    assert_eq!(refusals("dup2", "EBUSY"), kept.len(), "{r}");
+    // close_range, closefrom and the loop left exactly those open.
+    assert_eq!(r["after"], serde_json::Value::Array(kept), "{r}");
+    let want = lab.path("want.bin");
+    std::fs::write(&want, (0..=255u8).cycle().take(LEN).collect::<Vec<u8>>()).unwrap();
+    assert_eq!(r["got"], LEN, "{r}");
+    assert_eq!(r["sha256"], sha256(&want), "{r}");
+    // Stock ssh: closefrom(3) first thing, then a connect to a port
+    // nobody listens on.
+    if Command::new("ssh").arg("-V").output().is_ok() {
+        let end = lab
+            .start_with(
+                Host::Stack,
+                false,
+                false,
+                &[
+                    "ssh",
+                    "-o",
+                    "BatchMode=yes",
+                    "-o",
+                    "ConnectTimeout=10",
+                    "root@10.77.0.1",
+                    "true",
+                ],
+            )
+            .wait();
+        assert!(
+            end.err.contains("Connection refused"),
+            "ssh on ustack: {}",
+            end.err
+        );
+    } else {
+        eprintln!("ssh is not installed: its part skipped");
+    }
+    drop(peer);
 }

@@ -2,7 +2,7 @@
 //! socket's goes to `sock`/`poll`, everything else to the C library
 //! unchanged. C arguments are checked and turned into Rust values here.
 
-use std::ffi::{c_int, c_ulong, c_void};
+use std::ffi::{c_int, c_uint, c_ulong, c_void};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,6 +14,7 @@ use libc::{
 };
 
 use crate::fd::{self, Sock};
+use crate::own;
 use crate::poll;
 use crate::real::{real, set_errno};
 use crate::sock::{self, RecvFlags, Res};
@@ -798,6 +799,11 @@ unsafe fn sendfile_ustack(
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if own::guarded(fd) {
+        // The stack's own descriptor: not the program's to close.
+        set_errno(libc::EBADF);
+        return -1;
+    }
     if fd::get(fd).is_some() {
         if forked() {
             // The parent's socket: only this process's descriptor goes.
@@ -815,6 +821,74 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     poll::closed(fd);
     // SAFETY: passing the call on.
     unsafe { (real().close)(fd) }
+}
+
+/// `close_range(2)`: the stack's own descriptors in the range stay open,
+/// and ustack sockets in it close as `close` closes them (with
+/// `CLOSE_RANGE_CLOEXEC` they are only marked, in the kernel).
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    let raw = |a: c_uint, b: c_uint, f: c_int| {
+        // SAFETY: the close_range system call on numbers the layer does
+        // not keep.
+        unsafe { libc::syscall(libc::SYS_close_range, a, b, f) as c_int }
+    };
+    if first > last {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // A process without the stack (a forked child) may close the stack's
+    // descriptors; its ustack sockets still leave the table.
+    let own = if state().is_some() {
+        own::all()
+    } else {
+        Vec::new()
+    };
+    if own.is_empty() && fd::is_empty() {
+        return raw(first, last, flags);
+    }
+    let mut skip: Vec<c_uint> = own
+        .iter()
+        .filter_map(|&f| c_uint::try_from(f).ok())
+        .collect();
+    let cloexec = flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) != 0;
+    if !cloexec {
+        for (f, _) in fd::all() {
+            if let Ok(u) = c_uint::try_from(f) {
+                if (first..=last).contains(&u) {
+                    skip.push(u);
+                    // SAFETY: our own close of a ustack socket's descriptor.
+                    unsafe { close(f) };
+                }
+            }
+        }
+    }
+    skip.sort_unstable();
+    let mut flags = flags;
+    for (a, b) in own::gaps(first, last, &skip) {
+        if raw(a, b, flags) == -1 {
+            return -1;
+        }
+        // The descriptor table is unshared once.
+        flags &= !(libc::CLOSE_RANGE_UNSHARE as c_int);
+    }
+    0
+}
+
+/// `closefrom(3)`: every descriptor from `low` up, but the stack's own.
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    let Ok(low) = c_uint::try_from(low) else {
+        return;
+    };
+    // SAFETY: our close_range over the same numbers.
+    unsafe { close_range(low, c_uint::MAX, 0) };
 }
 
 /// `shutdown(2)`.
@@ -864,6 +938,11 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     if old == new {
         set_errno(libc::EINVAL);
+        return -1;
+    }
+    if own::guarded(new) {
+        // The stack's own descriptor cannot be replaced.
+        set_errno(libc::EBUSY);
         return -1;
     }
     if fd::get(new).is_some() {

@@ -22,6 +22,9 @@
 //!   stack's own process execs (a wrapper script's `exec`) starts the stack
 //!   afresh, and one a child execs runs on the kernel (`USTACK_PID` names
 //!   the owning process).
+//! - The stack's own descriptors (its NIC's, its telemetry socket) are
+//!   not the program's: `close` of one fails with EBADF, and
+//!   `closefrom`/`close_range` close around them ([`own`]).
 //! - An unsupported call or option fails with the errno Linux gives
 //!   (EOPNOTSUPP, ENOPROTOOPT, ENOTTY) and is reported once on stderr.
 //!
@@ -32,6 +35,7 @@
 mod exports;
 mod fd;
 mod opts;
+mod own;
 mod poll;
 mod real;
 mod sock;

@@ -127,10 +127,12 @@ pub fn init() {
         Err(e) => fail(&e.to_string()),
     };
     let (telemetry, capture) = (args.telemetry.clone(), args.capture.clone());
+    let before = crate::own::open_now();
     let runtime = match builder.clone().spawn() {
         Ok(rt) => rt,
         Err(e) => fail(&e.to_string()),
     };
+    crate::own::record_since(&before);
     let fork = match std::env::var(FORK_ENV).as_deref() {
         Ok("child") => ForkMode::Child,
         Ok("parent") | Err(_) => ForkMode::Parent,
@@ -282,7 +284,9 @@ fn start_worker(master: &State, index: usize, workers: usize) -> Result<(), Stri
     if let Some(c) = &master.capture {
         b = b.capture(suffixed(c));
     }
+    let before = crate::own::open_now();
     let runtime = b.spawn().map_err(|e| e.to_string())?;
+    crate::own::record_since(&before);
     let net = runtime.net().clone();
     let state = State {
         spin: master.spin,
