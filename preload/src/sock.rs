@@ -13,6 +13,7 @@ use libc::{EAGAIN, EINTR};
 use ustack::Error as StackError;
 use ustack::events::SocketRef;
 use ustack::tcp::{ConnError, State as TcpState};
+use ustack::udp::UdpReuse;
 use ustack_runtime::Net;
 
 use std::collections::HashMap;
@@ -280,9 +281,10 @@ pub fn bind(sock: &Arc<Sock>, addr: SocketAddrV4) -> Res<()> {
         *kind = Kind::Fresh { port: addr.port() };
         return Ok(());
     }
+    let reuse = udp_reuse(sock);
     let (handle, port) = net
         .with_stack(|s| {
-            let h = s.udp_bind(addr.port())?;
+            let h = s.udp_bind_reuse(addr.port(), reuse)?;
             Ok::<_, StackError>((h, s.udp_local_port(h)?))
         })
         .map_err(gone)?
@@ -295,6 +297,15 @@ pub fn bind(sock: &Arc<Sock>, addr: SocketAddrV4) -> Res<()> {
     drop(kind);
     watch(net, sock, SocketRef::Udp(handle));
     Ok(())
+}
+
+/// How a UDP socket shares its port: its `SO_REUSEADDR` and `SO_REUSEPORT`.
+fn udp_reuse(sock: &Sock) -> UdpReuse {
+    let o = sock.opts.lock();
+    UdpReuse {
+        addr: o.reuse_addr,
+        port: o.reuse_port,
+    }
 }
 
 /// A listening port and the sockets listening on it: sockets with
@@ -400,7 +411,10 @@ pub fn reopen_inherited() {
                 drop(kind);
                 sock.notify();
             }
-            Kind::Dgram { port, peer, .. } => match net.with_stack(|s| s.udp_bind(port)) {
+            Kind::Dgram { port, peer, .. } => match net.with_stack(|s| {
+                let h = s.udp_bind_reuse(port, udp_reuse(&sock))?;
+                s.udp_connect(h, peer).map(|()| h)
+            }) {
                 Ok(Ok(handle)) => {
                     *kind = Kind::Dgram { handle, port, peer };
                     drop(kind);
@@ -600,7 +614,14 @@ fn current_kind(net: &Net, sock: &Sock) -> Kind {
 /// A UDP socket's default peer (None: dissolve the association).
 fn connect_dgram(net: &Net, sock: &Arc<Sock>, peer: Option<SocketAddrV4>) -> Res<()> {
     ensure_dgram(net, sock)?;
-    if let Kind::Dgram { peer: p, .. } = &mut *sock.kind.lock() {
+    if let Kind::Dgram {
+        peer: p, handle, ..
+    } = &mut *sock.kind.lock()
+    {
+        // Only the peer's datagrams from now on, as Linux's lookup does.
+        net.with_stack(|s| s.udp_connect(*handle, peer))
+            .map_err(gone)?
+            .map_err(errno_of)?;
         *p = peer;
     }
     Ok(())

@@ -27,7 +27,7 @@ use crate::stats::{DropReason, Stats};
 use crate::tcp::{ConnInfo, ListenHandle, TcpHandle, TcpStatus, TcpTable};
 use crate::time::{Instant, earliest};
 use crate::ud::{Completion, QpConfig, QpHandle, SendWr, UdError, UdTable, UdTransport};
-use crate::udp::{UdpHandle, UdpTable};
+use crate::udp::{UdpHandle, UdpReuse, UdpTable};
 
 pub use crate::config::Config;
 pub use crate::error::Error;
@@ -418,9 +418,24 @@ impl Stack {
 
     // ------------------------------------------------------------- UDP API
 
-    /// Bind a socket to `port` (0 picks an ephemeral port).
+    /// Bind a socket to `port` (0 picks an ephemeral port); `AddrInUse`
+    /// when another socket has the port.
     pub fn udp_bind(&mut self, port: u16) -> Result<UdpHandle, Error> {
-        self.udp.bind(port)
+        self.udp.bind(port, UdpReuse::default())
+    }
+
+    /// Bind a socket to `port` sharing it as `reuse` says (a POSIX
+    /// layer's `SO_REUSEADDR`/`SO_REUSEPORT`): the port takes it when
+    /// every socket on it asked for the same sharing.
+    pub fn udp_bind_reuse(&mut self, port: u16, reuse: UdpReuse) -> Result<UdpHandle, Error> {
+        self.udp.bind(port, reuse)
+    }
+
+    /// Connect a socket to `peer`: from then on only `peer`'s datagrams
+    /// are received on it, and on a shared port they go to it before any
+    /// unconnected socket. `None` dissolves the association.
+    pub fn udp_connect(&mut self, h: UdpHandle, peer: Option<SocketAddrV4>) -> Result<(), Error> {
+        self.udp.connect(h, peer)
     }
 
     /// The local port of a socket.
@@ -1145,6 +1160,88 @@ mod test {
         s.udp_close(h).unwrap();
         assert_eq!(s.udp_recv_from(h, &mut buf), Err(Error::InvalidHandle));
         assert_eq!(feed(&mut s, &frame).1, Some(DropReason::UdpNoSocket));
+    }
+
+    /// Sockets sharing a UDP port (iperf3's UDP server binds its port
+    /// again after connecting the first socket to the client): binds as
+    /// Linux allows them, and each datagram to the socket Linux picks.
+    #[test]
+    fn udp_port_sharing_and_connected_sockets() {
+        use crate::udp::UdpReuse;
+        let addr = UdpReuse {
+            addr: true,
+            port: false,
+        };
+        let port = UdpReuse {
+            addr: false,
+            port: true,
+        };
+        let mut s = stack();
+        feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        let from = |s: &mut Stack, src: u16, body: &[u8]| {
+            let f = eth(
+                OUR_MAC,
+                EthernetProtocol::Ipv4,
+                &ipv4(PEER_IP, OUR_IP, IpProtocol::Udp, &udp(src, 7000, body)),
+            );
+            feed(s, &f).1
+        };
+        let got = |s: &mut Stack, h: UdpHandle| {
+            let mut buf = [0u8; 16];
+            s.udp_recv_from(h, &mut buf)
+                .unwrap()
+                .map(|(n, a)| (buf[..n].to_vec(), a.port()))
+        };
+        // Sharing needs every socket on the port to ask for the same kind.
+        let a = s.udp_bind_reuse(7000, addr).unwrap();
+        assert_eq!(s.udp_bind(7000), Err(Error::AddrInUse));
+        assert_eq!(s.udp_bind_reuse(7000, port), Err(Error::AddrInUse));
+        // Connected to 5001: only 5001's datagrams; the others to the
+        // unconnected socket bound last.
+        s.udp_connect(a, Some(SocketAddrV4::new(PEER_IP, 5001)))
+            .unwrap();
+        let b = s.udp_bind_reuse(7000, addr).unwrap();
+        assert_eq!(from(&mut s, 5001, b"to a"), None);
+        assert_eq!(from(&mut s, 5002, b"to b"), None);
+        assert_eq!(got(&mut s, a), Some((b"to a".to_vec(), 5001)));
+        assert_eq!(got(&mut s, a), None);
+        assert_eq!(got(&mut s, b), Some((b"to b".to_vec(), 5002)));
+        // A connected socket alone on its port drops the rest, and says so
+        // (port unreachable, as Linux with no socket for the datagram).
+        s.udp_close(b).unwrap();
+        assert_eq!(from(&mut s, 5003, b"x"), Some(DropReason::UdpNoSocket));
+        assert_eq!(from(&mut s, 5001, b"still a"), None);
+        assert_eq!(got(&mut s, a), Some((b"still a".to_vec(), 5001)));
+        // Dissolved: everyone's again.
+        s.udp_connect(a, None).unwrap();
+        assert_eq!(from(&mut s, 5003, b"y"), None);
+        assert_eq!(got(&mut s, a), Some((b"y".to_vec(), 5003)));
+        s.udp_close(a).unwrap();
+        // SO_REUSEPORT: each source keeps one socket, and the sources
+        // spread over both.
+        let p1 = s.udp_bind_reuse(7000, port).unwrap();
+        let p2 = s.udp_bind_reuse(7000, port).unwrap();
+        let mut by_source = std::collections::HashMap::new();
+        for round in 0..2 {
+            for src in 6000..6032u16 {
+                assert_eq!(from(&mut s, src, b"r"), None);
+                let on = match (got(&mut s, p1), got(&mut s, p2)) {
+                    (Some(_), None) => p1,
+                    (None, Some(_)) => p2,
+                    other => panic!("source {src}: {other:?}"),
+                };
+                if round == 0 {
+                    by_source.insert(src, on);
+                } else {
+                    assert_eq!(by_source[&src], on, "source {src} moved");
+                }
+            }
+        }
+        let on_p1 = by_source.values().filter(|&&h| h == p1).count();
+        assert!(
+            (1..32).contains(&on_p1),
+            "{on_p1} of 32 sources on one socket"
+        );
     }
 
     #[test]

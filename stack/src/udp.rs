@@ -29,9 +29,26 @@ const EPHEMERAL_FIRST: u16 = 49_152;
 /// Datagrams with their remote ends, in order.
 type Datagrams = VecDeque<(SocketAddrV4, Vec<u8>)>;
 
+/// How a UDP socket shares its port with others (`SO_REUSEADDR`,
+/// `SO_REUSEPORT`): a port takes another socket when every socket on it,
+/// and the new one, asked for the same kind of sharing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UdpReuse {
+    /// `SO_REUSEADDR`: datagrams go to a connected socket whose peer sent
+    /// them, else to the socket bound last.
+    pub addr: bool,
+    /// `SO_REUSEPORT`: datagrams go to a connected socket whose peer sent
+    /// them, else to one of the unconnected sockets chosen by the source
+    /// (each source keeps its socket).
+    pub port: bool,
+}
+
 #[derive(Debug)]
 pub(crate) struct UdpSocket {
     port: u16,
+    reuse: UdpReuse,
+    /// The connected peer: only its datagrams are received.
+    peer: Option<SocketAddrV4>,
     rx: Datagrams,
     rx_bytes: usize,
     tx: Datagrams,
@@ -46,7 +63,8 @@ pub(crate) struct UdpSocket {
 #[derive(Debug, Default)]
 pub(crate) struct UdpTable {
     sockets: SlotMap<UdpHandle, UdpSocket>,
-    by_port: HashMap<u16, UdpHandle>,
+    /// The sockets bound to each port, in the order they were bound.
+    by_port: HashMap<u16, Vec<UdpHandle>>,
     next_ephemeral: u16,
     /// Sockets with datagrams to send.
     ready: VecDeque<UdpHandle>,
@@ -119,15 +137,29 @@ impl UdpTable {
 
     // ------------------------------------------------------------- app API
 
-    /// Bind a socket to `port` (0 picks an ephemeral port).
-    pub fn bind(&mut self, port: u16) -> Result<UdpHandle, Error> {
+    /// Bind a socket to `port` (0 picks an ephemeral port), sharing it as
+    /// `reuse` says.
+    pub fn bind(&mut self, port: u16, reuse: UdpReuse) -> Result<UdpHandle, Error> {
         let port = match port {
             0 => self.pick_ephemeral().ok_or(Error::NoFreePort)?,
-            p if self.by_port.contains_key(&p) => return Err(Error::AddrInUse),
-            p => p,
+            p => {
+                let on_port = self.by_port.get(&p).map_or(&[][..], Vec::as_slice);
+                let shares = |f: fn(UdpReuse) -> bool| {
+                    f(reuse)
+                        && on_port
+                            .iter()
+                            .all(|&h| self.sockets.get(h).is_some_and(|s| f(s.reuse)))
+                };
+                if !on_port.is_empty() && !shares(|r| r.addr) && !shares(|r| r.port) {
+                    return Err(Error::AddrInUse);
+                }
+                p
+            }
         };
         let h = self.sockets.insert(UdpSocket {
             port,
+            reuse,
+            peer: None,
             rx: VecDeque::new(),
             rx_bytes: 0,
             tx: VecDeque::new(),
@@ -136,8 +168,45 @@ impl UdpTable {
             tx_blocked: false,
             events: Pending::default(),
         });
-        self.by_port.insert(port, h);
+        self.by_port.entry(port).or_default().push(h);
         Ok(h)
+    }
+
+    /// Connect a socket to `peer` (only its datagrams are received from
+    /// then on), or dissolve the association (`None`).
+    pub fn connect(&mut self, h: UdpHandle, peer: Option<SocketAddrV4>) -> Result<(), Error> {
+        self.get_mut(h)?.peer = peer;
+        Ok(())
+    }
+
+    /// The socket a datagram from `src` to `port` is for: a connected one
+    /// whose peer is `src`, else an unconnected one (the last bound, or
+    /// with `SO_REUSEPORT` one chosen by `src`), as Linux's lookup scores
+    /// them.
+    fn lookup(&self, port: u16, src: SocketAddrV4) -> Option<UdpHandle> {
+        let on_port = self.by_port.get(&port)?;
+        if let [h] = on_port.as_slice() {
+            let s = self.sockets.get(*h)?;
+            return s.peer.is_none_or(|p| p == src).then_some(*h);
+        }
+        let mut open = Vec::new();
+        for &h in on_port.iter().rev() {
+            match self.sockets.get(h).map(|s| s.peer) {
+                Some(Some(p)) if p == src => return Some(h),
+                Some(None) => open.push(h),
+                _ => {}
+            }
+        }
+        let first = *open.first()?;
+        let all_reuse_port = open
+            .iter()
+            .all(|&h| self.sockets.get(h).is_some_and(|s| s.reuse.port));
+        if !all_reuse_port {
+            return Some(first);
+        }
+        let key = u32::from(*src.ip()).rotate_left(16) ^ u32::from(src.port());
+        let i = (key.wrapping_mul(0x9e37_79b9) >> 16) as usize % open.len();
+        Some(open[i])
     }
 
     /// The local port of a socket.
@@ -222,7 +291,12 @@ impl UdpTable {
     /// leave on the next poll.
     pub fn close(&mut self, h: UdpHandle) -> Result<(), Error> {
         let s = self.sockets.remove(h).ok_or(Error::InvalidHandle)?;
-        self.by_port.remove(&s.port);
+        if let Some(on_port) = self.by_port.get_mut(&s.port) {
+            on_port.retain(|&i| i != h);
+            if on_port.is_empty() {
+                self.by_port.remove(&s.port);
+            }
+        }
         if !s.tx.is_empty() {
             self.orphans.push((s.port, s.tx));
         }
@@ -259,7 +333,7 @@ impl UdpTable {
             return Ok(Some(data));
         }
         let cap = link.cfg.udp_rx_queue_bytes;
-        let Some(&h) = self.by_port.get(&dst_port) else {
+        let Some(h) = self.lookup(dst_port, SocketAddrV4::new(meta.src, src_port)) else {
             link.send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
             return Err(DropReason::UdpNoSocket);
         };
