@@ -1771,10 +1771,13 @@ print(json.dumps(out), flush=True)
 /// drains them: how many were taken and how many failed with EAGAIN.
 const UDP_FLOOD: &str = r#"
 import errno, json, socket, sys, time
-# Give the test's telemetry reader time to attach: the flood itself is
-# over in a fraction of a second, and the socket goes with the program.
-time.sleep(0.5)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+# The socket started the stack: one datagram resolves the peer's MAC, and
+# the pause gives the test's telemetry reader time to attach (the flood
+# itself is over in a fraction of a second, and the socket goes with the
+# program).
+s.sendto(b"hello", (sys.argv[1], 9))
+time.sleep(0.5)
 s.setblocking(False)
 data = b"u" * 65000
 sent = eagain = 0
@@ -2064,6 +2067,115 @@ fn keepalive_times_out_a_silent_peer_as_linux_does() {
     assert!(probes >= 2, "keepalive probes counted: {probes}");
 }
 
+// ------------------------------------------------------- wrappers and shells
+
+/// Echo `LEN` bytes through the peer at ADDR:PORT, wait HOLD seconds, and
+/// print one JSON line with their count and SHA-256 (`error`: the errno
+/// name, if it failed).
+const ECHO_CLIENT: &str = r#"
+import errno, hashlib, json, socket, sys, time
+want, hold = int(sys.argv[3]), float(sys.argv[4])
+block = bytes(range(256)) * 256
+h, sent, got = hashlib.sha256(), 0, 0
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+    while got < want:
+        if sent < want:
+            n = min(len(block), want - sent)
+            s.sendall(block[:n])
+            sent += n
+        d = s.recv(1 << 16)
+        if not d:
+            break
+        h.update(d)
+        got += len(d)
+    time.sleep(hold)
+    s.close()
+    print(json.dumps({"got": got, "sha256": h.hexdigest()}), flush=True)
+except OSError as e:
+    print(json.dumps({"error": errno.errorcode.get(e.errno, str(e))}), flush=True)
+"#;
+
+/// A shell or wrapper script that opens no AF_INET socket leaves the stack
+/// to the programs it starts: `sh -c 'client; client'` runs both clients
+/// on ustack, one after the other (each takes the stack at its first
+/// socket and lets it go at exit). Two at once: the first has the stack,
+/// the other runs on the kernel's sockets (here without an address: it
+/// fails) and says so on stderr.
+#[test]
+fn a_shell_hands_the_stack_to_the_programs_it_starts() {
+    need_root!();
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let lab = Lab::new("ps", need_preload!());
+    let peer = lab.path("peer.py");
+    std::fs::write(&peer, PEER).unwrap();
+    let client = lab.path("echo_client.py");
+    std::fs::write(&client, ECHO_CLIENT).unwrap();
+    let mut peer = lab.linux_daemon(&[
+        PYTHON,
+        &peer.display().to_string(),
+        "10.77.0.1",
+        "7301",
+        "7302",
+    ]);
+    {
+        use std::io::BufRead;
+        let out = peer.child.as_mut().unwrap().stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the peer did not start");
+    }
+    const LEN: usize = 1_000_000;
+    let want = lab.path("want.bin");
+    std::fs::write(&want, (0..=255u8).cycle().take(LEN).collect::<Vec<u8>>()).unwrap();
+    let want = sha256(&want);
+    let one = |hold: u32| format!("{PYTHON} {} 10.77.0.1 7302 {LEN} {hold}", client.display());
+    let lines = |out: &str| -> Vec<Value> {
+        out.lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    // One after the other: both on ustack.
+    let end = lab
+        .start_with(
+            Host::Stack,
+            false,
+            false,
+            &["sh", "-c", &format!("{}; {}", one(0), one(0))],
+        )
+        .wait();
+    end.check(0);
+    let got = lines(&end.out);
+    assert_eq!(got.len(), 2, "{}{}", end.out, end.err);
+    for g in &got {
+        assert_eq!(g["got"], LEN, "{g}: {}", end.err);
+        assert_eq!(g["sha256"], want.as_str(), "{g}");
+    }
+    // At once: one on ustack, the other told it runs on the kernel's.
+    let end = lab
+        .start_with(
+            Host::Stack,
+            false,
+            false,
+            // Each holds its connection 2 s: the other starts meanwhile.
+            &["sh", "-c", &format!("{} & {}; wait", one(2), one(2))],
+        )
+        .wait();
+    end.check(0);
+    let got = lines(&end.out);
+    assert_eq!(got.len(), 2, "{}{}", end.out, end.err);
+    let ok = got.iter().filter(|g| g["sha256"] == want.as_str()).count();
+    assert_eq!(ok, 1, "{got:?}: {}", end.err);
+    assert!(
+        end.err.contains("runs on the kernel's sockets"),
+        "{}",
+        end.err
+    );
+    drop(peer);
+}
+
 // ------------------------------------------------- the stack's own descriptors
 
 /// Close every descriptor the program did not open, as daemons and
@@ -2087,8 +2199,12 @@ def open_fds():
         except OSError:
             pass
     return alive
-start = open_fds()
-out = {"start": start, "close": [], "dup2": []}
+# The first AF_INET socket starts the stack; its descriptors are the
+# ones open now that were not before.
+before = open_fds()
+warm = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+start = [fd for fd in open_fds() if fd != warm.fileno()]
+out = {"start": start, "new": [fd for fd in start if fd not in before], "close": [], "dup2": []}
 null = os.open("/dev/null", os.O_RDONLY)
 out["kept"] = []
 for fd in start:
@@ -2182,9 +2298,11 @@ fn closing_every_descriptor_leaves_the_stack_its_own() {
     end.check(0);
     let r = stdout_json("close-all", end.out.as_bytes(), end.err.as_bytes());
     eprintln!("closing every descriptor on ustack: {r}");
-    // The stack's own (at least its NIC's socket) refused, the rest closed.
+    // The stack's own (at least its NIC's socket: the descriptors its
+    // start opened) refused, the rest closed.
     let kept = r["kept"].as_array().expect("kept").clone();
     assert!(!kept.is_empty(), "no descriptor refused close: {r}");
+    assert_eq!(r["new"], serde_json::Value::Array(kept.clone()), "{r}");
     let refusals = |key: &str, errno: &str| {
         r[key]
             .as_array()

@@ -137,11 +137,12 @@ unsafe fn iovecs<'a>(iov: *const iovec, n: c_int) -> Res<Vec<&'a mut [u8]>> {
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
-    if state().is_some() && domain == libc::AF_INET {
+    if domain == libc::AF_INET {
         let base = ty & 0xf;
         let stream = base == libc::SOCK_STREAM && (protocol == 0 || protocol == libc::IPPROTO_TCP);
         let dgram = base == libc::SOCK_DGRAM && (protocol == 0 || protocol == libc::IPPROTO_UDP);
-        if stream || dgram {
+        // The first such socket of the program starts the stack.
+        if (stream || dgram) && crate::state::start_for_socket().is_some() {
             let nb = ty & libc::SOCK_NONBLOCK != 0;
             let cx = ty & libc::SOCK_CLOEXEC != 0;
             return guard(-1, || {
@@ -1358,7 +1359,9 @@ pub unsafe extern "C" fn pselect(
 pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
     // SAFETY: passing the call on.
     let fd = unsafe { (real().epoll_create)(size) };
-    if fd >= 0 && state().is_some() {
+    // Tracked before the stack starts too: a program makes its epoll sets
+    // first and adds sockets later (memcached's workers).
+    if fd >= 0 && crate::state::planned() {
         poll::created(fd);
     }
     fd
@@ -1372,7 +1375,9 @@ pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
 pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
     // SAFETY: passing the call on.
     let fd = unsafe { (real().epoll_create1)(flags) };
-    if fd >= 0 && state().is_some() {
+    // Tracked before the stack starts too: a program makes its epoll sets
+    // first and adds sockets later (memcached's workers).
+    if fd >= 0 && crate::state::planned() {
         poll::created(fd);
     }
     fd

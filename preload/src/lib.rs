@@ -2,8 +2,10 @@
 //!
 //! `ustack exec NET -- PROGRAM ARGS...` loads this library into the program
 //! with `LD_PRELOAD` and the NET flags in `USTACK_NET`. Before `main` the
-//! library starts a stack on the interface those flags name; from then on
-//! the program's AF_INET stream and datagram sockets are ustack's, and
+//! library checks those flags; the first AF_INET socket starts a stack on
+//! the interface they name (one process of the program at a time runs
+//! it); from then on the program's AF_INET stream and datagram sockets are
+//! ustack's, and
 //! everything else (files, pipes, AF_UNIX, AF_INET6, raw sockets, eventfd,
 //! timerfd) goes to the C library unchanged. Without `USTACK_NET` every call
 //! goes to the C library.
@@ -12,19 +14,19 @@
 //!   the kernel never gives that number to anything else, and kernel
 //!   `poll`/`epoll` sets that mix ustack sockets and kernel descriptors
 //!   wake on it, because the stack's loop writes it on the socket's
-//!   readiness events ([`fd`], [`poll`]).
+//!   readiness events (`fd.rs`, `poll.rs`).
 //! - Calls act on the shared stack directly (no copy through a queue);
 //!   a blocking call waits in the kernel on the socket's eventfd, so a
 //!   signal interrupts it with EINTR as it would a kernel socket's.
-//! - `fork`: the child runs on, on the kernel's sockets; the stack, its loop
-//!   thread, its NIC and every inherited ustack socket stay the parent's
-//!   (in the child they only close). `exec` starts clean: a program the
-//!   stack's own process execs (a wrapper script's `exec`) starts the stack
-//!   afresh, and one a child execs runs on the kernel (`USTACK_PID` names
-//!   the owning process).
+//! - `fork` of the process running the stack: the child runs on, on the
+//!   kernel's sockets; the stack, its loop thread, its NIC and every
+//!   inherited ustack socket stay the parent's (in the child they only
+//!   close). `exec` and exit let the stack go: the next process of the
+//!   program to open an AF_INET socket starts it afresh (the claim,
+//!   named after `USTACK_PID`, is held by one process at a time).
 //! - The stack's own descriptors (its NIC's, its telemetry socket) are
 //!   not the program's: `close` of one fails with EBADF, and
-//!   `closefrom`/`close_range` close around them ([`own`]).
+//!   `closefrom`/`close_range` close around them (`own.rs`).
 //! - An unsupported call or option fails with the errno Linux gives
 //!   (EOPNOTSUPP, ENOPROTOOPT, ENOTTY) and is reported once on stderr.
 //!

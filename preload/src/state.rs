@@ -1,8 +1,10 @@
-//! The process's stack: started before `main` from `USTACK_NET`, stopped
-//! at exit, given up by a forked child.
+//! The process's stack: `USTACK_NET` checked before `main`, the stack
+//! started at the first AF_INET socket (when no other process of the
+//! program holds the claim), stopped at exit, given up by a forked child.
 
+use std::os::fd::RawFd;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -10,12 +12,14 @@ use parking_lot::Mutex;
 use ustack_runtime::cli::NetArgs;
 use ustack_runtime::{Net, Runtime};
 
+use crate::real::real;
+
 /// The environment variable `ustack exec` passes the NET flags in.
 pub const ENV: &str = "USTACK_NET";
-/// The process the stack belongs to (set by `ustack exec` to its own pid,
-/// which the program keeps across `exec`): a wrapper script that `exec`s
-/// the real program hands the stack on, but a child it forks and execs
-/// runs on the kernel's sockets, so no NIC is driven by two processes.
+/// Names the program's claim on the stack (set by `ustack exec` to its own
+/// pid, which the program keeps across `exec`): every process of the
+/// program's tree shares it, and one at a time holds it (the one running
+/// the stack), so no NIC is driven by two processes.
 pub const OWNER: &str = "USTACK_PID";
 
 /// Who keeps the stack across `fork` (`USTACK_FORK`: parent, child, or
@@ -98,19 +102,36 @@ fn fail(msg: &str) -> ! {
     unsafe { libc::_exit(2) }
 }
 
-/// Parse `USTACK_NET` and start the stack; without it, do nothing (every
-/// call then goes to the C library unchanged).
+/// What `USTACK_NET` asks for, checked before `main`: the stack a process
+/// of the program starts at its first AF_INET socket.
+#[derive(Debug)]
+struct Plan {
+    builder: ustack_runtime::Builder,
+    fork: ForkMode,
+    spin: Duration,
+    telemetry: Option<std::path::PathBuf>,
+    capture: Option<std::path::PathBuf>,
+    /// The abstract Unix socket name the process running the stack holds
+    /// (one per `ustack exec`, from `USTACK_PID`).
+    claim: String,
+}
+
+static PLAN: OnceLock<Plan> = OnceLock::new();
+/// This process image asked for the stack already (at its first AF_INET
+/// socket): it got it, or another process of the program has it.
+static TRIED: AtomicBool = AtomicBool::new(false);
+/// The claim's descriptor in this process (-1: none).
+static CLAIM_FD: AtomicI32 = AtomicI32::new(-1);
+/// Held while a stack starts (two threads' first sockets at once).
+static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Check `USTACK_NET` (a bad flag is one line on stderr and exit status 2
+/// before `main`) and keep it for the first AF_INET socket; without it,
+/// do nothing (every call then goes to the C library unchanged).
 pub fn init() {
     let Ok(spec) = std::env::var(ENV) else {
         return;
     };
-    let owner = std::env::var(OWNER)
-        .ok()
-        .and_then(|p| p.parse::<u32>().ok());
-    if owner.is_some_and(|p| p != std::process::id()) {
-        // A child of the stack's process (fork + exec): the kernel's sockets.
-        return;
-    }
     let Some(words) = shlex::split(&spec) else {
         fail(&format!("{ENV} is not a valid argument list: {spec:?}"));
     };
@@ -126,13 +147,11 @@ pub fn init() {
         Ok(b) => b.app_counters(counters),
         Err(e) => fail(&e.to_string()),
     };
-    let (telemetry, capture) = (args.telemetry.clone(), args.capture.clone());
-    let before = crate::own::open_now();
-    let runtime = match builder.clone().spawn() {
-        Ok(rt) => rt,
-        Err(e) => fail(&e.to_string()),
-    };
-    crate::own::record_since(&before);
+    if let Some(iface) = &args.pcap {
+        if !std::path::Path::new("/sys/class/net").join(iface).exists() {
+            fail(&format!("--pcap {iface}: no such network interface"));
+        }
+    }
     let fork = match std::env::var(FORK_ENV).as_deref() {
         Ok("child") => ForkMode::Child,
         Ok("parent") | Err(_) => ForkMode::Parent,
@@ -150,16 +169,26 @@ pub fn init() {
             _ => fail(&format!("{SPIN_ENV}={v}: microseconds, 0 to 1000000")),
         },
     };
-    let state = State {
-        spin,
-        net: runtime.net().clone(),
-        runtime: Mutex::new(Some(runtime)),
-        fork,
-        builder,
-        telemetry,
-        capture,
+    // The program's processes share one claim: the first `ustack exec`
+    // process names it (LD_PRELOAD set by hand: this process does).
+    let id = match std::env::var(OWNER) {
+        Ok(id) => id,
+        Err(_) => {
+            let id = std::process::id().to_string();
+            // SAFETY: before `main`, while this is the only thread.
+            unsafe { std::env::set_var(OWNER, &id) };
+            id
+        }
     };
-    if STATE.set(state).is_err() {
+    let plan = Plan {
+        builder,
+        fork,
+        spin,
+        telemetry: args.telemetry.clone(),
+        capture: args.capture.clone(),
+        claim: format!("ustack-exec-{id}"),
+    };
+    if PLAN.set(plan).is_err() {
         return;
     }
     // SAFETY: registering plain `extern "C" fn()` handlers.
@@ -170,6 +199,109 @@ pub fn init() {
             Some(after_fork_parent),
             Some(after_fork_child),
         );
+    }
+}
+
+/// Whether this process runs the stack or may start it (`USTACK_NET` was
+/// given, and it did not give the stack up at a `fork`).
+pub fn planned() -> bool {
+    state().is_some() || PLAN.get().is_some() && !DETACHED.load(Ordering::Relaxed)
+}
+
+/// The stack for a new AF_INET socket: this process's, started now when no
+/// other process of the program runs one. The first process to open an
+/// AF_INET socket takes the stack (a shell or wrapper script that opens
+/// none leaves it to the program it starts) and holds it until it exits or
+/// execs; the others' sockets are the kernel's. None: the kernel's.
+pub fn start_for_socket() -> Option<&'static State> {
+    if let Some(s) = state() {
+        return Some(s);
+    }
+    if DETACHED.load(Ordering::Relaxed) || TRIED.load(Ordering::Acquire) {
+        return None;
+    }
+    let plan = PLAN.get()?;
+    let _one = STARTING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(s) = state() {
+        return Some(s);
+    }
+    if TRIED.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    let before = crate::own::open_now();
+    let Some(fd) = claim(&plan.claim) else {
+        eprintln!(
+            "ustack exec: process {} runs on the kernel's sockets: another process of the program has the stack",
+            std::process::id()
+        );
+        return None;
+    };
+    let runtime = match plan.builder.clone().spawn() {
+        Ok(rt) => rt,
+        Err(e) => fail(&e.to_string()),
+    };
+    crate::own::record_since(&before);
+    CLAIM_FD.store(fd, Ordering::Release);
+    let started = State {
+        spin: plan.spin,
+        net: runtime.net().clone(),
+        runtime: Mutex::new(Some(runtime)),
+        fork: plan.fork,
+        builder: plan.builder.clone(),
+        telemetry: plan.telemetry.clone(),
+        capture: plan.capture.clone(),
+    };
+    let _ = STATE.set(started);
+    state()
+}
+
+/// Take the program's claim on the stack: bind the abstract Unix socket
+/// `name` (one process at a time can; the kernel lets it go when the
+/// descriptor's last copy closes, at exit or exec). Its descriptor, or
+/// None when another process holds it.
+fn claim(name: &str) -> Option<RawFd> {
+    let r = real();
+    // SAFETY: the C library's socket; CLOEXEC so an exec lets the claim go.
+    let fd = unsafe { (r.socket)(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: an all-zero sockaddr_un is valid; the name is copied in below.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // Abstract: a leading NUL, then the name (no file to clean up).
+    let bytes = name.as_bytes();
+    let n = bytes.len().min(addr.sun_path.len() - 1);
+    for (d, &b) in addr.sun_path[1..=n].iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + n;
+    // SAFETY: `addr` is a sockaddr_un valid for `len` bytes.
+    let ok = unsafe {
+        (r.bind)(
+            fd,
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    } == 0;
+    if ok {
+        return Some(fd);
+    }
+    // SAFETY: closing the socket made above.
+    unsafe { (r.close)(fd) };
+    None
+}
+
+/// Close this process's copy of the claim (a forked child that does not
+/// run the stack, or a parent that handed it to its child), so the claim
+/// ends with the process that runs the stack.
+fn drop_claim() {
+    let fd = CLAIM_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: the claim socket this process holds a copy of.
+        unsafe { (real().close)(fd) };
     }
 }
 
@@ -223,6 +355,7 @@ extern "C" fn after_fork_parent() {
                 rt.forsake();
             }
             DETACHED.store(true, Ordering::Relaxed);
+            drop_claim();
         }
         Some((s, ForkMode::Each { .. })) => {
             FORKS.fetch_add(1, Ordering::Relaxed);
@@ -264,7 +397,14 @@ extern "C" fn after_fork_child() {
                 eprintln!("ustack exec: worker {index} cannot start its stack: {e}");
             }
         }
-        _ => DETACHED.store(true, Ordering::Relaxed),
+        Some(_) => {
+            DETACHED.store(true, Ordering::Relaxed);
+            drop_claim();
+        }
+        // A worker's child runs on the kernel's sockets.
+        None if WORKER.get().is_some() => DETACHED.store(true, Ordering::Relaxed),
+        // No stack was started here: the child may start it.
+        None => {}
     }
 }
 
