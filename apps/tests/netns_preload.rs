@@ -286,6 +286,35 @@ impl Lab {
         Daemon::new(child)
     }
 
+    /// The Python peer ([`PEER`]) on the Linux host at 10.77.0.1: it resets
+    /// every connection to `reset_port` and echoes on `echo_port`; returned
+    /// once it listens.
+    fn linux_echo_peer(&self, reset_port: u16, echo_port: u16) -> Daemon {
+        let script = self.path("peer.py");
+        std::fs::write(&script, PEER).unwrap();
+        let mut peer = self.linux_daemon(&[
+            PYTHON,
+            &script.display().to_string(),
+            "10.77.0.1",
+            &reset_port.to_string(),
+            &echo_port.to_string(),
+        ]);
+        use std::io::BufRead;
+        let out = peer.child.as_mut().unwrap().stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the peer did not start");
+        peer
+    }
+
+    /// SHA-256 of the first `len` bytes of 0, 1, ..., 255, 0, 1, ... (what
+    /// the echo clients send).
+    fn pattern_sha256(&self, len: usize) -> String {
+        let f = self.path(&format!("pattern-{len}.bin"));
+        std::fs::write(&f, (0..=255u8).cycle().take(len).collect::<Vec<u8>>()).unwrap();
+        sha256(&f)
+    }
+
     /// Wait until `ip` answers ARP on the Linux side (its stack is up).
     fn wait_arp(&self, ip: &str) {
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -1798,25 +1827,10 @@ print(json.dumps({"sent": sent, "eagain": eagain, "worst_ms": worst * 1000}), fl
 /// and the ustack run's stderr.
 fn bad_input_results(short: &str) -> (Value, Value, String) {
     let lab = Lab::new(short, preload_lib().expect("the library"));
-    let peer = lab.path("peer.py");
-    std::fs::write(&peer, PEER).unwrap();
     let script = lab.path("bad.py");
     std::fs::write(&script, BAD_INPUT).unwrap();
     let script = script.display().to_string();
-    let mut peer = lab.linux_daemon(&[
-        PYTHON,
-        &peer.display().to_string(),
-        "10.77.0.1",
-        "7001",
-        "7002",
-    ]);
-    {
-        use std::io::BufRead;
-        let out = peer.child.as_mut().unwrap().stdout.take().unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(out).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "the peer did not start");
-    }
+    let peer = lab.linux_echo_peer(7001, 7002);
     let args = ["10.77.0.1", "7001", "7002", "7003"];
     let o = lab.linux(&[&[PYTHON, &script][..], &args].concat());
     let linux = stdout_json("bad input on Linux", &o.stdout, &o.stderr);
@@ -2096,6 +2110,14 @@ except OSError as e:
     print(json.dumps({"error": errno.errorcode.get(e.errno, str(e))}), flush=True)
 "#;
 
+/// Every JSON object line of a program's output, in order.
+fn json_lines(out: &str) -> Vec<Value> {
+    out.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
 /// A shell or wrapper script that opens no AF_INET socket leaves the stack
 /// to the programs it starts: `sh -c 'client; client'` runs both clients
 /// on ustack, one after the other (each takes the stack at its first
@@ -2108,35 +2130,12 @@ fn a_shell_hands_the_stack_to_the_programs_it_starts() {
     need_program!(PYTHON, "python3");
     let _turn = serial();
     let lab = Lab::new("ps", need_preload!());
-    let peer = lab.path("peer.py");
-    std::fs::write(&peer, PEER).unwrap();
     let client = lab.path("echo_client.py");
     std::fs::write(&client, ECHO_CLIENT).unwrap();
-    let mut peer = lab.linux_daemon(&[
-        PYTHON,
-        &peer.display().to_string(),
-        "10.77.0.1",
-        "7301",
-        "7302",
-    ]);
-    {
-        use std::io::BufRead;
-        let out = peer.child.as_mut().unwrap().stdout.take().unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(out).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "the peer did not start");
-    }
+    let peer = lab.linux_echo_peer(7301, 7302);
     const LEN: usize = 1_000_000;
-    let want = lab.path("want.bin");
-    std::fs::write(&want, (0..=255u8).cycle().take(LEN).collect::<Vec<u8>>()).unwrap();
-    let want = sha256(&want);
+    let want = lab.pattern_sha256(LEN);
     let one = |hold: u32| format!("{PYTHON} {} 10.77.0.1 7302 {LEN} {hold}", client.display());
-    let lines = |out: &str| -> Vec<Value> {
-        out.lines()
-            .filter(|l| l.starts_with('{'))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
     // One after the other: both on ustack.
     let end = lab
         .start_with(
@@ -2147,7 +2146,7 @@ fn a_shell_hands_the_stack_to_the_programs_it_starts() {
         )
         .wait();
     end.check(0);
-    let got = lines(&end.out);
+    let got = json_lines(&end.out);
     assert_eq!(got.len(), 2, "{}{}", end.out, end.err);
     for g in &got {
         assert_eq!(g["got"], LEN, "{g}: {}", end.err);
@@ -2164,7 +2163,7 @@ fn a_shell_hands_the_stack_to_the_programs_it_starts() {
         )
         .wait();
     end.check(0);
-    let got = lines(&end.out);
+    let got = json_lines(&end.out);
     assert_eq!(got.len(), 2, "{}{}", end.out, end.err);
     let ok = got.iter().filter(|g| g["sha256"] == want.as_str()).count();
     assert_eq!(ok, 1, "{got:?}: {}", end.err);
@@ -2182,8 +2181,9 @@ fn a_shell_hands_the_stack_to_the_programs_it_starts() {
 /// OpenSSH do: first `close` each descriptor open at start (the stack's,
 /// and any the test's own parents left inheritable) and `dup2` onto each
 /// one that refused, then `close_range` (os.closerange), `closefrom`
-/// (ctypes) and a `close` loop over every number, then echo `LEN` bytes
-/// through the peer and print their SHA-256 and what is still open.
+/// (ctypes) and a `close` loop over every number, and print what is still
+/// open; run with [`ECHO_CLIENT`] after it (the same arguments), which
+/// then echoes `LEN` bytes through the peer.
 const CLOSE_ALL: &str = r#"
 import ctypes, errno, hashlib, json, os, socket, sys
 def name(e):
@@ -2229,22 +2229,6 @@ for fd in range(3, 256):
     except OSError:
         pass
 out["after"] = open_fds()
-want = int(sys.argv[3])
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-block = bytes(range(256)) * 256
-h, sent, got = hashlib.sha256(), 0, 0
-while got < want:
-    if sent < want:
-        n = min(len(block), want - sent)
-        s.sendall(block[:n])
-        sent += n
-    d = s.recv(1 << 16)
-    if not d:
-        break
-    h.update(d)
-    got += len(d)
-s.close()
-out["got"], out["sha256"] = got, h.hexdigest()
 print(json.dumps(out), flush=True)
 "#;
 
@@ -2260,24 +2244,9 @@ fn closing_every_descriptor_leaves_the_stack_its_own() {
     need_program!(PYTHON, "python3");
     let _turn = serial();
     let lab = Lab::new("pd", need_preload!());
-    let peer = lab.path("peer.py");
-    std::fs::write(&peer, PEER).unwrap();
     let script = lab.path("close_all.py");
-    std::fs::write(&script, CLOSE_ALL).unwrap();
-    let mut peer = lab.linux_daemon(&[
-        PYTHON,
-        &peer.display().to_string(),
-        "10.77.0.1",
-        "7201",
-        "7202",
-    ]);
-    {
-        use std::io::BufRead;
-        let out = peer.child.as_mut().unwrap().stdout.take().unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(out).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "the peer did not start");
-    }
+    std::fs::write(&script, format!("{CLOSE_ALL}{ECHO_CLIENT}")).unwrap();
+    let peer = lab.linux_echo_peer(7201, 7202);
     const LEN: usize = 3_000_000;
     // Without telemetry: a telemetry client's connection is opened after
     // the stack starts and is not kept from the program (README).
@@ -2292,11 +2261,14 @@ fn closing_every_descriptor_leaves_the_stack_its_own() {
                 "10.77.0.1",
                 "7202",
                 &LEN.to_string(),
+                "0",
             ],
         )
         .wait();
     end.check(0);
-    let r = stdout_json("close-all", end.out.as_bytes(), end.err.as_bytes());
+    let [r, echoed] = &json_lines(&end.out)[..] else {
+        panic!("two result lines: {}{}", end.out, end.err);
+    };
     eprintln!("closing every descriptor on ustack: {r}");
     // The stack's own (at least its NIC's socket: the descriptors its
     // start opened) refused, the rest closed.
@@ -2315,10 +2287,8 @@ fn closing_every_descriptor_leaves_the_stack_its_own() {
     assert_eq!(refusals("dup2", "EBUSY"), kept.len(), "{r}");
     // close_range, closefrom and the loop left exactly those open.
     assert_eq!(r["after"], serde_json::Value::Array(kept), "{r}");
-    let want = lab.path("want.bin");
-    std::fs::write(&want, (0..=255u8).cycle().take(LEN).collect::<Vec<u8>>()).unwrap();
-    assert_eq!(r["got"], LEN, "{r}");
-    assert_eq!(r["sha256"], sha256(&want), "{r}");
+    assert_eq!(echoed["got"], LEN, "{echoed}");
+    assert_eq!(echoed["sha256"], lab.pattern_sha256(LEN), "{echoed}");
     // Stock ssh: closefrom(3) first thing, then a connect to a port
     // nobody listens on.
     if Command::new("ssh").arg("-V").output().is_ok() {
