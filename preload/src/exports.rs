@@ -18,7 +18,7 @@ use crate::own;
 use crate::poll;
 use crate::real::{real, set_errno};
 use crate::sock::{self, RecvFlags, Res};
-use crate::state::{forked, state};
+use crate::state::forked;
 
 /// A ustack socket's descriptor: its socket, or an errno to fail with (a
 /// forked child's inherited sockets are the parent's). None: not ours.
@@ -843,11 +843,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     }
     // A process without the stack (a forked child) may close the stack's
     // descriptors; its ustack sockets still leave the table.
-    let own = if state().is_some() {
-        own::all()
-    } else {
-        Vec::new()
-    };
+    let own = own::guarded_all();
     if own.is_empty() && fd::is_empty() {
         return raw(first, last, flags);
     }

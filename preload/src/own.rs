@@ -3,17 +3,17 @@
 //!
 //! Programs close descriptors they never opened: OpenSSH's clients and
 //! daemons call `closefrom(3)` first thing, daemons loop `close` over every
-//! number, and Python's `os.closerange` calls `close_range`. The stack
-//! opens its descriptors before `main`, so without care such a program
-//! closes the stack's NIC under it (every socket call then fails with
-//! EIO). The descriptors the stack opened when it started are recorded
+//! number, and Python's `os.closerange` calls `close_range`. Without care
+//! such a program closes the stack's NIC under it (every socket call then
+//! fails with EIO). The descriptors the stack opened when it started are
+//! recorded
 //! here; `close` of one fails with EBADF (as if it were not open, which for
 //! the program it is not), `close_range` and `closefrom` close around
 //! them, and `dup2`/`dup3` onto one fail with EBUSY.
 //!
-//! The set is written only while one thread runs (before `main`, and in a
-//! forked child starting a worker's stack) and read with atomics, so no
-//! lock is held across `fork`.
+//! The set is written once per stack started (at the first AF_INET
+//! socket, under the start lock, or in a forked child starting a worker's
+//! stack) and read with atomics, so no lock is held across `fork`.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
@@ -70,20 +70,24 @@ pub fn record_since(before: &[RawFd]) {
     LEN.store(n, Ordering::Release);
 }
 
-/// The recorded descriptors, ascending.
-pub fn all() -> Vec<RawFd> {
-    let n = LEN.load(Ordering::Acquire);
-    OWN[..n].iter().map(|a| a.load(Ordering::Relaxed)).collect()
+/// The descriptors kept from the program: the recorded ones while this
+/// process runs the stack (a forked child without it may close its
+/// copies), none otherwise.
+fn kept() -> &'static [AtomicI32] {
+    if crate::state::state().is_none() {
+        return &[];
+    }
+    &OWN[..LEN.load(Ordering::Acquire)]
 }
 
-/// Whether `fd` is one of the stack's own descriptors in a process whose
-/// stack runs here (a forked child without the stack may close its copies).
+/// The descriptors kept from the program, ascending.
+pub fn guarded_all() -> Vec<RawFd> {
+    kept().iter().map(|a| a.load(Ordering::Relaxed)).collect()
+}
+
+/// Whether `fd` is kept from the program.
 pub fn guarded(fd: RawFd) -> bool {
-    if crate::state::state().is_none() {
-        return false;
-    }
-    let n = LEN.load(Ordering::Acquire);
-    OWN[..n].iter().any(|a| a.load(Ordering::Relaxed) == fd)
+    kept().iter().any(|a| a.load(Ordering::Relaxed) == fd)
 }
 
 /// Split `first..=last` into the runs that hold none of `skip` (ascending).

@@ -185,28 +185,35 @@ impl UdpTable {
     /// them.
     fn lookup(&self, port: u16, src: SocketAddrV4) -> Option<UdpHandle> {
         let on_port = self.by_port.get(&port)?;
-        if let [h] = on_port.as_slice() {
-            let s = self.sockets.get(*h)?;
-            return s.peer.is_none_or(|p| p == src).then_some(*h);
-        }
-        let mut open = Vec::new();
+        // Unconnected sockets, the last bound first (no allocation: this
+        // runs for every datagram).
+        let open = || {
+            on_port
+                .iter()
+                .rev()
+                .filter(|&&h| self.sockets.get(h).is_some_and(|s| s.peer.is_none()))
+        };
+        let mut n = 0;
+        let mut all_reuse_port = true;
         for &h in on_port.iter().rev() {
-            match self.sockets.get(h).map(|s| s.peer) {
-                Some(Some(p)) if p == src => return Some(h),
-                Some(None) => open.push(h),
-                _ => {}
+            let Some(s) = self.sockets.get(h) else {
+                continue;
+            };
+            match s.peer {
+                Some(p) if p == src => return Some(h),
+                Some(_) => {}
+                None => {
+                    n += 1;
+                    all_reuse_port &= s.reuse.port;
+                }
             }
         }
-        let first = *open.first()?;
-        let all_reuse_port = open
-            .iter()
-            .all(|&h| self.sockets.get(h).is_some_and(|s| s.reuse.port));
-        if !all_reuse_port {
-            return Some(first);
+        if n <= 1 || !all_reuse_port {
+            return open().next().copied();
         }
         let key = u32::from(*src.ip()).rotate_left(16) ^ u32::from(src.port());
-        let i = (key.wrapping_mul(0x9e37_79b9) >> 16) as usize % open.len();
-        Some(open[i])
+        let i = (key.wrapping_mul(0x9e37_79b9) >> 16) as usize % n;
+        open().nth(i).copied()
     }
 
     /// The local port of a socket.
