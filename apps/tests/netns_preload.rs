@@ -886,7 +886,8 @@ fn iperf3_on_ustack_against_linux_and_itself() {
 
 /// An iperf3 UDP run's outcome, checked: both sides without error, the
 /// streams asked for, and the receiving side counted what the sender sent
-/// less what it says was lost (a few percent at most on a quiet veth).
+/// (but a tail still on the way) and lost a few percent at most (a quiet
+/// veth).
 /// Returns the datagrams received.
 fn check_iperf3_udp(what: &str, args: &[&str], client: &Value, server: &Value) -> u64 {
     for (side, j) in [("client", client), ("server", server)] {
@@ -906,9 +907,11 @@ fn check_iperf3_udp(what: &str, args: &[&str], client: &Value, server: &Value) -
         sent > 1000,
         "{what} {args:?}: only {sent} datagrams sent: {client}"
     );
-    assert_eq!(
-        got, sent,
-        "{what} {args:?}: the receiver's count is not the sender's: {client}"
+    // The receiver counts up to the highest sequence number it saw: the
+    // last datagrams may still be on the way when the test ends.
+    assert!(
+        got <= sent && got + sent / 20 >= sent,
+        "{what} {args:?}: the receiver counted {got} of {sent} datagrams: {client}"
     );
     assert!(
         lost * 20 < sent,
