@@ -286,6 +286,7 @@ fn is_gauge(section: &str, field: &str) -> bool {
                 | ("rc", "mrs")
                 | ("rc", "mr_bytes")
                 | ("tcp", "connections")
+                | ("tcp", "time_wait")
                 | ("tcp", "ooo_bytes")
                 | ("tcp", "autotune_bytes")
         )
@@ -383,6 +384,7 @@ fn tcp_help(field: &str) -> Option<&'static str> {
     Some(match field {
         "retransmits" => "TCP segments retransmitted.",
         "connections" => "Live TCP connections, in any state including TIME_WAIT.",
+        "time_wait" => "TCP connections in TIME_WAIT (small records, without buffers).",
         "segs_in" => "Well-formed TCP segments received.",
         "segs_out" => "TCP segments sent.",
         "resets_sent" => "TCP RST segments sent.",

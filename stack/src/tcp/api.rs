@@ -137,7 +137,8 @@ impl TcpTable {
     ) -> Result<TcpHandle, Error> {
         let local = local(me, port);
         let iss = self.isn(now, local, remote);
-        let conn = TcpConn::connect(self.cfg.clone(), local, remote, iss);
+        let mut conn = TcpConn::connect(self.cfg.clone(), local, remote, iss);
+        conn.set_ts_offset(self.ts_offset(local, remote));
         let slot = self.insert(conn, None);
         self.slots[slot as usize].released = false;
         self.stats.active_opens += 1;

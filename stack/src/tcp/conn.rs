@@ -520,8 +520,8 @@ pub fn segment_acceptable(seq: Seq, len: usize, rcv_nxt: Seq, wnd: usize) -> boo
     }
 }
 
-/// The offset of a connection's TSval clock, derived from its ISN (random
-/// per connection, and reproducible for a SYN-cookie connection).
+/// The offset of a connection's TSval clock until the table sets the one
+/// keyed by its 4-tuple ([`TcpConn::set_ts_offset`]): derived from the ISN.
 fn ts_offset(iss: Seq) -> u32 {
     iss.0.rotate_left(13)
 }
@@ -938,16 +938,54 @@ impl TcpConn {
         self.state == State::Closed && self.rst_pending.is_none()
     }
 
+    /// In TIME-WAIT with nothing owed to the peer: what the small record
+    /// that replaces the connection keeps ([`super::time_wait`]); the
+    /// record expires when the connection's 2 MSL would have.
+    pub(crate) fn time_wait_record(&self, now: Instant) -> Option<super::time_wait::TimeWait> {
+        if self.state != State::TimeWait || self.ack_now || self.rst_pending.is_some() {
+            return None;
+        }
+        let window = self.rcv_adv.since(self.rcv_nxt) >> self.rcv_wscale;
+        Some(super::time_wait::TimeWait {
+            snd_nxt: self.snd_nxt,
+            rcv_nxt: self.rcv_nxt,
+            window: u16::try_from(window).unwrap_or(u16::MAX),
+            ts: self.ts_enabled.then_some((self.ts_offset, self.ts_recent)),
+            expires: self.time_wait_at.unwrap_or(now + self.cfg.time_wait),
+        })
+    }
+
     // ------------------------------------------------------------- windows
 
-    /// Receive window we could advertise now.
+    /// Receive window we could advertise now: the buffer's free space less
+    /// a reserve for [`window_to_advertise`]'s rounding up, which moves the
+    /// edge on by up to a window-scale unit per ACK while the window
+    /// closes (never shrinking it): a sixteenth of the ring, at most 64
+    /// units, at least one. Past the reserve (a very long fill with no
+    /// read), bytes the ring cannot take are dropped and resent, as Linux
+    /// does, rather than the window shrunk.
+    ///
+    /// [`window_to_advertise`]: Self::window_to_advertise
     fn advertisable_window(&self) -> usize {
         let max = usize::from(u16::MAX) << self.rcv_wscale;
-        self.rcvbuf.window().min(max)
+        let reserve = if self.rcv_wscale == 0 {
+            0
+        } else {
+            (self.rcvbuf.capacity() / 16)
+                .min(64 << self.rcv_wscale)
+                .max((1 << self.rcv_wscale) - 1)
+        };
+        self.rcvbuf.window().saturating_sub(reserve).min(max)
     }
 
     /// The window field for an outgoing segment; moves `rcv_adv` forward only
-    /// (never shrinks the window) and only by useful amounts (SWS avoidance).
+    /// and only by useful amounts (SWS avoidance), and does not shrink the
+    /// window (RFC 9293 3.8.6): the field is the distance to `rcv_adv`
+    /// rounded up to a whole window-scale unit, since rounding down would
+    /// move the right edge the peer sees to the left whenever `rcv_nxt`
+    /// advances by other than whole units. The edge so announced becomes
+    /// `rcv_adv` (as Linux does; RFC 7323 appendix F describes the effect),
+    /// within the ring's free space.
     fn window_to_advertise(&mut self) -> u16 {
         let new_edge = self.rcv_nxt + self.advertisable_window();
         let grow = new_edge.since(self.rcv_adv);
@@ -956,7 +994,11 @@ impl TcpConn {
             self.rcv_adv = new_edge;
         }
         let edge = self.rcv_adv.since(self.rcv_nxt);
-        u16::try_from(edge >> self.rcv_wscale).unwrap_or(u16::MAX)
+        let field = edge
+            .div_ceil(1 << self.rcv_wscale)
+            .min(usize::from(u16::MAX));
+        self.rcv_adv = self.rcv_nxt + (field << self.rcv_wscale);
+        field as u16
     }
 
     /// TCP option bytes a data segment carries now (timestamps, SACK
@@ -979,10 +1021,19 @@ impl TcpConn {
         (now.as_millis() as u32).wrapping_add(self.ts_offset)
     }
 
-    /// The TSval a connection whose ISN is `iss` sends at `now` (its
-    /// timestamp clock: milliseconds plus an offset keyed by the ISN).
-    pub(crate) fn tsval_at(now: Instant, iss: Seq) -> u32 {
-        (now.as_millis() as u32).wrapping_add(ts_offset(iss))
+    /// The TSval a connection whose timestamp clock has `offset` sends at
+    /// `now` (milliseconds plus the offset).
+    pub(crate) fn tsval_at(now: Instant, offset: u32) -> u32 {
+        (now.as_millis() as u32).wrapping_add(offset)
+    }
+
+    /// Set the offset of the connection's timestamp clock before its first
+    /// segment: the table keys it by the 4-tuple (as Linux does), so every
+    /// incarnation of a 4-tuple counts on from the last one's TSvals and a
+    /// peer holding the last in TIME-WAIT takes the new SYN (RFC 6191)
+    /// instead of answering it as an old duplicate.
+    pub(crate) fn set_ts_offset(&mut self, offset: u32) {
+        self.ts_offset = offset;
     }
 
     // -------------------------------------------------------------- input
@@ -2168,7 +2219,7 @@ mod test {
         // TIME_WAIT lasts 2 MSL, then the connection is gone.
         assert_eq!(c.state(), State::Closed);
         assert!(now >= t0 + Duration::from_secs(60));
-        assert_eq!(c.stats().retransmits, 0);
+        assert_eq!(c.stats().retransmits, 0, "{:?}", c.stats());
     }
 
     #[test]
@@ -2471,6 +2522,53 @@ mod test {
         }
         got.extend(read_all(&mut s));
         assert_eq!(got, msg);
+    }
+
+    #[test]
+    fn the_right_edge_never_moves_left_while_the_window_closes() {
+        // A reader that never reads and a window scale of several bits:
+        // full-sized segments (not a multiple of the scale unit) fill the
+        // buffer. Every ACK's right edge (ACK + window << scale) must be at
+        // or beyond the one before (RFC 9293 3.8.6; rounding the window
+        // down to the scale moved it back by up to a unit).
+        let rcv = TcpConfig {
+            recv_buffer: 64 << 10,
+            ..cfg()
+        };
+        let (mut c, mut s, mut now) = established(cfg(), rcv);
+        assert!(s.rcv_wscale >= 5, "scale {}", s.rcv_wscale);
+        let shift = s.rcv_wscale;
+        let msg = vec![7u8; 200_000];
+        c.send(&msg);
+        let mut edges = Vec::new();
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(50),
+            |from_client, w| {
+                if !from_client {
+                    if let Some(ack) = w.out.hdr.ack {
+                        let field = w.out.hdr.window;
+                        edges.push((ack + (usize::from(field) << shift), field));
+                    }
+                }
+                true
+            },
+        );
+        assert!(edges.len() > 8, "{} ACKs", edges.len());
+        for pair in edges.windows(2) {
+            let ((before, _), (after, field)) = (pair[0], pair[1]);
+            assert!(
+                after.diff(before) >= 0,
+                "the right edge moved left by {} bytes (window field {field})",
+                before.diff(after)
+            );
+        }
+        // The window did close: the reader holds (about) a buffer's worth,
+        // all the sender had acknowledged.
+        assert!(s.recv_available() > (56 << 10), "{}", s.recv_available());
+        assert_eq!(s.recv_available() as u64, c.stats().bytes_out);
     }
 
     #[test]

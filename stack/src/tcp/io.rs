@@ -6,6 +6,7 @@ use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTimestampRepr};
 
 use super::conn::{Header, Outgoing, Segment, State, TcpConn};
+use super::time_wait::TwAnswer;
 use super::{FlowKey, Seq, TcpTable, local};
 use crate::device::Tx;
 use crate::events::Readiness;
@@ -360,11 +361,11 @@ const COOKIE_NO_WSCALE: u32 = 0xf;
 const COOKIE_SACK: u32 = 0x10;
 
 /// The TSval of a SYN-cookie SYN-ACK: the clock the connection will use
-/// (its timestamp offset comes from the ISN, the cookie) with the peer's
-/// options in the low bits, never ahead of that clock, so the
-/// connection's later TSvals do not go backwards.
-fn cookie_tsval(now: Instant, cookie: Seq, wscale: Option<u8>, sack: bool) -> u32 {
-    let clock = TcpConn::tsval_at(now, cookie);
+/// (its timestamp offset, keyed by the 4-tuple) with the peer's options in
+/// the low bits, never ahead of that clock, so the connection's later
+/// TSvals do not go backwards.
+fn cookie_tsval(now: Instant, ts_offset: u32, wscale: Option<u8>, sack: bool) -> u32 {
+    let clock = TcpConn::tsval_at(now, ts_offset);
     let opts = wscale.map_or(COOKIE_NO_WSCALE, |w| u32::from(w.min(14)))
         | if sack { COOKIE_SACK } else { 0 };
     let ts = (clock & !COOKIE_OPTS_MASK) | opts;
@@ -424,6 +425,30 @@ impl TcpTable {
             self.deliver(now, slot, &seg);
             return Ok(());
         }
+        let mut isn_floor = None;
+        if let Some(tw) = self.time_wait.get_mut(&key) {
+            match tw.on_segment(now, &seg, self.cfg.time_wait) {
+                TwAnswer::Ack(out) => {
+                    if emit(link, now, tx, dst_port, remote, &out, |_, _, _| Some(0)) > 0 {
+                        self.stats.segs_out += 1;
+                        self.stats.time_wait_acks += 1;
+                    }
+                    return Ok(());
+                }
+                TwAnswer::Ignore => return Ok(()),
+                TwAnswer::Reopen => {
+                    // A new incarnation: the listener takes its SYN below,
+                    // with an ISN beyond anything the old one sent (as
+                    // Linux does), so its old duplicates stay out of the
+                    // new window.
+                    isn_floor = Some(tw.snd_nxt + 65_537);
+                    self.time_wait.remove(&key);
+                    self.stats.time_wait_reopened += 1;
+                    self.stats.connections = self.stats.connections.saturating_sub(1);
+                    self.stats.time_wait = self.time_wait.len() as u64;
+                }
+            }
+        }
         let listening = self.listeners.contains_key(&dst_port);
         if link.may_pass && !(listening && seg.hdr.syn && seg.hdr.ack.is_none()) {
             // Perhaps a sibling shard's flow (or listener), on the wrong queue.
@@ -432,7 +457,7 @@ impl TcpTable {
         }
         let me = local(link.ip(), dst_port);
         if listening && !seg.hdr.rst {
-            return self.listen_input(link, now, tx, me, remote, &seg);
+            return self.listen_input(link, now, tx, me, remote, &seg, isn_floor);
         }
         if !seg.hdr.rst {
             self.send_reset(link, now, tx, me, remote, &seg);
@@ -520,6 +545,7 @@ impl TcpTable {
         tcp.mark_dirty(slot);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn listen_input<T: Tx>(
         &mut self,
         link: &mut Link,
@@ -528,6 +554,7 @@ impl TcpTable {
         me: SocketAddrV4,
         remote: SocketAddrV4,
         seg: &Segment<'_>,
+        isn_floor: Option<Seq>,
     ) -> Result<(), DropReason> {
         let Some(l) = self.listeners.get(&me.port()) else {
             return Err(DropReason::TcpNoSocket);
@@ -550,9 +577,10 @@ impl TcpTable {
                 // TSval and come back in the final ACK's TSecr (as Linux
                 // does); without, the cookie carries only the MSS.
                 let timestamp = match seg.hdr.timestamp {
-                    Some((peer_tsval, _)) if cfg.timestamps => {
-                        Some((cookie_tsval(now, cookie, wscale, sack), peer_tsval))
-                    }
+                    Some((peer_tsval, _)) if cfg.timestamps => Some((
+                        cookie_tsval(now, self.ts_offset(me, remote), wscale, sack),
+                        peer_tsval,
+                    )),
                     _ => None,
                 };
                 let ts = timestamp.is_some();
@@ -573,8 +601,12 @@ impl TcpTable {
                 }
                 return Ok(());
             }
-            let iss = self.isn(now, me, remote);
-            let conn = TcpConn::accept(self.cfg.clone(), me, remote, iss, seg);
+            let iss = match (self.isn(now, me, remote), isn_floor) {
+                (isn, Some(floor)) if isn.diff(floor) < 0 => floor,
+                (isn, _) => isn,
+            };
+            let mut conn = TcpConn::accept(self.cfg.clone(), me, remote, iss, seg);
+            conn.set_ts_offset(self.ts_offset(me, remote));
             let slot = self.insert_passive(conn, me.port());
             self.schedule(slot);
             return Ok(());
@@ -609,6 +641,7 @@ impl TcpTable {
                     ..Header::default()
                 });
                 let mut conn = TcpConn::accept(self.cfg.clone(), me, remote, ack - 1, &syn);
+                conn.set_ts_offset(self.ts_offset(me, remote));
                 conn.cookie_established();
                 let slot = self.insert_passive(conn, me.port());
                 self.deliver(now, slot, seg);
@@ -656,6 +689,7 @@ impl TcpTable {
 
     /// Timers that are due, then every connection with something to send.
     pub(crate) fn poll<T: Tx>(&mut self, link: &mut Link, now: Instant, tx: &mut T) {
+        self.expire_time_wait(now);
         while let Some(std::cmp::Reverse((at, slot))) = self.timers.peek().copied() {
             if at > now {
                 break;
@@ -707,7 +741,7 @@ impl TcpTable {
             let changed = levels.changes(Levels::of(conn), conn.send_low_water());
             self.raise(slot, changed);
             self.schedule(slot);
-            self.reap(slot);
+            self.reap(now, slot);
         }
     }
 }

@@ -14,6 +14,7 @@ mod io;
 pub mod rtt;
 pub mod scoreboard;
 pub mod seq;
+mod time_wait;
 
 use core::net::{Ipv4Addr, SocketAddrV4};
 use std::cmp::Reverse;
@@ -117,6 +118,14 @@ pub struct TcpStats {
     pub retransmits: u64,
     /// Connections held now, in any state including TIME_WAIT (a gauge).
     pub connections: u64,
+    /// Of those, TIME-WAIT records (the small kind a released connection
+    /// becomes, without buffers; a gauge).
+    pub time_wait: u64,
+    /// SYNs of a new incarnation that took a 4-tuple out of TIME-WAIT
+    /// (RFC 6191: a newer timestamp or sequence number).
+    pub time_wait_reopened: u64,
+    /// Segments to a TIME-WAIT record answered with its ACK.
+    pub time_wait_acks: u64,
     /// Most connections held at once (the table's high-water mark).
     pub connections_hwm: u64,
     /// Most connections a listener held in its backlog at once (waiting
@@ -145,6 +154,8 @@ pub(crate) struct TcpTable {
     /// Keyed by a randomly seeded foldhash (SipHash cost 4% of a bulk
     /// transfer's time here).
     pub flows: foldhash::HashMap<FlowKey, u32>,
+    /// Released connections in TIME-WAIT, as small records.
+    pub(crate) time_wait: time_wait::TimeWaitTable,
     /// Also foldhash: the loop looks a listener up on every `accept`.
     pub listeners: foldhash::HashMap<u16, Listener>,
     pub timers: BinaryHeap<Reverse<(Instant, u32)>>,
@@ -174,6 +185,7 @@ impl TcpTable {
             slots: Vec::new(),
             free: Vec::new(),
             flows: foldhash::HashMap::default(),
+            time_wait: time_wait::TimeWaitTable::default(),
             listeners: foldhash::HashMap::default(),
             timers: BinaryHeap::new(),
             dirty: VecDeque::new(),
@@ -203,6 +215,14 @@ impl TcpTable {
     pub fn isn(&self, now: Instant, local: SocketAddrV4, remote: SocketAddrV4) -> Seq {
         let m = (now.as_micros() / 4) as u32;
         Seq(m.wrapping_add(self.hash(local, remote, 0)))
+    }
+
+    /// The offset of a connection's timestamp clock, keyed by its 4-tuple
+    /// (the same for every incarnation of it: RFC 6191 and PAWS across
+    /// incarnations need TSvals that count on; RFC 7323 5.4 and 7.1 allow a
+    /// per-connection offset).
+    pub fn ts_offset(&self, local: SocketAddrV4, remote: SocketAddrV4) -> u32 {
+        self.hash(local, remote, 0x7473_6f66)
     }
 
     /// A SYN cookie: 5 bits of time (64 s units), 3 bits of MSS index, 24 bits of keyed hash.
@@ -345,13 +365,18 @@ impl TcpTable {
         }
     }
 
-    /// Free a slot whose connection is finished and released by the app.
-    pub fn reap(&mut self, slot: u32) {
+    /// Free a slot whose connection is finished and released by the app;
+    /// one in TIME-WAIT with nothing left to send becomes a TIME-WAIT
+    /// record (its buffers go now, not 2 MSL later).
+    pub fn reap(&mut self, now: Instant, slot: u32) {
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return;
         };
-        let done = s.conn.as_ref().is_none_or(TcpConn::is_finished);
-        if !(done && s.released) {
+        if !s.released {
+            return;
+        }
+        let tw = s.conn.as_ref().and_then(|c| c.time_wait_record(now));
+        if tw.is_none() && !s.conn.as_ref().is_none_or(TcpConn::is_finished) {
             return;
         }
         if let Some(c) = s.conn.take() {
@@ -366,6 +391,9 @@ impl TcpTable {
             if self.flows.get(&key) == Some(&slot) {
                 self.flows.remove(&key);
             }
+            if let Some(tw) = tw {
+                self.time_wait.insert(key, tw);
+            }
         }
         if let Some(l) = s.listener.take() {
             if let Some(lst) = self.listeners.get_mut(&l) {
@@ -378,8 +406,20 @@ impl TcpTable {
         s.embryonic = false;
         s.timer = None;
         s.events.flags = Readiness::NONE;
-        self.stats.connections = self.stats.connections.saturating_sub(1);
+        if tw.is_none() {
+            self.stats.connections = self.stats.connections.saturating_sub(1);
+        }
+        self.stats.time_wait = self.time_wait.len() as u64;
         self.free.push(slot);
+    }
+
+    /// TIME-WAIT records whose 2 MSL ended by `now` go.
+    pub fn expire_time_wait(&mut self, now: Instant) {
+        let gone = self.time_wait.expire(now) as u64;
+        if gone > 0 {
+            self.stats.connections = self.stats.connections.saturating_sub(gone);
+            self.stats.time_wait = self.time_wait.len() as u64;
+        }
     }
 
     /// Whether connections wait to transmit.
@@ -390,7 +430,11 @@ impl TcpTable {
     /// The earliest registered timer (may be stale: a wake-up that finds
     /// nothing due costs one heap pop).
     pub fn next_timer(&self) -> Option<Instant> {
-        self.timers.peek().map(|r| r.0.0)
+        let conn = self.timers.peek().map(|r| r.0.0);
+        match (conn, self.time_wait.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Record readiness `r` for the connection in `slot` (not for one the
@@ -492,7 +536,9 @@ impl TcpTable {
             local_port: port,
             remote,
         };
-        !self.flows.contains_key(&key) && !self.listeners.contains_key(&port)
+        !self.flows.contains_key(&key)
+            && !self.time_wait.contains(&key)
+            && !self.listeners.contains_key(&port)
     }
 }
 
