@@ -5,8 +5,38 @@
 # On a fresh Debian machine, run as root: it installs the system packages the
 # feature builds and the netns tests need when they are missing. Without root
 # it skips the install and runs what the machine can.
+#
+# Skips: a test that cannot run here (no root, a program or the preload
+# library missing) says why through the crate ustack-test-skip, which
+# appends `test: reason` to $USTACK_SKIP_LOG; this script's own skips go
+# there too, and the list is printed at the end. Under CI=true nothing may
+# be skipped: such a test fails, naming what is missing, and so does this
+# script at its own skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+ci() { [ "${CI:-}" = "true" ] || [ "${CI:-}" = "TRUE" ] || [ "${CI:-}" = "1" ]; }
+USTACK_SKIP_LOG=$(mktemp "${TMPDIR:-/tmp}/ustack-skips.XXXXXX")
+export USTACK_SKIP_LOG
+list_skips() {
+  local status=$?
+  if [ -s "$USTACK_SKIP_LOG" ]; then
+    printf '\n==> skipped (%s): what did not run here, and why\n' "$(wc -l <"$USTACK_SKIP_LOG")"
+    sort "$USTACK_SKIP_LOG"
+  fi
+  rm -f "$USTACK_SKIP_LOG"
+  return $status
+}
+trap list_skips EXIT
+# A skip of this script's own: fatal under CI=true, else listed at the end.
+skip() {
+  echo "SKIP $*"
+  if ci; then
+    echo "CI=true: nothing may be skipped (tools/test.sh: $*)" >&2
+    exit 1
+  fi
+  echo "tools/test.sh: $*" >>"$USTACK_SKIP_LOG"
+}
 
 PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-config
           iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd ethtool nmap
@@ -31,7 +61,7 @@ install_packages() {
   done
   [ ${#missing[@]} -eq 0 ] && { echo "system packages present"; return; }
   if [ "$(id -u)" -ne 0 ]; then
-    echo "not root: skipping install of ${missing[*]} (feature builds and netns tests may be skipped)"
+    skip "install of ${missing[*]}: not root (feature builds and netns tests may be skipped)"
     return
   fi
   step "installing ${missing[*]}"
@@ -48,13 +78,13 @@ install_packages() {
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
     chmod +x /usr/sbin/policy-rc.d
     no_start=1
-    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    trap 'rm -f /usr/sbin/policy-rc.d; list_skips' EXIT
   fi
   apt-get "${apt_opts[@]}" update -qq
   apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   if [ -n "$no_start" ]; then
     rm -f /usr/sbin/policy-rc.d
-    trap - EXIT
+    trap list_skips EXIT
   fi
 }
 
@@ -87,9 +117,9 @@ cargo run --release --locked --bin ustack -- demo --duration 2 --no-tui >/dev/nu
 
 step "fuzz: every target for ${FUZZ_SECONDS:-6} s (fuzz/README.md for longer runs)"
 if ! cargo +nightly --version >/dev/null 2>&1; then
-  echo "SKIP fuzz: no nightly toolchain (rustup toolchain install nightly)"
+  skip "fuzz: no nightly toolchain (rustup toolchain install nightly)"
 elif ! command -v cargo-fuzz >/dev/null 2>&1 && [ "$(id -u)" -ne 0 ]; then
-  echo "SKIP fuzz: cargo-fuzz missing and not root (cargo install cargo-fuzz --locked)"
+  skip "fuzz: cargo-fuzz missing and not root (cargo install cargo-fuzz --locked)"
 else
   command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked -q
   cargo +nightly fuzz build -O
@@ -110,4 +140,8 @@ else
 fi
 
 echo
-echo "all tests passed"
+if [ -s "$USTACK_SKIP_LOG" ]; then
+  echo "all tests that ran passed; $(wc -l <"$USTACK_SKIP_LOG") skipped (listed below)"
+else
+  echo "all tests passed, none skipped"
+fi

@@ -380,7 +380,8 @@ impl RcReport {
 
     /// The reconciliation line, e.g. `uperf: perftest write_bw client (RC):
     /// 200 messages, 2 completions, 0 errors; peer 10.77.0.3 qpn 0x11; qp
-    /// 0x1000: 0 retransmits, 0 RNR NAKs, 0 ACK timeouts, 0 sequence NAKs`.
+    /// 0x1000: 0 retransmits, 0 RNR NAKs, 0 ACK timeouts, 0 sequence NAKs,
+    /// 0 duplicates, 0 READ gaps`.
     pub fn summary_line(&self) -> String {
         let role = if self.client { "client" } else { "server" };
         let peer = self
@@ -388,13 +389,14 @@ impl RcReport {
             .map_or_else(String::new, |(ip, q)| format!("; peer {ip} qpn {q:#x}"));
         let qp = self.qp.as_ref().map_or_else(String::new, |q| {
             format!(
-                "; qp {:#x}: {} retransmits, {} RNR NAKs, {} ACK timeouts, {} sequence NAKs, {} duplicates",
+                "; qp {:#x}: {} retransmits, {} RNR NAKs, {} ACK timeouts, {} sequence NAKs, {} duplicates, {} READ gaps",
                 q.qpn,
                 q.stats.retransmits,
                 q.stats.rnr_naks_received,
                 q.stats.ack_timeouts,
                 q.stats.seq_naks_received,
-                q.stats.duplicates
+                q.stats.duplicates,
+                q.stats.read_gaps
             )
         });
         format!(

@@ -9,9 +9,9 @@
 //! and the ICRC of every RoCE frame in both captures is recomputed by
 //! `tools/roce-icrc.py` (zlib's CRC-32).
 //!
-//! One test, one guest boot (the boot is most of its time). SKIP with the
-//! reason where the machine cannot run it (not root, no QEMU, no rdma-core
-//! tools, no kernel package to fetch).
+//! One test, one guest boot (the boot is most of its time). Skipped with
+//! the reason where the machine cannot run it (not root, no QEMU, no
+//! rdma-core tools, no kernel package to fetch): a failure under `CI=true`.
 
 mod common;
 
@@ -320,8 +320,7 @@ fn icrc_check_rejects_a_flipped_byte() {
 #[test]
 fn rxe_interop() {
     if let Some(why) = missing() {
-        eprintln!("SKIP rxe interop: {why}");
-        return;
+        ustack_test_skip::skip_test!("{why}");
     }
     let started = Instant::now();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rxe-guest");
@@ -337,8 +336,7 @@ fn rxe_interop() {
         let t = text(&build);
         // Only a kernel package that cannot be fetched is a machine's limit.
         assert!(t.contains("apt-get download"), "guest build failed:\n{t}");
-        eprintln!("SKIP rxe interop: {t}");
-        return;
+        ustack_test_skip::skip_test!("the guest's kernel cannot be fetched: {t}");
     }
     eprintln!("{}", text(&build).trim());
     let ns = Ns::up();
@@ -955,19 +953,6 @@ fn rc_pingpong_checks(ns: &Ns, g: &mut Guest, uping: &str, dir: &Path) {
     }
 }
 
-/// rxe's hw_counters that move only on retries, sequence errors, RNR or
-/// failed sends (the perftest RC rounds' own reading of them).
-const PERFTEST_RC_RXE_ERRORS: [&str; 8] = [
-    "duplicate_request",
-    "out_of_seq_request",
-    "rcvd_rnr_err",
-    "send_rnr_err",
-    "rcvd_seq_err",
-    "retry_exceeded_err",
-    "retry_rnr_exceeded_err",
-    "send_err",
-];
-
 /// rxe's hw_counters by name (those that are numbers).
 fn perftest_rc_rxe_counters(g: &mut Guest) -> std::collections::BTreeMap<String, u64> {
     let out = g.ok("cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep -H . *");
@@ -980,29 +965,48 @@ fn perftest_rc_rxe_counters(g: &mut Guest) -> std::collections::BTreeMap<String,
     all
 }
 
-/// The counts of our `uperf: perftest ... (RC): ...` summary line:
-/// (messages, errors, retransmits, ACK timeouts, sequence NAKs).
-fn perftest_rc_summary(out: &str) -> (u64, u64, u64, u64, u64) {
+/// The counts of our `uperf: perftest ... (RC): ...` summary line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RcSummary {
+    messages: u64,
+    errors: u64,
+    retransmits: u64,
+    rnr_naks: u64,
+    ack_timeouts: u64,
+    seq_naks: u64,
+    /// Duplicate requests our responder saw (the peer resent).
+    duplicates: u64,
+    /// READ responses that skipped one (our READ asked again).
+    read_gaps: u64,
+}
+
+fn perftest_rc_summary(out: &str) -> RcSummary {
     let line = out
         .lines()
         .find(|l| l.starts_with("uperf: perftest ") && l.contains("(RC):"))
         .unwrap_or_else(|| panic!("no summary line:\n{out}"))
         .replace(';', ",");
-    (
-        count(&line, "messages"),
-        count(&line, "errors"),
-        count(&line, "retransmits"),
-        count(&line, "ACK"),
-        count(&line, "sequence"),
-    )
+    RcSummary {
+        messages: count(&line, "messages"),
+        errors: count(&line, "errors"),
+        retransmits: count(&line, "retransmits"),
+        rnr_naks: count(&line, "RNR"),
+        ack_timeouts: count(&line, "ACK"),
+        seq_naks: count(&line, "sequence"),
+        duplicates: count(&line, "duplicates"),
+        read_gaps: count(&line, "READ"),
+    }
 }
 
 /// perftest's RC programs (`ib_send_bw`, `ib_write_bw`, `ib_read_bw`,
 /// `ib_send_lat`, `ib_write_lat`, `ib_read_lat`, `-c RC -x 1 -F -n 200`)
 /// against `uperf --rdma rc`, both roles, at a one-packet size and one
-/// above the 1024-byte path MTU: our side exits 0 with its table and a
-/// clean QP, the stock side exits 0 with its row, and rxe's retry,
-/// sequence and RNR counters do not move.
+/// above the 1024-byte path MTU: our side exits 0 with its table and
+/// every message, the stock side exits 0 with its row, and both QPs end
+/// without an error. rxe in a TCG guest on a loaded machine may lose or
+/// delay a packet or an ACK, so a recovery is allowed where it is
+/// accounted for ([`perftest_rc_recovery`]): each resend of ours follows
+/// an ACK timeout or a NAK, and the two sides' counters agree.
 fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
     const N: u64 = 200;
     let n = N.to_string();
@@ -1045,12 +1049,12 @@ fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
             if tool != "ib_read_lat" {
                 assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
             }
-            let (msgs, errors, retx, timeouts, seq) = perftest_rc_summary(&t);
+            let summary = perftest_rc_summary(&t);
             let want = if latency && op != "read" { 2 * N } else { N };
-            assert_eq!(msgs, want, "{t}");
-            assert_eq!((errors, retx, timeouts, seq), (0, 0, 0, 0), "our QP: {t}");
+            assert_eq!(summary.messages, want, "{t}");
             let after = perftest_rc_rxe_counters(g);
-            perftest_rc_rxe_clean(&format!("{tool} server -s {size}"), &before, &after);
+            let what = format!("uperf client vs {tool} -s {size}");
+            perftest_rc_recovery(&what, &summary, latency, size, &before, &after);
 
             // uperf is the server of the stock client.
             let before = perftest_rc_rxe_counters(g);
@@ -1071,36 +1075,86 @@ fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
             if tool != "ib_read_lat" {
                 assert!(perftest_row(&out, size, N).is_some(), "{out}");
             }
-            let (msgs, errors, retx, timeouts, seq) = perftest_rc_summary(&out);
+            let summary = perftest_rc_summary(&out);
             let want = match (op, latency) {
                 ("send", false) => N,
                 ("send" | "write", true) => 2 * N,
                 _ => 0,
             };
-            assert_eq!(msgs, want, "{out}");
-            assert_eq!((errors, retx, timeouts, seq), (0, 0, 0, 0), "our QP: {out}");
+            assert_eq!(summary.messages, want, "{out}");
             let after = perftest_rc_rxe_counters(g);
-            perftest_rc_rxe_clean(&format!("{tool} client -s {size}"), &before, &after);
+            perftest_rc_recovery(&what, &summary, latency, size, &before, &after);
         }
     }
 }
 
-/// rxe's error counters did not move between `a` and `b`.
-fn perftest_rc_rxe_clean(
+/// What must hold of one perftest RC run against rxe (an emulated peer:
+/// a packet or an ACK may be lost or late under load), from our summary
+/// and rxe's hw_counters before and after; a perfect run is not asked for.
+///
+/// - No error: ours, and rxe's `retry_exceeded_err`,
+///   `retry_rnr_exceeded_err` and `send_err` did not move.
+/// - Each resend of ours has a cause: an ACK timeout, a sequence or RNR
+///   NAK, or a READ response gap; and a cause resends at most what may be
+///   outstanding (one message of `size` in a latency test, the QP's
+///   window of 1024 packets otherwise).
+/// - The counters agree: every duplicate rxe's responder saw is a resend
+///   of ours; every sequence NAK we got, rxe counted sending
+///   (`out_of_seq_request`), every RNR NAK too (`send_rnr_err`); and a
+///   duplicate our responder saw follows a retry rxe counted.
+fn perftest_rc_recovery(
     what: &str,
+    ours: &RcSummary,
+    latency: bool,
+    size: u64,
     a: &std::collections::BTreeMap<String, u64>,
     b: &std::collections::BTreeMap<String, u64>,
 ) {
-    let moved: Vec<(String, u64)> = b
-        .iter()
-        .filter_map(|(k, v)| {
-            let d = v.saturating_sub(a.get(k).copied().unwrap_or(0));
-            (d > 0).then(|| (k.clone(), d))
-        })
-        .collect();
-    eprintln!("rxe counters moved ({what}): {moved:?}");
-    for name in PERFTEST_RC_RXE_ERRORS {
-        let d = b.get(name).copied().unwrap_or(0) - a.get(name).copied().unwrap_or(0);
-        assert_eq!(d, 0, "{what}: rxe {name} moved: {moved:?}");
+    let d = |name: &str| {
+        b.get(name)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(a.get(name).copied().unwrap_or(0))
+    };
+    let moved: Vec<(&String, u64)> = b.keys().map(|k| (k, d(k))).filter(|x| x.1 > 0).collect();
+    eprintln!("{what}: ours {ours:?}; rxe counters moved: {moved:?}");
+    assert_eq!(ours.errors, 0, "{what}: our errors");
+    for name in ["retry_exceeded_err", "retry_rnr_exceeded_err", "send_err"] {
+        assert_eq!(d(name), 0, "{what}: rxe {name} moved: {moved:?}");
+    }
+    let causes = ours.ack_timeouts + ours.seq_naks + ours.rnr_naks + ours.read_gaps;
+    let per_cause = if latency {
+        size.div_ceil(1024).max(1)
+    } else {
+        1024
+    };
+    assert!(
+        ours.retransmits <= causes * per_cause,
+        "{what}: {} resends for {causes} timeouts and NAKs (at most {per_cause} each): {ours:?}",
+        ours.retransmits
+    );
+    assert!(
+        d("duplicate_request") <= ours.retransmits,
+        "{what}: rxe saw {} duplicates, we resent {}",
+        d("duplicate_request"),
+        ours.retransmits
+    );
+    assert!(
+        ours.seq_naks <= d("out_of_seq_request"),
+        "{what}: {} sequence NAKs received, rxe counted {moved:?}",
+        ours.seq_naks
+    );
+    assert!(
+        ours.rnr_naks <= d("send_rnr_err"),
+        "{what}: {} RNR NAKs received, rxe counted {moved:?}",
+        ours.rnr_naks
+    );
+    if ours.duplicates > 0 {
+        let retries = d("completer_retry_err") + d("rcvd_seq_err") + d("rcvd_rnr_err");
+        assert!(
+            retries > 0,
+            "{what}: {} duplicates reached us with no retry counted by rxe: {moved:?}",
+            ours.duplicates
+        );
     }
 }

@@ -137,8 +137,7 @@ fn have_scapy() -> bool {
 fn storm_during_a_transfer_is_counted_and_survived() {
     need_root!();
     if !have_scapy() {
-        eprintln!("skipped: python3 has no scapy (apt-get install python3-scapy)");
-        return;
+        ustack_test_skip::skip_test!("python3 has no scapy (apt-get install python3-scapy)");
     }
     let topo = Topo::up("st");
     let child = topo

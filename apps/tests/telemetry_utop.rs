@@ -282,7 +282,9 @@ fn utop_prometheus_serves_a_demos_telemetry_and_follows_restarts() {
                         String::from_utf8_lossy(&out.stderr)
                     );
                 }
-                Err(_) => eprintln!("SKIP promtool check: promtool is not installed"),
+                Err(_) => ustack_test_skip::skip(
+                    "promtool is not installed (apt-get install prometheus): its check left out",
+                ),
             }
         }
         // The demo ends: the sidecar says the stack is down, then (next

@@ -17,7 +17,8 @@
 //!
 //! Needs root, `nc`, `arping` and `python3`; the pcap tests need the
 //! `pcap` feature and the multi-core one `dpdk` (`--all-features` has
-//! both). Each test says SKIP and why when it cannot run. Bad input to any
+//! both). A test that cannot run says why through `ustack_test_skip` (a
+//! failure under `CI=true`, else listed by tools/test.sh). Bad input to any
 //! example gives one error line and status 2 (no root needed).
 
 use std::path::{Path, PathBuf};
@@ -51,19 +52,16 @@ fn have(program: &str) -> bool {
 /// not root, the examples built without `feature`, a program missing.
 fn may_run(feature: &str, built: bool, programs: &[&str]) -> Option<MutexGuard<'static, ()>> {
     if !root() {
-        eprintln!("SKIP: network namespaces need root");
-        return None;
+        ustack_test_skip::skip_test!("network namespaces need root");
     }
     if !built {
-        eprintln!(
-            "SKIP: the examples were built without the `{feature}` feature \
+        ustack_test_skip::skip_test!(
+            "the examples were built without the `{feature}` feature \
              (cargo test -p ustack-examples --features {feature})"
         );
-        return None;
     }
     if let Some(p) = programs.iter().find(|p| !have(p)) {
-        eprintln!("SKIP: {p} is not installed");
-        return None;
+        ustack_test_skip::skip_test!("{p} is not installed");
     }
     Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
 }
@@ -389,11 +387,10 @@ fn ud_ping_gets_pongs_from_ustack_runs_responder() {
         return;
     };
     let Some(ustack) = ustack_bin() else {
-        eprintln!(
-            "SKIP: the ustack binary (the responder) is not built next to this test: \
+        ustack_test_skip::skip_test!(
+            "the ustack binary (the responder) is not built next to this test: \
              cargo build -p ustack-apps --features pcap, or cargo test --workspace --all-features"
         );
-        return;
     };
     let topo = Topo::up("xd");
     // The responder: a second ustack as 10.77.0.3 on the Linux side's veth
@@ -417,8 +414,7 @@ fn ud_ping_gets_pongs_from_ustack_runs_responder() {
         {
             let (_, _, err) = responder.stop();
             if err.contains("no pcap backend") {
-                eprintln!("SKIP: {} was built without pcap", ustack.display());
-                return;
+                ustack_test_skip::skip_test!("{} was built without pcap", ustack.display());
             }
             panic!("ustack run exited ({status}): {err}");
         }
@@ -450,8 +446,7 @@ fn multicore_echo_serves_parallel_connections_on_two_cores() {
         return;
     };
     if std::thread::available_parallelism().map_or(0, |n| n.get()) < 2 {
-        eprintln!("SKIP: two cores are needed");
-        return;
+        ustack_test_skip::skip_test!("two cores are needed");
     }
     let topo = Topo::up("xm");
     // DPDK without hugepages or PCI: net_af_packet on the veth, two queue

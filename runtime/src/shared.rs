@@ -553,10 +553,9 @@ where
     A: App + Send,
 {
     fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn {
-        let now = self.clock.now();
         let Some(app) = self.app.as_mut() else {
             return Turn {
-                now,
+                now: self.clock.now(),
                 busy: false,
                 poll_at: None,
                 done: true,
@@ -564,6 +563,11 @@ where
             };
         };
         let mut inner = shared.inner.lock();
+        // The clock is read once the stack is ours: read before the lock,
+        // `now` would be late by however long a socket call held it, and
+        // every timer armed in this iteration (TCP's RTO, an RC QP's ACK
+        // timer) would fire that much early.
+        let now = self.clock.now();
         let report = self.port.step(&mut inner.stack, now, app);
         for ev in self.port.events() {
             if let Some(w) = inner.watchers.get(&ev.socket) {

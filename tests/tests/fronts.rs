@@ -412,3 +412,57 @@ fn rc_queue_pairs_from_the_blocking_and_async_fronts() {
     assert_eq!(qa.status().unwrap().state, QpState::Error);
     let _ = (a.stop(), b.stop());
 }
+
+/// The `now` a spawned loop hands the stack (and its app) is read once
+/// the stack is the loop's: an iteration that first waited for the
+/// stack's lock (a socket call holding it) must not arm its timers from
+/// the time before the wait, or they fire early by the wait (an RC QP's
+/// ACK timer, TCP's RTO). A thread holds the lock for 100 ms at a time
+/// while the loop runs; the app sees how old each `now` is.
+#[test]
+fn a_spawned_loop_reads_the_clock_after_it_takes_the_stack() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use ustack_runtime::Clock;
+
+    struct Lag {
+        clock: Clock,
+        worst_us: Arc<AtomicU64>,
+        polls: Arc<AtomicU64>,
+    }
+    impl App for Lag {
+        fn poll(&mut self, now: Instant, _stack: &mut Stack) -> Control {
+            let lag = self.clock.now().saturating_duration_since(now);
+            self.worst_us
+                .fetch_max(lag.as_micros() as u64, Ordering::Relaxed);
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            Control::Continue
+        }
+    }
+    let link = SimLink::new(LinkConfig::default());
+    let worst_us = Arc::new(AtomicU64::new(0));
+    let polls = Arc::new(AtomicU64::new(0));
+    let rt = Builder::new()
+        .sim(&link)
+        .ip(A, 24)
+        .spawn_with(Lag {
+            clock: Clock::new(),
+            worst_us: worst_us.clone(),
+            polls: polls.clone(),
+        })
+        .expect("spawn");
+    for _ in 0..5 {
+        rt.net()
+            .with_stack(|_| std::thread::sleep(Duration::from_millis(100)))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = rt.stop();
+    assert!(polls.load(Ordering::Relaxed) > 5, "the loop ran");
+    let worst = worst_us.load(Ordering::Relaxed);
+    // Read before the lock, `now` was about 100 ms old each time.
+    assert!(
+        worst < 30_000,
+        "an iteration ran on a clock reading {worst} µs old"
+    );
+}

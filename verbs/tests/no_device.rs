@@ -10,8 +10,9 @@ fn has_rdma_device() -> bool {
 #[test]
 fn reports_no_rdma_device() {
     if has_rdma_device() {
-        println!("skipped: this host has an RDMA device (/sys/class/infiniband)");
-        return;
+        ustack_test_skip::skip_test!(
+            "this host has an RDMA device (/sys/class/infiniband): no-device answers not checked"
+        );
     }
     let err = VerbsUd::open(&VerbsConfig::default()).unwrap_err();
     assert_eq!(err, UdError::NoDevice);

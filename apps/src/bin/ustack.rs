@@ -83,6 +83,14 @@ struct ExecArgs {
     #[arg(long, value_name = "US", default_value_t = SPIN_DEFAULT_US,
           value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     spin: u32,
+    /// Run the program as this user (as root): it starts with that user's
+    /// ids and groups and with CAP_NET_RAW and CAP_NET_ADMIN as ambient
+    /// capabilities (through util-linux `setpriv`), which are what the
+    /// stack needs to open its pcap interface at the first socket; the
+    /// loader still honours LD_PRELOAD, as it would not for a setuid or
+    /// file-capability binary. For programs that refuse root (postgres).
+    #[arg(long, value_name = "NAME")]
+    user: Option<String>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
     program: Vec<String>,
@@ -238,13 +246,13 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
     }
     // The same checks the library makes before `main`, with the same words.
     args.net.net_config()?;
-    // The NET words as given (without exec's own --fork, --spin and --workers).
+    // The NET words as given (without exec's own --fork, --spin, --workers and --user).
     let mut raw: Vec<String> = std::env::args()
         .skip_while(|a| a != "exec")
         .skip(1)
         .take_while(|a| a != "--")
         .collect();
-    for own in ["--fork", "--spin", "--workers"] {
+    for own in ["--fork", "--spin", "--workers", "--user"] {
         while let Some(i) = raw.iter().position(|a| a == own) {
             raw.drain(i..(i + 2).min(raw.len()));
         }
@@ -276,9 +284,15 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
         _ => lib.into_os_string(),
     };
     let (program, rest) = args.program.split_first().context("no program to run")?;
-    let err = std::process::Command::new(program)
-        .args(rest)
-        .env("LD_PRELOAD", preload)
+    let mut cmd = match &args.user {
+        None => {
+            let mut c = std::process::Command::new(program);
+            c.args(rest).env("LD_PRELOAD", preload);
+            c
+        }
+        Some(user) => as_user(user, program, rest, &preload)?,
+    };
+    let err = cmd
         .env("USTACK_NET", spec)
         .env("USTACK_PID", std::process::id().to_string())
         .env("USTACK_SPIN_US", args.spin.to_string())
@@ -291,6 +305,7 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
             },
         )
         .exec();
+    let program = cmd.get_program().to_string_lossy().into_owned();
     eprintln!("ustack: cannot run {program}: {err}");
     Ok(ExitCode::from(
         if err.kind() == std::io::ErrorKind::NotFound {
@@ -299,6 +314,72 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
             126
         },
     ))
+}
+
+/// The capabilities a program run with `ustack exec --user` keeps: the
+/// ones the pcap backend needs (a packet socket, promiscuous mode and the
+/// interface's offload settings).
+const USER_CAPS: &str = "+net_raw,+net_admin";
+
+/// `setpriv` starting `program` as `user` with [`USER_CAPS`] ambient, the
+/// preload library given to the program alone (through `env`, so neither
+/// setpriv nor env loads it). Ambient capabilities survive the uid change
+/// and the exec of a binary without file capabilities, and leave the
+/// program's exec unprivileged in the loader's eyes (no AT_SECURE), so
+/// LD_PRELOAD is honoured.
+fn as_user(
+    user: &str,
+    program: &str,
+    rest: &[String],
+    preload: &std::ffi::OsStr,
+) -> Result<std::process::Command> {
+    // `env` would take a first word with `=` for a variable.
+    if program.contains('=') {
+        bail!("--user: a program name with '=' cannot be started through env: {program}");
+    }
+    let id = std::process::Command::new("id")
+        .args(["-g", "--", user])
+        .output()
+        .context("run id -g")?;
+    let gid = String::from_utf8_lossy(&id.stdout).trim().to_string();
+    if !id.status.success() || gid.is_empty() {
+        bail!("--user {user}: no such user");
+    }
+    let who = [
+        format!("--reuid={user}"),
+        format!("--regid={gid}"),
+        "--init-groups".to_string(),
+    ];
+    // A library the user cannot read is skipped by the loader with a
+    // warning, and the program would run on the kernel's sockets.
+    let mut unreadable = Vec::new();
+    for lib in std::env::split_paths(preload) {
+        let readable = std::process::Command::new("setpriv")
+            .args(&who)
+            .args(["--", "test", "-r"])
+            .arg(&lib)
+            .status()
+            .context("run setpriv (util-linux)")?;
+        if !readable.success() {
+            unreadable.push(lib.display().to_string());
+        }
+    }
+    if !unreadable.is_empty() {
+        bail!("--user {user} cannot read {}", unreadable.join(", "));
+    }
+    let mut assign = std::ffi::OsString::from("LD_PRELOAD=");
+    assign.push(preload);
+    let mut c = std::process::Command::new("setpriv");
+    c.args(&who)
+        .arg(format!("--inh-caps={USER_CAPS}"))
+        .arg(format!("--ambient-caps={USER_CAPS}"))
+        .args(["--", "env"])
+        .arg(assign)
+        .arg(program)
+        .args(rest)
+        // Not setpriv's or env's: they would load the library themselves.
+        .env_remove("LD_PRELOAD");
+    Ok(c)
 }
 
 fn loop_config(net: &NetArgs, duration: Option<f64>) -> LoopConfig {
