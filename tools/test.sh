@@ -44,6 +44,8 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           python3 sockperf redis-server redis-tools memcached libmemcached-tools nginx-light wrk curl
           # ssh: closefrom(3) at start (the stack keeps its own descriptors)
           openssh-client
+          # DNS servers on ustack answering dig (IP_PKTINFO, IP_MTU_DISCOVER)
+          dnsmasq-base unbound bind9-dnsutils
           # capsh: the pcap offload test drops CAP_NET_ADMIN (apps/tests/netns_offloads.rs)
           libcap2-bin
           # the soft-RoCE guest and the stock RDMA tools (apps/tests/netns_rxe.rs,

@@ -64,6 +64,17 @@ pub struct Opts {
     /// The connection's error (a reset, a timeout) was returned by a call
     /// already: later calls see a shut connection.
     pub error_reported: bool,
+    /// `shutdown` done: reading (`SHUT_RD`) and writing (`SHUT_WR`).
+    pub shut_rd: bool,
+    pub shut_wr: bool,
+    /// `IP_PKTINFO`: `recvmsg` reports the datagram's destination.
+    pub pktinfo: bool,
+    /// `IP_RECVORIGDSTADDR`: `recvmsg` reports the original destination.
+    pub origdstaddr: bool,
+    /// `TCP_USER_TIMEOUT` in milliseconds (0: the stack's retry limit).
+    pub user_timeout_ms: c_int,
+    /// Options kept and reported back without an effect of their own.
+    pub kept: crate::opts::Kept,
 }
 
 /// One ustack socket, shared by its descriptors.

@@ -1,8 +1,11 @@
 //! `setsockopt` and `getsockopt` on ustack sockets: the options programs
 //! set, kept per socket and applied to the connection where the stack acts
-//! on them; TCP_INFO filled from the connection's real state. An option the
-//! layer does not know fails with ENOPROTOOPT (as Linux does for an
-//! unknown one), counted and reported once.
+//! on them; TCP_INFO filled from the connection's real state. Every option
+//! Linux knows on TCP and UDP sockets is implemented, kept without an
+//! effect of its own ([`RULES`]: reported back by `getsockopt`), or
+//! refused with an errno ([`RULES`]); the README's table says which, and
+//! why. An option the layer does not know fails with ENOPROTOOPT (as Linux
+//! does for an unknown one), counted and reported once.
 
 use std::ffi::c_int;
 
@@ -34,8 +37,248 @@ fn timeval_us(val: &[u8]) -> Res<i64> {
     Ok(sec * 1_000_000 + usec)
 }
 
+/// What the layer does with an option it does not act on itself.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    /// Accepted and kept: `getsockopt` reports the value set, else `default`.
+    Kept { default: c_int },
+    /// Read-only: `getsockopt` reports `value`; `setsockopt` fails with ENOPROTOOPT.
+    GetOnly { value: c_int },
+    /// Refused (set and get) with this errno.
+    Refused(c_int),
+}
+
+/// Option levels and numbers (Linux's, x86-64: `asm-generic/socket.h`,
+/// `linux/in.h`, `linux/tcp.h`, `linux/udp.h`).
+const SOL: c_int = libc::SOL_SOCKET;
+const IP: c_int = libc::IPPROTO_IP;
+const TCP: c_int = libc::IPPROTO_TCP;
+const UDP: c_int = libc::IPPROTO_UDP;
+
+const fn kept(default: c_int) -> Rule {
+    Rule::Kept { default }
+}
+
+/// The options kept without an effect, read-only, or refused (the README's
+/// table gives each its reason). Options the layer acts on are matched in
+/// [`set`] and [`get`] before these.
+const RULES: &[(c_int, c_int, Rule)] = &[
+    (SOL, 1, kept(0)),                            // SO_DEBUG
+    (SOL, 5, kept(0)),                            // SO_DONTROUTE
+    (SOL, 6, kept(0)),                            // SO_BROADCAST
+    (SOL, 10, kept(0)),                           // SO_OOBINLINE
+    (SOL, 11, kept(0)),                           // SO_NO_CHECK
+    (SOL, 12, kept(0)),                           // SO_PRIORITY
+    (SOL, 14, kept(0)),                           // SO_BSDCOMPAT
+    (SOL, 16, kept(0)),                           // SO_PASSCRED
+    (SOL, 17, Rule::Refused(libc::ENOPROTOOPT)),  // SO_PEERCRED
+    (SOL, 18, kept(1)),                           // SO_RCVLOWAT
+    (SOL, 19, Rule::GetOnly { value: 1 }),        // SO_SNDLOWAT
+    (SOL, 26, Rule::Refused(libc::ENOPROTOOPT)),  // SO_ATTACH_FILTER
+    (SOL, 27, Rule::Refused(libc::ENOPROTOOPT)),  // SO_DETACH_FILTER
+    (SOL, 29, kept(0)),                           // SO_TIMESTAMP
+    (SOL, 31, Rule::Refused(libc::ENOPROTOOPT)),  // SO_PEERSEC
+    (SOL, 34, kept(0)),                           // SO_PASSSEC
+    (SOL, 35, kept(0)),                           // SO_TIMESTAMPNS
+    (SOL, 36, kept(0)),                           // SO_MARK
+    (SOL, 37, kept(0)),                           // SO_TIMESTAMPING
+    (SOL, 40, kept(0)),                           // SO_RXQ_OVFL
+    (SOL, 42, Rule::Refused(libc::EOPNOTSUPP)),   // SO_PEEK_OFF
+    (SOL, 43, Rule::Refused(libc::ENOPROTOOPT)),  // SO_NOFCS
+    (SOL, 44, Rule::Refused(libc::ENOPROTOOPT)),  // SO_LOCK_FILTER
+    (SOL, 45, kept(0)),                           // SO_SELECT_ERR_QUEUE
+    (SOL, 46, kept(0)),                           // SO_BUSY_POLL
+    (SOL, 47, kept(-1)),                          // SO_MAX_PACING_RATE
+    (SOL, 49, kept(-1)),                          // SO_INCOMING_CPU
+    (SOL, 50, Rule::Refused(libc::ENOPROTOOPT)),  // SO_ATTACH_BPF
+    (SOL, 51, Rule::Refused(libc::ENOPROTOOPT)),  // SO_ATTACH_REUSEPORT_CBPF
+    (SOL, 52, Rule::Refused(libc::ENOPROTOOPT)),  // SO_ATTACH_REUSEPORT_EBPF
+    (SOL, 55, Rule::Refused(libc::ENOPROTOOPT)),  // SO_MEMINFO
+    (SOL, 56, Rule::GetOnly { value: 0 }),        // SO_INCOMING_NAPI_ID
+    (SOL, 57, Rule::Refused(libc::ENOPROTOOPT)),  // SO_COOKIE
+    (SOL, 59, Rule::Refused(libc::ENOPROTOOPT)),  // SO_PEERGROUPS
+    (SOL, 60, Rule::Refused(libc::EOPNOTSUPP)),   // SO_ZEROCOPY
+    (SOL, 61, Rule::Refused(libc::ENOPROTOOPT)),  // SO_TXTIME
+    (SOL, 62, kept(0)),                           // SO_BINDTOIFINDEX
+    (SOL, 69, kept(0)),                           // SO_PREFER_BUSY_POLL
+    (SOL, 70, kept(0)),                           // SO_BUSY_POLL_BUDGET
+    (SOL, 71, Rule::Refused(libc::ENOPROTOOPT)),  // SO_NETNS_COOKIE
+    (SOL, 72, kept(0)),                           // SO_BUF_LOCK
+    (SOL, 73, Rule::Refused(libc::ENOPROTOOPT)),  // SO_RESERVE_MEM
+    (SOL, 74, kept(0)),                           // SO_TXREHASH
+    (SOL, 75, kept(0)),                           // SO_RCVMARK
+    (IP, 1, kept(0)),                             // IP_TOS
+    (IP, 2, kept(64)),                            // IP_TTL
+    (IP, 3, Rule::Refused(libc::ENOPROTOOPT)),    // IP_HDRINCL
+    (IP, 5, Rule::Refused(libc::EINVAL)),         // IP_ROUTER_ALERT
+    (IP, 6, kept(0)),                             // IP_RECVOPTS
+    (IP, 7, kept(0)),                             // IP_RETOPTS
+    (IP, 11, kept(0)),                            // IP_RECVERR
+    (IP, 12, kept(0)),                            // IP_RECVTTL
+    (IP, 13, kept(0)),                            // IP_RECVTOS
+    (IP, 15, kept(0)),                            // IP_FREEBIND
+    (IP, 16, Rule::Refused(libc::ENOPROTOOPT)),   // IP_IPSEC_POLICY
+    (IP, 17, Rule::Refused(libc::ENOPROTOOPT)),   // IP_XFRM_POLICY
+    (IP, 18, kept(0)),                            // IP_PASSSEC
+    (IP, 19, Rule::Refused(libc::ENOPROTOOPT)),   // IP_TRANSPARENT
+    (IP, 21, Rule::Refused(libc::ENOPROTOOPT)),   // IP_MINTTL
+    (IP, 22, Rule::Refused(libc::ENOPROTOOPT)),   // IP_NODEFRAG
+    (IP, 23, kept(0)),                            // IP_CHECKSUM
+    (IP, 24, kept(0)),                            // IP_BIND_ADDRESS_NO_PORT
+    (IP, 25, kept(0)),                            // IP_RECVFRAGSIZE
+    (IP, 26, kept(0)),                            // IP_RECVERR_RFC4884
+    (IP, 32, kept(0)),                            // IP_MULTICAST_IF
+    (IP, 33, kept(1)),                            // IP_MULTICAST_TTL
+    (IP, 34, kept(1)),                            // IP_MULTICAST_LOOP
+    (IP, 35, Rule::Refused(libc::ENOPROTOOPT)),   // IP_ADD_MEMBERSHIP
+    (IP, 36, Rule::Refused(libc::ENOPROTOOPT)),   // IP_DROP_MEMBERSHIP
+    (IP, 37, Rule::Refused(libc::ENOPROTOOPT)),   // IP_UNBLOCK_SOURCE
+    (IP, 38, Rule::Refused(libc::ENOPROTOOPT)),   // IP_BLOCK_SOURCE
+    (IP, 39, Rule::Refused(libc::ENOPROTOOPT)),   // IP_ADD_SOURCE_MEMBERSHIP
+    (IP, 40, Rule::Refused(libc::ENOPROTOOPT)),   // IP_DROP_SOURCE_MEMBERSHIP
+    (IP, 41, Rule::Refused(libc::ENOPROTOOPT)),   // IP_MSFILTER
+    (IP, 42, Rule::Refused(libc::ENOPROTOOPT)),   // MCAST_JOIN_GROUP
+    (IP, 43, Rule::Refused(libc::ENOPROTOOPT)),   // MCAST_BLOCK_SOURCE
+    (IP, 44, Rule::Refused(libc::ENOPROTOOPT)),   // MCAST_UNBLOCK_SOURCE
+    (IP, 45, Rule::Refused(libc::ENOPROTOOPT)),   // MCAST_LEAVE_GROUP
+    (IP, 46, Rule::Refused(libc::ENOPROTOOPT)),   // MCAST_JOIN_SOURCE_GROUP
+    (IP, 47, Rule::Refused(libc::ENOPROTOOPT)),   // MCAST_LEAVE_SOURCE_GROUP
+    (IP, 48, Rule::Refused(libc::ENOPROTOOPT)),   // MCAST_MSFILTER
+    (IP, 49, kept(1)),                            // IP_MULTICAST_ALL
+    (IP, 50, kept(0)),                            // IP_UNICAST_IF
+    (IP, 51, Rule::Refused(libc::ENOPROTOOPT)),   // IP_LOCAL_PORT_RANGE
+    (TCP, 7, kept(6)),                            // TCP_SYNCNT
+    (TCP, 8, kept(60)),                           // TCP_LINGER2
+    (TCP, 9, kept(0)),                            // TCP_DEFER_ACCEPT
+    (TCP, 10, kept(0)),                           // TCP_WINDOW_CLAMP
+    (TCP, 12, kept(1)),                           // TCP_QUICKACK
+    (TCP, 14, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_MD5SIG
+    (TCP, 16, kept(0)),                           // TCP_THIN_LINEAR_TIMEOUTS
+    (TCP, 17, kept(0)),                           // TCP_THIN_DUPACK
+    (TCP, 19, Rule::Refused(libc::EPERM)),        // TCP_REPAIR
+    (TCP, 20, Rule::Refused(libc::EPERM)),        // TCP_REPAIR_QUEUE
+    (TCP, 21, Rule::Refused(libc::EPERM)),        // TCP_QUEUE_SEQ
+    (TCP, 22, Rule::Refused(libc::EPERM)),        // TCP_REPAIR_OPTIONS
+    (TCP, 23, kept(0)),                           // TCP_FASTOPEN
+    (TCP, 24, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_TIMESTAMP
+    (TCP, 25, kept(-1)),                          // TCP_NOTSENT_LOWAT
+    (TCP, 26, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_CC_INFO
+    (TCP, 27, kept(0)),                           // TCP_SAVE_SYN
+    (TCP, 28, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_SAVED_SYN
+    (TCP, 29, Rule::Refused(libc::EPERM)),        // TCP_REPAIR_WINDOW
+    (TCP, 30, kept(0)),                           // TCP_FASTOPEN_CONNECT
+    (TCP, 31, Rule::Refused(libc::ENOENT)),       // TCP_ULP
+    (TCP, 32, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_MD5SIG_EXT
+    (TCP, 33, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_FASTOPEN_KEY
+    (TCP, 34, kept(0)),                           // TCP_FASTOPEN_NO_COOKIE
+    (TCP, 35, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_ZEROCOPY_RECEIVE
+    (TCP, 36, kept(0)),                           // TCP_INQ
+    (TCP, 37, kept(0)),                           // TCP_TX_DELAY
+    (UDP, 1, Rule::Refused(libc::ENOPROTOOPT)),   // UDP_CORK
+    (UDP, 100, Rule::Refused(libc::ENOPROTOOPT)), // UDP_ENCAP
+    (UDP, 101, Rule::Refused(libc::ENOPROTOOPT)), // UDP_NO_CHECK6_TX
+    (UDP, 102, Rule::Refused(libc::ENOPROTOOPT)), // UDP_NO_CHECK6_RX
+    (UDP, 103, Rule::Refused(libc::ENOPROTOOPT)), // UDP_SEGMENT
+    (UDP, 104, Rule::Refused(libc::ENOPROTOOPT)), // UDP_GRO
+];
+
+fn rule(level: c_int, name: c_int) -> Option<Rule> {
+    RULES
+        .iter()
+        .find(|(l, n, _)| *l == level && *n == name)
+        .map(|r| r.2)
+}
+
+/// How many distinct kept options a socket holds: every [`Rule::Kept`]
+/// and the few matched by name that are kept too.
+const KEPT_MAX: usize = 80;
+
+/// Values of kept options ([`Rule::Kept`]), per socket: a fixed array
+/// (Copy, so the options stay one plain value).
+#[derive(Debug, Clone, Copy)]
+pub struct Kept {
+    n: usize,
+    v: [(c_int, c_int, c_int); KEPT_MAX],
+}
+
+impl Default for Kept {
+    fn default() -> Self {
+        Kept {
+            n: 0,
+            v: [(0, 0, 0); KEPT_MAX],
+        }
+    }
+}
+
+impl Kept {
+    /// The value set for `(level, name)`, if any.
+    pub fn get(&self, level: c_int, name: c_int) -> Option<c_int> {
+        self.v[..self.n]
+            .iter()
+            .find(|(l, n, _)| *l == level && *n == name)
+            .map(|e| e.2)
+    }
+
+    /// Keep `value` for `(level, name)`; ENOMEM past [`KEPT_MAX`] options.
+    pub fn set(&mut self, level: c_int, name: c_int, value: c_int) -> Res<()> {
+        if let Some(e) = self.v[..self.n]
+            .iter_mut()
+            .find(|(l, n, _)| *l == level && *n == name)
+        {
+            e.2 = value;
+            return Ok(());
+        }
+        let slot = self.v.get_mut(self.n).ok_or(libc::ENOMEM)?;
+        *slot = (level, name, value);
+        self.n += 1;
+        Ok(())
+    }
+}
+
+/// An IPPROTO_IP int option: Linux takes an int, or a single byte.
+fn ip_int(val: &[u8]) -> Res<c_int> {
+    match val.len() {
+        0 => Err(libc::EINVAL),
+        1..=3 => Ok(c_int::from(val[0])),
+        _ => int(val),
+    }
+}
+
+/// The interface the stack runs on (`--pcap IFACE` in `USTACK_NET`): its
+/// name and kernel index (0 on DPDK and the sim link).
+pub fn stack_iface() -> &'static (String, c_int) {
+    static IFACE: std::sync::OnceLock<(String, c_int)> = std::sync::OnceLock::new();
+    IFACE.get_or_init(|| {
+        let words = std::env::var("USTACK_NET")
+            .ok()
+            .and_then(|s| shlex::split(&s))
+            .unwrap_or_default();
+        let name = words
+            .iter()
+            .position(|w| w == "--pcap")
+            .and_then(|i| words.get(i + 1).cloned())
+            .unwrap_or_default();
+        let index = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        (name, index)
+    })
+}
+
+/// A C string option's bytes up to its NUL.
+fn c_str(val: &[u8]) -> &[u8] {
+    let end = val.iter().position(|&b| b == 0).unwrap_or(val.len());
+    &val[..end]
+}
+
 /// `setsockopt` with the option's bytes.
 pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
+    // TCP options on a UDP socket and UDP options on a TCP socket: Linux
+    // passes them to IP, which knows neither.
+    if (level == TCP && !s.stream) || (level == UDP && s.stream) {
+        return Err(libc::ENOPROTOOPT);
+    }
     let mut o = s.opts.lock();
     match (level, name) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => o.reuse_addr = int(val)? != 0,
@@ -45,10 +288,63 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
             drop(o);
             sock::apply_tcp_opts(s);
         }
-        (libc::SOL_SOCKET, libc::SO_SNDBUF) => o.sndbuf = int(val)?,
-        (libc::SOL_SOCKET, libc::SO_RCVBUF) => o.rcvbuf = int(val)?,
-        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => o.rcvtimeo_us = timeval_us(val)?,
-        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => o.sndtimeo_us = timeval_us(val)?,
+        // SO_SNDBUFFORCE and SO_RCVBUFFORCE (32, 33) as the plain ones.
+        (libc::SOL_SOCKET, libc::SO_SNDBUF | 32) => o.sndbuf = int(val)?,
+        (libc::SOL_SOCKET, libc::SO_RCVBUF | 33) => o.rcvbuf = int(val)?,
+        // The _NEW timeouts (66, 67) share the 64-bit timeval's layout.
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO | 66) => o.rcvtimeo_us = timeval_us(val)?,
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO | 67) => o.sndtimeo_us = timeval_us(val)?,
+        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => {
+            // One interface: the stack's (or none, which unbinds).
+            let want = c_str(val);
+            if !want.is_empty() && want != stack_iface().0.as_bytes() {
+                return Err(libc::ENODEV);
+            }
+        }
+        (IP, libc::IP_PKTINFO) => o.pktinfo = ip_int(val)? != 0,
+        (IP, 20) => o.origdstaddr = ip_int(val)? != 0, // IP_RECVORIGDSTADDR
+        (IP, libc::IP_MTU_DISCOVER) => {
+            // IP_PMTUDISC_DONT .. IP_PMTUDISC_OMIT.
+            let v = ip_int(val)?;
+            if !(0..=5).contains(&v) {
+                return Err(libc::EINVAL);
+            }
+            o.kept.set(level, name, v)?;
+        }
+        (IP, libc::IP_OPTIONS) => {
+            // No IP options are sent: setting none is all there is.
+            if !val.is_empty() {
+                drop(o);
+                crate::unsupported_option(level, name);
+                return Err(libc::ENOPROTOOPT);
+            }
+        }
+        (TCP, libc::TCP_USER_TIMEOUT) => {
+            let v = int(val)?;
+            if v < 0 {
+                return Err(libc::EINVAL);
+            }
+            o.user_timeout_ms = v;
+            drop(o);
+            sock::apply_tcp_opts(s);
+        }
+        (TCP, libc::TCP_MAXSEG) => {
+            // Linux's bounds (TCP_MIN_MSS .. MAX_TCP_WINDOW; 0: the default).
+            let v = int(val)?;
+            if v != 0 && !(88..=32767).contains(&v) {
+                return Err(libc::EINVAL);
+            }
+            o.kept.set(level, name, v)?;
+        }
+        (TCP, libc::TCP_CONGESTION) => {
+            // The stack's two algorithms; Linux says ENOENT for others.
+            let algo = match c_str(val) {
+                b"cubic" => 0,
+                b"reno" => 1,
+                _ => return Err(libc::ENOENT),
+            };
+            o.kept.set(level, name, algo)?;
+        }
         (libc::SOL_SOCKET, libc::SO_LINGER) => {
             // struct linger: two ints, on/off and seconds.
             let b = bytes::<8>(val)?;
@@ -88,15 +384,23 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
             drop(o);
             sock::apply_tcp_opts(s);
         }
-        // Kept as the kernel keeps them; the stack does not act on them.
-        (libc::IPPROTO_IP, libc::IP_TOS) | (libc::SOL_SOCKET, libc::SO_PRIORITY) => {
-            int(val)?;
-        }
-        _ => {
-            drop(o);
-            crate::unsupported_option(level, name);
-            return Err(libc::ENOPROTOOPT);
-        }
+        _ => match rule(level, name) {
+            Some(Rule::Kept { .. }) => {
+                let v = if level == IP { ip_int(val)? } else { int(val)? };
+                o.kept.set(level, name, v)?;
+            }
+            Some(Rule::GetOnly { .. }) => return Err(libc::ENOPROTOOPT),
+            Some(Rule::Refused(e)) => {
+                drop(o);
+                crate::unsupported_option(level, name);
+                return Err(e);
+            }
+            None => {
+                drop(o);
+                crate::unsupported_option(level, name);
+                return Err(libc::ENOPROTOOPT);
+            }
+        },
     }
     Ok(())
 }
@@ -132,6 +436,9 @@ fn linux_state(s: State) -> u8 {
 
 /// `getsockopt`: the option's bytes (the caller copies as many as fit).
 pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
+    if (level == TCP && !s.stream) || (level == UDP && s.stream) {
+        return Err(libc::ENOPROTOOPT);
+    }
     let o = *s.opts.lock();
     let b = |x: bool| c_int::from(x);
     match (level, name) {
@@ -160,7 +467,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => put(b(o.reuse_addr)),
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => put(b(o.reuse_port)),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => put(b(o.keepalive)),
-        (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
+        (libc::SOL_SOCKET, libc::SO_SNDBUF | 32) => {
             // Linux reports twice what was set (bookkeeping room); the
             // default is the stack's send buffer.
             let v = if o.sndbuf > 0 {
@@ -170,7 +477,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             };
             put(v)
         }
-        (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
+        (libc::SOL_SOCKET, libc::SO_RCVBUF | 33) => {
             let v = if o.rcvbuf > 0 {
                 o.rcvbuf * 2
             } else {
@@ -183,8 +490,8 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             v.extend_from_slice(&o.linger.unwrap_or(0).to_ne_bytes());
             Ok(v)
         }
-        (libc::SOL_SOCKET, libc::SO_RCVTIMEO | libc::SO_SNDTIMEO) => {
-            put_timeval(if name == libc::SO_RCVTIMEO {
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | 66 | 67) => {
+            put_timeval(if name == libc::SO_RCVTIMEO || name == 66 {
                 o.rcvtimeo_us
             } else {
                 o.sndtimeo_us
@@ -200,8 +507,52 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         }
         (libc::IPPROTO_TCP, libc::TCP_KEEPCNT) => put(if o.keep_cnt > 0 { o.keep_cnt } else { 9 }),
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
-            let mss = sock::tcp_info(s).map_or(536, |i| i.mss as c_int);
+            // The connection's MSS; before one, what was set or Linux's 536.
+            let set = o.kept.get(level, name).filter(|&v| v > 0);
+            let mss = sock::tcp_info(s).map_or(set.unwrap_or(536), |i| i.mss as c_int);
             put(mss)
+        }
+        (TCP, libc::TCP_USER_TIMEOUT) => put(o.user_timeout_ms),
+        (TCP, libc::TCP_CONGESTION) => {
+            let name: &[u8] = if o.kept.get(level, name) == Some(1) {
+                b"reno"
+            } else {
+                b"cubic"
+            };
+            let mut v = name.to_vec();
+            v.resize(16, 0);
+            Ok(v)
+        }
+        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => Ok(Vec::new()),
+        (IP, libc::IP_PKTINFO) => put(b(o.pktinfo)),
+        (IP, 20) => put(b(o.origdstaddr)),
+        (IP, libc::IP_MTU_DISCOVER) => put(o.kept.get(level, name).unwrap_or(1)),
+        (IP, libc::IP_OPTIONS) => Ok(Vec::new()),
+        (IP, 9) => {
+            // IP_PKTOPTIONS (TCP only): with IP_PKTINFO, the connection's
+            // interface and address as a control message (dnsmasq finds
+            // a wildcard TCP connection's interface so).
+            if !s.stream {
+                return Err(libc::ENOPROTOOPT);
+            }
+            let local = sock::local_addr(s).ok().filter(|_| o.pktinfo);
+            let Some(local) = local else {
+                return Ok(Vec::new());
+            };
+            let mut p = stack_iface().1.to_ne_bytes().to_vec();
+            p.extend_from_slice(&local.ip().octets());
+            p.extend_from_slice(&local.ip().octets());
+            Ok(crate::exports::cmsgs(&[(IP, libc::IP_PKTINFO, &p)], usize::MAX).0)
+        }
+        (IP, libc::IP_MTU) => {
+            // The path MTU of a connected socket (Linux: ENOTCONN before).
+            if let Some(i) = sock::tcp_info(s) {
+                put((i.mss + 40) as c_int)
+            } else if matches!(*s.kind.lock(), Kind::Dgram { peer: Some(_), .. }) {
+                put(1500)
+            } else {
+                Err(libc::ENOTCONN)
+            }
         }
         (libc::IPPROTO_TCP, libc::TCP_INFO) => {
             let mut t = TcpInfo::default();
@@ -235,11 +586,18 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             }
             Ok(t.bytes())
         }
-        (libc::IPPROTO_IP, libc::IP_TOS) => put(0 as c_int),
-        _ => {
-            crate::unsupported_option(level, name);
-            Err(libc::ENOPROTOOPT)
-        }
+        _ => match rule(level, name) {
+            Some(Rule::Kept { default }) => put(o.kept.get(level, name).unwrap_or(default)),
+            Some(Rule::GetOnly { value }) => put(value),
+            Some(Rule::Refused(e)) => {
+                crate::unsupported_option(level, name);
+                Err(e)
+            }
+            None => {
+                crate::unsupported_option(level, name);
+                Err(libc::ENOPROTOOPT)
+            }
+        },
     }
 }
 
@@ -299,5 +657,47 @@ impl TcpInfo {
         put64(192, self.tcpi_bytes_sent);
         b[0] = self.tcpi_state;
         b
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn kept_values_are_reported_back_and_bounded() {
+        let mut k = Kept::default();
+        assert_eq!(k.get(IP, 2), None);
+        k.set(IP, 2, 9).unwrap();
+        k.set(IP, 2, 10).unwrap();
+        assert_eq!(k.get(IP, 2), Some(10));
+        for n in 1..KEPT_MAX as c_int {
+            k.set(TCP, 100 + n, n).unwrap();
+        }
+        assert_eq!(k.set(TCP, 1000, 1), Err(libc::ENOMEM));
+        assert_eq!(k.get(TCP, 114), Some(14));
+        // Room for every kept rule at once (the README table's test sets all).
+        let kept = RULES
+            .iter()
+            .filter(|r| matches!(r.2, Rule::Kept { .. }))
+            .count();
+        assert!(kept + 3 <= KEPT_MAX, "{kept} kept rules");
+    }
+
+    #[test]
+    fn every_rule_is_listed_once() {
+        for (i, (l, n, _)) in RULES.iter().enumerate() {
+            assert!(
+                !RULES[i + 1..].iter().any(|(l2, n2, _)| l2 == l && n2 == n),
+                "{l}/{n} twice"
+            );
+        }
+    }
+
+    #[test]
+    fn ip_options_take_an_int_or_a_byte() {
+        assert_eq!(ip_int(&[5]), Ok(5));
+        assert_eq!(ip_int(&7i32.to_ne_bytes()), Ok(7));
+        assert_eq!(ip_int(&[]), Err(libc::EINVAL));
     }
 }

@@ -7,7 +7,7 @@ use std::ffi::{CStr, c_int, c_uint, c_ulong, c_void};
 use std::sync::OnceLock;
 
 use libc::{
-    epoll_event, fd_set, iovec, msghdr, nfds_t, off_t, pollfd, sigset_t, size_t, sockaddr,
+    epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t, pollfd, sigset_t, size_t, sockaddr,
     socklen_t, ssize_t, timespec, timeval,
 };
 
@@ -56,6 +56,8 @@ real_fns! {
     sendto: unsafe extern "C" fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t;
     recvmsg: unsafe extern "C" fn(c_int, *mut msghdr, c_int) -> ssize_t;
     sendmsg: unsafe extern "C" fn(c_int, *const msghdr, c_int) -> ssize_t;
+    recvmmsg: unsafe extern "C" fn(c_int, *mut mmsghdr, c_uint, c_int, *mut timespec) -> c_int;
+    sendmmsg: unsafe extern "C" fn(c_int, *mut mmsghdr, c_uint, c_int) -> c_int;
     sendfile: unsafe extern "C" fn(c_int, c_int, *mut off_t, size_t) -> ssize_t;
     close: unsafe extern "C" fn(c_int) -> c_int;
     shutdown: unsafe extern "C" fn(c_int, c_int) -> c_int;

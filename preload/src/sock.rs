@@ -101,9 +101,9 @@ pub fn level(sock: &Sock) -> Level {
         };
     };
     let kind = *sock.kind.lock();
-    let (pending_error, reported) = {
+    let (pending_error, reported, shut_rd, shut_wr) = {
         let o = sock.opts.lock();
-        (o.pending_error != 0, o.error_reported)
+        (o.pending_error != 0, o.error_reported, o.shut_rd, o.shut_wr)
     };
     let r = net.peek_stack(|s| match kind {
         Kind::Fresh { .. } if sock.stream => Level {
@@ -161,6 +161,13 @@ pub fn level(sock: &Sock) -> Level {
         ..Level::default()
     });
     l.err |= pending_error;
+    if shut_rd && matches!(kind, Kind::Stream { .. } | Kind::Dgram { .. }) {
+        // Linux: a socket shut for reading reads end-of-stream at once
+        // (EPOLLIN | EPOLLRDHUP); shut both ways, EPOLLHUP too.
+        l.readable = true;
+        l.rdhup = true;
+        l.hup |= shut_wr;
+    }
     l
 }
 
@@ -500,8 +507,9 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
                 o.nodelay = l.nodelay;
                 o.keepalive = l.keepalive;
                 (o.keep_idle, o.keep_intvl, o.keep_cnt) = (l.keep_idle, l.keep_intvl, l.keep_cnt);
+                o.user_timeout_ms = l.user_timeout_ms;
             }
-            if l.nodelay || l.keepalive {
+            if l.nodelay || l.keepalive || l.user_timeout_ms > 0 {
                 apply_tcp_opts(&new);
             }
             watch(net, &new, SocketRef::Tcp(h));
@@ -767,7 +775,10 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                         from: None,
                     });
                 }
-                if st.is_none_or(|st| st.eof || st.closed()) || want == 0 {
+                if st.is_none_or(|st| st.eof || st.closed())
+                    || want == 0
+                    || sock.opts.lock().shut_rd
+                {
                     return Ok(Received {
                         len: 0,
                         full: 0,
@@ -807,6 +818,18 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                         len: full.min(buf.len()),
                         full,
                         from: Some(from),
+                    });
+                }
+                if sock.opts.lock().shut_rd {
+                    // Shut for reading, nothing queued: as Linux's UDP,
+                    // EAGAIN without waiting, 0 instead of a wait.
+                    if nonblock {
+                        return Err(EAGAIN);
+                    }
+                    return Ok(Received {
+                        len: 0,
+                        full: 0,
+                        from: None,
                     });
                 }
             }
@@ -895,6 +918,9 @@ pub fn send(
     let Kind::Dgram { handle, peer, .. } = *sock.kind.lock() else {
         return Err(libc::EBADF);
     };
+    if sock.opts.lock().shut_wr {
+        return Err(libc::EPIPE);
+    }
     let dst = to.or(peer).ok_or(libc::EDESTADDRREQ)?;
     let data: Vec<u8> = bufs.concat();
     loop {
@@ -923,17 +949,36 @@ pub fn readable_bytes(sock: &Sock) -> Res<usize> {
     })
 }
 
-/// `shutdown(how)`.
+/// `shutdown(how)`: `SHUT_WR` sends FIN (TCP); `SHUT_RD` makes reads
+/// return what is queued, then 0 at once, and the socket readable (as
+/// Linux: data arriving later is still taken, not read). A connected UDP
+/// socket is shut the same way (later sends: EPIPE).
 pub fn shutdown(sock: &Sock, how: c_int) -> Res<()> {
     let net = net()?;
-    let Kind::Stream { handle, .. } = *sock.kind.lock() else {
-        return Err(libc::ENOTCONN);
-    };
-    if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
-        net.with_stack(|s| s.tcp_shutdown(handle))
-            .map_err(gone)?
-            .map_err(errno_of)?;
+    if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
+        return Err(libc::EINVAL);
     }
+    let rd = how != libc::SHUT_WR;
+    let wr = how != libc::SHUT_RD;
+    let kind = *sock.kind.lock();
+    match kind {
+        Kind::Stream { handle, .. } => {
+            if wr {
+                net.with_stack(|s| s.tcp_shutdown(handle))
+                    .map_err(gone)?
+                    .map_err(errno_of)?;
+            }
+        }
+        Kind::Dgram { peer: Some(_), .. } => {}
+        _ => return Err(libc::ENOTCONN),
+    }
+    {
+        let mut o = sock.opts.lock();
+        o.shut_rd |= rd;
+        o.shut_wr |= wr;
+    }
+    // A reader blocked in another thread, or an epoll set, sees it now.
+    sock.notify();
     Ok(())
 }
 
@@ -1032,6 +1077,13 @@ pub fn apply_tcp_opts(sock: &Sock) {
         let _ = s.tcp_set_nodelay(handle, o.nodelay);
         let _ = s.tcp_set_cork(handle, o.cork);
         let _ = s.tcp_set_keepalive(handle, keepalive_of(&o));
+        let _ = s.tcp_set_user_timeout(
+            handle,
+            u64::try_from(o.user_timeout_ms)
+                .ok()
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis),
+        );
     });
 }
 

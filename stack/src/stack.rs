@@ -638,6 +638,17 @@ impl Stack {
         self.tcp.set_keepalive(now, h, ka)
     }
 
+    /// `TCP_USER_TIMEOUT` (RFC 5482): when sent data stays unacknowledged
+    /// longer than `timeout`, the connection fails with `TimedOut` (the
+    /// retransmission count no longer limits it); `None` turns it off.
+    pub fn tcp_set_user_timeout(
+        &mut self,
+        h: TcpHandle,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(), Error> {
+        self.tcp.set_user_timeout(h, timeout)
+    }
+
     /// `TCP_CORK`: while on, only full-sized segments leave; turning it
     /// off sends what was held.
     pub fn tcp_set_cork(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {

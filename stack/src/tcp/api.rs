@@ -301,6 +301,18 @@ impl TcpTable {
         Ok(())
     }
 
+    /// `TCP_USER_TIMEOUT`: how long sent data may stay unacknowledged
+    /// before the connection fails with `TimedOut` (None: off).
+    pub fn set_user_timeout(
+        &mut self,
+        h: TcpHandle,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(), Error> {
+        self.conn_mut(h)?.set_user_timeout(timeout);
+        self.mark_dirty(h.slot);
+        Ok(())
+    }
+
     /// `TCP_CORK` on or off; uncorking sends what was held.
     pub fn set_cork(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
         self.conn_mut(h)?.set_cork(on);

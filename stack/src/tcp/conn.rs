@@ -468,6 +468,12 @@ pub struct TcpConn {
     ka_last_probe: Instant,
     /// A keepalive probe is owed.
     ka_pending: bool,
+    /// `TCP_USER_TIMEOUT` (RFC 5482): how long sent data may stay
+    /// unacknowledged before the connection fails with `TimedOut`.
+    user_timeout: Option<Duration>,
+    /// Since when the oldest unacknowledged data has waited (None: nothing
+    /// in flight).
+    unacked_since: Option<Instant>,
 
     // What to send next.
     ack_now: bool,
@@ -596,6 +602,8 @@ impl TcpConn {
             ka_probes: 0,
             ka_last_probe: Instant::ZERO,
             ka_pending: false,
+            user_timeout: None,
+            unacked_since: None,
             ack_now: false,
             dupacks_owed: 0,
             unacked_segs: 0,
@@ -1263,6 +1271,8 @@ impl TcpConn {
             self.scoreboard.advance(ack);
             self.sample_rtt(now, ack);
             self.retries = 0;
+            // The peer made progress: the user timeout counts from here.
+            self.unacked_since = (self.in_flight() > 0).then_some(now);
             self.rtt.reset_backoff();
             self.dupacks = 0;
             if self.in_recovery {
@@ -1556,6 +1566,30 @@ impl TcpConn {
         self.keepalive
     }
 
+    /// `TCP_USER_TIMEOUT` (RFC 5482, as Linux does it): when data sent
+    /// stays unacknowledged for longer than `timeout`, the connection
+    /// fails with `TimedOut` (and a reset), however many retransmissions
+    /// that took; while it is set it replaces the retransmission count
+    /// limit. `None` (or zero, Linux's "use the default") turns it off.
+    pub fn set_user_timeout(&mut self, timeout: Option<Duration>) {
+        self.user_timeout = timeout.filter(|t| !t.is_zero());
+    }
+
+    /// The user timeout, when set.
+    pub fn user_timeout(&self) -> Option<Duration> {
+        self.user_timeout
+    }
+
+    /// When the user timeout ends the connection: only with data in flight
+    /// on a synchronized connection.
+    fn user_timeout_at(&self) -> Option<Instant> {
+        let t = self.user_timeout?;
+        if !self.state.synchronized() || self.in_flight() == 0 {
+            return None;
+        }
+        Some(self.unacked_since? + t)
+    }
+
     /// When the next keepalive probe (or the verdict on the last one) is
     /// due: only on an established connection with nothing in flight or
     /// queued (retransmissions time out on their own).
@@ -1589,6 +1623,7 @@ impl TcpConn {
             self.time_wait_at,
             self.fin_wait2_at,
             self.keepalive_at(),
+            self.user_timeout_at(),
         ]
         .into_iter()
         .flatten()
@@ -1611,6 +1646,14 @@ impl TcpConn {
             // The peer never closed: give up as Linux does, with a reset.
             self.reset_orphan(None);
             self.error = Some(ConnError::TimedOut);
+            return;
+        }
+        if self.user_timeout_at().is_some_and(|t| now >= t) {
+            // Sent data waited longer than the app allows (Linux: ETIMEDOUT).
+            self.error = Some(ConnError::TimedOut);
+            self.rst_pending = Some((self.snd_nxt, Some(self.rcv_nxt)));
+            self.state = State::Closed;
+            self.clear_timers();
             return;
         }
         if let Some((ka, t)) = self.keepalive.zip(self.keepalive_at()) {
@@ -1653,7 +1696,9 @@ impl TcpConn {
         } else {
             self.cfg.syn_retries
         };
-        if self.retries > limit {
+        // A user timeout replaces the count (it ends the connection itself).
+        let counted = self.user_timeout.is_none() || !self.state.synchronized();
+        if counted && self.retries > limit {
             self.error = Some(ConnError::TimedOut);
             if self.state.synchronized() {
                 self.rst_pending = Some((self.snd_nxt, Some(self.rcv_nxt)));
@@ -1932,6 +1977,9 @@ impl TcpConn {
         }
         if self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.rto());
+        }
+        if self.unacked_since.is_none() {
+            self.unacked_since = Some(now);
         }
         self.sent_ack(&seg);
         Some(seg)
@@ -2468,6 +2516,74 @@ mod test {
         // Only the retransmission timer runs, not keepalive.
         assert!(c.poll_at().is_some_and(|t| t < now + KA.idle));
         assert_eq!(c.keepalive_at(), None);
+    }
+
+    #[test]
+    fn user_timeout_fails_unacknowledged_data_with_timed_out() {
+        let ut = Duration::from_secs(3);
+        let (mut c, mut s, mut now) = established(cfg(), cfg());
+        c.set_user_timeout(Some(ut));
+        assert_eq!(c.user_timeout(), Some(ut));
+        // Idle: no deadline.
+        assert_eq!(c.user_timeout_at(), None);
+        // Answered data restarts the clock and leaves nothing pending.
+        c.send(b"answered");
+        for w in drain(&mut c, now) {
+            s.on_segment(now, &w.seg());
+        }
+        assert!(c.user_timeout_at().is_some_and(|t| t == now + ut));
+        now += Duration::from_millis(10);
+        for w in drain(&mut s, now + Duration::from_millis(200)) {
+            c.on_segment(now, &w.seg());
+        }
+        assert_eq!(c.user_timeout_at(), None);
+        // Now the peer vanishes: retransmissions, then the timeout.
+        let start = now;
+        c.send(b"unanswered");
+        let mut rsts = 0;
+        let mut sent = drain(&mut c, now).len();
+        while let Some(t) = c.poll_at() {
+            now = t.max(now);
+            for w in drain(&mut c, now) {
+                if w.out.hdr.rst {
+                    rsts += 1;
+                } else {
+                    sent += 1;
+                }
+            }
+            if c.state() == State::Closed {
+                break;
+            }
+        }
+        assert_eq!(c.error(), Some(ConnError::TimedOut));
+        assert_eq!(rsts, 1);
+        // The first transmission and some retransmissions, far fewer than
+        // the retry limit.
+        assert!(sent >= 2 && (sent as u32) < TcpConfig::default().max_retries);
+        assert_eq!(now - start, ut);
+    }
+
+    #[test]
+    fn user_timeout_longer_than_the_retry_limit_keeps_retransmitting() {
+        let ut = Duration::from_secs(24 * 3600);
+        let (mut c, _s, mut now) = established(cfg(), cfg());
+        c.set_user_timeout(Some(ut));
+        let start = now;
+        c.send(b"unanswered");
+        let mut sent = drain(&mut c, now).len() as u32;
+        while let Some(t) = c.poll_at() {
+            now = t.max(now);
+            sent += drain(&mut c, now).iter().filter(|w| !w.out.hdr.rst).count() as u32;
+            if c.state() == State::Closed {
+                break;
+            }
+        }
+        assert_eq!(c.error(), Some(ConnError::TimedOut));
+        assert!(sent > TcpConfig::default().max_retries + 1);
+        assert_eq!(now - start, ut);
+        // Zero turns it off: the count limit again.
+        c.set_user_timeout(Some(Duration::ZERO));
+        assert_eq!(c.user_timeout(), None);
     }
 
     #[test]
