@@ -67,7 +67,14 @@ const EXPECTED: &[(&str, Verdict)] = &[
     // proxies and relays
     ("haproxy", Verdict::Works),
     ("socat", Verdict::Works),
-    ("ncat -l", Verdict::Works),
+    (
+        "ncat -l",
+        Verdict::Fails(
+            "the pcap stack's start runs `ethtool -k` as a child of the program: \
+             ncat's SIGCHLD handler reaps it as a connection that ended and asserts \
+             (count <= INT_MAX), in about 2 of 3 starts",
+        ),
+    ),
     ("python3 asyncio", Verdict::Works),
     // clients
     ("curl", Verdict::Works),
@@ -769,8 +776,8 @@ fn socat(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outcome
             &format!("TCP:10.77.0.1:{ECHO_PORT}"),
         ],
     );
-    lab.wait_arp("10.77.0.2");
     // No probe connection: socat serves exactly one.
+    let server = serving(server, SOCAT_PORT, || lab.topo.arping_once())?;
     let back = lab.path("socat-back.bin");
     let sent = lab.path("www/stream.bin");
     let ok = wait_for(Duration::from_secs(15), || {
@@ -800,8 +807,27 @@ fn socat(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outcome
 
 /// ncat listening (`--recv-only`, output to a file through sh): what a
 /// Linux nc sent arrives byte-exact, and ncat ends with the connection.
+/// Started [`NCAT_STARTS`] times: its SIGCHLD handler meets the child the
+/// pcap stack's start runs (`ethtool -k`) in some starts and not in
+/// others, so one clean start proves nothing.
 fn ncat_listen(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outcome {
-    let got = lab.path("ncat-got.bin");
+    for run in 0..NCAT_STARTS {
+        ncat_listen_once(lab, sums, run)?;
+    }
+    Ok(format!(
+        "{NCAT_STARTS} starts, each receiving {STREAM_BYTES} bytes byte-exact; exit 0"
+    ))
+}
+
+/// Times ncat -l is started.
+const NCAT_STARTS: u32 = 5;
+
+fn ncat_listen_once(
+    lab: &Lab,
+    sums: &std::collections::HashMap<String, String>,
+    run: u32,
+) -> Result<(), String> {
+    let got = lab.path(&format!("ncat-got-{run}.bin"));
     let server = lab.start(
         Host::Stack,
         false,
@@ -814,7 +840,7 @@ fn ncat_listen(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> O
             ),
         ],
     );
-    lab.wait_arp("10.77.0.2");
+    let server = serving(server, NCAT_PORT, || lab.topo.arping_once())?;
     let sent = lab.path("www/stream.bin");
     let back = lab.path("ncat-back.bin");
     let ok = wait_for(Duration::from_secs(15), || {
@@ -836,7 +862,7 @@ fn ncat_listen(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> O
         "ncat received other than sent ({} bytes of {STREAM_BYTES})",
         std::fs::metadata(&got).map(|m| m.len()).unwrap_or(0)
     );
-    Ok(format!("{STREAM_BYTES} bytes received byte-exact; exit 0"))
+    Ok(())
 }
 
 /// A Python asyncio echo server (`asyncio.start_server`): prints "served N"
