@@ -46,6 +46,9 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           openssh-client
           # DNS servers on ustack answering dig (IP_PKTINFO, IP_MTU_DISCOVER)
           dnsmasq-base unbound bind9-dnsutils
+          # the stock-program suite (apps/tests/netns_stock.rs) and the bench's lighttpd row
+          lighttpd apache2 apache2-utils haproxy socat ncat nodejs wget rsync dnsmasq
+          openssh-server vsftpd postgresql
           # capsh: the pcap offload test drops CAP_NET_ADMIN (apps/tests/netns_offloads.rs)
           libcap2-bin
           # the soft-RoCE guest and the stock RDMA tools (apps/tests/netns_rxe.rs,
@@ -73,7 +76,8 @@ install_packages() {
   # finish any install an earlier run was interrupted in.
   local apt_opts=(-o DPkg::Lock::Timeout=600)
   dpkg --configure -a >/dev/null 2>&1 || true
-  # redis-server, memcached and nginx would start as services on the host:
+  # redis-server, memcached, nginx, lighttpd, apache2, haproxy, dnsmasq,
+  # unbound, sshd, vsftpd and postgresql would start as services on the host:
   # the tests run their own, inside the namespaces they make.
   local no_start=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then

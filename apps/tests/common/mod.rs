@@ -3,6 +3,9 @@
 //! is stopped with SIGTERM and killed if it lingers, and small parsers.
 #![allow(dead_code)]
 
+#[macro_use]
+pub mod lab;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
