@@ -564,7 +564,12 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
             } => {
                 drop(kind);
                 if nonblock {
-                    return finish_connect(net, sock, handle).and(Err(libc::EALREADY));
+                    // As Linux: 0 once the handshake completed (EISCONN
+                    // after that), EALREADY while it is under way.
+                    return match finish_connect(net, sock, handle) {
+                        Err(EAGAIN) => Err(libc::EALREADY),
+                        r => r,
+                    };
                 }
                 handle
             }
