@@ -379,6 +379,22 @@ impl TcpTable {
         if tw.is_none() && !s.conn.as_ref().is_none_or(TcpConn::is_finished) {
             return;
         }
+        if s.listener.is_some() && !s.embryonic {
+            // Established and waiting for `accept`, then reset: as on
+            // Linux, `accept` still hands it out (the app reads the
+            // reset), so a blocking accept does not wait for another
+            // connection; only its 4-tuple is freed for a new SYN.
+            if let Some(c) = s.conn.as_ref() {
+                let key = FlowKey {
+                    local_port: c.local().port(),
+                    remote: c.remote(),
+                };
+                if self.flows.get(&key) == Some(&slot) {
+                    self.flows.remove(&key);
+                }
+            }
+            return;
+        }
         if let Some(c) = s.conn.take() {
             self.closed_totals.add(c.stats());
             self.ooo_total = self.ooo_total.saturating_sub(c.ooo_bytes());
