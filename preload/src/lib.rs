@@ -36,9 +36,12 @@
 
 mod exports;
 mod fd;
+mod inspect;
+mod newfd;
 mod opts;
 mod own;
 mod poll;
+mod raw;
 mod real;
 mod sock;
 mod state;
@@ -71,6 +74,19 @@ pub(crate) fn unsupported(what: &str) {
         .insert(what.to_string())
     {
         eprintln!("ustack-preload: not supported (reported once): {what}");
+    }
+}
+
+/// Notices said so far, by kind.
+static NOTICED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
+/// Say once per process on stderr, in one line starting `ustack:`, that
+/// the layer left something to the kernel or refused it (`kind` names the
+/// case; the first message of a kind is the one said).
+pub(crate) fn notice(kind: &'static str, msg: impl FnOnce() -> String) {
+    let first = NOTICED.lock().get_or_insert_with(HashSet::new).insert(kind);
+    if first {
+        eprintln!("ustack: {}", msg());
     }
 }
 
