@@ -2595,6 +2595,10 @@ fn node_serves_ab_and_stops_on_sigterm() {
     ]);
     let out = text(&o);
     assert!(o.status.success(), "ab: {out}");
+    eprintln!(
+        "node on ustack under ab -n 3000 -c 8: {} requests/s",
+        cap::<f64>(&out, r"Requests per second:\s+([\d.]+)")
+    );
     assert_eq!(
         cap::<u64>(&out, r"Complete requests:\s+(\d+)"),
         3000,

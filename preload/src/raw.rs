@@ -60,6 +60,41 @@ fn is_ours(v: c_long) -> bool {
     !fd::is_empty() && fd::get(fd_arg(v)).is_some()
 }
 
+/// The system calls on a descriptor (the first argument) that the layer
+/// takes over when it is a ustack socket.
+fn on_descriptor(n: c_long) -> bool {
+    matches!(
+        n,
+        libc::SYS_read
+            | libc::SYS_write
+            | libc::SYS_readv
+            | libc::SYS_writev
+            | libc::SYS_recvfrom
+            | libc::SYS_sendto
+            | libc::SYS_recvmsg
+            | libc::SYS_sendmsg
+            | libc::SYS_recvmmsg
+            | libc::SYS_sendmmsg
+            | libc::SYS_sendfile
+            | libc::SYS_bind
+            | libc::SYS_listen
+            | libc::SYS_accept
+            | libc::SYS_accept4
+            | libc::SYS_connect
+            | libc::SYS_shutdown
+            | libc::SYS_getsockname
+            | libc::SYS_getpeername
+            | libc::SYS_getsockopt
+            | libc::SYS_setsockopt
+            | libc::SYS_fcntl
+            | libc::SYS_ioctl
+            | libc::SYS_dup
+            | libc::SYS_fstat
+            | libc::SYS_newfstatat
+            | libc::SYS_statx
+    )
+}
+
 /// The calls the layer takes over: on a ustack socket (or, for `close`,
 /// `close_range` and `socket`, always), the interposed wrapper's result.
 ///
@@ -90,7 +125,10 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
                     x::dup3(fd_arg(a1), fd_arg(a2), a3 as c_int)
                 })
             }
-            _ if !is_ours(a1) => return None,
+            // Only these look in the table: anything else (`futex` above
+            // all, which the table's own lock calls when contended) must
+            // not, or a waiter would wait for the lock inside its wait.
+            _ if !on_descriptor(n) || !is_ours(a1) => return None,
             libc::SYS_read => x::read(fd_arg(a1), a2 as *mut c_void, a3 as size_t) as c_long,
             libc::SYS_write => x::write(fd_arg(a1), a2 as *const c_void, a3 as size_t) as c_long,
             libc::SYS_readv => x::readv(fd_arg(a1), a2 as *const iovec, a3 as c_int) as c_long,
