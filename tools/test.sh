@@ -16,7 +16,7 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           openssh-client
           # libuv programs closing by raw syscall(); a C test program and a
           # fake Go binary built at test time (netns_preload.rs)
-          nodejs apache2-utils bind9-dnsutils dnsmasq gcc binutils
+          nodejs bind9-dnsutils dnsmasq gcc binutils
           # capsh: the pcap offload test drops CAP_NET_ADMIN (apps/tests/netns_offloads.rs)
           libcap2-bin
           # the soft-RoCE guest and the stock RDMA tools (apps/tests/netns_rxe.rs,
