@@ -1036,3 +1036,23 @@ fn fmt_loss(p: f64) -> String {
         format!("{p:.3}")
     }
 }
+
+#[cfg(test)]
+mod test {
+    use super::is_go_binary;
+
+    #[test]
+    fn c_programs_and_other_files_are_not_go() {
+        // This test binary is Rust: an ELF without Go's sections.
+        let me = std::env::current_exe().expect("the test binary");
+        assert!(!is_go_binary(&me));
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let text = dir.path().join("script.sh");
+        std::fs::write(&text, "#!/bin/sh\necho hi\n").unwrap();
+        assert!(!is_go_binary(&text));
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"\x7fELF").unwrap();
+        assert!(!is_go_binary(&short));
+        assert!(!is_go_binary(&dir.path().join("missing")));
+    }
+}
