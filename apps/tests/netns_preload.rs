@@ -2495,7 +2495,7 @@ fn recycled_numbers_are_never_sockets_and_sockets_look_like_sockets() {
     need_root!();
     need_program!("cc", "gcc");
     let _turn = serial();
-    let lab = Lab::new("pi", need_preload!());
+    let lab = Lab::new("qi", need_preload!());
     let bin = compile_c(&lab, "identity", IDENTITY_C);
     let peer = lab.linux_echo_peer(7301, 7302);
     let file = lab.path("recycled.txt");
@@ -2620,7 +2620,7 @@ fn node_serves_3000_connections_and_stops_on_sigterm() {
     need_program!("node", "nodejs");
     need_program!(PYTHON, "python3");
     let _turn = serial();
-    let lab = Lab::new("pn", need_preload!());
+    let lab = Lab::new("qn", need_preload!());
     let script = lab.path("server.js");
     std::fs::write(&script, NODE_SERVER).unwrap();
     let load = lab.path("load.py");
@@ -2674,7 +2674,7 @@ fn dig_asks_dnsmasq_over_udp() {
     need_program!("dig", "bind9-dnsutils");
     need_program!("dnsmasq", "dnsmasq");
     let _turn = serial();
-    let lab = Lab::new("pg", need_preload!());
+    let lab = Lab::new("qg", need_preload!());
     let _dns = lab.linux_daemon(&[
         "dnsmasq",
         "--keep-in-foreground",
@@ -2774,7 +2774,7 @@ fn fallbacks_are_said_in_one_line() {
     need_program!("cc", "gcc");
     need_program!("objcopy", "binutils");
     let _turn = serial();
-    let lab = Lab::new("pf", need_preload!());
+    let lab = Lab::new("qf", need_preload!());
     let script = lab.path("fallbacks.py");
     std::fs::write(&script, FALLBACKS).unwrap();
     let peer = lab.linux_echo_peer(7401, 7402);
