@@ -56,13 +56,7 @@ const EXPECTED: &[(&str, Verdict)] = &[
     ("lighttpd", Verdict::Works),
     ("apache2 -X", Verdict::Works),
     ("python3 -m http.server", Verdict::Works),
-    (
-        "node http",
-        Verdict::Fails(
-            "libuv closes descriptors with a raw close syscall the preload does not see: \
-             later connections get no or wrong answers (ab: most of 300 requests fail; \
-             being fixed)",
-        ),
+    ("node http", Verdict::Works),
     ),
     // proxies and relays
     ("haproxy", Verdict::Works),
@@ -87,12 +81,7 @@ const EXPECTED: &[(&str, Verdict)] = &[
         "rsync",
         Verdict::Fails("issue 36: the client forks after connecting (fork sharing)"),
     ),
-    (
-        "dig",
-        Verdict::Fails(
-            "libuv (BIND's netmgr) sends on descriptors ustack does not see: \
-             'socket operation on non-socket'",
-        ),
+    ("dig", Verdict::Works),
     ),
     // DNS servers
     ("dnsmasq", Verdict::Works),

@@ -2,7 +2,7 @@
 //! socket's goes to `sock`/`poll`, everything else to the C library
 //! unchanged. C arguments are checked and turned into Rust values here.
 
-use std::ffi::{c_int, c_uint, c_ulong, c_void};
+use std::ffi::{c_int, c_long, c_uint, c_ulong, c_void};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -23,8 +23,26 @@ use crate::state::forked;
 /// A ustack socket's descriptor: its socket, or an errno to fail with (a
 /// forked child's inherited sockets are the parent's). None: not ours.
 fn ours(fd: c_int) -> Option<Result<Arc<Sock>, c_int>> {
-    let s = fd::get(fd)?;
+    owned(fd::get(fd)?)
+}
+
+/// As [`ours`], with the descriptor's identity checked (one `fstat`): for
+/// the calls off the data path, where a number closed behind the layer's
+/// back and reused by the kernel must not be taken for a socket.
+fn ours_checked(fd: c_int) -> Option<Result<Arc<Sock>, c_int>> {
+    owned(fd::get_checked(fd)?)
+}
+
+/// A ustack socket of this process, or EBADF (said once) in a forked child
+/// without the stack.
+fn owned(s: Arc<Sock>) -> Option<Result<Arc<Sock>, c_int>> {
     if forked() {
+        crate::notice("forked", || {
+            format!(
+                "process {} used a socket its parent opened on ustack: the stack stays with the parent, so calls on it fail here with EBADF (only close works; ustack exec --fork child moves the stack to the child)",
+                std::process::id()
+            )
+        });
         return Some(Err(libc::EBADF));
     }
     Some(Ok(s))
@@ -150,8 +168,21 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
             });
         }
     }
+    if domain == libc::AF_INET6
+        && matches!(ty & 0xf, libc::SOCK_STREAM | libc::SOCK_DGRAM)
+        && crate::state::planned()
+    {
+        crate::notice("inet6", || {
+            format!(
+                "process {} opened an AF_INET6 socket: it runs on the kernel's network stack (ustack carries IPv4 only so far; ask the program for IPv4, e.g. iperf3 -4 or an IPv4 bind address)",
+                std::process::id()
+            )
+        });
+    }
     // SAFETY: the C library's socket with the caller's arguments.
-    unsafe { (real().socket)(domain, ty, protocol) }
+    let fd = unsafe { (real().socket)(domain, ty, protocol) };
+    fd::fresh(fd);
+    fd
 }
 
 /// `bind(2)`.
@@ -160,7 +191,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    match ours(fd) {
+    match ours_checked(fd) {
         None => {
             // SAFETY: passing the call on.
             unsafe { (real().bind)(fd, addr, len) }
@@ -179,7 +210,7 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    match ours(fd) {
+    match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().listen)(fd, backlog) },
         Some(s) => guard(-1, || {
@@ -199,9 +230,13 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
-    match ours(fd) {
-        // SAFETY: passing the call on.
-        None => unsafe { (real().accept4)(fd, addr, len, flags) },
+    match ours_checked(fd) {
+        None => {
+            // SAFETY: passing the call on.
+            let new = unsafe { (real().accept4)(fd, addr, len, flags) };
+            fd::fresh(new);
+            new
+        }
         Some(s) => guard(-1, || {
             let r = s.and_then(|s| {
                 sock::accept(
@@ -241,7 +276,7 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    match ours(fd) {
+    match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().connect)(fd, addr, len) },
         Some(s) => guard(-1, || {
@@ -352,7 +387,10 @@ fn fortify_fail() -> ! {
     let msg = b"*** buffer overflow detected ***: terminated\n";
     // SAFETY: a raw write to stderr, then abort, as glibc's __chk_fail.
     unsafe {
-        libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len());
+        crate::real::sys(
+            libc::SYS_write,
+            [2, msg.as_ptr() as c_long, msg.len() as c_long, 0, 0, 0],
+        );
         libc::abort();
     }
 }
@@ -1090,7 +1128,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         set_errno(libc::EBADF);
         return -1;
     }
-    if fd::get(fd).is_some() {
+    if fd::get_checked(fd).is_some() {
         if forked() {
             // The parent's socket: only this process's descriptor goes.
             if let Some(s) = fd::remove(fd) {
@@ -1120,7 +1158,12 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     let raw = |a: c_uint, b: c_uint, f: c_int| {
         // SAFETY: the close_range system call on numbers the layer does
         // not keep.
-        unsafe { libc::syscall(libc::SYS_close_range, a, b, f) as c_int }
+        unsafe {
+            crate::real::sys(
+                libc::SYS_close_range,
+                [c_long::from(a), c_long::from(b), c_long::from(f), 0, 0, 0],
+            ) as c_int
+        }
     };
     if first > last {
         set_errno(libc::EINVAL);
@@ -1179,7 +1222,7 @@ pub unsafe extern "C" fn closefrom(low: c_int) {
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    match ours(fd) {
+    match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().shutdown)(fd, how) },
         Some(s) => guard(-1, || {
@@ -1206,9 +1249,12 @@ fn adopt_dup(old: &Arc<Sock>, new: c_int) -> c_int {
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: the kernel's dup of the descriptor (our eventfd or theirs).
     let new = unsafe { (real().dup)(fd) };
-    match ours(fd) {
+    match ours_checked(fd) {
         Some(Ok(s)) => adopt_dup(&s, new),
-        _ => new,
+        _ => {
+            fd::fresh(new);
+            new
+        }
     }
 }
 
@@ -1233,9 +1279,12 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     }
     // SAFETY: the kernel's dup3.
     let r = unsafe { (real().dup3)(old, new, flags) };
-    match ours(old) {
+    match ours_checked(old) {
         Some(Ok(s)) => adopt_dup(&s, r),
-        _ => r,
+        _ => {
+            fd::fresh(r);
+            r
+        }
     }
 }
 
@@ -1260,9 +1309,13 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    let Some(Ok(s)) = ours(fd) else {
+    let Some(Ok(s)) = ours_checked(fd) else {
         // SAFETY: passing the call on.
-        return unsafe { (real().fcntl)(fd, cmd, arg) };
+        let r = unsafe { (real().fcntl)(fd, cmd, arg) };
+        if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+            fd::fresh(r);
+        }
+        return r;
     };
     match cmd {
         libc::F_GETFL => {
@@ -1299,16 +1352,36 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     unsafe { fcntl(fd, cmd, arg) }
 }
 
-/// `ioctl(2)`: FIONBIO, FIONREAD/SIOCINQ, SIOCOUTQ on ustack sockets;
-/// interface queries (SIOCGIF*) go to a kernel socket; others ENOTTY.
+/// `ioctl(2)`: FIONBIO, FIONREAD/SIOCINQ, SIOCOUTQ, FIOCLEX/FIONCLEX on
+/// ustack sockets; interface queries (SIOCGIF*) go to a kernel socket;
+/// terminal requests fail with ENOTTY as on any socket; other socket
+/// requests fail with ENOTTY, reported once by name.
 ///
 /// # Safety
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
-    let Some(Ok(s)) = ours(fd) else {
+    let Some(Ok(s)) = ours_checked(fd) else {
         // SAFETY: passing the call on.
         return unsafe { (real().ioctl)(fd, req, arg) };
+    };
+    // An int result out through the caller's pointer.
+    let out = |r: Res<usize>| -> c_int {
+        match r {
+            Ok(_) if arg.is_null() => {
+                set_errno(libc::EFAULT);
+                -1
+            }
+            Ok(n) => {
+                // SAFETY: FIONREAD, SIOCOUTQ take an int*.
+                unsafe { *arg.cast::<c_int>() = c_int::try_from(n).unwrap_or(c_int::MAX) };
+                0
+            }
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        }
     };
     guard(-1, || match req {
         libc::FIONBIO => {
@@ -1321,21 +1394,19 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
             s.nonblocking.store(on, Ordering::Relaxed);
             0
         }
-        libc::FIONREAD => match sock::readable_bytes(&s) {
-            Ok(n) if !arg.is_null() => {
-                // SAFETY: FIONREAD takes an int*.
-                unsafe { *arg.cast::<c_int>() = c_int::try_from(n).unwrap_or(c_int::MAX) };
-                0
-            }
-            Ok(_) => {
-                set_errno(libc::EFAULT);
-                -1
-            }
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
-        },
+        libc::FIONREAD => out(sock::readable_bytes(&s)),
+        libc::TIOCOUTQ => out(crate::inspect::send_queued(&s)),
+        // The descriptor's close-on-exec flag is the kernel's.
+        // SAFETY: passing the call on for our eventfd.
+        libc::FIOCLEX | libc::FIONCLEX => unsafe { (real().ioctl)(fd, req, arg) },
+        r if crate::inspect::socket_ioctl_name(r).is_some() => {
+            let name = crate::inspect::socket_ioctl_name(r).unwrap_or("?");
+            crate::unsupported(&format!(
+                "ioctl {name} ({r:#x}) on a ustack socket (ENOTTY)"
+            ));
+            set_errno(libc::ENOTTY);
+            -1
+        }
         r if (0x8900..0x8a00).contains(&r) => {
             // An interface query through any socket: ask the kernel's.
             // SAFETY: a throwaway kernel socket for the caller's request.
@@ -1351,8 +1422,14 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                 r
             }
         }
-        _ => {
-            crate::unsupported("an ioctl on a ustack socket");
+        // Terminal requests (TCGETS, TIOCGWINSZ...): a socket is no
+        // terminal, Linux says ENOTTY too.
+        r if (0x5400..0x5500).contains(&r) => {
+            set_errno(libc::ENOTTY);
+            -1
+        }
+        r => {
+            crate::unsupported(&format!("ioctl {r:#x} on a ustack socket (ENOTTY)"));
             set_errno(libc::ENOTTY);
             -1
         }
@@ -1365,7 +1442,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    match ours(fd) {
+    match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().getsockname)(fd, addr, len) },
         Some(s) => guard(-1, || match s.and_then(|s| sock::local_addr(&s)) {
@@ -1388,7 +1465,7 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    match ours(fd) {
+    match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().getpeername)(fd, addr, len) },
         Some(s) => guard(-1, || match s.and_then(|s| sock::peer_addr(&s)) {
@@ -1417,7 +1494,7 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    match ours(fd) {
+    match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().setsockopt)(fd, level, name, val, len) },
         Some(s) => guard(-1, || {
@@ -1445,7 +1522,7 @@ pub unsafe extern "C" fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
-    match ours(fd) {
+    match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().getsockopt)(fd, level, name, val, len) },
         Some(s) => guard(-1, || {
@@ -1640,6 +1717,7 @@ pub unsafe extern "C" fn pselect(
 pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
     // SAFETY: passing the call on.
     let fd = unsafe { (real().epoll_create)(size) };
+    fd::fresh(fd);
     // Tracked before the stack starts too: a program makes its epoll sets
     // first and adds sockets later (memcached's workers).
     if fd >= 0 && crate::state::planned() {
@@ -1656,6 +1734,7 @@ pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
 pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
     // SAFETY: passing the call on.
     let fd = unsafe { (real().epoll_create1)(flags) };
+    fd::fresh(fd);
     // Tracked before the stack starts too: a program makes its epoll sets
     // first and adds sockets later (memcached's workers).
     if fd >= 0 && crate::state::planned() {
@@ -1675,7 +1754,12 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut epoll_event,
 ) -> c_int {
-    if let Some(Ok(s)) = ours(fd) {
+    let mine = if op == libc::EPOLL_CTL_ADD {
+        ours_checked(fd)
+    } else {
+        ours(fd)
+    };
+    if let Some(Ok(s)) = mine {
         // SAFETY: the caller's event.
         if let Some(r) = guard(Some(-1), || unsafe { poll::ctl(epfd, op, fd, s, ev) }) {
             return r;

@@ -11,7 +11,7 @@
 use std::ffi::c_int;
 use std::net::SocketAddrV4;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -91,12 +91,22 @@ pub struct Sock {
     signaled: AtomicBool,
     /// Times the kernel-side wait found nothing and slept (for tests).
     pub sleeps: AtomicI64,
+    /// The identity of the eventfd behind it (`st_dev`, `st_ino`): a
+    /// number the table holds but whose descriptor no longer has it was
+    /// closed behind the layer's back and given to something else.
+    ident: (u64, u64),
+    /// The inode number `fstat` reports for it (unique per socket, as
+    /// sockfs gives each socket its own).
+    pub ino: u64,
 }
 
 impl Sock {
     /// A new socket named by descriptor `fd` (an eventfd).
     pub fn new(stream: bool, fd: RawFd, nonblocking: bool) -> Arc<Sock> {
+        static NEXT_INO: AtomicU64 = AtomicU64::new(1 << 40);
         Arc::new(Sock {
+            ident: identity(fd).unwrap_or((u64::MAX, u64::MAX)),
+            ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
             stream,
             kind: Mutex::new(Kind::Fresh { port: 0 }),
             opts: Mutex::new(Opts::default()),
@@ -145,6 +155,15 @@ impl Sock {
         self.fds.lock().push(fd);
     }
 
+    /// Forget descriptor `fd` without closing it (its number was closed
+    /// behind the layer's back and may be another's now); returns whether
+    /// it was the socket's last.
+    pub fn forget_fd(&self, fd: RawFd) -> bool {
+        let mut fds = self.fds.lock();
+        fds.retain(|&f| f != fd);
+        fds.is_empty()
+    }
+
     /// Close descriptor `fd` in the kernel and forget it; returns whether it
     /// was the socket's last.
     pub fn close_fd(&self, fd: RawFd) -> bool {
@@ -188,10 +207,62 @@ fn write() -> RwLockWriteGuard<'static, Table> {
     TABLE.write().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The ustack socket `fd` names, if any.
+/// The ustack socket `fd` names, if any (the data path's look-up: no
+/// system call; see [`get_checked`]).
 pub fn get(fd: c_int) -> Option<Arc<Sock>> {
     let i = usize::try_from(fd).ok()?;
     read().get(i).cloned().flatten()
+}
+
+/// `(st_dev, st_ino)` of descriptor `fd` (the C library's `fstat`, not the
+/// layer's).
+pub fn identity(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: an all-zero `struct stat` is valid; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: the C library's fstat into our buffer.
+    if unsafe { (real().fstat)(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_dev, st.st_ino))
+}
+
+/// The ustack socket `fd` names, checked: when the descriptor under that
+/// number is no longer the socket's eventfd (it was closed by a path the
+/// layer does not see, e.g. a raw system call, and the kernel gave the
+/// number to something else), the stale entry is retired and None
+/// returned. One `fstat`: for the calls off the data path (close, bind,
+/// connect, accept, options, fstat, ioctl, fcntl, dup, epoll_ctl).
+pub fn get_checked(fd: c_int) -> Option<Arc<Sock>> {
+    let s = get(fd)?;
+    if identity(fd) == Some(s.ident) {
+        return Some(s);
+    }
+    retire(fd);
+    None
+}
+
+/// The kernel just gave number `fd` to a new descriptor (an interposed
+/// call that opens one returned it): an entry under that number is stale
+/// by definition, since the kernel reuses a number only after it was
+/// closed. Cheap when the number is not in the table.
+pub fn fresh(fd: c_int) {
+    if fd < 0 || is_empty() || get(fd).is_none() {
+        return;
+    }
+    retire(fd);
+}
+
+/// Forget the stale entry `fd` (its descriptor was closed behind the
+/// layer's back): the number leaves the table and the epoll sets, and the
+/// socket closes in the stack when it was its last number. The kernel
+/// descriptor under the number is not the layer's any more and is not
+/// touched.
+pub fn retire(fd: c_int) {
+    let Some(s) = remove(fd) else { return };
+    crate::poll::forget_socket(fd);
+    if s.forget_fd(fd) && !crate::state::forked() {
+        crate::sock::close_in_stack(&s);
+    }
 }
 
 /// Whether no ustack socket exists (the fast path of poll and select).
@@ -207,15 +278,26 @@ pub fn open_count() -> usize {
 /// Descriptors in the table.
 static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Record that `fd` names `sock`.
+/// Record that `fd` names `sock` (a stale entry under the number, one
+/// whose descriptor was closed behind the layer's back, is retired).
 pub fn insert(fd: c_int, sock: Arc<Sock>) {
     let Ok(i) = usize::try_from(fd) else { return };
-    let mut t = write();
-    if t.len() <= i {
-        t.resize(i + 1, None);
-    }
-    if t[i].replace(sock).is_none() {
-        COUNT.fetch_add(1, Ordering::Relaxed);
+    let old = {
+        let mut t = write();
+        if t.len() <= i {
+            t.resize(i + 1, None);
+        }
+        let old = t[i].replace(sock.clone());
+        if old.is_none() {
+            COUNT.fetch_add(1, Ordering::Relaxed);
+        }
+        old
+    };
+    if let Some(old) = old.filter(|o| !Arc::ptr_eq(o, &sock)) {
+        crate::poll::forget_socket(fd);
+        if old.forget_fd(fd) && !crate::state::forked() {
+            crate::sock::close_in_stack(&old);
+        }
     }
 }
 

@@ -27,6 +27,16 @@
 //! - The stack's own descriptors (its NIC's, its telemetry socket) are
 //!   not the program's: `close` of one fails with EBADF, and
 //!   `closefrom`/`close_range` close around them (`own.rs`).
+//! - A number closed behind the layer's back (a raw `syscall(SYS_close)`,
+//!   as libuv closes; a close inside the C library) is never taken for a
+//!   socket once the kernel reuses it: `syscall()` is interposed
+//!   (`raw.rs`), calls that make descriptors retire stale entries
+//!   (`newfd.rs`), and calls off the data path check the descriptor's
+//!   identity (`fd.rs`). To calls that inspect a descriptor a ustack
+//!   socket is a socket (`inspect.rs`).
+//! - What is left to the kernel (a first AF_INET6 socket, a forked
+//!   child's sockets) is said once on stderr, in a line starting
+//!   `ustack:`.
 //! - An unsupported call or option fails with the errno Linux gives
 //!   (EOPNOTSUPP, ENOPROTOOPT, ENOTTY) and is reported once on stderr.
 //!
@@ -36,9 +46,12 @@
 
 mod exports;
 mod fd;
+mod inspect;
+mod newfd;
 mod opts;
 mod own;
 mod poll;
+mod raw;
 mod real;
 mod sock;
 mod state;
@@ -71,6 +84,19 @@ pub(crate) fn unsupported(what: &str) {
         .insert(what.to_string())
     {
         eprintln!("ustack-preload: not supported (reported once): {what}");
+    }
+}
+
+/// Notices said so far, by kind.
+static NOTICED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
+/// Say once per process on stderr, in one line starting `ustack:`, that
+/// the layer left something to the kernel or refused it (`kind` names the
+/// case; the first message of a kind is the one said).
+pub(crate) fn notice(kind: &'static str, msg: impl FnOnce() -> String) {
+    let first = NOTICED.lock().get_or_insert_with(HashSet::new).insert(kind);
+    if first {
+        eprintln!("ustack: {}", msg());
     }
 }
 

@@ -3,8 +3,9 @@
 //! layer's own system calls (an eventfd's read and write), which must not
 //! come back into the layer's interposed symbols.
 
-use std::ffi::{CStr, c_int, c_uint, c_ulong, c_void};
+use std::ffi::{CStr, c_char, c_int, c_long, c_uint, c_ulong, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::{
     epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t, pollfd, sigset_t, size_t, sockaddr,
@@ -79,6 +80,20 @@ real_fns! {
     epoll_ctl: unsafe extern "C" fn(c_int, c_int, c_int, *mut epoll_event) -> c_int;
     epoll_pwait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const sigset_t) -> c_int;
     eventfd: unsafe extern "C" fn(c_uint, c_int) -> c_int;
+    fstat: unsafe extern "C" fn(c_int, *mut libc::stat) -> c_int;
+    fstatat: unsafe extern "C" fn(c_int, *const c_char, *mut libc::stat, c_int) -> c_int;
+    statx: unsafe extern "C" fn(c_int, *const c_char, c_int, c_uint, *mut libc::statx) -> c_int;
+    readlink: unsafe extern "C" fn(*const c_char, *mut c_char, size_t) -> ssize_t;
+    readlinkat: unsafe extern "C" fn(c_int, *const c_char, *mut c_char, size_t) -> ssize_t;
+    open: unsafe extern "C" fn(*const c_char, c_int, ...) -> c_int;
+    openat: unsafe extern "C" fn(c_int, *const c_char, c_int, ...) -> c_int;
+    pipe: unsafe extern "C" fn(*mut c_int) -> c_int;
+    pipe2: unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+    socketpair: unsafe extern "C" fn(c_int, c_int, c_int, *mut c_int) -> c_int;
+    memfd_create: unsafe extern "C" fn(*const c_char, c_uint) -> c_int;
+    timerfd_create: unsafe extern "C" fn(c_int, c_int) -> c_int;
+    signalfd: unsafe extern "C" fn(c_int, *const sigset_t, c_int) -> c_int;
+    inotify_init1: unsafe extern "C" fn(c_int) -> c_int;
 }
 
 /// The next definition of `name` after this library, or abort: a C library
@@ -91,7 +106,10 @@ fn lookup(name: &CStr) -> *mut c_void {
         // SAFETY: a raw write(2) of a static buffer to stderr (not the
         // interposed `write`), then leaving at once.
         unsafe {
-            libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len());
+            sys(
+                libc::SYS_write,
+                [2, msg.as_ptr() as c_long, msg.len() as c_long, 0, 0, 0],
+            );
             libc::_exit(2);
         }
     }
@@ -99,6 +117,38 @@ fn lookup(name: &CStr) -> *mut c_void {
 }
 
 static REAL: OnceLock<Real> = OnceLock::new();
+
+/// The C library's `syscall` (variadic: it reads six words).
+type SyscallFn = unsafe extern "C" fn(c_long, ...) -> c_long;
+
+/// The C library's `syscall`, kept apart from [`Real`]: the layer's own
+/// locks (and the Rust standard library's, through `futex`) call
+/// `syscall`, which the layer interposes, so its way on must not wait on
+/// a lock of its own (a `OnceLock` being filled by another thread).
+static SYSCALL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The system call `n` with six argument words, through the C library's
+/// `syscall` (errno set and -1 returned on failure, as it does).
+///
+/// # Safety
+/// The arguments must be what system call `n` expects.
+pub unsafe fn sys(n: c_long, a: [c_long; 6]) -> c_long {
+    let mut p = SYSCALL.load(Ordering::Acquire);
+    if p.is_null() {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name only reads.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"syscall".as_ptr()) };
+        if p.is_null() {
+            // SAFETY: exiting at once: without the C library's syscall
+            // nothing can run.
+            unsafe { libc::_exit(2) };
+        }
+        SYSCALL.store(p, Ordering::Release);
+    }
+    // SAFETY: `p` is the C library's `syscall`, of this signature.
+    let f = unsafe { std::mem::transmute::<*mut c_void, SyscallFn>(p) };
+    // SAFETY: the caller's system call and arguments.
+    unsafe { f(n, a[0], a[1], a[2], a[3], a[4], a[5]) }
+}
 
 /// The C library's functions (looked up on first use).
 pub fn real() -> &'static Real {

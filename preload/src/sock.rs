@@ -1001,14 +1001,20 @@ pub fn close(fd: RawFd) -> bool {
         unsafe { (crate::real::real().close)(fd) };
         return true;
     }
-    if !sock.close_fd(fd) {
-        return true;
+    if sock.close_fd(fd) {
+        close_in_stack(&sock);
     }
+    true
+}
+
+/// The socket's last descriptor is gone: close it in the stack (FIN, or
+/// RST with `SO_LINGER` 0; a listener leaves the port).
+pub fn close_in_stack(sock: &Arc<Sock>) {
     let kind = std::mem::replace(&mut *sock.kind.lock(), Kind::Closed);
-    let Ok(net) = net() else { return true };
+    let Ok(net) = net() else { return };
     // A listener other sockets share (SO_REUSEPORT) stays theirs.
     let kind = match kind {
-        Kind::Listener { handle, port } if !leave_listener(&sock, port, handle) => Kind::Closed,
+        Kind::Listener { handle, port } if !leave_listener(sock, port, handle) => Kind::Closed,
         k => k,
     };
     let linger0 = sock.opts.lock().linger == Some(0);
@@ -1034,7 +1040,6 @@ pub fn close(fd: RawFd) -> bool {
     if let Some(r) = r {
         net.unwatch(r);
     }
-    true
 }
 
 /// Our end: (address, port).

@@ -217,7 +217,18 @@ pub fn start_for_socket() -> Option<&'static State> {
     if let Some(s) = state() {
         return Some(s);
     }
-    if DETACHED.load(Ordering::Relaxed) || TRIED.load(Ordering::Acquire) {
+    if DETACHED.load(Ordering::Relaxed) {
+        if PLAN.get().is_some() {
+            crate::notice("child-socket", || {
+                format!(
+                    "process {} (forked) opened an AF_INET socket: it runs on the kernel's network stack, since the process it was forked from runs the stack (ustack exec --fork child hands the stack to the child)",
+                    std::process::id()
+                )
+            });
+        }
+        return None;
+    }
+    if TRIED.load(Ordering::Acquire) {
         return None;
     }
     let plan = PLAN.get()?;

@@ -284,6 +284,14 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
         _ => lib.into_os_string(),
     };
     let (program, rest) = args.program.split_first().context("no program to run")?;
+    if let Some(path) = find_program(program) {
+        if is_go_binary(&path) {
+            eprintln!(
+                "ustack: {program} is a Go program: Go makes its system calls itself, not through the C library, so LD_PRELOAD cannot carry its sockets (they would all be the kernel's); not started"
+            );
+            return Ok(ExitCode::from(2));
+        }
+    }
     let mut cmd = match &args.user {
         None => {
             let mut c = std::process::Command::new(program);
@@ -380,6 +388,72 @@ fn as_user(
         // Not setpriv's or env's: they would load the library themselves.
         .env_remove("LD_PRELOAD");
     Ok(c)
+}
+
+/// The file `exec` would run for `program`: the path itself when it
+/// holds a slash, else the first executable file of that name on `PATH`.
+fn find_program(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.contains('/') {
+        return Some(program.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Whether `path` is a Go program: a 64-bit little-endian ELF file with a
+/// `.note.go.buildid` or `.go.buildinfo` section (every Go toolchain since
+/// 1.13 writes them, stripped binaries keep them). Go programs make their
+/// system calls directly, so an LD_PRELOAD library never sees their
+/// sockets.
+fn is_go_binary(path: &std::path::Path) -> bool {
+    go_sections(path).unwrap_or(false)
+}
+
+/// [`is_go_binary`], with the file's read errors.
+fn go_sections(path: &std::path::Path) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    let mut h = [0u8; 64];
+    f.read_exact(&mut h)?;
+    // ELF magic, ELFCLASS64, ELFDATA2LSB.
+    if h[..4] != *b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return Ok(false);
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
+    let (shoff, shentsize, shnum, shstrndx) = (
+        u64_at(&h, 0x28),
+        u16_at(&h, 0x3a),
+        u16_at(&h, 0x3c),
+        u16_at(&h, 0x3e),
+    );
+    if shoff == 0 || shentsize < 64 || shnum == 0 || shstrndx >= shnum || shnum > 65_535 {
+        return Ok(false);
+    }
+    let mut table = vec![0u8; (shentsize * shnum) as usize];
+    f.seek(SeekFrom::Start(shoff))?;
+    f.read_exact(&mut table)?;
+    let section = |i: u64| &table[(i * shentsize) as usize..((i + 1) * shentsize) as usize];
+    let strtab = section(shstrndx);
+    let (str_off, str_size) = (u64_at(strtab, 0x18), u64_at(strtab, 0x20));
+    if str_size > 1 << 20 {
+        return Ok(false);
+    }
+    let mut names = vec![0u8; str_size as usize];
+    f.seek(SeekFrom::Start(str_off))?;
+    f.read_exact(&mut names)?;
+    Ok((0..shnum).any(|i| {
+        let at = u32_at(section(i), 0) as usize;
+        let name = names.get(at..).unwrap_or(&[]);
+        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+        name == b".note.go.buildid" || name == b".go.buildinfo"
+    }))
 }
 
 fn loop_config(net: &NetArgs, duration: Option<f64>) -> LoopConfig {
@@ -1041,5 +1115,25 @@ fn fmt_loss(p: f64) -> String {
         format!("{p:.0}")
     } else {
         format!("{p:.3}")
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::is_go_binary;
+
+    #[test]
+    fn c_programs_and_other_files_are_not_go() {
+        // This test binary is Rust: an ELF without Go's sections.
+        let me = std::env::current_exe().expect("the test binary");
+        assert!(!is_go_binary(&me));
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let text = dir.path().join("script.sh");
+        std::fs::write(&text, "#!/bin/sh\necho hi\n").unwrap();
+        assert!(!is_go_binary(&text));
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"\x7fELF").unwrap();
+        assert!(!is_go_binary(&short));
+        assert!(!is_go_binary(&dir.path().join("missing")));
     }
 }
