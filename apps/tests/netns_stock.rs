@@ -57,7 +57,6 @@ const EXPECTED: &[(&str, Verdict)] = &[
     ("apache2 -X", Verdict::Works),
     ("python3 -m http.server", Verdict::Works),
     ("node http", Verdict::Works),
-    ),
     // proxies and relays
     ("haproxy", Verdict::Works),
     ("socat", Verdict::Works),
@@ -82,7 +81,6 @@ const EXPECTED: &[(&str, Verdict)] = &[
         Verdict::Fails("issue 36: the client forks after connecting (fork sharing)"),
     ),
     ("dig", Verdict::Works),
-    ),
     // DNS servers
     ("dnsmasq", Verdict::Works),
     ("unbound", Verdict::Works),

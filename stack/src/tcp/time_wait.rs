@@ -76,7 +76,7 @@ impl TimeWait {
             self.expires = now + msl2;
             return TwAnswer::Ack(self.ack(now));
         }
-        if seg.len() == 0 && seg.hdr.seq == self.rcv_nxt {
+        if seg.is_empty() && seg.hdr.seq == self.rcv_nxt {
             // An empty ACK at the edge: nothing owed (answering it could
             // start an ACK loop).
             return TwAnswer::Ignore;
