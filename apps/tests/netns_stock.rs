@@ -14,7 +14,7 @@
 //! the suite; one that starts working fails it too, until the table says
 //! so.
 //!
-//! - web servers: lighttpd (keep-alive, and 2,000 HTTP/1.0 connections
+//! - web servers: lighttpd (keep-alive, and 30,000 HTTP/1.0 connections
 //!   from `ab -c 16`), apache2 single-process (`-X`), Python http.server,
 //!   a Node http server;
 //! - proxies and relays: haproxy in front of a Linux web server, socat
