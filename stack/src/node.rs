@@ -147,7 +147,8 @@ pub struct Snapshot {
     pub pools: Vec<PoolStats>,
     /// TCP connections in slot order, at most [`MAX_CONNECTIONS`].
     pub connections: Vec<ConnInfo>,
-    /// Every live TCP connection, listed or not.
+    /// Every TCP connection that holds a slot, listed or not (TIME-WAIT
+    /// records, which hold none, are `stack.tcp.time_wait`).
     pub connections_total: u64,
     /// This stack's shard (index, count) and mailbox counters, on a host
     /// with several queues.
@@ -301,7 +302,7 @@ impl<D: Device> Port<D> {
         Snapshot {
             at_ns: now.as_nanos(),
             connections: stack.tcp_connections().take(MAX_CONNECTIONS).collect(),
-            connections_total: stats.tcp.connections,
+            connections_total: stats.tcp.connections.saturating_sub(stats.tcp.time_wait),
             rc_qps: stack.rc_qps(MAX_CONNECTIONS),
             shard: self.shard.as_ref().map(|s| ShardSnapshot {
                 index: s.id.index,

@@ -329,9 +329,12 @@ fn rc_queue_pairs_from_the_blocking_and_async_fronts() {
     const MSG: usize = 64 * 1024;
     const N: u64 = 64;
     let (a, b) = pair(LinkConfig::default());
+    // An ACK timeout of 67 ms (4.096 us << 14): the two stacks' threads
+    // share two CPUs with whatever else runs, and a 1 ms one (timeout 8)
+    // with one retry ran out on a loaded machine (RetryExceeded mid-way).
     let cfg = RcQpConfig {
         retry_cnt: 1,
-        timeout: 8,
+        timeout: 14,
         ..RcQpConfig::default()
     };
     let qa = RcQp::create(a.net(), &cfg).unwrap();
