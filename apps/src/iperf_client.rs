@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use ustack::app::bulk::fill_pattern;
 use ustack::node::{App, Control};
 use ustack::tcp::{State, TcpHandle};
 use ustack::{Instant, Stack};
+use ustack_kit::bulk::fill_pattern;
 
 use crate::cpu::CpuSample;
 use crate::iperf::*;

@@ -2,10 +2,10 @@
 
 use std::fmt::Write as _;
 
-use ustack::app::bulk::fill_pattern;
 use ustack::node::{App, Control};
 use ustack::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
+use ustack_kit::bulk::fill_pattern;
 
 use crate::iperf::*;
 

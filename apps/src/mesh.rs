@@ -5,7 +5,7 @@
 //! One [`MeshPinger`] (an in-loop [`App`]) carries every probe type:
 //! - `icmp`: one ping socket, one run of sequence numbers for all targets
 //!   (an ICMP error names only the sequence);
-//! - `ud`: one RoCEv2 UD QP sending pings in [`ustack::ud::ping`]'s format
+//! - `ud`: one RoCEv2 UD QP sending pings in [`ustack_kit::ud_ping`]'s format
 //!   to each target's UD responder (`ustack run` has one on QPN 2);
 //! - `udp`: one UDP socket sending timestamped datagrams to each target's
 //!   UDP echo service;
@@ -303,11 +303,11 @@ fn read_msg(p: &[u8]) -> Option<(u64, u64)> {
     (p.len() >= MSG_LEN && &p[..4] == MSG_MAGIC).then(|| (be64(p, 8), be64(p, 16)))
 }
 
-/// UD pings in the format of [`ustack::ud::ping`] (its module docs):
+/// UD pings in the format of [`ustack_kit::ud_ping`] (its module docs):
 /// `"UDPG" | kind | 3 zero | seq | a | b | c`, 40 bytes at least; a ping
 /// (kind 1) carries its post time in `a`, the pong (kind 2) echoes seq and
 /// `a` and carries the responder's processing delay in `c`.
-const UD_LEN: usize = ustack::ud::ping::PING_LEN;
+const UD_LEN: usize = ustack_kit::ud_ping::PING_LEN;
 const UD_RECV_DEPTH: usize = 256;
 
 fn write_ud_ping(buf: &mut [u8], seq: u64, now: Instant) {

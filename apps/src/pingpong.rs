@@ -22,12 +22,12 @@ use ustack::tcp::ListenHandle;
 use ustack::ud::exchange::{
     DONE, PINGPONG_MSG_LEN, PingpongDest, VERSION_LEN, gid_ipv4, ipv4_gid, parse_version,
 };
-use ustack::ud::ping::{UdPingSummary, UdResponder};
 use ustack::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, SendWr, UdAddr, UdTransport, WcOpcode,
     WcStatus,
 };
 use ustack::{Instant, Stack};
+use ustack_kit::ud_ping::{UdPingSummary, UdResponder};
 use ustack_runtime::LoopConfig;
 
 use crate::net::NodeUser;

@@ -12,12 +12,12 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use ustack::device::Device;
 use ustack::node::{App, Control, Node};
-use ustack::ud::ping::{
+use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
+use ustack::{Instant, Stack};
+use ustack_kit::ud_ping::{
     BwResult, UdBandwidth, UdBandwidthConfig, UdPingSummary, UdPinger, UdPingerConfig, UdPong,
     UdResponder,
 };
-use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
-use ustack::{Instant, Stack};
 use ustack_runtime::clock::Clock;
 use ustack_runtime::{self as runtime, LoopConfig};
 
@@ -209,7 +209,7 @@ impl NodeUser for PingUser {
         cfg.interval = o.interval;
         cfg.size = o.size;
         cfg.timeout = o.timeout;
-        let size = cfg.size.max(ustack::ud::ping::PING_LEN);
+        let size = cfg.size.max(ustack_kit::ud_ping::PING_LEN);
         let mut front = PingFront {
             pinger: UdPinger::new(cfg),
             quiet: o.quiet,

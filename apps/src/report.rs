@@ -150,7 +150,7 @@ pub fn ping_statistics(
     dst: &str,
     what: &str,
     counts: [u64; 4],
-    rtt: &ustack::app::ping::RttStats,
+    rtt: &ustack_kit::ping::RttStats,
     elapsed: std::time::Duration,
 ) -> String {
     let [transmitted, received, duplicates, errors] = counts;

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
-use ustack::app::bulk::fill_pattern;
 use ustack::node::{App, Control};
 use ustack::tcp::{State, TcpHandle};
 use ustack::{Instant, Stack};
+use ustack_kit::bulk::fill_pattern;
 
 /// What `uperf -c --rr` was asked to do.
 #[derive(Debug, Clone)]

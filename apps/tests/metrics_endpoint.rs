@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use ustack::app::ping::{Pinger, PingerConfig};
+use ustack_kit::ping::{Pinger, PingerConfig};
 use ustack_runtime::Builder;
 
 /// A free port on 127.0.0.1 (bound, then released for the endpoint).

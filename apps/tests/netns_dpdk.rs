@@ -14,7 +14,7 @@ use common::*;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ustack::app::bulk::fill_pattern;
+use ustack_kit::bulk::fill_pattern;
 
 /// EAL without hugepages or PCI; each process gets its own file prefix.
 const EAL: &str = "--no-huge -m 256 --no-pci";

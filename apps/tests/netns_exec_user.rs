@@ -44,7 +44,7 @@ fn served_dir() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut data = vec![0u8; 4 << 20];
-    ustack::app::bulk::fill_pattern(3, &mut data);
+    ustack_kit::bulk::fill_pattern(3, &mut data);
     let file = dir.path().join("file.bin");
     std::fs::write(&file, &data).unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();

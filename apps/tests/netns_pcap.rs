@@ -12,7 +12,7 @@ use common::*;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ustack::app::bulk::fill_pattern;
+use ustack_kit::bulk::fill_pattern;
 
 impl Topo {
     /// A ustack command in the stack namespace.

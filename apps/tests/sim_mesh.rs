@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack::ud::ping::UdResponder;
 use ustack::{Instant, Stack};
 use ustack_apps::mesh::{
     ListSource, MeshConfig, MeshMetrics, MeshPinger, Probe, Reloader, Target, parse_pinglist,
 };
 use ustack_apps::services::Services;
+use ustack_kit::ud_ping::UdResponder;
 use ustack_runtime::metrics::{Family, MetricsSource, Value};
 
 fn mesh(link: LinkConfig, targets: Vec<Target>, rate: f64, secs: u64) -> (MeshPinger, SimNet) {

@@ -88,7 +88,7 @@
 //! use std::net::Ipv4Addr;
 //! use std::sync::atomic::AtomicBool;
 //! use std::time::Duration;
-//! use ustack::app::ping::{Pinger, PingerConfig};
+//! use ustack_kit::ping::{Pinger, PingerConfig};
 //! use ustack_runtime::Builder;
 //!
 //! let link = ustack::sim::SimLink::new(Default::default());

@@ -5,9 +5,9 @@ use std::hash::BuildHasher;
 
 use smoltcp::wire::{EthernetAddress, Ipv4Cidr};
 
-use crate::arp::ArpConfig;
-use crate::frag::FragConfig;
-use crate::tcp::TcpConfig;
+use crate::iface::arp::ArpConfig;
+use crate::iface::frag::FragConfig;
+use crate::socket::tcp::TcpConfig;
 
 /// Configuration of one stack instance.
 #[derive(Debug, Clone)]

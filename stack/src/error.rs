@@ -34,5 +34,5 @@ pub enum Error {
     Closed,
     /// The connection ended abnormally (refused, reset, timed out, aborted).
     #[error(transparent)]
-    Tcp(#[from] crate::tcp::ConnError),
+    Tcp(#[from] crate::socket::tcp::ConnError),
 }

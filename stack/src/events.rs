@@ -14,9 +14,9 @@
 
 use std::ops::{BitOr, BitOrAssign};
 
-use crate::icmp::PingHandle;
-use crate::tcp::{ListenHandle, TcpHandle};
-use crate::udp::UdpHandle;
+use crate::iface::icmp::PingHandle;
+use crate::socket::tcp::{ListenHandle, TcpHandle};
+use crate::socket::udp::UdpHandle;
 
 /// The socket an [`Event`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,7 +31,7 @@ pub enum SocketRef {
     Ping(PingHandle),
     /// An RDMA RC queue pair: readable when completions wait in its
     /// queue, errored when it moved to the error state.
-    RcQp(crate::rc::RcQpHandle),
+    RcQp(crate::socket::rc::RcQpHandle),
 }
 
 /// What changed, as a set of flags.

@@ -4,17 +4,17 @@
 //! [`Node`] is one iteration's worth of glue between a [`Stack`] and a
 //! [`Device`], given `now`: the runtime crate (`ustack-runtime`) loops it
 //! against a real clock on a pinned core, and the sim harness
-//! ([`crate::sim::SimNet`]) steps several nodes against a virtual one.
+//! ([`crate::phy::sim::SimNet`]) steps several nodes against a virtual one.
 
 use serde::Serialize;
 
-use crate::device::{Device, DeviceTx, PortStats};
 use crate::events::Event;
-use crate::pool::PoolStats;
+use crate::phy::device::{Device, DeviceTx, PortStats};
+use crate::phy::pool::PoolStats;
 use crate::shard::{Mail, Route, Shard, ShardStats};
+use crate::socket::tcp::ConnInfo;
 use crate::stack::Stack;
 use crate::stats::Stats;
-use crate::tcp::ConnInfo;
 use crate::time::{Instant, earliest};
 
 /// Frames per rx or tx burst.
@@ -66,8 +66,8 @@ pub enum RxWait {
     /// polled at the back-off's longest step, not from short sleeps).
     Nothing,
     /// Only replies the app times by the port's receive stamps
-    /// ([`crate::device::DeviceCaps::rx_timestamps`]: a ping's
-    /// [`crate::icmp::PingReply::received_at`], UD receive completions):
+    /// ([`crate::phy::device::DeviceCaps::rx_timestamps`]: a ping's
+    /// [`crate::iface::icmp::PingReply::received_at`], UD receive completions):
     /// on a port that stamps frames they may wait until the app's next
     /// [`App::poll_at`], so the loop wakes once per timer, not once per
     /// frame; on one that does not, as `Prompt`.
@@ -142,7 +142,7 @@ pub struct Snapshot {
     /// The device's port counters.
     pub port: PortStats,
     /// The offloads the port does for the engine.
-    pub offloads: crate::device::Offloads,
+    pub offloads: crate::phy::device::Offloads,
     /// Counters of every packet pool the device owns.
     pub pools: Vec<PoolStats>,
     /// TCP connections in slot order, at most [`MAX_CONNECTIONS`].
@@ -157,7 +157,7 @@ pub struct Snapshot {
     /// RDMA RC queue pairs (state, PSNs, counters), at most
     /// [`MAX_CONNECTIONS`]; absent when there are none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub rc_qps: Vec<crate::rc::RcQpStatus>,
+    pub rc_qps: Vec<crate::socket::rc::RcQpStatus>,
 }
 
 /// A shard's place and mailbox counters in a [`Snapshot`].
@@ -184,7 +184,7 @@ pub struct Port<D: Device> {
     txq: Vec<D::Buf>,
     events: Vec<Event>,
     /// The device's offloads, read once.
-    offloads: crate::device::Offloads,
+    offloads: crate::phy::device::Offloads,
 }
 
 impl<D: Device + std::fmt::Debug> std::fmt::Debug for Port<D> {
@@ -243,9 +243,9 @@ impl<D: Device> Port<D> {
         }
         for buf in self.rx.drain(..) {
             let frame = buf.as_ref();
-            stack.link.rx_l4_good =
-                crate::pool::PacketBuf::rx_checksum(&buf) == crate::device::RxChecksum::Good;
-            stack.link.rx_at = crate::pool::PacketBuf::rx_timestamp(&buf).map(|t| t.min(now));
+            stack.link.rx_l4_good = crate::phy::pool::PacketBuf::rx_checksum(&buf)
+                == crate::phy::device::RxChecksum::Good;
+            stack.link.rx_at = crate::phy::pool::PacketBuf::rx_timestamp(&buf).map(|t| t.min(now));
             match self.shard.as_mut().map(|s| (s.route(frame), s)) {
                 None => stack.receive(now, frame, &mut tx),
                 Some((Route::Local, shard)) => {

@@ -4,8 +4,8 @@
 //! UDP (RoCEv2 to UD) | TCP. Every frame ends accepted or dropped with one
 //! [`DropReason`]. Transmit path: sockets queue work; [`Stack::poll`] emits
 //! it through a [`Tx`], resolving next hops with ARP and fragmenting above
-//! the MTU. Each layer keeps its own sockets ([`crate::icmp`],
-//! [`crate::udp`], [`crate::tcp`], [`crate::ud`]) and reaches the wire
+//! the MTU. Each layer keeps its own sockets ([`crate::iface::icmp`],
+//! [`crate::socket::udp`], [`crate::socket::tcp`], [`crate::socket::ud`]) and reaches the wire
 //! through the crate-private `link` module (ARP, IPv4 transmit, rate
 //! limits); this file wires them together and is the app API's front door.
 
@@ -18,16 +18,16 @@ use smoltcp::wire::{
 };
 use tracing::trace;
 
-use crate::device::Tx;
 use crate::events::Event;
-use crate::frag::{FragKey, Reassembler};
-use crate::icmp::{IcmpOutcome, PingEvent, PingHandle, PingTable};
-use crate::link::{IpMeta, Link};
+use crate::iface::frag::{FragKey, Reassembler};
+use crate::iface::icmp::{IcmpOutcome, PingEvent, PingHandle, PingTable};
+use crate::iface::link::{IpMeta, Link};
+use crate::phy::device::Tx;
+use crate::socket::tcp::{ConnInfo, ListenHandle, TcpHandle, TcpStatus, TcpTable};
+use crate::socket::ud::{Completion, QpConfig, QpHandle, SendWr, UdError, UdTable, UdTransport};
+use crate::socket::udp::{UdpHandle, UdpReuse, UdpTable};
 use crate::stats::{DropReason, Stats};
-use crate::tcp::{ConnInfo, ListenHandle, TcpHandle, TcpStatus, TcpTable};
 use crate::time::{Instant, earliest};
-use crate::ud::{Completion, QpConfig, QpHandle, SendWr, UdError, UdTable, UdTransport};
-use crate::udp::{UdpHandle, UdpReuse, UdpTable};
 
 pub use crate::config::Config;
 pub use crate::error::Error;
@@ -41,7 +41,7 @@ pub struct Stack {
     udp: UdpTable,
     pub(crate) tcp: TcpTable,
     pub(crate) ud: UdTable,
-    pub(crate) rc: crate::rc::RcTable,
+    pub(crate) rc: crate::socket::rc::RcTable,
     /// The latest `now` seen (for API calls that need a time, like connect).
     pub(crate) now: Instant,
 }
@@ -61,7 +61,7 @@ impl Stack {
             udp: UdpTable::default(),
             tcp: TcpTable::new(cfg_tcp, secret),
             ud: UdTable::default(),
-            rc: crate::rc::RcTable::new(secret),
+            rc: crate::socket::rc::RcTable::new(secret),
             now: Instant::ZERO,
         }
     }
@@ -143,12 +143,12 @@ impl Stack {
     /// Use a port's offloads from now on (a [`crate::node::Port`] sets its
     /// device's on every step): checksums the port fills and verifies, TSO,
     /// merged frames above the MTU.
-    pub fn set_offloads(&mut self, offloads: crate::device::Offloads) {
+    pub fn set_offloads(&mut self, offloads: crate::phy::device::Offloads) {
         self.link.offloads = offloads;
     }
 
     /// The offloads in use.
-    pub fn offloads(&self) -> crate::device::Offloads {
+    pub fn offloads(&self) -> crate::phy::device::Offloads {
         self.link.offloads
     }
 
@@ -247,7 +247,7 @@ impl Stack {
         if tl < hl || tl > payload.len() {
             return Err(DropReason::Ipv4BadTotalLen);
         }
-        if !crate::link::ipv4_checksum_ok(&payload[..hl]) {
+        if !crate::iface::link::ipv4_checksum_ok(&payload[..hl]) {
             return Err(DropReason::Ipv4BadChecksum);
         }
         let (src, dst) = (pkt.src_addr(), pkt.dst_addr());
@@ -325,13 +325,13 @@ impl Stack {
             },
             IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {
                 None => Ok(()),
-                Some(roce) if crate::ud::is_rc(roce) => {
-                    let ip = crate::ud::roce_packet(ip, roce)?;
+                Some(roce) if crate::socket::ud::is_rc(roce) => {
+                    let ip = crate::socket::ud::roce_packet(ip, roce)?;
                     match self.rc.process(now, ip, roce) {
                         // An RC opcode sent to a UD QP.
                         Err(DropReason::UdUnknownQpn)
                             if self.ud.has_qpn(
-                                crate::ud::wire::BthPacket::new_unchecked(roce).dest_qp(),
+                                crate::wire::roce::BthPacket::new_unchecked(roce).dest_qp(),
                             ) =>
                         {
                             Err(DropReason::UdBadOpcode)
@@ -499,7 +499,7 @@ impl Stack {
     /// Largest UD message: one packet within the IP MTU, with room for
     /// immediate data, rounded down to a multiple of 4.
     pub fn ud_max_msg(&self) -> usize {
-        crate::ud::max_msg(self.link.cfg.mtu)
+        crate::socket::ud::max_msg(self.link.cfg.mtu)
     }
 }
 
@@ -632,7 +632,7 @@ impl Stack {
     pub fn tcp_set_keepalive(
         &mut self,
         h: TcpHandle,
-        ka: Option<crate::tcp::KeepAlive>,
+        ka: Option<crate::socket::tcp::KeepAlive>,
     ) -> Result<(), Error> {
         let now = self.now;
         self.tcp.set_keepalive(now, h, ka)
@@ -661,7 +661,7 @@ impl Stack {
     }
 }
 
-/// RoCEv2 UD spoken by the stack itself ([`crate::ud`]).
+/// RoCEv2 UD spoken by the stack itself ([`crate::socket::ud`]).
 impl UdTransport for Stack {
     fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
         let rc = &self.rc;
@@ -708,9 +708,9 @@ pub const fn secs(s: u64) -> Duration {
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::device::VecTx;
-    use crate::icmp::PingEvent;
-    use crate::link::{IpHeader, write_eth};
+    use crate::iface::icmp::PingEvent;
+    use crate::iface::link::{IpHeader, write_eth};
+    use crate::phy::device::VecTx;
     use smoltcp::phy::ChecksumCapabilities;
     use smoltcp::wire::Ipv4Address;
     use smoltcp::wire::{
@@ -1178,7 +1178,7 @@ mod test {
     /// Linux allows them, and each datagram to the socket Linux picks.
     #[test]
     fn udp_port_sharing_and_connected_sockets() {
-        use crate::udp::UdpReuse;
+        use crate::socket::udp::UdpReuse;
         let addr = UdpReuse {
             addr: true,
             port: false,
@@ -1319,11 +1319,11 @@ mod test {
     fn transfer_frames(
         gso_max: usize,
         total: usize,
-    ) -> (Vec<Vec<u8>>, Vec<u8>, crate::tcp::TcpStats) {
-        let mut cfg = crate::sim::host_config(1);
+    ) -> (Vec<Vec<u8>>, Vec<u8>, crate::socket::tcp::TcpStats) {
+        let mut cfg = crate::phy::sim::host_config(1);
         cfg.gso_max = gso_max;
         let mut a = Stack::new(cfg);
-        let mut b = Stack::new(crate::sim::host_config(2));
+        let mut b = Stack::new(crate::phy::sim::host_config(2));
         let l = b.tcp_listen(80, 8).unwrap();
         let h = a.tcp_connect(SocketAddrV4::new(b.ip(), 80)).unwrap();
         let data: Vec<u8> = (0..total).map(|i| (i * 7 % 251) as u8).collect();

@@ -187,7 +187,7 @@ pub struct EthStats {
     pub tx_no_buffer: u64,
 }
 
-/// ARP (RFC 826) counters and gauges of the [`ArpCache`](crate::arp::ArpCache).
+/// ARP (RFC 826) counters and gauges of the [`ArpCache`](crate::iface::arp::ArpCache).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ArpStats {
     /// Entries in the cache now, fresh or not yet evicted (a gauge).
@@ -243,7 +243,7 @@ pub struct Ipv4Stats {
     /// Datagrams reassembled whole from fragments.
     pub reassembled: u64,
     /// Incomplete datagrams dropped when their reassembly timer expired
-    /// ([`FragConfig::timeout`](crate::frag::FragConfig::timeout)).
+    /// ([`FragConfig::timeout`](crate::iface::frag::FragConfig::timeout)).
     pub reassembly_timeouts: u64,
     /// Bytes held by incomplete datagrams now (a gauge).
     pub reassembly_bytes: u64,
@@ -323,7 +323,7 @@ pub struct RcStats {
     pub mr_bytes: u64,
     /// The QPs' counters.
     #[serde(flatten)]
-    pub totals: crate::rc::RcQpStats,
+    pub totals: crate::socket::rc::RcQpStats,
 }
 
 /// All engine counters.
@@ -340,7 +340,7 @@ pub struct Stats {
     /// UDP sockets.
     pub udp: UdpStats,
     /// TCP connections, listeners and per-connection totals.
-    pub tcp: crate::tcp::TcpStats,
+    pub tcp: crate::socket::tcp::TcpStats,
     /// RDMA UD over RoCEv2.
     pub ud: UdStats,
     /// RDMA RC over RoCEv2.

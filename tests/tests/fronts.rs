@@ -13,10 +13,10 @@ use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use sha2::{Digest, Sha256};
-use ustack::app::bulk::{BulkRecv, BulkSend, count_mismatches, fill_pattern};
 use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimLink};
 use ustack::{Instant, Stack};
+use ustack_kit::bulk::{BulkRecv, BulkSend, count_mismatches, fill_pattern};
 use ustack_runtime::{Builder, Runtime, aio, blocking};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);

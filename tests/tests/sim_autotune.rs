@@ -7,10 +7,10 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::tcp::TcpStats;
 use ustack::{Config, Instant};
+use ustack_kit::bulk::{BulkRecv, BulkSend};
 
 /// What one transfer showed.
 struct Run {

@@ -8,17 +8,17 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use ustack::app::bulk::{BulkRecv, BulkSend};
-use ustack::app::ping::{Pinger, PingerConfig};
 use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
 use ustack::stats::DropReason;
-use ustack::ud::ping::{UdPinger, UdPingerConfig, UdResponder};
 use ustack::ud::wire::{UdSendRepr, icrc_fill};
 use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
 use ustack::udp::UdpHandle;
 use ustack::wire::*;
 use ustack::{Device, Instant, PacketBuf, SlabBuf, Stack};
+use ustack_kit::bulk::{BulkRecv, BulkSend};
+use ustack_kit::ping::{Pinger, PingerConfig};
+use ustack_kit::ud_ping::{UdPinger, UdPingerConfig, UdResponder};
 
 mod common;
 use common::small_buffers;

@@ -5,11 +5,11 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use ustack::app::ping::{Pinger, PingerConfig};
 use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config, host_mac};
 use ustack::udp::UdpHandle;
 use ustack::{Instant, Stack};
+use ustack_kit::ping::{Pinger, PingerConfig};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);

@@ -4,12 +4,12 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::app::bulk::{BulkRecv, BulkSend};
-use ustack::app::ping::{Pinger, PingerConfig};
 use ustack::node::App;
 use ustack::shard::{Steer, SteerRule};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Device, Stack};
+use ustack_kit::bulk::{BulkRecv, BulkSend};
+use ustack_kit::ping::{Pinger, PingerConfig};
 
 mod common;
 use common::{ManyClients, small_buffers};

@@ -6,10 +6,10 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::node::Node;
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Device, Instant, Pool, Stack};
+use ustack_kit::bulk::{BulkRecv, BulkSend};
 
 /// Two stacks: A (10.0.0.1) with a normal port, B (10.0.0.2) receiving into
 /// its own pool of `b_bufs` buffers.

@@ -5,11 +5,11 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::tcp::cc::Algorithm;
 use ustack::{Config, Device, Instant, Stack};
+use ustack_kit::bulk::{BulkRecv, BulkSend};
 
 /// One host's apps: a sender toward the other host and a receiver.
 struct Both {
@@ -310,7 +310,7 @@ struct ZeroCopy {
 
 impl App for ZeroCopy {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
-        use ustack::app::bulk::{count_mismatches, fill_pattern};
+        use ustack_kit::bulk::{count_mismatches, fill_pattern};
         if self.h.is_none() {
             match self.to {
                 Some(to) => self.h = stack.tcp_connect(to).ok(),

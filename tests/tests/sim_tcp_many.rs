@@ -4,8 +4,8 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::app::bulk::{BulkRecv, BulkSend};
 use ustack::sim::{LinkConfig, SimNet};
+use ustack_kit::bulk::{BulkRecv, BulkSend};
 
 mod common;
 use common::{ManyClients, small_buffers};

@@ -8,13 +8,13 @@ use std::time::Duration;
 use ustack::VecTx;
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::stats::DropReason;
-use ustack::ud::ping::{UdBandwidth, UdBandwidthConfig, UdPinger, UdPingerConfig, UdResponder};
 use ustack::ud::wire::{BTH_LEN, DETH_LEN, icrc_fill};
 use ustack::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, RESPONDER_QPN, SendWr, TsSource, UdAddr,
     UdTransport, WcOpcode, WcStatus,
 };
 use ustack::{Instant, Stack};
+use ustack_kit::ud_ping::{UdBandwidth, UdBandwidthConfig, UdPinger, UdPingerConfig, UdResponder};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);

@@ -9,12 +9,12 @@ use smoltcp::phy::{Device as SmolDevice, DeviceCapabilities, Medium, RxToken, Tx
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
-use ustack::app::bulk::{BulkRecv, BulkSend, fill_pattern, pattern_byte};
 use ustack::device::Device;
 use ustack::node::App;
 use ustack::pool::PacketBuf;
 use ustack::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
 use ustack::{Instant, SlabBuf};
+use ustack_kit::bulk::{BulkRecv, BulkSend, fill_pattern, pattern_byte};
 
 /// smoltcp's device trait over a sim port.
 struct SmolPort {

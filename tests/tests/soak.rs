@@ -12,11 +12,11 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::app::bulk::{BulkSend, count_mismatches};
 use ustack::node::{App, Control};
 use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
+use ustack_kit::bulk::{BulkSend, count_mismatches};
 
 /// Longest transfer of one connection.
 const MAX_BYTES: u64 = 200 << 10;

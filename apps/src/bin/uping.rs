@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use ustack::app::ping::{PingSummary, Pinger, PingerConfig, PingerEvent};
 use ustack::device::Device;
 use ustack::icmp::MAX_PING_DATA;
 use ustack::node::{App, Control, Node};
 use ustack::{Instant, Stack};
 use ustack_apps::net::{NetArgs, NodeUser, with_node};
+use ustack_kit::ping::{PingSummary, Pinger, PingerConfig, PingerEvent};
 use ustack_runtime as runtime;
 use ustack_runtime::clock::Clock;
 

@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use ustack::app::bulk::{BulkRecv, BulkSend};
-use ustack::app::ping::{Pinger, PingerConfig};
+use ustack_kit::bulk::{BulkRecv, BulkSend};
+use ustack_kit::ping::{Pinger, PingerConfig};
 
 use ustack::device::Device;
 use ustack::node::{App, Control, Node};
@@ -467,7 +467,7 @@ fn loop_config(net: &NetArgs, duration: Option<f64>) -> LoopConfig {
 struct DaemonApps {
     services: Services,
     iperf: IperfServer,
-    ud: ustack::ud::ping::UdResponder,
+    ud: ustack_kit::ud_ping::UdResponder,
     /// ibv_ud_pingpong's address exchange (TCP 18515) for the responder;
     /// not on a sharded run (the exchange and the UD flow it announces may
     /// hash to different cores).
@@ -518,7 +518,7 @@ impl NodeUser for Daemon<'_> {
         let mut services = DaemonApps {
             services: Services::new(),
             iperf: IperfServer::new(5201, false),
-            ud: ustack::ud::ping::UdResponder::default(),
+            ud: ustack_kit::ud_ping::UdResponder::default(),
             pingpong: Some(ustack_apps::pingpong::PingpongServer::new(
                 ustack::ud::exchange::PINGPONG_PORT,
             )),
@@ -618,7 +618,7 @@ fn run_sharded(args: &RunArgs, stop: &AtomicBool) -> Result<ExitCode> {
             // Every shard listens (steering brings 5201 to shard 0); only
             // shard 0's server prints.
             iperf: IperfServer::new(5201, false),
-            ud: ustack::ud::ping::UdResponder::default(),
+            ud: ustack_kit::ud_ping::UdResponder::default(),
             pingpong: None,
             held: (shard.index != 0).then(Vec::new),
         },
@@ -809,7 +809,7 @@ struct HostA {
     pinger: Pinger,
     probe: UdpProbe,
     bulk: Option<BulkSend>,
-    ud: ustack::ud::ping::UdPinger,
+    ud: ustack_kit::ud_ping::UdPinger,
 }
 
 impl App for HostA {
@@ -837,7 +837,7 @@ impl App for HostA {
 struct HostB {
     echo: UdpEcho,
     bulk: BulkRecv,
-    ud: ustack::ud::ping::UdResponder,
+    ud: ustack_kit::ud_ping::UdResponder,
 }
 
 impl App for HostB {
@@ -887,10 +887,10 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
                 ip: b_ip,
                 qpn: ustack::ud::RESPONDER_QPN,
             };
-            let mut c = ustack::ud::ping::UdPingerConfig::new(dst);
+            let mut c = ustack_kit::ud_ping::UdPingerConfig::new(dst);
             c.interval = interval;
             c.timeout = Duration::from_secs(1).max(interval * 2);
-            ustack::ud::ping::UdPinger::new(c).quiet()
+            ustack_kit::ud_ping::UdPinger::new(c).quiet()
         },
     };
     let mut host_b = HostB {
@@ -899,7 +899,7 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
             buf: vec![0; 65_536],
         },
         bulk: BulkRecv::new(5001, 4),
-        ud: ustack::ud::ping::UdResponder::default(),
+        ud: ustack_kit::ud_ping::UdResponder::default(),
     };
 
     ustack_apps::outln!(

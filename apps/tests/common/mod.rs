@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use ustack::app::bulk::fill_pattern;
+use ustack_kit::bulk::fill_pattern;
 
 pub fn root() -> bool {
     Command::new("id")

@@ -17,10 +17,10 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::Parser;
 use ustack::node::{App, Control};
-use ustack::ud::ping::{UdPinger, UdPingerConfig};
 use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
 use ustack::{Instant, Stack};
 use ustack_examples::{NetArgs, exit, init_logging, stop_on_signal};
+use ustack_kit::ud_ping::{UdPinger, UdPingerConfig};
 
 /// RoCEv2 UD ping with the engine's pinger in the loop.
 #[derive(Parser, Debug)]

@@ -3,10 +3,10 @@
 
 use std::net::SocketAddrV4;
 
-use ustack::app::bulk::BulkSend;
 use ustack::node::{App, Control};
 use ustack::sim::host_config;
 use ustack::{Instant, Stack};
+use ustack_kit::bulk::BulkSend;
 
 /// Opens `total` transfers of `bytes` each, at most `per_poll` new ones per iteration.
 pub struct ManyClients {

@@ -17,10 +17,10 @@ use smoltcp::wire::{
     IpProtocol, Ipv4Packet,
 };
 
-use crate::device::Tx;
 use crate::error::Error;
 use crate::events::{Event, Pending, Readiness, SocketRef};
-use crate::link::{IpMeta, Link};
+use crate::iface::link::{IpMeta, Link};
+use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
 

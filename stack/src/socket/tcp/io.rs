@@ -8,9 +8,9 @@ use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTi
 use super::conn::{Header, Outgoing, Segment, State, TcpConn};
 use super::time_wait::TwAnswer;
 use super::{FlowKey, Seq, TcpTable, local};
-use crate::device::Tx;
 use crate::events::Readiness;
-use crate::link::{IpMeta, Link};
+use crate::iface::link::{IpMeta, Link};
+use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
 
@@ -149,7 +149,7 @@ fn header_len(repr: &TcpRepr<'_>) -> usize {
 /// The payload, if any, is already in place (`repr.payload` is empty).
 ///
 /// For the predicted shape it returns the header's one's-complement sum
-/// (unfolded, [`crate::checksum::sum`]'s kind), computed from the values
+/// (unfolded, [`crate::wire::checksum::sum`]'s kind), computed from the values
 /// written: summing the bytes back would load words the small stores just
 /// wrote, which cannot be forwarded from the store buffer and stall.
 fn write_header(
@@ -182,8 +182,8 @@ fn write_header(
     pkt.set_ack(true);
     let mut sum = u64::from(repr.src_port)
         + u64::from(repr.dst_port)
-        + crate::checksum::words(repr.seq_number.0 as u32)
-        + crate::checksum::words(ack.0 as u32)
+        + crate::wire::checksum::words(repr.seq_number.0 as u32)
+        + crate::wire::checksum::words(ack.0 as u32)
         + u64::from(repr.window_len)
         + u64::from(((hl as u16 / 4) << 12) | flags);
     if let Some(ts) = repr.timestamp {
@@ -194,7 +194,9 @@ fn write_header(
         o[2..6].copy_from_slice(&ts.tsval.to_be_bytes());
         o[6..10].copy_from_slice(&ts.tsecr.to_be_bytes());
         o[10..].fill(0);
-        sum += 0x080a + crate::checksum::words(ts.tsval) + crate::checksum::words(ts.tsecr);
+        sum += 0x080a
+            + crate::wire::checksum::words(ts.tsval)
+            + crate::wire::checksum::words(ts.tsecr);
     }
     pkt.set_urgent_at(0);
     pkt.set_checksum(0);
@@ -309,7 +311,9 @@ fn emit_frame<T: Tx>(
         // length is the port's to add, as DPDK and Linux expect).
         let tso = u16::try_from(tso_segsz).unwrap_or(0);
         let phdr_len = if tso > 0 { 0 } else { len };
-        let partial = crate::checksum::fold(crate::checksum::pseudo_header(me, peer, 6, phdr_len));
+        let partial = crate::wire::checksum::fold(crate::wire::checksum::pseudo_header(
+            me, peer, 6, phdr_len,
+        ));
         let built = link.send_tcp_offloaded(now, tx, peer, hdr, len, tso, |ip| {
             let buf = &mut ip[smoltcp::wire::IPV4_HEADER_LEN..];
             if let Some(p) = payload.take() {
@@ -336,17 +340,17 @@ fn emit_frame<T: Tx>(
         let mut pkt = TcpPacket::new_unchecked(&mut *buf);
         let header_sum = write_header(&mut pkt, repr, &src, &dst);
         if fill {
-            // Our own word-wide sum (crate::checksum), not smoltcp's; the
+            // Our own word-wide sum (crate::wire::checksum), not smoltcp's; the
             // payload's taken as it was copied, when it was, and the
             // header's from its values, when known.
-            use crate::checksum::{fold, pseudo_header, sum};
+            use crate::wire::checksum::{fold, pseudo_header, sum};
             let c = match payload_sum {
                 Some(p) => {
                     let phdr = pseudo_header(me, peer, 6, buf.len());
                     let h = header_sum.unwrap_or_else(|| sum(0, &buf[..hdr]));
                     !fold(phdr + h + p)
                 }
-                None => crate::checksum::compute(me, peer, 6, buf),
+                None => crate::wire::checksum::compute(me, peer, 6, buf),
             };
             TcpPacket::new_unchecked(buf).set_checksum(c);
         }
@@ -403,7 +407,7 @@ impl TcpTable {
         let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
         if link.checksum.tcp.rx()
             && !link.rx_l4_good
-            && !crate::checksum::verifies(meta.src, meta.dst, 6, body)
+            && !crate::wire::checksum::verifies(meta.src, meta.dst, 6, body)
         {
             return Err(DropReason::TcpBadChecksum);
         }
@@ -898,8 +902,8 @@ mod test {
             if let Some(sum) = sum {
                 // The sum from values is the sum of the bytes written.
                 prop_assert_eq!(
-                    crate::checksum::fold(sum),
-                    crate::checksum::fold(crate::checksum::sum(0, &ours[..hl]))
+                    crate::wire::checksum::fold(sum),
+                    crate::wire::checksum::fold(crate::wire::checksum::sum(0, &ours[..hl]))
                 );
             }
             repr.emit(

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde::Serialize;
 
-use crate::device::{RxChecksum, TxOffload};
+use crate::phy::device::{RxChecksum, TxOffload};
 use crate::time::Instant;
 
 /// A packet buffer owned by a pool; returned to the pool when dropped.
@@ -40,7 +40,7 @@ pub trait PacketBuf: AsRef<[u8]> + AsMut<[u8]> {
         RxChecksum::Unknown
     }
     /// When the port received this frame, on the poll loop's clock, where
-    /// it stamps frames ([`crate::device::DeviceCaps::rx_timestamps`]):
+    /// it stamps frames ([`crate::phy::device::DeviceCaps::rx_timestamps`]):
     /// a frame that waited in the port before a poll read it keeps its
     /// arrival time.
     fn rx_timestamp(&self) -> Option<Instant> {

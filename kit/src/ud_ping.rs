@@ -17,14 +17,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use crate::app::ping::RttStats;
-use crate::node::{App, Control, RxWait};
-use crate::stack::Stack;
-use crate::time::Instant;
-use crate::ud::{
+use crate::ping::RttStats;
+use ustack::node::{App, Control, RxWait};
+use ustack::socket::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, RESPONDER_QPN, SendWr, TsSource, UdAddr,
     UdError, UdTransport, WcOpcode, WcStatus,
 };
+use ustack::stack::Stack;
+use ustack::time::Instant;
 
 /// Smallest ping message.
 pub const PING_LEN: usize = 40;
@@ -121,7 +121,7 @@ pub struct UdPingerConfig {
     pub size: usize,
     /// How long to wait for pongs after the last ping when none has come
     /// back by then (`-W`); with pongs in, the wait is
-    /// [`crate::app::ping::linger`]'s, as iputils ping does.
+    /// [`crate::ping::linger`]'s, as iputils ping does.
     pub timeout: Duration,
     /// Coalesce sends: wake at most once per `batch` and send every ping
     /// due by then (at most [`MAX_BURST`] at once). The rate is kept; pings
@@ -487,7 +487,7 @@ impl UdPinger {
                     self.last_send = Some(now);
                     if self.all_sent() {
                         let s = &self.summary;
-                        let wait = crate::app::ping::linger(
+                        let wait = crate::ping::linger(
                             s.received,
                             s.rtt.max,
                             self.cfg.interval,

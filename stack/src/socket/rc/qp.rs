@@ -11,13 +11,13 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::mr::{Access, MrFault, MrTable};
-use super::wire::{NakCode, RcHeaders, RcOpcode, Syndrome};
 use super::{
     Local, QpState, RcDest, RcOp, RcQpConfig, RcQpStats, RcSendWr, Sge, Wc, WcOpcode, WcStatus,
 };
 use crate::error::Error;
 use crate::time::Instant;
-use crate::ud::wire::PSN_MASK;
+use crate::wire::rc::{NakCode, RcHeaders, RcOpcode, Syndrome};
+use crate::wire::roce::PSN_MASK;
 
 /// Packets sent without AckReq before one asks for an ACK (rxe's
 /// `RXE_MAX_PKT_PER_ACK`).

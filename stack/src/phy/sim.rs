@@ -17,9 +17,9 @@ use std::time::Duration;
 use serde::Serialize;
 use smoltcp::wire::{EthernetAddress, Ipv4Address, Ipv4Cidr};
 
-use crate::device::{Device, DeviceCaps, Offloads, PortStats, RxChecksum};
 use crate::node::{App, Node};
-use crate::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
+use crate::phy::device::{Device, DeviceCaps, Offloads, PortStats, RxChecksum};
+use crate::phy::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
 use crate::shard::SteerRule;
 use crate::stack::{Config, Stack};
 use crate::time::{Instant, earliest};
@@ -73,7 +73,7 @@ impl Default for LinkConfig {
 /// What the wire did to frames.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct LinkStats {
-    /// Frames put on the wire (on an [`Impaired`](crate::impair::Impaired)
+    /// Frames put on the wire (on an [`Impaired`](crate::phy::impair::Impaired)
     /// device: frames through it in either direction).
     pub sent: u64,
     /// Frames handed to a receiver.
@@ -156,7 +156,7 @@ impl Wire {
         let from_host = from - self.ports[from].queue;
         let recipients: Vec<usize> = match owner {
             Some(i) if dst.is_unicast() && i != from_host => {
-                vec![i + crate::rss::frame_queue(buf.as_ref(), self.ports[i].queues)]
+                vec![i + crate::shard::rss::frame_queue(buf.as_ref(), self.ports[i].queues)]
             }
             Some(_) if dst.is_unicast() => Vec::new(),
             // Broadcast reaches queue 0 of every other host, as on a NIC.
@@ -289,7 +289,7 @@ impl SimLink {
 
     /// Attach a host with `queues` receive/transmit queue pairs, each a port
     /// with its own pool; frames for `mac` reach a queue by symmetric RSS
-    /// ([`crate::rss::frame_queue`]), broadcasts reach queue 0.
+    /// ([`crate::shard::rss::frame_queue`]), broadcasts reach queue 0.
     pub fn attach_queues(
         &self,
         mac: EthernetAddress,
@@ -304,7 +304,7 @@ impl SimLink {
 
     /// Attach a port that plays a NIC with `offloads`: it finishes the
     /// TCP checksums of frames marked for it and cuts TSO segments into
-    /// frames of the MTU (with the software of [`crate::offload`]), and
+    /// frames of the MTU (with the software of [`crate::phy::offload`]), and
     /// marks received frames whose checksum it verified. Its pool's
     /// buffers hold a whole TSO segment when `offloads.tso_max` is set.
     pub fn attach_offloaded(
@@ -461,7 +461,7 @@ impl Device for SimPort {
             if self.rx_timestamps {
                 buf.set_rx_timestamp(f.at);
             }
-            if self.offloads.rx_checksum && crate::offload::l4_checksum_ok(buf.as_ref()) {
+            if self.offloads.rx_checksum && crate::phy::offload::l4_checksum_ok(buf.as_ref()) {
                 buf.set_rx_checksum(RxChecksum::Good);
             }
             self.stats.rx_packets += 1;
@@ -482,8 +482,10 @@ impl Device for SimPort {
                 buf.clear_tx_offload();
                 if o.tso_segsz > 0 && buf.len() > self.mtu + 14 {
                     let (pool, stats, id) = (&self.pool, &mut self.stats, self.id);
-                    let cut =
-                        crate::offload::split_tcp(buf.as_ref(), usize::from(o.tso_segsz), |f| {
+                    let cut = crate::phy::offload::split_tcp(
+                        buf.as_ref(),
+                        usize::from(o.tso_segsz),
+                        |f| {
                             let Some(mut b) = pool.alloc() else {
                                 stats.tx_errors += 1;
                                 return;
@@ -494,12 +496,13 @@ impl Device for SimPort {
                                 stats.tx_bytes += f.len() as u64;
                                 w.transmit(id, now, b);
                             }
-                        });
+                        },
+                    );
                     if cut.is_some() {
                         continue;
                     }
                 }
-                crate::offload::complete_checksum(buf.as_mut());
+                crate::phy::offload::complete_checksum(buf.as_mut());
             }
             self.stats.tx_packets += 1;
             self.stats.tx_bytes += buf.len() as u64;

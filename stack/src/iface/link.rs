@@ -14,13 +14,13 @@ use smoltcp::wire::{
     Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet,
 };
 
-use crate::arp::{ArpCache, Enqueue};
-use crate::checksum;
 use crate::config::Config;
-use crate::device::{Offloads, Tx, TxOffload};
 use crate::error::Error;
+use crate::iface::arp::{ArpCache, Enqueue};
+use crate::phy::device::{Offloads, Tx, TxOffload};
 use crate::stats::{DropReason, Stats};
 use crate::time::Instant;
+use crate::wire::checksum;
 
 /// A token bucket for ICMP errors (RFC 1812 4.3.2.8 style rate limit) and
 /// resets.
@@ -75,13 +75,13 @@ pub(crate) struct IpMeta<'a> {
 pub(crate) struct Link {
     pub(crate) cfg: Config,
     pub(crate) checksum: ChecksumCapabilities,
-    /// What the port finishes for us (from its [`crate::device::DeviceCaps`]).
+    /// What the port finishes for us (from its [`crate::phy::device::DeviceCaps`]).
     pub(crate) offloads: Offloads,
     /// The frame being received had its transport checksum verified by
     /// the port.
     pub(crate) rx_l4_good: bool,
     /// When the port received the frame being processed, where it stamps
-    /// frames ([`crate::pool::PacketBuf::rx_timestamp`]); never after `now`.
+    /// frames ([`crate::phy::pool::PacketBuf::rx_timestamp`]); never after `now`.
     pub(crate) rx_at: Option<Instant>,
     arp: ArpCache,
     pub(crate) stats: Stats,
@@ -800,7 +800,7 @@ mod test {
 
     #[test]
     fn the_subnet_broadcast_is_the_configs() {
-        let link = Link::new(crate::sim::host_config(1));
+        let link = Link::new(crate::phy::sim::host_config(1));
         assert_eq!(link.subnet_broadcast(), link.cfg.ip.broadcast());
         assert!(link.subnet_broadcast().is_some());
     }

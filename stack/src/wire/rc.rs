@@ -4,12 +4,12 @@
 //! AtomicAckETH and the immediate data. Views in smoltcp's style
 //! (`new_checked`, getters on `AsRef`, setters on `AsMut`; after
 //! `check_len` no accessor panics) and [`RcHeaders`] to parse and emit the
-//! whole set an opcode calls for. The BTH itself is [`crate::ud::wire::BthPacket`].
+//! whole set an opcode calls for. The BTH itself is [`crate::wire::roce::BthPacket`].
 
 use core::ops::Range;
 
-pub use crate::ud::wire::IMM_LEN;
-use crate::ud::wire::WireError;
+pub use crate::wire::roce::IMM_LEN;
+use crate::wire::roce::WireError;
 
 /// RDMA Extended Transport Header length.
 pub const RETH_LEN: usize = 16;

@@ -9,7 +9,7 @@ use core::net::Ipv4Addr;
 
 use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket};
 
-use crate::checksum;
+use crate::wire::checksum;
 
 /// Ethernet header length.
 const ETH: usize = 14;

@@ -528,7 +528,7 @@ impl TcpTable {
     }
 
     /// A free local port for an active open to `remote` that `fits` (one
-    /// whose flow hashes back to this stack's queue, see [`crate::rss`]).
+    /// whose flow hashes back to this stack's queue, see [`crate::shard::rss`]).
     pub fn pick_port(&mut self, remote: SocketAddrV4, fits: impl Fn(u16) -> bool) -> Option<u16> {
         let span = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
         for _ in 0..span {

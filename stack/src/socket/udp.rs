@@ -8,10 +8,10 @@ use slotmap::SlotMap;
 use smoltcp::wire::Icmpv4DstUnreachable;
 use smoltcp::wire::{IpAddress, IpProtocol, UdpPacket, UdpRepr};
 
-use crate::device::Tx;
 use crate::error::Error;
 use crate::events::{Event, Pending, Readiness, SocketRef};
-use crate::link::{IpMeta, Link};
+use crate::iface::link::{IpMeta, Link};
+use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
 
@@ -336,7 +336,7 @@ impl UdpTable {
         let (src_port, dst_port) = (pkt.src_port(), pkt.dst_port());
         // The payload as a slice of `body` (UdpPacket borrows it).
         let data = &body[8..usize::from(pkt.len()).min(body.len()).max(8)];
-        if dst_port == crate::ud::wire::ROCE_PORT {
+        if dst_port == crate::wire::roce::ROCE_PORT {
             return Ok(Some(data));
         }
         let cap = link.cfg.udp_rx_queue_bytes;

@@ -2057,7 +2057,7 @@ impl TcpConn {
     }
 
     /// [`copy_payload`](Self::copy_payload), also giving the one's-complement
-    /// sum of what it wrote (a `crate::checksum::sum` accumulator) when it
+    /// sum of what it wrote (a `crate::wire::checksum::sum` accumulator) when it
     /// filled all of `dst`; `None` when it wrote less.
     pub fn copy_payload_summed(&self, seg: &Outgoing, at: usize, dst: &mut [u8]) -> Option<u64> {
         let n = seg.payload_len.saturating_sub(at).min(dst.len());

@@ -18,9 +18,8 @@
 //! 40, and a completion's `byte_len` counts the 40 bytes. Each QP has its
 //! own completion queue (sends and receives), bounded by its work requests.
 
-pub mod exchange;
-pub mod ping;
-pub mod wire;
+pub use crate::wire::exchange;
+pub use crate::wire::roce as wire;
 
 use core::net::Ipv4Addr;
 use std::collections::{HashMap, VecDeque};
@@ -29,9 +28,9 @@ use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
 
 use slotmap::SlotMap;
 
-use crate::device::Tx;
 use crate::error::Error;
-use crate::link::Link;
+use crate::iface::link::Link;
+use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
 use wire::{

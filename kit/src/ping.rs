@@ -4,10 +4,10 @@ use core::net::Ipv4Addr;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
-use crate::icmp::{PingEvent, PingHandle, PingReply};
-use crate::node::{App, Control, RxWait};
-use crate::stack::Stack;
-use crate::time::Instant;
+use ustack::iface::icmp::{PingEvent, PingHandle, PingReply};
+use ustack::node::{App, Control, RxWait};
+use ustack::stack::Stack;
+use ustack::time::Instant;
 
 /// What to ping and how.
 #[derive(Debug, Clone)]
@@ -167,7 +167,7 @@ pub struct Pinger {
     answered: HashSet<u16>,
     summary: PingSummary,
     events: VecDeque<PingerEvent>,
-    error: Option<crate::stack::Error>,
+    error: Option<ustack::stack::Error>,
     keep_events: bool,
     done: bool,
 }
@@ -205,7 +205,7 @@ impl Pinger {
     }
 
     /// The error that stopped the pinger, if any (identifier in use, no route).
-    pub fn error(&self) -> Option<crate::stack::Error> {
+    pub fn error(&self) -> Option<ustack::stack::Error> {
         self.error
     }
 
@@ -441,7 +441,7 @@ mod test {
     /// `all_lost` the link drops everything, ARP included. The pinger's exit
     /// time in virtual seconds, and its summary.
     fn ping_run(count: u64, lose: &[u64], all_lost: bool) -> (f64, PingSummary) {
-        use crate::sim::{LinkConfig, SimNet, host_config};
+        use ustack::phy::sim::{LinkConfig, SimNet, host_config};
         let link = |loss: f64| LinkConfig {
             delay: Duration::from_millis(1),
             loss,

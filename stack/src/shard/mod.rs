@@ -2,7 +2,7 @@
 //!
 //! A host with N queues runs N [`Stack`](crate::Stack)s, each on its own core
 //! with its own pools and connection table, all with the same MAC and IP.
-//! Symmetric RSS ([`crate::rss`]) puts both directions of a TCP flow on one
+//! Symmetric RSS ([`crate::shard::rss`]) puts both directions of a TCP flow on one
 //! queue, so the data path never crosses cores. Three kinds of traffic
 //! belong to no one core, and go through bounded mailboxes between shards
 //! (`std::sync::mpsc` channels; never on the data path of a hashed flow):
@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
-use crate::rss;
+pub mod rss;
 
 /// Which shard of how many a stack is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -4,9 +4,9 @@
 
 use std::collections::BinaryHeap;
 
-use crate::device::{Device, DeviceCaps, PortStats};
-use crate::pool::PoolStats;
-use crate::sim::{LinkConfig, LinkStats, corrupt, delay, lose};
+use crate::phy::device::{Device, DeviceCaps, PortStats};
+use crate::phy::pool::PoolStats;
+use crate::phy::sim::{LinkConfig, LinkStats, corrupt, delay, lose};
 use crate::time::{Instant, earliest};
 
 struct Held<B> {
@@ -194,8 +194,8 @@ impl<D: Device> Device for Impaired<D> {
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::pool::PacketBuf;
-    use crate::sim::{SimLink, host_mac};
+    use crate::phy::pool::PacketBuf;
+    use crate::phy::sim::{SimLink, host_mac};
 
     #[test]
     fn loss_and_reordering_both_ways_and_buffers_return() {

@@ -12,7 +12,7 @@
 //! No method panics on any argument: offsets and lengths out of range are
 //! clamped or ignored, as each method documents.
 
-use crate::checksum;
+use crate::wire::checksum;
 
 /// A fixed byte ring addressed by logical position from its start (`head`).
 ///
@@ -237,7 +237,7 @@ impl SendBuffer {
     }
 
     /// [`read_at`](Self::read_at), also giving the one's-complement sum
-    /// of the bytes copied (a `crate::checksum::sum` accumulator).
+    /// of the bytes copied (a `crate::wire::checksum::sum` accumulator).
     pub fn read_at_summed(&self, offset: usize, dst: &mut [u8]) -> (usize, u64) {
         let n = dst.len().min(self.len.saturating_sub(offset));
         if n == 0 {

@@ -7,7 +7,7 @@
 //! The app API is the verbs shape (`Stack::rc_*`): register memory regions,
 //! create a QP (it starts in INIT with its QPN and first PSN chosen),
 //! connect it to the peer's (address, QPN, PSN) learnt out of band (the
-//! stock tools' TCP exchange, [`crate::ud::exchange`]), post receives and
+//! stock tools' TCP exchange, [`crate::wire::exchange`]), post receives and
 //! SEND / WRITE / READ work requests naming bytes of a region, and poll
 //! its completion queue.
 //!
@@ -25,7 +25,7 @@
 
 pub mod mr;
 pub mod qp;
-pub mod wire;
+pub use crate::wire::rc as wire;
 
 use core::net::Ipv4Addr;
 use std::cmp::Reverse;
@@ -37,13 +37,13 @@ use siphasher::sip::SipHasher24;
 use slotmap::SlotMap;
 use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
 
-use crate::device::Tx;
 use crate::error::Error;
 use crate::events::{Event, Pending, Readiness, SocketRef};
-use crate::link::Link;
+use crate::iface::link::Link;
+use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
-use crate::ud::wire::{
+use crate::wire::roce::{
     self as udwire, BTH_LEN, BthPacket, DEFAULT_PKEY, ICRC_LEN, MAX_QPN, PSN_MASK, ROCE_PORT,
 };
 
@@ -597,7 +597,7 @@ impl RcTable {
         link_mtu: usize,
         ud_taken: &dyn Fn(u32) -> bool,
     ) -> Result<RcQpHandle, RcError> {
-        let path = crate::ud::ib_path_mtu(link_mtu).ok_or(RcError::BadMtu(link_mtu))?;
+        let path = crate::socket::ud::ib_path_mtu(link_mtu).ok_or(RcError::BadMtu(link_mtu))?;
         let pmtu = match cfg.mtu {
             None => path,
             Some(m) if [256, 512, 1024, 2048, 4096].contains(&m) && m <= path => m,

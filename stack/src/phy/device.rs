@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::pool::{PacketBuf, PoolStats};
+use crate::phy::pool::{PacketBuf, PoolStats};
 use crate::time::Instant;
 
 /// Port counters, as DPDK's `rte_eth_stats` names them.

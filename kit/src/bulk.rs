@@ -4,10 +4,10 @@
 
 use core::net::SocketAddrV4;
 
-use crate::node::{App, Control};
-use crate::stack::{Error, Stack};
-use crate::tcp::{ListenHandle, State, TcpHandle};
-use crate::time::Instant;
+use ustack::node::{App, Control};
+use ustack::socket::tcp::{ListenHandle, State, TcpHandle};
+use ustack::stack::{Error, Stack};
+use ustack::time::Instant;
 
 /// The stream repeats with this period: a prime, so it never lines up with
 /// segment or buffer sizes and a misplaced segment shows as a mismatch.

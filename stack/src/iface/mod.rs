@@ -1,0 +1,9 @@
+//! The interface: everything below the transports. Ethernet demux and the
+//! IPv4 transmit path ([`link`]), the [`arp`] cache, IPv4 reassembly
+//! ([`frag`]) and ICMP ([`icmp`]: echo answered, errors sent and received,
+//! ping sockets). Transports reach the wire only through the link.
+
+pub mod arp;
+pub mod frag;
+pub mod icmp;
+pub(crate) mod link;
