@@ -1,4 +1,6 @@
-//! The error the app API returns.
+//! The errors the app API returns.
+
+use serde::Serialize;
 
 /// Errors the app API returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -34,5 +36,27 @@ pub enum Error {
     Closed,
     /// The connection ended abnormally (refused, reset, timed out, aborted).
     #[error(transparent)]
-    Tcp(#[from] crate::socket::tcp::ConnError),
+    Tcp(#[from] ConnError),
+}
+
+/// Why a connection ended abnormally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, thiserror::Error)]
+pub enum ConnError {
+    /// The peer answered our SYN with a RST (nothing listens there), or
+    /// reset the connection before the handshake completed.
+    #[error("connection refused")]
+    Refused,
+    /// The peer reset an established connection (an RST exactly at
+    /// `rcv_nxt`, RFC 5961 §3).
+    #[error("connection reset by peer")]
+    Reset,
+    /// Retransmissions ran out (`syn_retries` for the handshake,
+    /// `max_retries` for data), or an orphaned connection waited longer
+    /// than `fin_wait2_timeout` for the peer's FIN.
+    #[error("connection timed out")]
+    TimedOut,
+    /// We ended it: the app aborted, or closed with data unread or arriving
+    /// after close (RFC 1122 4.2.2.13), and a RST went out.
+    #[error("connection aborted")]
+    Aborted,
 }

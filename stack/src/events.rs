@@ -14,10 +14,6 @@
 
 use std::ops::{BitOr, BitOrAssign};
 
-use crate::iface::icmp::PingHandle;
-use crate::socket::tcp::{ListenHandle, TcpHandle};
-use crate::socket::udp::UdpHandle;
-
 /// The socket an [`Event`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SocketRef {
@@ -31,7 +27,7 @@ pub enum SocketRef {
     Ping(PingHandle),
     /// An RDMA RC queue pair: readable when completions wait in its
     /// queue, errored when it moved to the error state.
-    RcQp(crate::socket::rc::RcQpHandle),
+    RcQp(RcQpHandle),
 }
 
 /// What changed, as a set of flags.
@@ -113,6 +109,36 @@ impl Pending {
         self.queued = false;
         std::mem::take(&mut self.flags)
     }
+}
+
+/// A connection handle: a slot and the generation that owned it, so a stale
+/// handle to a reused slot is refused rather than aliasing a new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TcpHandle {
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+}
+
+/// A listening socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenHandle(pub(crate) u16);
+
+slotmap::new_key_type! {
+    /// A bound UDP socket. Handles carry a generation: one kept after
+    /// `udp_close` is refused (`InvalidHandle`), never another socket.
+    pub struct UdpHandle;
+}
+
+slotmap::new_key_type! {
+    /// A ping socket (one ICMP echo identifier). Handles carry a
+    /// generation: one kept after `ping_close` is refused, never another
+    /// socket.
+    pub struct PingHandle;
+}
+
+slotmap::new_key_type! {
+    /// An RC queue pair of the stack. Stale handles are refused.
+    pub struct RcQpHandle;
 }
 
 #[cfg(test)]

@@ -323,7 +323,7 @@ pub struct RcStats {
     pub mr_bytes: u64,
     /// The QPs' counters.
     #[serde(flatten)]
-    pub totals: crate::socket::rc::RcQpStats,
+    pub totals: RcQpStats,
 }
 
 /// All engine counters.
@@ -340,13 +340,161 @@ pub struct Stats {
     /// UDP sockets.
     pub udp: UdpStats,
     /// TCP connections, listeners and per-connection totals.
-    pub tcp: crate::socket::tcp::TcpStats,
+    pub tcp: TcpStats,
     /// RDMA UD over RoCEv2.
     pub ud: UdStats,
     /// RDMA RC over RoCEv2.
     pub rc: RcStats,
     /// Received frames dropped, one counter per [`DropReason`].
     pub drops: Drops,
+}
+
+/// Counters of the TCP layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TcpStats {
+    /// Connections opened by the app (`tcp_connect`).
+    pub active_opens: u64,
+    /// Connections opened by a listener: SYNs accepted into the backlog,
+    /// and SYN-cookie handshakes completed.
+    pub passive_opens: u64,
+    /// Handshakes completed (SYN-SENT or SYN-RECEIVED to a synchronized state).
+    pub established: u64,
+    /// RST segments sent, by connections and for segments matching no socket.
+    pub resets_sent: u64,
+    /// Acceptable RST segments that closed a connection.
+    pub resets_received: u64,
+    /// Resets for segments matching no connection left unsent for the
+    /// reset rate limit.
+    pub resets_rate_limited: u64,
+    /// SYN-ACKs carrying a SYN cookie, sent because a backlog was full.
+    pub syn_cookies_sent: u64,
+    /// ACKs to a listener that carried a valid cookie and became connections.
+    pub syn_cookies_accepted: u64,
+    /// ACKs to a listener whose cookie did not verify (answered with RST).
+    pub syn_cookies_failed: u64,
+    /// SYNs that found their listener's backlog full (answered with a cookie).
+    pub listen_overflows: u64,
+    /// Well-formed segments received, whatever became of them.
+    pub segs_in: u64,
+    /// Segments emitted onto the link (each frame of a segment the stack
+    /// cuts itself counts; a TSO port's segment counts once).
+    pub segs_out: u64,
+    /// Segments the stack cut into several frames itself (GSO, for a port
+    /// without TSO, [`crate::Config::gso_max`]).
+    pub gso_segments: u64,
+    /// Retransmitted segments emitted (sum of the connections' retransmits
+    /// as they are sent).
+    pub retransmits: u64,
+    /// Connections held now, in any state including TIME_WAIT (a gauge).
+    pub connections: u64,
+    /// Of those, TIME-WAIT records (the small kind a released connection
+    /// becomes, without buffers; a gauge).
+    pub time_wait: u64,
+    /// SYNs of a new incarnation that took a 4-tuple out of TIME-WAIT
+    /// (RFC 6191: a newer timestamp or sequence number).
+    pub time_wait_reopened: u64,
+    /// Segments to a TIME-WAIT record answered with its ACK.
+    pub time_wait_acks: u64,
+    /// Most connections held at once (the table's high-water mark).
+    pub connections_hwm: u64,
+    /// Most connections a listener held in its backlog at once (waiting
+    /// for accept plus half-open), across listeners.
+    pub backlog_hwm: u64,
+    /// Out-of-order bytes held across connections now.
+    pub ooo_bytes: u64,
+    /// Times a connection's out-of-order data was dropped for the stack-wide cap.
+    pub ooo_pruned: u64,
+    /// Receive buffers grown by autotuning.
+    pub rcvbuf_grown: u64,
+    /// Autotuning growths refused for the stack-wide `autotune_memory`.
+    pub autotune_limited: u64,
+    /// Bytes receive buffers hold now beyond their initial size.
+    pub autotune_bytes: u64,
+    /// Per-connection counters summed over every connection, live and closed.
+    pub totals: ConnStats,
+}
+
+/// One QP's counters (and the totals of all of them in [`crate::stats::RcStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RcQpStats {
+    /// Packets sent (requests, responses, including retransmissions).
+    pub tx_packets: u64,
+    /// Payload bytes sent the first time (SEND/WRITE data, READ responses).
+    pub tx_bytes: u64,
+    /// Requests taken in sequence.
+    pub rx_packets: u64,
+    /// Payload bytes placed (received SENDs and WRITEs, READ responses).
+    pub rx_bytes: u64,
+    /// Request packets sent again (go-back-N).
+    pub retransmits: u64,
+    /// ACK timeouts.
+    pub ack_timeouts: u64,
+    /// PSN-sequence NAKs sent (one per gap).
+    pub seq_naks_sent: u64,
+    /// PSN-sequence NAKs received.
+    pub seq_naks_received: u64,
+    /// RNR NAKs sent (no receive posted).
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Other NAKs sent (invalid request, remote access, operational).
+    pub naks_sent: u64,
+    /// Fatal NAKs received.
+    pub remote_errors: u64,
+    /// ACKs (and NAKs) sent.
+    pub acks_sent: u64,
+    /// Requests that arrived again after they were executed.
+    pub duplicates: u64,
+    /// Requests ahead of the expected PSN.
+    pub out_of_sequence: u64,
+    /// Gaps seen in READ responses.
+    pub read_gaps: u64,
+    /// ACKs and responses matching nothing outstanding.
+    pub stale_acks: u64,
+    /// WRITEs and READs refused for key, access or range.
+    pub access_errors: u64,
+    /// Responses with the wrong length or opcode for their place.
+    pub malformed: u64,
+    /// Times the QP went to the error state.
+    pub errors: u64,
+}
+
+/// Counters of one connection, for telemetry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ConnStats {
+    /// Segments delivered to the connection.
+    pub segs_in: u64,
+    /// Segments the connection produced (data, ACKs, SYN, FIN, RST).
+    pub segs_out: u64,
+    /// Payload bytes received in order (readable by the app).
+    pub bytes_in: u64,
+    /// Payload bytes sent and acknowledged by the peer.
+    pub bytes_out: u64,
+    /// Segments sent again: after a timeout, in fast recovery, or after a
+    /// path MTU drop.
+    pub retransmits: u64,
+    /// Entries into fast recovery (three duplicate ACKs, or SACK marking
+    /// the head lost, RFC 6675).
+    pub fast_retransmits: u64,
+    /// Retransmission timer expiries (RFC 6298 5.4-5.6).
+    pub timeouts: u64,
+    /// Duplicate ACKs received (RFC 5681 §2 definition).
+    pub dup_acks: u64,
+    /// Persist timer expiries that forced a zero-window probe (RFC 9293 3.8.6.1).
+    pub zero_window_probes: u64,
+    /// Challenge ACKs sent for suspicious RST, SYN or old ACKs (RFC 5961),
+    /// within the per-second limit.
+    pub challenge_acks: u64,
+    /// Times out-of-order data was dropped: the range limit was reached,
+    /// or the stack-wide out-of-order cap pruned this connection.
+    pub ooo_dropped: u64,
+    /// Segments rejected: unacceptable sequence numbers (RFC 9293
+    /// 3.10.7.4), PAWS failures (RFC 7323 §5), bad ACKs in SYN-SENT.
+    pub bad_segments: u64,
+    /// Times an ICMP fragmentation-needed lowered the MSS (path MTU).
+    pub pmtu_reductions: u64,
+    /// Keepalive probes sent (RFC 1122 4.2.3.6).
+    pub keepalive_probes: u64,
 }
 
 #[cfg(test)]

@@ -18,18 +18,12 @@ use smoltcp::wire::{
 };
 
 use crate::error::Error;
+pub use crate::events::PingHandle;
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
-
-slotmap::new_key_type! {
-    /// A ping socket (one ICMP echo identifier). Handles carry a
-    /// generation: one kept after `ping_close` is refused, never another
-    /// socket.
-    pub struct PingHandle;
-}
 
 /// An echo reply delivered to the app.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+pub use crate::phy::offload::{RxChecksum, TxOffload};
 use crate::phy::pool::{PacketBuf, PoolStats};
 use crate::time::Instant;
 
@@ -74,32 +75,6 @@ pub struct Offloads {
     /// The port may deliver merged TCP segments larger than the MTU (LRO,
     /// GRO), up to 64 KiB of IP packet: the engine accepts them.
     pub rx_large: bool,
-}
-
-/// What the port is asked to finish on one transmitted frame.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TxOffload {
-    /// Ethernet header bytes.
-    pub l2_len: u8,
-    /// IPv4 header bytes.
-    pub l3_len: u8,
-    /// TCP header bytes (options included).
-    pub l4_len: u8,
-    /// With TSO: the payload bytes of each frame the port cuts the segment
-    /// into (0: the frame is one segment; only its checksums are left).
-    pub tso_segsz: u16,
-}
-
-/// What the port found of a received frame's transport checksum.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum RxChecksum {
-    /// The port did not check (the engine verifies).
-    #[default]
-    Unknown,
-    /// The port verified it.
-    Good,
-    /// The port found it wrong (the engine verifies again, and drops).
-    Bad,
 }
 
 /// A network port driven in bursts.

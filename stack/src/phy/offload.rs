@@ -161,3 +161,29 @@ pub fn complete_checksum(frame: &mut [u8]) {
     }
     seg[at..at + 2].copy_from_slice(&c.to_be_bytes());
 }
+
+/// What the port is asked to finish on one transmitted frame.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxOffload {
+    /// Ethernet header bytes.
+    pub l2_len: u8,
+    /// IPv4 header bytes.
+    pub l3_len: u8,
+    /// TCP header bytes (options included).
+    pub l4_len: u8,
+    /// With TSO: the payload bytes of each frame the port cuts the segment
+    /// into (0: the frame is one segment; only its checksums are left).
+    pub tso_segsz: u16,
+}
+
+/// What the port found of a received frame's transport checksum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RxChecksum {
+    /// The port did not check (the engine verifies).
+    #[default]
+    Unknown,
+    /// The port verified it.
+    Good,
+    /// The port found it wrong (the engine verifies again, and drops).
+    Bad,
+}

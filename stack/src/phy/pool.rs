@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde::Serialize;
 
-use crate::phy::device::{RxChecksum, TxOffload};
+use crate::phy::offload::{RxChecksum, TxOffload};
 use crate::time::Instant;
 
 /// A packet buffer owned by a pool; returned to the pool when dropped.

@@ -9,17 +9,12 @@ use smoltcp::wire::Icmpv4DstUnreachable;
 use smoltcp::wire::{IpAddress, IpProtocol, UdpPacket, UdpRepr};
 
 use crate::error::Error;
+pub use crate::events::UdpHandle;
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
-
-slotmap::new_key_type! {
-    /// A bound UDP socket. Handles carry a generation: one kept after
-    /// `udp_close` is refused (`InvalidHandle`), never another socket.
-    pub struct UdpHandle;
-}
 
 /// Largest UDP payload over IPv4.
 pub const MAX_UDP_PAYLOAD: usize = 65_507;

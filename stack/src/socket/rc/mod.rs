@@ -38,10 +38,12 @@ use slotmap::SlotMap;
 use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
 
 use crate::error::Error;
+pub use crate::events::RcQpHandle;
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::iface::link::Link;
 use crate::phy::device::Tx;
 use crate::stats::DropReason;
+pub use crate::stats::RcQpStats;
 use crate::time::Instant;
 use crate::wire::roce::{
     self as udwire, BTH_LEN, BthPacket, DEFAULT_PKEY, ICRC_LEN, MAX_QPN, PSN_MASK, ROCE_PORT,
@@ -54,11 +56,6 @@ use wire::{RcHeaders, RcOpcode};
 
 /// The largest RC message (2^31 bytes, the verbs limit).
 pub const MAX_MSG: usize = 1 << 31;
-
-slotmap::new_key_type! {
-    /// An RC queue pair of the stack. Stale handles are refused.
-    pub struct RcQpHandle;
-}
 
 /// How to create an RC QP (the verbs QP attributes that matter here).
 #[derive(Debug, Clone)]
@@ -357,51 +354,6 @@ impl From<RcError> for Error {
             _ => Error::InvalidHandle,
         }
     }
-}
-
-/// One QP's counters (and the totals of all of them in [`crate::stats::RcStats`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct RcQpStats {
-    /// Packets sent (requests, responses, including retransmissions).
-    pub tx_packets: u64,
-    /// Payload bytes sent the first time (SEND/WRITE data, READ responses).
-    pub tx_bytes: u64,
-    /// Requests taken in sequence.
-    pub rx_packets: u64,
-    /// Payload bytes placed (received SENDs and WRITEs, READ responses).
-    pub rx_bytes: u64,
-    /// Request packets sent again (go-back-N).
-    pub retransmits: u64,
-    /// ACK timeouts.
-    pub ack_timeouts: u64,
-    /// PSN-sequence NAKs sent (one per gap).
-    pub seq_naks_sent: u64,
-    /// PSN-sequence NAKs received.
-    pub seq_naks_received: u64,
-    /// RNR NAKs sent (no receive posted).
-    pub rnr_naks_sent: u64,
-    /// RNR NAKs received.
-    pub rnr_naks_received: u64,
-    /// Other NAKs sent (invalid request, remote access, operational).
-    pub naks_sent: u64,
-    /// Fatal NAKs received.
-    pub remote_errors: u64,
-    /// ACKs (and NAKs) sent.
-    pub acks_sent: u64,
-    /// Requests that arrived again after they were executed.
-    pub duplicates: u64,
-    /// Requests ahead of the expected PSN.
-    pub out_of_sequence: u64,
-    /// Gaps seen in READ responses.
-    pub read_gaps: u64,
-    /// ACKs and responses matching nothing outstanding.
-    pub stale_acks: u64,
-    /// WRITEs and READs refused for key, access or range.
-    pub access_errors: u64,
-    /// Responses with the wrong length or opcode for their place.
-    pub malformed: u64,
-    /// Times the QP went to the error state.
-    pub errors: u64,
 }
 
 /// What utop and telemetry show of one QP.

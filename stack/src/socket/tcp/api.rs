@@ -3,9 +3,9 @@
 
 use core::net::{Ipv4Addr, SocketAddrV4};
 
-use super::conn::{ConnError, ConnInfo, KeepAlive, State, TcpConn};
+use super::conn::{ConnInfo, KeepAlive, State, TcpConn};
 use super::{ListenHandle, Listener, TcpHandle, TcpTable, local};
-use crate::error::Error;
+use crate::error::{ConnError, Error};
 use crate::events::Pending;
 use crate::shard::ShardId;
 use crate::time::Instant;

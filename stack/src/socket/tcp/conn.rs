@@ -16,6 +16,8 @@ use super::cc::{Algorithm, CongestionControl, new_controller};
 use super::rtt::{RttConfig, RttEstimator};
 use super::scoreboard::Scoreboard;
 use super::seq::Seq;
+use crate::error::ConnError;
+pub use crate::stats::ConnStats;
 use crate::time::Instant;
 
 /// RFC 9293 connection states.
@@ -172,28 +174,6 @@ impl Default for KeepAlive {
     }
 }
 
-/// Why a connection ended abnormally.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, thiserror::Error)]
-pub enum ConnError {
-    /// The peer answered our SYN with a RST (nothing listens there), or
-    /// reset the connection before the handshake completed.
-    #[error("connection refused")]
-    Refused,
-    /// The peer reset an established connection (an RST exactly at
-    /// `rcv_nxt`, RFC 5961 §3).
-    #[error("connection reset by peer")]
-    Reset,
-    /// Retransmissions ran out (`syn_retries` for the handshake,
-    /// `max_retries` for data), or an orphaned connection waited longer
-    /// than `fin_wait2_timeout` for the peer's FIN.
-    #[error("connection timed out")]
-    TimedOut,
-    /// We ended it: the app aborted, or closed with data unread or arriving
-    /// after close (RFC 1122 4.2.2.13), and a RST went out.
-    #[error("connection aborted")]
-    Aborted,
-}
-
 /// The header fields and options of a segment, in either direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Header {
@@ -277,44 +257,6 @@ impl From<Header> for Segment<'_> {
     fn from(hdr: Header) -> Self {
         Segment { hdr, payload: &[] }
     }
-}
-
-/// Counters of one connection, for telemetry.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ConnStats {
-    /// Segments delivered to the connection.
-    pub segs_in: u64,
-    /// Segments the connection produced (data, ACKs, SYN, FIN, RST).
-    pub segs_out: u64,
-    /// Payload bytes received in order (readable by the app).
-    pub bytes_in: u64,
-    /// Payload bytes sent and acknowledged by the peer.
-    pub bytes_out: u64,
-    /// Segments sent again: after a timeout, in fast recovery, or after a
-    /// path MTU drop.
-    pub retransmits: u64,
-    /// Entries into fast recovery (three duplicate ACKs, or SACK marking
-    /// the head lost, RFC 6675).
-    pub fast_retransmits: u64,
-    /// Retransmission timer expiries (RFC 6298 5.4-5.6).
-    pub timeouts: u64,
-    /// Duplicate ACKs received (RFC 5681 §2 definition).
-    pub dup_acks: u64,
-    /// Persist timer expiries that forced a zero-window probe (RFC 9293 3.8.6.1).
-    pub zero_window_probes: u64,
-    /// Challenge ACKs sent for suspicious RST, SYN or old ACKs (RFC 5961),
-    /// within the per-second limit.
-    pub challenge_acks: u64,
-    /// Times out-of-order data was dropped: the range limit was reached,
-    /// or the stack-wide out-of-order cap pruned this connection.
-    pub ooo_dropped: u64,
-    /// Segments rejected: unacceptable sequence numbers (RFC 9293
-    /// 3.10.7.4), PAWS failures (RFC 7323 §5), bad ACKs in SYN-SENT.
-    pub bad_segments: u64,
-    /// Times an ICMP fragmentation-needed lowered the MSS (path MTU).
-    pub pmtu_reductions: u64,
-    /// Keepalive probes sent (RFC 1122 4.2.3.6).
-    pub keepalive_probes: u64,
 }
 
 impl ConnStats {

@@ -23,24 +23,15 @@ use std::hash::Hasher;
 
 use siphasher::sip::SipHasher24;
 
+pub use crate::error::ConnError;
+pub use crate::events::{ListenHandle, TcpHandle};
+pub use crate::stats::TcpStats;
 pub use api::TcpStatus;
-pub use conn::{ConnError, ConnInfo, KeepAlive, Segment, State, TcpConfig, TcpConn};
+pub use conn::{ConnInfo, KeepAlive, Segment, State, TcpConfig, TcpConn};
 pub use seq::Seq;
 
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::time::Instant;
-
-/// A connection handle: a slot and the generation that owned it, so a stale
-/// handle to a reused slot is refused rather than aliasing a new connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TcpHandle {
-    pub(crate) slot: u32,
-    pub(crate) generation: u32,
-}
-
-/// A listening socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ListenHandle(pub(crate) u16);
 
 /// The connection's demux key: local port and remote endpoint (the local
 /// address is always the stack's own).
@@ -78,71 +69,6 @@ pub(crate) struct Listener {
     pub embryonic: usize,
     /// Readiness events not yet drained.
     pub events: Pending,
-}
-
-/// Counters of the TCP layer.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct TcpStats {
-    /// Connections opened by the app (`tcp_connect`).
-    pub active_opens: u64,
-    /// Connections opened by a listener: SYNs accepted into the backlog,
-    /// and SYN-cookie handshakes completed.
-    pub passive_opens: u64,
-    /// Handshakes completed (SYN-SENT or SYN-RECEIVED to a synchronized state).
-    pub established: u64,
-    /// RST segments sent, by connections and for segments matching no socket.
-    pub resets_sent: u64,
-    /// Acceptable RST segments that closed a connection.
-    pub resets_received: u64,
-    /// Resets for segments matching no connection left unsent for the
-    /// reset rate limit.
-    pub resets_rate_limited: u64,
-    /// SYN-ACKs carrying a SYN cookie, sent because a backlog was full.
-    pub syn_cookies_sent: u64,
-    /// ACKs to a listener that carried a valid cookie and became connections.
-    pub syn_cookies_accepted: u64,
-    /// ACKs to a listener whose cookie did not verify (answered with RST).
-    pub syn_cookies_failed: u64,
-    /// SYNs that found their listener's backlog full (answered with a cookie).
-    pub listen_overflows: u64,
-    /// Well-formed segments received, whatever became of them.
-    pub segs_in: u64,
-    /// Segments emitted onto the link (each frame of a segment the stack
-    /// cuts itself counts; a TSO port's segment counts once).
-    pub segs_out: u64,
-    /// Segments the stack cut into several frames itself (GSO, for a port
-    /// without TSO, [`crate::Config::gso_max`]).
-    pub gso_segments: u64,
-    /// Retransmitted segments emitted (sum of the connections' retransmits
-    /// as they are sent).
-    pub retransmits: u64,
-    /// Connections held now, in any state including TIME_WAIT (a gauge).
-    pub connections: u64,
-    /// Of those, TIME-WAIT records (the small kind a released connection
-    /// becomes, without buffers; a gauge).
-    pub time_wait: u64,
-    /// SYNs of a new incarnation that took a 4-tuple out of TIME-WAIT
-    /// (RFC 6191: a newer timestamp or sequence number).
-    pub time_wait_reopened: u64,
-    /// Segments to a TIME-WAIT record answered with its ACK.
-    pub time_wait_acks: u64,
-    /// Most connections held at once (the table's high-water mark).
-    pub connections_hwm: u64,
-    /// Most connections a listener held in its backlog at once (waiting
-    /// for accept plus half-open), across listeners.
-    pub backlog_hwm: u64,
-    /// Out-of-order bytes held across connections now.
-    pub ooo_bytes: u64,
-    /// Times a connection's out-of-order data was dropped for the stack-wide cap.
-    pub ooo_pruned: u64,
-    /// Receive buffers grown by autotuning.
-    pub rcvbuf_grown: u64,
-    /// Autotuning growths refused for the stack-wide `autotune_memory`.
-    pub autotune_limited: u64,
-    /// Bytes receive buffers hold now beyond their initial size.
-    pub autotune_bytes: u64,
-    /// Per-connection counters summed over every connection, live and closed.
-    pub totals: conn::ConnStats,
 }
 
 /// All TCP state of one stack.
