@@ -122,7 +122,7 @@ pub fn stack_and_qp() -> (Stack, Option<ustack::ud::QpHandle>) {
     }
     // An ARP request for us from the peer: learned, answered.
     let mut tx = VecTx::new();
-    s.receive(Instant::ZERO, &arp_request(), &mut tx);
+    s.receive(Instant::ZERO, &arp_request(), ustack::RxMeta::default(), &mut tx);
     (s, h)
 }
 
@@ -284,7 +284,7 @@ pub fn fix_checksums(frame: &mut [u8]) {
 pub fn receive_counted(s: &mut Stack, now: Instant, frame: &[u8], tx: &mut VecTx) {
     let before = s.stats();
     let done_before = before.eth.rx_accepted + before.drops.total();
-    s.receive(now, frame, tx);
+    s.receive(now, frame, ustack::RxMeta::default(), tx);
     let after = s.stats();
     assert_eq!(after.eth.rx_frames, before.eth.rx_frames + 1);
     assert_eq!(
@@ -469,7 +469,7 @@ impl Pair {
         let mut b_out = VecTx::new();
         for f in std::mem::take(&mut self.a_out.frames) {
             assert_well_formed(&f);
-            self.b.receive(now, &f, &mut b_out);
+            self.b.receive(now, &f, ustack::RxMeta::default(), &mut b_out);
         }
         self.b.poll(now, &mut b_out);
         for f in b_out.frames {

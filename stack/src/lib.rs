@@ -65,7 +65,7 @@
 //! use std::net::SocketAddrV4;
 //! use ustack::events::{Readiness, SocketRef};
 //! use ustack::sim::host_config;
-//! use ustack::{Instant, Stack, VecTx};
+//! use ustack::{Instant, RxMeta, Stack, VecTx};
 //!
 //! // 10.0.0.1 and 10.0.0.2 on one /24, with seeded secrets.
 //! let mut a = Stack::new(host_config(1));
@@ -80,10 +80,10 @@
 //! loop {
 //!     let (mut out_a, mut out_b) = (VecTx::new(), VecTx::new());
 //!     for frame in to_a.drain(..) {
-//!         a.receive(now, &frame, &mut out_a);
+//!         a.receive(now, &frame, RxMeta::default(), &mut out_a);
 //!     }
 //!     for frame in to_b.drain(..) {
-//!         b.receive(now, &frame, &mut out_b);
+//!         b.receive(now, &frame, RxMeta::default(), &mut out_b);
 //!     }
 //!     a.poll(now, &mut out_a);
 //!     b.poll(now, &mut out_b);
@@ -129,7 +129,9 @@ pub mod stats;
 pub mod time;
 pub mod wire;
 
-pub use phy::device::{Device, Offloads, PortStats, RxChecksum, Tx, TxOffload, VecTx};
+pub use phy::device::{
+    Device, Offloads, PortStats, Received, RxChecksum, RxMeta, RxRole, Tx, TxOffload, VecTx,
+};
 pub use phy::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
 pub use stack::{Config, Error, Stack};
 pub use time::Instant;

@@ -9,7 +9,21 @@
 use serde::Serialize;
 
 use crate::events::Event;
-use crate::phy::device::{Device, DeviceTx, PortStats};
+use crate::phy::device::{Device, DeviceTx, PortStats, Received, RxMeta, RxRole};
+
+/// A sibling's copy of an ARP frame (mail carries no port metadata).
+const REPLICA: RxMeta = RxMeta {
+    checksum: crate::phy::device::RxChecksum::Unknown,
+    at: None,
+    role: RxRole::Replica,
+};
+
+/// A frame handed on by a sibling that may belong to the next one.
+const MAY_PASS: RxMeta = RxMeta {
+    checksum: crate::phy::device::RxChecksum::Unknown,
+    at: None,
+    role: RxRole::MayPass,
+};
 use crate::phy::pool::PoolStats;
 use crate::shard::{Mail, Route, Shard, ShardStats};
 use crate::socket::tcp::ConnInfo;
@@ -230,11 +244,16 @@ impl<D: Device> Port<D> {
             for mail in shard.take_mail(BURST) {
                 rx += 1;
                 match mail {
-                    Mail::Frame(f) => stack.receive(now, &f, &mut tx),
-                    Mail::ArpReplica(f) => stack.receive_replica(now, &f, &mut tx),
+                    Mail::Frame(f) => {
+                        stack.receive(now, &f, RxMeta::default(), &mut tx);
+                    }
+                    Mail::ArpReplica(f) => {
+                        stack.receive(now, &f, REPLICA, &mut tx);
+                    }
                     Mail::Unclaimed { frame, hops } => {
                         let last = hops + 1 >= shard.id.count;
-                        if stack.receive_or_pass(now, &frame, &mut tx, !last) {
+                        let meta = if last { RxMeta::default() } else { MAY_PASS };
+                        if stack.receive(now, &frame, meta, &mut tx) == Received::PassOn {
                             shard.pass_on(&frame, hops + 1);
                         }
                     }
@@ -243,28 +262,38 @@ impl<D: Device> Port<D> {
         }
         for buf in self.rx.drain(..) {
             let frame = buf.as_ref();
-            stack.link.rx_l4_good = crate::phy::pool::PacketBuf::rx_checksum(&buf)
-                == crate::phy::device::RxChecksum::Good;
-            stack.link.rx_at = crate::phy::pool::PacketBuf::rx_timestamp(&buf).map(|t| t.min(now));
+            let meta = RxMeta::of(&buf, now);
             match self.shard.as_mut().map(|s| (s.route(frame), s)) {
-                None => stack.receive(now, frame, &mut tx),
+                None => {
+                    stack.receive(now, frame, meta, &mut tx);
+                }
                 Some((Route::Local, shard)) => {
-                    if stack.receive_or_pass(now, frame, &mut tx, shard.may_pass()) {
+                    let role = if shard.may_pass() {
+                        RxRole::MayPass
+                    } else {
+                        RxRole::Owner
+                    };
+                    let meta = RxMeta { role, ..meta };
+                    if stack.receive(now, frame, meta, &mut tx) == Received::PassOn {
                         shard.pass_on(frame, 1);
                     }
                 }
-                Some((Route::Replica, _)) => stack.receive_replica(now, frame, &mut tx),
+                Some((Route::Replica, _)) => {
+                    let meta = RxMeta {
+                        role: RxRole::Replica,
+                        ..meta
+                    };
+                    stack.receive(now, frame, meta, &mut tx);
+                }
                 Some((Route::NotOurs, shard)) => shard.stats.not_ours += 1,
                 Some((Route::LocalAndReplicate, shard)) => {
                     shard.replicate_arp(frame);
-                    stack.receive(now, frame, &mut tx);
+                    stack.receive(now, frame, meta, &mut tx);
                 }
                 Some((Route::Forward(to), shard)) => shard.forward(to, frame),
             }
             // `buf` drops here: the frame's buffer goes back to its pool.
         }
-        stack.link.rx_l4_good = false;
-        stack.link.rx_at = None;
         self.events.clear();
         stack.drain_events(&mut self.events);
         if !self.events.is_empty() {

@@ -22,7 +22,7 @@ use crate::events::Event;
 use crate::iface::frag::{FragKey, Reassembler};
 use crate::iface::icmp::{IcmpOutcome, PingEvent, PingHandle, PingTable};
 use crate::iface::link::{IpMeta, Link};
-use crate::phy::device::Tx;
+use crate::phy::device::{Received, RxChecksum, RxMeta, RxRole, Tx};
 use crate::socket::tcp::{ConnInfo, ListenHandle, TcpHandle, TcpStatus, TcpTable};
 use crate::socket::ud::{Completion, QpConfig, QpHandle, SendWr, UdError, UdTable, UdTransport};
 use crate::socket::udp::{UdpHandle, UdpReuse, UdpTable};
@@ -152,56 +152,41 @@ impl Stack {
         self.link.offloads
     }
 
-    /// Process one received frame. Replies (ARP, echo, ICMP errors) are
-    /// written to `tx` at once.
-    pub fn receive<T: Tx>(&mut self, now: Instant, frame: &[u8], tx: &mut T) {
-        self.now = now;
-        self.link.stats.eth.rx_frames += 1;
-        self.link.stats.eth.rx_bytes += frame.len() as u64;
-        match self.process_ethernet(now, frame, tx) {
-            Ok(()) => self.link.stats.eth.rx_accepted += 1,
-            Err(reason) => {
-                trace!(reason = reason.name(), len = frame.len(), "drop");
-                self.link.stats.drops.inc(reason);
-            }
-        }
-    }
-
-    /// Learn from a copy of an ARP frame a sibling shard received (see
-    /// [`crate::shard`]): the cache and the packets waiting on it are
-    /// updated as by [`Stack::receive`], but no reply is sent (the shard
-    /// that received the frame answers it).
-    pub fn receive_replica<T: Tx>(&mut self, now: Instant, frame: &[u8], tx: &mut T) {
-        self.link.set_replica(true);
-        self.receive(now, frame, tx);
-        self.link.set_replica(false);
-    }
-
-    /// [`Stack::receive`] on a shard of a multi-queue host whose frames
-    /// may arrive on the wrong queue (a driver that spreads flows by its own
-    /// hash): with `may_pass`, a TCP segment that matches no connection here
-    /// (other than a SYN this shard listens for) is left alone,
-    /// and the return value says to pass it to the next shard. The last
-    /// shard to see it (`may_pass` false) answers it as usual.
-    pub fn receive_or_pass<T: Tx>(
+    /// Process one received frame, with what came with it (`meta`: the
+    /// port's checksum verdict and stamp, the frame's role among shards;
+    /// `RxMeta::default()` for a plain frame owned here). Replies (ARP,
+    /// echo, ICMP errors, resets) are written to `tx` at once.
+    /// [`Received::PassOn`] says a [`RxRole::MayPass`] segment was left
+    /// for the next shard.
+    pub fn receive<T: Tx>(
         &mut self,
         now: Instant,
         frame: &[u8],
+        meta: RxMeta,
         tx: &mut T,
-        may_pass: bool,
-    ) -> bool {
-        self.link.may_pass = may_pass;
-        self.receive(now, frame, tx);
-        self.link.may_pass = false;
-        std::mem::take(&mut self.link.passed)
+    ) -> Received {
+        self.link.stats.eth.rx_frames += 1;
+        self.link.stats.eth.rx_bytes += frame.len() as u64;
+        match self.process_ethernet(now, frame, meta, tx) {
+            Ok(received) => {
+                self.link.stats.eth.rx_accepted += 1;
+                received
+            }
+            Err(reason) => {
+                trace!(reason = reason.name(), len = frame.len(), "drop");
+                self.link.stats.drops.inc(reason);
+                Received::Taken
+            }
+        }
     }
 
     fn process_ethernet<T: Tx>(
         &mut self,
         now: Instant,
         frame: &[u8],
+        rx: RxMeta,
         tx: &mut T,
-    ) -> Result<(), DropReason> {
+    ) -> Result<Received, DropReason> {
         let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::EthTruncated)?;
         if frame.len() > ETH_LEN + self.link.cfg.mtu
             && !(self.link.offloads.rx_large && frame.len() <= ETH_LEN + usize::from(u16::MAX))
@@ -217,8 +202,11 @@ impl Stack {
             return Err(DropReason::EthBadSource);
         }
         match eth.ethertype() {
-            EthernetProtocol::Arp => self.link.receive_arp(now, eth.payload(), tx),
-            EthernetProtocol::Ipv4 => self.process_ipv4(now, eth.payload(), tx),
+            EthernetProtocol::Arp => {
+                let replica = rx.role == RxRole::Replica;
+                (self.link.receive_arp(now, eth.payload(), replica, tx)).map(|()| Received::Taken)
+            }
+            EthernetProtocol::Ipv4 => self.process_ipv4(now, eth.payload(), rx, tx),
             _ => Err(DropReason::EthUnknownType),
         }
     }
@@ -227,8 +215,9 @@ impl Stack {
         &mut self,
         now: Instant,
         payload: &[u8],
+        rx: RxMeta,
         tx: &mut T,
-    ) -> Result<(), DropReason> {
+    ) -> Result<Received, DropReason> {
         if payload.len() < IP_LEN {
             return Err(DropReason::Ipv4Truncated);
         }
@@ -274,6 +263,7 @@ impl Stack {
             ttl: pkt.hop_limit(),
             broadcast,
             header: &payload[..hl],
+            rx,
         };
         let body = &payload[hl..tl];
         if pkt.more_frags() || pkt.frag_offset() != 0 {
@@ -289,12 +279,16 @@ impl Stack {
                 .frags
                 .insert(now, key, offset, pkt.more_frags(), meta.header, body)?
             {
-                None => Ok(()),
+                None => Ok(Received::Taken),
                 Some(whole) => {
                     self.link.stats.ipv4.reassembled += 1;
                     let meta = IpMeta {
                         ttl: whole.ttl(),
                         header: &whole.header,
+                        rx: RxMeta {
+                            checksum: RxChecksum::Unknown,
+                            ..rx
+                        },
                         ..meta
                     };
                     self.process_transport(now, meta, &whole.payload, None, tx)
@@ -312,8 +306,8 @@ impl Stack {
         // The whole IPv4 packet, header included (not for reassembled ones).
         ip: Option<&[u8]>,
         tx: &mut T,
-    ) -> Result<(), DropReason> {
-        match meta.protocol {
+    ) -> Result<Received, DropReason> {
+        let done = match meta.protocol {
             IpProtocol::Icmp => match self.pings.process(&mut self.link, now, meta, body, tx)? {
                 IcmpOutcome::Done => Ok(()),
                 IcmpOutcome::TcpFragNeeded {
@@ -339,9 +333,11 @@ impl Stack {
                         r => r,
                     }
                 }
-                Some(roce) => self.ud.process_roce(&mut self.link, now, ip, roce),
+                Some(roce) => self
+                    .ud
+                    .process_roce(&mut self.link, now, meta.rx.at, ip, roce),
             },
-            IpProtocol::Tcp => self.tcp.process(&mut self.link, now, meta, body, tx),
+            IpProtocol::Tcp => return self.tcp.process(&mut self.link, now, meta, body, tx),
             _ => {
                 self.link.send_unreachable(
                     now,
@@ -352,7 +348,8 @@ impl Stack {
                 );
                 Err(DropReason::Ipv4UnknownProtocol)
             }
-        }
+        };
+        done.map(|()| Received::Taken)
     }
 
     // ------------------------------------------------------------------- poll
@@ -804,7 +801,7 @@ mod test {
     fn feed(s: &mut Stack, frame: &[u8]) -> (Vec<Vec<u8>>, Option<DropReason>) {
         let before = s.stats().drops;
         let mut tx = VecTx::new();
-        s.receive(T0, frame, &mut tx);
+        s.receive(T0, frame, crate::RxMeta::default(), &mut tx);
         let after = s.stats().drops;
         let reason = DropReason::ALL
             .iter()
@@ -1279,7 +1276,7 @@ mod test {
                 (&mut a, &mut b)
             };
             for f in &frames {
-                rx.receive(T0, f, &mut out);
+                rx.receive(T0, f, crate::RxMeta::default(), &mut out);
             }
             rx.poll(T0, &mut out);
             frames = out.frames;
@@ -1335,10 +1332,10 @@ mod test {
             let now = Instant::from_micros(1_000 + 50 * step);
             let (mut out_a, mut out_b) = (VecTx::new(), VecTx::new());
             for f in to_a.drain(..) {
-                a.receive(now, &f, &mut out_a);
+                a.receive(now, &f, crate::RxMeta::default(), &mut out_a);
             }
             for f in to_b.drain(..) {
-                b.receive(now, &f, &mut out_b);
+                b.receive(now, &f, crate::RxMeta::default(), &mut out_b);
             }
             if sent < total {
                 // Uneven writes, so segments end mid-frame and Nagle

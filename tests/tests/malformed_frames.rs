@@ -160,7 +160,12 @@ fn assert_well_formed(frame: &[u8]) {
 fn check(s: &mut Stack, frames: &[Vec<u8>]) {
     let mut tx = VecTx::new();
     for (i, f) in frames.iter().enumerate() {
-        s.receive(Instant::from_millis(i as u64), f, &mut tx);
+        s.receive(
+            Instant::from_millis(i as u64),
+            f,
+            ustack::RxMeta::default(),
+            &mut tx,
+        );
     }
     s.poll(Instant::from_secs(100), &mut tx);
     let st = s.stats();
@@ -241,7 +246,7 @@ fn seeds_are_accepted_as_expected() {
     let mut s = stack();
     let mut tx = VecTx::new();
     for f in seeds() {
-        s.receive(Instant::ZERO, &f, &mut tx);
+        s.receive(Instant::ZERO, &f, ustack::RxMeta::default(), &mut tx);
     }
     let st = s.stats();
     // UDP to port 9 (no socket), TCP to a closed port and protocol 99 are drops.

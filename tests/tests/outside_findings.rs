@@ -28,7 +28,12 @@ fn config() -> Config {
 fn stack_with(cfg: Config) -> Stack {
     let mut s = Stack::new(cfg);
     let mut tx = VecTx::new();
-    s.receive(T0, &arp_request(PEER, US), &mut tx);
+    s.receive(
+        T0,
+        &arp_request(PEER, US),
+        ustack::RxMeta::default(),
+        &mut tx,
+    );
     s
 }
 
@@ -205,7 +210,7 @@ fn tcp_frame(s: &Seg<'_>) -> Vec<u8> {
 fn feed(s: &mut Stack, now: Instant, f: &[u8]) -> Vec<Vec<u8>> {
     let mut tx = VecTx::new();
     if !f.is_empty() {
-        s.receive(now, f, &mut tx);
+        s.receive(now, f, ustack::RxMeta::default(), &mut tx);
     }
     s.poll(now, &mut tx);
     tx.frames
@@ -269,7 +274,12 @@ fn icmp_errors_zero_the_unused_word_and_quote_the_datagram_as_received() {
         for (i, dgram) in cases.iter().enumerate() {
             let mut tx = VecTx::poisoned(poison);
             let f = eth(host_mac(1), EthernetProtocol::Ipv4, dgram);
-            s.receive(Instant::from_millis(i as u64 * 20), &f, &mut tx);
+            s.receive(
+                Instant::from_millis(i as u64 * 20),
+                &f,
+                ustack::RxMeta::default(),
+                &mut tx,
+            );
             assert_eq!(tx.frames.len(), 1, "case {i}: one ICMP error");
             let ip = ipv4_of(&tx.frames[0]);
             assert_eq!(ip.next_header(), IpProtocol::Icmp);
@@ -316,11 +326,13 @@ fn icmp_error_about_a_reassembled_datagram_quotes_its_first_fragment() {
     s.receive(
         T0,
         &eth(host_mac(1), EthernetProtocol::Ipv4, &second),
+        ustack::RxMeta::default(),
         &mut tx,
     );
     s.receive(
         T0,
         &eth(host_mac(1), EthernetProtocol::Ipv4, &first),
+        ustack::RxMeta::default(),
         &mut tx,
     );
     assert_eq!(tx.frames.len(), 1);
@@ -340,7 +352,7 @@ fn every_kind_of_frame(poison: u8) -> Vec<Vec<u8>> {
     let mut go = |s: &mut Stack, now: Instant, f: Option<&[u8]>| {
         let mut tx = VecTx::poisoned(poison);
         if let Some(f) = f {
-            s.receive(now, f, &mut tx);
+            s.receive(now, f, ustack::RxMeta::default(), &mut tx);
         }
         s.poll(now, &mut tx);
         out.extend(tx.frames);
@@ -827,7 +839,12 @@ fn ip_ids_are_per_destination() {
     let mut s = stack();
     let other = Ipv4Addr::new(10, 0, 0, 3);
     let mut tx = VecTx::new();
-    s.receive(T0, &arp_request(other, US), &mut tx);
+    s.receive(
+        T0,
+        &arp_request(other, US),
+        ustack::RxMeta::default(),
+        &mut tx,
+    );
     let u = s.udp_bind(7000).unwrap();
     let a0 = next_udp_id(&mut s, u, PEER);
     for _ in 0..100 {

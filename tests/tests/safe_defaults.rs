@@ -77,14 +77,24 @@ fn with_peer(mut s: Stack) -> Stack {
     }
     .emit(&mut EthernetFrame::new_unchecked(&mut b[..]));
     repr.emit(&mut ArpPacket::new_unchecked(&mut b[ETHERNET_HEADER_LEN..]));
-    s.receive(Instant::ZERO, &b, &mut VecTx::new());
+    s.receive(
+        Instant::ZERO,
+        &b,
+        ustack::RxMeta::default(),
+        &mut VecTx::new(),
+    );
     s
 }
 
 /// Feed `f`, poll, and return the TCP segments sent.
 fn tcp_answers(s: &mut Stack, f: &[u8]) -> Vec<(TcpControl, u32, Option<u32>)> {
     let mut tx = VecTx::new();
-    s.receive(Instant::from_millis(1), f, &mut tx);
+    s.receive(
+        Instant::from_millis(1),
+        f,
+        ustack::RxMeta::default(),
+        &mut tx,
+    );
     s.poll(Instant::from_millis(1), &mut tx);
     tx.frames
         .iter()

@@ -553,8 +553,10 @@ fn crafted_packets_far_out_of_window_get_one_nak_and_harm_nothing() {
             (epsn + 0xc0_0000 + i) & 0xff_ffff,
             hdrs(RcOpcode::SendOnly, b"evil"),
         );
-        p.b().receive(Instant::ZERO, &ahead, &mut tx);
-        p.b().receive(Instant::ZERO, &behind, &mut tx);
+        p.b()
+            .receive(Instant::ZERO, &ahead, ustack::RxMeta::default(), &mut tx);
+        p.b()
+            .receive(Instant::ZERO, &behind, ustack::RxMeta::default(), &mut tx);
     }
     // Wrong opcodes for the place: a MIDDLE with nothing begun is an
     // invalid request (the QP moves to error, as the spec says).
@@ -576,7 +578,8 @@ fn crafted_packets_far_out_of_window_get_one_nak_and_harm_nothing() {
         hdrs(RcOpcode::SendMiddle, &[1; 1024]),
     );
     let now = p.net.now;
-    p.b().receive(now, &middle, &mut tx);
+    p.b()
+        .receive(now, &middle, ustack::RxMeta::default(), &mut tx);
     let sb = p.b().rc_qp_status(qb).unwrap();
     assert_eq!(sb.state, QpState::Error);
     assert_eq!(sb.stats.naks_sent, 1);
@@ -621,7 +624,7 @@ fn a_nak_storm_costs_bounded_retries_and_then_the_qp() {
         let n = f.len();
         assert!(icrc_fill(&mut f[14..n]));
         let now = p.net.now;
-        p.a().receive(now, &f, &mut tx);
+        p.a().receive(now, &f, ustack::RxMeta::default(), &mut tx);
         let step = p.net.now + Duration::from_micros(1);
         p.net.run_until(step, &mut [], |_| false);
     }
@@ -704,7 +707,8 @@ fn a_qp_failing_mid_send_flushes_the_receive_it_was_filling() {
         hdrs(RcOpcode::SendFirst, &[3; 1024]),
     );
     let mut tx = VecTx::default();
-    p.b().receive(Instant::ZERO, &first, &mut tx);
+    p.b()
+        .receive(Instant::ZERO, &first, ustack::RxMeta::default(), &mut tx);
     assert_eq!(
         p.b().rc_qp_status(qb).unwrap().recv_posted,
         1,

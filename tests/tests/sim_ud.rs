@@ -280,7 +280,9 @@ fn frame_for(net: &mut SimNet, qa: QpHandle, wr: &SendWr<'_>) -> Vec<u8> {
 
 fn feed_b(net: &mut SimNet, frame: &[u8]) {
     let now = net.now;
-    net.nodes[1].stack.receive(now, frame, &mut VecTx::new());
+    net.nodes[1]
+        .stack
+        .receive(now, frame, ustack::RxMeta::default(), &mut VecTx::new());
 }
 
 #[test]

@@ -287,7 +287,7 @@ impl PingTable {
                     ttl: meta.ttl,
                     bytes: body.len(),
                     sent_at: echo_timestamp(data),
-                    received_at: link.rx_at.unwrap_or(now),
+                    received_at: meta.rx.at.unwrap_or(now),
                 };
                 link.stats.icmp.rx_echo_replies += 1;
                 match self.deliver(reply.ident, PingEvent::Reply(reply)) {

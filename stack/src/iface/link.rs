@@ -17,7 +17,7 @@ use smoltcp::wire::{
 use crate::config::Config;
 use crate::error::Error;
 use crate::iface::arp::{ArpCache, Enqueue};
-use crate::phy::device::{Offloads, Tx, TxOffload};
+use crate::phy::device::{Offloads, RxMeta, Tx, TxOffload};
 use crate::stats::{DropReason, Stats};
 use crate::time::Instant;
 use crate::wire::checksum;
@@ -66,6 +66,9 @@ pub(crate) struct IpMeta<'a> {
     /// The IPv4 header as received, options included (the first
     /// fragment's for a reassembled datagram): what ICMP errors quote.
     pub(crate) header: &'a [u8],
+    /// What came with the frame (for a reassembled datagram, the last
+    /// fragment's stamp and role, with no checksum verdict).
+    pub(crate) rx: RxMeta,
 }
 
 /// The layers below the transport: configuration, ARP, counters and the
@@ -77,12 +80,6 @@ pub(crate) struct Link {
     pub(crate) checksum: ChecksumCapabilities,
     /// What the port finishes for us (from its [`crate::phy::device::DeviceCaps`]).
     pub(crate) offloads: Offloads,
-    /// The frame being received had its transport checksum verified by
-    /// the port.
-    pub(crate) rx_l4_good: bool,
-    /// When the port received the frame being processed, where it stamps
-    /// frames ([`crate::phy::pool::PacketBuf::rx_timestamp`]); never after `now`.
-    pub(crate) rx_at: Option<Instant>,
     arp: ArpCache,
     pub(crate) stats: Stats,
     /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
@@ -93,12 +90,6 @@ pub(crate) struct Link {
     /// Resets for segments that belong to no connection (token bucket).
     pub(crate) rst_limit: RateLimit,
     arp_retry: Vec<Ipv4Addr>,
-    /// Processing a sibling shard's copy of an ARP frame: learn, never answer.
-    replica: bool,
-    /// A TCP segment for no connection here may belong to a sibling shard:
-    /// set `passed` instead of answering it.
-    pub(crate) may_pass: bool,
-    pub(crate) passed: bool,
     /// An RFC 5227 probe for our address is owed to the next poll.
     probe_due: bool,
     /// Probing: the announcement waits (it would claim the address in other
@@ -123,8 +114,6 @@ impl Link {
             cfg,
             checksum: ChecksumCapabilities::default(),
             offloads: Offloads::default(),
-            rx_l4_good: false,
-            rx_at: None,
             stats: Stats::default(),
             ip_idents: ident_buckets(secret),
             ident_hash: foldhash::fast::FixedState::with_seed(secret.0 ^ secret.1.rotate_left(32)),
@@ -132,9 +121,6 @@ impl Link {
             probe_due: false,
             probing: false,
             conflict: None,
-            replica: false,
-            may_pass: false,
-            passed: false,
         }
     }
 
@@ -209,18 +195,15 @@ impl Link {
         !self.announced && !self.probing
     }
 
-    /// Process a sibling shard's copy of an ARP frame: learn, never answer.
-    pub(crate) fn set_replica(&mut self, on: bool) {
-        self.replica = on;
-    }
-
     /// An ARP packet: learn the sender (RFC 826, with the refusals
-    /// ARCHITECTURE.md lists), answer requests for us, and flush what waited
-    /// on the address.
+    /// ARCHITECTURE.md lists), answer requests for us (unless the frame is
+    /// a sibling shard's copy, a `replica`: learn, never answer), and flush
+    /// what waited on the address.
     pub(crate) fn receive_arp<T: Tx>(
         &mut self,
         now: Instant,
         payload: &[u8],
+        replica: bool,
         tx: &mut T,
     ) -> Result<(), DropReason> {
         let pkt = ArpPacket::new_checked(payload).map_err(|_| DropReason::ArpMalformed)?;
@@ -266,7 +249,7 @@ impl Link {
             // A reply to us adds an entry only when it answers our request
             // (the cache knows), so an unsolicited reply cannot plant one;
             // a replica learns what its sibling asked for.
-            let adds = for_us && (operation == ArpOperation::Request || self.replica);
+            let adds = for_us && (operation == ArpOperation::Request || replica);
             let waiting = (self.arp)
                 .learn(now, spa, sha, adds)
                 .map_err(|_| DropReason::ArpSpoofRefused)?;
@@ -275,7 +258,7 @@ impl Link {
         // While probing the address is not ours yet (RFC 5227 2.1.1): a
         // host that resolved us then would send to a stack whose apps have
         // not started (a SYN answered with a reset).
-        if for_us && operation == ArpOperation::Request && !self.replica && !self.probing {
+        if for_us && operation == ArpOperation::Request && !replica && !self.probing {
             self.send_arp(tx, ArpOperation::Reply, sha, spa);
             self.arp.stats.tx_replies += 1;
         }

@@ -77,6 +77,59 @@ pub struct Offloads {
     pub rx_large: bool,
 }
 
+/// What comes with one received frame besides its bytes: what the port
+/// found and stamped, and how this stack treats the frame among its
+/// sibling shards. An argument of [`crate::Stack::receive`], never state
+/// kept between frames.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxMeta {
+    /// What the port found of the transport checksum.
+    pub checksum: RxChecksum,
+    /// When the port received the frame, where it stamps frames
+    /// ([`PacketBuf::rx_timestamp`]); never after the `now` it comes with.
+    pub at: Option<Instant>,
+    /// Which shard answers for it.
+    pub role: RxRole,
+}
+
+impl RxMeta {
+    /// What a received buffer says of itself, received by `now`: its
+    /// checksum verdict and stamp, for the shard that owns it.
+    pub fn of<B: PacketBuf>(buf: &B, now: Instant) -> RxMeta {
+        RxMeta {
+            checksum: buf.rx_checksum(),
+            at: buf.rx_timestamp().map(|t| t.min(now)),
+            role: RxRole::Owner,
+        }
+    }
+}
+
+/// How a stack treats a frame among the shards of one host (see
+/// [`crate::shard`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RxRole {
+    /// Ours to answer, whatever it is.
+    #[default]
+    Owner,
+    /// Perhaps a sibling's (a driver spreading flows by its own hash): a
+    /// TCP segment matching no connection here (other than a SYN this
+    /// shard listens for) is left alone, and [`Received::PassOn`] says to
+    /// hand it to the next shard.
+    MayPass,
+    /// A copy of an ARP frame a sibling received: learn from it, never
+    /// answer (the sibling does).
+    Replica,
+}
+
+/// What became of a received frame that was not dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// Processed here (or dropped, and counted by reason).
+    Taken,
+    /// Left for the next shard ([`RxRole::MayPass`]).
+    PassOn,
+}
+
 /// A network port driven in bursts.
 pub trait Device {
     /// The device's packet buffer (a slab buffer, an mbuf).

@@ -10,7 +10,7 @@
 //! - **ARP** arrives on one queue (a NIC gives it to queue 0) but every
 //!   shard needs the neighbour: the receiving shard handles it and sends a
 //!   copy to each sibling, which learns from it without answering
-//!   ([`Stack::receive_replica`](crate::Stack::receive_replica)).
+//!   ([`Stack::receive`](crate::Stack::receive) with [`RxRole::Replica`](crate::RxRole::Replica)).
 //! - **Steered traffic**: a [`SteerRule`] names frames that one shard must
 //!   handle wherever they arrive (the software form of a NIC flow rule): an
 //!   iperf3 server's port, whose control and data connections must meet in

@@ -10,7 +10,7 @@ use super::time_wait::TwAnswer;
 use super::{FlowKey, Seq, TcpTable, local};
 use crate::events::Readiness;
 use crate::iface::link::{IpMeta, Link};
-use crate::phy::device::Tx;
+use crate::phy::device::{Received, RxChecksum, RxRole, Tx};
 use crate::stats::DropReason;
 use crate::time::Instant;
 
@@ -399,14 +399,14 @@ impl TcpTable {
         meta: IpMeta<'_>,
         body: &[u8],
         tx: &mut T,
-    ) -> Result<(), DropReason> {
+    ) -> Result<Received, DropReason> {
         if meta.broadcast {
             return Err(DropReason::TcpBroadcast);
         }
         let pkt = TcpPacket::new_checked(body).map_err(|_| DropReason::TcpMalformed)?;
         let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
         if link.checksum.tcp.rx()
-            && !link.rx_l4_good
+            && meta.rx.checksum != RxChecksum::Good
             && !crate::wire::checksum::verifies(meta.src, meta.dst, 6, body)
         {
             return Err(DropReason::TcpBadChecksum);
@@ -427,7 +427,7 @@ impl TcpTable {
         };
         if let Some(&slot) = self.flows.get(&key) {
             self.deliver(now, slot, &seg);
-            return Ok(());
+            return Ok(Received::Taken);
         }
         let mut isn_floor = None;
         if let Some(tw) = self.time_wait.get_mut(&key) {
@@ -437,9 +437,9 @@ impl TcpTable {
                         self.stats.segs_out += 1;
                         self.stats.time_wait_acks += 1;
                     }
-                    return Ok(());
+                    return Ok(Received::Taken);
                 }
-                TwAnswer::Ignore => return Ok(()),
+                TwAnswer::Ignore => return Ok(Received::Taken),
                 TwAnswer::Reopen => {
                     // A new incarnation: the listener takes its SYN below,
                     // with an ISN beyond anything the old one sent (as
@@ -454,14 +454,14 @@ impl TcpTable {
             }
         }
         let listening = self.listeners.contains_key(&dst_port);
-        if link.may_pass && !(listening && seg.hdr.syn && seg.hdr.ack.is_none()) {
+        if meta.rx.role == RxRole::MayPass && !(listening && seg.hdr.syn && seg.hdr.ack.is_none()) {
             // Perhaps a sibling shard's flow (or listener), on the wrong queue.
-            link.passed = true;
-            return Ok(());
+            return Ok(Received::PassOn);
         }
         let me = local(link.ip(), dst_port);
         if listening && !seg.hdr.rst {
-            return self.listen_input(link, now, tx, me, remote, &seg, isn_floor);
+            return (self.listen_input(link, now, tx, me, remote, &seg, isn_floor))
+                .map(|()| Received::Taken);
         }
         if !seg.hdr.rst {
             self.send_reset(link, now, tx, me, remote, &seg);

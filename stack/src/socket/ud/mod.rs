@@ -400,6 +400,8 @@ impl UdTable {
         &mut self,
         link: &mut Link,
         now: Instant,
+        // The port's receive stamp, where it has one.
+        rx_at: Option<Instant>,
         ip: Option<&[u8]>,
         udp_payload: &[u8],
     ) -> Result<(), DropReason> {
@@ -446,7 +448,7 @@ impl UdTable {
             src: Some(src),
             // The port's receive stamp where it has one (the frame may have
             // waited in the port for the loop), else this poll.
-            timestamp: link.rx_at.unwrap_or(now),
+            timestamp: rx_at.unwrap_or(now),
             ts_source: TsSource::Poll,
             buf: Some(buf),
         });
