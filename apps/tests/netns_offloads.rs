@@ -310,3 +310,49 @@ fn a_second_stack_on_a_taken_address_exits_2() {
     let (code, _, err) = first.stop();
     assert_eq!(code, 0, "{err}");
 }
+
+/// `ncat -l` under `ustack exec --pcap`, five starts in a row, each
+/// serving its one connection: the port reads and sets the interface's
+/// offloads without a child process. (It ran `ethtool -k`/`-K` as
+/// children, and ncat's SIGCHLD handler reaps every child: about two
+/// starts in three aborted.) GRO is on at each start, so each start
+/// turns it off.
+#[test]
+fn ncat_listens_under_exec_every_time() {
+    need_root!();
+    need_program!("ncat", "ncat");
+    need_program!("ethtool", "ethtool");
+    let lab = common::lab::Lab::new("on", need_preload!());
+    let topo = &lab.topo;
+    for i in 0..5 {
+        let o = topo.in_ns("stack", &["ethtool", "-K", &topo.stack_if(), "gro", "on"]);
+        assert!(o.status.success(), "ethtool -K gro on: {o:?}");
+        let server = lab.start_with(
+            common::lab::Host::Stack,
+            false,
+            false,
+            &["ncat", "-l", "10.77.0.2", "7777"],
+        );
+        let line = format!("hello {i}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let o = topo.linux(&[
+                "sh",
+                "-c",
+                &format!("echo '{line}' | nc -N -w 2 10.77.0.2 7777"),
+            ]);
+            if o.status.success() {
+                assert!(!gro_on(topo), "start {i}: GRO left on");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "start {i}: ncat -l never took a connection"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let end = server.wait();
+        assert_eq!(end.code, 0, "start {i}: {}{}", end.out, end.err);
+        assert_eq!(end.out.trim(), line, "start {i}: {}", end.err);
+    }
+}

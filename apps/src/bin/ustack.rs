@@ -285,11 +285,26 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
     };
     let (program, rest) = args.program.split_first().context("no program to run")?;
     if let Some(path) = find_program(program) {
-        if is_go_binary(&path) {
-            eprintln!(
-                "ustack: {program} is a Go program: Go makes its system calls itself, not through the C library, so LD_PRELOAD cannot carry its sockets (they would all be the kernel's); not started"
-            );
-            return Ok(ExitCode::from(2));
+        match program_kind(&path) {
+            ProgramKind::Go => {
+                eprintln!(
+                    "ustack: {program} is a Go program: Go makes its system calls itself, not through the C library, so LD_PRELOAD cannot carry its sockets (they would all be the kernel's); not started"
+                );
+                return Ok(ExitCode::from(2));
+            }
+            ProgramKind::Static => {
+                let found = path.display().to_string();
+                let named = if found == *program {
+                    found
+                } else {
+                    format!("{program} ({found})")
+                };
+                eprintln!(
+                    "ustack: {named} is statically linked: no dynamic loader runs to load the LD_PRELOAD library, so its sockets would all be the kernel's; not started"
+                );
+                return Ok(ExitCode::from(2));
+            }
+            ProgramKind::Other => {}
         }
     }
     let mut cmd = match &args.user {
@@ -405,55 +420,69 @@ fn find_program(program: &str) -> Option<std::path::PathBuf> {
         })
 }
 
-/// Whether `path` is a Go program: a 64-bit little-endian ELF file with a
-/// `.note.go.buildid` or `.go.buildinfo` section (every Go toolchain since
-/// 1.13 writes them, stripped binaries keep them). Go programs make their
-/// system calls directly, so an LD_PRELOAD library never sees their
-/// sockets.
-fn is_go_binary(path: &std::path::Path) -> bool {
-    go_sections(path).unwrap_or(false)
+/// What `ustack exec` can tell from a program's file before it runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProgramKind {
+    /// A Go program: an ELF file with Go's `.note.go.buildid` or
+    /// `.go.buildinfo` section (every Go toolchain since 1.13 writes them,
+    /// stripped binaries keep them). Go makes its system calls directly,
+    /// so an LD_PRELOAD library never sees its sockets.
+    Go,
+    /// A statically linked ELF executable: no `PT_INTERP` program header,
+    /// so no dynamic loader runs and `LD_PRELOAD` is never read.
+    Static,
+    /// Anything else: a dynamically linked program, a script (`#!`), a
+    /// file that cannot be read or parsed (exec says what is wrong).
+    Other,
 }
 
-/// [`is_go_binary`], with the file's read errors.
-fn go_sections(path: &std::path::Path) -> std::io::Result<bool> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
-    let mut h = [0u8; 64];
-    f.read_exact(&mut h)?;
-    // ELF magic, ELFCLASS64, ELFDATA2LSB.
-    if h[..4] != *b"\x7fELF" || h[4] != 2 || h[5] != 1 {
-        return Ok(false);
+/// What kind of program `path` is (see [`ProgramKind`]); the ELF file is
+/// read through the `object` crate, only the parts it looks at.
+fn program_kind(path: &std::path::Path) -> ProgramKind {
+    use object::elf::{FileHeader32, FileHeader64};
+    use object::read::{FileKind, ReadCache};
+    let Ok(file) = std::fs::File::open(path) else {
+        return ProgramKind::Other;
+    };
+    let data = ReadCache::new(file);
+    let kind = match FileKind::parse(&data) {
+        Ok(FileKind::Elf32) => elf_kind::<FileHeader32<object::Endianness>, _>(&data),
+        Ok(FileKind::Elf64) => elf_kind::<FileHeader64<object::Endianness>, _>(&data),
+        _ => Ok(ProgramKind::Other),
+    };
+    kind.unwrap_or(ProgramKind::Other)
+}
+
+/// [`program_kind`] of an ELF file of class `Elf`.
+fn elf_kind<'data, Elf, R>(data: R) -> object::Result<ProgramKind>
+where
+    Elf: object::read::elf::FileHeader,
+    R: object::ReadRef<'data>,
+{
+    use object::read::elf::{ElfFile, ProgramHeader};
+    use object::{Object, elf};
+    let file = ElfFile::<Elf, R>::parse(data)?;
+    if [".note.go.buildid", ".go.buildinfo"]
+        .iter()
+        .any(|name| file.section_by_name(name).is_some())
+    {
+        return Ok(ProgramKind::Go);
     }
-    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
-    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
-    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
-    let (shoff, shentsize, shnum, shstrndx) = (
-        u64_at(&h, 0x28),
-        u16_at(&h, 0x3a),
-        u16_at(&h, 0x3c),
-        u16_at(&h, 0x3e),
-    );
-    if shoff == 0 || shentsize < 64 || shnum == 0 || shstrndx >= shnum || shnum > 65_535 {
-        return Ok(false);
+    let endian = file.endian();
+    // Only what exec runs: an executable or a position-independent one.
+    let e_type = file.elf_header().e_type(endian);
+    if e_type != elf::ET_EXEC && e_type != elf::ET_DYN {
+        return Ok(ProgramKind::Other);
     }
-    let mut table = vec![0u8; (shentsize * shnum) as usize];
-    f.seek(SeekFrom::Start(shoff))?;
-    f.read_exact(&mut table)?;
-    let section = |i: u64| &table[(i * shentsize) as usize..((i + 1) * shentsize) as usize];
-    let strtab = section(shstrndx);
-    let (str_off, str_size) = (u64_at(strtab, 0x18), u64_at(strtab, 0x20));
-    if str_size > 1 << 20 {
-        return Ok(false);
-    }
-    let mut names = vec![0u8; str_size as usize];
-    f.seek(SeekFrom::Start(str_off))?;
-    f.read_exact(&mut names)?;
-    Ok((0..shnum).any(|i| {
-        let at = u32_at(section(i), 0) as usize;
-        let name = names.get(at..).unwrap_or(&[]);
-        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-        name == b".note.go.buildid" || name == b".go.buildinfo"
-    }))
+    let interp = file
+        .elf_program_headers()
+        .iter()
+        .any(|p| p.p_type(endian) == elf::PT_INTERP);
+    Ok(if interp {
+        ProgramKind::Other
+    } else {
+        ProgramKind::Static
+    })
 }
 
 fn loop_config(net: &NetArgs, duration: Option<f64>) -> LoopConfig {
@@ -1120,20 +1149,24 @@ fn fmt_loss(p: f64) -> String {
 
 #[cfg(test)]
 mod test {
-    use super::is_go_binary;
+    use super::{ProgramKind, program_kind};
 
     #[test]
-    fn c_programs_and_other_files_are_not_go() {
-        // This test binary is Rust: an ELF without Go's sections.
+    fn dynamic_programs_scripts_and_other_files_are_run() {
+        // This test binary is Rust, linked dynamically: an ELF with an
+        // interpreter and without Go's sections.
         let me = std::env::current_exe().expect("the test binary");
-        assert!(!is_go_binary(&me));
+        assert_eq!(program_kind(&me), ProgramKind::Other);
         let dir = tempfile::tempdir().expect("a temp dir");
         let text = dir.path().join("script.sh");
         std::fs::write(&text, "#!/bin/sh\necho hi\n").unwrap();
-        assert!(!is_go_binary(&text));
+        assert_eq!(program_kind(&text), ProgramKind::Other);
         let short = dir.path().join("short");
         std::fs::write(&short, b"\x7fELF").unwrap();
-        assert!(!is_go_binary(&short));
-        assert!(!is_go_binary(&dir.path().join("missing")));
+        assert_eq!(program_kind(&short), ProgramKind::Other);
+        assert_eq!(
+            program_kind(&dir.path().join("missing")),
+            ProgramKind::Other
+        );
     }
 }

@@ -15,19 +15,24 @@
 //!   it and, when allowed (`--accept-partial-checksum`), completes the
 //!   checksum ([`complete_checksum`]).
 //! - **The interface's own offloads.** [`OffloadGuard`] turns GRO and LRO
-//!   off on the stack's interface through `ethtool` (with CAP_NET_ADMIN)
-//!   and puts them back when dropped; without the right, it says which
-//!   command to run.
+//!   off on the stack's interface (with CAP_NET_ADMIN) and puts them back
+//!   when dropped; without the right, it says which `ethtool -K` command
+//!   to run. It reads and sets them with the ethtool ioctl
+//!   (`ustack-ethtool`), never by running `ethtool`: the port opens inside
+//!   programs under `ustack exec`, and one that reaps every child on
+//!   SIGCHLD (ncat) took the child's status from us (or we its).
 
 pub use ustack::offload::{
     complete_checksum, is_partial_checksum, l4_checksum_ok, split_aggregate,
 };
 
-/// The interface offloads that change the frames a capture sees, by
-/// `ethtool -k`'s names, with the short names `ethtool -K` takes.
+/// The interface offloads that change the frames a capture sees, by the
+/// kernel's feature names (`ethtool -k` shows them as
+/// generic-receive-offload, large-receive-offload, rx-gro-hw), with the
+/// short names `ethtool -K` takes.
 const RECEIVE_OFFLOADS: [(&str, &str); 3] = [
-    ("generic-receive-offload", "gro"),
-    ("large-receive-offload", "lro"),
+    ("rx-gro", "gro"),
+    ("rx-lro", "lro"),
     ("rx-gro-hw", "rx-gro-hw"),
 ];
 
@@ -43,7 +48,7 @@ pub enum OffloadOutcome {
     LeftOn {
         /// `ethtool -K IF ... off`.
         command: String,
-        /// Why (no CAP_NET_ADMIN, no ethtool).
+        /// Why (no CAP_NET_ADMIN: "Operation not permitted").
         why: String,
     },
 }
@@ -55,46 +60,26 @@ pub struct OffloadGuard {
     restore: Vec<String>,
 }
 
-/// `ethtool -k IF`: each receive offload that is on and not fixed.
+/// Each receive offload of `iface` that is on and not fixed, by its
+/// `ethtool -K` name.
 fn receive_offloads_on(iface: &str) -> Result<Vec<&'static str>, String> {
-    let out = std::process::Command::new("ethtool")
-        .args(["-k", iface])
-        .output()
-        .map_err(|e| format!("cannot run ethtool ({e})"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let features = ustack_ethtool::features(iface).map_err(|e| e.to_string())?;
     Ok(RECEIVE_OFFLOADS
         .iter()
-        .filter(|(long, _)| {
-            text.lines().any(|l| {
-                l.trim_start().strip_prefix(long).is_some_and(|rest| {
-                    let v = rest.trim_start_matches(':').trim();
-                    v.starts_with("on") && !v.contains("[fixed]")
-                })
-            })
-        })
+        .filter(|(name, _)| features.get(name).is_some_and(|f| f.active && !f.fixed))
         .map(|(_, short)| *short)
         .collect())
 }
 
-/// `ethtool -K IF NAME VALUE...`.
-fn set_offloads(iface: &str, names: &[&str], value: &str) -> Result<(), String> {
-    let mut args = vec!["-K".to_string(), iface.to_string()];
-    for n in names {
-        args.push((*n).to_string());
-        args.push(value.to_string());
-    }
-    let out = std::process::Command::new("ethtool")
-        .args(&args)
-        .output()
-        .map_err(|e| format!("cannot run ethtool ({e})"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
+/// Ask for the receive offloads named (by their `ethtool -K` names) on or
+/// off, as `ethtool -K IF NAME on|off...` would (CAP_NET_ADMIN).
+fn set_offloads(iface: &str, names: &[&str], on: bool) -> Result<(), String> {
+    let changes: Vec<(&str, bool)> = RECEIVE_OFFLOADS
+        .iter()
+        .filter(|(_, short)| names.contains(short))
+        .map(|(name, _)| (*name, on))
+        .collect();
+    ustack_ethtool::set_features(iface, &changes).map_err(|e| e.to_string())
 }
 
 impl OffloadGuard {
@@ -105,7 +90,7 @@ impl OffloadGuard {
         let on = match receive_offloads_on(iface) {
             Ok(on) if on.is_empty() => return (None, OffloadOutcome::AlreadyOff),
             Ok(on) => on,
-            // No ethtool, or an interface it cannot query: nothing known.
+            // An interface the ioctl cannot query: nothing known.
             Err(_) => return (None, OffloadOutcome::AlreadyOff),
         };
         let command = format!(
@@ -115,7 +100,7 @@ impl OffloadGuard {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        match set_offloads(iface, &on, "off") {
+        match set_offloads(iface, &on, false) {
             Ok(()) => {
                 let names: Vec<String> = on.iter().map(|s| (*s).to_string()).collect();
                 (
@@ -134,7 +119,7 @@ impl OffloadGuard {
 impl Drop for OffloadGuard {
     fn drop(&mut self) {
         let names: Vec<&str> = self.restore.iter().map(String::as_str).collect();
-        if let Err(e) = set_offloads(&self.iface, &names, "on") {
+        if let Err(e) = set_offloads(&self.iface, &names, true) {
             tracing::warn!(
                 "pcap on {}: could not turn {} back on: {e}",
                 self.iface,
