@@ -12,17 +12,15 @@
 use core::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use smoltcp::wire::{
-    ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress, EthernetFrame, EthernetProtocol,
-    IPV4_HEADER_LEN as IP_LEN, Icmpv4DstUnreachable, IpProtocol, Ipv4Packet,
-};
+use smoltcp::wire::{EthernetAddress, Icmpv4DstUnreachable, IpProtocol};
 use tracing::trace;
 
 use crate::events::Event;
-use crate::iface::frag::{FragKey, Reassembler};
+use crate::iface::frag::Reassembler;
 use crate::iface::icmp::{IcmpOutcome, PingEvent, PingHandle, PingTable};
+use crate::iface::input::{self, Ipv4In};
 use crate::iface::link::{IpMeta, Link};
-use crate::phy::device::{Received, RxChecksum, RxMeta, RxRole, Tx};
+use crate::phy::device::{Received, RxMeta, Tx};
 use crate::socket::tcp::{ConnInfo, ListenHandle, TcpHandle, TcpStatus, TcpTable};
 use crate::socket::ud::{Completion, QpConfig, QpHandle, SendWr, UdError, UdTable, UdTransport};
 use crate::socket::udp::{UdpHandle, UdpReuse, UdpTable};
@@ -187,115 +185,15 @@ impl Stack {
         rx: RxMeta,
         tx: &mut T,
     ) -> Result<Received, DropReason> {
-        let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::EthTruncated)?;
-        if frame.len() > ETH_LEN + self.link.cfg.mtu
-            && !(self.link.offloads.rx_large && frame.len() <= ETH_LEN + usize::from(u16::MAX))
-        {
-            return Err(DropReason::EthOversize);
-        }
-        let dst = eth.dst_addr();
-        if dst != self.link.cfg.mac && !dst.is_broadcast() {
-            return Err(DropReason::EthNotForUs);
-        }
-        let src = eth.src_addr();
-        if !src.is_unicast() {
-            return Err(DropReason::EthBadSource);
-        }
-        match eth.ethertype() {
-            EthernetProtocol::Arp => {
-                let replica = rx.role == RxRole::Replica;
-                (self.link.receive_arp(now, eth.payload(), replica, tx)).map(|()| Received::Taken)
+        match input::ethernet(&mut self.link, &mut self.frags, now, frame, rx, tx)? {
+            Ipv4In::Done => Ok(Received::Taken),
+            Ipv4In::Datagram { meta, body, packet } => {
+                self.process_transport(now, meta, body, Some(packet), tx)
             }
-            EthernetProtocol::Ipv4 => self.process_ipv4(now, eth.payload(), rx, tx),
-            _ => Err(DropReason::EthUnknownType),
+            Ipv4In::Reassembled(whole) => {
+                self.process_transport(now, whole.meta(), &whole.datagram.payload, None, tx)
+            }
         }
-    }
-
-    fn process_ipv4<T: Tx>(
-        &mut self,
-        now: Instant,
-        payload: &[u8],
-        rx: RxMeta,
-        tx: &mut T,
-    ) -> Result<Received, DropReason> {
-        if payload.len() < IP_LEN {
-            return Err(DropReason::Ipv4Truncated);
-        }
-        let pkt = Ipv4Packet::new_unchecked(payload);
-        if pkt.version() != 4 {
-            return Err(DropReason::Ipv4BadVersion);
-        }
-        let hl = usize::from(pkt.header_len());
-        if hl < IP_LEN {
-            return Err(DropReason::Ipv4BadHeaderLen);
-        }
-        if hl > payload.len() {
-            return Err(DropReason::Ipv4Truncated);
-        }
-        let tl = usize::from(pkt.total_len());
-        if tl < hl || tl > payload.len() {
-            return Err(DropReason::Ipv4BadTotalLen);
-        }
-        if !crate::iface::link::ipv4_checksum_ok(&payload[..hl]) {
-            return Err(DropReason::Ipv4BadChecksum);
-        }
-        let (src, dst) = (pkt.src_addr(), pkt.dst_addr());
-        let me = self.ip();
-        let subnet_broadcast = self.link.subnet_broadcast();
-        let broadcast = dst.is_broadcast() || Some(dst) == subnet_broadcast;
-        if dst != me && !broadcast {
-            return Err(DropReason::Ipv4NotForUs);
-        }
-        if src.is_broadcast()
-            || src.is_multicast()
-            || src.is_unspecified()
-            || src == me
-            || Some(src) == subnet_broadcast
-        {
-            return Err(DropReason::Ipv4BadSource);
-        }
-        self.link.stats.ipv4.rx_packets += 1;
-        self.link.stats.ipv4.rx_bytes += tl as u64;
-        let meta = IpMeta {
-            src,
-            dst,
-            protocol: pkt.next_header(),
-            ttl: pkt.hop_limit(),
-            broadcast,
-            header: &payload[..hl],
-            rx,
-        };
-        let body = &payload[hl..tl];
-        if pkt.more_frags() || pkt.frag_offset() != 0 {
-            self.link.stats.ipv4.rx_fragments += 1;
-            let key = FragKey {
-                src,
-                dst,
-                ident: pkt.ident(),
-                protocol: meta.protocol.into(),
-            };
-            let offset = usize::from(pkt.frag_offset());
-            return match self
-                .frags
-                .insert(now, key, offset, pkt.more_frags(), meta.header, body)?
-            {
-                None => Ok(Received::Taken),
-                Some(whole) => {
-                    self.link.stats.ipv4.reassembled += 1;
-                    let meta = IpMeta {
-                        ttl: whole.ttl(),
-                        header: &whole.header,
-                        rx: RxMeta {
-                            checksum: RxChecksum::Unknown,
-                            ..rx
-                        },
-                        ..meta
-                    };
-                    self.process_transport(now, meta, &whole.payload, None, tx)
-                }
-            };
-        }
-        self.process_transport(now, meta, body, Some(&payload[..tl]), tx)
     }
 
     fn process_transport<T: Tx>(
@@ -713,6 +611,10 @@ mod test {
     use smoltcp::wire::{
         ArpOperation, ArpPacket, ArpRepr, EthernetRepr, Icmpv4Message, Icmpv4Packet, Icmpv4Repr,
         IpAddress, Ipv4Cidr, UdpPacket, UdpRepr,
+    };
+    use smoltcp::wire::{
+        ETHERNET_HEADER_LEN as ETH_LEN, EthernetFrame, EthernetProtocol, IPV4_HEADER_LEN as IP_LEN,
+        Ipv4Packet,
     };
 
     const OUR_MAC: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 1]);

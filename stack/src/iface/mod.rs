@@ -6,4 +6,5 @@
 pub mod arp;
 pub mod frag;
 pub mod icmp;
+pub(crate) mod input;
 pub(crate) mod link;

@@ -1,0 +1,183 @@
+//! The receive path below the transports: an Ethernet frame checked and
+//! demultiplexed, ARP answered, an IPv4 header validated and fragments
+//! reassembled. What is left for the transports comes back as an
+//! [`Ipv4In`]; every refusal is one [`DropReason`].
+
+use smoltcp::wire::{
+    ETHERNET_HEADER_LEN as ETH_LEN, EthernetFrame, EthernetProtocol, IPV4_HEADER_LEN as IP_LEN,
+    IpProtocol, Ipv4Packet,
+};
+
+use crate::iface::frag::{FragKey, Reassembled, Reassembler};
+use crate::iface::link::{IpMeta, Link, ipv4_checksum_ok};
+use crate::phy::device::{RxChecksum, RxMeta, RxRole, Tx};
+use crate::stats::DropReason;
+use crate::time::Instant;
+
+/// What the layers below the transports made of a frame.
+#[derive(Debug)]
+pub(crate) enum Ipv4In<'a> {
+    /// Nothing left for a transport: an ARP packet, or a fragment held
+    /// until its datagram is whole.
+    Done,
+    /// A datagram for a transport, in the frame.
+    Datagram {
+        /// Its header's facts.
+        meta: IpMeta<'a>,
+        /// The payload (the transport's header and data).
+        body: &'a [u8],
+        /// The whole IPv4 packet, header included.
+        packet: &'a [u8],
+    },
+    /// A datagram joined from fragments (its bytes are its own).
+    Reassembled(Whole),
+}
+
+/// A reassembled datagram with what its last fragment came with.
+#[derive(Debug)]
+pub(crate) struct Whole {
+    /// The datagram.
+    pub(crate) datagram: Reassembled,
+    broadcast: bool,
+    rx: RxMeta,
+}
+
+impl Whole {
+    /// Its header's facts (the first fragment's header and TTL; no port
+    /// checksum verdict applies to a joined datagram).
+    pub(crate) fn meta(&self) -> IpMeta<'_> {
+        let key = self.datagram.key;
+        IpMeta {
+            src: key.src,
+            dst: key.dst,
+            protocol: IpProtocol::from(key.protocol),
+            ttl: self.datagram.ttl(),
+            broadcast: self.broadcast,
+            header: &self.datagram.header,
+            rx: RxMeta {
+                checksum: RxChecksum::Unknown,
+                ..self.rx
+            },
+        }
+    }
+}
+
+/// Check an Ethernet frame for us, answer or learn from ARP, and pass an
+/// IPv4 packet on to [`ipv4`].
+pub(crate) fn ethernet<'a, T: Tx>(
+    link: &mut Link,
+    frags: &mut Reassembler,
+    now: Instant,
+    frame: &'a [u8],
+    rx: RxMeta,
+    tx: &mut T,
+) -> Result<Ipv4In<'a>, DropReason> {
+    let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::EthTruncated)?;
+    if frame.len() > ETH_LEN + link.cfg.mtu
+        && !(link.offloads.rx_large && frame.len() <= ETH_LEN + usize::from(u16::MAX))
+    {
+        return Err(DropReason::EthOversize);
+    }
+    let dst = eth.dst_addr();
+    if dst != link.cfg.mac && !dst.is_broadcast() {
+        return Err(DropReason::EthNotForUs);
+    }
+    if !eth.src_addr().is_unicast() {
+        return Err(DropReason::EthBadSource);
+    }
+    let payload = &frame[ETH_LEN..];
+    match eth.ethertype() {
+        EthernetProtocol::Arp => {
+            let replica = rx.role == RxRole::Replica;
+            link.receive_arp(now, payload, replica, tx)?;
+            Ok(Ipv4In::Done)
+        }
+        EthernetProtocol::Ipv4 => ipv4(link, frags, now, payload, rx),
+        _ => Err(DropReason::EthUnknownType),
+    }
+}
+
+/// Validate an IPv4 packet (RFC 1122 3.2.1: version, lengths, checksum,
+/// addressed to us, a source that can be a host) and reassemble fragments.
+pub(crate) fn ipv4<'a>(
+    link: &mut Link,
+    frags: &mut Reassembler,
+    now: Instant,
+    payload: &'a [u8],
+    rx: RxMeta,
+) -> Result<Ipv4In<'a>, DropReason> {
+    if payload.len() < IP_LEN {
+        return Err(DropReason::Ipv4Truncated);
+    }
+    let pkt = Ipv4Packet::new_unchecked(payload);
+    if pkt.version() != 4 {
+        return Err(DropReason::Ipv4BadVersion);
+    }
+    let hl = usize::from(pkt.header_len());
+    if hl < IP_LEN {
+        return Err(DropReason::Ipv4BadHeaderLen);
+    }
+    if hl > payload.len() {
+        return Err(DropReason::Ipv4Truncated);
+    }
+    let tl = usize::from(pkt.total_len());
+    if tl < hl || tl > payload.len() {
+        return Err(DropReason::Ipv4BadTotalLen);
+    }
+    if !ipv4_checksum_ok(&payload[..hl]) {
+        return Err(DropReason::Ipv4BadChecksum);
+    }
+    let (src, dst) = (pkt.src_addr(), pkt.dst_addr());
+    let me = link.ip();
+    let subnet_broadcast = link.subnet_broadcast();
+    let broadcast = dst.is_broadcast() || Some(dst) == subnet_broadcast;
+    if dst != me && !broadcast {
+        return Err(DropReason::Ipv4NotForUs);
+    }
+    if src.is_broadcast()
+        || src.is_multicast()
+        || src.is_unspecified()
+        || src == me
+        || Some(src) == subnet_broadcast
+    {
+        return Err(DropReason::Ipv4BadSource);
+    }
+    link.stats.ipv4.rx_packets += 1;
+    link.stats.ipv4.rx_bytes += tl as u64;
+    let meta = IpMeta {
+        src,
+        dst,
+        protocol: pkt.next_header(),
+        ttl: pkt.hop_limit(),
+        broadcast,
+        header: &payload[..hl],
+        rx,
+    };
+    let body = &payload[hl..tl];
+    if !pkt.more_frags() && pkt.frag_offset() == 0 {
+        return Ok(Ipv4In::Datagram {
+            meta,
+            body,
+            packet: &payload[..tl],
+        });
+    }
+    link.stats.ipv4.rx_fragments += 1;
+    let key = FragKey {
+        src,
+        dst,
+        ident: pkt.ident(),
+        protocol: meta.protocol.into(),
+    };
+    let offset = usize::from(pkt.frag_offset());
+    match frags.insert(now, key, offset, pkt.more_frags(), meta.header, body)? {
+        None => Ok(Ipv4In::Done),
+        Some(datagram) => {
+            link.stats.ipv4.reassembled += 1;
+            Ok(Ipv4In::Reassembled(Whole {
+                datagram,
+                broadcast,
+                rx,
+            }))
+        }
+    }
+}
