@@ -44,6 +44,7 @@
 //! functions' raw arguments and the C library's functions.
 #![deny(missing_docs)]
 
+mod cmsg;
 mod exports;
 mod fd;
 mod inspect;

@@ -542,7 +542,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             let mut p = stack_iface().1.to_ne_bytes().to_vec();
             p.extend_from_slice(&local.ip().octets());
             p.extend_from_slice(&local.ip().octets());
-            Ok(crate::exports::cmsgs(&[(IP, libc::IP_PKTINFO, &p)], usize::MAX).0)
+            Ok(crate::cmsg::cmsgs(&[(IP, libc::IP_PKTINFO, &p)], usize::MAX).0)
         }
         (IP, libc::IP_MTU) => {
             // The path MTU of a connected socket (Linux: ENOTCONN before).

@@ -1,5 +1,5 @@
 //! The socket calls on ustack sockets, in Rust terms: each returns its
-//! value or the errno Linux would give. `exports.rs` turns C arguments into
+//! value or the errno Linux would give. `exports/` turns C arguments into
 //! these and these into C results.
 
 use std::ffi::c_int;
