@@ -3,7 +3,7 @@
 
 use std::ffi::c_int;
 
-use crate::sock::Res;
+use crate::real::Res;
 
 /// Control messages in the kernel's layout (`struct cmsghdr`, each padded
 /// to the size of a long) for a buffer of `room` bytes: the bytes, and

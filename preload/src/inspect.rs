@@ -20,8 +20,9 @@ use std::sync::Arc;
 use libc::{size_t, ssize_t};
 
 use crate::fd::{self, Kind, Sock};
+use crate::real::Res;
 use crate::real::{real, set_errno};
-use crate::sock::Res;
+use crate::sock;
 
 /// A socket's mode bits, as Linux reports them (`S_IFSOCK | 0777`).
 const SOCK_MODE: u32 = libc::S_IFSOCK | 0o777;
@@ -29,7 +30,7 @@ const SOCK_MODE: u32 = libc::S_IFSOCK | 0o777;
 /// The ustack socket a descriptor number names (checked: a number closed
 /// behind the layer's back is not taken for one).
 fn socket_of(fd: c_int) -> Option<Arc<Sock>> {
-    fd::get_checked(fd)
+    sock::get_checked(fd)
 }
 
 /// Make an eventfd's `stat` a socket's.

@@ -18,6 +18,7 @@ use libc::{iovec, msghdr, off_t, size_t, sockaddr, socklen_t};
 use crate::exports::{descriptors, io, msg, readiness, socket};
 use crate::fd;
 use crate::real::sys;
+use crate::sock;
 
 /// `syscall(3)`: variadic in C; the C library's reads six argument words,
 /// and so does this one (on x86-64 and aarch64 a variadic caller passes
@@ -285,8 +286,8 @@ unsafe fn made(n: c_long, a: [c_long; 6], r: c_long) {
         if !fds.is_null() {
             // SAFETY: the kernel filled two ints there.
             unsafe {
-                fd::fresh(*fds);
-                fd::fresh(*fds.add(1));
+                sock::fresh(*fds);
+                sock::fresh(*fds.add(1));
             }
         }
     };
@@ -314,13 +315,13 @@ unsafe fn made(n: c_long, a: [c_long; 6], r: c_long) {
         | libc::SYS_perf_event_open
         | libc::SYS_fanotify_init
         | libc::SYS_open_by_handle_at
-        | libc::SYS_io_uring_setup => fd::fresh(r as c_int),
+        | libc::SYS_io_uring_setup => sock::fresh(r as c_int),
         libc::SYS_fcntl if matches!(a[1] as c_int, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) => {
-            fd::fresh(r as c_int)
+            sock::fresh(r as c_int)
         }
         libc::SYS_epoll_create | libc::SYS_epoll_create1 => {
-            fd::fresh(r as c_int);
-            if crate::state::planned() {
+            sock::fresh(r as c_int);
+            if crate::lifecycle::planned() {
                 crate::poll::created(r as c_int);
             }
         }

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use libc::{iovec, sockaddr, sockaddr_in, socklen_t};
 
 use crate::fd::{self, Sock};
+use crate::real::Res;
 use crate::real::set_errno;
-use crate::sock::Res;
+use crate::sock;
 use crate::state::forked;
 
 /// A ustack socket's descriptor: its socket, or an errno to fail with (a
@@ -23,14 +24,14 @@ pub(super) fn ours(fd: c_int) -> Option<Result<Arc<Sock>, c_int>> {
 /// the calls off the data path, where a number closed behind the layer's
 /// back and reused by the kernel must not be taken for a socket.
 pub(super) fn ours_checked(fd: c_int) -> Option<Result<Arc<Sock>, c_int>> {
-    owned(fd::get_checked(fd)?)
+    owned(sock::get_checked(fd)?)
 }
 
 /// A ustack socket of this process, or EBADF (said once) in a forked child
 /// without the stack.
 pub(super) fn owned(s: Arc<Sock>) -> Option<Result<Arc<Sock>, c_int>> {
     if forked() {
-        crate::notice("forked", || {
+        crate::report::notice("forked", || {
             format!(
                 "process {} used a socket its parent opened on ustack: the stack stays with the parent, so calls on it fail here with EBADF (only close works; ustack exec --fork child moves the stack to the child)",
                 std::process::id()
@@ -58,7 +59,9 @@ pub(super) fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {
-            crate::unsupported("a call that failed inside the layer (a bug; please report it)");
+            crate::report::unsupported(
+                "a call that failed inside the layer (a bug; please report it)",
+            );
             set_errno(libc::EIO);
             fallback
         }

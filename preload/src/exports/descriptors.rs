@@ -9,8 +9,9 @@ use crate::exports::args::{guard, ours_checked};
 use crate::fd::{self, Sock};
 use crate::own;
 use crate::poll;
+use crate::real::Res;
 use crate::real::{real, set_errno};
-use crate::sock::{self, Res};
+use crate::sock;
 use crate::state::forked;
 
 /// `close(2)`.
@@ -24,7 +25,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         set_errno(libc::EBADF);
         return -1;
     }
-    if fd::get_checked(fd).is_some() {
+    if sock::get_checked(fd).is_some() {
         if forked() {
             // The parent's socket: only this process's descriptor goes.
             if let Some(s) = fd::remove(fd) {
@@ -117,7 +118,7 @@ pub unsafe extern "C" fn closefrom(low: c_int) {
 fn adopt_dup(old: &Arc<Sock>, new: c_int) -> c_int {
     if new >= 0 {
         old.add_fd(new);
-        fd::insert(new, old.clone());
+        sock::insert(new, old.clone());
     }
     new
 }
@@ -133,7 +134,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     match ours_checked(fd) {
         Some(Ok(s)) => adopt_dup(&s, new),
         _ => {
-            fd::fresh(new);
+            sock::fresh(new);
             new
         }
     }
@@ -163,7 +164,7 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     match ours_checked(old) {
         Some(Ok(s)) => adopt_dup(&s, r),
         _ => {
-            fd::fresh(r);
+            sock::fresh(r);
             r
         }
     }
@@ -194,7 +195,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
         // SAFETY: passing the call on.
         let r = unsafe { (real().fcntl)(fd, cmd, arg) };
         if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
-            fd::fresh(r);
+            sock::fresh(r);
         }
         return r;
     };
@@ -282,7 +283,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
         libc::FIOCLEX | libc::FIONCLEX => unsafe { (real().ioctl)(fd, req, arg) },
         r if crate::inspect::socket_ioctl_name(r).is_some() => {
             let name = crate::inspect::socket_ioctl_name(r).unwrap_or("?");
-            crate::unsupported(&format!(
+            crate::report::unsupported(&format!(
                 "ioctl {name} ({r:#x}) on a ustack socket (ENOTTY)"
             ));
             set_errno(libc::ENOTTY);
@@ -310,7 +311,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
             -1
         }
         r => {
-            crate::unsupported(&format!("ioctl {r:#x} on a ustack socket (ENOTTY)"));
+            crate::report::unsupported(&format!("ioctl {r:#x} on a ustack socket (ENOTTY)"));
             set_errno(libc::ENOTTY);
             -1
         }

@@ -11,6 +11,7 @@ use crate::exports::io::fortify_fail;
 use crate::fd::{self};
 use crate::poll;
 use crate::real::real;
+use crate::sock;
 use crate::state::forked;
 
 fn timeout_of_ms(ms: c_int) -> Option<Duration> {
@@ -183,10 +184,10 @@ pub unsafe extern "C" fn pselect(
 pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
     // SAFETY: passing the call on.
     let fd = unsafe { (real().epoll_create)(size) };
-    fd::fresh(fd);
+    sock::fresh(fd);
     // Tracked before the stack starts too: a program makes its epoll sets
     // first and adds sockets later (memcached's workers).
-    if fd >= 0 && crate::state::planned() {
+    if fd >= 0 && crate::lifecycle::planned() {
         poll::created(fd);
     }
     fd
@@ -200,10 +201,10 @@ pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
 pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
     // SAFETY: passing the call on.
     let fd = unsafe { (real().epoll_create1)(flags) };
-    fd::fresh(fd);
+    sock::fresh(fd);
     // Tracked before the stack starts too: a program makes its epoll sets
     // first and adds sockets later (memcached's workers).
-    if fd >= 0 && crate::state::planned() {
+    if fd >= 0 && crate::lifecycle::planned() {
         poll::created(fd);
     }
     fd

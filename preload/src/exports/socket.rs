@@ -6,7 +6,6 @@ use std::ffi::{c_int, c_void};
 use libc::{sockaddr, socklen_t};
 
 use crate::exports::args::{guard, ours_checked, read_addr, ret, write_addr};
-use crate::fd::{self};
 use crate::real::{real, set_errno};
 use crate::sock::{self};
 
@@ -21,7 +20,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         let stream = base == libc::SOCK_STREAM && (protocol == 0 || protocol == libc::IPPROTO_TCP);
         let dgram = base == libc::SOCK_DGRAM && (protocol == 0 || protocol == libc::IPPROTO_UDP);
         // The first such socket of the program starts the stack.
-        if (stream || dgram) && crate::state::start_for_socket().is_some() {
+        if (stream || dgram) && crate::lifecycle::start_for_socket().is_some() {
             let nb = ty & libc::SOCK_NONBLOCK != 0;
             let cx = ty & libc::SOCK_CLOEXEC != 0;
             return guard(-1, || {
@@ -31,9 +30,9 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     }
     if domain == libc::AF_INET6
         && matches!(ty & 0xf, libc::SOCK_STREAM | libc::SOCK_DGRAM)
-        && crate::state::planned()
+        && crate::lifecycle::planned()
     {
-        crate::notice("inet6", || {
+        crate::report::notice("inet6", || {
             format!(
                 "process {} opened an AF_INET6 socket: it runs on the kernel's network stack (ustack carries IPv4 only so far; ask the program for IPv4, e.g. iperf3 -4 or an IPv4 bind address)",
                 std::process::id()
@@ -42,7 +41,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     }
     // SAFETY: the C library's socket with the caller's arguments.
     let fd = unsafe { (real().socket)(domain, ty, protocol) };
-    fd::fresh(fd);
+    sock::fresh(fd);
     fd
 }
 
@@ -95,7 +94,7 @@ pub unsafe extern "C" fn accept4(
         None => {
             // SAFETY: passing the call on.
             let new = unsafe { (real().accept4)(fd, addr, len, flags) };
-            fd::fresh(new);
+            sock::fresh(new);
             new
         }
         Some(s) => guard(-1, || {
