@@ -152,16 +152,19 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
             ) as c_long,
             libc::SYS_recvmsg => msg::recvmsg(fd_arg(a1), a2 as *mut msghdr, a3 as c_int) as c_long,
             libc::SYS_sendmsg => msg::sendmsg(fd_arg(a1), a2 as *const msghdr, a3 as c_int) as c_long,
-            libc::SYS_sendmmsg => {
-                mmsg(a2 as *mut libc::mmsghdr, a3 as c_uint, a4 as c_int, |m, f| {
-                    msg::sendmsg(fd_arg(a1), m, f)
-                })
-            }
-            libc::SYS_recvmmsg => {
-                mmsg(a2 as *mut libc::mmsghdr, a3 as c_uint, a4 as c_int, |m, f| {
-                    msg::recvmsg(fd_arg(a1), m, f)
-                })
-            }
+            libc::SYS_sendmmsg => c_long::from(msg::sendmmsg(
+                fd_arg(a1),
+                a2 as *mut libc::mmsghdr,
+                a3 as c_uint,
+                a4 as c_int,
+            )),
+            libc::SYS_recvmmsg => c_long::from(msg::recvmmsg(
+                fd_arg(a1),
+                a2 as *mut libc::mmsghdr,
+                a3 as c_uint,
+                a4 as c_int,
+                a5 as *mut libc::timespec,
+            )),
             libc::SYS_sendfile => {
                 io::sendfile(fd_arg(a1), fd_arg(a2), a3 as *mut off_t, a4 as size_t) as c_long
             }
@@ -234,44 +237,6 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
         }
     };
     Some(r)
-}
-
-/// `sendmmsg`/`recvmmsg` made by raw call (libuv 1.44 makes them so) on
-/// a ustack socket: one message at a time through `one` (the layer's
-/// `sendmsg`/`recvmsg`), each message's length written back; after the
-/// first, a receive does not wait (a `recvmmsg` timeout is not kept: the
-/// call returns with what is queued). The count done, or -1 with errno
-/// when the first fails.
-///
-/// # Safety
-/// `v` valid for `n` messages.
-unsafe fn mmsg(
-    v: *mut libc::mmsghdr,
-    n: c_uint,
-    flags: c_int,
-    mut one: impl FnMut(*mut msghdr, c_int) -> isize,
-) -> c_long {
-    if v.is_null() && n > 0 {
-        crate::real::set_errno(libc::EFAULT);
-        return -1;
-    }
-    let mut done: c_long = 0;
-    for i in 0..n.min(1024) as usize {
-        let f = if i > 0 {
-            (flags & !libc::MSG_WAITFORONE) | libc::MSG_DONTWAIT
-        } else {
-            flags & !libc::MSG_WAITFORONE
-        };
-        // SAFETY: the caller's array of `n` messages.
-        let m = unsafe { &mut *v.add(i) };
-        let r = one(&mut m.msg_hdr, f);
-        if r < 0 {
-            return if done > 0 { done } else { -1 };
-        }
-        m.msg_len = r as c_uint;
-        done += 1;
-    }
-    done
 }
 
 /// After a call the kernel answered: the new descriptors it made (a
