@@ -1475,6 +1475,74 @@ fn udp_full_send_queue_nonblocking_gives_eagain() {
     assert!(r["eagain"].as_u64().unwrap() > 0, "no EAGAIN: {r}");
 }
 
+// ------------------------------------------------------------ silent peers
+
+/// A client script against an echo peer (`PEER`, on ustack) that falls
+/// silent: both scripts written to the lab, and the peer's two ports.
+struct SilentPeer<'a> {
+    lab: &'a Lab,
+    peer_py: String,
+    client_py: String,
+    ports: [&'static str; 2],
+}
+
+impl<'a> SilentPeer<'a> {
+    /// Write `PEER` and the client script `client` (as file `name`).
+    fn new(lab: &'a Lab, client: &str, name: &str, ports: [&'static str; 2]) -> Self {
+        let peer_py = lab.path("peer.py");
+        std::fs::write(&peer_py, PEER).unwrap();
+        let client_py = lab.path(name);
+        std::fs::write(&client_py, client).unwrap();
+        SilentPeer {
+            lab,
+            peer_py: peer_py.display().to_string(),
+            client_py: client_py.display().to_string(),
+            ports,
+        }
+    }
+
+    /// An echo server on ustack at `ip` (`host`), answering "ready".
+    fn start(&self, host: Host, ip: &str) -> Preloaded {
+        let [p1, p2] = self.ports;
+        let program = [PYTHON, &self.peer_py, ip, p1, p2];
+        let mut peer = self.lab.start_with(host, false, false, &program);
+        use std::io::BufRead;
+        let out = peer.daemon.child.as_mut().unwrap().stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the peer did not start");
+        peer
+    }
+}
+
+/// Wait for the client's marker, silence the peer (SIGSTOP) until the
+/// client has ended (`ended`), then end the peer.
+fn silence_peer_while(peer: Preloaded, marker: &Path, ended: &mut dyn FnMut() -> bool) {
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &peer.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} the peer");
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the client never got going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal("-STOP");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ended() {
+        if Instant::now() >= deadline {
+            signal("-CONT");
+            panic!("the client still waits 60 s after its peer fell silent");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal("-CONT");
+    drop(peer);
+}
+
 // ------------------------------------------------------------ keepalive
 
 /// Connect, check the echo, turn keepalive on (1 s idle, 1 s between
@@ -1510,53 +1578,10 @@ fn keepalive_times_out_a_silent_peer_as_linux_does() {
     need_program!(PYTHON, "python3");
     let _turn = serial();
     let lab = Lab::new("pk", need_preload!());
-    let peer_py = lab.path("peer.py");
-    std::fs::write(&peer_py, PEER).unwrap();
-    let client_py = lab.path("keepalive.py");
-    std::fs::write(&client_py, KEEPALIVE).unwrap();
-    let (peer_py, client_py) = (
-        peer_py.display().to_string(),
-        client_py.display().to_string(),
-    );
-    // An echo server on ustack at `ip` (`host`), answering "ready".
-    let start_peer = |host: Host, ip: &str| {
-        let mut peer = lab.start_with(host, false, false, &[PYTHON, &peer_py, ip, "7101", "7102"]);
-        use std::io::BufRead;
-        let out = peer.daemon.child.as_mut().unwrap().stdout.take().unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(out).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "the peer did not start");
-        peer
-    };
-    // Wait for the client's marker, silence the peer (SIGSTOP) until the
-    // client has ended, then end the peer.
-    let silence_while = |peer: Preloaded, marker: &Path, ended: &mut dyn FnMut() -> bool| {
-        let signal = |sig: &str| {
-            let ok = Command::new("kill")
-                .args([sig, &peer.pid().to_string()])
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "kill {sig} the peer");
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !marker.exists() {
-            assert!(Instant::now() < deadline, "the client never got going");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        signal("-STOP");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !ended() {
-            if Instant::now() >= deadline {
-                signal("-CONT");
-                panic!("the client still waits 60 s after its peer fell silent");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        signal("-CONT");
-        drop(peer);
-    };
+    let silent = SilentPeer::new(&lab, KEEPALIVE, "keepalive.py", ["7101", "7102"]);
+    let client_py = silent.client_py.clone();
     // Linux's own client, from 10.77.0.1, to a peer at 10.77.0.2.
-    let peer = start_peer(Host::Stack, "10.77.0.2");
+    let peer = silent.start(Host::Stack, "10.77.0.2");
     let marker = lab.path("linux.up");
     let mut linux = lab.linux_daemon(&[
         PYTHON,
@@ -1565,7 +1590,7 @@ fn keepalive_times_out_a_silent_peer_as_linux_does() {
         "7102",
         &marker.display().to_string(),
     ]);
-    silence_while(peer, &marker, &mut || {
+    silence_peer_while(peer, &marker, &mut || {
         linux
             .child
             .as_mut()
@@ -1577,7 +1602,7 @@ fn keepalive_times_out_a_silent_peer_as_linux_does() {
     assert_eq!(code, 0, "Linux client: {out}{err}");
     let linux = stdout_json("keepalive on Linux", out.as_bytes(), err.as_bytes());
     // The same program on ustack, from 10.77.0.2, to a peer at 10.77.0.3.
-    let peer = start_peer(Host::LinuxSide, "10.77.0.3");
+    let peer = silent.start(Host::LinuxSide, "10.77.0.3");
     let marker = lab.path("ustack.up");
     let mut ours = lab.start(
         Host::Stack,
@@ -1590,7 +1615,7 @@ fn keepalive_times_out_a_silent_peer_as_linux_does() {
             &marker.display().to_string(),
         ],
     );
-    silence_while(peer, &marker, &mut || ours.exited_within(Duration::ZERO));
+    silence_peer_while(peer, &marker, &mut || ours.exited_within(Duration::ZERO));
     let end = ours.wait();
     end.check(0);
     let got = stdout_json(
@@ -2262,41 +2287,12 @@ fn user_timeout_fails_a_vanished_peer_with_etimedout() {
     need_program!(PYTHON, "python3");
     let _turn = serial();
     let lab = Lab::new("pt", need_preload!());
-    let peer_py = lab.path("peer.py");
-    std::fs::write(&peer_py, PEER).unwrap();
-    let client_py = lab.path("ut.py");
-    std::fs::write(&client_py, USER_TIMEOUT).unwrap();
-    let (peer_py, client_py) = (
-        peer_py.display().to_string(),
-        client_py.display().to_string(),
-    );
-    let start_peer = |host: Host, ip: &str| {
-        let mut peer = lab.start_with(host, false, false, &[PYTHON, &peer_py, ip, "7401", "7402"]);
-        use std::io::BufRead;
-        let out = peer.daemon.child.as_mut().unwrap().stdout.take().unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(out).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "the peer did not start");
-        peer
-    };
-    let signal = |peer: &Preloaded, sig: &str| {
-        let ok = Command::new("kill")
-            .args([sig, &peer.pid().to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} the peer");
-    };
-    let wait_marker = |marker: &Path| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !marker.exists() {
-            assert!(Instant::now() < deadline, "the client never got going");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let silent = SilentPeer::new(&lab, USER_TIMEOUT, "ut.py", ["7401", "7402"]);
+    let client_py = silent.client_py.clone();
     // Linux's client to a ustack peer at 10.77.0.2.
-    let peer = start_peer(Host::Stack, "10.77.0.2");
+    let peer = silent.start(Host::Stack, "10.77.0.2");
     let marker = lab.path("linux.up");
-    let linux = lab.linux_daemon(&[
+    let mut linux = lab.linux_daemon(&[
         PYTHON,
         &client_py,
         "10.77.0.2",
@@ -2304,17 +2300,21 @@ fn user_timeout_fails_a_vanished_peer_with_etimedout() {
         "2000",
         &marker.display().to_string(),
     ]);
-    wait_marker(&marker);
-    signal(&peer, "-STOP");
+    silence_peer_while(peer, &marker, &mut || {
+        linux
+            .child
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .is_ok_and(|s| s.is_some())
+    });
     let (code, out, err) = linux.wait();
-    signal(&peer, "-CONT");
-    drop(peer);
     assert_eq!(code, 0, "Linux client: {out}{err}");
     let linux = stdout_json("user timeout on Linux", out.as_bytes(), err.as_bytes());
     // The same program on ustack, to a ustack peer at 10.77.0.3.
-    let peer = start_peer(Host::LinuxSide, "10.77.0.3");
+    let peer = silent.start(Host::LinuxSide, "10.77.0.3");
     let marker = lab.path("ustack.up");
-    let ours = lab.start(
+    let mut ours = lab.start(
         Host::Stack,
         false,
         &[
@@ -2326,11 +2326,8 @@ fn user_timeout_fails_a_vanished_peer_with_etimedout() {
             &marker.display().to_string(),
         ],
     );
-    wait_marker(&marker);
-    signal(&peer, "-STOP");
+    silence_peer_while(peer, &marker, &mut || ours.exited_within(Duration::ZERO));
     let end = ours.wait();
-    signal(&peer, "-CONT");
-    drop(peer);
     end.check(0);
     let got = stdout_json(
         "user timeout on ustack",

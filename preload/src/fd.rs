@@ -20,7 +20,7 @@ use ustack::events::Readiness;
 use ustack::tcp::{ListenHandle, TcpHandle};
 use ustack::udp::UdpHandle;
 
-use crate::real::real;
+use crate::real::{Res, real};
 
 /// What a socket is, in the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +74,53 @@ pub struct Opts {
     /// `TCP_USER_TIMEOUT` in milliseconds (0: the stack's retry limit).
     pub user_timeout_ms: c_int,
     /// Options kept and reported back without an effect of their own.
-    pub kept: crate::opts::Kept,
+    pub kept: Kept,
+}
+
+/// How many distinct kept options a socket holds: every `Rule::Kept` in `opts.rs`
+/// and the few matched by name that are kept too.
+pub const KEPT_MAX: usize = 80;
+
+/// Values of kept options (`Rule::Kept` in `opts.rs`), per socket: a fixed array
+/// (Copy, so the options stay one plain value).
+#[derive(Debug, Clone, Copy)]
+pub struct Kept {
+    n: usize,
+    v: [(c_int, c_int, c_int); KEPT_MAX],
+}
+
+impl Default for Kept {
+    fn default() -> Self {
+        Kept {
+            n: 0,
+            v: [(0, 0, 0); KEPT_MAX],
+        }
+    }
+}
+
+impl Kept {
+    /// The value set for `(level, name)`, if any.
+    pub fn get(&self, level: c_int, name: c_int) -> Option<c_int> {
+        self.v[..self.n]
+            .iter()
+            .find(|(l, n, _)| *l == level && *n == name)
+            .map(|e| e.2)
+    }
+
+    /// Keep `value` for `(level, name)`; ENOMEM past [`KEPT_MAX`] options.
+    pub fn set(&mut self, level: c_int, name: c_int, value: c_int) -> Res<()> {
+        if let Some(e) = self.v[..self.n]
+            .iter_mut()
+            .find(|(l, n, _)| *l == level && *n == name)
+        {
+            e.2 = value;
+            return Ok(());
+        }
+        let slot = self.v.get_mut(self.n).ok_or(libc::ENOMEM)?;
+        *slot = (level, name, value);
+        self.n += 1;
+        Ok(())
+    }
 }
 
 /// One ustack socket, shared by its descriptors.
@@ -150,6 +196,13 @@ impl Sock {
         self.fds.lock().first().copied()
     }
 
+    /// Whether the descriptor under number `fd` is still this socket's
+    /// eventfd (one `fstat`): false when the number was closed behind the
+    /// layer's back and the kernel gave it to something else.
+    pub fn named_by(&self, fd: RawFd) -> bool {
+        identity(fd) == Some(self.ident)
+    }
+
     /// Another descriptor names the socket.
     pub fn add_fd(&self, fd: RawFd) {
         self.fds.lock().push(fd);
@@ -208,7 +261,7 @@ fn write() -> RwLockWriteGuard<'static, Table> {
 }
 
 /// The ustack socket `fd` names, if any (the data path's look-up: no
-/// system call; see [`get_checked`]).
+/// system call; see `sock::get_checked`).
 pub fn get(fd: c_int) -> Option<Arc<Sock>> {
     let i = usize::try_from(fd).ok()?;
     read().get(i).cloned().flatten()
@@ -226,45 +279,6 @@ pub fn identity(fd: RawFd) -> Option<(u64, u64)> {
     Some((st.st_dev, st.st_ino))
 }
 
-/// The ustack socket `fd` names, checked: when the descriptor under that
-/// number is no longer the socket's eventfd (it was closed by a path the
-/// layer does not see, e.g. a raw system call, and the kernel gave the
-/// number to something else), the stale entry is retired and None
-/// returned. One `fstat`: for the calls off the data path (close, bind,
-/// connect, accept, options, fstat, ioctl, fcntl, dup, epoll_ctl).
-pub fn get_checked(fd: c_int) -> Option<Arc<Sock>> {
-    let s = get(fd)?;
-    if identity(fd) == Some(s.ident) {
-        return Some(s);
-    }
-    retire(fd);
-    None
-}
-
-/// The kernel just gave number `fd` to a new descriptor (an interposed
-/// call that opens one returned it): an entry under that number is stale
-/// by definition, since the kernel reuses a number only after it was
-/// closed. Cheap when the number is not in the table.
-pub fn fresh(fd: c_int) {
-    if fd < 0 || is_empty() || get(fd).is_none() {
-        return;
-    }
-    retire(fd);
-}
-
-/// Forget the stale entry `fd` (its descriptor was closed behind the
-/// layer's back): the number leaves the table and the epoll sets, and the
-/// socket closes in the stack when it was its last number. The kernel
-/// descriptor under the number is not the layer's any more and is not
-/// touched.
-pub fn retire(fd: c_int) {
-    let Some(s) = remove(fd) else { return };
-    crate::poll::forget_socket(fd);
-    if s.forget_fd(fd) && !crate::state::forked() {
-        crate::sock::close_in_stack(&s);
-    }
-}
-
 /// Whether no ustack socket exists (the fast path of poll and select).
 pub fn is_empty() -> bool {
     COUNT.load(Ordering::Relaxed) == 0
@@ -278,10 +292,11 @@ pub fn open_count() -> usize {
 /// Descriptors in the table.
 static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Record that `fd` names `sock` (a stale entry under the number, one
-/// whose descriptor was closed behind the layer's back, is retired).
-pub fn insert(fd: c_int, sock: Arc<Sock>) {
-    let Ok(i) = usize::try_from(fd) else { return };
+/// Record that `fd` names `sock`; returns the other socket the number
+/// named before, if any (a stale entry: its descriptor was closed behind
+/// the layer's back; the caller lets it go).
+pub fn insert(fd: c_int, sock: Arc<Sock>) -> Option<Arc<Sock>> {
+    let i = usize::try_from(fd).ok()?;
     let old = {
         let mut t = write();
         if t.len() <= i {
@@ -293,12 +308,7 @@ pub fn insert(fd: c_int, sock: Arc<Sock>) {
         }
         old
     };
-    if let Some(old) = old.filter(|o| !Arc::ptr_eq(o, &sock)) {
-        crate::poll::forget_socket(fd);
-        if old.forget_fd(fd) && !crate::state::forked() {
-            crate::sock::close_in_stack(&old);
-        }
-    }
+    old.filter(|o| !Arc::ptr_eq(o, &sock))
 }
 
 /// Forget `fd`; returns the socket it named.

@@ -20,8 +20,9 @@ use std::sync::Arc;
 use libc::{size_t, ssize_t};
 
 use crate::fd::{self, Kind, Sock};
+use crate::real::Res;
 use crate::real::{real, set_errno};
-use crate::sock::Res;
+use crate::sock;
 
 /// A socket's mode bits, as Linux reports them (`S_IFSOCK | 0777`).
 const SOCK_MODE: u32 = libc::S_IFSOCK | 0o777;
@@ -29,7 +30,7 @@ const SOCK_MODE: u32 = libc::S_IFSOCK | 0o777;
 /// The ustack socket a descriptor number names (checked: a number closed
 /// behind the layer's back is not taken for one).
 fn socket_of(fd: c_int) -> Option<Arc<Sock>> {
-    fd::get_checked(fd)
+    sock::get_checked(fd)
 }
 
 /// Make an eventfd's `stat` a socket's.
@@ -110,6 +111,28 @@ unsafe fn names_dirfd(path: *const c_char, flags: c_int) -> bool {
     flags & libc::AT_EMPTY_PATH != 0 && (path.is_null() || unsafe { *path } == 0)
 }
 
+/// The ustack socket a `*at` call names, if any: `dirfd` itself (with
+/// `AT_EMPTY_PATH` and an empty path), or a socket through
+/// `/proc/self/fd/N` when links are followed.
+///
+/// # Safety
+/// `path` null or a C string.
+unsafe fn socket_named(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+) -> Option<(c_int, Arc<Sock>)> {
+    // SAFETY: the caller's path.
+    if unsafe { names_dirfd(path, flags) } {
+        return socket_of(dirfd).map(|s| (dirfd, s));
+    }
+    if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
+        return None;
+    }
+    // SAFETY: the caller's path.
+    unsafe { socket_at_path(path) }
+}
+
 /// `fstat(2)`.
 ///
 /// # Safety
@@ -167,16 +190,14 @@ pub unsafe extern "C" fn fstatat(
     flags: c_int,
 ) -> c_int {
     // SAFETY: the caller's path.
-    if unsafe { names_dirfd(path, flags) } {
-        // SAFETY: as fstat.
-        return unsafe { fstat(dirfd, buf) };
+    if let Some((n, s)) = unsafe { socket_named(dirfd, path, flags) } {
+        // SAFETY: the caller's buffer.
+        return unsafe { fstat_socket(n, &s, buf) };
     }
-    if flags & libc::AT_SYMLINK_NOFOLLOW == 0 {
-        // SAFETY: the caller's path.
-        if let Some((n, s)) = unsafe { socket_at_path(path) } {
-            // SAFETY: the caller's buffer.
-            return unsafe { fstat_socket(n, &s, buf) };
-        }
+    // SAFETY: the caller's path.
+    if unsafe { names_dirfd(path, flags) } {
+        // SAFETY: the C library's fstat of the caller's descriptor.
+        return unsafe { (real().fstat)(dirfd, buf) };
     }
     // SAFETY: passing the call on.
     unsafe { (real().fstatat)(dirfd, path, buf, flags) }
@@ -264,15 +285,7 @@ pub unsafe extern "C" fn statx(
     buf: *mut libc::statx,
 ) -> c_int {
     // SAFETY: the caller's path.
-    let target = if unsafe { names_dirfd(path, flags) } {
-        socket_of(dirfd).map(|s| (dirfd, s))
-    } else if flags & libc::AT_SYMLINK_NOFOLLOW == 0 {
-        // SAFETY: the caller's path.
-        unsafe { socket_at_path(path) }
-    } else {
-        None
-    };
-    let Some((n, s)) = target else {
+    let Some((n, s)) = (unsafe { socket_named(dirfd, path, flags) }) else {
         // SAFETY: passing the call on.
         return unsafe { (real().statx)(dirfd, path, flags, mask, buf) };
     };

@@ -44,74 +44,29 @@
 //! functions' raw arguments and the C library's functions.
 #![deny(missing_docs)]
 
+mod cmsg;
 mod exports;
 mod fd;
 mod inspect;
+mod level;
+mod lifecycle;
 mod newfd;
 mod opts;
 mod own;
 mod poll;
 mod raw;
 mod real;
+mod report;
 mod sock;
 mod state;
 
-use std::collections::HashSet;
-use std::ffi::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::Mutex;
-
-/// Run [`state::init`] when the library is loaded, before the program's `main`.
+/// Run [`lifecycle::init`] when the library is loaded, before the program's `main`.
 #[used]
 #[unsafe(link_section = ".init_array")]
 static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
-    state::init();
+    lifecycle::init();
 }
 
-/// Calls and options the layer refused, in all.
-static UNSUPPORTED: AtomicU64 = AtomicU64::new(0);
-static REPORTED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-
-/// Count an unsupported call and say so on stderr once per kind.
-pub(crate) fn unsupported(what: &str) {
-    UNSUPPORTED.fetch_add(1, Ordering::Relaxed);
-    let mut seen = REPORTED.lock();
-    if seen
-        .get_or_insert_with(HashSet::new)
-        .insert(what.to_string())
-    {
-        eprintln!("ustack-preload: not supported (reported once): {what}");
-    }
-}
-
-/// Notices said so far, by kind.
-static NOTICED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
-
-/// Say once per process on stderr, in one line starting `ustack:`, that
-/// the layer left something to the kernel or refused it (`kind` names the
-/// case; the first message of a kind is the one said).
-pub(crate) fn notice(kind: &'static str, msg: impl FnOnce() -> String) {
-    let first = NOTICED.lock().get_or_insert_with(HashSet::new).insert(kind);
-    if first {
-        eprintln!("ustack: {}", msg());
-    }
-}
-
-/// An unsupported socket option.
-pub(crate) fn unsupported_option(level: c_int, name: c_int) {
-    let lvl = match level {
-        libc::SOL_SOCKET => "SOL_SOCKET".to_string(),
-        libc::IPPROTO_TCP => "IPPROTO_TCP".to_string(),
-        libc::IPPROTO_IP => "IPPROTO_IP".to_string(),
-        l => l.to_string(),
-    };
-    unsupported(&format!("socket option {lvl}/{name} (ENOPROTOOPT)"));
-}
-
-/// Calls and options refused so far (for telemetry and tests).
-pub fn unsupported_count() -> u64 {
-    UNSUPPORTED.load(Ordering::Relaxed)
-}
+pub use report::unsupported_count;

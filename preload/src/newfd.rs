@@ -2,21 +2,21 @@
 //! free a moment ago, so a table entry under it is stale (its socket's
 //! eventfd was closed behind the layer's back, by a raw system call or a
 //! C library routine that closes inside itself) and is retired before
-//! the caller sees the number ([`fd::fresh`]). Not every way to a new
+//! the caller sees the number ([`sock::fresh`]). Not every way to a new
 //! descriptor can be interposed (`fopen` and `opendir` open inside the C
 //! library): the calls off the data path also check a descriptor's
-//! identity ([`fd::get_checked`]).
+//! identity ([`sock::get_checked`]).
 
 use std::ffi::{c_char, c_int, c_uint};
 
 use libc::{mode_t, sigset_t};
 
-use crate::fd;
 use crate::real::real;
+use crate::sock;
 
 /// A new descriptor from the kernel: retire a stale entry under it.
 fn made(fd: c_int) -> c_int {
-    fd::fresh(fd);
+    sock::fresh(fd);
     fd
 }
 
@@ -28,8 +28,8 @@ unsafe fn made_pair(r: c_int, fds: *const c_int) -> c_int {
     if r == 0 && !fds.is_null() {
         // SAFETY: the kernel filled both.
         unsafe {
-            fd::fresh(*fds);
-            fd::fresh(*fds.add(1));
+            sock::fresh(*fds);
+            sock::fresh(*fds.add(1));
         }
     }
     r

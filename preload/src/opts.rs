@@ -12,7 +12,8 @@ use std::ffi::c_int;
 use ustack::tcp::State;
 
 use crate::fd::{Kind, Sock};
-use crate::sock::{self, Res};
+use crate::real::Res;
+use crate::sock;
 
 /// An option value's leading `N` bytes, or EINVAL when it is shorter.
 fn bytes<const N: usize>(val: &[u8]) -> Res<[u8; N]> {
@@ -189,52 +190,6 @@ fn rule(level: c_int, name: c_int) -> Option<Rule> {
         .map(|r| r.2)
 }
 
-/// How many distinct kept options a socket holds: every [`Rule::Kept`]
-/// and the few matched by name that are kept too.
-const KEPT_MAX: usize = 80;
-
-/// Values of kept options ([`Rule::Kept`]), per socket: a fixed array
-/// (Copy, so the options stay one plain value).
-#[derive(Debug, Clone, Copy)]
-pub struct Kept {
-    n: usize,
-    v: [(c_int, c_int, c_int); KEPT_MAX],
-}
-
-impl Default for Kept {
-    fn default() -> Self {
-        Kept {
-            n: 0,
-            v: [(0, 0, 0); KEPT_MAX],
-        }
-    }
-}
-
-impl Kept {
-    /// The value set for `(level, name)`, if any.
-    pub fn get(&self, level: c_int, name: c_int) -> Option<c_int> {
-        self.v[..self.n]
-            .iter()
-            .find(|(l, n, _)| *l == level && *n == name)
-            .map(|e| e.2)
-    }
-
-    /// Keep `value` for `(level, name)`; ENOMEM past [`KEPT_MAX`] options.
-    pub fn set(&mut self, level: c_int, name: c_int, value: c_int) -> Res<()> {
-        if let Some(e) = self.v[..self.n]
-            .iter_mut()
-            .find(|(l, n, _)| *l == level && *n == name)
-        {
-            e.2 = value;
-            return Ok(());
-        }
-        let slot = self.v.get_mut(self.n).ok_or(libc::ENOMEM)?;
-        *slot = (level, name, value);
-        self.n += 1;
-        Ok(())
-    }
-}
-
 /// An IPPROTO_IP int option: Linux takes an int, or a single byte.
 fn ip_int(val: &[u8]) -> Res<c_int> {
     match val.len() {
@@ -315,7 +270,7 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
             // No IP options are sent: setting none is all there is.
             if !val.is_empty() {
                 drop(o);
-                crate::unsupported_option(level, name);
+                crate::report::unsupported_option(level, name);
                 return Err(libc::ENOPROTOOPT);
             }
         }
@@ -392,12 +347,12 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
             Some(Rule::GetOnly { .. }) => return Err(libc::ENOPROTOOPT),
             Some(Rule::Refused(e)) => {
                 drop(o);
-                crate::unsupported_option(level, name);
+                crate::report::unsupported_option(level, name);
                 return Err(e);
             }
             None => {
                 drop(o);
-                crate::unsupported_option(level, name);
+                crate::report::unsupported_option(level, name);
                 return Err(libc::ENOPROTOOPT);
             }
         },
@@ -542,7 +497,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             let mut p = stack_iface().1.to_ne_bytes().to_vec();
             p.extend_from_slice(&local.ip().octets());
             p.extend_from_slice(&local.ip().octets());
-            Ok(crate::exports::cmsgs(&[(IP, libc::IP_PKTINFO, &p)], usize::MAX).0)
+            Ok(crate::cmsg::cmsgs(&[(IP, libc::IP_PKTINFO, &p)], usize::MAX).0)
         }
         (IP, libc::IP_MTU) => {
             // The path MTU of a connected socket (Linux: ENOTCONN before).
@@ -590,11 +545,11 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             Some(Rule::Kept { default }) => put(o.kept.get(level, name).unwrap_or(default)),
             Some(Rule::GetOnly { value }) => put(value),
             Some(Rule::Refused(e)) => {
-                crate::unsupported_option(level, name);
+                crate::report::unsupported_option(level, name);
                 Err(e)
             }
             None => {
-                crate::unsupported_option(level, name);
+                crate::report::unsupported_option(level, name);
                 Err(libc::ENOPROTOOPT)
             }
         },
@@ -663,6 +618,7 @@ impl TcpInfo {
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::fd::{KEPT_MAX, Kept};
 
     #[test]
     fn kept_values_are_reported_back_and_bounded() {

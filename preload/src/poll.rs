@@ -20,8 +20,8 @@ use libc::{
 use parking_lot::{Mutex, RwLock};
 
 use crate::fd::{self, Sock};
+use crate::level::{Level, level};
 use crate::real::{real, set_errno};
-use crate::sock::{Level, level};
 
 /// `poll` revents for a level, within what was asked (`events`).
 fn poll_revents(l: Level, events: i16) -> i16 {

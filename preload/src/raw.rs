@@ -15,9 +15,10 @@ use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void};
 
 use libc::{iovec, msghdr, off_t, size_t, sockaddr, socklen_t};
 
-use crate::exports as x;
+use crate::exports::{descriptors, io, msg, readiness, socket};
 use crate::fd;
 use crate::real::sys;
+use crate::sock;
 
 /// `syscall(3)`: variadic in C; the C library's reads six argument words,
 /// and so does this one (on x86-64 and aarch64 a variadic caller passes
@@ -107,12 +108,12 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
         // caller's arguments, typed as the kernel reads them.
         unsafe {
         match n {
-            libc::SYS_close => c_long::from(x::close(fd_arg(a1))),
+            libc::SYS_close => c_long::from(descriptors::close(fd_arg(a1))),
             libc::SYS_close_range => {
-                c_long::from(x::close_range(a1 as c_uint, a2 as c_uint, a3 as c_int))
+                c_long::from(descriptors::close_range(a1 as c_uint, a2 as c_uint, a3 as c_int))
             }
-            libc::SYS_socket => c_long::from(x::socket(a1 as c_int, a2 as c_int, a3 as c_int)),
-            libc::SYS_epoll_ctl if is_ours(a3) => c_long::from(x::epoll_ctl(
+            libc::SYS_socket => c_long::from(socket::socket(a1 as c_int, a2 as c_int, a3 as c_int)),
+            libc::SYS_epoll_ctl if is_ours(a3) => c_long::from(readiness::epoll_ctl(
                 fd_arg(a1),
                 a2 as c_int,
                 fd_arg(a3),
@@ -120,20 +121,20 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
             )),
             libc::SYS_dup2 | libc::SYS_dup3 if is_ours(a1) || is_ours(a2) => {
                 c_long::from(if n == libc::SYS_dup2 {
-                    x::dup2(fd_arg(a1), fd_arg(a2))
+                    descriptors::dup2(fd_arg(a1), fd_arg(a2))
                 } else {
-                    x::dup3(fd_arg(a1), fd_arg(a2), a3 as c_int)
+                    descriptors::dup3(fd_arg(a1), fd_arg(a2), a3 as c_int)
                 })
             }
             // Only these look in the table: anything else (`futex` above
             // all, which the table's own lock calls when contended) must
             // not, or a waiter would wait for the lock inside its wait.
             _ if !on_descriptor(n) || !is_ours(a1) => return None,
-            libc::SYS_read => x::read(fd_arg(a1), a2 as *mut c_void, a3 as size_t) as c_long,
-            libc::SYS_write => x::write(fd_arg(a1), a2 as *const c_void, a3 as size_t) as c_long,
-            libc::SYS_readv => x::readv(fd_arg(a1), a2 as *const iovec, a3 as c_int) as c_long,
-            libc::SYS_writev => x::writev(fd_arg(a1), a2 as *const iovec, a3 as c_int) as c_long,
-            libc::SYS_recvfrom => x::recvfrom(
+            libc::SYS_read => io::read(fd_arg(a1), a2 as *mut c_void, a3 as size_t) as c_long,
+            libc::SYS_write => io::write(fd_arg(a1), a2 as *const c_void, a3 as size_t) as c_long,
+            libc::SYS_readv => io::readv(fd_arg(a1), a2 as *const iovec, a3 as c_int) as c_long,
+            libc::SYS_writev => io::writev(fd_arg(a1), a2 as *const iovec, a3 as c_int) as c_long,
+            libc::SYS_recvfrom => io::recvfrom(
                 fd_arg(a1),
                 a2 as *mut c_void,
                 a3 as size_t,
@@ -141,7 +142,7 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
                 a5 as *mut sockaddr,
                 a6 as *mut socklen_t,
             ) as c_long,
-            libc::SYS_sendto => x::sendto(
+            libc::SYS_sendto => io::sendto(
                 fd_arg(a1),
                 a2 as *const c_void,
                 a3 as size_t,
@@ -149,70 +150,73 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
                 a5 as *const sockaddr,
                 a6 as socklen_t,
             ) as c_long,
-            libc::SYS_recvmsg => x::recvmsg(fd_arg(a1), a2 as *mut msghdr, a3 as c_int) as c_long,
-            libc::SYS_sendmsg => x::sendmsg(fd_arg(a1), a2 as *const msghdr, a3 as c_int) as c_long,
-            libc::SYS_sendmmsg => {
-                mmsg(a2 as *mut libc::mmsghdr, a3 as c_uint, a4 as c_int, |m, f| {
-                    x::sendmsg(fd_arg(a1), m, f)
-                })
-            }
-            libc::SYS_recvmmsg => {
-                mmsg(a2 as *mut libc::mmsghdr, a3 as c_uint, a4 as c_int, |m, f| {
-                    x::recvmsg(fd_arg(a1), m, f)
-                })
-            }
+            libc::SYS_recvmsg => msg::recvmsg(fd_arg(a1), a2 as *mut msghdr, a3 as c_int) as c_long,
+            libc::SYS_sendmsg => msg::sendmsg(fd_arg(a1), a2 as *const msghdr, a3 as c_int) as c_long,
+            libc::SYS_sendmmsg => c_long::from(msg::sendmmsg(
+                fd_arg(a1),
+                a2 as *mut libc::mmsghdr,
+                a3 as c_uint,
+                a4 as c_int,
+            )),
+            libc::SYS_recvmmsg => c_long::from(msg::recvmmsg(
+                fd_arg(a1),
+                a2 as *mut libc::mmsghdr,
+                a3 as c_uint,
+                a4 as c_int,
+                a5 as *mut libc::timespec,
+            )),
             libc::SYS_sendfile => {
-                x::sendfile(fd_arg(a1), fd_arg(a2), a3 as *mut off_t, a4 as size_t) as c_long
+                io::sendfile(fd_arg(a1), fd_arg(a2), a3 as *mut off_t, a4 as size_t) as c_long
             }
             libc::SYS_bind => {
-                c_long::from(x::bind(fd_arg(a1), a2 as *const sockaddr, a3 as socklen_t))
+                c_long::from(socket::bind(fd_arg(a1), a2 as *const sockaddr, a3 as socklen_t))
             }
-            libc::SYS_listen => c_long::from(x::listen(fd_arg(a1), a2 as c_int)),
-            libc::SYS_accept => c_long::from(x::accept4(
+            libc::SYS_listen => c_long::from(socket::listen(fd_arg(a1), a2 as c_int)),
+            libc::SYS_accept => c_long::from(socket::accept4(
                 fd_arg(a1),
                 a2 as *mut sockaddr,
                 a3 as *mut socklen_t,
                 0,
             )),
-            libc::SYS_accept4 => c_long::from(x::accept4(
+            libc::SYS_accept4 => c_long::from(socket::accept4(
                 fd_arg(a1),
                 a2 as *mut sockaddr,
                 a3 as *mut socklen_t,
                 a4 as c_int,
             )),
-            libc::SYS_connect => c_long::from(x::connect(
+            libc::SYS_connect => c_long::from(socket::connect(
                 fd_arg(a1),
                 a2 as *const sockaddr,
                 a3 as socklen_t,
             )),
-            libc::SYS_shutdown => c_long::from(x::shutdown(fd_arg(a1), a2 as c_int)),
-            libc::SYS_getsockname => c_long::from(x::getsockname(
+            libc::SYS_shutdown => c_long::from(socket::shutdown(fd_arg(a1), a2 as c_int)),
+            libc::SYS_getsockname => c_long::from(socket::getsockname(
                 fd_arg(a1),
                 a2 as *mut sockaddr,
                 a3 as *mut socklen_t,
             )),
-            libc::SYS_getpeername => c_long::from(x::getpeername(
+            libc::SYS_getpeername => c_long::from(socket::getpeername(
                 fd_arg(a1),
                 a2 as *mut sockaddr,
                 a3 as *mut socklen_t,
             )),
-            libc::SYS_getsockopt => c_long::from(x::getsockopt(
+            libc::SYS_getsockopt => c_long::from(socket::getsockopt(
                 fd_arg(a1),
                 a2 as c_int,
                 a3 as c_int,
                 a4 as *mut c_void,
                 a5 as *mut socklen_t,
             )),
-            libc::SYS_setsockopt => c_long::from(x::setsockopt(
+            libc::SYS_setsockopt => c_long::from(socket::setsockopt(
                 fd_arg(a1),
                 a2 as c_int,
                 a3 as c_int,
                 a4 as *const c_void,
                 a5 as socklen_t,
             )),
-            libc::SYS_fcntl => c_long::from(x::fcntl(fd_arg(a1), a2 as c_int, a3 as c_ulong)),
-            libc::SYS_ioctl => c_long::from(x::ioctl(fd_arg(a1), a2 as c_ulong, a3 as *mut c_void)),
-            libc::SYS_dup => c_long::from(x::dup(fd_arg(a1))),
+            libc::SYS_fcntl => c_long::from(descriptors::fcntl(fd_arg(a1), a2 as c_int, a3 as c_ulong)),
+            libc::SYS_ioctl => c_long::from(descriptors::ioctl(fd_arg(a1), a2 as c_ulong, a3 as *mut c_void)),
+            libc::SYS_dup => c_long::from(descriptors::dup(fd_arg(a1))),
             libc::SYS_fstat => {
                 c_long::from(crate::inspect::fstat(fd_arg(a1), a2 as *mut libc::stat))
             }
@@ -235,44 +239,6 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
     Some(r)
 }
 
-/// `sendmmsg`/`recvmmsg` made by raw call (libuv 1.44 makes them so) on
-/// a ustack socket: one message at a time through `one` (the layer's
-/// `sendmsg`/`recvmsg`), each message's length written back; after the
-/// first, a receive does not wait (a `recvmmsg` timeout is not kept: the
-/// call returns with what is queued). The count done, or -1 with errno
-/// when the first fails.
-///
-/// # Safety
-/// `v` valid for `n` messages.
-unsafe fn mmsg(
-    v: *mut libc::mmsghdr,
-    n: c_uint,
-    flags: c_int,
-    mut one: impl FnMut(*mut msghdr, c_int) -> isize,
-) -> c_long {
-    if v.is_null() && n > 0 {
-        crate::real::set_errno(libc::EFAULT);
-        return -1;
-    }
-    let mut done: c_long = 0;
-    for i in 0..n.min(1024) as usize {
-        let f = if i > 0 {
-            (flags & !libc::MSG_WAITFORONE) | libc::MSG_DONTWAIT
-        } else {
-            flags & !libc::MSG_WAITFORONE
-        };
-        // SAFETY: the caller's array of `n` messages.
-        let m = unsafe { &mut *v.add(i) };
-        let r = one(&mut m.msg_hdr, f);
-        if r < 0 {
-            return if done > 0 { done } else { -1 };
-        }
-        m.msg_len = r as c_uint;
-        done += 1;
-    }
-    done
-}
-
 /// After a call the kernel answered: the new descriptors it made (a
 /// stale entry under their numbers is retired), and epoll sets made by
 /// raw call joined to the layer's.
@@ -285,8 +251,8 @@ unsafe fn made(n: c_long, a: [c_long; 6], r: c_long) {
         if !fds.is_null() {
             // SAFETY: the kernel filled two ints there.
             unsafe {
-                fd::fresh(*fds);
-                fd::fresh(*fds.add(1));
+                sock::fresh(*fds);
+                sock::fresh(*fds.add(1));
             }
         }
     };
@@ -314,13 +280,13 @@ unsafe fn made(n: c_long, a: [c_long; 6], r: c_long) {
         | libc::SYS_perf_event_open
         | libc::SYS_fanotify_init
         | libc::SYS_open_by_handle_at
-        | libc::SYS_io_uring_setup => fd::fresh(r as c_int),
+        | libc::SYS_io_uring_setup => sock::fresh(r as c_int),
         libc::SYS_fcntl if matches!(a[1] as c_int, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) => {
-            fd::fresh(r as c_int)
+            sock::fresh(r as c_int)
         }
         libc::SYS_epoll_create | libc::SYS_epoll_create1 => {
-            fd::fresh(r as c_int);
-            if crate::state::planned() {
+            sock::fresh(r as c_int);
+            if crate::lifecycle::planned() {
                 crate::poll::created(r as c_int);
             }
         }

@@ -12,6 +12,9 @@ use libc::{
     socklen_t, ssize_t, timespec, timeval,
 };
 
+/// A result carrying the errno of a failure.
+pub type Res<T> = Result<T, c_int>;
+
 macro_rules! real_fns {
     ($($name:ident: $ty:ty;)*) => {
         /// Pointers to the C library's definitions of the interposed calls.

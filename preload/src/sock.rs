@@ -1,5 +1,5 @@
 //! The socket calls on ustack sockets, in Rust terms: each returns its
-//! value or the errno Linux would give. `exports.rs` turns C arguments into
+//! value or the errno Linux would give. `exports/` turns C arguments into
 //! these and these into C results.
 
 use std::ffi::c_int;
@@ -23,16 +23,9 @@ use parking_lot::Mutex;
 use ustack::tcp::ListenHandle;
 
 use crate::fd::{self, Kind, Sock};
-use crate::real::real;
-use crate::state::state;
-
-/// A result carrying the errno of a failure.
-pub type Res<T> = Result<T, c_int>;
-
-/// The running stack's handle (a ustack socket exists only when it runs).
-fn net() -> Res<&'static Net> {
-    state().map(|s| &s.net).ok_or(libc::EBADF)
-}
+use crate::level::level;
+use crate::real::{Res, real};
+use crate::state::net;
 
 /// The errno for an engine error.
 pub fn errno_of(e: StackError) -> c_int {
@@ -76,99 +69,6 @@ fn scatter(mut data: &[u8], bufs: &mut [&mut [u8]]) {
 
 fn gone(_: std::io::Error) -> c_int {
     libc::EIO
-}
-
-/// What a socket is ready for now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Level {
-    pub readable: bool,
-    pub writable: bool,
-    /// The peer closed its side (EPOLLRDHUP).
-    pub rdhup: bool,
-    /// Both sides are closed (EPOLLHUP).
-    pub hup: bool,
-    /// An error is pending (EPOLLERR).
-    pub err: bool,
-}
-
-/// The socket's readiness levels, from the stack.
-pub fn level(sock: &Sock) -> Level {
-    let Ok(net) = net() else {
-        return Level {
-            err: true,
-            hup: true,
-            ..Level::default()
-        };
-    };
-    let kind = *sock.kind.lock();
-    let (pending_error, reported, shut_rd, shut_wr) = {
-        let o = sock.opts.lock();
-        (o.pending_error != 0, o.error_reported, o.shut_rd, o.shut_wr)
-    };
-    let r = net.peek_stack(|s| match kind {
-        Kind::Fresh { .. } if sock.stream => Level {
-            // An unconnected TCP socket: Linux says POLLOUT | POLLHUP.
-            writable: true,
-            hup: true,
-            ..Level::default()
-        },
-        Kind::Fresh { .. } => Level {
-            writable: true,
-            ..Level::default()
-        },
-        Kind::Listener { handle, .. } => Level {
-            readable: s.tcp_pending_accepts(handle).unwrap_or(0) > 0,
-            ..Level::default()
-        },
-        Kind::Stream { handle, .. } => match s.tcp_status(handle) {
-            Ok(st) => {
-                let closed = st.closed();
-                // Once reported, an error is no longer pending (POLLERR).
-                let err = st.error.is_some() && !reported;
-                let connected = st.state.synchronized();
-                Level {
-                    readable: st.readable > 0 || st.eof || err || closed,
-                    writable: (connected && st.writable > 0 && !closed) || err,
-                    rdhup: st.eof || closed,
-                    hup: closed || err || (st.eof && st.state == TcpState::Closed),
-                    err,
-                }
-            }
-            Err(_) => Level {
-                readable: true,
-                hup: true,
-                err: true,
-                ..Level::default()
-            },
-        },
-        Kind::Dgram { handle, .. } => Level {
-            readable: s.udp_pending(handle).map(|p| p.0 > 0).unwrap_or(false),
-            // Linux's sock_writeable: under half the send buffer in use.
-            writable: s
-                .udp_tx_queued(handle)
-                .map(|(queued, cap)| queued < cap / 2)
-                .unwrap_or(true),
-            ..Level::default()
-        },
-        Kind::Closed => Level {
-            hup: true,
-            ..Level::default()
-        },
-    });
-    let mut l = r.unwrap_or(Level {
-        err: true,
-        hup: true,
-        ..Level::default()
-    });
-    l.err |= pending_error;
-    if shut_rd && matches!(kind, Kind::Stream { .. } | Kind::Dgram { .. }) {
-        // Linux: a socket shut for reading reads end-of-stream at once
-        // (EPOLLIN | EPOLLRDHUP); shut both ways, EPOLLHUP too.
-        l.readable = true;
-        l.rdhup = true;
-        l.hup |= shut_wr;
-    }
-    l
 }
 
 /// What a blocking call waits for.
@@ -264,7 +164,7 @@ pub fn socket(stream: bool, nonblock: bool, cloexec: bool) -> Res<RawFd> {
     if fd < 0 {
         return Err(crate::real::errno());
     }
-    fd::insert(fd, Sock::new(stream, fd, nonblock));
+    insert(fd, Sock::new(stream, fd, nonblock));
     Ok(fd)
 }
 
@@ -985,6 +885,64 @@ pub fn shutdown(sock: &Sock, how: c_int) -> Res<()> {
     // A reader blocked in another thread, or an epoll set, sees it now.
     sock.notify();
     Ok(())
+}
+
+// ------------------------------------------------------ descriptor numbers
+
+/// The ustack socket `fd` names, checked: when the descriptor under that
+/// number is no longer the socket's eventfd (it was closed by a path the
+/// layer does not see, e.g. a raw system call, and the kernel gave the
+/// number to something else), the stale entry is retired and None
+/// returned. One `fstat`: for the calls off the data path (close, bind,
+/// connect, accept, options, fstat, ioctl, fcntl, dup, epoll_ctl); the
+/// data path uses [`fd::get`].
+pub fn get_checked(fd: c_int) -> Option<Arc<Sock>> {
+    let s = fd::get(fd)?;
+    if s.named_by(fd) {
+        return Some(s);
+    }
+    retire(fd);
+    None
+}
+
+/// The kernel just gave number `fd` to a new descriptor (an interposed
+/// call that opens one returned it): an entry under that number is stale
+/// by definition, since the kernel reuses a number only after it was
+/// closed. Cheap when the number is not in the table.
+pub fn fresh(fd: c_int) {
+    if fd < 0 || fd::is_empty() || fd::get(fd).is_none() {
+        return;
+    }
+    retire(fd);
+}
+
+/// Forget the stale entry `fd` (its descriptor was closed behind the
+/// layer's back): the number leaves the table and the epoll sets, and the
+/// socket closes in the stack when it was its last number. The kernel
+/// descriptor under the number is not the layer's any more and is not
+/// touched.
+pub fn retire(fd: c_int) {
+    if let Some(s) = fd::remove(fd) {
+        let_go(fd, &s);
+    }
+}
+
+/// Record that `fd` names `sock` (a stale entry under the number, one
+/// whose descriptor was closed behind the layer's back, is retired).
+pub fn insert(fd: c_int, sock: Arc<Sock>) {
+    if let Some(old) = fd::insert(fd, sock) {
+        let_go(fd, &old);
+    }
+}
+
+/// Number `fd` no longer names `s` (it was taken out of the table): it
+/// leaves the epoll sets, and `s` closes in the stack when that was its
+/// last number (unless it is another process's, after `fork`).
+fn let_go(fd: c_int, s: &Arc<Sock>) {
+    crate::poll::forget_socket(fd);
+    if s.forget_fd(fd) && !crate::state::forked() {
+        close_in_stack(s);
+    }
 }
 
 /// `close(fd)` of a ustack socket's descriptor: the socket closes in the

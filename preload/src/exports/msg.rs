@@ -1,0 +1,347 @@
+//! Message calls: `recvmsg`/`sendmsg` (with control messages) and the
+//! batches `recvmmsg`/`sendmmsg`.
+
+use std::ffi::{c_int, c_uint};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libc::{msghdr, ssize_t, timespec};
+
+use crate::cmsg::{cmsgs, parse_cmsgs};
+use crate::exports::args::{guard, iovecs, ours, read_addr, write_addr};
+use crate::exports::io::do_send;
+use crate::fd::Sock;
+use crate::real::{real, set_errno};
+use crate::sock::{self, RecvFlags};
+
+/// An IPv4 address's four bytes in network order.
+fn in_addr_bytes(ip: Ipv4Addr) -> [u8; 4] {
+    ip.octets()
+}
+
+/// A `recvmsg` on a ustack socket: the bytes or datagram, its source, and
+/// the control messages the socket asked for (`IP_PKTINFO`: the stack's
+/// interface and address; `IP_RECVORIGDSTADDR`: the address and port the
+/// datagram was sent to). -1 with errno on failure.
+///
+/// # Safety
+/// `m` is the caller's msghdr: its iovecs, name and control buffers valid
+/// for their lengths.
+unsafe fn recvmsg_ours(s: &Arc<Sock>, m: &mut msghdr, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        // No ICMP errors are queued (IP_RECVERR is kept, not acted on):
+        // Linux says EAGAIN for an empty error queue.
+        set_errno(libc::EAGAIN);
+        return -1;
+    }
+    // SAFETY: its iovecs.
+    let mut v = match unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) } {
+        Ok(v) => v,
+        Err(e) => {
+            set_errno(e);
+            return -1;
+        }
+    };
+    let room: usize = v.iter().map(|b| b.len()).sum();
+    let f = RecvFlags {
+        dontwait: flags & libc::MSG_DONTWAIT != 0,
+        waitall: flags & libc::MSG_WAITALL != 0,
+        peek: flags & libc::MSG_PEEK != 0,
+        trunc: true,
+    };
+    let r = match sock::recv(s, &mut v, f) {
+        Ok(r) => r,
+        Err(e) => {
+            set_errno(e);
+            return -1;
+        }
+    };
+    let n = r.full.max(r.len) as ssize_t;
+    let got_datagram = r.from.is_some();
+    match r.from {
+        Some(a) if !m.msg_name.is_null() => {
+            let mut alen = m.msg_namelen;
+            // SAFETY: the caller's name buffer of `msg_namelen` bytes.
+            unsafe { write_addr(a, m.msg_name.cast(), &mut alen) };
+            m.msg_namelen = alen;
+        }
+        _ => m.msg_namelen = 0,
+    }
+    m.msg_flags = if n as usize > room {
+        libc::MSG_TRUNC
+    } else {
+        0
+    };
+    let (pktinfo, origdst) = {
+        let o = s.opts.lock();
+        (o.pktinfo, o.origdstaddr)
+    };
+    let mut list: Vec<(c_int, c_int, Vec<u8>)> = Vec::new();
+    if got_datagram && (pktinfo || origdst) {
+        if let Ok(local) = sock::local_addr(s) {
+            let ip = in_addr_bytes(*local.ip());
+            if pktinfo {
+                // struct in_pktinfo: ifindex, spec_dst, addr.
+                let mut p = crate::opts::stack_iface().1.to_ne_bytes().to_vec();
+                p.extend_from_slice(&ip);
+                p.extend_from_slice(&ip);
+                list.push((libc::IPPROTO_IP, libc::IP_PKTINFO, p));
+            }
+            if origdst {
+                // struct sockaddr_in (IP_ORIGDSTADDR is 20).
+                let mut a = (libc::AF_INET as u16).to_ne_bytes().to_vec();
+                a.extend_from_slice(&local.port().to_be_bytes());
+                a.extend_from_slice(&ip);
+                a.extend_from_slice(&[0; 8]);
+                list.push((libc::IPPROTO_IP, 20, a));
+            }
+        }
+    }
+    let borrowed: Vec<(c_int, c_int, &[u8])> = list
+        .iter()
+        .map(|(l, t, d)| (*l, *t, d.as_slice()))
+        .collect();
+    let room_ctl = if m.msg_control.is_null() {
+        0
+    } else {
+        m.msg_controllen
+    };
+    let (ctl, truncated) = cmsgs(&borrowed, room_ctl);
+    if !ctl.is_empty() {
+        // SAFETY: the caller's control buffer holds `msg_controllen` bytes,
+        // and `ctl` is no longer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ctl.as_ptr(), m.msg_control.cast::<u8>(), ctl.len())
+        };
+    }
+    m.msg_controllen = ctl.len();
+    if truncated {
+        m.msg_flags |= libc::MSG_CTRUNC;
+    }
+    if flags & libc::MSG_TRUNC != 0 {
+        n
+    } else {
+        (n as usize).min(room) as ssize_t
+    }
+}
+
+/// A `sendmsg` on a ustack socket. An `IP_PKTINFO` control message may
+/// name the source: the stack's own address (or none) is all there is.
+/// -1 with errno on failure.
+///
+/// # Safety
+/// `m` is the caller's msghdr: its iovecs, name and control buffers valid
+/// for their lengths.
+unsafe fn sendmsg_ours(s: &Arc<Sock>, m: &msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: its iovecs.
+    let v = match unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) } {
+        Ok(v) => v,
+        Err(e) => {
+            set_errno(e);
+            return -1;
+        }
+    };
+    let dst = if m.msg_name.is_null() || s.stream {
+        None
+    } else {
+        // SAFETY: the caller's address.
+        match unsafe { read_addr(m.msg_name.cast(), m.msg_namelen) } {
+            Ok(a) => Some(a),
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        }
+    };
+    if !s.stream && !m.msg_control.is_null() && m.msg_controllen > 0 {
+        // SAFETY: the caller's control buffer of `msg_controllen` bytes.
+        let ctl =
+            unsafe { std::slice::from_raw_parts(m.msg_control.cast::<u8>(), m.msg_controllen) };
+        let list = match parse_cmsgs(ctl) {
+            Ok(l) => l,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
+        for (level, ty, data) in list {
+            if level == libc::IPPROTO_IP && ty == libc::IP_PKTINFO && data.len() >= 12 {
+                let spec = Ipv4Addr::new(data[4], data[5], data[6], data[7]);
+                let ours = sock::local_addr(s).map(|a| *a.ip()).ok();
+                if !spec.is_unspecified() && Some(spec) != ours {
+                    // Not an address of ours: no route from it (Linux
+                    // says ENETUNREACH).
+                    set_errno(libc::ENETUNREACH);
+                    return -1;
+                }
+            }
+        }
+    }
+    let bufs: Vec<&[u8]> = v.into_iter().map(|b| &*b).collect();
+    do_send(s.clone(), &bufs, dst, flags)
+}
+
+/// `recvmsg(2)`.
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    match ours(fd) {
+        // SAFETY: passing the call on.
+        None => unsafe { (real().recvmsg)(fd, msg, flags) },
+        Some(Err(e)) => {
+            set_errno(e);
+            -1
+        }
+        Some(Ok(s)) => guard(-1, || {
+            if msg.is_null() {
+                set_errno(libc::EFAULT);
+                return -1;
+            }
+            // SAFETY: the caller's msghdr and its buffers.
+            unsafe { recvmsg_ours(&s, &mut *msg, flags) }
+        }),
+    }
+}
+
+/// `sendmsg(2)`.
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    match ours(fd) {
+        // SAFETY: passing the call on.
+        None => unsafe { (real().sendmsg)(fd, msg, flags) },
+        Some(Err(e)) => {
+            set_errno(e);
+            -1
+        }
+        Some(Ok(s)) => guard(-1, || {
+            if msg.is_null() {
+                set_errno(libc::EFAULT);
+                return -1;
+            }
+            // SAFETY: the caller's msghdr and its buffers.
+            unsafe { sendmsg_ours(&s, &*msg, flags) }
+        }),
+    }
+}
+
+/// Linux's bound on a `recvmmsg`/`sendmmsg` batch (UIO_MAXIOV).
+const MMSG_MAX: c_uint = 1024;
+
+/// `recvmmsg(2)`: `recvmsg` for each message in turn, as Linux: a blocking
+/// socket waits for each (the first only with MSG_WAITFORONE, after which
+/// the rest are taken without waiting); `timeout` is checked after each
+/// message. An error after some messages ends the batch with their count.
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+    timeout: *mut timespec,
+) -> c_int {
+    match ours(fd) {
+        // SAFETY: passing the call on.
+        None => unsafe { (real().recvmmsg)(fd, msgvec, vlen, flags, timeout) },
+        Some(Err(e)) => {
+            set_errno(e);
+            -1
+        }
+        Some(Ok(s)) => guard(-1, || {
+            if msgvec.is_null() && vlen > 0 {
+                set_errno(libc::EFAULT);
+                return -1;
+            }
+            let deadline = if timeout.is_null() {
+                None
+            } else {
+                // SAFETY: the caller's timespec.
+                let t = unsafe { *timeout };
+                if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+                Some(std::time::Instant::now() + Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
+            };
+            let wait_for_one = flags & libc::MSG_WAITFORONE != 0;
+            let mut flags = flags & !libc::MSG_WAITFORONE;
+            let mut done: c_uint = 0;
+            while done < vlen.min(MMSG_MAX) {
+                // SAFETY: the caller's array of `vlen` mmsghdrs.
+                let mm = unsafe { &mut *msgvec.add(done as usize) };
+                // SAFETY: each holds a msghdr with valid buffers.
+                let n = unsafe { recvmsg_ours(&s, &mut mm.msg_hdr, flags) };
+                if n < 0 {
+                    if done == 0 {
+                        return -1;
+                    }
+                    break;
+                }
+                mm.msg_len = n as c_uint;
+                done += 1;
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    break;
+                }
+                if s.stream && n == 0 {
+                    break;
+                }
+                if wait_for_one {
+                    flags |= libc::MSG_DONTWAIT;
+                }
+            }
+            done as c_int
+        }),
+    }
+}
+
+/// `sendmmsg(2)`: `sendmsg` for each message in turn; an error after some
+/// messages ends the batch with their count, as Linux.
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+) -> c_int {
+    match ours(fd) {
+        // SAFETY: passing the call on.
+        None => unsafe { (real().sendmmsg)(fd, msgvec, vlen, flags) },
+        Some(Err(e)) => {
+            set_errno(e);
+            -1
+        }
+        Some(Ok(s)) => guard(-1, || {
+            if msgvec.is_null() && vlen > 0 {
+                set_errno(libc::EFAULT);
+                return -1;
+            }
+            let mut done: c_uint = 0;
+            while done < vlen.min(MMSG_MAX) {
+                // SAFETY: the caller's array of `vlen` mmsghdrs.
+                let mm = unsafe { &mut *msgvec.add(done as usize) };
+                // SAFETY: each holds a msghdr with valid buffers.
+                let n = unsafe { sendmsg_ours(&s, &mm.msg_hdr, flags) };
+                if n < 0 {
+                    if done == 0 {
+                        return -1;
+                    }
+                    break;
+                }
+                mm.msg_len = n as c_uint;
+                done += 1;
+            }
+            done as c_int
+        }),
+    }
+}

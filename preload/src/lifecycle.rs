@@ -1,0 +1,417 @@
+//! The stack's life in the process: `USTACK_NET` checked before `main`,
+//! the stack started at the first AF_INET socket (when no other process of
+//! the program holds the claim), stopped at exit, given up or handed over
+//! at `fork`.
+
+use std::os::fd::RawFd;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+use parking_lot::Mutex;
+use ustack_runtime::cli::NetArgs;
+
+use crate::real::real;
+use crate::state::{DETACHED, ForkMode, STATE, State, WORKER, state};
+
+/// The environment variable `ustack exec` passes the NET flags in.
+pub const ENV: &str = "USTACK_NET";
+
+/// Names the program's claim on the stack (set by `ustack exec` to its own
+/// pid, which the program keeps across `exec`): every process of the
+/// program's tree shares it, and one at a time holds it (the one running
+/// the stack), so no NIC is driven by two processes.
+pub const OWNER: &str = "USTACK_PID";
+
+/// Who keeps the stack across `fork` (`USTACK_FORK`: parent, child, or
+/// `each:N`).
+pub const FORK_ENV: &str = "USTACK_FORK";
+
+/// How long a waiting thread drives the stack itself before it sleeps, in
+/// microseconds (`USTACK_SPIN_US`, from `ustack exec --spin`; 0: never).
+pub const SPIN_ENV: &str = "USTACK_SPIN_US";
+
+/// Children forked so far ([`ForkMode::Each`]: the next child's index).
+static FORKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Leave at once with one line on stderr (a bad `USTACK_NET`, a backend
+/// that cannot open): before `main`, so the program never starts half-way.
+fn fail(msg: &str) -> ! {
+    eprintln!("ustack exec: {msg}");
+    // SAFETY: _exit ends the process without running Rust or C destructors.
+    unsafe { libc::_exit(2) }
+}
+
+/// What `USTACK_NET` asks for, checked before `main`: the stack a process
+/// of the program starts at its first AF_INET socket.
+#[derive(Debug)]
+struct Plan {
+    builder: ustack_runtime::Builder,
+    fork: ForkMode,
+    spin: Duration,
+    telemetry: Option<std::path::PathBuf>,
+    capture: Option<std::path::PathBuf>,
+    /// The abstract Unix socket name the process running the stack holds
+    /// (one per `ustack exec`, from `USTACK_PID`).
+    claim: String,
+}
+
+static PLAN: OnceLock<Plan> = OnceLock::new();
+
+/// This process image asked for the stack already (at its first AF_INET
+/// socket): it got it, or another process of the program has it.
+static TRIED: AtomicBool = AtomicBool::new(false);
+
+/// The claim's descriptor in this process (-1: none).
+static CLAIM_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Held while a stack starts (two threads' first sockets at once).
+static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Check `USTACK_NET` (a bad flag is one line on stderr and exit status 2
+/// before `main`) and keep it for the first AF_INET socket; without it,
+/// do nothing (every call then goes to the C library unchanged).
+pub fn init() {
+    let Ok(spec) = std::env::var(ENV) else {
+        return;
+    };
+    let Some(words) = shlex::split(&spec) else {
+        fail(&format!("{ENV} is not a valid argument list: {spec:?}"));
+    };
+    let args =
+        match Wrapper::try_parse_from(std::iter::once("ustack exec".to_string()).chain(words)) {
+            Ok(a) => a.net,
+            Err(e) => {
+                let line = e.to_string();
+                fail(line.lines().next().unwrap_or("bad NET flags"));
+            }
+        };
+    let builder = match args.builder() {
+        Ok(b) => b.app_counters(counters),
+        Err(e) => fail(&e.to_string()),
+    };
+    if let Some(iface) = &args.pcap {
+        if !std::path::Path::new("/sys/class/net").join(iface).exists() {
+            fail(&format!("--pcap {iface}: no such network interface"));
+        }
+    }
+    let fork = match std::env::var(FORK_ENV).as_deref() {
+        Ok("child") => ForkMode::Child,
+        Ok("parent") | Err(_) => ForkMode::Parent,
+        Ok(other) => match other.strip_prefix("each:").map(str::parse::<usize>) {
+            Some(Ok(workers)) if (1..=64).contains(&workers) => ForkMode::Each { workers },
+            _ => fail(&format!(
+                "{FORK_ENV}={other}: say parent, child or each:N (N workers, 1 to 64)"
+            )),
+        },
+    };
+    let spin = match std::env::var(SPIN_ENV).as_deref() {
+        Err(_) => Duration::ZERO,
+        Ok(v) => match v.parse::<u64>() {
+            Ok(us) if us <= 1_000_000 => Duration::from_micros(us),
+            _ => fail(&format!("{SPIN_ENV}={v}: microseconds, 0 to 1000000")),
+        },
+    };
+    // The program's processes share one claim: the first `ustack exec`
+    // process names it (LD_PRELOAD set by hand: this process does).
+    let id = match std::env::var(OWNER) {
+        Ok(id) => id,
+        Err(_) => {
+            let id = std::process::id().to_string();
+            // SAFETY: before `main`, while this is the only thread.
+            unsafe { std::env::set_var(OWNER, &id) };
+            id
+        }
+    };
+    let plan = Plan {
+        builder,
+        fork,
+        spin,
+        telemetry: args.telemetry.clone(),
+        capture: args.capture.clone(),
+        claim: format!("ustack-exec-{id}"),
+    };
+    if PLAN.set(plan).is_err() {
+        return;
+    }
+    // SAFETY: registering plain `extern "C" fn()` handlers.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_parent),
+            Some(after_fork_child),
+        );
+    }
+}
+
+/// Whether this process runs the stack or may start it (`USTACK_NET` was
+/// given, and it did not give the stack up at a `fork`).
+pub fn planned() -> bool {
+    state().is_some() || PLAN.get().is_some() && !DETACHED.load(Ordering::Relaxed)
+}
+
+/// The stack for a new AF_INET socket: this process's, started now when no
+/// other process of the program runs one. The first process to open an
+/// AF_INET socket takes the stack (a shell or wrapper script that opens
+/// none leaves it to the program it starts) and holds it until it exits or
+/// execs; the others' sockets are the kernel's. None: the kernel's.
+pub fn start_for_socket() -> Option<&'static State> {
+    if let Some(s) = state() {
+        return Some(s);
+    }
+    if DETACHED.load(Ordering::Relaxed) {
+        if PLAN.get().is_some() {
+            crate::report::notice("child-socket", || {
+                format!(
+                    "process {} (forked) opened an AF_INET socket: it runs on the kernel's network stack, since the process it was forked from runs the stack (ustack exec --fork child hands the stack to the child)",
+                    std::process::id()
+                )
+            });
+        }
+        return None;
+    }
+    if TRIED.load(Ordering::Acquire) {
+        return None;
+    }
+    let plan = PLAN.get()?;
+    let _one = STARTING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(s) = state() {
+        return Some(s);
+    }
+    if TRIED.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    let before = crate::own::open_now();
+    let Some(fd) = claim(&plan.claim) else {
+        eprintln!(
+            "ustack exec: process {} runs on the kernel's sockets: another process of the program has the stack",
+            std::process::id()
+        );
+        return None;
+    };
+    let runtime = match plan.builder.clone().spawn() {
+        Ok(rt) => rt,
+        Err(e) => fail(&e.to_string()),
+    };
+    crate::own::record_since(&before);
+    CLAIM_FD.store(fd, Ordering::Release);
+    let started = State {
+        spin: plan.spin,
+        net: runtime.net().clone(),
+        runtime: Mutex::new(Some(runtime)),
+        fork: plan.fork,
+        builder: plan.builder.clone(),
+        telemetry: plan.telemetry.clone(),
+        capture: plan.capture.clone(),
+    };
+    let _ = STATE.set(started);
+    state()
+}
+
+/// Take the program's claim on the stack: bind the abstract Unix socket
+/// `name` (one process at a time can; the kernel lets it go when the
+/// descriptor's last copy closes, at exit or exec). Its descriptor, or
+/// None when another process holds it.
+fn claim(name: &str) -> Option<RawFd> {
+    let r = real();
+    // SAFETY: the C library's socket; CLOEXEC so an exec lets the claim go.
+    let fd = unsafe { (r.socket)(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: an all-zero sockaddr_un is valid; the name is copied in below.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // Abstract: a leading NUL, then the name (no file to clean up).
+    let bytes = name.as_bytes();
+    let n = bytes.len().min(addr.sun_path.len() - 1);
+    for (d, &b) in addr.sun_path[1..=n].iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + n;
+    // SAFETY: `addr` is a sockaddr_un valid for `len` bytes.
+    let ok = unsafe {
+        (r.bind)(
+            fd,
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    } == 0;
+    if ok {
+        return Some(fd);
+    }
+    // SAFETY: closing the socket made above.
+    unsafe { (r.close)(fd) };
+    None
+}
+
+/// Close this process's copy of the claim (a forked child that does not
+/// run the stack, or a parent that handed it to its child), so the claim
+/// ends with the process that runs the stack.
+fn drop_claim() {
+    let fd = CLAIM_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: the claim socket this process holds a copy of.
+        unsafe { (real().close)(fd) };
+    }
+}
+
+/// At exit: close what the program left open (FIN, or RST for unread
+/// data, as the kernel does), then let the loop send it and stop.
+extern "C" fn at_exit() {
+    let Some(s) = state() else { return };
+    for (fd, _) in crate::fd::all() {
+        crate::sock::close(fd);
+    }
+    if let Some(rt) = s.runtime.lock().take() {
+        let _ = rt.stop();
+    }
+}
+
+/// How this process's stack goes through a `fork`: a worker's own stack
+/// stays with it (its children run on the kernel's sockets).
+fn fork_mode() -> Option<(&'static State, ForkMode)> {
+    if WORKER.get().is_some() {
+        return None;
+    }
+    let s = STATE.get()?;
+    Some((s, s.fork))
+}
+
+/// Before `fork`: when the stack moves to the child, or the master's
+/// stack ends for workers of their own, pause its loop (the thread exits
+/// holding no lock; the device and sockets stay as they are), then hold
+/// the descriptor table still.
+extern "C" fn before_fork() {
+    if let Some((s, ForkMode::Child | ForkMode::Each { .. })) = fork_mode() {
+        if !DETACHED.load(Ordering::Relaxed) {
+            if let Some(rt) = s.runtime.lock().as_mut() {
+                let _ = rt.pause();
+            }
+        }
+    }
+    crate::fd::lock_for_fork();
+}
+
+/// The parent: it keeps the stack (its paused loop, if any, runs on), or,
+/// when the stack moved to the child, gives it up without touching the
+/// device, or, when each child has a stack, ends its own (its capture is
+/// its own) at the first fork; its ustack descriptors only close from
+/// then on.
+extern "C" fn after_fork_parent() {
+    crate::fd::unlock_after_fork();
+    match fork_mode() {
+        Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {
+            if let Some(rt) = s.runtime.lock().as_mut() {
+                rt.forsake();
+            }
+            DETACHED.store(true, Ordering::Relaxed);
+            drop_claim();
+        }
+        Some((s, ForkMode::Each { .. })) => {
+            FORKS.fetch_add(1, Ordering::Relaxed);
+            if !DETACHED.swap(true, Ordering::Relaxed) {
+                if let Some(rt) = s.runtime.lock().take() {
+                    let _ = rt.stop();
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The child: it takes the stack over (its loop starts on a thread of the
+/// child), starts a stack of its own (each child a replica), or by default
+/// runs on the kernel's sockets while the stack, its thread and its NIC
+/// stay the parent's; inherited ustack descriptors then only close (their
+/// kernel eventfd), and other calls on them fail (EBADF).
+extern "C" fn after_fork_child() {
+    crate::fd::unlock_after_fork();
+    match fork_mode() {
+        Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {
+            if let Some(rt) = s.runtime.lock().as_mut() {
+                if let Err(e) = rt.resume() {
+                    eprintln!("ustack exec: the forked child cannot run the stack: {e}");
+                    DETACHED.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        Some((s, ForkMode::Each { workers })) => {
+            // The master's paused stack is the master's: not a byte of its
+            // device is touched here.
+            if let Some(rt) = s.runtime.lock().as_mut() {
+                rt.forsake();
+            }
+            DETACHED.store(true, Ordering::Relaxed);
+            let index = FORKS.load(Ordering::Relaxed) % workers;
+            if let Err(e) = start_worker(s, index, workers) {
+                eprintln!("ustack exec: worker {index} cannot start its stack: {e}");
+            }
+        }
+        Some(_) => {
+            DETACHED.store(true, Ordering::Relaxed);
+            drop_claim();
+        }
+        // A worker's child runs on the kernel's sockets.
+        None if WORKER.get().is_some() => DETACHED.store(true, Ordering::Relaxed),
+        // No stack was started here: the child may start it.
+        None => {}
+    }
+}
+
+/// A worker's own stack: replica `index` of `workers` on the master's
+/// interface (its telemetry socket and capture file named `PATH.wINDEX`),
+/// and the master's listening and bound sockets opened again on it.
+fn start_worker(master: &State, index: usize, workers: usize) -> Result<(), String> {
+    let suffixed = |p: &std::path::Path| {
+        let mut s = p.as_os_str().to_owned();
+        s.push(format!(".w{index}"));
+        std::path::PathBuf::from(s)
+    };
+    let mut b = master.builder.clone().replica(index, workers);
+    if let Some(t) = &master.telemetry {
+        b = b.telemetry(suffixed(t));
+    }
+    if let Some(c) = &master.capture {
+        b = b.capture(suffixed(c));
+    }
+    let before = crate::own::open_now();
+    let runtime = b.spawn().map_err(|e| e.to_string())?;
+    crate::own::record_since(&before);
+    let net = runtime.net().clone();
+    let state = State {
+        spin: master.spin,
+        net,
+        runtime: Mutex::new(Some(runtime)),
+        fork: ForkMode::Parent,
+        builder: master.builder.clone(),
+        telemetry: None,
+        capture: None,
+    };
+    if WORKER.set(state).is_err() {
+        return Err("a worker stack exists already".into());
+    }
+    crate::sock::reopen_inherited();
+    Ok(())
+}
+
+/// The layer's counters in each telemetry line (`app`): calls and options
+/// refused, and the ustack descriptors open now.
+fn counters() -> Vec<(&'static str, u64)> {
+    vec![
+        ("preload_unsupported", crate::report::unsupported_count()),
+        ("preload_descriptors", crate::fd::open_count() as u64),
+    ]
+}
+
+/// The NET flags as a command line of their own.
+#[derive(Parser, Debug)]
+#[command(name = "ustack exec")]
+struct Wrapper {
+    #[command(flatten)]
+    net: NetArgs,
+}
