@@ -11,14 +11,23 @@
 //!
 //! # Layers
 //!
-//! | layer | modules |
+//! Folders are the layers; the files at the top are the vocabulary every
+//! layer shares and the engine that wires them together.
+//!
+//! | folder | holds |
 //! |---|---|
-//! | wire formats | [`wire`] (smoltcp's views and `Repr`s), [`ud::wire`] (BTH, DETH, ICRC), [`checksum`] |
-//! | link | Ethernet demux, the [`arp`] cache, IPv4 transmit and [`frag`] reassembly |
-//! | transports | [`icmp`] (echo both ways, errors, ping sockets), [`udp`], [`tcp`], [`ud`] |
-//! | engine | [`Stack`] with its app API (`tcp_*`, `udp_*`, `ping_*`, [`ud::UdTransport`]), [`events`], [`stats`], [`config`] |
-//! | the loop | [`device`] and [`pool`] (burst I/O, buffers), [`node`] (one poll-loop iteration, the in-loop [`node::App`]), [`shard`] and [`rss`] (one stack per core) |
-//! | testing | [`sim`] (simulated link, virtual-time harness), [`impair`], [`app`] (ping and verified bulk-transfer apps) |
+//! | [`wire`] | parsers and emitters, leaf modules: smoltcp's views and `Repr`s, RoCEv2's BTH/DETH/ICRC ([`wire::roce`]), RC's extension headers ([`wire::rc`]), the stock RDMA tools' exchange messages ([`wire::exchange`]), the Internet [`wire::checksum`] |
+//! | [`iface`] | below the transports: Ethernet demux and the IPv4 receive path, the [`iface::arp`] cache, IPv4 transmit and [`iface::frag`] reassembly, [`iface::icmp`] (echo both ways, errors, ping sockets) |
+//! | [`socket`] | the transports, each a table of sockets behind a handle: [`socket::tcp`], [`socket::udp`], [`socket::ud`] (RDMA UD), [`socket::rc`] (RDMA RC) |
+//! | [`phy`] | what the engine runs on: the [`Device`] trait, packet buffer [`phy::pool`]s, per-buffer [`phy::offload`] metadata, the simulated link [`phy::sim`] and [`phy::impair`] |
+//! | [`shard`] | one stack per queue: mailboxes between shards, symmetric RSS ([`shard::rss`]) |
+//!
+//! At the top: [`Stack`] (the engine and its app API), [`node`] (one
+//! poll-loop iteration and the in-loop [`node::App`]), and the vocabulary
+//! that imports no protocol: [`config`], [`events`] (handles and readiness),
+//! [`error`], [`stats`] (counters and [`stats::DropReason`]), [`time`].
+//! In-loop apps (pingers, a verified bulk transfer) live outside the
+//! engine, in the `ustack-kit` crate.
 //!
 //! # The sans-IO contract
 //!

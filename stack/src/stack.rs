@@ -154,7 +154,7 @@ impl Stack {
     /// port's checksum verdict and stamp, the frame's role among shards;
     /// `RxMeta::default()` for a plain frame owned here). Replies (ARP,
     /// echo, ICMP errors, resets) are written to `tx` at once.
-    /// [`Received::PassOn`] says a [`RxRole::MayPass`] segment was left
+    /// [`Received::PassOn`] says a [`RxRole::MayPass`](crate::RxRole::MayPass) segment was left
     /// for the next shard.
     pub fn receive<T: Tx>(
         &mut self,

@@ -563,3 +563,68 @@ pub fn cap<T: std::str::FromStr>(text: &str, re: &str) -> T {
     c[1].parse()
         .unwrap_or_else(|_| panic!("/{re}/ matched {:?}, not a number", &c[1]))
 }
+
+/// The Linux side's peer: on RESET_PORT it resets each connection after its
+/// first bytes (SO_LINGER 0, then close); on ECHO_PORT it echoes.
+pub const PEER: &str = r#"
+import socket, struct, sys, threading
+ip, reset_port, echo_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def listener(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, port))
+    s.listen(16)
+    return s
+
+def resetter(s):
+    while True:
+        c, _ = s.accept()
+        c.recv(100)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.close()
+
+def echo(c):
+    try:
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            c.sendall(d)
+    except OSError:
+        pass
+    c.close()
+
+def echoer(s):
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=echo, args=(c,), daemon=True).start()
+
+a, b = listener(reset_port), listener(echo_port)
+threading.Thread(target=resetter, args=(a,), daemon=True).start()
+print("ready", flush=True)
+echoer(b)
+"#;
+
+impl Lab {
+    /// The Python peer ([`PEER`]) on the Linux host at 10.77.0.1: it resets
+    /// every connection to `reset_port` and echoes on `echo_port`; returned
+    /// once it listens.
+    pub fn linux_echo_peer(&self, reset_port: u16, echo_port: u16) -> Daemon {
+        let script = self.path("peer.py");
+        std::fs::write(&script, PEER).unwrap();
+        let mut peer = self.linux_daemon(&[
+            PYTHON,
+            &script.display().to_string(),
+            "10.77.0.1",
+            &reset_port.to_string(),
+            &echo_port.to_string(),
+        ]);
+        use std::io::BufRead;
+        let out = peer.child.as_mut().unwrap().stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(out).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the peer did not start");
+        peer
+    }
+}

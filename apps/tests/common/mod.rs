@@ -230,6 +230,14 @@ pub fn stdout_json(what: &str, stdout: &[u8], stderr: &[u8]) -> serde_json::Valu
     })
 }
 
+/// Every JSON object line of a program's output, in order.
+pub fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
 /// The number before `word` in `text` ("5 received" -> 5).
 pub fn count_before(text: &str, word: &str) -> u64 {
     let words: Vec<&str> = text.split_whitespace().collect();

@@ -1,5 +1,5 @@
 //! The interface: everything below the transports. Ethernet demux and the
-//! IPv4 transmit path ([`link`]), the [`arp`] cache, IPv4 reassembly
+//! IPv4 transmit path (the crate-private `link`), the [`arp`] cache, IPv4 reassembly
 //! ([`frag`]) and ICMP ([`icmp`]: echo answered, errors sent and received,
 //! ping sockets). Transports reach the wire only through the link.
 
