@@ -5,6 +5,8 @@
 
 #[macro_use]
 pub mod lab;
+#[macro_use]
+pub mod stock;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
