@@ -9,7 +9,8 @@ pub mod mesh;
 pub mod net;
 pub mod oob;
 pub mod perftest;
-pub mod perftest_rc;
+/// perftest's RC tests (`uperf --rdma rc`): the RC transport of [`perftest`].
+pub use perftest::rc as perftest_rc;
 pub mod pingpong;
 pub mod pingpong_rc;
 pub mod rdma;

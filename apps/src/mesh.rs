@@ -2,7 +2,9 @@
 //! aggregate rate, PingWeave-style, and report per-(target, probe) loss
 //! and RTTs, as a table at the end and as Prometheus metrics while it runs.
 //!
-//! One [`MeshPinger`] (an in-loop [`App`]) carries every probe type:
+//! One [`MeshPinger`] (an in-loop [`App`]) carries every probe type, each
+//! a `Prober` (the trait in `probe.rs`, with the series view, the probes in
+//! flight and the message format they share) in a file of its own:
 //! - `icmp`: one ping socket, one run of sequence numbers for all targets
 //!   (an ICMP error names only the sequence);
 //! - `ud`: one RoCEv2 UD QP sending pings in [`ustack_kit::ud_ping`]'s format
@@ -20,12 +22,17 @@
 //! series. A probe still unanswered when its wait (`-W`) runs out is lost.
 //! Sends are coalesced to one wake-up per millisecond at most.
 
+mod icmp;
 pub mod metrics;
 pub mod pinglist;
+mod probe;
+mod tcp;
+mod ud;
+mod udp;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
@@ -34,13 +41,14 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use ustack::icmp::{PingEvent, PingHandle};
 use ustack::node::{App, Control, RxWait};
-use ustack::tcp::{State, TcpHandle};
-use ustack::ud::{
-    Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, RESPONDER_QPN, SendWr, UdAddr,
-    UdTransport, WcOpcode, WcStatus,
-};
-use ustack::udp::UdpHandle;
+use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN};
 use ustack::{Instant, Stack};
+
+use icmp::Icmp;
+use probe::{Prober, SendCtx, Series};
+use tcp::{Tcp, TcpConn};
+use ud::Ud;
+use udp::Udp;
 
 pub use metrics::{Buckets, MeshMetrics, MeshSnapshot, SeriesSnapshot};
 pub use pinglist::{
@@ -115,7 +123,7 @@ pub struct TargetStats {
     pub up: Option<bool>,
     /// The last error.
     pub last_error: Option<String>,
-    tcp: TcpProbe,
+    tcp: TcpConn,
 }
 
 impl TargetStats {
@@ -136,7 +144,7 @@ impl TargetStats {
             connect: Buckets::default(),
             up: None,
             last_error: None,
-            tcp: TcpProbe::default(),
+            tcp: TcpConn::default(),
         }
     }
 
@@ -183,149 +191,6 @@ impl TargetStats {
             last_error: self.last_error.clone(),
         }
     }
-}
-
-/// A TCP series' connection.
-#[derive(Debug, Default)]
-struct TcpProbe {
-    h: Option<TcpHandle>,
-    established: bool,
-    /// When the SYN was asked for, and when the connect probe is lost.
-    connect_at: Instant,
-    connect_deadline: Instant,
-    /// The port connected to.
-    connect_port: u16,
-    /// No connect before this (back-off after a failure).
-    retry_at: Instant,
-    backoff: Duration,
-    /// A partly received echo.
-    rbuf: [u8; MSG_LEN],
-    rlen: usize,
-    /// Probe bytes not yet taken by the connection.
-    out: Vec<u8>,
-}
-
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-
-/// Probes waiting for answers, by key (an ICMP sequence, or a UD, UDP or
-/// TCP message's sequence), each with its series and deadline.
-#[derive(Debug, Default)]
-struct InFlight {
-    map: HashMap<u64, (u64, Instant)>,
-    /// Keys in send order (deadlines ascending); answered ones stay until
-    /// those before them are answered or expire.
-    order: VecDeque<(u64, u64, Instant)>,
-}
-
-impl InFlight {
-    /// Track `key`; the series of a probe it replaces (a wrapped ICMP sequence).
-    fn insert(&mut self, key: u64, id: u64, deadline: Instant) -> Option<u64> {
-        self.order.push_back((key, id, deadline));
-        self.map.insert(key, (id, deadline)).map(|(old, _)| old)
-    }
-
-    /// The series `key` was sent for, removing it, if `ok` accepts it.
-    fn take(&mut self, key: u64, ok: impl FnOnce(u64) -> bool) -> Option<u64> {
-        match self.map.get(&key) {
-            Some(&(id, _)) if ok(id) => {
-                self.map.remove(&key);
-                self.prune();
-                Some(id)
-            }
-            _ => None,
-        }
-    }
-
-    /// Forget answered probes at the front of the send order, so the next
-    /// deadline is an unanswered probe's (answers mostly come in order:
-    /// the loop does not wake for the deadlines of probes long answered).
-    fn prune(&mut self) {
-        while let Some(&(key, id, deadline)) = self.order.front() {
-            if self.map.get(&key) == Some(&(id, deadline)) {
-                break;
-            }
-            self.order.pop_front();
-        }
-    }
-
-    /// Remove the probes whose deadline passed, calling `lost` with each one's series.
-    fn expire(&mut self, now: Instant, mut lost: impl FnMut(u64)) {
-        while let Some(&(key, id, deadline)) = self.order.front() {
-            if deadline > now {
-                break;
-            }
-            self.order.pop_front();
-            if self.map.get(&key) == Some(&(id, deadline)) {
-                self.map.remove(&key);
-                lost(id);
-            }
-        }
-        self.prune();
-    }
-
-    /// Remove every probe of series `id`; how many there were.
-    fn drop_series(&mut self, id: u64) -> u64 {
-        let before = self.map.len();
-        self.map.retain(|_, (s, _)| *s != id);
-        self.prune();
-        (before - self.map.len()) as u64
-    }
-
-    fn next_deadline(&self) -> Option<Instant> {
-        self.order.front().map(|e| e.2)
-    }
-}
-
-/// UDP and TCP probe messages: `"UMSH" | 4 zero | seq u64 | send time u64`
-/// (big-endian, engine nanoseconds), then filler.
-const MSG_LEN: usize = 24;
-const MSG_MAGIC: &[u8; 4] = b"UMSH";
-
-fn write_msg(buf: &mut [u8], seq: u64, now: Instant) {
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = i as u8;
-    }
-    buf[..4].copy_from_slice(MSG_MAGIC);
-    buf[4..8].fill(0);
-    buf[8..16].copy_from_slice(&seq.to_be_bytes());
-    buf[16..24].copy_from_slice(&now.as_nanos().to_be_bytes());
-}
-
-fn be64(p: &[u8], at: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&p[at..at + 8]);
-    u64::from_be_bytes(b)
-}
-
-/// (seq, send time) of an echoed probe message.
-fn read_msg(p: &[u8]) -> Option<(u64, u64)> {
-    (p.len() >= MSG_LEN && &p[..4] == MSG_MAGIC).then(|| (be64(p, 8), be64(p, 16)))
-}
-
-/// UD pings in the format of [`ustack_kit::ud_ping`] (its module docs):
-/// `"UDPG" | kind | 3 zero | seq | a | b | c`, 40 bytes at least; a ping
-/// (kind 1) carries its post time in `a`, the pong (kind 2) echoes seq and
-/// `a` and carries the responder's processing delay in `c`.
-const UD_LEN: usize = ustack_kit::ud_ping::PING_LEN;
-const UD_RECV_DEPTH: usize = 256;
-
-fn write_ud_ping(buf: &mut [u8], seq: u64, now: Instant) {
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = i as u8;
-    }
-    buf[..4].copy_from_slice(b"UDPG");
-    buf[4] = 1;
-    buf[5..8].fill(0);
-    buf[8..16].copy_from_slice(&seq.to_be_bytes());
-    buf[16..24].copy_from_slice(&now.as_nanos().to_be_bytes());
-    buf[24..40].fill(0);
-}
-
-/// (seq, ping's post time, responder's delay) of a pong.
-fn read_ud_pong(p: &[u8]) -> Option<(u64, u64, u64)> {
-    (p.len() >= UD_LEN && &p[..4] == b"UDPG" && p[4] == 2)
-        .then(|| (be64(p, 8), be64(p, 16), be64(p, 32)))
 }
 
 /// One series' line of the mesh table.
@@ -416,20 +281,15 @@ pub struct MeshPinger {
     /// Series position by id.
     index: HashMap<u64, usize>,
     next_id: u64,
-    icmp: Option<PingHandle>,
-    udp: Option<UdpHandle>,
-    ud: Option<QpHandle>,
-    inflight_icmp: InFlight,
-    inflight_ud: InFlight,
-    inflight_udp: InFlight,
-    inflight_tcp: InFlight,
+    icmp: Icmp,
+    udp: Udp,
+    ud: Ud,
+    tcp: Tcp,
     started: Option<Instant>,
     last_now: Instant,
     next_send: Instant,
     last_burst: Option<Instant>,
     next_slot: usize,
-    /// ICMP sequence numbers run across all targets.
-    next_seq: u16,
     /// UD, UDP and TCP message sequence numbers.
     next_key: u64,
     sent_total: u64,
@@ -440,8 +300,6 @@ pub struct MeshPinger {
     reloads: u64,
     metrics: Option<Arc<MeshMetrics>>,
     next_publish: Instant,
-    buf: Vec<u8>,
-    cqes: Vec<Completion>,
     /// Why the mesh could not run.
     pub error: Option<String>,
 }
@@ -453,19 +311,15 @@ impl MeshPinger {
             stats: Vec::new(),
             index: HashMap::new(),
             next_id: 0,
-            icmp: None,
-            udp: None,
-            ud: None,
-            inflight_icmp: InFlight::default(),
-            inflight_ud: InFlight::default(),
-            inflight_udp: InFlight::default(),
-            inflight_tcp: InFlight::default(),
+            icmp: Icmp::default(),
+            udp: Udp::default(),
+            ud: Ud::default(),
+            tcp: Tcp::default(),
             started: None,
             last_now: Instant::ZERO,
             next_send: Instant::ZERO,
             last_burst: None,
             next_slot: 0,
-            next_seq: 1,
             next_key: 1,
             sent_total: 0,
             send_end: None,
@@ -475,8 +329,6 @@ impl MeshPinger {
             reloads: 0,
             metrics: None,
             next_publish: Instant::ZERO,
-            buf: vec![0; 64 << 10],
-            cqes: Vec::new(),
             error: None,
             cfg,
         };
@@ -571,19 +423,9 @@ impl MeshPinger {
 
     fn apply_list(&mut self, targets: Vec<Target>, stack: &mut Stack) {
         let gone = self.set_series(&targets);
-        for s in gone {
-            if let Some(h) = s.tcp.h {
-                let _ = stack.tcp_abort(h);
-            }
-        }
-        // A TCP target whose port changed reconnects.
-        for s in &mut self.stats {
-            if let Some(h) = s.tcp.h
-                && s.tcp.connect_port != s.target.tcp_port
-            {
-                let _ = stack.tcp_abort(h);
-                s.tcp = TcpProbe::default();
-            }
+        let (probers, mut series) = self.parts();
+        for p in probers {
+            p.list_changed(stack, &gone, &mut series);
         }
         tracing::info!(
             "ping list changed: {} targets, {} series",
@@ -594,44 +436,32 @@ impl MeshPinger {
         self.reloads += 1;
     }
 
-    fn has(&self, p: Probe) -> bool {
-        self.stats.iter().any(|s| s.probe == p)
+    /// Every probe kind, and the series they share.
+    fn parts(&mut self) -> ([&mut dyn Prober; 4], Series<'_>) {
+        (
+            [&mut self.icmp, &mut self.udp, &mut self.ud, &mut self.tcp],
+            Series {
+                stats: &mut self.stats,
+                index: &self.index,
+            },
+        )
+    }
+
+    /// The same, to look at.
+    fn probers(&self) -> [&dyn Prober; 4] {
+        [&self.icmp, &self.udp, &self.ud, &self.tcp]
     }
 
     /// Open the sockets the series need; false (with `error` set) if one fails.
     fn open(&mut self, stack: &mut Stack) -> bool {
-        let r = (|| -> Result<(), String> {
-            if self.icmp.is_none() && self.has(Probe::Icmp) {
-                self.icmp = Some(
-                    stack
-                        .ping_open(self.cfg.ident)
-                        .map_err(|e| format!("cannot open a ping socket: {e}"))?,
-                );
-            }
-            if self.udp.is_none() && self.has(Probe::Udp) {
-                self.udp = Some(
-                    stack
-                        .udp_bind(0)
-                        .map_err(|e| format!("cannot open a UDP socket: {e}"))?,
-                );
-            }
-            if self.ud.is_none() && self.has(Probe::Ud) {
-                let mut qc = QpConfig::new(self.cfg.ud_qkey);
-                qc.max_recv_wr = UD_RECV_DEPTH;
-                qc.max_send_wr = 2 * CATCH_UP as usize;
-                let qp = stack
-                    .create_qp(&qc)
-                    .map_err(|e| format!("cannot create a UD QP: {e}"))?;
-                let size = GRH_LEN + stack.max_msg_size().max(self.cfg.size);
-                for i in 0..UD_RECV_DEPTH {
-                    stack
-                        .post_recv(qp, i as u64, vec![0; size])
-                        .map_err(|e| format!("cannot post UD receives: {e}"))?;
-                }
-                self.ud = Some(qp);
-            }
-            Ok(())
-        })();
+        let kinds: HashSet<Probe> = self.stats.iter().map(|s| s.probe).collect();
+        let cfg = &self.cfg;
+        let probers: [&mut dyn Prober; 4] =
+            [&mut self.icmp, &mut self.udp, &mut self.ud, &mut self.tcp];
+        let r = probers
+            .into_iter()
+            .filter(|p| kinds.contains(&p.kind()))
+            .try_for_each(|p| p.open(cfg, stack));
         match r {
             Ok(()) => true,
             Err(e) => {
@@ -642,392 +472,46 @@ impl MeshPinger {
     }
 
     fn close(&mut self, stack: &mut Stack) {
-        if let Some(s) = self.icmp.take() {
-            let _ = stack.ping_close(s);
-        }
-        if let Some(s) = self.udp.take() {
-            let _ = stack.udp_close(s);
-        }
-        if let Some(q) = self.ud.take() {
-            let _ = stack.destroy_qp(q);
-        }
-        for s in &mut self.stats {
-            if let Some(h) = s.tcp.h.take() {
-                let _ = stack.tcp_close(h);
-            }
-        }
-    }
-
-    fn by_id(&mut self, id: u64) -> Option<&mut TargetStats> {
-        let i = *self.index.get(&id)?;
-        self.stats.get_mut(i)
-    }
-
-    /// An answer: to the probe `id` it matched (its RTT recorded), or,
-    /// matching none in flight, a duplicate or late one counted on the
-    /// `probe` series of the target it came from.
-    fn settle(
-        &mut self,
-        id: Option<u64>,
-        probe: Probe,
-        from: Ipv4Addr,
-        rtt: impl FnOnce() -> Duration,
-    ) {
-        match id {
-            Some(id) => {
-                let rtt = rtt();
-                if let Some(s) = self.by_id(id) {
-                    s.answered(rtt);
-                }
-            }
-            None => {
-                if let Some(s) = self
-                    .stats
-                    .iter_mut()
-                    .find(|s| s.probe == probe && s.target.addr == from)
-                {
-                    s.duplicates += 1;
-                }
-            }
+        let (probers, mut series) = self.parts();
+        for p in probers {
+            p.close(stack, &mut series);
         }
     }
 
     fn receive(&mut self, now: Instant, stack: &mut Stack) {
-        if let Some(sock) = self.icmp {
-            while let Ok(Some(ev)) = stack.ping_recv(sock) {
-                match ev {
-                    PingEvent::Reply(r) => {
-                        let (index, stats) = (&self.index, &self.stats);
-                        let ok = |id| {
-                            index
-                                .get(&id)
-                                .is_some_and(|&i| stats[i].target.addr == r.from)
-                        };
-                        let id = self.inflight_icmp.take(u64::from(r.seq), ok);
-                        self.settle(id, Probe::Icmp, r.from, || r.rtt().unwrap_or_default());
-                    }
-                    PingEvent::Unreachable { seq, code, .. } => {
-                        if let Some(id) = self.inflight_icmp.take(u64::from(seq), |_| true)
-                            && let Some(s) = self.by_id(id)
-                        {
-                            s.unreachable += 1;
-                            s.lose(Some(&format!("destination unreachable (code {code})")));
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(sock) = self.udp {
-            let mut buf = std::mem::take(&mut self.buf);
-            while let Ok(Some((n, from))) = stack.udp_recv_from(sock, &mut buf) {
-                let Some((key, ts)) = read_msg(&buf[..n.min(buf.len())]) else {
-                    continue;
-                };
-                let (index, stats) = (&self.index, &self.stats);
-                let ok = |id| {
-                    index.get(&id).is_some_and(|&i| {
-                        stats[i].target.addr == *from.ip()
-                            && stats[i].target.udp_port == from.port()
-                    })
-                };
-                let id = self.inflight_udp.take(key, ok);
-                self.settle(id, Probe::Udp, *from.ip(), || {
-                    now.saturating_duration_since(Instant::from_nanos(ts))
-                });
-            }
-            self.buf = buf;
-        }
-        if let Some(qp) = self.ud {
-            let mut cqes = std::mem::take(&mut self.cqes);
-            while stack.poll_cq(qp, now, 64, &mut cqes).unwrap_or(0) > 0 {
-                for mut c in cqes.drain(..) {
-                    self.on_ud_completion(now, &c);
-                    if c.opcode == WcOpcode::Recv
-                        && let Some(b) = c.buf.take()
-                    {
-                        let _ = stack.post_recv(qp, c.wr_id, b);
-                    }
-                }
-            }
-            self.cqes = cqes;
-        }
-    }
-
-    fn on_ud_completion(&mut self, now: Instant, c: &Completion) {
-        match c.opcode {
-            WcOpcode::Send => {
-                if c.status != WcStatus::Success
-                    && let Some(id) = self.inflight_ud.take(c.wr_id, |_| true)
-                    && let Some(s) = self.by_id(id)
-                {
-                    s.lose(Some(&format!("UD send failed: {:?}", c.status)));
-                }
-            }
-            WcOpcode::Recv => {
-                if c.status != WcStatus::Success {
-                    return;
-                }
-                let Some((seq, posted, delay)) = read_ud_pong(c.payload()) else {
-                    return;
-                };
-                let Some(from) = c.src else { return };
-                let (index, stats) = (&self.index, &self.stats);
-                let ok = |id| {
-                    index
-                        .get(&id)
-                        .is_some_and(|&i| stats[i].target.addr == from.ip)
-                };
-                let id = self.inflight_ud.take(seq, ok);
-                self.settle(id, Probe::Ud, from.ip, || {
-                    let at = if c.ts_source == ustack::ud::TsSource::Poll {
-                        c.timestamp
-                    } else {
-                        now
-                    };
-                    at.saturating_duration_since(Instant::from_nanos(posted))
-                        .saturating_sub(Duration::from_nanos(delay))
-                });
-            }
+        let (probers, mut series) = self.parts();
+        for p in probers {
+            p.receive(now, stack, &mut series);
         }
     }
 
     /// Probes whose wait ran out are lost; a TCP echo that timed out ends
     /// its connection.
     fn expire(&mut self, now: Instant, stack: &mut Stack) {
-        let (index, stats) = (&self.index, &mut self.stats);
-        let mut lose = |id: u64| {
-            if let Some(&i) = index.get(&id) {
-                stats[i].lose(Some("timeout"));
-            }
-        };
-        self.inflight_icmp.expire(now, &mut lose);
-        self.inflight_ud.expire(now, &mut lose);
-        self.inflight_udp.expire(now, &mut lose);
-        let mut stalled = Vec::new();
-        self.inflight_tcp.expire(now, |id| {
-            lose(id);
-            stalled.push(id);
-        });
-        for id in stalled {
-            if let Some(&i) = self.index.get(&id) {
-                self.tcp_fail(i, now, stack, "echo timed out".into());
-            }
-        }
-    }
-
-    /// End series `i`'s connection: its connect probe (if not yet
-    /// established) and its echoes in flight are lost; reconnect later.
-    fn tcp_fail(&mut self, i: usize, now: Instant, stack: &mut Stack, why: String) {
-        let s = &mut self.stats[i];
-        if let Some(h) = s.tcp.h.take() {
-            let _ = stack.tcp_abort(h);
-        }
-        if !s.tcp.established {
-            s.lose(None);
-        }
-        let lost = self.inflight_tcp.drop_series(s.id);
-        s.lost += lost;
-        s.up = Some(false);
-        tracing::debug!("mesh tcp {}:{}: {why}", s.target.addr, s.target.tcp_port);
-        s.last_error = Some(why);
-        let t = &mut s.tcp;
-        t.established = false;
-        t.backoff = (t.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
-        t.retry_at = now + t.backoff;
-        t.rlen = 0;
-        t.out.clear();
-    }
-
-    /// Connect progress, echoes received, queued bytes written, for every
-    /// TCP series.
-    fn tcp_service(&mut self, now: Instant, stack: &mut Stack) {
-        for i in 0..self.stats.len() {
-            let s = &mut self.stats[i];
-            let Some(h) = s.tcp.h else { continue };
-            let status = match stack.tcp_status(h) {
-                Ok(st) => st,
-                Err(e) => {
-                    self.tcp_fail(i, now, stack, format!("connection lost: {e}"));
-                    continue;
-                }
-            };
-            if let Some(e) = status.error {
-                self.tcp_fail(i, now, stack, e.to_string());
-                continue;
-            }
-            if !s.tcp.established {
-                match status.state {
-                    State::Established => {
-                        s.tcp.established = true;
-                        s.tcp.backoff = Duration::ZERO;
-                        let t = now.saturating_duration_since(s.tcp.connect_at);
-                        s.connect.observe(t.as_secs_f64());
-                        s.received += 1;
-                        s.up = Some(true);
-                    }
-                    State::SynSent | State::SynReceived if now < s.tcp.connect_deadline => continue,
-                    State::SynSent | State::SynReceived => {
-                        self.tcp_fail(i, now, stack, "connect timed out".into());
-                        continue;
-                    }
-                    st => {
-                        self.tcp_fail(i, now, stack, format!("connect failed ({st:?})"));
-                        continue;
-                    }
-                }
-            }
-            // Write what is queued, then read whole echoes.
-            while !s.tcp.out.is_empty() {
-                match stack.tcp_send(h, &s.tcp.out) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        s.tcp.out.drain(..n);
-                    }
-                    Err(e) => {
-                        self.tcp_fail(i, now, stack, format!("send failed: {e}"));
-                        break;
-                    }
-                }
-            }
-            let s = &mut self.stats[i];
-            if s.tcp.h.is_none() {
-                continue;
-            }
-            loop {
-                let t = &mut s.tcp;
-                match stack.tcp_recv(h, &mut t.rbuf[t.rlen..]) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        t.rlen += n;
-                        if t.rlen < MSG_LEN {
-                            continue;
-                        }
-                        t.rlen = 0;
-                        let Some((key, ts)) = read_msg(&t.rbuf) else {
-                            continue;
-                        };
-                        let id = s.id;
-                        if self.inflight_tcp.take(key, |x| x == id).is_some() {
-                            let rtt = now.saturating_duration_since(Instant::from_nanos(ts));
-                            s.answered(rtt);
-                        }
-                    }
-                    Err(e) => {
-                        self.tcp_fail(i, now, stack, format!("receive failed: {e}"));
-                        break;
-                    }
-                }
-            }
-            if self.stats[i].tcp.h.is_some() && status.eof {
-                self.tcp_fail(i, now, stack, "connection closed by the target".into());
-            }
+        let (probers, mut series) = self.parts();
+        for p in probers {
+            p.expire(now, stack, &mut series);
         }
     }
 
     /// One probe of series `i`.
     fn send(&mut self, i: usize, now: Instant, stack: &mut Stack) {
-        let deadline = now + self.cfg.wait;
-        let size = self.cfg.size;
-        let s = &mut self.stats[i];
-        let addr = s.target.addr;
-        match s.probe {
-            Probe::Icmp => {
-                let Some(sock) = self.icmp else { return };
-                let seq = self.next_seq;
-                match stack.ping_send(sock, addr, seq, size) {
-                    Ok(()) => {
-                        self.next_seq = seq.wrapping_add(1);
-                        s.sent += 1;
-                        let id = s.id;
-                        if let Some(old) = self.inflight_icmp.insert(u64::from(seq), id, deadline)
-                            && let Some(o) = self.by_id(old)
-                        {
-                            // Its sequence number came round again unanswered.
-                            o.lose(Some("timeout"));
-                        }
-                    }
-                    Err(e) => tracing::debug!("mesh icmp to {addr}: {e}"),
-                }
-            }
-            Probe::Udp => {
-                let Some(sock) = self.udp else { return };
-                let key = self.next_key;
-                let n = size.max(MSG_LEN);
-                write_msg(&mut self.buf[..n], key, now);
-                let dst = SocketAddrV4::new(addr, s.target.udp_port);
-                match stack.udp_send_to(sock, dst, &self.buf[..n]) {
-                    Ok(()) => {
-                        self.next_key += 1;
-                        s.sent += 1;
-                        self.inflight_udp.insert(key, s.id, deadline);
-                    }
-                    Err(e) => tracing::debug!("mesh udp to {dst}: {e}"),
-                }
-            }
-            Probe::Ud => {
-                let Some(qp) = self.ud else { return };
-                let key = self.next_key;
-                let n = size.max(UD_LEN).min(stack.max_msg_size());
-                write_ud_ping(&mut self.buf[..n], key, now);
-                let wr = SendWr {
-                    wr_id: key,
-                    dest: UdAddr {
-                        ip: addr,
-                        qpn: self.cfg.ud_qpn,
-                    },
-                    remote_qkey: self.cfg.ud_qkey,
-                    imm: None,
-                    solicited: false,
-                    data: &self.buf[..n],
-                };
-                match stack.post_send(qp, &wr) {
-                    Ok(()) => {
-                        self.next_key += 1;
-                        s.sent += 1;
-                        self.inflight_ud.insert(key, s.id, deadline);
-                    }
-                    Err(e) => tracing::debug!("mesh ud to {addr}: {e}"),
-                }
-            }
-            Probe::Tcp => {
-                let t = &mut s.tcp;
-                match t.h {
-                    None if now >= t.retry_at => {
-                        let dst = SocketAddrV4::new(addr, s.target.tcp_port);
-                        s.sent += 1;
-                        match stack.tcp_connect(dst) {
-                            Ok(h) => {
-                                let _ = stack.tcp_set_nodelay(h, true);
-                                t.h = Some(h);
-                                t.established = false;
-                                t.connect_at = now;
-                                t.connect_deadline = deadline;
-                                t.connect_port = dst.port();
-                            }
-                            Err(e) => {
-                                t.established = true; // the probe is counted lost once, below
-                                self.tcp_fail(i, now, stack, format!("cannot connect: {e}"));
-                                self.stats[i].lose(None);
-                            }
-                        }
-                    }
-                    Some(h) if t.established => {
-                        let key = self.next_key;
-                        self.next_key += 1;
-                        let mut m = [0u8; MSG_LEN];
-                        write_msg(&mut m, key, now);
-                        t.out.extend_from_slice(&m);
-                        s.sent += 1;
-                        self.inflight_tcp.insert(key, s.id, deadline);
-                        if let Ok(n) = stack.tcp_send(h, &t.out) {
-                            t.out.drain(..n);
-                        }
-                    }
-                    // Connecting, or backing off: this slot sends nothing.
-                    _ => {}
-                }
-            }
-        }
+        let mut ctx = SendCtx {
+            cfg: &self.cfg,
+            deadline: now + self.cfg.wait,
+            next_key: &mut self.next_key,
+        };
+        let mut series = Series {
+            stats: &mut self.stats,
+            index: &self.index,
+        };
+        let p: &mut dyn Prober = match series.stats[i].probe {
+            Probe::Icmp => &mut self.icmp,
+            Probe::Udp => &mut self.udp,
+            Probe::Ud => &mut self.ud,
+            Probe::Tcp => &mut self.tcp,
+        };
+        p.send(i, now, stack, &mut series, &mut ctx);
     }
 
     /// Run the warm-up; true once it is over.
@@ -1092,14 +576,7 @@ impl MeshPinger {
     }
 
     fn all_in(&self) -> bool {
-        self.inflight_icmp.map.is_empty()
-            && self.inflight_ud.map.is_empty()
-            && self.inflight_udp.map.is_empty()
-            && self.inflight_tcp.map.is_empty()
-            && self
-                .stats
-                .iter()
-                .all(|s| s.tcp.h.is_none() || s.tcp.established)
+        self.probers().iter().all(|p| p.settled(&self.stats))
     }
 
     /// The summary table, one line per series.
@@ -1212,7 +689,6 @@ impl App for MeshPinger {
             self.send_end = (!self.cfg.duration.is_zero()).then(|| now + self.cfg.duration);
         }
         self.receive(now, stack);
-        self.tcp_service(now, stack);
         self.expire(now, stack);
         let send_end = self.send_end.unwrap_or(Instant::FAR_FUTURE);
         let may_send = self.last_burst.is_none_or(|b| now >= b + BATCH);
@@ -1267,24 +743,11 @@ impl App for MeshPinger {
                 None => self.next_send,
             }),
         };
-        let connect = self
-            .stats
-            .iter()
-            .filter(|s| s.tcp.h.is_some() && !s.tcp.established)
-            .map(|s| s.tcp.connect_deadline)
-            .min();
-        [
-            tick,
-            send,
-            connect,
-            self.inflight_icmp.next_deadline(),
-            self.inflight_ud.next_deadline(),
-            self.inflight_udp.next_deadline(),
-            self.inflight_tcp.next_deadline(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        let probes = self
+            .probers()
+            .into_iter()
+            .filter_map(|p| p.next_deadline(&self.stats));
+        [tick, send].into_iter().flatten().chain(probes).min()
     }
 
     /// ICMP and UD replies are timed by the port's receive stamp, so while
@@ -1296,13 +759,10 @@ impl App for MeshPinger {
         if !self.warm.done || self.finished_at.is_some() {
             return RxWait::Prompt;
         }
-        let connecting = self
-            .stats
-            .iter()
-            .any(|s| s.tcp.h.is_some() && !s.tcp.established);
-        if connecting || !self.inflight_udp.map.is_empty() || !self.inflight_tcp.map.is_empty() {
+        let waits = self.probers().map(|p| p.rx_wait(&self.stats));
+        if waits.contains(&RxWait::Prompt) {
             RxWait::Prompt
-        } else if !(self.inflight_icmp.map.is_empty() && self.inflight_ud.map.is_empty()) {
+        } else if waits.contains(&RxWait::Stamped) {
             RxWait::Stamped
         } else {
             RxWait::Nothing
@@ -1313,55 +773,6 @@ impl App for MeshPinger {
 #[cfg(test)]
 mod test {
     use super::*;
-
-    fn at(ms: u64) -> Instant {
-        Instant::from_millis(ms)
-    }
-
-    #[test]
-    fn inflight_expiry_counts_only_unanswered() {
-        let mut f = InFlight::default();
-        assert_eq!(f.insert(1, 10, at(100)), None);
-        assert_eq!(f.insert(2, 11, at(110)), None);
-        assert_eq!(f.insert(3, 10, at(120)), None);
-        // Answered by the wrong series: not taken.
-        assert_eq!(f.take(1, |id| id == 11), None);
-        assert_eq!(f.take(1, |id| id == 10), Some(10));
-        assert_eq!(f.take(1, |_| true), None, "a duplicate finds nothing");
-        let mut lost = Vec::new();
-        f.expire(at(99), |id| lost.push(id));
-        assert!(lost.is_empty());
-        f.expire(at(110), |id| lost.push(id));
-        assert_eq!(lost, vec![11], "1 was answered, 2 ran out, 3 still waits");
-        assert_eq!(f.next_deadline(), Some(at(120)));
-        // A wrapped key replaces the old probe, which the caller counts lost.
-        assert_eq!(f.insert(3, 12, at(200)), Some(10));
-        f.expire(at(150), |id| lost.push(id));
-        assert_eq!(lost, vec![11], "the replaced entry does not expire twice");
-        assert_eq!(f.insert(4, 12, at(210)), None);
-        assert_eq!(f.drop_series(12), 2);
-        f.expire(at(1000), |id| lost.push(id));
-        assert_eq!(lost, vec![11]);
-    }
-
-    #[test]
-    fn answered_probes_set_no_deadline() {
-        let mut f = InFlight::default();
-        for k in 1..=4 {
-            f.insert(k, 10, at(100 + k));
-        }
-        assert_eq!(f.take(1, |_| true), Some(10));
-        assert_eq!(f.next_deadline(), Some(at(102)), "1 was answered");
-        // Answered out of order: 3 waits behind 2 until 2 is settled.
-        assert_eq!(f.take(3, |_| true), Some(10));
-        assert_eq!(f.next_deadline(), Some(at(102)));
-        assert_eq!(f.take(2, |_| true), Some(10));
-        assert_eq!(f.next_deadline(), Some(at(104)), "2 and 3 answered");
-        assert_eq!(f.order.len(), 1);
-        assert_eq!(f.take(4, |_| true), Some(10));
-        assert_eq!(f.next_deadline(), None);
-        assert!(f.order.is_empty());
-    }
 
     #[test]
     fn series_lose_and_answer() {
@@ -1376,20 +787,6 @@ mod test {
         assert_eq!(snap.rtt.count(), 1);
         assert_eq!(snap.last_error.as_deref(), Some("timeout"));
         assert_eq!(snap.name, "a");
-    }
-
-    #[test]
-    fn messages_round_trip() {
-        let mut b = [0u8; 64];
-        write_msg(&mut b, 7, Instant::from_nanos(99));
-        assert_eq!(read_msg(&b), Some((7, 99)));
-        assert_eq!(read_msg(&b[..MSG_LEN - 1]), None);
-        let mut u = [0u8; 40];
-        write_ud_ping(&mut u, 5, Instant::from_nanos(1234));
-        assert_eq!(read_ud_pong(&u), None, "a ping is not a pong");
-        u[4] = 2;
-        u[32..40].copy_from_slice(&17u64.to_be_bytes());
-        assert_eq!(read_ud_pong(&u), Some((5, 1234, 17)));
     }
 
     #[test]

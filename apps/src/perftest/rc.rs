@@ -42,7 +42,7 @@
 //! Latency is from the gaps between successive posts (halved except for
 //! READ), as `print_report_lat`. Output follows perftest's layout.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -50,19 +50,18 @@ use ustack::rc::{
     Access, Local, MrHandle, MrInfo, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr,
     Sge, Wc, WcOpcode, WcStatus,
 };
-use ustack::tcp::State;
-use ustack::ud::exchange::{
-    DONE, KEY_MSG_LEN, KeyMsg, VERSION_LEN, ipv4_gid, mtu_msg, version_msg,
-};
+use ustack::ud::exchange::{KeyMsg, ipv4_gid};
 use ustack::{Instant, Stack};
 
-use crate::oob::{MsgConn, OobError};
-use crate::perftest::{
-    AddrVerb, BW_CQ_MOD, BW_HEADER, BW_TX_DEPTH, BannerInfo, BwRow, CACHE_LINE, CYCLE_BUFFER,
-    Client, LAT_HEADER, LINGER, MIN_ITERS, PerftestRole, PerftestSession, RESULT_LINE, Row, Server,
-    SessionReport, User, address_lines_verb, banner_with, bw_receiver_row, bw_sender_row_cq,
-    check_peer_version, lat_row_rtt, lockstep, negotiate_mtu, parse_peer_key, peer_ip,
+use super::app::{Client, PerftestRole, Server, User};
+use super::exchange::{
+    CYCLE_BUFFER, Exchange, Fail, Run, Step, Timeouts, Transport, peer_ip, session_report,
 };
+use super::format::{
+    AddrVerb, BW_HEADER, BannerInfo, BwRow, LAT_HEADER, RESULT_LINE, Row, address_lines_verb,
+    banner_with, bw_receiver_row, bw_sender_row_cq, lat_row_rtt,
+};
+use super::{BW_CQ_MOD, BW_TX_DEPTH, MIN_ITERS};
 
 /// perftest's largest `-a` size (`MAX_SIZE`): 8 MiB.
 pub const MAX_SWEEP_SIZE: usize = 8 << 20;
@@ -428,43 +427,7 @@ impl RcReport {
     }
 }
 
-// ------------------------------------------------------------ session
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Version,
-    CycleBuffer,
-    CacheLine,
-    Mtu,
-    Key(u8),
-    PreRun,
-    Run,
-    AfterRun,
-    EndSync,
-    Reports(u8),
-    Close,
-    Linger,
-    Drain,
-    Finished,
-}
-
-impl Step {
-    fn what(self) -> &'static str {
-        match self {
-            Step::Version => "the version exchange",
-            Step::CycleBuffer | Step::CacheLine => "the system data exchange",
-            Step::Mtu => "the MTU exchange",
-            Step::Key(_) => "the key exchange",
-            Step::PreRun => "the sync before the test",
-            Step::Run => "the test",
-            Step::AfterRun => "the sync after a size",
-            Step::EndSync => "the sync after the test",
-            Step::Reports(_) => "the report exchange",
-            Step::Close => "the close exchange",
-            Step::Linger | Step::Drain | Step::Finished => "closing",
-        }
-    }
-}
+// ------------------------------------------------------------ data phase
 
 /// Where write_lat is in its iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -475,29 +438,6 @@ enum Phase {
     Post,
     /// Waiting for the WRITE's completion.
     Complete,
-}
-
-/// The data phase of one size.
-#[derive(Debug)]
-struct Run {
-    size: usize,
-    /// Work requests posted.
-    posted: u64,
-    /// Work requests known complete (a signaled completion completes every
-    /// earlier one).
-    completed: u64,
-    /// Messages received (receives; write_lat: counts seen).
-    received: u64,
-    /// Receives posted for this size.
-    recv_posted: u64,
-    tposted: Vec<Instant>,
-    /// Completion times by work request (only signaled ones are set).
-    tcompleted: Vec<Instant>,
-    first_rx: Option<Instant>,
-    last_rx: Option<Instant>,
-    /// Since when nothing moved.
-    waiting_since: Instant,
-    phase: Phase,
 }
 
 /// The buffer: a send half and a receive half of `buff` bytes each, as
@@ -526,26 +466,20 @@ impl Buf {
     }
 }
 
-/// One perftest RC connection, either side (driven by [`Client`] and
-/// [`Server`]).
+/// The RC side of a perftest session: its QP, buffer and data phase
+/// (driven by
+/// [`Session`](super::Session)).
 #[derive(Debug)]
-pub struct Session {
+pub struct Rc {
     cfg: RcConfig,
     client: bool,
-    conn: MsgConn,
-    connect_to: Option<SocketAddrV4>,
-    step: Step,
-    wrote: bool,
-    since: Instant,
-    started: bool,
     qp: Option<RcQpHandle>,
     buf: Option<Buf>,
-    me: KeyMsg,
     peer: Option<KeyMsg>,
     mtu: usize,
     sizes: Vec<usize>,
     size_idx: usize,
-    run: Option<Run>,
+    run: Option<Run<Phase>>,
     /// READs in flight at most (the peer's out_reads), else the tx depth.
     window: u64,
     cq_mod: usize,
@@ -553,28 +487,22 @@ pub struct Session {
     peer_report: Vec<[u8; 8]>,
     wcs: Vec<Wc>,
     report: RcReport,
-    output: Vec<String>,
 }
 
-/// Why a session stops: a message for the user.
-type Fail = String;
+session_report!(RcReport);
 
-impl Session {
-    fn new(cfg: RcConfig, client: bool, conn: MsgConn, to: Option<SocketAddrV4>) -> Self {
+impl Transport for Rc {
+    type Config = RcConfig;
+    type Report = RcReport;
+
+    fn new(cfg: RcConfig, client: bool) -> Self {
         let report = RcReport::new(&cfg, client);
         let cq_mod = cfg.cq_mod();
-        Session {
+        Rc {
             cfg,
             client,
-            conn,
-            connect_to: to,
-            step: Step::Version,
-            wrote: false,
-            since: Instant::ZERO,
-            started: false,
             qp: None,
             buf: None,
-            me: KeyMsg::default(),
             peer: None,
             mtu: 0,
             sizes: Vec::new(),
@@ -586,248 +514,42 @@ impl Session {
             peer_report: Vec::new(),
             wcs: Vec::new(),
             report,
-            output: Vec::new(),
         }
     }
 
-    fn goto(&mut self, now: Instant, step: Step) {
-        self.step = step;
-        self.wrote = false;
-        self.since = now;
+    fn test_name(cfg: &RcConfig) -> String {
+        cfg.name()
     }
 
-    /// Whether this step waits for the peer's data phase.
-    fn waits_for_run(&self) -> bool {
-        match self.step {
-            Step::EndSync => !self.client,
-            Step::Close => {
-                (self.cfg.op == Op::Read && self.cfg.latency && !self.client)
-                    || (self.cfg.op == Op::Send && !self.cfg.latency && self.client)
-            }
-            Step::AfterRun => self.client,
-            _ => false,
+    fn check(cfg: &RcConfig, _stack: &Stack) -> Result<()> {
+        check_config(cfg)
+    }
+
+    fn timeouts(cfg: &RcConfig) -> Timeouts {
+        Timeouts {
+            exchange: cfg.exchange_timeout,
+            connect: cfg.connect_timeout,
         }
     }
 
-    fn step_timeout(&self) -> Duration {
-        match self.step {
-            Step::Linger => LINGER,
-            Step::Drain => DRAIN,
-            _ if self.waits_for_run() => RUN_WAIT.max(self.cfg.exchange_timeout),
-            _ => self.cfg.exchange_timeout,
+    fn step_wait(&self, x: &Exchange) -> Option<Duration> {
+        match x.step {
+            Step::Drain => Some(DRAIN),
+            _ if self.waits_for_run(x) => Some(RUN_WAIT.max(self.cfg.exchange_timeout)),
+            _ => None,
         }
-    }
-
-    fn xchg(&mut self, stack: &Stack, mine: &[u8], len: usize) -> Result<Option<Vec<u8>>, Fail> {
-        lockstep(
-            &mut self.conn,
-            stack,
-            self.client,
-            &mut self.wrote,
-            mine,
-            len,
-        )
-        .map_err(|e| self.oob_fail(&e))
-    }
-
-    fn oob_fail(&self, e: &OobError) -> Fail {
-        match e {
-            OobError::Closed => {
-                format!("the peer closed the connection during {}", self.step.what())
-            }
-            e => format!("{} (during {})", e, self.step.what()),
-        }
-    }
-
-    fn key(&mut self, stack: &Stack) -> Result<Option<KeyMsg>, Fail> {
-        let mine = self.me.to_wire();
-        match self.xchg(stack, &mine, KEY_MSG_LEN)? {
-            Some(b) => parse_peer_key(&b, self.step.what()).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    fn fail(&mut self, stack: &mut Stack, why: Fail) {
-        if self.report.error.is_none() {
-            self.report.error = Some(why);
-        }
-        self.end(stack);
-    }
-
-    fn end(&mut self, stack: &mut Stack) {
-        if let Some(qp) = self.qp.take() {
-            if let Ok(st) = stack.rc_qp_status(qp) {
-                self.report.qp = Some(st);
-            }
-            let _ = stack.rc_destroy_qp(qp);
-        }
-        if let Some(b) = self.buf.take() {
-            let _ = stack.rc_dereg_mr(b.mr);
-        }
-        let _ = self.conn.poll(stack);
-        let _ = stack.tcp_close(self.conn.handle());
-        self.step = Step::Finished;
-    }
-
-    fn turn(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
-        if let Err(e) = self.conn.poll(stack) {
-            if matches!(self.step, Step::Linger | Step::Drain) {
-                self.end(stack);
-                return Ok(());
-            }
-            return Err(self.oob_fail(&e));
-        }
-        if let Some(to) = self.connect_to {
-            let syn_sent = stack
-                .tcp_status(self.conn.handle())
-                .is_ok_and(|s| s.state == State::SynSent);
-            if syn_sent {
-                if now >= self.since + self.cfg.connect_timeout {
-                    return Err(format!(
-                        "connecting to {to} timed out after {} ms: is a perftest server there?{}",
-                        self.cfg.connect_timeout.as_millis(),
-                        crate::bad_checksum_hint(stack)
-                    ));
-                }
-                return Ok(());
-            }
-            self.connect_to = None;
-            self.since = now;
-        }
-        loop {
-            let step = self.step;
-            self.step_once(now, stack)?;
-            if self.step == step || self.step == Step::Finished {
-                break;
-            }
-            if let Err(e) = self.conn.poll(stack) {
-                return Err(self.oob_fail(&e));
-            }
-        }
-        if !matches!(self.step, Step::Run | Step::Finished)
-            && now >= self.since + self.step_timeout()
-        {
-            if matches!(self.step, Step::Linger | Step::Drain) {
-                self.end(stack);
-                return Ok(());
-            }
-            return Err(format!(
-                "no answer from the peer within {} s during {}",
-                self.step_timeout().as_secs(),
-                self.step.what()
-            ));
-        }
-        Ok(())
-    }
-
-    fn step_once(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
-        match self.step {
-            Step::Version => {
-                if let Some(b) = self.xchg(stack, &version_msg(), VERSION_LEN)? {
-                    check_peer_version(&b)?;
-                    self.goto(now, Step::CycleBuffer);
-                }
-            }
-            Step::CycleBuffer => {
-                if self.xchg(stack, &CYCLE_BUFFER.to_be_bytes(), 4)?.is_some() {
-                    self.goto(now, Step::CacheLine);
-                }
-            }
-            Step::CacheLine => {
-                if self.xchg(stack, &CACHE_LINE.to_be_bytes(), 4)?.is_some() {
-                    self.goto(now, Step::Mtu);
-                }
-            }
-            Step::Mtu => {
-                let cap = stack.ud_max_msg();
-                if let Some(b) = self.xchg(stack, &mtu_msg(cap), 2)? {
-                    self.mtu = negotiate_mtu(&b, cap);
-                    self.setup(now, stack)?;
-                }
-            }
-            Step::Key(i) => {
-                if let Some(k) = self.key(stack)? {
-                    self.on_key(now, stack, i, k)?;
-                }
-            }
-            Step::PreRun => {
-                if self.key(stack)?.is_some() {
-                    self.start_run(now, stack)?;
-                }
-            }
-            Step::Run => self.run_turn(now, stack)?,
-            Step::AfterRun => {
-                if self.key(stack)?.is_some() {
-                    self.next_size(now, stack)?;
-                }
-            }
-            Step::EndSync => {
-                if self.key(stack)?.is_some() {
-                    self.goto(now, Step::Reports(0));
-                }
-            }
-            Step::Reports(i) => {
-                let mine = report_msgs(&self.last_row.unwrap_or(BwRow {
-                    bytes: 0,
-                    iters: 0,
-                    peak: None,
-                    avg: None,
-                    msg_rate: None,
-                }))[usize::from(i)];
-                if let Some(b) = self.xchg(stack, &mine, 8)? {
-                    let mut m = [0u8; 8];
-                    m.copy_from_slice(&b);
-                    self.peer_report.push(m);
-                    if i < 4 {
-                        self.goto(now, Step::Reports(i + 1));
-                    } else {
-                        if !self.client {
-                            let mut all = [[0u8; 8]; 5];
-                            all.copy_from_slice(&self.peer_report);
-                            let row = Row::Bw(parse_report(&all));
-                            self.output.push(row.to_string());
-                            self.report.rows.push(row);
-                        }
-                        self.goto(now, Step::Close);
-                    }
-                }
-            }
-            Step::Close => {
-                if self.key(stack)?.is_some() {
-                    self.conn.send(DONE);
-                    // perftest prints its closing line after the close
-                    // exchange where it runs no data phase after it.
-                    if self.cfg.op != Op::Send && (!self.client || self.cfg.latency) {
-                        self.output.push(RESULT_LINE.to_string());
-                    }
-                    self.goto(now, Step::Linger);
-                }
-            }
-            Step::Linger => {
-                let acked = stack
-                    .tcp_status(self.conn.handle())
-                    .map_or(true, |s| s.unacked == 0 || s.closed());
-                if self.conn.flushed() && acked {
-                    self.end(stack);
-                }
-            }
-            Step::Drain => {
-                // The peer's close (it exited) ends the wait early.
-                let gone = stack
-                    .tcp_status(self.conn.handle())
-                    .map_or(true, |s| s.eof || s.closed());
-                if gone {
-                    self.end(stack);
-                }
-            }
-            Step::Finished => {}
-        }
-        Ok(())
     }
 
     /// After the MTU is known: the sizes, the buffer, the QP, our key, the
     /// banner.
-    fn setup(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
+    fn setup(
+        &mut self,
+        x: &mut Exchange,
+        now: Instant,
+        stack: &mut Stack,
+        mtu: usize,
+    ) -> Result<(), Fail> {
+        self.mtu = mtu;
         let cfg = &self.cfg;
         self.sizes = cfg.sizes();
         self.report.expected = cfg.iters * self.sizes.len() as u64;
@@ -854,7 +576,7 @@ impl Session {
         let st = stack
             .rc_qp_status(qp)
             .map_err(|e| format!("the RC queue pair: {e}"))?;
-        self.me = KeyMsg {
+        x.me = KeyMsg {
             lid: 0,
             out_reads: if cfg.op == Op::Read { OUT_READS } else { 1 },
             qpn: st.qpn,
@@ -865,7 +587,7 @@ impl Session {
             srqn: 0,
         };
         let send_server = cfg.op == Op::Send && !self.client;
-        self.output.push(banner_with(&BannerInfo {
+        x.output.push(banner_with(&BannerInfo {
             title: &cfg.title(),
             connection: "RC",
             tx_depth: self.client.then(|| cfg.tx_depth()),
@@ -874,11 +596,18 @@ impl Session {
             mtu: self.mtu,
             out_reads: (cfg.op == Op::Read).then_some(OUT_READS),
         }));
-        self.goto(now, Step::Key(0));
+        x.goto(now, Step::Key(0));
         Ok(())
     }
 
-    fn on_key(&mut self, now: Instant, stack: &mut Stack, i: u8, k: KeyMsg) -> Result<(), Fail> {
+    fn on_key(
+        &mut self,
+        x: &mut Exchange,
+        now: Instant,
+        stack: &mut Stack,
+        i: u8,
+        k: KeyMsg,
+    ) -> Result<(), Fail> {
         let n = self.cfg.keys();
         if self.peer.is_none() {
             let ip = peer_ip(&k)?;
@@ -907,20 +636,19 @@ impl Session {
         let remote_at = if self.cfg.op == Op::Send { 2 } else { n - 2 };
         if i == remote_at {
             let verb = self.cfg.op.addr_verb();
-            self.output
-                .push(address_lines_verb("local", &self.me, verb));
-            self.output.push(address_lines_verb("remote", &k, verb));
+            x.output.push(address_lines_verb("local", &x.me, verb));
+            x.output.push(address_lines_verb("remote", &k, verb));
         }
         if i + 1 < n {
-            self.goto(now, Step::Key(i + 1));
+            x.goto(now, Step::Key(i + 1));
             return Ok(());
         }
         self.report.started = true;
         let idle_server = !self.client && self.cfg.op != Op::Send;
         let read_lat_server = idle_server && self.cfg.latency;
         if !read_lat_server {
-            self.output.push(RESULT_LINE.to_string());
-            self.output.push(
+            x.output.push(RESULT_LINE.to_string());
+            x.output.push(
                 if self.cfg.latency {
                     LAT_HEADER
                 } else {
@@ -930,16 +658,207 @@ impl Session {
             );
         }
         match (self.cfg.op, self.cfg.latency, self.client) {
-            (Op::Send, ..) => self.enter_prerun(now, stack),
+            (Op::Send, ..) => self.enter_prerun(x, now, stack),
             (_, true, false) if self.cfg.op == Op::Read => {
-                self.goto(now, Step::Close);
+                x.goto(now, Step::Close);
                 Ok(())
             }
             (_, false, false) => {
-                self.goto(now, Step::EndSync);
+                x.goto(now, Step::EndSync);
                 Ok(())
             }
-            _ => self.start_run(now, stack),
+            _ => self.start_run(x, now, stack),
+        }
+    }
+
+    fn start_run(&mut self, x: &mut Exchange, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
+        match self.run.as_mut() {
+            Some(r) => r.waiting_since = now,
+            None => self.run = Some(self.new_run(now, 0)),
+        }
+        x.goto(now, Step::Run);
+        self.run_turn(x, now, stack)
+    }
+
+    fn run_turn(&mut self, x: &mut Exchange, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
+        self.poll_cq(now, stack)?;
+        let iters = self.cfg.iters;
+        let client = self.client;
+        let Some(run) = self.run.as_ref() else {
+            return Ok(());
+        };
+        let finished = match (self.cfg.op, self.cfg.latency, client) {
+            // bw senders (and the READ latency client, one at a time).
+            (_, false, true) | (Op::Read, true, true) => {
+                let depth = if self.cfg.latency { 1 } else { self.window };
+                while self
+                    .run
+                    .as_ref()
+                    .is_some_and(|r| r.posted < iters && r.posted - r.completed < depth)
+                {
+                    self.post(now, stack)?;
+                }
+                self.run.as_ref().is_some_and(|r| r.completed == iters)
+            }
+            (Op::Send, false, false) => run.received >= iters,
+            (Op::Send, true, _) => {
+                // Ping-pong: the client sends first; each side sends once
+                // its last send completed and the peer's message came.
+                let may_post = run.posted < iters
+                    && run.completed == run.posted
+                    && if client {
+                        run.received == run.posted
+                    } else {
+                        run.received > run.posted
+                    };
+                if may_post {
+                    self.post(now, stack)?;
+                }
+                self.run.as_ref().is_some_and(|r| {
+                    r.posted == iters && r.completed == iters && r.received == iters
+                })
+            }
+            (Op::Write, true, _) => self.write_lat_turn(now, stack)?,
+            _ => true,
+        };
+        if finished {
+            return self.finish_run(x, now, stack);
+        }
+        let Some(run) = self.run.as_ref() else {
+            return Ok(());
+        };
+        if now >= run.waiting_since + self.cfg.timeout {
+            return Err(format!(
+                "{} of {} bytes: nothing moved for {} s ({} posted, {} completed, {} received of {iters}){}",
+                self.cfg.name(),
+                run.size,
+                self.cfg.timeout.as_secs_f64(),
+                run.posted,
+                run.completed,
+                run.received,
+                self.qp
+                    .and_then(|q| stack.rc_qp_status(q).ok())
+                    .map_or_else(String::new, |s| format!(
+                        "; qp state {:?}, {} retransmits, {} ACK timeouts, {} RNR NAKs",
+                        s.state,
+                        s.stats.retransmits,
+                        s.stats.ack_timeouts,
+                        s.stats.rnr_naks_received
+                    ))
+            ));
+        }
+        Ok(())
+    }
+
+    fn next_size(&mut self, x: &mut Exchange, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
+        self.size_idx += 1;
+        if self.size_idx < self.sizes.len() {
+            return if self.cfg.op == Op::Send {
+                self.enter_prerun(x, now, stack)
+            } else {
+                self.start_run(x, now, stack)
+            };
+        }
+        match (self.cfg.op, self.cfg.latency) {
+            (Op::Write, true) => {
+                x.output.push(RESULT_LINE.to_string());
+                x.goto(now, Step::Drain);
+            }
+            (Op::Read, true) => x.goto(now, Step::Close),
+            (Op::Send, _) => {
+                x.output.push(RESULT_LINE.to_string());
+                x.goto(now, Step::Close);
+            }
+            _ => {
+                x.output.push(RESULT_LINE.to_string());
+                x.goto(now, Step::EndSync);
+            }
+        }
+        Ok(())
+    }
+
+    /// perftest's `xchg_bw_reports`: five 8-byte messages each way; the
+    /// server prints the client's.
+    fn report_exchange(
+        &mut self,
+        x: &mut Exchange,
+        now: Instant,
+        stack: &Stack,
+        i: u8,
+    ) -> Result<(), Fail> {
+        let mine = report_msgs(&self.last_row.unwrap_or(BwRow {
+            bytes: 0,
+            iters: 0,
+            peak: None,
+            avg: None,
+            msg_rate: None,
+        }))[usize::from(i)];
+        if let Some(b) = x.xchg(stack, &mine, 8)? {
+            let mut m = [0u8; 8];
+            m.copy_from_slice(&b);
+            self.peer_report.push(m);
+            if i < 4 {
+                x.goto(now, Step::Reports(i + 1));
+            } else {
+                if !self.client {
+                    let mut all = [[0u8; 8]; 5];
+                    all.copy_from_slice(&self.peer_report);
+                    let row = Row::Bw(parse_report(&all));
+                    x.output.push(row.to_string());
+                    self.report.rows.push(row);
+                }
+                x.goto(now, Step::Close);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_close(&mut self, x: &mut Exchange) {
+        // perftest prints its closing line after the close exchange where
+        // it runs no data phase after it.
+        if self.cfg.op != Op::Send && (!self.client || self.cfg.latency) {
+            x.output.push(RESULT_LINE.to_string());
+        }
+    }
+
+    fn run_deadline(&self) -> Option<Instant> {
+        self.run
+            .as_ref()
+            .map(|r| r.waiting_since + self.cfg.timeout)
+    }
+
+    fn release(&mut self, stack: &mut Stack) {
+        if let Some(qp) = self.qp.take() {
+            if let Ok(st) = stack.rc_qp_status(qp) {
+                self.report.qp = Some(st);
+            }
+            let _ = stack.rc_destroy_qp(qp);
+        }
+        if let Some(b) = self.buf.take() {
+            let _ = stack.rc_dereg_mr(b.mr);
+        }
+    }
+
+    fn report(&self) -> &RcReport {
+        &self.report
+    }
+
+    fn report_mut(&mut self) -> &mut RcReport {
+        &mut self.report
+    }
+}
+
+impl Rc {
+    /// Whether this step waits for the peer's data phase.
+    fn waits_for_run(&self, x: &Exchange) -> bool {
+        match x.step {
+            Step::EndSync => !self.client,
+            Step::Close => {
+                (self.cfg.op == Op::Read && self.cfg.latency && !self.client)
+                    || (self.cfg.op == Op::Send && !self.cfg.latency && self.client)
+            }
+            Step::AfterRun => self.client,
+            _ => false,
         }
     }
 
@@ -949,7 +868,12 @@ impl Session {
 
     /// Post the receives of the next size, then sync: the peer sends only
     /// after our answer to this exchange.
-    fn enter_prerun(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
+    fn enter_prerun(
+        &mut self,
+        x: &mut Exchange,
+        now: Instant,
+        stack: &mut Stack,
+    ) -> Result<(), Fail> {
         let mut posted = 0;
         if self.receives_here() {
             let size = self.sizes[self.size_idx];
@@ -960,7 +884,7 @@ impl Session {
             }
         }
         self.run = Some(self.new_run(now, posted));
-        self.goto(now, Step::PreRun);
+        x.goto(now, Step::PreRun);
         Ok(())
     }
 
@@ -973,7 +897,7 @@ impl Session {
             .map_err(|e| format!("posting a receive: {e}"))
     }
 
-    fn new_run(&self, now: Instant, recv_posted: u64) -> Run {
+    fn new_run(&self, now: Instant, recv_posted: u64) -> Run<Phase> {
         let size = self.sizes[self.size_idx];
         let n = self.cfg.iters.min(1 << 24) as usize;
         Run {
@@ -992,21 +916,12 @@ impl Session {
             last_rx: None,
             waiting_since: now,
             // The write_lat server writes first.
-            phase: if self.client {
+            extra: if self.client {
                 Phase::Poll
             } else {
                 Phase::Post
             },
         }
-    }
-
-    fn start_run(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
-        match self.run.as_mut() {
-            Some(r) => r.waiting_since = now,
-            None => self.run = Some(self.new_run(now, 0)),
-        }
-        self.goto(now, Step::Run);
-        self.run_turn(now, stack)
     }
 
     /// Post the next work request of the run.
@@ -1126,76 +1041,6 @@ impl Session {
         Ok(())
     }
 
-    fn run_turn(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
-        self.poll_cq(now, stack)?;
-        let iters = self.cfg.iters;
-        let client = self.client;
-        let Some(run) = self.run.as_ref() else {
-            return Ok(());
-        };
-        let finished = match (self.cfg.op, self.cfg.latency, client) {
-            // bw senders (and the READ latency client, one at a time).
-            (_, false, true) | (Op::Read, true, true) => {
-                let depth = if self.cfg.latency { 1 } else { self.window };
-                while self
-                    .run
-                    .as_ref()
-                    .is_some_and(|r| r.posted < iters && r.posted - r.completed < depth)
-                {
-                    self.post(now, stack)?;
-                }
-                self.run.as_ref().is_some_and(|r| r.completed == iters)
-            }
-            (Op::Send, false, false) => run.received >= iters,
-            (Op::Send, true, _) => {
-                // Ping-pong: the client sends first; each side sends once
-                // its last send completed and the peer's message came.
-                let may_post = run.posted < iters
-                    && run.completed == run.posted
-                    && if client {
-                        run.received == run.posted
-                    } else {
-                        run.received > run.posted
-                    };
-                if may_post {
-                    self.post(now, stack)?;
-                }
-                self.run.as_ref().is_some_and(|r| {
-                    r.posted == iters && r.completed == iters && r.received == iters
-                })
-            }
-            (Op::Write, true, _) => self.write_lat_turn(now, stack)?,
-            _ => true,
-        };
-        if finished {
-            return self.finish_run(now, stack);
-        }
-        let Some(run) = self.run.as_ref() else {
-            return Ok(());
-        };
-        if now >= run.waiting_since + self.cfg.timeout {
-            return Err(format!(
-                "{} of {} bytes: nothing moved for {} s ({} posted, {} completed, {} received of {iters}){}",
-                self.cfg.name(),
-                run.size,
-                self.cfg.timeout.as_secs_f64(),
-                run.posted,
-                run.completed,
-                run.received,
-                self.qp
-                    .and_then(|q| stack.rc_qp_status(q).ok())
-                    .map_or_else(String::new, |s| format!(
-                        "; qp state {:?}, {} retransmits, {} ACK timeouts, {} RNR NAKs",
-                        s.state,
-                        s.stats.retransmits,
-                        s.stats.ack_timeouts,
-                        s.stats.rnr_naks_received
-                    ))
-            ));
-        }
-        Ok(())
-    }
-
     /// write_lat: poll our receive half's last byte for the peer's count,
     /// post our WRITE with our count in its last byte, wait for its
     /// completion; returns whether the run is over.
@@ -1208,10 +1053,10 @@ impl Session {
             let Some(run) = self.run.as_mut() else {
                 return Ok(true);
             };
-            match run.phase {
+            match run.extra {
                 Phase::Poll => {
                     if run.received >= iters {
-                        run.phase = Phase::Post;
+                        run.extra = Phase::Post;
                         continue;
                     }
                     let want = (run.received + 1) as u8;
@@ -1227,11 +1072,11 @@ impl Session {
                     run.received += 1;
                     run.waiting_since = now;
                     self.report.received += 1;
-                    run.phase = Phase::Post;
+                    run.extra = Phase::Post;
                 }
                 Phase::Post => {
                     if run.posted >= iters {
-                        run.phase = Phase::Complete;
+                        run.extra = Phase::Complete;
                         continue;
                     }
                     let count = (run.posted + 1) as u8;
@@ -1244,7 +1089,7 @@ impl Session {
                     }
                     self.post(now, stack)?;
                     if let Some(run) = self.run.as_mut() {
-                        run.phase = Phase::Complete;
+                        run.extra = Phase::Complete;
                     }
                 }
                 Phase::Complete => {
@@ -1254,13 +1099,18 @@ impl Session {
                     if run.posted >= iters && run.received >= iters {
                         return Ok(true);
                     }
-                    run.phase = Phase::Poll;
+                    run.extra = Phase::Poll;
                 }
             }
         }
     }
 
-    fn finish_run(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
+    fn finish_run(
+        &mut self,
+        x: &mut Exchange,
+        now: Instant,
+        stack: &mut Stack,
+    ) -> Result<(), Fail> {
         let Some(run) = self.run.take() else {
             return Ok(());
         };
@@ -1282,126 +1132,22 @@ impl Session {
                 Row::Bw(r)
             }
         };
-        self.output.push(row.to_string());
+        x.output.push(row.to_string());
         self.report.rows.push(row);
         if self.cfg.op == Op::Send && !self.cfg.latency && self.cfg.all_sizes {
-            self.goto(now, Step::AfterRun);
+            x.goto(now, Step::AfterRun);
             Ok(())
         } else {
-            self.next_size(now, stack)
+            self.next_size(x, now, stack)
         }
-    }
-
-    fn next_size(&mut self, now: Instant, stack: &mut Stack) -> Result<(), Fail> {
-        self.size_idx += 1;
-        if self.size_idx < self.sizes.len() {
-            return if self.cfg.op == Op::Send {
-                self.enter_prerun(now, stack)
-            } else {
-                self.start_run(now, stack)
-            };
-        }
-        match (self.cfg.op, self.cfg.latency) {
-            (Op::Write, true) => {
-                self.output.push(RESULT_LINE.to_string());
-                self.goto(now, Step::Drain);
-            }
-            (Op::Read, true) => self.goto(now, Step::Close),
-            (Op::Send, _) => {
-                self.output.push(RESULT_LINE.to_string());
-                self.goto(now, Step::Close);
-            }
-            _ => {
-                self.output.push(RESULT_LINE.to_string());
-                self.goto(now, Step::EndSync);
-            }
-        }
-        Ok(())
-    }
-}
-
-// ------------------------------------------------------------ apps
-
-impl SessionReport for RcReport {
-    fn started(&self) -> bool {
-        self.started
-    }
-    fn summary_line(&self) -> String {
-        RcReport::summary_line(self)
-    }
-    fn failure(&self) -> Option<String> {
-        RcReport::failure(self)
-    }
-}
-
-impl PerftestSession for Session {
-    type Config = RcConfig;
-    type Report = RcReport;
-
-    fn open(cfg: RcConfig, client: bool, conn: MsgConn, to: Option<SocketAddrV4>) -> Self {
-        Session::new(cfg, client, conn, to)
-    }
-
-    fn unconnected(cfg: &RcConfig, why: String) -> RcReport {
-        let mut r = RcReport::new(cfg, true);
-        r.error = Some(why);
-        r
-    }
-
-    fn test_name(cfg: &RcConfig) -> String {
-        cfg.name()
-    }
-
-    fn check(cfg: &RcConfig, _stack: &Stack) -> Result<()> {
-        check_config(cfg)
-    }
-
-    fn poll(&mut self, now: Instant, stack: &mut Stack) {
-        if self.step == Step::Finished {
-            return;
-        }
-        if !self.started {
-            self.started = true;
-            self.since = now;
-        }
-        if let Err(why) = self.turn(now, stack) {
-            self.fail(stack, why);
-        }
-    }
-
-    fn poll_at(&self) -> Option<Instant> {
-        match self.step {
-            Step::Finished => None,
-            Step::Run => self
-                .run
-                .as_ref()
-                .map(|r| r.waiting_since + self.cfg.timeout),
-            _ => Some(self.since + self.step_timeout()),
-        }
-    }
-
-    fn finished(&self) -> bool {
-        self.step == Step::Finished
-    }
-
-    fn in_run(&self) -> bool {
-        self.step == Step::Run
-    }
-
-    fn output(&mut self) -> &mut Vec<String> {
-        &mut self.output
-    }
-
-    fn report(&self) -> &RcReport {
-        &self.report
     }
 }
 
 /// `uperf -c HOST --rdma rc`: one session against a perftest RC server.
-pub type RcClient = Client<Session>;
+pub type RcClient = Client<Rc>;
 
 /// `uperf -s --rdma rc`: perftest RC clients, one after another.
-pub type RcServer = Server<Session>;
+pub type RcServer = Server<Rc>;
 
 // ------------------------------------------------------------ front end
 
@@ -1409,7 +1155,7 @@ pub type RcServer = Server<Session>;
 pub type RcRole = PerftestRole;
 
 /// Runs `uperf --rdma rc` on a node.
-pub type RcUser = User<Session>;
+pub type RcUser = User<Rc>;
 
 /// Refuse settings perftest would refuse, before touching the network.
 pub fn check_config(cfg: &RcConfig) -> Result<()> {
@@ -1430,6 +1176,7 @@ pub fn check_config(cfg: &RcConfig) -> Result<()> {
 #[cfg(test)]
 mod test {
     use super::*;
+    use std::net::SocketAddrV4;
 
     #[test]
     fn names_titles_and_defaults_like_perftest() {
