@@ -164,6 +164,29 @@ pub(crate) struct OutPacket<'a> {
     pub hdrs: RcHeaders<'a>,
 }
 
+impl OutPacket<'_> {
+    /// A packet of `opcode` at `psn` with no extended header and no
+    /// payload, AckReq and solicited event clear: what the requester's
+    /// and the responder's packets fill in from.
+    fn new(opcode: RcOpcode, psn: u32) -> Self {
+        OutPacket {
+            opcode,
+            psn,
+            ack_req: false,
+            solicited: false,
+            hdrs: RcHeaders {
+                opcode,
+                reth: None,
+                atomic: None,
+                aeth: None,
+                atomic_ack: None,
+                imm: None,
+                payload: &[],
+            },
+        }
+    }
+}
+
 /// One RC queue pair.
 #[derive(Debug)]
 pub(crate) struct RcQp {

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::socket::rc::mr::{Access, MrFault, MrTable};
 use crate::socket::rc::{QpState, RcOp, WcStatus};
 use crate::time::Instant;
-use crate::wire::rc::{RcHeaders, RcOpcode};
+use crate::wire::rc::RcOpcode;
 
 /// Packets sent without AckReq before one asks for an ACK (rxe's
 /// `RXE_MAX_PKT_PER_ACK`).
@@ -66,13 +66,7 @@ impl RcQp {
             return;
         }
         self.stats.ack_timeouts += 1;
-        if self.retry_left == 0 {
-            self.fail(WcStatus::RetryExceeded);
-            return;
-        }
-        self.retry_left -= 1;
-        self.rewind(self.una);
-        self.ack_deadline = Some(now + self.timeout);
+        self.retry(now);
     }
 
     /// Go back to `psn`: the next packet sent is the one that carries it.
@@ -161,21 +155,9 @@ impl RcQp {
         let psn = psn_add(w.first_psn, k);
         let (pkt, consumed) = if let RcOp::Read { remote_addr, rkey } = w.op {
             let off = k as usize * pmtu;
-            let pkt = OutPacket {
-                opcode: ReadRequest,
-                psn,
-                ack_req: true,
-                solicited: false,
-                hdrs: RcHeaders {
-                    opcode: ReadRequest,
-                    reth: Some((remote_addr + off as u64, rkey, (w.len - off) as u32)),
-                    atomic: None,
-                    aeth: None,
-                    atomic_ack: None,
-                    imm: None,
-                    payload: &[],
-                },
-            };
+            let mut pkt = OutPacket::new(ReadRequest, psn);
+            pkt.ack_req = true;
+            pkt.hdrs.reth = Some((remote_addr + off as u64, rkey, (w.len - off) as u32));
             (pkt, w.npkts - k)
         } else if let RcOp::CompareSwap {
             remote_addr, rkey, ..
@@ -189,21 +171,9 @@ impl RcQp {
                 RcOp::FetchAdd { add, .. } => (FetchAdd, add, 0),
                 _ => unreachable!("matched above"),
             };
-            let pkt = OutPacket {
-                opcode,
-                psn,
-                ack_req: true,
-                solicited: false,
-                hdrs: RcHeaders {
-                    opcode,
-                    reth: None,
-                    atomic: Some((remote_addr, rkey, swap_add, compare)),
-                    aeth: None,
-                    atomic_ack: None,
-                    imm: None,
-                    payload: &[],
-                },
-            };
+            let mut pkt = OutPacket::new(opcode, psn);
+            pkt.ack_req = true;
+            pkt.hdrs.atomic = Some((remote_addr, rkey, swap_add, compare));
             (pkt, 1)
         } else {
             let off = k as usize * pmtu;
@@ -239,21 +209,12 @@ impl RcQp {
             // Also when the packet fills a small window: otherwise
             // nothing would ask for the ACK that opens it again.
             let ack_req = last || self.noack_pkts + 1 >= MAX_PKT_PER_ACK.min(self.window);
-            let pkt = OutPacket {
-                opcode,
-                psn,
-                ack_req,
-                solicited: last && w.solicited,
-                hdrs: RcHeaders {
-                    opcode,
-                    reth,
-                    atomic: None,
-                    aeth: None,
-                    atomic_ack: None,
-                    imm,
-                    payload: data,
-                },
-            };
+            let mut pkt = OutPacket::new(opcode, psn);
+            pkt.ack_req = ack_req;
+            pkt.solicited = last && w.solicited;
+            pkt.hdrs.reth = reth;
+            pkt.hdrs.imm = imm;
+            pkt.hdrs.payload = data;
             (pkt, 1)
         };
         emit(&pkt)?;

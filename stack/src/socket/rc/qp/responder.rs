@@ -24,21 +24,10 @@ fn ack_packet(psn: u32, syndrome: Syndrome, msn: u32, orig: Option<u64>) -> OutP
     } else {
         RcOpcode::Acknowledge
     };
-    OutPacket {
-        opcode,
-        psn,
-        ack_req: false,
-        solicited: false,
-        hdrs: RcHeaders {
-            opcode,
-            reth: None,
-            atomic: None,
-            aeth: Some((syndrome, msn)),
-            atomic_ack: orig,
-            imm: None,
-            payload: &[],
-        },
-    }
+    let mut pkt = OutPacket::new(opcode, psn);
+    pkt.hdrs.aeth = Some((syndrome, msn));
+    pkt.hdrs.atomic_ack = orig;
+    pkt
 }
 
 impl RcQp {
@@ -455,26 +444,15 @@ impl RcQp {
                         (false, false) => ReadResponseMiddle,
                         (false, true) => ReadResponseLast,
                     };
-                    emit(&OutPacket {
-                        opcode,
-                        psn: psn_add(psn, next),
-                        ack_req: false,
-                        solicited: false,
-                        hdrs: RcHeaders {
-                            opcode,
-                            reth: None,
-                            atomic: None,
-                            aeth: opcode.has_aeth().then_some((
-                                Syndrome::Ack {
-                                    credits: CREDITS_UNLIMITED,
-                                },
-                                self.msn,
-                            )),
-                            atomic_ack: None,
-                            imm: None,
-                            payload: data,
+                    let mut pkt = OutPacket::new(opcode, psn_add(psn, next));
+                    pkt.hdrs.aeth = opcode.has_aeth().then_some((
+                        Syndrome::Ack {
+                            credits: CREDITS_UNLIMITED,
                         },
-                    })?;
+                        self.msn,
+                    ));
+                    pkt.hdrs.payload = data;
+                    emit(&pkt)?;
                     budget -= 1;
                     self.stats.tx_packets += 1;
                     self.stats.tx_bytes += data.len() as u64;
