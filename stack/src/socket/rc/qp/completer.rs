@@ -5,7 +5,7 @@
 
 use super::{LocalBuf, RcQp, Rx, psn_add, psn_diff, rnr_timer};
 use crate::socket::rc::mr::{Access, MrTable};
-use crate::socket::rc::{QpState, WcStatus};
+use crate::socket::rc::verbs::{QpState, WcStatus};
 use crate::time::Instant;
 use crate::wire::rc::{NakCode, RcHeaders, RcOpcode, Syndrome};
 use crate::wire::roce::PSN_MASK;

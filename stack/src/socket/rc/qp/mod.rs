@@ -27,10 +27,12 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::mr::{Access, MrTable};
-use super::{
-    Local, QpState, RcDest, RcOp, RcQpConfig, RcQpStats, RcSendWr, Sge, Wc, WcOpcode, WcStatus,
+use super::verbs::{
+    ATOMIC_LEN, Local, MAX_MSG, QpState, RcDest, RcError, RcOp, RcQpConfig, RcSendWr, Sge, Wc,
+    WcOpcode, WcStatus,
 };
 use crate::error::Error;
+use crate::stats::RcQpStats;
 use crate::time::Instant;
 use crate::wire::rc::{RcHeaders, RcOpcode, Syndrome};
 use crate::wire::roce::PSN_MASK;
@@ -315,12 +317,7 @@ impl RcQp {
 
     // ------------------------------------------------------------- posting
 
-    pub(crate) fn post_send(
-        &mut self,
-        wr: &RcSendWr<'_>,
-        mrs: &MrTable,
-    ) -> Result<(), super::RcError> {
-        use super::RcError;
+    pub(crate) fn post_send(&mut self, wr: &RcSendWr<'_>, mrs: &MrTable) -> Result<(), RcError> {
         if self.state == QpState::Error {
             return Err(RcError::QpError);
         }
@@ -345,11 +342,11 @@ impl RcQp {
                 (LocalBuf::Sge(sge), sge.len as usize)
             }
         };
-        if len > super::MAX_MSG {
+        if len > MAX_MSG {
             return Err(RcError::TooLarge(len));
         }
         if let RcOp::CompareSwap { remote_addr, .. } | RcOp::FetchAdd { remote_addr, .. } = wr.op {
-            if len != super::ATOMIC_LEN || remote_addr % 8 != 0 {
+            if len != ATOMIC_LEN || remote_addr % 8 != 0 {
                 return Err(RcError::AtomicShape);
             }
         }
@@ -370,13 +367,7 @@ impl RcQp {
         Ok(())
     }
 
-    pub(crate) fn post_recv(
-        &mut self,
-        wr_id: u64,
-        sge: Sge,
-        mrs: &MrTable,
-    ) -> Result<(), super::RcError> {
-        use super::RcError;
+    pub(crate) fn post_recv(&mut self, wr_id: u64, sge: Sge, mrs: &MrTable) -> Result<(), RcError> {
         if self.state == QpState::Error {
             return Err(RcError::QpError);
         }
@@ -384,7 +375,7 @@ impl RcQp {
             return Err(RcError::QueueFull);
         }
         mrs.check(sge.lkey, sge.addr, sge.len as usize, Access::LOCAL_WRITE)
-            .map_err(|_| super::RcError::LocalProtection)?;
+            .map_err(|_| RcError::LocalProtection)?;
         self.rq.push_back(RecvWqe { wr_id, sge });
         Ok(())
     }

@@ -6,7 +6,7 @@
 use super::{BURST, LocalBuf, OutPacket, RcQp, psn_add, psn_diff};
 use crate::error::Error;
 use crate::socket::rc::mr::{Access, MrFault, MrTable};
-use crate::socket::rc::{QpState, RcOp, WcStatus};
+use crate::socket::rc::verbs::{QpState, RcOp, WcStatus};
 use crate::time::Instant;
 use crate::wire::rc::RcOpcode;
 

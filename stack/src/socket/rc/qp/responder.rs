@@ -7,9 +7,8 @@
 
 use super::{BURST, OutPacket, RcQp, RespCtx, RespItem, Rx, psn_add, psn_diff};
 use crate::error::Error;
-use crate::socket::rc::WcOpcode;
-use crate::socket::rc::WcStatus;
 use crate::socket::rc::mr::{Access, MrTable};
+use crate::socket::rc::verbs::{WcOpcode, WcStatus};
 use crate::wire::rc::{NakCode, RcHeaders, RcOpcode, Syndrome};
 use crate::wire::roce::PSN_MASK;
 
