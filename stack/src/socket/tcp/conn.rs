@@ -12,9 +12,12 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::buffer::{RecvBuffer, SendBuffer};
-use super::cc::{Algorithm, CongestionControl, new_controller};
-use super::rtt::{RttConfig, RttEstimator};
+use super::cc::{CongestionControl, new_controller};
+use super::config::MAX_WSCALE;
+pub use super::config::{KeepAlive, TcpConfig};
+use super::rtt::RttEstimator;
 use super::scoreboard::Scoreboard;
+pub use super::segment::{Header, Outgoing, Segment};
 use super::seq::Seq;
 use crate::error::ConnError;
 pub use crate::stats::ConnStats;
@@ -57,205 +60,6 @@ impl State {
             self,
             State::Closed | State::Listen | State::SynSent | State::SynReceived
         )
-    }
-}
-
-/// Per-connection tuning.
-#[derive(Debug, Clone)]
-pub struct TcpConfig {
-    /// MSS we announce (MTU minus 40).
-    pub mss: usize,
-    /// Send buffer in bytes: how much the app may write ahead of the
-    /// peer's acknowledgments (fixed for the connection's life).
-    pub send_buffer: usize,
-    /// Receive buffer a connection starts with.
-    pub recv_buffer: usize,
-    /// Largest receive buffer autotuning may grow a connection's to (no
-    /// larger than `recv_buffer`: no autotuning). The window grows with the
-    /// measured bandwidth-delay product as Linux's `tcp_rcv_space_adjust`
-    /// does, within the stack's `autotune_memory`.
-    pub recv_buffer_max: usize,
-    /// Bytes of receive-buffer growth all connections of a stack may hold
-    /// together beyond their initial buffers.
-    pub autotune_memory: usize,
-    /// Offer the window scale option (RFC 7323 §2) on our SYN.
-    pub window_scaling: bool,
-    /// Offer timestamps (RFC 7323 §3: RTT samples and PAWS) on our SYN.
-    pub timestamps: bool,
-    /// Offer SACK-permitted (RFC 2018) on our SYN; with the peer's consent,
-    /// loss recovery follows RFC 6675.
-    pub sack: bool,
-    /// Nagle's algorithm (RFC 9293 3.7.4); off is TCP_NODELAY.
-    pub nagle: bool,
-    /// Delayed ACK timeout; `None` acknowledges every segment at once.
-    pub delayed_ack: Option<Duration>,
-    /// Congestion control algorithm (NewReno or CUBIC).
-    pub congestion: Algorithm,
-    /// Retransmission timeout bounds (RFC 6298): initial, floor, ceiling.
-    pub rtt: RttConfig,
-    /// TIME_WAIT length (2 MSL).
-    pub time_wait: Duration,
-    /// How long a connection the app closed may wait in FIN-WAIT-2 for the
-    /// peer's FIN before it is reset and freed (Linux: `tcp_fin_timeout`).
-    pub fin_wait2_timeout: Duration,
-    /// SYN (or SYN-ACK) retransmissions before giving up.
-    pub syn_retries: u32,
-    /// Data retransmission timeouts in a row before giving up.
-    pub max_retries: u32,
-    /// Out-of-order ranges a receive buffer holds.
-    pub max_ooo_ranges: usize,
-    /// Challenge ACKs per second (RFC 5961 §7).
-    pub challenge_ack_limit: u32,
-    /// Out-of-order bytes held across all connections of a stack; beyond it
-    /// the connection that grew the total drops its out-of-order data.
-    pub max_ooo_total: usize,
-}
-
-impl TcpConfig {
-    /// The window scale we announce: enough for the largest receive buffer
-    /// a connection may grow to.
-    pub fn rcv_wscale(&self) -> u8 {
-        if self.window_scaling {
-            wscale_for(self.recv_buffer.max(self.recv_buffer_max))
-        } else {
-            0
-        }
-    }
-}
-
-impl Default for TcpConfig {
-    fn default() -> Self {
-        TcpConfig {
-            mss: 1460,
-            send_buffer: 256 << 10,
-            recv_buffer: 256 << 10,
-            recv_buffer_max: 4 << 20,
-            autotune_memory: 256 << 20,
-            window_scaling: true,
-            timestamps: true,
-            sack: true,
-            nagle: true,
-            delayed_ack: Some(Duration::from_millis(40)),
-            congestion: Algorithm::default(),
-            rtt: RttConfig::default(),
-            time_wait: Duration::from_secs(60),
-            fin_wait2_timeout: Duration::from_secs(60),
-            syn_retries: 6,
-            max_retries: 15,
-            max_ooo_ranges: 32,
-            challenge_ack_limit: 100,
-            max_ooo_total: 64 << 20,
-        }
-    }
-}
-
-/// TCP keepalive (RFC 1122 4.2.3.6, as Linux does it): after `idle` with
-/// no segment from the peer and nothing of ours in flight, a probe (an
-/// empty segment one byte before `SND.UNA`, which draws an ACK) every
-/// `interval`; once `count` probes went unanswered the connection is reset
-/// and fails with `TimedOut`. Off by default, as on Linux (`SO_KEEPALIVE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeepAlive {
-    /// Idle time before the first probe (Linux: `TCP_KEEPIDLE`, 7200 s).
-    pub idle: Duration,
-    /// Time between probes (`TCP_KEEPINTVL`, 75 s).
-    pub interval: Duration,
-    /// Unanswered probes before giving up (`TCP_KEEPCNT`, 9).
-    pub count: u32,
-}
-
-impl Default for KeepAlive {
-    fn default() -> Self {
-        KeepAlive {
-            idle: Duration::from_secs(7200),
-            interval: Duration::from_secs(75),
-            count: 9,
-        }
-    }
-}
-
-/// The header fields and options of a segment, in either direction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Header {
-    /// Sequence number of the first octet (or of the SYN/FIN).
-    pub seq: Seq,
-    /// Acknowledgment number, when the ACK flag is set.
-    pub ack: Option<Seq>,
-    /// SYN flag.
-    pub syn: bool,
-    /// FIN flag.
-    pub fin: bool,
-    /// RST flag.
-    pub rst: bool,
-    /// The 16-bit window field as on the wire: not yet shifted by the
-    /// window scale (and never scaled on a SYN, RFC 7323 §2.2).
-    pub window: u16,
-    /// MSS option (RFC 9293 3.7.1), SYN only: the largest payload in
-    /// bytes the sender accepts.
-    pub mss: Option<u16>,
-    /// Window scale option (RFC 7323 §2), SYN only: the shift count the
-    /// sender applies to the windows it advertises.
-    pub wscale: Option<u8>,
-    /// SACK-permitted option (RFC 2018 §2), SYN only.
-    pub sack_permitted: bool,
-    /// SACK blocks (RFC 2018 §3), each the left and right edge of a range
-    /// held out of order; at most three fit beside timestamps.
-    pub sack: [Option<(Seq, Seq)>; 3],
-    /// Timestamps option (RFC 7323 §3) as (TSval, TSecr).
-    pub timestamp: Option<(u32, u32)>,
-}
-
-/// A parsed incoming segment (from `smoltcp::wire::TcpRepr`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Segment<'a> {
-    /// Header fields and options.
-    pub hdr: Header,
-    /// The segment's data (borrowed from the received frame).
-    pub payload: &'a [u8],
-}
-
-impl Segment<'_> {
-    /// Sequence space the segment occupies.
-    pub fn len(&self) -> usize {
-        self.payload.len() + usize::from(self.hdr.syn) + usize::from(self.hdr.fin)
-    }
-    /// Whether the segment occupies no sequence space (a pure ACK or RST).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A segment to send: its header and a range of the send buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Outgoing {
-    /// Header fields and options to emit.
-    pub hdr: Header,
-    /// Offset in bytes of the payload from the start of the send buffer
-    /// (its first unacknowledged byte).
-    pub payload_offset: usize,
-    /// Payload length in bytes (0 for a pure ACK, SYN or RST).
-    pub payload_len: usize,
-    /// For a segment the port is to cut (TSO): the payload bytes of each
-    /// frame. 0 for a segment that leaves as one frame.
-    pub tso_segsz: usize,
-}
-
-impl From<Header> for Outgoing {
-    /// A segment without payload.
-    fn from(hdr: Header) -> Self {
-        Outgoing {
-            hdr,
-            payload_offset: 0,
-            payload_len: 0,
-            tso_segsz: 0,
-        }
-    }
-}
-
-impl From<Header> for Segment<'_> {
-    /// A segment without payload.
-    fn from(hdr: Header) -> Self {
-        Segment { hdr, payload: &[] }
     }
 }
 
@@ -320,7 +124,6 @@ pub struct ConnInfo {
 }
 
 const DUP_THRESH: usize = 3;
-const MAX_WSCALE: u8 = 14;
 /// RFC 9293: the default MSS when the peer sends none.
 const DEFAULT_MSS: usize = 536;
 /// Least persist (zero-window probe) interval.
@@ -472,14 +275,6 @@ pub fn segment_acceptable(seq: Seq, len: usize, rcv_nxt: Seq, wnd: usize) -> boo
 /// keyed by its 4-tuple ([`TcpConn::set_ts_offset`]): derived from the ISN.
 fn ts_offset(iss: Seq) -> u32 {
     iss.0.rotate_left(13)
-}
-
-fn wscale_for(capacity: usize) -> u8 {
-    let mut s = 0u8;
-    while s < MAX_WSCALE && (capacity >> s) > usize::from(u16::MAX) {
-        s += 1;
-    }
-    s
 }
 
 impl TcpConn {
@@ -2012,6 +1807,7 @@ impl TcpConn {
 
 #[cfg(test)]
 mod test {
+    use super::super::cc::Algorithm;
     use super::*;
     use core::net::Ipv4Addr;
 
@@ -2919,13 +2715,5 @@ mod test {
             };
             proptest::prop_assert_eq!(segment_acceptable(seq, len, rcv_nxt, wnd), model);
         }
-    }
-
-    #[test]
-    fn wscale_for_buffers() {
-        assert_eq!(wscale_for(65_535), 0);
-        assert_eq!(wscale_for(65_536), 1);
-        assert_eq!(wscale_for(1 << 20), 5);
-        assert_eq!(wscale_for(usize::MAX), MAX_WSCALE);
     }
 }
