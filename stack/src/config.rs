@@ -7,7 +7,7 @@ use smoltcp::wire::{EthernetAddress, Ipv4Cidr};
 
 use crate::iface::arp::ArpConfig;
 use crate::iface::frag::FragConfig;
-use crate::socket::tcp::TcpConfig;
+use crate::socket::tcp::config::TcpConfig;
 
 /// Configuration of one stack instance.
 #[derive(Debug, Clone)]

@@ -5,7 +5,8 @@ use core::net::SocketAddrV4;
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTimestampRepr};
 
-use super::conn::{Header, Outgoing, Segment, State, TcpConn};
+use super::conn::{State, TcpConn};
+use super::segment::{Header, Outgoing, Segment};
 use super::time_wait::TwAnswer;
 use super::{FlowKey, Seq, TcpTable, local};
 use crate::events::Readiness;

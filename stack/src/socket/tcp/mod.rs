@@ -9,10 +9,12 @@
 mod api;
 pub mod buffer;
 pub mod cc;
+pub mod config;
 pub mod conn;
 mod io;
 pub mod rtt;
 pub mod scoreboard;
+pub mod segment;
 pub mod seq;
 mod time_wait;
 
@@ -27,7 +29,9 @@ pub use crate::error::ConnError;
 pub use crate::events::{ListenHandle, TcpHandle};
 pub use crate::stats::TcpStats;
 pub use api::TcpStatus;
-pub use conn::{ConnInfo, KeepAlive, Segment, State, TcpConfig, TcpConn};
+pub use config::{KeepAlive, TcpConfig};
+pub use conn::{ConnInfo, State, TcpConn};
+pub use segment::Segment;
 pub use seq::Seq;
 
 use crate::events::{Event, Pending, Readiness, SocketRef};

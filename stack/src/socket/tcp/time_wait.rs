@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::FlowKey;
-use super::conn::{Header, Outgoing, Segment};
+use super::segment::{Header, Outgoing, Segment};
 use super::seq::Seq;
 use crate::time::Instant;
 

@@ -1,0 +1,149 @@
+//! Per-connection TCP configuration: [`TcpConfig`] and [`KeepAlive`].
+//!
+//! A leaf: it names the congestion-control algorithm and the RTO bounds and
+//! nothing of the connection itself, so the stack's `Config` takes it from
+//! here.
+
+use std::time::Duration;
+
+use super::cc::Algorithm;
+use super::rtt::RttConfig;
+
+/// The largest window scale shift (RFC 7323 §2.3).
+pub(crate) const MAX_WSCALE: u8 = 14;
+
+/// Per-connection tuning.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// MSS we announce (MTU minus 40).
+    pub mss: usize,
+    /// Send buffer in bytes: how much the app may write ahead of the
+    /// peer's acknowledgments (fixed for the connection's life).
+    pub send_buffer: usize,
+    /// Receive buffer a connection starts with.
+    pub recv_buffer: usize,
+    /// Largest receive buffer autotuning may grow a connection's to (no
+    /// larger than `recv_buffer`: no autotuning). The window grows with the
+    /// measured bandwidth-delay product as Linux's `tcp_rcv_space_adjust`
+    /// does, within the stack's `autotune_memory`.
+    pub recv_buffer_max: usize,
+    /// Bytes of receive-buffer growth all connections of a stack may hold
+    /// together beyond their initial buffers.
+    pub autotune_memory: usize,
+    /// Offer the window scale option (RFC 7323 §2) on our SYN.
+    pub window_scaling: bool,
+    /// Offer timestamps (RFC 7323 §3: RTT samples and PAWS) on our SYN.
+    pub timestamps: bool,
+    /// Offer SACK-permitted (RFC 2018) on our SYN; with the peer's consent,
+    /// loss recovery follows RFC 6675.
+    pub sack: bool,
+    /// Nagle's algorithm (RFC 9293 3.7.4); off is TCP_NODELAY.
+    pub nagle: bool,
+    /// Delayed ACK timeout; `None` acknowledges every segment at once.
+    pub delayed_ack: Option<Duration>,
+    /// Congestion control algorithm (NewReno or CUBIC).
+    pub congestion: Algorithm,
+    /// Retransmission timeout bounds (RFC 6298): initial, floor, ceiling.
+    pub rtt: RttConfig,
+    /// TIME_WAIT length (2 MSL).
+    pub time_wait: Duration,
+    /// How long a connection the app closed may wait in FIN-WAIT-2 for the
+    /// peer's FIN before it is reset and freed (Linux: `tcp_fin_timeout`).
+    pub fin_wait2_timeout: Duration,
+    /// SYN (or SYN-ACK) retransmissions before giving up.
+    pub syn_retries: u32,
+    /// Data retransmission timeouts in a row before giving up.
+    pub max_retries: u32,
+    /// Out-of-order ranges a receive buffer holds.
+    pub max_ooo_ranges: usize,
+    /// Challenge ACKs per second (RFC 5961 §7).
+    pub challenge_ack_limit: u32,
+    /// Out-of-order bytes held across all connections of a stack; beyond it
+    /// the connection that grew the total drops its out-of-order data.
+    pub max_ooo_total: usize,
+}
+
+impl TcpConfig {
+    /// The window scale we announce: enough for the largest receive buffer
+    /// a connection may grow to.
+    pub fn rcv_wscale(&self) -> u8 {
+        if self.window_scaling {
+            wscale_for(self.recv_buffer.max(self.recv_buffer_max))
+        } else {
+            0
+        }
+    }
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            mss: 1460,
+            send_buffer: 256 << 10,
+            recv_buffer: 256 << 10,
+            recv_buffer_max: 4 << 20,
+            autotune_memory: 256 << 20,
+            window_scaling: true,
+            timestamps: true,
+            sack: true,
+            nagle: true,
+            delayed_ack: Some(Duration::from_millis(40)),
+            congestion: Algorithm::default(),
+            rtt: RttConfig::default(),
+            time_wait: Duration::from_secs(60),
+            fin_wait2_timeout: Duration::from_secs(60),
+            syn_retries: 6,
+            max_retries: 15,
+            max_ooo_ranges: 32,
+            challenge_ack_limit: 100,
+            max_ooo_total: 64 << 20,
+        }
+    }
+}
+
+/// TCP keepalive (RFC 1122 4.2.3.6, as Linux does it): after `idle` with
+/// no segment from the peer and nothing of ours in flight, a probe (an
+/// empty segment one byte before `SND.UNA`, which draws an ACK) every
+/// `interval`; once `count` probes went unanswered the connection is reset
+/// and fails with `TimedOut`. Off by default, as on Linux (`SO_KEEPALIVE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Idle time before the first probe (Linux: `TCP_KEEPIDLE`, 7200 s).
+    pub idle: Duration,
+    /// Time between probes (`TCP_KEEPINTVL`, 75 s).
+    pub interval: Duration,
+    /// Unanswered probes before giving up (`TCP_KEEPCNT`, 9).
+    pub count: u32,
+}
+
+impl Default for KeepAlive {
+    fn default() -> Self {
+        KeepAlive {
+            idle: Duration::from_secs(7200),
+            interval: Duration::from_secs(75),
+            count: 9,
+        }
+    }
+}
+
+/// The window scale that lets a 16-bit window field cover `capacity` bytes.
+pub(crate) fn wscale_for(capacity: usize) -> u8 {
+    let mut s = 0u8;
+    while s < MAX_WSCALE && (capacity >> s) > usize::from(u16::MAX) {
+        s += 1;
+    }
+    s
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn wscale_for_buffers() {
+        assert_eq!(wscale_for(65_535), 0);
+        assert_eq!(wscale_for(65_536), 1);
+        assert_eq!(wscale_for(1 << 20), 5);
+        assert_eq!(wscale_for(usize::MAX), MAX_WSCALE);
+    }
+}

@@ -1,0 +1,244 @@
+//! The app-facing calls: reading and writing, closing, shutting down and
+//! aborting, and per-connection options (Nagle, cork, keepalive, user
+//! timeout).
+
+use std::time::Duration;
+
+use super::super::time_wait::TimeWait;
+use super::timers::Timer;
+use super::{KeepAlive, State, TcpConn};
+use crate::error::ConnError;
+use crate::socket::tcp::seq::Seq;
+use crate::time::Instant;
+
+impl TcpConn {
+    /// Out-of-order bytes held.
+    pub fn ooo_bytes(&self) -> usize {
+        self.rcv.buf.ooo_bytes()
+    }
+
+    /// Drop out-of-order data under memory pressure (the peer resends it).
+    pub fn drop_ooo(&mut self) -> usize {
+        let n = self.rcv.buf.drop_ooo();
+        if n > 0 {
+            self.stats.ooo_dropped += 1;
+        }
+        n
+    }
+
+    /// Bytes the app can read now.
+    pub fn recv_available(&self) -> usize {
+        self.rcv.buf.readable()
+    }
+
+    /// Whether the peer has closed its side and every byte was read.
+    pub fn recv_finished(&self) -> bool {
+        self.rcv.peer_fin.is_some_and(|f| self.rcv.nxt.diff(f) > 0) && self.rcv.buf.readable() == 0
+    }
+
+    /// Copy received bytes out without consuming them (`MSG_PEEK`).
+    pub fn peek(&self, dst: &mut [u8]) -> usize {
+        self.rcv.buf.peek(dst)
+    }
+
+    /// Read received bytes. Opening the window may trigger a window update.
+    pub fn recv(&mut self, dst: &mut [u8]) -> usize {
+        let n = self.rcv.buf.read(dst);
+        self.after_read(n);
+        n
+    }
+
+    /// Zero-copy read: `f` sees received bytes in place (those that lie in
+    /// one piece of the ring; call again for the rest) and returns how many
+    /// it consumed, with a value of its own. As [`recv`](Self::recv) for
+    /// the window.
+    pub fn recv_with<R>(&mut self, f: impl FnOnce(&[u8]) -> (usize, R)) -> (usize, R) {
+        let (n, r) = self.rcv.buf.read_with(f);
+        self.after_read(n);
+        (n, r)
+    }
+
+    /// Bytes the app can write now.
+    pub fn send_capacity(&self) -> usize {
+        if self.snd.fin_queued
+            || !matches!(
+                self.state,
+                State::SynSent | State::SynReceived | State::Established | State::CloseWait
+            )
+        {
+            return 0;
+        }
+        self.snd.buf.free()
+    }
+
+    /// Nagle's algorithm on or off for this connection (off is TCP_NODELAY).
+    pub fn set_nagle(&mut self, on: bool) {
+        self.cfg.nagle = on;
+    }
+
+    /// Whether Nagle's algorithm is on.
+    pub fn nagle(&self) -> bool {
+        self.cfg.nagle
+    }
+
+    /// TCP_CORK: while set, only full-sized segments of new data leave (a
+    /// FIN, or uncorking, sends the rest).
+    pub fn set_cork(&mut self, on: bool) {
+        self.snd.corked = on;
+    }
+
+    /// Whether the connection is corked.
+    pub fn corked(&self) -> bool {
+        self.snd.corked
+    }
+
+    /// Let new data leave in TCP segments of up to `max` bytes of IP
+    /// packet that are cut into frames (by the port: TSO; by the stack
+    /// when the port cannot: GSO); 0 turns it off.
+    pub fn set_tso_max(&mut self, max: usize) {
+        self.snd.tso_max = max;
+    }
+
+    /// Free send space at which a writer that found the buffer full is told
+    /// it may write again: a quarter of the buffer, at most 64 KiB.
+    pub fn send_low_water(&self) -> usize {
+        (self.snd.buf.capacity() / 4).clamp(1, 64 << 10)
+    }
+
+    /// Queue bytes to send; returns how many were taken.
+    pub fn send(&mut self, data: &[u8]) -> usize {
+        if self.send_capacity() == 0 {
+            return 0;
+        }
+        self.snd.buf.write(data)
+    }
+
+    /// Zero-copy send: `f` writes into the send ring in place (the free
+    /// space that lies in one piece; empty when nothing may be sent now)
+    /// and returns how many bytes it wrote, with a value of its own.
+    pub fn send_with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> (usize, R)) -> (usize, R) {
+        if self.send_capacity() == 0 {
+            return f(&mut []);
+        }
+        self.snd.buf.write_with(f)
+    }
+
+    /// Bytes written and not yet acknowledged.
+    pub fn send_queued(&self) -> usize {
+        self.snd.buf.len()
+    }
+
+    /// Close the sending side (FIN after queued data).
+    pub fn close(&mut self) {
+        match self.state {
+            // Nothing was sent yet: there is nobody to say goodbye to.
+            State::SynSent if self.snd.buf.is_empty() => {
+                self.state = State::Closed;
+                self.clear_timers();
+            }
+            // The FIN (after the queued data) waits for the handshake to finish.
+            State::SynSent | State::SynReceived => self.snd.fin_queued = true,
+            State::Established => {
+                self.snd.fin_queued = true;
+                self.state = State::FinWait1;
+            }
+            State::CloseWait => {
+                self.snd.fin_queued = true;
+                self.state = State::LastAck;
+            }
+            _ => {}
+        }
+    }
+
+    /// The app closed the connection entirely (not a half-close): it will
+    /// read nothing more. RFC 1122 4.2.2.13: data still unread, or data that
+    /// arrives from now on, is lost, so the connection is reset to say so
+    /// (as Linux does); otherwise it closes as [`close`](Self::close) does,
+    /// and if the peer never sends its FIN, FIN-WAIT-2 ends after
+    /// `fin_wait2_timeout` with a RST.
+    pub fn release(&mut self, now: Instant) {
+        self.orphaned = true;
+        if self.rcv.buf.readable() > 0 && self.state.synchronized() {
+            self.reset_orphan(None);
+            return;
+        }
+        self.close();
+        self.arm_fin_wait2(now);
+    }
+
+    /// Reset an orphaned connection that lost data; `ack` is the offending
+    /// segment's acknowledgment (the peer's next expected sequence number).
+    pub(super) fn reset_orphan(&mut self, ack: Option<Seq>) {
+        self.owed.rst_pending = Some((ack.unwrap_or(self.snd.nxt), Some(self.rcv.nxt)));
+        self.error = Some(ConnError::Aborted);
+        self.state = State::Closed;
+        self.clear_timers();
+    }
+
+    /// Abort: send RST (if synchronized) and close at once.
+    pub fn abort(&mut self) {
+        if self.state.synchronized() || self.state == State::SynReceived {
+            self.owed.rst_pending = Some((self.snd.nxt, None));
+        }
+        self.error = Some(ConnError::Aborted);
+        self.state = State::Closed;
+    }
+
+    /// Whether the connection can be forgotten (closed and nothing left to send).
+    pub fn is_finished(&self) -> bool {
+        self.state == State::Closed && self.owed.rst_pending.is_none()
+    }
+
+    /// In TIME-WAIT with nothing owed to the peer: what the small record
+    /// that replaces the connection keeps ([`super::time_wait`]); the
+    /// record expires when the connection's 2 MSL would have.
+    pub(crate) fn time_wait_record(&self, now: Instant) -> Option<TimeWait> {
+        if self.state != State::TimeWait || self.owed.ack_now || self.owed.rst_pending.is_some() {
+            return None;
+        }
+        let window = self.rcv.adv.since(self.rcv.nxt) >> self.rcv.wscale;
+        Some(TimeWait {
+            snd_nxt: self.snd.nxt,
+            rcv_nxt: self.rcv.nxt,
+            window: u16::try_from(window).unwrap_or(u16::MAX),
+            ts: self
+                .opts
+                .ts_enabled
+                .then_some((self.opts.ts_offset, self.opts.ts_recent)),
+            expires: self
+                .timers
+                .get(Timer::TimeWait)
+                .unwrap_or(now + self.cfg.time_wait),
+        })
+    }
+
+    /// Turn keepalive on (with its timings) or off; idle time counts from
+    /// the peer's last segment, or from `now` if later.
+    pub fn set_keepalive(&mut self, now: Instant, ka: Option<KeepAlive>) {
+        self.live.keepalive = ka;
+        self.live.ka_probes = 0;
+        self.live.ka_pending = false;
+        // `last_rx` serves keepalive alone: counting from now changes
+        // nothing else (Linux restarts the timer when the option is set).
+        self.live.last_rx = self.live.last_rx.max(now);
+    }
+
+    /// Whether keepalive is on.
+    pub fn keepalive(&self) -> Option<KeepAlive> {
+        self.live.keepalive
+    }
+
+    /// `TCP_USER_TIMEOUT` (RFC 5482, as Linux does it): when data sent
+    /// stays unacknowledged for longer than `timeout`, the connection
+    /// fails with `TimedOut` (and a reset), however many retransmissions
+    /// that took; while it is set it replaces the retransmission count
+    /// limit. `None` (or zero, Linux's "use the default") turns it off.
+    pub fn set_user_timeout(&mut self, timeout: Option<Duration>) {
+        self.live.user_timeout = timeout.filter(|t| !t.is_zero());
+    }
+
+    /// The user timeout, when set.
+    pub fn user_timeout(&self) -> Option<Duration> {
+        self.live.user_timeout
+    }
+}

@@ -1,0 +1,465 @@
+//! Segment arrival (RFC 9293 3.10.7): the handshake, acceptability,
+//! RFC 5961's challenges, ACK processing with loss detection, and data and
+//! FIN in order.
+
+use super::timers::Timer;
+use super::{DUP_THRESH, Segment, State, TcpConn};
+use crate::error::ConnError;
+use crate::socket::tcp::seq::Seq;
+use crate::time::Instant;
+
+/// RFC 9293 3.10.7.4, the four cases of segment acceptability.
+pub fn segment_acceptable(seq: Seq, len: usize, rcv_nxt: Seq, wnd: usize) -> bool {
+    let start_ok = seq.in_range(rcv_nxt, rcv_nxt + wnd);
+    match (len, wnd) {
+        (0, 0) => seq == rcv_nxt,
+        (0, _) => start_ok,
+        (_, 0) => false,
+        _ => start_ok || (seq + (len - 1)).in_range(rcv_nxt, rcv_nxt + wnd),
+    }
+}
+
+impl TcpConn {
+    /// Process one segment addressed to this connection.
+    pub fn on_segment(&mut self, now: Instant, seg: &Segment<'_>) {
+        self.stats.segs_in += 1;
+        // The peer is alive (keepalive counts idle time from here).
+        self.live.last_rx = now;
+        self.live.ka_probes = 0;
+        match self.state {
+            State::Closed | State::Listen => {}
+            State::SynSent => self.on_segment_syn_sent(now, seg),
+            _ => self.on_segment_synchronized(now, seg),
+        }
+    }
+
+    pub(super) fn on_segment_syn_sent(&mut self, now: Instant, seg: &Segment<'_>) {
+        if let Some(ack) = seg.hdr.ack {
+            if ack.diff(self.snd.iss) <= 0 || ack.diff(self.snd.max) > 0 {
+                if !seg.hdr.rst {
+                    self.owed.rst_pending = Some((ack, None));
+                }
+                self.stats.bad_segments += 1;
+                return;
+            }
+        }
+        if seg.hdr.rst {
+            if seg.hdr.ack.is_some() {
+                self.error = Some(ConnError::Refused);
+                self.state = State::Closed;
+                self.clear_timers();
+            }
+            return;
+        }
+        if !seg.hdr.syn {
+            return;
+        }
+        self.take_syn_options(seg);
+        self.rcv.irs = seg.hdr.seq;
+        self.rcv.nxt = seg.hdr.seq + 1;
+        self.rcv.adv = self.rcv.nxt;
+        if let Some(ack) = seg.hdr.ack {
+            self.snd.una = ack;
+            self.snd.data_start = ack;
+            self.sample_rtt(now, ack);
+            self.snd.wnd = usize::from(seg.hdr.window) << self.snd.wscale;
+            self.snd.max_wnd = self.snd.wnd;
+            self.snd.wl1 = seg.hdr.seq;
+            self.snd.wl2 = ack;
+            self.state = if self.snd.fin_queued {
+                State::FinWait1
+            } else {
+                State::Established
+            };
+            self.rec.retries = 0;
+            self.timers.stop(Timer::Rto);
+            self.owed.ack_now = true;
+        } else {
+            // Simultaneous open: answer with SYN-ACK.
+            self.state = State::SynReceived;
+            self.snd.wnd = usize::from(seg.hdr.window);
+            self.snd.wl1 = seg.hdr.seq;
+            self.snd.nxt = self.snd.iss;
+            self.owed.send_syn = true;
+        }
+    }
+
+    /// RFC 9293 acceptability test against what we advertised, or more if
+    /// the buffer has room for it.
+    pub(super) fn acceptable(&self, seg: &Segment<'_>) -> bool {
+        let wnd = self
+            .rcv
+            .adv
+            .since(self.rcv.nxt)
+            .max(self.advertisable_window());
+        segment_acceptable(seg.hdr.seq, seg.len(), self.rcv.nxt, wnd)
+    }
+
+    pub(super) fn challenge_ack(&mut self, now: Instant) {
+        let second = now.as_nanos() / 1_000_000_000;
+        if second != self.owed.challenge_second {
+            self.owed.challenge_second = second;
+            self.owed.challenge_tokens = self.cfg.challenge_ack_limit;
+        }
+        if self.owed.challenge_tokens > 0 {
+            self.owed.challenge_tokens -= 1;
+            self.stats.challenge_acks += 1;
+            self.owed.ack_now = true;
+        }
+    }
+
+    pub(super) fn on_segment_synchronized(&mut self, now: Instant, seg: &Segment<'_>) {
+        // PAWS (RFC 7323 §5): an old timestamp means an old duplicate.
+        if self.opts.ts_enabled && !seg.hdr.rst {
+            if let Some((tsval, _)) = seg.hdr.timestamp {
+                if (tsval.wrapping_sub(self.opts.ts_recent) as i32) < 0 && !seg.hdr.syn {
+                    self.owed.ack_now = true;
+                    self.stats.bad_segments += 1;
+                    return;
+                }
+            }
+        }
+        if self.state == State::SynReceived
+            && seg.hdr.syn
+            && !seg.hdr.rst
+            && seg.hdr.ack.is_none()
+            && seg.hdr.seq == self.rcv.irs
+        {
+            // The peer retransmitted its SYN: our SYN-ACK was lost.
+            self.snd.nxt = self.snd.iss;
+            self.owed.send_syn = true;
+            return;
+        }
+        if !self.acceptable(seg) {
+            if !seg.hdr.rst {
+                self.owed.ack_now = true;
+            }
+            self.stats.bad_segments += 1;
+            return;
+        }
+        if seg.hdr.rst && self.state == State::TimeWait {
+            // RFC 1337: a reset must not cut TIME-WAIT short (an old
+            // duplicate would let the next incarnation take stale data),
+            // and the app, which has read or will read the end of stream,
+            // learns of no error after the close completed.
+            self.stats.bad_segments += 1;
+            return;
+        }
+        if seg.hdr.rst {
+            // RFC 5961 §3: only an exact match resets; in-window gets a challenge.
+            if seg.hdr.seq == self.rcv.nxt {
+                self.error = Some(if self.state == State::SynReceived {
+                    ConnError::Refused
+                } else {
+                    ConnError::Reset
+                });
+                self.state = State::Closed;
+                self.clear_timers();
+            } else {
+                self.challenge_ack(now);
+            }
+            return;
+        }
+        if seg.hdr.syn {
+            // RFC 5961 §4: a SYN in a synchronized state gets a challenge ACK.
+            self.challenge_ack(now);
+            return;
+        }
+        let Some(ack) = seg.hdr.ack else {
+            return;
+        };
+        if self.state == State::SynReceived {
+            if ack.diff(self.snd.una) > 0 && ack.diff(self.snd.max) <= 0 {
+                self.state = State::Established;
+                self.snd.wnd = usize::from(seg.hdr.window) << self.snd.wscale;
+                self.snd.max_wnd = self.snd.wnd;
+                self.snd.wl1 = seg.hdr.seq;
+                self.snd.wl2 = ack;
+                self.rec.retries = 0;
+                if self.snd.fin_queued {
+                    self.state = State::FinWait1;
+                }
+            } else {
+                self.owed.rst_pending = Some((ack, None));
+                return;
+            }
+        }
+        // RFC 5961 §5: ACKs too far behind are challenged, ACKs ahead are answered.
+        if ack.diff(self.snd.max) > 0 {
+            self.owed.ack_now = true;
+            return;
+        }
+        let floor = self.snd.una - self.snd.max_wnd.max(self.snd.mss);
+        if ack.diff(floor) < 0 {
+            self.challenge_ack(now);
+            return;
+        }
+        if self.opts.ts_enabled {
+            if let Some((tsval, _)) = seg.hdr.timestamp {
+                if seg.hdr.seq.diff(self.opts.last_ack_sent) <= 0
+                    && (tsval.wrapping_sub(self.opts.ts_recent) as i32) >= 0
+                {
+                    self.opts.ts_recent = tsval;
+                }
+            }
+        }
+        self.process_ack(now, seg, ack);
+        if self.state == State::Closed {
+            return;
+        }
+        self.process_data(now, seg);
+    }
+
+    pub(super) fn process_ack(&mut self, now: Instant, seg: &Segment<'_>, ack: Seq) {
+        let window = usize::from(seg.hdr.window) << self.snd.wscale;
+        let mut newly_sacked = 0;
+        if self.opts.sack_enabled {
+            let mut blocks = [(Seq(0), Seq(0)); 3];
+            let mut n = 0;
+            for b in seg.hdr.sack.iter().flatten() {
+                blocks[n] = *b;
+                n += 1;
+            }
+            if n > 0 {
+                newly_sacked = self
+                    .rec
+                    .scoreboard
+                    .add(self.snd.una, self.snd.max, &blocks[..n]);
+            }
+        }
+        if ack.diff(self.snd.una) > 0 {
+            let acked = ack.since(self.snd.una);
+            // Grow the window only while it limits the sender (RFC 7661):
+            // an app-limited or receiver-limited flow must not inflate it.
+            let flight = self.snd.max.since(self.snd.una);
+            let cwnd = self.rec.cc.cwnd();
+            let cwnd_limited = flight + self.snd.mss >= cwnd
+                || (self.rec.cc.in_slow_start() && flight * 2 >= cwnd);
+            self.snd.una = ack;
+            if self.snd.nxt.diff(ack) < 0 {
+                self.snd.nxt = ack;
+            }
+            // Bytes of data acknowledged (the SYN and FIN take sequence space too).
+            let data_acked = ack.since(self.snd.data_start).min(self.snd.buf.len());
+            self.snd.buf.consume(data_acked);
+            self.snd.data_start += data_acked;
+            self.stats.bytes_out += data_acked as u64;
+            self.rec.scoreboard.advance(ack);
+            self.sample_rtt(now, ack);
+            self.rec.retries = 0;
+            // The peer made progress: the user timeout counts from here.
+            self.live.unacked_since = (self.in_flight() > 0).then_some(now);
+            self.rec.rtt.reset_backoff();
+            self.rec.dupacks = 0;
+            if self.rec.in_recovery {
+                if ack.diff(self.rec.recovery_point) >= 0 {
+                    self.rec.in_recovery = false;
+                    self.rec.cc.on_recovery_end(now);
+                } else if !self.opts.sack_enabled {
+                    // NewReno partial ACK (RFC 6582): retransmit the next hole now.
+                    self.rec.high_rxt = self.snd.una;
+                }
+            } else if cwnd_limited {
+                self.rec.cc.on_ack(now, acked, self.rec.rtt.srtt());
+            }
+            if self.snd.max.diff(self.snd.una) > 0 {
+                self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
+            } else {
+                self.timers.stop(Timer::Rto);
+            }
+            self.on_fin_acked(now);
+        } else if ack == self.snd.una
+            && seg.payload.is_empty()
+            && !seg.hdr.fin
+            && window == self.snd.wnd
+            && self.snd.max.diff(self.snd.una) > 0
+        {
+            self.rec.dupacks += 1;
+            self.stats.dup_acks += 1;
+            let lost = self.opts.sack_enabled
+                && self
+                    .rec
+                    .scoreboard
+                    .is_lost(self.snd.una, self.snd.mss, DUP_THRESH);
+            if !self.rec.in_recovery && (self.rec.dupacks >= DUP_THRESH || lost) {
+                self.enter_recovery(now);
+            }
+        } else if newly_sacked > 0
+            && !self.rec.in_recovery
+            && self
+                .rec
+                .scoreboard
+                .is_lost(self.snd.una, self.snd.mss, DUP_THRESH)
+        {
+            self.enter_recovery(now);
+        }
+        // Window update (RFC 9293 3.10.7.4).
+        if self.snd.wl1.diff(seg.hdr.seq) < 0
+            || (self.snd.wl1 == seg.hdr.seq && self.snd.wl2.diff(ack) <= 0)
+        {
+            self.snd.wnd = window;
+            self.snd.max_wnd = self.snd.max_wnd.max(window);
+            self.snd.wl1 = seg.hdr.seq;
+            self.snd.wl2 = ack;
+            if window > 0 {
+                self.timers.stop(Timer::Persist);
+                self.persist_backoff = 0;
+            }
+        }
+    }
+
+    pub(super) fn enter_recovery(&mut self, now: Instant) {
+        self.rec.in_recovery = true;
+        self.rec.recovery_point = self.snd.max;
+        self.rec.high_rxt = self.snd.una;
+        self.rec.cc.on_congestion(now, self.in_flight());
+        self.stats.fast_retransmits += 1;
+        self.rec.rtt_probe = None;
+    }
+
+    pub(super) fn on_fin_acked(&mut self, now: Instant) {
+        let fin_acked = self.snd.fin_queued
+            && self.snd.buf.is_empty()
+            && self.snd.una.diff(self.snd.data_start) > 0;
+        if !fin_acked {
+            return;
+        }
+        match self.state {
+            State::FinWait1 => {
+                self.state = State::FinWait2;
+                self.arm_fin_wait2(now);
+            }
+            State::Closing => self.enter_time_wait(),
+            State::LastAck => {
+                self.state = State::Closed;
+                self.clear_timers();
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn enter_time_wait(&mut self) {
+        self.state = State::TimeWait;
+        // TIME-WAIT's own timer is set on the next timer poll, with `now`.
+        self.timers
+            .stop_all(&[Timer::Rto, Timer::Persist, Timer::FinWait2, Timer::TimeWait]);
+    }
+
+    pub(super) fn sample_rtt(&mut self, now: Instant, ack: Seq) {
+        if let Some((seq, sent)) = self.rec.rtt_probe {
+            if ack.diff(seq) > 0 {
+                self.rec.rtt.sample(now.saturating_duration_since(sent));
+                self.rec.rtt_probe = None;
+            }
+        }
+    }
+
+    pub(super) fn process_data(&mut self, now: Instant, seg: &Segment<'_>) {
+        if self.orphaned
+            && matches!(self.state, State::FinWait1 | State::FinWait2)
+            && (seg.hdr.seq + seg.payload.len()).diff(self.rcv.nxt) > 0
+            && !seg.payload.is_empty()
+        {
+            // RFC 1122 4.2.2.13: nobody will read this; say so with a reset.
+            self.reset_orphan(seg.hdr.ack);
+            return;
+        }
+        if seg.hdr.fin {
+            self.rcv.peer_fin = Some(seg.hdr.seq + seg.payload.len());
+        }
+        let receiving = matches!(
+            self.state,
+            State::Established | State::FinWait1 | State::FinWait2
+        );
+        if receiving && !seg.payload.is_empty() {
+            // Trim what we already have.
+            let skip = self.rcv.nxt.since(seg.hdr.seq).min(seg.payload.len());
+            let data = &seg.payload[skip..];
+            let offset = seg.hdr.seq.since(self.rcv.nxt);
+            let before_ooo = self.rcv.buf.ooo_bytes();
+            let out = self.rcv.buf.write_at(offset, data);
+            if out.dropped {
+                self.stats.ooo_dropped += 1;
+            }
+            self.stats.bytes_in += out.advanced as u64;
+            self.rcv.nxt += out.advanced;
+            if out.advanced > 0 {
+                self.autotune(now);
+            }
+            if offset > 0 {
+                // Out of order: an immediate duplicate ACK for each (with SACK).
+                self.owed.dupacks_owed = (self.owed.dupacks_owed + 1).min(64);
+                self.owed.ack_now = true;
+            } else if before_ooo > 0 || out.advanced < data.len() {
+                // Filling a hole, or beyond the window: ACK now.
+                self.owed.ack_now = true;
+            } else {
+                self.owed.unacked_segs += 1;
+                match self.cfg.delayed_ack {
+                    Some(d)
+                        if self.owed.unacked_segs < 2 && seg.payload.len() < 2 * self.snd.mss =>
+                    {
+                        self.timers.get_or_set(Timer::DelayedAck, now + d);
+                    }
+                    _ => self.owed.ack_now = true,
+                }
+            }
+        }
+        if let Some(fin) = self.rcv.peer_fin {
+            if fin == self.rcv.nxt && self.state.synchronized() {
+                self.rcv.nxt += 1;
+                self.owed.ack_now = true;
+                match self.state {
+                    State::Established => self.state = State::CloseWait,
+                    State::FinWait1 => {
+                        let fin_acked = self.snd.fin_queued
+                            && self.snd.buf.is_empty()
+                            && self.snd.una.diff(self.snd.data_start) > 0;
+                        if fin_acked {
+                            self.enter_time_wait();
+                        } else {
+                            self.state = State::Closing;
+                        }
+                    }
+                    State::FinWait2 => self.enter_time_wait(),
+                    _ => {}
+                }
+            } else if seg.hdr.fin && self.state == State::TimeWait && fin.diff(self.rcv.nxt) < 0 {
+                // A retransmitted FIN: ACK again and restart 2 MSL.
+                self.owed.ack_now = true;
+                self.timers.stop(Timer::TimeWait);
+            }
+        }
+    }
+
+    /// ICMP fragmentation-needed quoting our segment `seq` with next-hop
+    /// `mtu` (RFC 1191): lower the MSS to fit it and send what is in flight
+    /// again in segments of the new size; not a congestion signal, so the
+    /// window stays. Returns false (ignored) when `seq` is not in flight, or
+    /// the MTU is implausible (below 576, Linux's floor of 552 rounded to
+    /// the IPv4 minimum a host must reassemble) or no smaller than now.
+    pub fn on_path_mtu(&mut self, now: Instant, seq: Seq, mtu: usize) -> bool {
+        const MIN_MTU: usize = 576;
+        let in_flight = seq.diff(self.snd.una) >= 0 && seq.diff(self.snd.max) < 0;
+        if !self.state.synchronized() || !in_flight || mtu < MIN_MTU {
+            return false;
+        }
+        let mss = mtu - 40;
+        if mss >= self.snd.mss {
+            return false;
+        }
+        self.snd.mss = mss;
+        self.rec.cc.set_mss(mss);
+        self.stats.pmtu_reductions += 1;
+        // Go back to the first unacknowledged byte (RFC 1191 / Linux's
+        // tcp_simple_retransmit), keeping cwnd.
+        self.snd.nxt = self.snd.una;
+        self.rec.high_rxt = self.snd.una;
+        self.rec.scoreboard.clear();
+        self.rec.in_recovery = false;
+        self.rec.dupacks = 0;
+        self.rec.rtt_probe = None;
+        self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
+        true
+    }
+}

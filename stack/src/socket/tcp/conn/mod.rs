@@ -1,0 +1,530 @@
+//! One TCP connection (RFC 9293): the state machine, sans-IO.
+//!
+//! Input: [`TcpConn::on_segment`] with a parsed [`Segment`] and `now`.
+//! Output: [`TcpConn::poll_transmit`] returns the next segment to send as an
+//! [`Outgoing`] header plus a range of the send buffer, which the caller
+//! copies straight into the device buffer with [`TcpConn::copy_payload`].
+//! Timers: [`TcpConn::poll_at`] and [`TcpConn::on_timer`].
+//!
+//! The connection's `impl` is split by concern: this file holds the state
+//! (grouped as send and receive sequence space, options, recovery, timers,
+//! liveness and what is owed to the peer), opening and accessors;
+//! `input` processes arriving segments (RFC 9293 3.10.7), `output` decides
+//! what to send, `timers` holds the [`TimerTable`](timers) and what expiry
+//! does, `api` the app-facing calls, and `tuning` receive-buffer autotuning
+//! and the window we advertise.
+
+mod api;
+mod input;
+mod output;
+mod timers;
+mod tuning;
+
+#[cfg(test)]
+mod tests;
+
+use core::net::SocketAddrV4;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::buffer::{RecvBuffer, SendBuffer};
+use super::cc::{CongestionControl, new_controller};
+use super::config::MAX_WSCALE;
+pub use super::config::{KeepAlive, TcpConfig};
+use super::rtt::RttEstimator;
+use super::scoreboard::Scoreboard;
+pub use super::segment::{Header, Outgoing, Segment};
+use super::seq::Seq;
+use crate::error::ConnError;
+pub use crate::stats::ConnStats;
+use crate::time::Instant;
+pub use input::segment_acceptable;
+use timers::TimerTable;
+use tuning::RcvTune;
+
+/// RFC 9293 connection states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum State {
+    /// No connection: never opened, or ended (closed, reset, timed out).
+    Closed,
+    /// Waiting for a SYN (listeners live in the table; a connection is
+    /// never in this state itself).
+    Listen,
+    /// Active open: our SYN is sent, waiting for the SYN-ACK.
+    SynSent,
+    /// Passive open (or simultaneous open): SYN received and SYN-ACK sent,
+    /// waiting for the ACK that completes the handshake.
+    SynReceived,
+    /// Handshake done; data flows both ways.
+    Established,
+    /// We closed: our FIN is sent (or queued behind data), not yet acknowledged.
+    FinWait1,
+    /// Our FIN is acknowledged; waiting for the peer's FIN.
+    FinWait2,
+    /// The peer closed (its FIN arrived); we may still send until the app closes.
+    CloseWait,
+    /// Both sides closed at once: the peer's FIN arrived before ours was acknowledged.
+    Closing,
+    /// The peer closed first and we have sent our FIN; waiting for its ACK.
+    LastAck,
+    /// Both FINs exchanged; the connection lingers for 2 MSL
+    /// ([`TcpConfig::time_wait`]) to absorb late segments.
+    TimeWait,
+}
+
+impl State {
+    /// Whether the three-way handshake has completed.
+    pub fn synchronized(self) -> bool {
+        !matches!(
+            self,
+            State::Closed | State::Listen | State::SynSent | State::SynReceived
+        )
+    }
+}
+
+impl ConnStats {
+    /// Add another connection's counters to these.
+    pub fn add(&mut self, o: &ConnStats) {
+        self.segs_in += o.segs_in;
+        self.segs_out += o.segs_out;
+        self.bytes_in += o.bytes_in;
+        self.bytes_out += o.bytes_out;
+        self.retransmits += o.retransmits;
+        self.fast_retransmits += o.fast_retransmits;
+        self.timeouts += o.timeouts;
+        self.dup_acks += o.dup_acks;
+        self.zero_window_probes += o.zero_window_probes;
+        self.keepalive_probes += o.keepalive_probes;
+        self.challenge_acks += o.challenge_acks;
+        self.ooo_dropped += o.ooo_dropped;
+        self.bad_segments += o.bad_segments;
+        self.pmtu_reductions += o.pmtu_reductions;
+    }
+}
+
+/// A snapshot of one connection for telemetry and tests.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConnInfo {
+    /// Our address and port.
+    pub local: SocketAddrV4,
+    /// The peer's address and port.
+    pub remote: SocketAddrV4,
+    /// RFC 9293 state.
+    pub state: State,
+    /// Congestion window, bytes.
+    pub cwnd: usize,
+    /// Slow-start threshold, bytes.
+    pub ssthresh: usize,
+    /// The peer's advertised receive window (scaled), bytes.
+    pub snd_wnd: usize,
+    /// Our receive window: free receive-buffer space, bytes.
+    pub rcv_wnd: usize,
+    /// Smoothed RTT (RFC 6298), microseconds; `None` before the first sample.
+    pub srtt_us: Option<u64>,
+    /// RTT variation (RFC 6298), microseconds; `None` before the first sample.
+    pub rttvar_us: Option<u64>,
+    /// Current retransmission timeout including backoff, microseconds.
+    pub rto_us: u64,
+    /// Bytes sent and not yet acknowledged.
+    pub in_flight: usize,
+    /// Bytes in the send buffer (unacknowledged plus not yet sent).
+    pub send_queued: usize,
+    /// Bytes received in order and not yet read by the app.
+    pub recv_queued: usize,
+    /// Bytes held out of order.
+    pub ooo_bytes: usize,
+    /// MSS for segments we send, bytes (the smaller of ours and the
+    /// peer's, lowered by path MTU discovery).
+    pub mss: usize,
+    /// Congestion control in use (`"newreno"` or `"cubic"`).
+    pub congestion: &'static str,
+    /// The connection's counters.
+    pub stats: ConnStats,
+}
+
+/// Duplicate ACKs (or SACKed segments above a hole) that signal a loss.
+const DUP_THRESH: usize = 3;
+/// RFC 9293: the default MSS when the peer sends none.
+const DEFAULT_MSS: usize = 536;
+
+/// One TCP connection.
+#[derive(Debug)]
+pub struct TcpConn {
+    cfg: TcpConfig,
+    state: State,
+    local: SocketAddrV4,
+    remote: SocketAddrV4,
+    error: Option<ConnError>,
+    /// Send sequence space and the send buffer.
+    snd: SendSpace,
+    /// Receive sequence space and the receive buffer.
+    rcv: RecvSpace,
+    /// Options negotiated on the handshake, and their per-segment state.
+    opts: Options,
+    /// Loss recovery, RTT and congestion control.
+    rec: Recovery,
+    /// Retransmission, persist, delayed-ACK, FIN-WAIT-2 and TIME-WAIT deadlines.
+    timers: TimerTable,
+    /// Persist timer backoff: zero-window probes sent in a row.
+    persist_backoff: u32,
+    /// The app closed the connection entirely ([`TcpConn::release`]): it
+    /// reads nothing more, so new data is answered with RST.
+    orphaned: bool,
+    /// Keepalive and user timeout.
+    live: Liveness,
+    /// What to send next.
+    owed: Owed,
+    stats: ConnStats,
+}
+
+/// The send sequence space (RFC 9293 3.3.1) and what feeds it.
+#[derive(Debug)]
+struct SendSpace {
+    iss: Seq,
+    una: Seq,
+    nxt: Seq,
+    /// Highest sequence number sent (`nxt` may go back after a timeout).
+    max: Seq,
+    wnd: usize,
+    max_wnd: usize,
+    wl1: Seq,
+    wl2: Seq,
+    wscale: u8,
+    /// Sequence number of the first byte in `buf`.
+    data_start: Seq,
+    buf: SendBuffer,
+    /// The app has closed its sending side: a FIN follows the data.
+    fin_queued: bool,
+    /// TCP_CORK: hold partial segments of new data.
+    corked: bool,
+    /// MSS for segments we send.
+    mss: usize,
+    /// Largest IP packet the port cuts into frames (TSO); 0 without.
+    tso_max: usize,
+}
+
+/// The receive sequence space (RFC 9293 3.3.1) and its buffer.
+#[derive(Debug)]
+struct RecvSpace {
+    irs: Seq,
+    nxt: Seq,
+    /// Right edge of the window we last advertised.
+    adv: Seq,
+    wscale: u8,
+    buf: RecvBuffer,
+    /// Peer's FIN, once seen (possibly ahead of `nxt`).
+    peer_fin: Option<Seq>,
+    /// Receive-window autotuning ([`TcpConn::autotune`]).
+    tune: RcvTune,
+}
+
+/// Timestamps (RFC 7323) and SACK (RFC 2018) as negotiated.
+#[derive(Debug)]
+struct Options {
+    ts_enabled: bool,
+    ts_recent: u32,
+    ts_offset: u32,
+    last_ack_sent: Seq,
+    sack_enabled: bool,
+}
+
+/// Loss recovery and congestion control.
+#[derive(Debug)]
+struct Recovery {
+    scoreboard: Scoreboard,
+    cc: Box<dyn CongestionControl>,
+    rtt: RttEstimator,
+    /// Segment being timed for an RTT sample (Karn: cleared on retransmit).
+    rtt_probe: Option<(Seq, Instant)>,
+    dupacks: usize,
+    in_recovery: bool,
+    recovery_point: Seq,
+    high_rxt: Seq,
+    retries: u32,
+}
+
+/// Keepalive (RFC 1122 4.2.3.6) and the user timeout (RFC 5482): their
+/// deadlines follow from these ([`TcpConn::poll_at`]).
+#[derive(Debug)]
+struct Liveness {
+    /// Keepalive, when the app turned it on.
+    keepalive: Option<KeepAlive>,
+    /// When the peer last sent us a segment.
+    last_rx: Instant,
+    /// Keepalive probes sent since then, and when the last left.
+    ka_probes: u32,
+    ka_last_probe: Instant,
+    /// A keepalive probe is owed.
+    ka_pending: bool,
+    /// `TCP_USER_TIMEOUT` (RFC 5482): how long sent data may stay
+    /// unacknowledged before the connection fails with `TimedOut`.
+    user_timeout: Option<Duration>,
+    /// Since when the oldest unacknowledged data has waited (None: nothing
+    /// in flight).
+    unacked_since: Option<Instant>,
+}
+
+/// Segments owed to the peer, sent on the next [`TcpConn::poll_transmit`].
+#[derive(Debug)]
+struct Owed {
+    ack_now: bool,
+    /// Duplicate ACKs owed: one per out-of-order segment (RFC 5681 4.2),
+    /// even when a burst of them is processed before we transmit.
+    dupacks_owed: u32,
+    /// Full-size segments received since our last ACK (ACK every second one).
+    unacked_segs: u32,
+    send_syn: bool,
+    rst_pending: Option<(Seq, Option<Seq>)>,
+    probe_pending: bool,
+    challenge_tokens: u32,
+    challenge_second: u64,
+    /// Reused for SACK blocks so building an ACK never allocates.
+    sack_scratch: Vec<(usize, usize)>,
+}
+
+/// The offset of a connection's TSval clock until the table sets the one
+/// keyed by its 4-tuple ([`TcpConn::set_ts_offset`]): derived from the ISN.
+fn ts_offset(iss: Seq) -> u32 {
+    iss.0.rotate_left(13)
+}
+
+impl TcpConn {
+    fn new(
+        cfg: TcpConfig,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        iss: Seq,
+        state: State,
+    ) -> Self {
+        let mss = cfg.mss.max(64);
+        TcpConn {
+            state,
+            local,
+            remote,
+            error: None,
+            snd: SendSpace {
+                iss,
+                una: iss,
+                nxt: iss,
+                max: iss,
+                wnd: 0,
+                max_wnd: 0,
+                wl1: Seq(0),
+                wl2: Seq(0),
+                wscale: 0,
+                data_start: iss + 1,
+                buf: SendBuffer::new(cfg.send_buffer),
+                fin_queued: false,
+                corked: false,
+                mss,
+                tso_max: 0,
+            },
+            rcv: RecvSpace {
+                irs: Seq(0),
+                nxt: Seq(0),
+                adv: Seq(0),
+                wscale: cfg.rcv_wscale(),
+                buf: RecvBuffer::new(cfg.recv_buffer, cfg.max_ooo_ranges),
+                peer_fin: None,
+                tune: RcvTune::default(),
+            },
+            opts: Options {
+                ts_enabled: false,
+                ts_recent: 0,
+                ts_offset: ts_offset(iss),
+                last_ack_sent: Seq(0),
+                sack_enabled: false,
+            },
+            rec: Recovery {
+                scoreboard: Scoreboard::new(),
+                cc: new_controller(cfg.congestion, mss),
+                rtt: RttEstimator::new(cfg.rtt.clone()),
+                rtt_probe: None,
+                dupacks: 0,
+                in_recovery: false,
+                recovery_point: iss,
+                high_rxt: iss,
+                retries: 0,
+            },
+            timers: TimerTable::default(),
+            persist_backoff: 0,
+            orphaned: false,
+            live: Liveness {
+                keepalive: None,
+                last_rx: Instant::ZERO,
+                ka_probes: 0,
+                ka_last_probe: Instant::ZERO,
+                ka_pending: false,
+                user_timeout: None,
+                unacked_since: None,
+            },
+            owed: Owed {
+                ack_now: false,
+                dupacks_owed: 0,
+                unacked_segs: 0,
+                send_syn: true,
+                rst_pending: None,
+                probe_pending: false,
+                challenge_tokens: cfg.challenge_ack_limit,
+                challenge_second: 0,
+                sack_scratch: Vec::with_capacity(3),
+            },
+            stats: ConnStats::default(),
+            cfg,
+        }
+    }
+
+    /// Active open: a SYN goes out on the next poll.
+    pub fn connect(cfg: TcpConfig, local: SocketAddrV4, remote: SocketAddrV4, iss: Seq) -> Self {
+        Self::new(cfg, local, remote, iss, State::SynSent)
+    }
+
+    /// Passive open from a listener that received `syn`: a SYN-ACK goes out on the next poll.
+    pub fn accept(
+        cfg: TcpConfig,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        iss: Seq,
+        syn: &Segment<'_>,
+    ) -> Self {
+        let mut c = Self::new(cfg, local, remote, iss, State::SynReceived);
+        c.take_syn_options(syn);
+        c.rcv.irs = syn.hdr.seq;
+        c.rcv.nxt = syn.hdr.seq + 1;
+        c.rcv.adv = c.rcv.nxt;
+        c.snd.wnd = usize::from(syn.hdr.window);
+        c.snd.max_wnd = c.snd.wnd;
+        c.snd.wl1 = syn.hdr.seq;
+        c
+    }
+
+    fn take_syn_options(&mut self, syn: &Segment<'_>) {
+        self.snd.mss = self
+            .cfg
+            .mss
+            .min(syn.hdr.mss.map_or(DEFAULT_MSS, usize::from))
+            .max(64);
+        self.rec.cc.set_mss(self.snd.mss);
+        match syn.hdr.wscale {
+            Some(s) if self.cfg.window_scaling => self.snd.wscale = s.min(MAX_WSCALE),
+            _ => {
+                self.snd.wscale = 0;
+                self.rcv.wscale = 0;
+            }
+        }
+        self.opts.sack_enabled = self.cfg.sack && syn.hdr.sack_permitted;
+        if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.hdr.timestamp) {
+            self.opts.ts_enabled = true;
+            self.opts.ts_recent = tsval;
+        } else {
+            self.opts.ts_enabled = false;
+        }
+    }
+
+    /// The final ACK of a SYN-cookie handshake arrived: the connection is
+    /// established without ever having been in SYN-RECEIVED here.
+    pub fn cookie_established(&mut self) {
+        self.owed.send_syn = false;
+        self.snd.nxt = self.snd.iss + 1;
+        self.snd.max = self.snd.nxt;
+    }
+
+    /// RFC 9293 state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Our address and port.
+    pub fn local(&self) -> SocketAddrV4 {
+        self.local
+    }
+
+    /// The peer's address and port.
+    pub fn remote(&self) -> SocketAddrV4 {
+        self.remote
+    }
+
+    /// Why the connection ended abnormally, once it has.
+    pub fn error(&self) -> Option<ConnError> {
+        self.error
+    }
+
+    /// The connection's counters.
+    pub fn stats(&self) -> &ConnStats {
+        &self.stats
+    }
+
+    /// Congestion window, bytes.
+    pub fn cwnd(&self) -> usize {
+        self.rec.cc.cwnd()
+    }
+
+    /// Slow-start threshold, bytes.
+    pub fn ssthresh(&self) -> usize {
+        self.rec.cc.ssthresh()
+    }
+
+    /// The peer's advertised receive window (scaled), bytes.
+    pub fn snd_wnd(&self) -> usize {
+        self.snd.wnd
+    }
+
+    /// MSS for segments we send, bytes (payload per frame, before options).
+    pub fn mss(&self) -> usize {
+        self.snd.mss
+    }
+
+    /// Bytes one connection with `cfg` occupies: the struct, its two rings
+    /// and its congestion controller (the demux entry and timer slot aside).
+    pub fn memory_estimate(cfg: &TcpConfig) -> usize {
+        std::mem::size_of::<TcpConn>() + cfg.send_buffer + cfg.recv_buffer + 128
+    }
+
+    /// Bytes in flight (sent, not yet acknowledged).
+    pub fn in_flight(&self) -> usize {
+        self.snd.max.since(self.snd.una)
+    }
+
+    /// A snapshot of state, windows, RTT and counters (for telemetry).
+    pub fn info(&self) -> ConnInfo {
+        ConnInfo {
+            local: self.local,
+            remote: self.remote,
+            state: self.state,
+            cwnd: self.rec.cc.cwnd(),
+            ssthresh: self.rec.cc.ssthresh(),
+            snd_wnd: self.snd.wnd,
+            rcv_wnd: self.rcv.buf.window(),
+            srtt_us: self.rec.rtt.srtt().map(|d| d.as_micros() as u64),
+            rttvar_us: self.rec.rtt.rttvar().map(|d| d.as_micros() as u64),
+            rto_us: self.rec.rtt.rto().as_micros() as u64,
+            in_flight: self.in_flight(),
+            send_queued: self.snd.buf.len(),
+            recv_queued: self.rcv.buf.readable(),
+            ooo_bytes: self.rcv.buf.ooo_bytes(),
+            mss: self.snd.mss,
+            congestion: self.rec.cc.name(),
+            stats: self.stats.clone(),
+        }
+    }
+
+    fn tsval(&self, now: Instant) -> u32 {
+        (now.as_millis() as u32).wrapping_add(self.opts.ts_offset)
+    }
+
+    /// The TSval a connection whose timestamp clock has `offset` sends at
+    /// `now` (milliseconds plus the offset).
+    pub(crate) fn tsval_at(now: Instant, offset: u32) -> u32 {
+        (now.as_millis() as u32).wrapping_add(offset)
+    }
+
+    /// Set the offset of the connection's timestamp clock before its first
+    /// segment: the table keys it by the 4-tuple (as Linux does), so every
+    /// incarnation of a 4-tuple counts on from the last one's TSvals and a
+    /// peer holding the last in TIME-WAIT takes the new SYN (RFC 6191)
+    /// instead of answering it as an old duplicate.
+    pub(crate) fn set_ts_offset(&mut self, offset: u32) {
+        self.opts.ts_offset = offset;
+    }
+}

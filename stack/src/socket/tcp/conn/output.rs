@@ -1,0 +1,374 @@
+//! What to send: SYN and SYN-ACK, data and FIN (new, or retransmitted in
+//! recovery) within the windows, Nagle and cork, probes, ACKs and resets.
+
+use super::timers::Timer;
+use super::{DUP_THRESH, Header, Outgoing, State, TcpConn};
+use crate::time::Instant;
+
+impl TcpConn {
+    /// TCP option bytes a data segment carries now (timestamps, SACK
+    /// blocks), padded to 4 as smoltcp emits them. The MSS excludes options
+    /// (RFC 6691), so payloads shrink by this much.
+    pub(super) fn option_overhead(&self) -> usize {
+        let mut n = if self.opts.ts_enabled { 10 } else { 0 };
+        if self.opts.sack_enabled && self.rcv.buf.ooo_bytes() > 0 {
+            n += 2 + 8 * self.rcv.buf.ooo_ranges().min(3);
+        }
+        n.div_ceil(4) * 4
+    }
+
+    /// Largest payload of a segment sent now.
+    pub(super) fn max_payload(&self) -> usize {
+        self.snd.mss.saturating_sub(self.option_overhead()).max(1)
+    }
+
+    pub(super) fn base_segment(&mut self, now: Instant) -> Outgoing {
+        let window = self.window_to_advertise();
+        let mut sack = [None; 3];
+        if self.opts.sack_enabled && self.rcv.buf.ooo_bytes() > 0 {
+            self.rcv.buf.sack_ranges(&mut self.owed.sack_scratch, 3);
+            for (slot, &(s, e)) in sack.iter_mut().zip(self.owed.sack_scratch.iter()) {
+                *slot = Some((self.rcv.nxt + s, self.rcv.nxt + e));
+            }
+        }
+        Outgoing::from(Header {
+            seq: self.snd.nxt,
+            ack: Some(self.rcv.nxt),
+            window,
+            sack,
+            timestamp: self
+                .opts
+                .ts_enabled
+                .then(|| (self.tsval(now), self.opts.ts_recent)),
+            ..Header::default()
+        })
+    }
+
+    pub(super) fn sent_ack(&mut self, seg: &Outgoing) {
+        if let Some(ack) = seg.hdr.ack {
+            self.opts.last_ack_sent = ack;
+        }
+        self.owed.dupacks_owed = self.owed.dupacks_owed.saturating_sub(1);
+        self.owed.ack_now = self.owed.dupacks_owed > 0;
+        self.timers.stop(Timer::DelayedAck);
+        self.owed.unacked_segs = 0;
+        self.stats.segs_out += 1;
+    }
+
+    /// A segment from [`poll_transmit`](Self::poll_transmit) left as
+    /// `extra` more frames than one (cut by the stack: GSO).
+    pub(crate) fn count_extra_frames(&mut self, extra: usize) {
+        self.stats.segs_out += extra as u64;
+    }
+
+    /// The next segment to send, if any. Call repeatedly until `None`.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
+        self.on_timer(now);
+        if let Some((seq, ack)) = self.owed.rst_pending.take() {
+            self.stats.segs_out += 1;
+            return Some(Outgoing::from(Header {
+                seq,
+                ack,
+                rst: true,
+                ..Header::default()
+            }));
+        }
+        match self.state {
+            State::Closed | State::Listen => return None,
+            State::SynSent => return self.transmit_syn(now),
+            State::SynReceived => {
+                if let Some(seg) = self.transmit_syn(now) {
+                    return Some(seg);
+                }
+                // Simultaneous open: acknowledge the peer's SYN-ACK.
+                if self.owed.ack_now {
+                    let seg = self.base_segment(now);
+                    self.sent_ack(&seg);
+                    return Some(seg);
+                }
+                return None;
+            }
+            _ => {}
+        }
+        if let Some(seg) = self.transmit_data(now) {
+            return Some(seg);
+        }
+        if self.owed.probe_pending {
+            self.owed.probe_pending = false;
+            // Zero-window probe: an old sequence number draws an ACK with the window.
+            let mut seg = self.base_segment(now);
+            seg.hdr.seq = self.snd.una - 1;
+            self.sent_ack(&seg);
+            self.arm_persist(now);
+            return Some(seg);
+        }
+        if self.live.ka_pending {
+            self.live.ka_pending = false;
+            // Keepalive probe: an old sequence number draws the peer's ACK.
+            let mut seg = self.base_segment(now);
+            seg.hdr.seq = self.snd.una - 1;
+            self.sent_ack(&seg);
+            return Some(seg);
+        }
+        if self.owed.ack_now {
+            let seg = self.base_segment(now);
+            self.sent_ack(&seg);
+            return Some(seg);
+        }
+        None
+    }
+
+    pub(super) fn transmit_syn(&mut self, now: Instant) -> Option<Outgoing> {
+        if !self.owed.send_syn {
+            return None;
+        }
+        self.owed.send_syn = false;
+        let synack = self.state == State::SynReceived;
+        let seg = Outgoing::from(Header {
+            seq: self.snd.iss,
+            ack: synack.then_some(self.rcv.nxt),
+            syn: true,
+            window: u16::try_from(self.rcv.buf.window()).unwrap_or(u16::MAX),
+            mss: Some(u16::try_from(self.cfg.mss).unwrap_or(u16::MAX)),
+            wscale: (self.cfg.window_scaling
+                && (!synack || self.snd.wscale > 0 || self.rcv.wscale > 0))
+                .then_some(self.rcv.wscale),
+            sack_permitted: self.cfg.sack && (!synack || self.opts.sack_enabled),
+            timestamp: (self.cfg.timestamps && (!synack || self.opts.ts_enabled)).then(|| {
+                (
+                    self.tsval(now),
+                    if synack { self.opts.ts_recent } else { 0 },
+                )
+            }),
+            ..Header::default()
+        });
+        if synack {
+            self.rcv.adv = self.rcv.nxt + usize::from(seg.hdr.window);
+        }
+        self.snd.nxt = self.snd.iss + 1;
+        if self.snd.max.diff(self.snd.nxt) < 0 {
+            self.snd.max = self.snd.nxt;
+        }
+        if self.rec.retries == 0 {
+            self.rec.rtt_probe = Some((self.snd.iss, now));
+        }
+        self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
+        self.sent_ack(&seg);
+        Some(seg)
+    }
+
+    /// Data (new or retransmitted) and FIN.
+    pub(super) fn transmit_data(&mut self, now: Instant) -> Option<Outgoing> {
+        let data_end = self.snd.data_start + self.snd.buf.len();
+        // Loss recovery: retransmit holes first.
+        if self.rec.in_recovery {
+            if let Some(seg) = self.retransmit_in_recovery(now) {
+                return Some(seg);
+            }
+        }
+        let flight = self.flight_estimate();
+        let cwnd = self.rec.cc.cwnd();
+        let wnd_edge = self.snd.una + self.snd.wnd;
+        let unsent = data_end.since(self.snd.nxt);
+        let fin_due = self.snd.fin_queued
+            && matches!(
+                self.state,
+                State::FinWait1 | State::Closing | State::LastAck
+            )
+            && self.snd.nxt.diff(data_end) >= 0
+            && self.snd.nxt.diff(data_end + 1) < 0;
+        if unsent == 0 && !fin_due {
+            return None;
+        }
+        let usable_wnd = wnd_edge.since(self.snd.nxt);
+        let usable_cwnd = cwnd.saturating_sub(flight);
+        let max_payload = self.max_payload();
+        // With TSO, new data leaves in segments of whole frames the port
+        // cuts (a retransmission stays one frame).
+        let tso_cap = if self.snd.tso_max > 0 && self.snd.nxt == self.snd.max {
+            let header = 40 + self.snd.mss.saturating_sub(max_payload);
+            (self.snd.tso_max.saturating_sub(header) / max_payload * max_payload).max(max_payload)
+        } else {
+            max_payload
+        };
+        let mut len = unsent.min(tso_cap).min(usable_wnd).min(usable_cwnd);
+        if len > max_payload {
+            // Whole frames only: a short tail is left to the next call,
+            // which applies SWS avoidance, cork and Nagle to it as to any
+            // short segment (Linux's tcp_mss_split_point), so a burst cut
+            // into frames leaves exactly as segment by segment.
+            len -= len % max_payload;
+        }
+        // A persist expiry forces one segment past SWS avoidance and Nagle
+        // (RFC 9293 3.8.6.2.1 override timeout).
+        let forced = self.owed.probe_pending && len > 0;
+        if unsent > 0 && len == 0 {
+            if usable_wnd == 0
+                && !self.timers.is_set(Timer::Persist)
+                && !self.timers.is_set(Timer::Rto)
+            {
+                // Zero window: keep probing while data waits.
+                self.arm_persist(now);
+            }
+            return None;
+        }
+        if len > 0 && len < max_payload && len < unsent && !forced && len < self.snd.max_wnd / 2 {
+            // Sender SWS avoidance: wait for a full segment, or for the
+            // override timer when nothing is in flight to clock us.
+            if !self.timers.is_set(Timer::Persist) && !self.timers.is_set(Timer::Rto) {
+                self.arm_persist(now);
+            }
+            return None;
+        }
+        let new_data = self.snd.nxt == self.snd.max;
+        if len > 0
+            && len < max_payload
+            && self.snd.corked
+            && !forced
+            && new_data
+            && !self.snd.fin_queued
+        {
+            // TCP_CORK: only full segments until the app uncorks.
+            return None;
+        }
+        if len > 0
+            && len < max_payload
+            && self.cfg.nagle
+            && !forced
+            && self.snd.max.diff(self.snd.una) > 0
+            && new_data
+            && !self.snd.fin_queued
+        {
+            // Nagle: one small segment in flight at a time. It holds new data
+            // only: a retransmission (after an RTO rolled snd_nxt back) of a
+            // small tail must go, or nothing would ever acknowledge it.
+            return None;
+        }
+        if forced {
+            self.owed.probe_pending = false;
+        }
+        let retransmit = self.snd.nxt.diff(self.snd.max) < 0;
+        let mut seg = self.base_segment(now);
+        seg.payload_offset = self.snd.nxt.since(self.snd.data_start);
+        seg.payload_len = len;
+        if len > max_payload {
+            seg.tso_segsz = max_payload;
+        }
+        let after = self.snd.nxt + len;
+        if self.snd.fin_queued
+            && after == data_end
+            && matches!(
+                self.state,
+                State::FinWait1 | State::Closing | State::LastAck
+            )
+        {
+            seg.hdr.fin = true;
+        }
+        let advance = len + usize::from(seg.hdr.fin);
+        if advance == 0 {
+            return None;
+        }
+        if retransmit {
+            self.stats.retransmits += 1;
+        } else if self.rec.rtt_probe.is_none() {
+            self.rec.rtt_probe = Some((self.snd.nxt, now));
+        }
+        self.snd.nxt += advance;
+        if self.snd.max.diff(self.snd.nxt) < 0 {
+            self.snd.max = self.snd.nxt;
+        }
+        if !self.timers.is_set(Timer::Rto) {
+            self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
+        }
+        if self.live.unacked_since.is_none() {
+            self.live.unacked_since = Some(now);
+        }
+        self.sent_ack(&seg);
+        Some(seg)
+    }
+
+    /// Bytes counted against cwnd: RFC 6675 pipe with SACK, else the flight
+    /// (inflated by duplicate ACKs during NewReno fast recovery).
+    pub(super) fn flight_estimate(&self) -> usize {
+        if self.opts.sack_enabled && !self.rec.scoreboard.is_empty() {
+            return self.rec.scoreboard.pipe(
+                self.snd.una,
+                self.snd.max,
+                self.rec.high_rxt,
+                self.snd.mss,
+                DUP_THRESH,
+            );
+        }
+        let flight = self.snd.nxt.since(self.snd.una);
+        if self.rec.in_recovery {
+            flight.saturating_sub(self.rec.dupacks.saturating_sub(DUP_THRESH) * self.snd.mss)
+        } else {
+            flight
+        }
+    }
+
+    pub(super) fn retransmit_in_recovery(&mut self, now: Instant) -> Option<Outgoing> {
+        let (start, len) = if self.opts.sack_enabled {
+            let pipe = self.flight_estimate();
+            if pipe + self.snd.mss > self.rec.cc.cwnd() && self.rec.high_rxt.diff(self.snd.una) > 0
+            {
+                return None;
+            }
+            self.rec
+                .scoreboard
+                .next_lost(
+                    self.snd.una,
+                    self.snd.max,
+                    self.rec.high_rxt,
+                    self.snd.mss,
+                    DUP_THRESH,
+                )
+                .or_else(|| {
+                    // First retransmission of the recovery: the head segment.
+                    (self.rec.high_rxt == self.snd.una).then_some((self.snd.una, self.snd.mss))
+                })?
+        } else {
+            // NewReno: retransmit the segment at snd_una once per (partial) ACK.
+            if self.rec.high_rxt != self.snd.una {
+                return None;
+            }
+            (self.snd.una, self.snd.mss)
+        };
+        let data_end = self.snd.data_start + self.snd.buf.len();
+        let len = len.min(data_end.since(start)).min(self.max_payload());
+        let fin = self.snd.fin_queued && start + len == data_end && self.snd.max.diff(data_end) > 0;
+        if len == 0 && !fin {
+            self.rec.high_rxt = start + 1;
+            return None;
+        }
+        let mut seg = self.base_segment(now);
+        seg.hdr.seq = start;
+        seg.payload_offset = start.since(self.snd.data_start);
+        seg.payload_len = len;
+        seg.hdr.fin = fin;
+        self.rec.high_rxt = start + (len + usize::from(fin));
+        self.stats.retransmits += 1;
+        self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
+        self.sent_ack(&seg);
+        Some(seg)
+    }
+
+    /// Copy a segment's payload, from byte `at` of it on, from the send
+    /// buffer into `dst`.
+    pub fn copy_payload(&self, seg: &Outgoing, at: usize, dst: &mut [u8]) -> usize {
+        let n = seg.payload_len.saturating_sub(at).min(dst.len());
+        self.snd.buf.read_at(seg.payload_offset + at, &mut dst[..n])
+    }
+
+    /// [`copy_payload`](Self::copy_payload), also giving the one's-complement
+    /// sum of what it wrote (a `crate::wire::checksum::sum` accumulator) when it
+    /// filled all of `dst`; `None` when it wrote less.
+    pub fn copy_payload_summed(&self, seg: &Outgoing, at: usize, dst: &mut [u8]) -> Option<u64> {
+        let n = seg.payload_len.saturating_sub(at).min(dst.len());
+        let (copied, sum) = self
+            .snd
+            .buf
+            .read_at_summed(seg.payload_offset + at, &mut dst[..n]);
+        (copied == dst.len()).then_some(sum)
+    }
+}

@@ -1,0 +1,909 @@
+use super::super::cc::Algorithm;
+use super::*;
+use core::net::Ipv4Addr;
+
+const A: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
+const B: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 80);
+
+/// A segment in flight, owning its payload.
+#[derive(Debug, Clone)]
+struct Wire {
+    out: Outgoing,
+    payload: Vec<u8>,
+}
+
+impl Wire {
+    fn seg(&self) -> Segment<'_> {
+        Segment {
+            hdr: self.out.hdr,
+            payload: &self.payload,
+        }
+    }
+}
+
+fn drain(c: &mut TcpConn, now: Instant) -> Vec<Wire> {
+    let mut v = Vec::new();
+    while let Some(out) = c.poll_transmit(now) {
+        let mut payload = vec![0; out.payload_len];
+        c.copy_payload(&out, 0, &mut payload);
+        v.push(Wire { out, payload });
+        assert!(v.len() < 10_000, "runaway transmit");
+    }
+    v
+}
+
+fn cfg() -> TcpConfig {
+    TcpConfig {
+        delayed_ack: None,
+        ..TcpConfig::default()
+    }
+}
+
+/// Client and server with the handshake done.
+fn established(ccfg: TcpConfig, scfg: TcpConfig) -> (TcpConn, TcpConn, Instant) {
+    let t = Instant::from_millis(1);
+    let mut c = TcpConn::connect(ccfg, A, B, Seq(1000));
+    let syn = drain(&mut c, t);
+    assert_eq!(syn.len(), 1);
+    assert!(syn[0].out.hdr.syn && syn[0].out.hdr.ack.is_none());
+    let mut s = TcpConn::accept(scfg, B, A, Seq(5000), &syn[0].seg());
+    let synack = drain(&mut s, t);
+    assert!(synack[0].out.hdr.syn && synack[0].out.hdr.ack == Some(Seq(1001)));
+    c.on_segment(t, &synack[0].seg());
+    assert_eq!(c.state(), State::Established);
+    for w in drain(&mut c, t) {
+        s.on_segment(t, &w.seg());
+    }
+    assert_eq!(s.state(), State::Established);
+    (c, s, t)
+}
+
+/// Exchange segments until quiet; `keep` decides which segments survive.
+fn run(
+    c: &mut TcpConn,
+    s: &mut TcpConn,
+    now: &mut Instant,
+    step: Duration,
+    mut keep: impl FnMut(bool, &Wire) -> bool,
+) {
+    let limit = *now + Duration::from_secs(120);
+    for _ in 0..100_000 {
+        if *now > limit {
+            return;
+        }
+        let from_c = drain(c, *now);
+        let from_s = drain(s, *now);
+        if from_c.is_empty() && from_s.is_empty() {
+            let next = [c.poll_at(), s.poll_at()].into_iter().flatten().min();
+            match next {
+                Some(t) if t > *now && t < *now + Duration::from_secs(300) => *now = t,
+                _ => return,
+            }
+            continue;
+        }
+        for w in from_c {
+            if keep(true, &w) {
+                s.on_segment(*now, &w.seg());
+            }
+        }
+        for w in from_s {
+            if keep(false, &w) {
+                c.on_segment(*now, &w.seg());
+            }
+        }
+        *now += step;
+    }
+    panic!("no quiescence");
+}
+
+fn read_all(c: &mut TcpConn) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = c.recv(&mut buf);
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[test]
+fn handshake_negotiates_options() {
+    let (c, s, _) = established(cfg(), cfg());
+    assert!(c.opts.ts_enabled && s.opts.ts_enabled);
+    assert!(c.opts.sack_enabled && s.opts.sack_enabled);
+    assert_eq!(c.mss(), 1460);
+    // Buffers that may autotune up to 4 MiB need a shift of 7 to fit 16 bits.
+    assert_eq!(c.rcv.wscale, 7);
+    assert_eq!(s.snd.wscale, 7);
+}
+
+#[test]
+fn segments_leave_room_for_options() {
+    let (mut c, _s, now) = established(cfg(), cfg());
+    c.send(&[0u8; 100_000]);
+    let out = drain(&mut c, now);
+    assert!(!out.is_empty());
+    // 1460 MSS minus 12 bytes of timestamp option.
+    assert!(
+        out.iter().all(|w| w.out.payload_len <= 1448),
+        "{:?}",
+        out.iter().map(|w| w.out.payload_len).max()
+    );
+    assert_eq!(out[0].out.payload_len, 1448);
+}
+
+#[test]
+fn options_off_when_peer_lacks_them() {
+    let plain = TcpConfig {
+        window_scaling: false,
+        timestamps: false,
+        sack: false,
+        mss: 536,
+        ..cfg()
+    };
+    let (c, s, _) = established(cfg(), plain);
+    assert!(!c.opts.ts_enabled && !c.opts.sack_enabled);
+    assert_eq!((c.rcv.wscale, c.snd.wscale), (0, 0));
+    assert_eq!(c.mss(), 536);
+    assert_eq!(s.mss(), 536);
+}
+
+#[test]
+fn data_both_ways_and_graceful_close_to_time_wait() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    let msg: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+    assert_eq!(c.send(&msg), msg.len());
+    assert_eq!(s.send(b"hello"), 5);
+    let mut got = Vec::new();
+    let mut got_c = Vec::new();
+    for _ in 0..50 {
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(10),
+            |_, _| true,
+        );
+        got.extend(read_all(&mut s));
+        got_c.extend(read_all(&mut c));
+    }
+    assert_eq!(got, msg);
+    assert_eq!(got_c, b"hello");
+    c.close();
+    assert_eq!(c.state(), State::FinWait1);
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(10),
+        |_, _| true,
+    );
+    assert_eq!(s.state(), State::CloseWait);
+    assert_eq!(c.state(), State::FinWait2);
+    assert!(s.recv_finished());
+    s.close();
+    let t0 = now;
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(10),
+        |_, _| true,
+    );
+    assert_eq!(s.state(), State::Closed);
+    // TIME_WAIT lasts 2 MSL, then the connection is gone.
+    assert_eq!(c.state(), State::Closed);
+    assert!(now >= t0 + Duration::from_secs(60));
+    assert_eq!(c.stats().retransmits, 0, "{:?}", c.stats());
+}
+
+#[test]
+fn reset_in_time_wait_is_ignored_and_the_app_sees_end_of_stream() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    c.close();
+    for w in drain(&mut c, now) {
+        s.on_segment(now, &w.seg());
+    }
+    s.close();
+    let fin = drain(&mut s, now);
+    for w in &fin {
+        c.on_segment(now, &w.seg());
+    }
+    assert_eq!(c.state(), State::TimeWait);
+    drain(&mut c, now);
+    // A reset at exactly the right sequence number (a peer that forgot
+    // the connection answering a duplicate): RFC 1337 ignores it.
+    let rst = Segment::from(Header {
+        seq: c.rcv.nxt,
+        rst: true,
+        ..Header::default()
+    });
+    now += Duration::from_millis(1);
+    c.on_segment(now, &rst);
+    assert_eq!(c.state(), State::TimeWait);
+    assert_eq!(c.error(), None);
+    assert!(c.recv_finished());
+}
+
+#[test]
+fn simultaneous_open() {
+    let t = Instant::from_millis(1);
+    let mut a = TcpConn::connect(cfg(), A, B, Seq(100));
+    let mut b = TcpConn::connect(cfg(), B, A, Seq(900));
+    let sa = drain(&mut a, t);
+    let sb = drain(&mut b, t);
+    a.on_segment(t, &sb[0].seg());
+    b.on_segment(t, &sa[0].seg());
+    assert_eq!(
+        (a.state(), b.state()),
+        (State::SynReceived, State::SynReceived)
+    );
+    let mut now = t;
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Duration::from_micros(10),
+        |_, _| true,
+    );
+    assert_eq!(
+        (a.state(), b.state()),
+        (State::Established, State::Established)
+    );
+}
+
+#[test]
+fn simultaneous_close() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    c.close();
+    s.close();
+    let fc = drain(&mut c, now);
+    let fs = drain(&mut s, now);
+    for w in &fs {
+        c.on_segment(now, &w.seg());
+    }
+    for w in &fc {
+        s.on_segment(now, &w.seg());
+    }
+    assert_eq!((c.state(), s.state()), (State::Closing, State::Closing));
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(10),
+        |_, _| true,
+    );
+    assert_eq!((c.state(), s.state()), (State::Closed, State::Closed));
+}
+
+#[test]
+fn rst_in_window_gets_challenge_ack_exact_rst_resets() {
+    let (mut c, _s, now) = established(cfg(), cfg());
+    let rcv_nxt = c.rcv.nxt;
+    let rst = |seq| Wire {
+        out: Outgoing::from(Header {
+            seq,
+            rst: true,
+            ..Header::default()
+        }),
+        payload: vec![],
+    };
+    c.on_segment(now, &rst(rcv_nxt + 100).seg());
+    assert_eq!(c.state(), State::Established);
+    assert_eq!(c.stats().challenge_acks, 1);
+    let ack = drain(&mut c, now);
+    assert_eq!(ack.len(), 1);
+    assert_eq!(ack[0].out.hdr.ack, Some(rcv_nxt));
+    // Out of window: silently ignored.
+    c.on_segment(now, &rst(rcv_nxt + 10_000_000).seg());
+    assert_eq!(c.stats().challenge_acks, 1);
+    c.on_segment(now, &rst(rcv_nxt).seg());
+    assert_eq!(c.state(), State::Closed);
+    assert_eq!(c.error(), Some(ConnError::Reset));
+}
+
+#[test]
+fn syn_in_established_gets_challenge_ack() {
+    let (mut c, _s, now) = established(cfg(), cfg());
+    let syn = Wire {
+        out: Outgoing::from(Header {
+            seq: c.rcv.nxt + 5,
+            syn: true,
+            ..Header::default()
+        }),
+        payload: vec![],
+    };
+    c.on_segment(now, &syn.seg());
+    assert_eq!(c.state(), State::Established);
+    assert_eq!(c.stats().challenge_acks, 1);
+}
+
+#[test]
+fn close_before_established_still_delivers_data() {
+    let t = Instant::from_millis(1);
+    let mut c = TcpConn::connect(cfg(), A, B, Seq(1000));
+    let syn = drain(&mut c, t);
+    c.send(b"queued before the handshake");
+    c.close();
+    assert_eq!(c.state(), State::SynSent);
+    let mut s = TcpConn::accept(cfg(), B, A, Seq(5000), &syn[0].seg());
+    let mut now = t;
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(10),
+        |_, _| true,
+    );
+    assert_eq!(read_all(&mut s), b"queued before the handshake");
+    assert!(s.recv_finished());
+    assert_eq!(c.state(), State::FinWait2);
+}
+
+#[test]
+fn refused_connection() {
+    let t = Instant::from_millis(1);
+    let mut c = TcpConn::connect(cfg(), A, B, Seq(1000));
+    let syn = drain(&mut c, t);
+    let rst = Wire {
+        out: Outgoing::from(Header {
+            seq: Seq(0),
+            ack: Some(syn[0].out.hdr.seq + 1),
+            rst: true,
+            ..Header::default()
+        }),
+        payload: vec![],
+    };
+    c.on_segment(t, &rst.seg());
+    assert_eq!(c.error(), Some(ConnError::Refused));
+    assert!(c.is_finished());
+}
+
+#[test]
+fn syn_retries_then_times_out() {
+    let mut c = TcpConn::connect(cfg(), A, B, Seq(1000));
+    let mut now = Instant::from_millis(1);
+    let mut syns = 0;
+    for _ in 0..100 {
+        syns += drain(&mut c, now).len();
+        match c.poll_at() {
+            Some(t) => now = t.max(now),
+            None => break,
+        }
+    }
+    assert_eq!(c.error(), Some(ConnError::TimedOut));
+    assert_eq!(syns as u32, 1 + TcpConfig::default().syn_retries);
+}
+
+const KA: KeepAlive = KeepAlive {
+    idle: Duration::from_secs(10),
+    interval: Duration::from_secs(2),
+    count: 3,
+};
+
+#[test]
+fn keepalive_probes_an_answering_peer_and_stays_up() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    c.set_keepalive(now, Some(KA));
+    assert_eq!(c.poll_at(), Some(now + KA.idle));
+    // An hour of silence from both apps: the peer answers each probe.
+    let end = now + Duration::from_secs(3600);
+    while now < end {
+        now = c.poll_at().expect("keepalive armed");
+        let probes = drain(&mut c, now);
+        assert_eq!(probes.len(), 1);
+        let p = &probes[0];
+        assert_eq!(p.out.hdr.seq, c.snd.una - 1);
+        assert!(p.payload.is_empty() && !p.out.hdr.rst);
+        s.on_segment(now, &p.seg());
+        for w in drain(&mut s, now) {
+            c.on_segment(now, &w.seg());
+        }
+    }
+    assert_eq!(c.state(), State::Established);
+    assert_eq!(c.error(), None);
+    // One probe per idle period, every one answered.
+    assert_eq!(c.stats().keepalive_probes, 3600 / 10);
+    c.set_keepalive(now, None);
+    assert_eq!(c.poll_at(), None);
+}
+
+#[test]
+fn keepalive_resets_a_silent_peer_after_count_probes() {
+    let (mut c, _s, mut now) = established(cfg(), cfg());
+    let start = now;
+    c.set_keepalive(now, Some(KA));
+    let mut probes = 0;
+    while let Some(t) = c.poll_at() {
+        now = t;
+        for w in drain(&mut c, now) {
+            if w.out.hdr.rst {
+                assert_eq!(c.error(), Some(ConnError::TimedOut));
+            } else {
+                probes += 1;
+            }
+        }
+        if c.state() == State::Closed {
+            break;
+        }
+    }
+    assert_eq!(probes, KA.count);
+    assert_eq!(c.error(), Some(ConnError::TimedOut));
+    // Idle, then `count` intervals for the probes' answers.
+    assert_eq!(now - start, KA.idle + KA.interval * KA.count);
+}
+
+#[test]
+fn keepalive_waits_while_data_is_in_flight() {
+    let (mut c, _s, now) = established(cfg(), cfg());
+    c.set_keepalive(now, Some(KA));
+    c.send(b"unanswered");
+    let out = drain(&mut c, now);
+    assert_eq!(out.len(), 1);
+    // Only the retransmission timer runs, not keepalive.
+    assert!(c.poll_at().is_some_and(|t| t < now + KA.idle));
+    assert_eq!(c.keepalive_at(), None);
+}
+
+#[test]
+fn user_timeout_fails_unacknowledged_data_with_timed_out() {
+    let ut = Duration::from_secs(3);
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    c.set_user_timeout(Some(ut));
+    assert_eq!(c.user_timeout(), Some(ut));
+    // Idle: no deadline.
+    assert_eq!(c.user_timeout_at(), None);
+    // Answered data restarts the clock and leaves nothing pending.
+    c.send(b"answered");
+    for w in drain(&mut c, now) {
+        s.on_segment(now, &w.seg());
+    }
+    assert!(c.user_timeout_at().is_some_and(|t| t == now + ut));
+    now += Duration::from_millis(10);
+    for w in drain(&mut s, now + Duration::from_millis(200)) {
+        c.on_segment(now, &w.seg());
+    }
+    assert_eq!(c.user_timeout_at(), None);
+    // Now the peer vanishes: retransmissions, then the timeout.
+    let start = now;
+    c.send(b"unanswered");
+    let mut rsts = 0;
+    let mut sent = drain(&mut c, now).len();
+    while let Some(t) = c.poll_at() {
+        now = t.max(now);
+        for w in drain(&mut c, now) {
+            if w.out.hdr.rst {
+                rsts += 1;
+            } else {
+                sent += 1;
+            }
+        }
+        if c.state() == State::Closed {
+            break;
+        }
+    }
+    assert_eq!(c.error(), Some(ConnError::TimedOut));
+    assert_eq!(rsts, 1);
+    // The first transmission and some retransmissions, far fewer than
+    // the retry limit.
+    assert!(sent >= 2 && (sent as u32) < TcpConfig::default().max_retries);
+    assert_eq!(now - start, ut);
+}
+
+#[test]
+fn user_timeout_longer_than_the_retry_limit_keeps_retransmitting() {
+    let ut = Duration::from_secs(24 * 3600);
+    let (mut c, _s, mut now) = established(cfg(), cfg());
+    c.set_user_timeout(Some(ut));
+    let start = now;
+    c.send(b"unanswered");
+    let mut sent = drain(&mut c, now).len() as u32;
+    while let Some(t) = c.poll_at() {
+        now = t.max(now);
+        sent += drain(&mut c, now).iter().filter(|w| !w.out.hdr.rst).count() as u32;
+        if c.state() == State::Closed {
+            break;
+        }
+    }
+    assert_eq!(c.error(), Some(ConnError::TimedOut));
+    assert!(sent > TcpConfig::default().max_retries + 1);
+    assert_eq!(now - start, ut);
+    // Zero turns it off: the count limit again.
+    c.set_user_timeout(Some(Duration::ZERO));
+    assert_eq!(c.user_timeout(), None);
+}
+
+#[test]
+fn slow_reader_zero_window_probe_and_recovery() {
+    let small = TcpConfig {
+        recv_buffer: 8192,
+        ..cfg()
+    };
+    let (mut c, mut s, mut now) = established(cfg(), small);
+    let msg: Vec<u8> = (0..50_000u32).map(|i| (i * 7) as u8).collect();
+    let mut sent = c.send(&msg);
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(50),
+        |_, _| true,
+    );
+    // The receiver's buffer is full and nobody reads: the window is zero.
+    assert_eq!(s.recv_available(), 8192);
+    assert_eq!(c.snd_wnd(), 0);
+    // Time passes: the sender probes rather than giving up.
+    let mut probes_seen = 0;
+    for _ in 0..5 {
+        let t = c.poll_at().expect("persist timer armed");
+        now = now.max(t);
+        let out = drain(&mut c, now);
+        probes_seen += out.len();
+        for w in out {
+            s.on_segment(now, &w.seg());
+        }
+        for w in drain(&mut s, now) {
+            c.on_segment(now, &w.seg());
+        }
+    }
+    assert!(probes_seen >= 5 && c.stats().zero_window_probes >= 5);
+    assert_eq!(c.state(), State::Established);
+    // The reader drains: a window update restarts the flow; all data arrives.
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        got.extend(read_all(&mut s));
+        if sent < msg.len() {
+            sent += c.send(&msg[sent..]);
+        }
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(50),
+            |_, _| true,
+        );
+    }
+    got.extend(read_all(&mut s));
+    assert_eq!(got, msg);
+}
+
+#[test]
+fn the_right_edge_never_moves_left_while_the_window_closes() {
+    // A reader that never reads and a window scale of several bits:
+    // full-sized segments (not a multiple of the scale unit) fill the
+    // buffer. Every ACK's right edge (ACK + window << scale) must be at
+    // or beyond the one before (RFC 9293 3.8.6; rounding the window
+    // down to the scale moved it back by up to a unit).
+    let rcv = TcpConfig {
+        recv_buffer: 64 << 10,
+        ..cfg()
+    };
+    let (mut c, mut s, mut now) = established(cfg(), rcv);
+    assert!(s.rcv.wscale >= 5, "scale {}", s.rcv.wscale);
+    let shift = s.rcv.wscale;
+    let msg = vec![7u8; 200_000];
+    c.send(&msg);
+    let mut edges = Vec::new();
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(50),
+        |from_client, w| {
+            if !from_client {
+                if let Some(ack) = w.out.hdr.ack {
+                    let field = w.out.hdr.window;
+                    edges.push((ack + (usize::from(field) << shift), field));
+                }
+            }
+            true
+        },
+    );
+    assert!(edges.len() > 8, "{} ACKs", edges.len());
+    for pair in edges.windows(2) {
+        let ((before, _), (after, field)) = (pair[0], pair[1]);
+        assert!(
+            after.diff(before) >= 0,
+            "the right edge moved left by {} bytes (window field {field})",
+            before.diff(after)
+        );
+    }
+    // The window did close: the reader holds (about) a buffer's worth,
+    // all the sender had acknowledged.
+    assert!(s.recv_available() > (56 << 10), "{}", s.recv_available());
+    assert_eq!(s.recv_available() as u64, c.stats().bytes_out);
+}
+
+#[test]
+fn loss_triggers_fast_retransmit_and_cwnd_reduction() {
+    for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+        for sack in [true, false] {
+            let cc = TcpConfig {
+                congestion: alg,
+                sack,
+                ..cfg()
+            };
+            // The receiver's window never closes during the test.
+            let rc = TcpConfig {
+                recv_buffer: 8 << 20,
+                ..cc.clone()
+            };
+            let (mut c, mut s, mut now) = established(cc, rc);
+            let msg = vec![0x5a; 4_000_000];
+            let mut sent = c.send(&msg);
+            // Grow cwnd first.
+            for _ in 0..5 {
+                run(
+                    &mut c,
+                    &mut s,
+                    &mut now,
+                    Duration::from_micros(100),
+                    |_, _| true,
+                );
+                read_all(&mut s);
+                sent += c.send(&msg[sent..]);
+            }
+            assert!(sent < msg.len());
+            let before = c.cwnd();
+            let mut dropped = false;
+            run(
+                &mut c,
+                &mut s,
+                &mut now,
+                Duration::from_micros(100),
+                |from_c, w| {
+                    // Drop exactly one data segment.
+                    if from_c && w.out.payload_len > 0 && !dropped {
+                        dropped = true;
+                        return false;
+                    }
+                    true
+                },
+            );
+            assert!(dropped);
+            assert!(
+                c.stats().fast_retransmits >= 1,
+                "{alg:?} sack={sack}: {:?}",
+                c.stats()
+            );
+            assert_eq!(
+                c.stats().timeouts,
+                0,
+                "{alg:?} sack={sack} recovered without RTO"
+            );
+            let after = c.ssthresh();
+            let expect = match alg {
+                Algorithm::NewReno => 0.5,
+                Algorithm::Cubic => 0.7,
+            };
+            let ratio = after as f64 / before as f64;
+            assert!(
+                (ratio - expect).abs() < 0.15,
+                "{alg:?}: ssthresh {after} after cwnd {before}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rto_recovers_from_tail_loss_with_backoff() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    c.send(&[1u8; 3000]);
+    // Lose everything the client sends for a while.
+    let mut lost = 0;
+    let until = now + Duration::from_secs(3);
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(10),
+        |from_c, w| {
+            let _ = w;
+            if from_c && lost < 3 {
+                lost += 1;
+                return false;
+            }
+            true
+        },
+    );
+    let _ = until;
+    assert!(c.stats().timeouts >= 1);
+    assert_eq!(read_all(&mut s), vec![1u8; 3000]);
+    assert_eq!(c.in_flight(), 0);
+}
+
+#[test]
+fn delayed_ack_acks_every_second_segment_or_on_timer() {
+    let dcfg = TcpConfig {
+        delayed_ack: Some(Duration::from_millis(40)),
+        ..TcpConfig::default()
+    };
+    let (mut c, mut s, now) = established(cfg(), dcfg);
+    c.send(&[7u8; 1460]);
+    for w in drain(&mut c, now) {
+        s.on_segment(now, &w.seg());
+    }
+    // One segment: no ACK yet, the timer is set.
+    assert!(drain(&mut s, now).is_empty());
+    assert_eq!(s.poll_at(), Some(now + Duration::from_millis(40)));
+    assert_eq!(drain(&mut s, now + Duration::from_millis(40)).len(), 1);
+    // Two full segments: ACK at once.
+    c.send(&[7u8; 2920]);
+    let now2 = now + Duration::from_millis(50);
+    for w in drain(&mut c, now2) {
+        s.on_segment(now2, &w.seg());
+    }
+    assert_eq!(drain(&mut s, now2).len(), 1);
+}
+
+#[test]
+fn nagle_holds_small_segments_while_data_is_unacked() {
+    let (mut c, _s, now) = established(
+        TcpConfig {
+            nagle: true,
+            ..cfg()
+        },
+        cfg(),
+    );
+    c.send(b"a");
+    assert_eq!(drain(&mut c, now).len(), 1);
+    c.send(b"b");
+    assert!(drain(&mut c, now).is_empty(), "Nagle waits for the ACK");
+    let (mut c2, _s2, now2) = established(
+        TcpConfig {
+            nagle: false,
+            ..cfg()
+        },
+        cfg(),
+    );
+    c2.send(b"a");
+    drain(&mut c2, now2);
+    c2.send(b"b");
+    assert_eq!(drain(&mut c2, now2).len(), 1, "no Nagle: sent at once");
+}
+
+#[test]
+fn nodelay_and_cork_per_connection() {
+    let (mut c, _s, now) = established(cfg(), cfg());
+    // TCP_NODELAY switched on at run time.
+    c.set_nagle(false);
+    c.send(b"a");
+    drain(&mut c, now);
+    c.send(b"b");
+    assert_eq!(drain(&mut c, now).len(), 1, "no Nagle: sent at once");
+    // Corked: small writes wait; a full segment goes; uncorking sends the rest.
+    c.set_cork(true);
+    c.send(b"cd");
+    assert!(drain(&mut c, now).is_empty(), "corked");
+    c.send(&vec![7u8; c.mss()]);
+    let full = drain(&mut c, now);
+    assert_eq!(full.len(), 1);
+    assert_eq!(full[0].payload.len(), c.max_payload());
+    c.set_cork(false);
+    let rest = drain(&mut c, now);
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].payload.len(), 2 + c.mss() - c.max_payload());
+}
+
+#[test]
+fn nagle_does_not_hold_a_lost_small_tail_after_rto() {
+    let (mut c, mut s, mut now) = established(
+        TcpConfig {
+            nagle: true,
+            ..cfg()
+        },
+        cfg(),
+    );
+    // 1448 + 1448 + a small tail of 1104 that Nagle holds until the ACK;
+    // the tail's first transmission is lost.
+    let data: Vec<u8> = (0..4000u32).map(|i| i as u8).collect();
+    assert_eq!(c.send(&data), 4000);
+    let mut lost = 0;
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(100),
+        |from_c, w| {
+            if from_c && w.out.payload_len == 1104 && lost == 0 {
+                lost += 1;
+                return false;
+            }
+            true
+        },
+    );
+    assert_eq!(lost, 1);
+    assert_eq!(read_all(&mut s), data);
+    assert_eq!(c.send_queued(), 0, "everything acknowledged");
+    assert!(c.stats.timeouts >= 1 && c.stats.retransmits >= 1);
+}
+
+#[test]
+fn old_timestamps_are_rejected_paws() {
+    let (mut c, _s, now) = established(cfg(), cfg());
+    let mut w = Wire {
+        out: Outgoing::from(Header {
+            seq: c.rcv.nxt,
+            ack: Some(c.snd.una),
+            window: 1000,
+            timestamp: Some((c.opts.ts_recent.wrapping_sub(1000), 0)),
+            ..Header::default()
+        }),
+        payload: b"stale".to_vec(),
+    };
+    c.on_segment(now, &w.seg());
+    assert_eq!(c.recv_available(), 0);
+    w.out.hdr.timestamp = Some((c.opts.ts_recent.wrapping_add(1), 0));
+    c.on_segment(now, &w.seg());
+    assert_eq!(c.recv_available(), 5);
+}
+
+#[test]
+fn abort_sends_rst() {
+    let (mut c, mut s, now) = established(cfg(), cfg());
+    c.abort();
+    let out = drain(&mut c, now);
+    assert!(out[0].out.hdr.rst);
+    s.on_segment(now, &out[0].seg());
+    assert_eq!(s.error(), Some(ConnError::Reset));
+}
+
+#[test]
+fn receiver_sws_avoidance_waits_for_a_useful_window() {
+    let small = TcpConfig {
+        recv_buffer: 16_384,
+        recv_buffer_max: 16_384,
+        ..cfg()
+    };
+    let (mut c, mut s, mut now) = established(cfg(), small);
+    c.send(&vec![1u8; 40_000]);
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(50),
+        |_, _| true,
+    );
+    assert_eq!(s.recv_available(), 16_384);
+    // Reading less than an MSS must not announce a tiny window.
+    let mut buf = [0u8; 500];
+    s.recv(&mut buf);
+    assert!(
+        drain(&mut s, now).is_empty(),
+        "no window update for 500 bytes"
+    );
+    // Reading past half the buffer does.
+    let mut big = vec![0u8; 8000];
+    s.recv(&mut big);
+    let upd = drain(&mut s, now);
+    assert_eq!(upd.len(), 1);
+    assert!(usize::from(upd[0].out.hdr.window) << s.rcv.wscale >= 8000);
+}
+
+proptest::proptest! {
+    /// Acceptability agrees with the RFC's inequalities computed in
+    /// unwrapped 64-bit space, wherever the window sits in sequence space.
+    #[test]
+    fn acceptance_matches_unwrapped_model(
+        base in proptest::prelude::any::<u32>(),
+        rel in -70_000i64..70_000,
+        len in 0usize..3000,
+        wnd in proptest::prop_oneof![proptest::strategy::Just(0usize), 1usize..65_536],
+    ) {
+        let rcv_nxt = Seq(base);
+        let seq = Seq((i64::from(base) + rel).rem_euclid(1 << 32) as u32);
+        let (nxt, w) = (0i64, wnd as i64);
+        let first = rel;
+        let last = rel + len as i64 - 1;
+        let inside = |x: i64| nxt <= x && x < nxt + w;
+        let model = match (len, wnd) {
+            (0, 0) => first == nxt,
+            (0, _) => inside(first),
+            (_, 0) => false,
+            _ => inside(first) || inside(last),
+        };
+        proptest::prop_assert_eq!(segment_acceptable(seq, len, rcv_nxt, wnd), model);
+    }
+}

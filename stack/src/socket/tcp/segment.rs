@@ -1,0 +1,90 @@
+//! The segment vocabulary both the connection and TIME-WAIT records
+//! speak: a parsed incoming [`Segment`], an [`Outgoing`] one, and the
+//! [`Header`] they share. A leaf: it imports only [`Seq`].
+
+use super::seq::Seq;
+
+/// The header fields and options of a segment, in either direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Header {
+    /// Sequence number of the first octet (or of the SYN/FIN).
+    pub seq: Seq,
+    /// Acknowledgment number, when the ACK flag is set.
+    pub ack: Option<Seq>,
+    /// SYN flag.
+    pub syn: bool,
+    /// FIN flag.
+    pub fin: bool,
+    /// RST flag.
+    pub rst: bool,
+    /// The 16-bit window field as on the wire: not yet shifted by the
+    /// window scale (and never scaled on a SYN, RFC 7323 §2.2).
+    pub window: u16,
+    /// MSS option (RFC 9293 3.7.1), SYN only: the largest payload in
+    /// bytes the sender accepts.
+    pub mss: Option<u16>,
+    /// Window scale option (RFC 7323 §2), SYN only: the shift count the
+    /// sender applies to the windows it advertises.
+    pub wscale: Option<u8>,
+    /// SACK-permitted option (RFC 2018 §2), SYN only.
+    pub sack_permitted: bool,
+    /// SACK blocks (RFC 2018 §3), each the left and right edge of a range
+    /// held out of order; at most three fit beside timestamps.
+    pub sack: [Option<(Seq, Seq)>; 3],
+    /// Timestamps option (RFC 7323 §3) as (TSval, TSecr).
+    pub timestamp: Option<(u32, u32)>,
+}
+
+/// A parsed incoming segment (from `smoltcp::wire::TcpRepr`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Segment<'a> {
+    /// Header fields and options.
+    pub hdr: Header,
+    /// The segment's data (borrowed from the received frame).
+    pub payload: &'a [u8],
+}
+
+impl Segment<'_> {
+    /// Sequence space the segment occupies.
+    pub fn len(&self) -> usize {
+        self.payload.len() + usize::from(self.hdr.syn) + usize::from(self.hdr.fin)
+    }
+    /// Whether the segment occupies no sequence space (a pure ACK or RST).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A segment to send: its header and a range of the send buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outgoing {
+    /// Header fields and options to emit.
+    pub hdr: Header,
+    /// Offset in bytes of the payload from the start of the send buffer
+    /// (its first unacknowledged byte).
+    pub payload_offset: usize,
+    /// Payload length in bytes (0 for a pure ACK, SYN or RST).
+    pub payload_len: usize,
+    /// For a segment the port is to cut (TSO): the payload bytes of each
+    /// frame. 0 for a segment that leaves as one frame.
+    pub tso_segsz: usize,
+}
+
+impl From<Header> for Outgoing {
+    /// A segment without payload.
+    fn from(hdr: Header) -> Self {
+        Outgoing {
+            hdr,
+            payload_offset: 0,
+            payload_len: 0,
+            tso_segsz: 0,
+        }
+    }
+}
+
+impl From<Header> for Segment<'_> {
+    /// A segment without payload.
+    fn from(hdr: Header) -> Self {
+        Segment { hdr, payload: &[] }
+    }
+}
