@@ -24,6 +24,7 @@ use ustack::{Config, Stack};
 use crate::clock::Clock;
 use crate::poll::{IdleMode, LoopConfig, RunError};
 use crate::shared::Runtime;
+pub use crate::telemetry::AppCounters;
 use crate::telemetry::{Publisher, TelemetryError};
 
 /// Why a stack could not be started or stopped with an error.
@@ -173,10 +174,6 @@ pub struct NetConfig {
     /// `metrics` is set).
     pub metrics_feed: crate::metrics::Feed,
 }
-
-/// Reads a program's own counters (name, value) for telemetry; called on
-/// the publisher's thread, never the loop's.
-pub type AppCounters = fn() -> Vec<(&'static str, u64)>;
 
 impl NetConfig {
     /// Whether the stack probes for its address at start: on ports other
