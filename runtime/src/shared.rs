@@ -276,11 +276,9 @@ impl<A: Send + 'static> Runtime<A> {
         match self.thread.take() {
             Some(t) => match t.join().map_err(|_| crate::Error::Panicked)? {
                 Exit::Done(r) => r,
-                Exit::Paused(_) => Err(crate::Error::Config("the loop paused instead".into())),
+                Exit::Paused(_) => Err(crate::Error::State("the loop paused instead")),
             },
-            None => Err(crate::Error::Config(
-                "the runtime was already stopped".into(),
-            )),
+            None => Err(crate::Error::State("the runtime was already stopped")),
         }
     }
 
@@ -306,9 +304,9 @@ impl<A: Send + 'static> Runtime<A> {
                 self.paused = Some(rest);
                 Ok(())
             }
-            Exit::Done(r) => r.map(|_| ()).and(Err(crate::Error::Config(
-                "the loop ended before it paused".into(),
-            ))),
+            Exit::Done(r) => r
+                .map(|_| ())
+                .and(Err(crate::Error::State("the loop ended before it paused"))),
         }
     }
 

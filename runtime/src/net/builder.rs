@@ -12,7 +12,7 @@ use ustack::sim::{LinkConfig, SimLink};
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
 
 use super::open::{RunApp, Spawn, open, publisher, start_metrics, with_node};
-use super::{AppCounters, Backend, Error, NetConfig, ShardResult, run_sharded};
+use super::{AppCounters, Backend, ConfigError, Error, NetConfig, ShardResult, run_sharded};
 use crate::shared::Runtime;
 
 /// Builds a [`NetConfig`] the way the command line reads:
@@ -33,7 +33,8 @@ use crate::shared::Runtime;
 #[derive(Debug, Clone, Default)]
 pub struct Builder {
     backend: Option<Backend>,
-    ip: Option<Ipv4Cidr>,
+    ip: Option<(Ipv4Addr, u8)>,
+    dpdk_port: Option<(u16, u32)>,
     gateway: Option<Ipv4Addr>,
     mac: Option<EthernetAddress>,
     mtu: Option<usize>,
@@ -81,15 +82,10 @@ impl Builder {
         self
     }
 
-    /// With [`dpdk`](Self::dpdk): the port and the mbufs of its pool.
+    /// With [`dpdk`](Self::dpdk): the port and the mbufs of its pool
+    /// (checked at [`build`](Self::build): DPDK's backend, some mbufs).
     pub fn dpdk_port(mut self, port: u16, mbufs: u32) -> Self {
-        if let Some(Backend::Dpdk {
-            port: p, mbufs: m, ..
-        }) = &mut self.backend
-        {
-            *p = port;
-            *m = mbufs;
-        }
+        self.dpdk_port = Some((port, mbufs));
         self
     }
 
@@ -100,8 +96,10 @@ impl Builder {
     }
 
     /// Our address and prefix length.
+    /// Checked at [`build`](Self::build): a prefix up to 32, an address a
+    /// host can have.
     pub fn ip(mut self, addr: Ipv4Addr, prefix_len: u8) -> Self {
-        self.ip = Some(Ipv4Cidr::new(addr, prefix_len));
+        self.ip = Some((addr, prefix_len));
         self
     }
 
@@ -260,20 +258,27 @@ impl Builder {
         self
     }
 
-    /// The configuration, or why it is incomplete.
-    pub fn build(self) -> Result<NetConfig, Error> {
-        let backend = self.backend.ok_or(Error::Config(
-            "choose a backend: pcap IFACE, dpdk \"EAL ARGS\" or sim".into(),
-        ))?;
-        let ip = self
-            .ip
-            .ok_or(Error::Config("an address is required (A.B.C.D/LEN)".into()))?;
+    /// The configuration, or why it is incomplete or wrong: every input
+    /// is checked here (a [`ConfigError`]), never by a panic later.
+    pub fn build(mut self) -> Result<NetConfig, Error> {
+        let mut backend = self.backend.take().ok_or(ConfigError::NoBackend)?;
+        let (addr, prefix) = self.ip.ok_or(ConfigError::NoAddress)?;
+        let ip = checked_cidr(addr, prefix)?;
         let o = ip.address().octets();
         let mac = self
             .mac
             .unwrap_or(EthernetAddress([0x02, 0x75, 0x73, o[1], o[2], o[3]]));
         if !mac.is_unicast() {
-            return Err(Error::Config(format!("{mac} is not a unicast MAC")));
+            return Err(ConfigError::MacNotUnicast(mac).into());
+        }
+        match (&mut backend, self.dpdk_port) {
+            (Backend::Pcap(iface), _) if iface.is_empty() => {
+                return Err(ConfigError::NoInterface.into());
+            }
+            (_, Some((_, 0))) => return Err(ConfigError::NoMbufs.into()),
+            (Backend::Dpdk { port, mbufs, .. }, Some((p, m))) => (*port, *mbufs) = (p, m),
+            (_, Some(_)) => return Err(ConfigError::DpdkPortWithoutDpdk.into()),
+            _ => {}
         }
         let mut stack = match self.seed {
             Some(seed) => Config::with_seed(mac, ip, seed),
@@ -285,28 +290,29 @@ impl Builder {
         }
         if let Some(mtu) = self.mtu {
             if !(576..=9000).contains(&mtu) {
-                return Err(Error::Config(format!("MTU {mtu} is not in 576..=9000")));
+                return Err(ConfigError::Mtu(mtu).into());
             }
             stack.mtu = mtu;
             stack.tcp.mss = mtu - 40;
         }
-        if let Some(max) = self.rcvbuf_max {
-            stack.tcp.recv_buffer_max = max;
+        match self.rcvbuf_max {
+            Some(0) => return Err(ConfigError::ZeroReceiveBuffer.into()),
+            Some(max) => stack.tcp.recv_buffer_max = max,
+            None => {}
         }
         for t in &self.tweaks {
             t(&mut stack);
         }
         if let Some(id) = self.replica {
             if id.count == 0 || id.index >= id.count {
-                return Err(Error::Config(format!(
-                    "replica {} of {}: the index must be below the count",
-                    id.index, id.count
-                )));
+                return Err(ConfigError::Replica {
+                    index: id.index,
+                    count: id.count,
+                }
+                .into());
             }
             if self.cores.is_some() {
-                return Err(Error::Config(
-                    "a replica runs one core: --cores and replicas do not mix".into(),
-                ));
+                return Err(ConfigError::ReplicaWithCores.into());
             }
             stack.shard = id;
         }
@@ -318,11 +324,23 @@ impl Builder {
             self.cores.as_deref(),
             stack.mtu,
         )?;
-        let dpdk = matches!(backend, Backend::Dpdk { .. });
-        if self.cores.is_some() && !dpdk {
-            return Err(Error::Config(
-                "several cores need DPDK: each core owns one queue pair of a DPDK port".into(),
-            ));
+        if let Some(cores) = &self.cores {
+            if !matches!(backend, Backend::Dpdk { .. }) {
+                return Err(ConfigError::CoresNeedDpdk.into());
+            }
+            if self.capture.is_some() || self.impair.is_some() {
+                return Err(ConfigError::CoresWithWrappers.into());
+            }
+            if cores.is_empty() {
+                return Err(ConfigError::NoCores.into());
+            }
+            if let Some(c) = cores
+                .iter()
+                .enumerate()
+                .find_map(|(i, c)| cores[..i].contains(c).then_some(*c))
+            {
+                return Err(ConfigError::DuplicateCore(c).into());
+            }
         }
         Ok(NetConfig {
             backend,
@@ -377,9 +395,7 @@ impl Builder {
     pub fn spawn_with<A: App + Send + 'static>(self, app: A) -> Result<Runtime<A>, Error> {
         let cfg = self.build()?;
         if cfg.cores.is_some() {
-            return Err(Error::Config(
-                "a spawned runtime runs one core: use run_sharded for several".into(),
-            ));
+            return Err(ConfigError::SpawnWithCores.into());
         }
         let publisher = publisher(&cfg)?;
         let endpoint = start_metrics(&cfg)?;
@@ -418,6 +434,29 @@ impl Builder {
     }
 }
 
+/// `addr/prefix` as a CIDR, when a host may have it: a prefix up to 32
+/// (smoltcp's constructor panics above), not unspecified, loopback,
+/// multicast or broadcast (the limited one, or the subnet's on a prefix
+/// up to /30).
+fn checked_cidr(addr: Ipv4Addr, prefix: u8) -> Result<Ipv4Cidr, ConfigError> {
+    if prefix > 32 {
+        return Err(ConfigError::PrefixTooLong(prefix));
+    }
+    let ip = Ipv4Cidr::new(addr, prefix);
+    let why = if addr.is_unspecified() {
+        "unspecified"
+    } else if addr.is_loopback() {
+        "a loopback address"
+    } else if addr.is_multicast() {
+        "a multicast address"
+    } else if addr.is_broadcast() || (prefix <= 30 && ip.broadcast() == Some(addr)) {
+        "a broadcast address"
+    } else {
+        return Ok(ip);
+    };
+    Err(ConfigError::BadAddress { addr, why })
+}
+
 /// The checks on what a user gave that can be made before anything is
 /// opened or printed: a gateway on our subnet, CPUs that exist, and an IP
 /// MTU the interface can carry (from sysfs, so the user reads why rather
@@ -429,13 +468,14 @@ fn check_user_input(
     core: Option<usize>,
     cores: Option<&[usize]>,
     mtu: usize,
-) -> Result<(), Error> {
+) -> Result<(), ConfigError> {
     if let Some(gw) = gateway {
-        if !ip.contains_addr(&gw) || gw == ip.address() {
-            return Err(Error::Config(format!(
-                "gateway {gw} is not another address on our subnet {}: --gw must be reachable directly",
-                ip.network()
-            )));
+        let broadcast = ip.prefix_len() <= 30 && ip.broadcast() == Some(gw);
+        if !ip.contains_addr(&gw) || gw == ip.address() || broadcast {
+            return Err(ConfigError::GatewayOffSubnet {
+                gateway: gw,
+                subnet: ip,
+            });
         }
     }
     let wanted: Vec<usize> = core
@@ -449,15 +489,8 @@ fn check_user_input(
             .map(|c| c.id)
             .collect();
         have.sort_unstable();
-        if let Some(bad) = wanted.iter().find(|c| !have.contains(c)) {
-            let list = have
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",");
-            return Err(Error::Config(format!(
-                "no CPU {bad} to run on: this process may use CPUs {list}"
-            )));
+        if let Some(&cpu) = wanted.iter().find(|c| !have.contains(c)) {
+            return Err(ConfigError::NoSuchCpu { cpu, allowed: have });
         }
     }
     if let Backend::Pcap(iface) = backend {
@@ -467,11 +500,177 @@ fn check_user_input(
             .and_then(|s| s.trim().parse::<usize>().ok())
         {
             if mtu > link_mtu {
-                return Err(Error::Config(format!(
-                    "--mtu {mtu} is above the MTU of {iface} ({link_mtu}): pass --mtu {link_mtu} or less, or raise the interface's (ip link set {iface} mtu {mtu})"
-                )));
+                return Err(ConfigError::MtuAboveInterface {
+                    mtu,
+                    iface: iface.clone(),
+                    link_mtu,
+                });
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn sim() -> Builder {
+        Builder::new().sim(&SimLink::new(Default::default()))
+    }
+
+    fn host() -> Builder {
+        sim().ip(Ipv4Addr::new(10, 0, 0, 2), 24)
+    }
+
+    fn dpdk() -> Builder {
+        Builder::new()
+            .dpdk("--no-huge")
+            .ip(Ipv4Addr::new(10, 0, 0, 2), 24)
+    }
+
+    /// What `build` refused; its message names no command-line flag.
+    fn refused(b: Builder) -> ConfigError {
+        match b.build() {
+            Err(Error::Config(c)) => {
+                assert!(!c.to_string().contains("--"), "names a flag: {c}");
+                c
+            }
+            other => panic!("expected a ConfigError, got {other:?}"),
+        }
+    }
+
+    fn bad_address(a: [u8; 4], prefix: u8) -> ConfigError {
+        refused(sim().ip(Ipv4Addr::from(a), prefix))
+    }
+
+    #[test]
+    fn a_complete_builder_builds() {
+        let cfg = host().gateway(Ipv4Addr::new(10, 0, 0, 1)).build().unwrap();
+        assert_eq!(cfg.stack.ip.prefix_len(), 24);
+        // Point-to-point and host routes have no broadcast address.
+        for (a, p) in [([10, 0, 0, 1], 31), ([10, 0, 0, 255], 32)] {
+            sim().ip(Ipv4Addr::from(a), p).build().unwrap();
+        }
+    }
+
+    #[test]
+    fn missing_backend_or_address() {
+        assert_eq!(
+            refused(Builder::new().ip(Ipv4Addr::new(10, 0, 0, 2), 24)),
+            ConfigError::NoBackend
+        );
+        assert_eq!(refused(sim()), ConfigError::NoAddress);
+        assert_eq!(
+            refused(Builder::new().pcap("").ip(Ipv4Addr::new(10, 0, 0, 2), 24)),
+            ConfigError::NoInterface
+        );
+    }
+
+    #[test]
+    fn a_prefix_above_32_is_an_error_not_a_panic() {
+        for p in [33, 64, 255] {
+            assert_eq!(bad_address([10, 0, 0, 2], p), ConfigError::PrefixTooLong(p));
+        }
+    }
+
+    #[test]
+    fn addresses_no_host_can_have() {
+        for (a, p, why) in [
+            ([0, 0, 0, 0], 24, "unspecified"),
+            ([127, 0, 0, 1], 8, "a loopback address"),
+            ([224, 0, 0, 1], 24, "a multicast address"),
+            ([255, 255, 255, 255], 24, "a broadcast address"),
+            ([10, 0, 0, 255], 24, "a broadcast address"),
+        ] {
+            let addr = Ipv4Addr::from(a);
+            assert_eq!(bad_address(a, p), ConfigError::BadAddress { addr, why });
+        }
+    }
+
+    #[test]
+    fn the_gateway_must_be_another_host_on_the_subnet() {
+        let subnet = Ipv4Cidr::new(Ipv4Addr::new(10, 0, 0, 2), 24);
+        for gw in [[192, 168, 9, 1], [10, 0, 0, 2], [10, 0, 0, 255]] {
+            let gateway = Ipv4Addr::from(gw);
+            assert_eq!(
+                refused(host().gateway(gateway)),
+                ConfigError::GatewayOffSubnet { gateway, subnet }
+            );
+        }
+    }
+
+    #[test]
+    fn a_group_mac_is_refused() {
+        let mac = [0x01, 0, 0x5e, 0, 0, 1];
+        assert_eq!(
+            refused(host().mac(mac)),
+            ConfigError::MacNotUnicast(EthernetAddress(mac))
+        );
+        assert_eq!(
+            refused(host().mac([0xff; 6])),
+            ConfigError::MacNotUnicast(EthernetAddress([0xff; 6]))
+        );
+    }
+
+    #[test]
+    fn zero_and_out_of_range_sizes() {
+        for mtu in [0, 575, 9001] {
+            assert_eq!(refused(host().mtu(mtu)), ConfigError::Mtu(mtu));
+        }
+        assert_eq!(
+            refused(host().rcvbuf_max(0)),
+            ConfigError::ZeroReceiveBuffer
+        );
+        assert_eq!(refused(dpdk().dpdk_port(0, 0)), ConfigError::NoMbufs);
+        assert_eq!(
+            refused(host().dpdk_port(1, 4095)),
+            ConfigError::DpdkPortWithoutDpdk
+        );
+        let cfg = dpdk().dpdk_port(1, 4095).build().unwrap();
+        assert!(matches!(
+            cfg.backend,
+            Backend::Dpdk {
+                port: 1,
+                mbufs: 4095,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn cores_that_cannot_be_had() {
+        let c = refused(host().core(1 << 20));
+        assert!(matches!(c, ConfigError::NoSuchCpu { cpu, .. } if cpu == 1 << 20));
+        assert_eq!(refused(host().cores(&[0])), ConfigError::CoresNeedDpdk);
+        assert_eq!(refused(dpdk().cores(&[])), ConfigError::NoCores);
+        assert_eq!(
+            refused(dpdk().cores(&[0, 0])),
+            ConfigError::DuplicateCore(0)
+        );
+        assert_eq!(
+            refused(dpdk().cores(&[0]).capture("x.pcap")),
+            ConfigError::CoresWithWrappers
+        );
+        match dpdk().cores(&[0]).spawn() {
+            Err(Error::Config(c)) => assert_eq!(c, ConfigError::SpawnWithCores),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn replicas() {
+        assert_eq!(
+            refused(host().replica(2, 2)),
+            ConfigError::Replica { index: 2, count: 2 }
+        );
+        assert_eq!(
+            refused(host().replica(0, 0)),
+            ConfigError::Replica { index: 0, count: 0 }
+        );
+        assert_eq!(
+            refused(dpdk().replica(0, 2).cores(&[0])),
+            ConfigError::ReplicaWithCores
+        );
+    }
 }

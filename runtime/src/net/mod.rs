@@ -27,7 +27,7 @@ mod sharded;
 
 pub use crate::telemetry::AppCounters;
 pub use builder::Builder;
-pub use error::Error;
+pub use error::{ConfigError, Error};
 pub use open::{NodeUser, run_app, start_metrics, with_node};
 pub use sharded::{ShardResult, run_primary, run_sharded};
 

@@ -11,7 +11,7 @@ use ustack::node::{App, Node, Snapshot};
 use ustack::shard::{Shard, ShardId, Steer, SteerRule};
 
 use super::open::start_metrics;
-use super::{Error, NetConfig, NodeUser};
+use super::{ConfigError, Error, NetConfig, NodeUser};
 use crate::clock::Clock;
 use crate::poll::{IdleMode, LoopConfig};
 use crate::telemetry::Publisher;
@@ -24,14 +24,10 @@ pub type ShardResult<A> = (A, Option<Snapshot>);
 fn open_dpdk_queues(cfg: &NetConfig, queues: usize) -> Result<Vec<ustack_dpdk::DpdkPort>, Error> {
     use ustack_dpdk::{DpdkPort, Eal};
     let super::Backend::Dpdk { eal_args, port, .. } = &cfg.backend else {
-        return Err(Error::Config(
-            "several cores need DPDK: each core owns one queue pair of a DPDK port".into(),
-        ));
+        return Err(ConfigError::CoresNeedDpdk.into());
     };
     if cfg.capture.is_some() || cfg.impair.is_some() {
-        return Err(Error::Config(
-            "--capture and --impair work with one core: drop --cores, or use --core N".into(),
-        ));
+        return Err(ConfigError::CoresWithWrappers.into());
     }
     let eal = Eal::init(eal_args)?;
     let queues = u16::try_from(queues).unwrap_or(u16::MAX);
@@ -65,9 +61,7 @@ fn open_dpdk_queues(_: &NetConfig, _: usize) -> Result<Vec<ustack::sim::SimPort>
 fn cores(cfg: &NetConfig) -> Result<Vec<usize>, Error> {
     let cores = cfg.cores.clone().unwrap_or_default();
     if cores.is_empty() {
-        return Err(Error::Config(
-            "a list of cores is required for a sharded run".into(),
-        ));
+        return Err(ConfigError::NoCores.into());
     }
     Ok(cores)
 }
@@ -181,7 +175,7 @@ pub fn run_primary<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U
     let idle = cfg.loop_config().idle;
     let stop = Arc::new(AtomicBool::new(false));
     if ports.is_empty() || shards.is_empty() {
-        return Err(Error::Config("the port has no queue".into()).into());
+        return Err(Error::State("the port has no queue").into());
     }
     let (port0, shard0): (_, Shard) = (ports.remove(0), shards.remove(0));
     let node0 = Node::sharded(shard_stack(cfg, shard0.id), port0, shard0);
