@@ -143,6 +143,9 @@ pub fn init() {
                 fail(line.lines().next().unwrap_or("bad NET flags"));
             }
         };
+    // The runtime's notices (offloads, partial checksums) on the
+    // program's stderr, as `ustack run` prints them.
+    ustack_runtime::set_notice_sink(|msg| eprintln!("ustack: {msg}"));
     let builder = match args.builder() {
         Ok(b) => b.app_counters(counters),
         Err(e) => fail(&e.to_string()),

@@ -13,8 +13,9 @@
 //! format 0.0.4) over HTTP on that address of the kernel's network (the
 //! management side: the stack's own port is not involved), from the
 //! snapshots the loop publishes a few times a second; see
-//! [`crate::metrics`]. `127.0.0.1:0` picks a free port and tells it on
-//! stderr (`ustack: metrics on http://127.0.0.1:PORT/metrics`).
+//! [`crate::metrics`]. `127.0.0.1:0` picks a free port and tells it in
+//! a notice (`metrics on http://127.0.0.1:PORT/metrics`; see
+//! [`crate::set_notice_sink`]).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

@@ -178,7 +178,7 @@ pub fn run<D: Device, A: App + ?Sized>(
         let now = clock.now();
         let report = node.step(now, app);
         if now >= next_stats {
-            crate::tell_conflict(&node.stack, &mut told_conflict);
+            crate::notice::tell_conflict(&node.stack, &mut told_conflict);
             on_stats(&node.snapshot(now));
             next_stats = now + cfg.stats_interval;
         }

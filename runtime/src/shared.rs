@@ -586,7 +586,7 @@ where
         }
         let stats_due = now >= self.next_stats;
         if stats_due {
-            crate::tell_conflict(&inner.stack, &mut self.told_conflict);
+            crate::notice::tell_conflict(&inner.stack, &mut self.told_conflict);
         }
         let snapshot = (stats_due && (self.publisher.is_some() || self.metrics.is_some()))
             .then(|| self.port.snapshot(&inner.stack, now));

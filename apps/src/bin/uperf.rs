@@ -453,6 +453,7 @@ fn rc_user(cli: &Cli) -> ustack_apps::perftest_rc::RcUser {
 }
 
 fn main() -> ExitCode {
+    ustack_apps::print_notices();
     let cli = match parse_args(std::env::args_os()) {
         Ok(c) => c,
         Err(e) => e.exit(),

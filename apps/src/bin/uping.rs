@@ -191,6 +191,7 @@ fn interval(s: &str) -> Result<f64, String> {
 }
 
 fn main() -> ExitCode {
+    ustack_apps::print_notices();
     let cli = Cli::parse();
     ustack_apps::exit("uping", ping(&cli))
 }

@@ -222,6 +222,7 @@ fn percent(s: &str) -> Result<f64, String> {
 }
 
 fn main() -> ExitCode {
+    ustack_apps::print_notices();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

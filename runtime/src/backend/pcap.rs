@@ -174,7 +174,7 @@ impl PcapPort {
                 "pcap on {iface}: turned {} off for the run (restored at exit)",
                 names.join(", ")
             ),
-            OffloadOutcome::LeftOn { command, why } => crate::notice(&format!(
+            OffloadOutcome::LeftOn { command, why } => crate::notice::notice(&format!(
                 "pcap on {iface}: receive offloads are on and could not be turned off ({why}); \
                  frames merged by the kernel are cut back into segments, but run `{command}` \
                  (needs CAP_NET_ADMIN) for full speed"
@@ -372,7 +372,7 @@ impl Device for PcapPort {
                 if self.accept_partial {
                     offload::complete_checksum(buf.as_mut());
                 } else if !std::mem::replace(&mut self.told_partial, true) {
-                    crate::notice(&format!(
+                    crate::notice::notice(&format!(
                         "pcap on {}: TCP/UDP frames arrive with partial checksums (the sender's \
                          checksum offload) and are dropped: turn it off where they come from \
                          (`ethtool -K IF tx off` on the sending interface{}) or run with \

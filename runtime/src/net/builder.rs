@@ -192,7 +192,7 @@ impl Builder {
     /// snapshot the loop published (every `stats_interval`), converted,
     /// plus every [`metrics_source`](Self::metrics_source); the endpoint
     /// never reaches into the loop. Port 0 picks a free port; the address
-    /// is told on stderr (`ustack: metrics on http://ADDR/metrics`).
+    /// is told as a notice (see [`crate::set_notice_sink`]).
     pub fn metrics(mut self, addr: SocketAddr) -> Self {
         self.metrics = Some(addr);
         self

@@ -86,7 +86,7 @@ pub fn start_metrics(cfg: &NetConfig) -> Result<Option<crate::metrics::Endpoint>
         options: crate::metrics::Options::default(),
     };
     let ep = crate::metrics::Endpoint::bind(addr, Arc::new(move || stack.families()))?;
-    crate::notice(&format!("metrics on http://{}/metrics", ep.local_addr()));
+    crate::notice::notice(&format!("metrics on http://{}/metrics", ep.local_addr()));
     Ok(Some(ep))
 }
 
