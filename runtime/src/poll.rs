@@ -1,13 +1,24 @@
 //! The poll loop: [`Node::step`] against the wall clock, run to completion
 //! on one (optionally pinned) core, with an idle back-off for shared
 //! machines and pure busy-poll for dedicated cores.
+//!
+//! There is one loop, [`EventLoop`], built the same way by every front:
+//! the in-loop app ([`run`], and each core of a sharded run) and the
+//! spawned runtime the blocking and async fronts share. It is generic over
+//! the clock ([`LoopClock`]) and over how the stack is reached
+//! ([`StackLock`]: owned by the loop, or behind the lock the fronts'
+//! threads share); [`iterate`] is the one iteration every front runs. When
+//! idle, every front sleeps on the device where it can wake the loop
+//! ([`Device::wait_rx`]: pcap's descriptor), else in the back-off.
 
 use std::time::Duration;
 
+use ustack::Stack;
 use ustack::device::Device;
-use ustack::node::{App, Node, RxWait, Snapshot};
+use ustack::events::Event;
+use ustack::node::{App, Node, Port, RxWait, Snapshot};
 use ustack::sim::SimNet;
-use ustack::time::earliest;
+use ustack::time::{Instant, earliest};
 
 use crate::clock::Clock;
 
@@ -147,6 +158,397 @@ pub fn pin_to_core(core: usize) -> Result<(), RunError> {
     }
 }
 
+/// Where the loop reads the time, once per iteration: the wall [`Clock`],
+/// or a test's.
+pub trait LoopClock {
+    /// Engine time now.
+    fn now(&self) -> Instant;
+}
+
+impl LoopClock for Clock {
+    fn now(&self) -> Instant {
+        Clock::now(self)
+    }
+}
+
+/// How an iteration reaches the stack: the loop owns it (`&mut Stack`), or
+/// it sits behind the lock the fronts' threads share (the spawned
+/// runtime's, which also wakes whoever waits on this iteration's events).
+pub(crate) trait StackLock {
+    /// The stack, held for one iteration.
+    type Guard<'a>: StackGuard
+    where
+        Self: 'a;
+    /// Take the stack for an iteration.
+    fn lock(&mut self) -> Self::Guard<'_>;
+}
+
+/// The stack held for one iteration (see [`StackLock`]).
+pub(crate) trait StackGuard {
+    /// The stack.
+    fn stack(&mut self) -> &mut Stack;
+    /// This iteration's readiness events: note whom to wake (still under
+    /// the lock, so no wake-up is lost).
+    fn events(&mut self, events: &[Event]) {
+        let _ = events;
+    }
+    /// Let the stack go (fairly, where others wait for it), then wake
+    /// whom the events named.
+    fn release(self);
+}
+
+impl StackLock for &mut Stack {
+    type Guard<'a>
+        = &'a mut Stack
+    where
+        Self: 'a;
+    fn lock(&mut self) -> &mut Stack {
+        self
+    }
+}
+
+impl StackGuard for &mut Stack {
+    fn stack(&mut self) -> &mut Stack {
+        self
+    }
+    fn release(self) {}
+}
+
+/// Where a loop's snapshots go.
+pub(crate) trait StatsSink {
+    /// Whether a snapshot is wanted at all (taking one visits every
+    /// counter).
+    fn wanted(&self) -> bool;
+    /// Hand a snapshot on.
+    fn publish(&mut self, s: &Snapshot);
+}
+
+/// A callback that wants every snapshot.
+pub(crate) struct OnStats<F>(pub F);
+
+impl<F: FnMut(&Snapshot)> StatsSink for OnStats<F> {
+    fn wanted(&self) -> bool {
+        true
+    }
+    fn publish(&mut self, s: &Snapshot) {
+        (self.0)(s);
+    }
+}
+
+/// A loop's schedule: its clock, when snapshots are due, when its
+/// configured duration ends.
+#[derive(Debug)]
+pub(crate) struct Schedule<C> {
+    pub clock: C,
+    /// When the loop's configured duration ends.
+    pub end: Option<Instant>,
+    next_stats: Instant,
+    stats_interval: Duration,
+    /// The port stamps received frames (see [`RxWait::Stamped`]).
+    stamps: bool,
+    /// The address conflict notice was given.
+    told_conflict: bool,
+}
+
+impl<C: LoopClock> Schedule<C> {
+    /// A schedule from now for a loop on a port with these `caps`.
+    pub fn new(clock: C, cfg: &LoopConfig, stamps: bool) -> Self {
+        let start = clock.now();
+        Schedule {
+            end: cfg.duration.map(|d| start + d),
+            next_stats: start + cfg.stats_interval,
+            stats_interval: cfg.stats_interval,
+            stamps,
+            told_conflict: false,
+            clock,
+        }
+    }
+}
+
+/// What one iteration found.
+#[derive(Debug, Clone)]
+pub(crate) struct Turn {
+    pub now: Instant,
+    /// It moved frames or had work.
+    pub busy: bool,
+    /// When the loop must run again even if nothing arrives: the stack's
+    /// and the app's timers, the next snapshot, the end of the duration.
+    pub wake_at: Option<Instant>,
+    /// The app asked to exit, or the duration ended.
+    pub done: bool,
+    /// Output is still to leave (only looked at when stopping).
+    pub pending: bool,
+    /// The device stopped working (its reason).
+    pub failure: Option<String>,
+    /// The app awaits only replies the port stamps, and it stamps them.
+    pub stamped: bool,
+    /// The app awaits nothing from the port.
+    pub awaits_nothing: bool,
+}
+
+/// One iteration, the same for every front: take the stack, step the port
+/// with the app, note whom the events wake, take a snapshot when one is
+/// due, let the stack go, publish.
+pub(crate) fn iterate<D, A, L, C, S>(
+    port: &mut Port<D>,
+    app: &mut A,
+    lock: &mut L,
+    sched: &mut Schedule<C>,
+    sink: &mut S,
+    stopping: bool,
+) -> Turn
+where
+    D: Device,
+    A: App + ?Sized,
+    L: StackLock,
+    C: LoopClock,
+    S: StatsSink,
+{
+    let mut g = lock.lock();
+    // The clock is read once the stack is ours: read before the lock,
+    // `now` would be late by however long a socket call held it, and
+    // every timer armed in this iteration (TCP's RTO, an RC QP's ACK
+    // timer) would fire that much early.
+    let now = sched.clock.now();
+    let report = port.step(g.stack(), now, app);
+    g.events(port.events());
+    let stats_due = now >= sched.next_stats;
+    if stats_due {
+        crate::notice::tell_conflict(g.stack(), &mut sched.told_conflict);
+        sched.next_stats = now + sched.stats_interval;
+    }
+    let snapshot = (stats_due && sink.wanted()).then(|| port.snapshot(g.stack(), now));
+    let poll_at = port.poll_at(g.stack(), app);
+    let done = report.exit || sched.end.is_some_and(|e| now >= e);
+    // Stopping: output still to leave (immediate work, or bytes not yet
+    // acknowledged)? Only looked at then: it visits every connection.
+    let pending = (stopping || done)
+        && (report.busy()
+            || poll_at.is_some_and(|t| t <= now)
+            || g.stack().tcp_connections().any(|c| c.send_queued > 0));
+    g.release();
+    if let Some(s) = snapshot {
+        sink.publish(&s);
+    }
+    let wait = app.rx_wait();
+    Turn {
+        now,
+        busy: report.busy(),
+        wake_at: [poll_at, Some(sched.next_stats), sched.end]
+            .into_iter()
+            .fold(None, earliest),
+        done,
+        pending,
+        failure: port.dev.failure(),
+        stamped: sched.stamps && wait == RxWait::Stamped,
+        awaits_nothing: wait == RxWait::Nothing,
+    }
+}
+
+/// A last snapshot to `sink` (the loop ends), so a monitor sees the end
+/// state.
+pub(crate) fn publish_last<D, L, C, S>(
+    port: &Port<D>,
+    lock: &mut L,
+    sched: &Schedule<C>,
+    sink: &mut S,
+) where
+    D: Device,
+    L: StackLock,
+    C: LoopClock,
+    S: StatsSink,
+{
+    if !sink.wanted() {
+        return;
+    }
+    let mut g = lock.lock();
+    let s = port.snapshot(g.stack(), sched.clock.now());
+    g.release();
+    sink.publish(&s);
+}
+
+/// What differs between the fronts, for the one [`EventLoop`].
+pub(crate) trait Driven {
+    /// Run one iteration (`stopping`: also say whether output is still to
+    /// leave), or `None` when another thread runs them now (a caller
+    /// driving the stack: the loop yields).
+    fn turn(&mut self, stopping: bool) -> Option<Turn>;
+    /// Whether the loop was asked to stop.
+    fn stop_asked(&mut self) -> bool;
+    /// Whether the loop was asked to pause (see `Runtime::pause`).
+    fn pause_asked(&self) -> bool {
+        false
+    }
+    /// How long a stopping loop runs on while output is still to leave.
+    fn linger(&self) -> Option<Duration> {
+        None
+    }
+    /// A last snapshot (the loop ends).
+    fn publish_last(&mut self);
+    /// Wait on the device for frames ([`Device::wait_rx`]).
+    fn wait_rx(&mut self, timeout: Duration) -> bool;
+    /// Other threads wake the loop (unpark it) when they give it work: a
+    /// wait on the device, which they cannot end, lasts at most the
+    /// back-off's step, as a sleep would.
+    fn kicked_by_others(&self) -> bool {
+        false
+    }
+}
+
+/// Why [`EventLoop::run`] returned without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Stopped,
+    Paused,
+}
+
+/// The one poll loop every front runs: iterations until asked to stop,
+/// and between them busy-poll or the idle wait (on the device where it
+/// can wake the loop, else the back-off).
+#[derive(Debug)]
+pub(crate) struct EventLoop {
+    idle: IdleMode,
+    core: Option<usize>,
+    backoff: Backoff,
+    /// Once asked to stop: until when queued output may still leave.
+    draining: Option<Instant>,
+}
+
+impl EventLoop {
+    /// A loop with `cfg`'s idle mode and core.
+    pub fn new(cfg: &LoopConfig) -> Self {
+        EventLoop {
+            idle: cfg.idle,
+            core: cfg.core,
+            backoff: Backoff::new(),
+            draining: None,
+        }
+    }
+
+    /// Run until stopped, paused, or the device fails.
+    pub fn run(&mut self, d: &mut impl Driven) -> Result<Outcome, RunError> {
+        if let Some(core) = self.core.take() {
+            pin_to_core(core)?;
+        }
+        loop {
+            let stop = d.stop_asked();
+            let Some(turn) = d.turn(stop) else {
+                // A caller drives the stack: stay out of its way (on a
+                // shared CPU, waking here would preempt it).
+                std::thread::park_timeout(self.backoff.yield_step(Duration::from_micros(100)));
+                continue;
+            };
+            if stop || turn.done {
+                // Let what the app queued leave (a last write, a FIN, a
+                // datagram), for at most the linger, as a kernel socket
+                // would.
+                let linger = d.linger().unwrap_or_default();
+                let until = *self.draining.get_or_insert(turn.now + linger);
+                if !turn.pending || turn.now >= until {
+                    d.publish_last();
+                    return Ok(Outcome::Stopped);
+                }
+            }
+            if d.pause_asked() {
+                return Ok(Outcome::Paused);
+            }
+            if let Some(why) = turn.failure {
+                d.publish_last();
+                return Err(RunError::Device(why));
+            }
+            let IdleMode::Backoff { max_sleep } = self.idle else {
+                continue;
+            };
+            if turn.busy {
+                self.backoff.reset();
+                continue;
+            }
+            let until = turn
+                .wake_at
+                .unwrap_or(turn.now + max_sleep)
+                .saturating_duration_since(turn.now);
+            if !until.is_zero() {
+                self.idle_wait(d, &turn, max_sleep, until);
+            }
+        }
+    }
+
+    /// An idle loop waits: up to `until` (the next timer).
+    fn idle_wait(
+        &mut self,
+        d: &mut impl Driven,
+        turn: &Turn,
+        max_sleep: Duration,
+        until: Duration,
+    ) {
+        if turn.stamped {
+            // Replies wait in the port with their arrival stamped: one
+            // wake-up per timer (a ping's next send), not one per frame.
+            std::thread::park_timeout(until.min(MAX_RX_WAIT));
+            return;
+        }
+        let kicked = d.kicked_by_others();
+        // A device that wakes us when frames come (pcap) is waited on up
+        // to the next timer: an idle or lightly loaded loop wakes once per
+        // packet or timer instead of every back-off step.
+        if !kicked && d.wait_rx(until.min(MAX_DEVICE_WAIT)) {
+            return;
+        }
+        if turn.awaits_nothing {
+            // Awaiting nothing, on a port that cannot wake us: poll it at
+            // the back-off's longest step, not from 1 µs up.
+            self.backoff.longest(max_sleep);
+        }
+        let sleep = self.backoff.next(turn.now, max_sleep, until);
+        // A loop others wake waits on the device for the back-off's step
+        // (frames end it early; a thread that gives it work is seen at the
+        // step's end), or sleeps where they can unpark it.
+        if kicked && d.wait_rx(sleep) {
+            return;
+        }
+        std::thread::park_timeout(sleep);
+    }
+}
+
+/// The in-loop front: the loop owns the node and calls the app.
+struct InLoop<'a, D: Device, A: ?Sized, C, S, F> {
+    port: &'a mut Port<D>,
+    stack: &'a mut Stack,
+    app: &'a mut A,
+    sched: Schedule<C>,
+    sink: S,
+    stop: F,
+}
+
+impl<D, A, C, S, F> Driven for InLoop<'_, D, A, C, S, F>
+where
+    D: Device,
+    A: App + ?Sized,
+    C: LoopClock,
+    S: StatsSink,
+    F: FnMut() -> bool,
+{
+    fn turn(&mut self, stopping: bool) -> Option<Turn> {
+        Some(iterate(
+            self.port,
+            self.app,
+            &mut self.stack,
+            &mut self.sched,
+            &mut self.sink,
+            stopping,
+        ))
+    }
+    fn stop_asked(&mut self) -> bool {
+        (self.stop)()
+    }
+    fn publish_last(&mut self) {
+        publish_last(self.port, &mut self.stack, &self.sched, &mut self.sink);
+    }
+    fn wait_rx(&mut self, timeout: Duration) -> bool {
+        self.port.dev.wait_rx(timeout)
+    }
+}
+
 /// Run the loop until the app exits, `stop` returns true, or the duration ends.
 /// `on_stats` gets a snapshot every `stats_interval` and once at the end.
 pub fn run<D: Device, A: App + ?Sized>(
@@ -154,77 +556,36 @@ pub fn run<D: Device, A: App + ?Sized>(
     app: &mut A,
     cfg: &LoopConfig,
     clock: &Clock,
-    mut stop: impl FnMut() -> bool,
+    stop: impl FnMut() -> bool,
+    on_stats: impl FnMut(&Snapshot),
+) -> Result<(), RunError> {
+    run_with_clock(node, app, cfg, clock.clone(), stop, on_stats)
+}
+
+/// [`run`] on any [`LoopClock`].
+pub(crate) fn run_with_clock<D: Device, A: App + ?Sized, C: LoopClock>(
+    node: &mut Node<D>,
+    app: &mut A,
+    cfg: &LoopConfig,
+    clock: C,
+    stop: impl FnMut() -> bool,
     mut on_stats: impl FnMut(&Snapshot),
 ) -> Result<(), RunError> {
-    if let Some(core) = cfg.core {
-        pin_to_core(core)?;
-    }
-    let start = clock.now();
-    let end = cfg.duration.map(|d| start + d);
-    let mut next_stats = start + cfg.stats_interval;
-    let mut backoff = Backoff::new();
-    let mut told_conflict = false;
-    // Frames may wait, stamped, in a port that stamps them for an app
-    // that measures with the stamps (see `RxWait::Stamped`).
     let stamps = node.dev().caps().rx_timestamps;
-    let mut on_stats = |s: &Snapshot| {
-        if let Some(feed) = &cfg.metrics {
-            feed.publish(s);
-        }
-        on_stats(s);
+    let mut front = InLoop {
+        port: &mut node.port,
+        stack: &mut node.stack,
+        app,
+        sched: Schedule::new(clock, cfg, stamps),
+        sink: OnStats(|s: &Snapshot| {
+            if let Some(feed) = &cfg.metrics {
+                feed.publish(s);
+            }
+            on_stats(s);
+        }),
+        stop,
     };
-    loop {
-        let now = clock.now();
-        let report = node.step(now, app);
-        if now >= next_stats {
-            crate::notice::tell_conflict(&node.stack, &mut told_conflict);
-            on_stats(&node.snapshot(now));
-            next_stats = now + cfg.stats_interval;
-        }
-        if report.exit || end.is_some_and(|e| now >= e) || stop() {
-            on_stats(&node.snapshot(now));
-            return Ok(());
-        }
-        if let Some(why) = node.dev().failure() {
-            on_stats(&node.snapshot(now));
-            return Err(RunError::Device(why));
-        }
-        let IdleMode::Backoff { max_sleep } = cfg.idle else {
-            continue;
-        };
-        if report.busy() {
-            backoff.reset();
-            continue;
-        }
-        let wake = [node.poll_at(app), Some(next_stats), end]
-            .into_iter()
-            .fold(None, earliest)
-            .unwrap_or(now + max_sleep);
-        let until = wake.saturating_duration_since(now);
-        if until.is_zero() {
-            continue;
-        }
-        let wait = app.rx_wait();
-        if stamps && wait == RxWait::Stamped {
-            // Replies wait in the port with their arrival stamped: one
-            // wake-up per timer (a ping's next send), not one per frame.
-            std::thread::sleep(until.min(MAX_RX_WAIT));
-            continue;
-        }
-        // A device that wakes us when frames come (pcap) is waited on up to
-        // the next timer: an idle or lightly loaded loop wakes once per
-        // packet or timer instead of every back-off step.
-        if node.dev_mut().wait_rx(until.min(MAX_DEVICE_WAIT)) {
-            continue;
-        }
-        if wait == RxWait::Nothing {
-            // Awaiting nothing, on a port that cannot wake us: poll it at
-            // the back-off's longest step, not from 1 µs up.
-            backoff.longest(max_sleep);
-        }
-        std::thread::sleep(backoff.next(now, max_sleep, until));
-    }
+    EventLoop::new(cfg).run(&mut front).map(|_| ())
 }
 
 /// Longest wait on a device's wake-up when no timer is due sooner: how
@@ -297,5 +658,131 @@ mod test {
         assert_eq!(b.next(later, max, far), Duration::from_micros(1));
         let steps: Vec<_> = (0..14).map(|_| b.next(later, max, far)).collect();
         assert_eq!(*steps.last().unwrap(), max);
+    }
+
+    /// The loop sleeps on the device for every front: a fake port that
+    /// can wake the loop ([`Device::wait_rx`]) counts the waits of an idle
+    /// in-loop app, a spawned runtime (the blocking and async fronts'
+    /// loop) and a sharded run.
+    mod sleeps_on_the_device {
+        use std::net::Ipv4Addr;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+        use ustack::device::{DeviceCaps, PortStats};
+        use ustack::pool::PoolStats;
+        use ustack::sim::{SimLink, SimPort};
+        use ustack::wire::EthernetAddress;
+
+        use super::*;
+        use crate::Builder;
+
+        /// A sim port whose `wait_rx` counts its calls and sleeps out the
+        /// timeout (at most 1 ms), as a descriptor with no frames would.
+        struct Waits {
+            port: SimPort,
+            waits: Arc<AtomicUsize>,
+        }
+
+        impl Device for Waits {
+            type Buf = <SimPort as Device>::Buf;
+            fn caps(&self) -> DeviceCaps {
+                self.port.caps()
+            }
+            fn rx_burst(&mut self, now: Instant, out: &mut Vec<Self::Buf>, max: usize) -> usize {
+                self.port.rx_burst(now, out, max)
+            }
+            fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<Self::Buf>) -> usize {
+                self.port.tx_burst(now, pkts)
+            }
+            fn alloc_tx(&mut self) -> Option<Self::Buf> {
+                self.port.alloc_tx()
+            }
+            fn port_stats(&self) -> PortStats {
+                self.port.port_stats()
+            }
+            fn pool_stats(&self, out: &mut Vec<PoolStats>) {
+                self.port.pool_stats(out);
+            }
+            fn poll_at(&self) -> Option<Instant> {
+                self.port.poll_at()
+            }
+            fn wait_rx(&mut self, timeout: Duration) -> bool {
+                self.waits.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(timeout.min(Duration::from_millis(1)));
+                true
+            }
+        }
+
+        fn node() -> (Node<Waits>, Arc<AtomicUsize>) {
+            let waits = Arc::new(AtomicUsize::new(0));
+            let cfg = Builder::new()
+                .sim(&SimLink::new(Default::default()))
+                .ip(Ipv4Addr::new(10, 0, 0, 2), 24)
+                .build()
+                .unwrap();
+            let port =
+                SimLink::new(Default::default()).attach(EthernetAddress([2, 0, 0, 0, 0, 2]), 64);
+            let dev = Waits {
+                port,
+                waits: waits.clone(),
+            };
+            (Node::new(Stack::new(cfg.stack), dev), waits)
+        }
+
+        const IDLE: Duration = Duration::from_millis(200);
+
+        #[test]
+        fn in_loop_app() {
+            let (mut node, waits) = node();
+            let t0 = std::time::Instant::now();
+            run(
+                &mut node,
+                &mut (),
+                &LoopConfig::default(),
+                &Clock::new(),
+                || t0.elapsed() >= IDLE,
+                |_| {},
+            )
+            .unwrap();
+            assert!(waits.load(Ordering::Relaxed) >= 10, "{waits:?}");
+        }
+
+        #[test]
+        fn spawned_runtime_of_the_blocking_and_async_fronts() {
+            let (node, waits) = node();
+            let rt = crate::shared::spawn(node, (), LoopConfig::default(), None, None).unwrap();
+            std::thread::sleep(IDLE);
+            let seen = waits.load(Ordering::Relaxed);
+            rt.stop().unwrap();
+            // Idle, the loop waits on the port at each back-off step.
+            assert!(seen >= 10, "{seen}");
+        }
+
+        #[test]
+        fn sharded_run() {
+            let cfg = Builder::new()
+                .dpdk("--no-huge")
+                .ip(Ipv4Addr::new(10, 0, 0, 2), 24)
+                .cores(&[0])
+                .backoff(true)
+                .build()
+                .unwrap();
+            let (node, waits) = node();
+            let stop = AtomicBool::new(false);
+            let done = crate::net::sharded::run_on_queues(
+                &cfg,
+                &[0],
+                vec![node.port.dev],
+                &[],
+                Some(IDLE),
+                &stop,
+                None,
+                |_| (),
+            )
+            .unwrap();
+            assert_eq!(done.len(), 1);
+            assert!(waits.load(Ordering::Relaxed) >= 10, "{waits:?}");
+        }
     }
 }

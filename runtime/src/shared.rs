@@ -22,11 +22,13 @@ use parking_lot::{Mutex, MutexGuard};
 use ustack::device::Device;
 use ustack::events::{Readiness, SocketRef};
 use ustack::node::{App, Node, Port};
-use ustack::time::earliest;
 use ustack::{Error as StackError, Stack};
 
 use crate::clock::Clock;
-use crate::poll::{IdleMode, LoopConfig};
+use crate::poll::{
+    Driven, EventLoop, LoopConfig, Outcome, Schedule, StackGuard, StackLock, StatsSink, Turn,
+    iterate,
+};
 use crate::telemetry::Publisher;
 
 /// What a waiting task waits for.
@@ -361,21 +363,18 @@ where
     A: App + Send + 'static,
 {
     let Node { stack, port } = node;
-    let clock = Clock::new();
-    let start = clock.now();
+    let stamps = port.dev.caps().rx_timestamps;
     let core = Arc::new(Mutex::new(Core {
         port,
         app: Some(app),
-        end: lcfg.duration.map(|d| start + d),
-        next_stats: start + lcfg.stats_interval,
-        stats_interval: lcfg.stats_interval,
-        clock,
-        metrics: lcfg.metrics.clone(),
-        publisher,
+        sched: Schedule::new(Clock::new(), &lcfg, stamps),
+        sinks: Sinks {
+            publisher,
+            metrics: lcfg.metrics.clone(),
+        },
         endpoint,
         wake: Vec::new(),
         notify: Vec::new(),
-        told_conflict: false,
     }));
     let driver: Arc<Mutex<dyn Drive>> = core.clone();
     let shared = Arc::new(Shared {
@@ -423,7 +422,7 @@ where
         // endpoint's (its socket is inherited, its threads are not).
         {
             let mut c = core.lock();
-            if let Some(p) = c.publisher.as_mut() {
+            if let Some(p) = c.sinks.publisher.as_mut() {
                 p.pause();
             }
             if let Some(e) = c.endpoint.as_mut() {
@@ -433,10 +432,10 @@ where
         return Exit::Paused(Box::new(move || {
             {
                 let mut c = core.lock();
-                if let Some(p) = c.publisher.as_mut() {
+                if let Some(p) = c.sinks.publisher.as_mut() {
                     if let Err(e) = p.resume() {
                         tracing::warn!("telemetry stops: {e}");
-                        c.publisher = None;
+                        c.sinks.publisher = None;
                     }
                 }
                 if let Some(e) = c.endpoint.as_mut() {
@@ -470,108 +469,94 @@ where
     // not when the last handle on the stack is dropped.
     let (app, publisher, endpoint) = {
         let mut c = core.lock();
-        (c.app.take(), c.publisher.take(), c.endpoint.take())
+        (c.app.take(), c.sinks.publisher.take(), c.endpoint.take())
     };
     drop(publisher);
     drop(endpoint);
     Exit::Done(r.and_then(|_| app.ok_or(crate::Error::Panicked)))
 }
 
-/// Why `run_shared` returned without an error.
-enum Outcome {
-    Stopped,
-    Paused,
-}
-
 /// How long a stopping loop keeps running to let queued output leave.
 const LINGER: Duration = Duration::from_secs(1);
 
 /// What the loop needs between iterations, whichever thread runs one: the
-/// port, the in-loop app, the clock and the telemetry schedule.
+/// port, the in-loop app, the schedule and where snapshots go.
 struct Core<D: Device, A> {
     port: Port<D>,
     /// Taken back when the loop ends.
     app: Option<A>,
-    clock: Clock,
-    /// When the loop's configured duration ends.
-    end: Option<ustack::Instant>,
-    next_stats: ustack::Instant,
-    stats_interval: Duration,
-    /// Where snapshots go for the metrics endpoint.
-    metrics: Option<crate::metrics::Feed>,
-    publisher: Option<Publisher>,
+    sched: Schedule<Clock>,
+    sinks: Sinks,
     /// The metrics endpoint (`--metrics`), paused and resumed with the loop.
     endpoint: Option<crate::metrics::Endpoint>,
     /// Wakers and watchers of this iteration's events, called outside the
     /// stack's lock (kept to reuse their allocations).
     wake: Vec<Waker>,
     notify: Vec<(Watcher, Readiness)>,
-    /// The address conflict notice was given.
-    told_conflict: bool,
 }
 
-impl std::fmt::Debug for dyn Drive {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Drive")
+/// A spawned loop's snapshots: to the telemetry publisher and the metrics
+/// feed, taken only when either is there.
+struct Sinks {
+    publisher: Option<Publisher>,
+    /// Where snapshots go for the metrics endpoint.
+    metrics: Option<crate::metrics::Feed>,
+}
+
+impl StatsSink for Sinks {
+    fn wanted(&self) -> bool {
+        self.publisher.is_some() || self.metrics.is_some()
+    }
+    fn publish(&mut self, s: &ustack::node::Snapshot) {
+        if let Some(p) = &self.publisher {
+            p.publish(s);
+        }
+        if let Some(f) = &self.metrics {
+            f.publish(s);
+        }
     }
 }
 
-/// What one iteration found.
-#[derive(Debug, Clone, Copy)]
-struct Turn {
-    now: ustack::Instant,
-    /// It moved frames or had work.
-    busy: bool,
-    /// When the stack next has timed work.
-    poll_at: Option<ustack::Instant>,
-    /// The app asked to exit, or the duration ended.
-    done: bool,
-    /// Output is still to leave (only looked at when `stopping`).
-    pending: bool,
+/// The stack behind the lock the fronts share, for one iteration.
+struct SharedLock<'s> {
+    inner: &'s Mutex<Inner>,
+    wake: &'s mut Vec<Waker>,
+    notify: &'s mut Vec<(Watcher, Readiness)>,
 }
 
-/// One iteration of a loop whose port and app types are erased: what a
-/// socket user's thread runs while it waits (run to completion).
-trait Drive: Send {
-    /// Run one iteration; with `stopping`, also say whether output is
-    /// still to leave.
-    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn;
-    /// A last snapshot to the publisher (the loop ends).
-    fn publish_last(&mut self, shared: &Shared);
-    /// The device's failure, if it failed.
-    fn failure(&self) -> Option<String>;
-    /// When the next telemetry snapshot is due.
-    fn next_stats(&self) -> ustack::Instant;
+/// [`SharedLock`] held: who waits on this iteration's events is noted
+/// under the lock and woken after it.
+struct SharedGuard<'a> {
+    inner: MutexGuard<'a, Inner>,
+    wake: &'a mut Vec<Waker>,
+    notify: &'a mut Vec<(Watcher, Readiness)>,
 }
 
-impl<D, A> Drive for Core<D, A>
-where
-    D: Device + Send,
-    D::Buf: Send,
-    A: App + Send,
-{
-    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn {
-        let Some(app) = self.app.as_mut() else {
-            return Turn {
-                now: self.clock.now(),
-                busy: false,
-                poll_at: None,
-                done: true,
-                pending: false,
-            };
-        };
-        let mut inner = shared.inner.lock();
-        // The clock is read once the stack is ours: read before the lock,
-        // `now` would be late by however long a socket call held it, and
-        // every timer armed in this iteration (TCP's RTO, an RC QP's ACK
-        // timer) would fire that much early.
-        let now = self.clock.now();
-        let report = self.port.step(&mut inner.stack, now, app);
-        for ev in self.port.events() {
-            if let Some(w) = inner.watchers.get(&ev.socket) {
+impl StackLock for SharedLock<'_> {
+    type Guard<'a>
+        = SharedGuard<'a>
+    where
+        Self: 'a;
+    fn lock(&mut self) -> SharedGuard<'_> {
+        SharedGuard {
+            inner: self.inner.lock(),
+            wake: self.wake,
+            notify: self.notify,
+        }
+    }
+}
+
+impl StackGuard for SharedGuard<'_> {
+    fn stack(&mut self) -> &mut Stack {
+        &mut self.inner.stack
+    }
+
+    fn events(&mut self, events: &[ustack::events::Event]) {
+        for ev in events {
+            if let Some(w) = self.inner.watchers.get(&ev.socket) {
                 self.notify.push((w.clone(), ev.readiness));
             }
-            let Some(w) = inner.waiters.get_mut(&ev.socket) else {
+            let Some(w) = self.inner.waiters.get_mut(&ev.socket) else {
                 continue;
             };
             let r = ev.readiness;
@@ -584,67 +569,75 @@ where
                 self.wake.extend(w.write.take());
             }
         }
-        let stats_due = now >= self.next_stats;
-        if stats_due {
-            crate::notice::tell_conflict(&inner.stack, &mut self.told_conflict);
-        }
-        let snapshot = (stats_due && (self.publisher.is_some() || self.metrics.is_some()))
-            .then(|| self.port.snapshot(&inner.stack, now));
-        if stats_due {
-            self.next_stats = now + self.stats_interval;
-        }
-        let poll_at = self.port.poll_at(&inner.stack, app);
-        let done = report.exit || self.end.is_some_and(|e| now >= e);
-        // Stopping: output still to leave (immediate work, or bytes not yet
-        // acknowledged)? Only looked at then: it visits every connection.
-        let pending = (stopping || done)
-            && (report.busy()
-                || poll_at.is_some_and(|t| t <= now)
-                || inner.stack.tcp_connections().any(|c| c.send_queued > 0));
-        MutexGuard::unlock_fair(inner);
+    }
+
+    fn release(self) {
+        MutexGuard::unlock_fair(self.inner);
         self.wake.drain(..).for_each(Waker::wake);
         for (w, r) in self.notify.drain(..) {
             w(r);
         }
-        if let Some(s) = snapshot {
-            if let Some(p) = &self.publisher {
-                p.publish(&s);
-            }
-            if let Some(f) = &self.metrics {
-                f.publish(&s);
-            }
-        }
-        Turn {
-            now,
-            busy: report.busy(),
-            poll_at,
-            done,
-            pending,
-        }
     }
+}
 
-    fn publish_last(&mut self, shared: &Shared) {
-        if self.publisher.is_none() && self.metrics.is_none() {
-            return;
-        }
-        let s = {
-            let inner = shared.inner.lock();
-            self.port.snapshot(&inner.stack, self.clock.now())
+impl std::fmt::Debug for dyn Drive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Drive")
+    }
+}
+
+/// One iteration of a loop whose port and app types are erased: what a
+/// socket user's thread runs while it waits (run to completion).
+trait Drive: Send {
+    /// Run one iteration; with `stopping`, also say whether output is
+    /// still to leave.
+    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn;
+}
+
+impl<D, A> Drive for Core<D, A>
+where
+    D: Device + Send,
+    D::Buf: Send,
+    A: App + Send,
+{
+    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn {
+        let Some(app) = self.app.as_mut() else {
+            return Turn {
+                now: self.sched.clock.now(),
+                busy: false,
+                wake_at: None,
+                done: true,
+                pending: false,
+                failure: None,
+                stamped: false,
+                awaits_nothing: false,
+            };
         };
-        if let Some(p) = &self.publisher {
-            p.publish(&s);
-        }
-        if let Some(f) = &self.metrics {
-            f.publish(&s);
-        }
+        let mut lock = SharedLock {
+            inner: &shared.inner,
+            wake: &mut self.wake,
+            notify: &mut self.notify,
+        };
+        iterate(
+            &mut self.port,
+            app,
+            &mut lock,
+            &mut self.sched,
+            &mut self.sinks,
+            stopping,
+        )
     }
+}
 
-    fn failure(&self) -> Option<String> {
-        self.port.dev.failure()
-    }
-
-    fn next_stats(&self) -> ustack::Instant {
-        self.next_stats
+impl<D: Device, A> Core<D, A> {
+    /// A last snapshot to the publisher (the loop ends).
+    fn publish_last(&mut self, shared: &Shared) {
+        let mut lock = SharedLock {
+            inner: &shared.inner,
+            wake: &mut self.wake,
+            notify: &mut self.notify,
+        };
+        crate::poll::publish_last(&self.port, &mut lock, &self.sched, &mut self.sinks);
     }
 }
 
@@ -677,10 +670,63 @@ impl Net {
     }
 }
 
-/// The loop: one iteration under the core's lock (unless a caller is
-/// running one: then this thread backs off), the wakers of its events
-/// outside the stack's lock, then the idle back-off. Asked to stop, it runs
-/// on while output is queued or unacknowledged, for at most [`LINGER`].
+/// The spawned front of the one [`EventLoop`]: an iteration runs under
+/// the core's lock (unless a caller is running one: then this thread
+/// backs off), the wakers of its events outside the stack's lock. Asked
+/// to stop, it runs on while output is queued or unacknowledged, for at
+/// most [`LINGER`]. Idle, it waits on the device for the back-off's step
+/// (a socket call that gives it work unparks it from a sleep, or is seen
+/// at the step's end).
+struct Spawned<'s, D: Device, A> {
+    shared: &'s Shared,
+    core: &'s Mutex<Core<D, A>>,
+}
+
+impl<D, A> Driven for Spawned<'_, D, A>
+where
+    D: Device + Send,
+    D::Buf: Send,
+    A: App + Send,
+{
+    fn turn(&mut self, stopping: bool) -> Option<Turn> {
+        let pause = self.shared.pause.load(Ordering::Acquire);
+        let mut c = match self.core.try_lock() {
+            // A caller drove it a moment ago: stay out of its way.
+            Some(_) if !stopping && self.shared.driving() && !pause => return None,
+            Some(c) => c,
+            // A caller drives the stack now: it runs the iterations.
+            None if !stopping && !pause => return None,
+            None => self.core.lock(),
+        };
+        Some(c.turn(self.shared, stopping))
+    }
+
+    fn stop_asked(&mut self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    fn pause_asked(&self) -> bool {
+        self.shared.pause.load(Ordering::Acquire)
+    }
+
+    fn linger(&self) -> Option<Duration> {
+        Some(LINGER)
+    }
+
+    fn publish_last(&mut self) {
+        self.core.lock().publish_last(self.shared);
+    }
+
+    fn wait_rx(&mut self, timeout: Duration) -> bool {
+        self.core.lock().port.dev.wait_rx(timeout)
+    }
+
+    fn kicked_by_others(&self) -> bool {
+        true
+    }
+}
+
+/// Run the loop of a spawned runtime on this thread.
 fn run_shared<D, A>(
     shared: &Shared,
     core: &Mutex<Core<D, A>>,
@@ -691,71 +737,5 @@ where
     D::Buf: Send,
     A: App + Send,
 {
-    if let Some(c) = cfg.core {
-        crate::poll::pin_to_core(c)?;
-    }
-    let mut backoff = crate::poll::Backoff::new();
-    // Once asked to stop: until when the loop still lets queued output leave.
-    let mut draining: Option<ustack::Instant> = None;
-    loop {
-        let stop = shared.stop.load(Ordering::Acquire);
-        let mut c = match core.try_lock() {
-            // A caller drove it a moment ago: stay out of its way (on a
-            // shared CPU, waking here would preempt it).
-            Some(c) if !stop && shared.driving() && !shared.pause.load(Ordering::Acquire) => {
-                drop(c);
-                std::thread::park_timeout(backoff.yield_step(Duration::from_micros(100)));
-                continue;
-            }
-            Some(c) => c,
-            // A caller drives the stack now: it runs the iterations.
-            None if !stop && !shared.pause.load(Ordering::Acquire) => {
-                std::thread::park_timeout(backoff.yield_step(Duration::from_micros(100)));
-                continue;
-            }
-
-            None => core.lock(),
-        };
-        let turn = c.turn(shared, stop);
-        let stopping = stop || turn.done;
-        if stopping {
-            // Let what the app queued leave (a last write, a FIN, a
-            // datagram), for at most LINGER, as a kernel socket would.
-            let until = *draining.get_or_insert(turn.now + LINGER);
-            if !turn.pending || turn.now >= until {
-                // A last snapshot, so a monitor sees the end state.
-                c.publish_last(shared);
-                return Ok(Outcome::Stopped);
-            }
-        }
-        if shared.pause.load(Ordering::Acquire) {
-            return Ok(Outcome::Paused);
-        }
-        if let Some(why) = c.failure() {
-            return Err(crate::RunError::Device(why).into());
-        }
-        let next_stats = c.next_stats();
-        let end = c.end;
-        drop(c);
-        let IdleMode::Backoff { max_sleep } = cfg.idle else {
-            continue;
-        };
-        if turn.busy {
-            backoff.reset();
-            continue;
-        }
-        let until = [turn.poll_at, Some(next_stats), end]
-            .into_iter()
-            .fold(None, earliest)
-            .unwrap_or(turn.now + max_sleep);
-        let sleep = backoff.next(
-            turn.now,
-            max_sleep,
-            until.saturating_duration_since(turn.now),
-        );
-        if !sleep.is_zero() {
-            // A socket call that gives the loop work unparks it.
-            std::thread::park_timeout(sleep);
-        }
-    }
+    Ok(EventLoop::new(cfg).run(&mut Spawned { shared, core })?)
 }

@@ -23,7 +23,7 @@ use crate::poll::{IdleMode, LoopConfig};
 mod builder;
 mod error;
 mod open;
-mod sharded;
+pub(crate) mod sharded;
 
 pub use crate::telemetry::AppCounters;
 pub use builder::Builder;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ustack::Stack;
+use ustack::device::Device;
 use ustack::node::{App, Node, Snapshot};
 use ustack::shard::{Shard, ShardId, Steer, SteerRule};
 
@@ -99,6 +100,28 @@ where
         feed.set_publisher(p.handle());
     }
     let ports = open_dpdk_queues(cfg, cores.len())?;
+    run_on_queues(cfg, &cores, ports, steer, duration, stop, publisher, make)
+}
+
+/// [`run_sharded`] on queues already open, one per core.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_on_queues<D, A, F>(
+    cfg: &NetConfig,
+    cores: &[usize],
+    ports: Vec<D>,
+    steer: &[SteerRule],
+    duration: Option<Duration>,
+    stop: &AtomicBool,
+    publisher: Option<&Publisher>,
+    make: F,
+) -> Result<Vec<ShardResult<A>>, Error>
+where
+    D: Device + Send,
+    D::Buf: Send,
+    A: App + Send,
+    F: Fn(ShardId) -> A + Sync,
+{
+    let metrics = cfg.metrics.map(|_| cfg.metrics_feed.clone());
     let shards = ustack::shard::shards(cores.len(), steer);
     let idle = if cfg.backoff {
         LoopConfig::default().idle
@@ -109,7 +132,7 @@ where
         let threads: Vec<_> = ports
             .into_iter()
             .zip(shards)
-            .zip(&cores)
+            .zip(cores)
             .map(|((port, shard), &core)| {
                 let stack = shard_stack(cfg, shard.id);
                 let mut app = make(shard.id);
