@@ -43,7 +43,7 @@ use ustack::ud::{
 use ustack::{Instant, Stack};
 use ustack_runtime::LoopConfig;
 
-use crate::net::NodeUser;
+use crate::net::NodeRunner;
 use crate::oob::{MsgConn, OobError};
 
 pub use ustack::ud::exchange::PERFTEST_PORT;
@@ -1756,7 +1756,7 @@ pub fn check_config(cfg: &PerftestConfig, max_msg: usize) -> Result<()> {
     Ok(())
 }
 
-impl<S: PerftestSession> NodeUser for User<S> {
+impl<S: PerftestSession> NodeRunner for User<S> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>

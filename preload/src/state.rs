@@ -366,7 +366,7 @@ extern "C" fn after_fork_parent() {
     match fork_mode() {
         Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {
             if let Some(rt) = s.runtime.lock().as_mut() {
-                rt.forsake();
+                rt.leak_after_fork();
             }
             DETACHED.store(true, Ordering::Relaxed);
             drop_claim();
@@ -403,7 +403,7 @@ extern "C" fn after_fork_child() {
             // The master's paused stack is the master's: not a byte of its
             // device is touched here.
             if let Some(rt) = s.runtime.lock().as_mut() {
-                rt.forsake();
+                rt.leak_after_fork();
             }
             DETACHED.store(true, Ordering::Relaxed);
             let index = FORKS.load(Ordering::Relaxed) % workers;

@@ -129,7 +129,7 @@ pub mod net;
 mod notice;
 pub mod poll;
 pub mod rdma;
-mod shared;
+mod spawned;
 pub mod telemetry;
 
 pub use clock::Clock;
@@ -137,7 +137,7 @@ pub use notice::set_notice_sink;
 
 pub use net::{AppCounters, Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
-pub use shared::{Net, Runtime, Watcher, io_error};
+pub use spawned::{Net, Runtime, Watcher, io_error};
 
 /// The README's Rust examples, compiled and run as doctests.
 #[cfg(doctest)]

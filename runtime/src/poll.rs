@@ -559,7 +559,7 @@ pub fn run<D: Device, A: App + ?Sized>(
     stop: impl FnMut() -> bool,
     on_stats: impl FnMut(&Snapshot),
 ) -> Result<(), RunError> {
-    run_with_clock(node, app, cfg, clock.clone(), stop, on_stats)
+    run_with_clock(node, app, cfg, *clock, stop, on_stats)
 }
 
 /// [`run`] on any [`LoopClock`].
@@ -751,7 +751,7 @@ mod test {
         #[test]
         fn spawned_runtime_of_the_blocking_and_async_fronts() {
             let (node, waits) = node();
-            let rt = crate::shared::spawn(node, (), LoopConfig::default(), None, None).unwrap();
+            let rt = crate::spawned::spawn(node, (), LoopConfig::default(), None, None).unwrap();
             std::thread::sleep(IDLE);
             let seen = waits.load(Ordering::Relaxed);
             rt.stop().unwrap();

@@ -13,7 +13,7 @@ use ustack::device::Device;
 use ustack::icmp::MAX_PING_DATA;
 use ustack::node::{App, Control, Node};
 use ustack::{Instant, Stack};
-use ustack_apps::net::{NetArgs, NodeUser, with_node};
+use ustack_apps::net::{NetArgs, NodeRunner, with_node};
 use ustack_runtime as runtime;
 use ustack_runtime::clock::Clock;
 
@@ -366,7 +366,7 @@ struct Run<'a> {
     dst: Ipv4Addr,
 }
 
-impl NodeUser for Run<'_> {
+impl NodeRunner for Run<'_> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
@@ -593,7 +593,7 @@ struct MeshRun<'a> {
     pinger: ustack_apps::mesh::MeshPinger,
 }
 
-impl NodeUser for MeshRun<'_> {
+impl NodeRunner for MeshRun<'_> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>

@@ -13,7 +13,7 @@ use ustack::wire::{EthernetAddress, Ipv4Cidr};
 
 use super::open::{RunApp, Spawn, open, publisher, start_metrics, with_node};
 use super::{AppCounters, Backend, ConfigError, Error, NetConfig, ShardResult, run_sharded};
-use crate::shared::Runtime;
+use crate::spawned::Runtime;
 
 /// Builds a [`NetConfig`] the way the command line reads:
 ///

@@ -5,7 +5,7 @@
 //!
 //! Apps are generic over the device: [`with_node`] opens what the
 //! configuration names and hands a concrete [`Node`](ustack::node::Node)
-//! to a [`NodeUser`], so nothing is boxed on the data path.
+//! to a [`NodeRunner`], so nothing is boxed on the data path.
 //!
 //! The pieces: `builder` (the [`Builder`] and its checks), `open` (opening
 //! a backend, [`with_node`], the telemetry publisher and the metrics
@@ -28,7 +28,7 @@ pub(crate) mod sharded;
 pub use crate::telemetry::AppCounters;
 pub use builder::Builder;
 pub use error::{ConfigError, Error};
-pub use open::{NodeUser, run_app, start_metrics, with_node};
+pub use open::{NodeRunner, run_app, start_metrics, with_node};
 pub use sharded::{ShardResult, run_primary, run_sharded};
 
 /// Where frames come from and go.

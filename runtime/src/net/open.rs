@@ -14,7 +14,7 @@ use ustack::sim::LinkConfig;
 use super::{Backend, Error, NetConfig, run_primary};
 use crate::clock::Clock;
 use crate::poll::{LoopConfig, RunError};
-use crate::shared::Runtime;
+use crate::spawned::Runtime;
 use crate::telemetry::Publisher;
 
 /// ARP probes sent for our address at start, and the time between them
@@ -90,7 +90,7 @@ pub fn start_metrics(cfg: &NetConfig) -> Result<Option<crate::metrics::Endpoint>
     Ok(Some(ep))
 }
 
-/// [`Builder::spawn_with`]'s [`NodeUser`].
+/// [`Builder::spawn_with`]'s [`NodeRunner`].
 pub(super) struct Spawn<A> {
     pub(super) app: A,
     pub(super) lcfg: LoopConfig,
@@ -99,7 +99,7 @@ pub(super) struct Spawn<A> {
     pub(super) replica: Option<ustack::shard::ShardId>,
 }
 
-impl<A: App + Send + 'static> NodeUser for Spawn<A> {
+impl<A: App + Send + 'static> NodeRunner for Spawn<A> {
     type Output = Runtime<A>;
     type Error = Error;
     fn run<D>(self, mut node: Node<D>) -> Result<Runtime<A>, Error>
@@ -110,11 +110,11 @@ impl<A: App + Send + 'static> NodeUser for Spawn<A> {
         if let Some(id) = self.replica {
             node.port.shard = Some(ustack::shard::Shard::replicated(id));
         }
-        crate::shared::spawn(node, self.app, self.lcfg, self.publisher, self.endpoint)
+        crate::spawned::spawn(node, self.app, self.lcfg, self.publisher, self.endpoint)
     }
 }
 
-/// [`Builder::run`]'s [`NodeUser`].
+/// [`Builder::run`]'s [`NodeRunner`].
 pub(super) struct RunApp<'a, A: ?Sized> {
     pub(super) app: &'a mut A,
     pub(super) lcfg: LoopConfig,
@@ -123,7 +123,7 @@ pub(super) struct RunApp<'a, A: ?Sized> {
     pub(super) replica: Option<ustack::shard::ShardId>,
 }
 
-impl<A: App + ?Sized> NodeUser for RunApp<'_, A> {
+impl<A: App + ?Sized> NodeRunner for RunApp<'_, A> {
     type Output = ();
     type Error = Error;
     fn run<D>(self, mut node: Node<D>) -> Result<(), Error>
@@ -166,7 +166,7 @@ pub fn run_app<D: Device, A: App + ?Sized>(
 }
 
 /// Code that runs a node, whatever its device type.
-pub trait NodeUser {
+pub trait NodeRunner {
     /// What running on the node produces.
     type Output;
     /// The user's error; opening the backend fails with an [`Error`]
@@ -185,7 +185,7 @@ pub trait NodeUser {
 /// others run beside it (see [`run_primary`]). With `--metrics`, the
 /// endpoint listens before the backend opens and until `user` is done
 /// (the user's loop feeds it when it runs with `cfg.loop_config()`).
-pub fn with_node<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
+pub fn with_node<U: NodeRunner>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
     let endpoint = start_metrics(cfg).map_err(U::Error::from)?;
     let out = open(cfg, user);
     drop(endpoint);
@@ -193,7 +193,7 @@ pub fn with_node<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U::
 }
 
 /// [`with_node`] without the metrics endpoint.
-pub(super) fn open<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
+pub(super) fn open<U: NodeRunner>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
     if cfg.cores.is_some() {
         return run_primary(cfg, user);
     }
@@ -212,7 +212,7 @@ fn with_wrappers<D, U>(cfg: &NetConfig, dev: D, user: U) -> Result<U::Output, U:
 where
     D: Device + Send + 'static,
     D::Buf: Send,
-    U: NodeUser,
+    U: NodeRunner,
 {
     let mut stack = Stack::new(cfg.stack.clone());
     let dev = if cfg.probes() {
@@ -221,15 +221,15 @@ where
         dev
     };
     match (&cfg.capture, &cfg.impair) {
-        (Some(path), imp) => capture(cfg, stack, dev, path, imp.clone(), user),
+        (Some(path), imp) => capture(stack, dev, path, imp.clone(), user),
         (None, Some(imp)) => user.run(Node::new(stack, Impaired::new(dev, imp.clone()))),
         (None, None) => user.run(Node::new(stack, dev)),
     }
 }
 
-#[cfg(feature = "pcap")]
+/// The device with every frame also written to the capture file `path`
+/// (feature `pcap`), impaired first when `imp` says so.
 fn capture<D, U>(
-    _: &NetConfig,
     stack: Stack,
     dev: D,
     path: &std::path::Path,
@@ -239,44 +239,35 @@ fn capture<D, U>(
 where
     D: Device + Send + 'static,
     D::Buf: Send,
-    U: NodeUser,
+    U: NodeRunner,
 {
-    use crate::backend::pcap::Captured;
-    let captured = |e| U::Error::from(Error::from(e));
-    match imp {
-        Some(imp) => user.run(Node::new(
-            stack,
-            Captured::new(Impaired::new(dev, imp), path).map_err(captured)?,
-        )),
-        None => user.run(Node::new(
-            stack,
-            Captured::new(dev, path).map_err(captured)?,
-        )),
+    #[cfg(feature = "pcap")]
+    {
+        use crate::backend::pcap::Captured;
+        let captured = |e| U::Error::from(Error::from(e));
+        match imp {
+            Some(imp) => user.run(Node::new(
+                stack,
+                Captured::new(Impaired::new(dev, imp), path).map_err(captured)?,
+            )),
+            None => user.run(Node::new(
+                stack,
+                Captured::new(dev, path).map_err(captured)?,
+            )),
+        }
+    }
+    #[cfg(not(feature = "pcap"))]
+    {
+        let _ = (stack, dev, path, imp, user);
+        Err(Error::Unsupported(
+            "capture files need the pcap feature: rebuild with `--features pcap` (needs libpcap-dev)",
+        )
+        .into())
     }
 }
 
-#[cfg(not(feature = "pcap"))]
-fn capture<D, U>(
-    _: &NetConfig,
-    _: Stack,
-    _: D,
-    _: &std::path::Path,
-    _: Option<LinkConfig>,
-    _: U,
-) -> Result<U::Output, U::Error>
-where
-    D: Device + Send + 'static,
-    D::Buf: Send,
-    U: NodeUser,
-{
-    Err(Error::Unsupported(
-        "capture files need the pcap feature: rebuild with `--features pcap` (needs libpcap-dev)",
-    )
-    .into())
-}
-
 #[cfg(feature = "pcap")]
-fn open_pcap<U: NodeUser>(cfg: &NetConfig, iface: &str, user: U) -> Result<U::Output, U::Error> {
+fn open_pcap<U: NodeRunner>(cfg: &NetConfig, iface: &str, user: U) -> Result<U::Output, U::Error> {
     use crate::backend::pcap::PcapPort;
     let port = PcapPort::open_with(
         iface,
@@ -289,7 +280,7 @@ fn open_pcap<U: NodeUser>(cfg: &NetConfig, iface: &str, user: U) -> Result<U::Ou
 }
 
 #[cfg(not(feature = "pcap"))]
-fn open_pcap<U: NodeUser>(_: &NetConfig, _: &str, _: U) -> Result<U::Output, U::Error> {
+fn open_pcap<U: NodeRunner>(_: &NetConfig, _: &str, _: U) -> Result<U::Output, U::Error> {
     Err(Error::Unsupported(
         "this build has no pcap backend: rebuild with `--features pcap` (needs libpcap-dev)",
     )
@@ -297,7 +288,11 @@ fn open_pcap<U: NodeUser>(_: &NetConfig, _: &str, _: U) -> Result<U::Output, U::
 }
 
 #[cfg(feature = "dpdk")]
-fn open_dpdk<U: NodeUser>(cfg: &NetConfig, eal_args: &str, user: U) -> Result<U::Output, U::Error> {
+fn open_dpdk<U: NodeRunner>(
+    cfg: &NetConfig,
+    eal_args: &str,
+    user: U,
+) -> Result<U::Output, U::Error> {
     use ustack_dpdk::{DpdkPort, Eal};
     let eal = Eal::init(eal_args).map_err(Error::from)?;
     // The port holds the EAL; it is cleaned up when the node (port) drops.
@@ -321,7 +316,7 @@ fn dpdk_port_config(cfg: &NetConfig) -> ustack_dpdk::DpdkPortConfig {
 }
 
 #[cfg(not(feature = "dpdk"))]
-fn open_dpdk<U: NodeUser>(_: &NetConfig, _: &str, user: U) -> Result<U::Output, U::Error> {
+fn open_dpdk<U: NodeRunner>(_: &NetConfig, _: &str, user: U) -> Result<U::Output, U::Error> {
     let _ = user;
     Err(Error::Unsupported(
         "this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)",

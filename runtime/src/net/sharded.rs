@@ -12,7 +12,7 @@ use ustack::node::{App, Node, Snapshot};
 use ustack::shard::{Shard, ShardId, Steer, SteerRule};
 
 use super::open::start_metrics;
-use super::{ConfigError, Error, NetConfig, NodeUser};
+use super::{ConfigError, Error, NetConfig, NodeRunner};
 use crate::clock::Clock;
 use crate::poll::{IdleMode, LoopConfig};
 use crate::telemetry::Publisher;
@@ -181,7 +181,7 @@ where
 /// cores: the app runs on shard 0 (the first core) and the other shards
 /// answer ARP and ping and hand shard 0 what is its own: ICMP and RoCE
 /// (UDP 4791) by steering, TCP segments by passing on what they do not own.
-pub fn run_primary<U: NodeUser>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
+pub fn run_primary<U: NodeRunner>(cfg: &NetConfig, user: U) -> Result<U::Output, U::Error> {
     let cores = cores(cfg)?;
     let mut ports = open_dpdk_queues(cfg, cores.len())?;
     let steer = [

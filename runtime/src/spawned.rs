@@ -1,6 +1,7 @@
-//! A stack shared between its poll-loop thread and the threads and tasks
-//! that use its sockets: [`Net`], the handle the async and blocking fronts
-//! hold, and the loop [`Runtime`] runs.
+//! A stack spawned on a poll-loop thread of its own and shared with the
+//! threads and tasks that use its sockets: [`Net`], the handle the async
+//! and blocking fronts hold, and [`Runtime`], which owns the loop's thread
+//! (stop, pause and resume around `fork`).
 //!
 //! The stack sits behind one lock. The loop takes it for an iteration and
 //! hands it over fairly between iterations; a socket call takes it for the
@@ -9,6 +10,9 @@
 //! so no wake-up is lost between the check and the wait. Calls that give
 //! the loop work (data to send, a connection to open) unpark it when it
 //! sleeps in its idle back-off.
+//!
+//! The loop is the one [`EventLoop`] (see [`crate::poll`]); `Spawned` is
+//! its front here, `Core` what any thread needs to run an iteration.
 
 use std::collections::HashMap;
 use std::io;
@@ -329,9 +333,10 @@ impl<A: Send + 'static> Runtime<A> {
 
     /// Give a paused loop up without touching its device (after `fork`,
     /// in the process that handed the stack to the other): socket calls
-    /// fail from now on, and nothing is closed or freed here, since the
-    /// device's state is the other process's to use.
-    pub fn forsake(&mut self) {
+    /// fail from now on, and the loop's state is leaked on purpose (nothing
+    /// closed or freed here), since the device's state is the other
+    /// process's to use.
+    pub fn leak_after_fork(&mut self) {
         self.net.shared.gone.store(true, Ordering::Release);
         *self.net.shared.failure.lock() = Some("the stack belongs to another process now".into());
         if let Some(rest) = self.paused.take() {
