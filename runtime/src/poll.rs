@@ -9,7 +9,9 @@
 //! ([`StackLock`]: owned by the loop, or behind the lock the fronts'
 //! threads share); [`iterate`] is the one iteration every front runs. When
 //! idle, every front sleeps on the device where it can wake the loop
-//! ([`Device::wait_rx`]: pcap's descriptor), else in the back-off.
+//! ([`Device::wait_rx`]: pcap's descriptor; the spawned loop polls the
+//! device's [`Device::rx_fd`] with an eventfd its fronts write, outside
+//! every lock), else in the back-off.
 
 use std::time::Duration;
 
@@ -385,13 +387,17 @@ pub(crate) trait Driven {
     }
     /// A last snapshot (the loop ends).
     fn publish_last(&mut self);
-    /// Wait on the device for frames ([`Device::wait_rx`]).
+    /// Wait on the device for frames ([`Device::wait_rx`]) for at most
+    /// `timeout`, holding no lock others need: whether it could (a wake-up
+    /// may be spurious); `false`, at once, where it cannot, and the loop
+    /// sleeps in its back-off instead.
     fn wait_rx(&mut self, timeout: Duration) -> bool;
-    /// Other threads wake the loop (unpark it) when they give it work: a
-    /// wait on the device, which they cannot end, lasts at most the
-    /// back-off's step, as a sleep would.
-    fn kicked_by_others(&self) -> bool {
-        false
+    /// The longest wait on the device: how soon an idle loop sees a stop
+    /// request it is not woken for ([`MAX_DEVICE_WAIT`]). A loop that
+    /// others wake when they give it work or stop it (the spawned one)
+    /// waits up to its next timer.
+    fn max_device_wait(&self) -> Duration {
+        MAX_DEVICE_WAIT
     }
 }
 
@@ -487,11 +493,11 @@ impl EventLoop {
             std::thread::park_timeout(until.min(MAX_RX_WAIT));
             return;
         }
-        let kicked = d.kicked_by_others();
         // A device that wakes us when frames come (pcap) is waited on up
         // to the next timer: an idle or lightly loaded loop wakes once per
-        // packet or timer instead of every back-off step.
-        if !kicked && d.wait_rx(until.min(MAX_DEVICE_WAIT)) {
+        // packet or timer instead of every back-off step. (The spawned
+        // loop waits on the device and on the fronts' wake-up together.)
+        if d.wait_rx(until.min(d.max_device_wait())) {
             return;
         }
         if turn.awaits_nothing {
@@ -499,13 +505,9 @@ impl EventLoop {
             // the back-off's longest step, not from 1 µs up.
             self.backoff.longest(max_sleep);
         }
+        // Others (the spawned loop's fronts) unpark us when they give us
+        // work.
         let sleep = self.backoff.next(turn.now, max_sleep, until);
-        // A loop others wake waits on the device for the back-off's step
-        // (frames end it early; a thread that gives it work is seen at the
-        // step's end), or sleeps where they can unpark it.
-        if kicked && d.wait_rx(sleep) {
-            return;
-        }
         std::thread::park_timeout(sleep);
     }
 }
@@ -661,14 +663,17 @@ mod test {
     }
 
     /// The loop sleeps on the device for every front: a fake port that
-    /// can wake the loop ([`Device::wait_rx`]) counts the waits of an idle
-    /// in-loop app, a spawned runtime (the blocking and async fronts'
-    /// loop) and a sharded run.
+    /// can wake the loop counts the waits of an idle in-loop app and a
+    /// sharded run ([`Device::wait_rx`]); a spawned runtime (the blocking
+    /// and async fronts' loop) polls the port's descriptor
+    /// ([`Device::rx_fd`]) and its fronts' eventfd, outside its locks.
     mod sleeps_on_the_device {
-        use std::net::Ipv4Addr;
+        use std::net::{Ipv4Addr, SocketAddrV4};
+        use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+        use rustix::event::EventfdFlags;
         use ustack::device::{DeviceCaps, PortStats};
         use ustack::pool::PoolStats;
         use ustack::sim::{SimLink, SimPort};
@@ -677,11 +682,27 @@ mod test {
         use super::*;
         use crate::Builder;
 
+        /// What the fake port saw.
+        #[derive(Debug, Default)]
+        struct Seen {
+            /// `wait_rx` calls.
+            waits: AtomicUsize,
+            /// `rx_burst` calls (iterations, the loop's or a caller's).
+            bursts: AtomicUsize,
+            /// Readings of a readable descriptor (a "frame arrived").
+            arrivals: AtomicUsize,
+            /// Frames sent.
+            sent: AtomicUsize,
+        }
+
         /// A sim port whose `wait_rx` counts its calls and sleeps out the
-        /// timeout (at most 1 ms), as a descriptor with no frames would.
+        /// timeout (at most 1 ms), as a descriptor with no frames would;
+        /// with `rx`, an eventfd is its descriptor (written by a test: a
+        /// frame arrived; read back by `rx_burst`).
         struct Waits {
             port: SimPort,
-            waits: Arc<AtomicUsize>,
+            seen: Arc<Seen>,
+            rx: Option<OwnedFd>,
         }
 
         impl Device for Waits {
@@ -690,10 +711,18 @@ mod test {
                 self.port.caps()
             }
             fn rx_burst(&mut self, now: Instant, out: &mut Vec<Self::Buf>, max: usize) -> usize {
+                self.seen.bursts.fetch_add(1, Ordering::SeqCst);
+                if let Some(fd) = &self.rx {
+                    if rustix::io::read(fd, &mut [0u8; 8]).is_ok() {
+                        self.seen.arrivals.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
                 self.port.rx_burst(now, out, max)
             }
             fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<Self::Buf>) -> usize {
-                self.port.tx_burst(now, pkts)
+                let n = self.port.tx_burst(now, pkts);
+                self.seen.sent.fetch_add(n, Ordering::SeqCst);
+                n
             }
             fn alloc_tx(&mut self) -> Option<Self::Buf> {
                 self.port.alloc_tx()
@@ -708,14 +737,17 @@ mod test {
                 self.port.poll_at()
             }
             fn wait_rx(&mut self, timeout: Duration) -> bool {
-                self.waits.fetch_add(1, Ordering::Relaxed);
+                self.seen.waits.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(timeout.min(Duration::from_millis(1)));
                 true
             }
+            fn rx_fd(&self) -> Option<BorrowedFd<'_>> {
+                self.rx.as_ref().map(AsFd::as_fd)
+            }
         }
 
-        fn node() -> (Node<Waits>, Arc<AtomicUsize>) {
-            let waits = Arc::new(AtomicUsize::new(0));
+        fn node_with(rx: Option<OwnedFd>) -> (Node<Waits>, Arc<Seen>) {
+            let seen = Arc::new(Seen::default());
             let cfg = Builder::new()
                 .sim(&SimLink::new(Default::default()))
                 .ip(Ipv4Addr::new(10, 0, 0, 2), 24)
@@ -725,16 +757,61 @@ mod test {
                 SimLink::new(Default::default()).attach(EthernetAddress([2, 0, 0, 0, 0, 2]), 64);
             let dev = Waits {
                 port,
-                waits: waits.clone(),
+                seen: seen.clone(),
+                rx,
             };
-            (Node::new(Stack::new(cfg.stack), dev), waits)
+            (Node::new(Stack::new(cfg.stack), dev), seen)
+        }
+
+        fn node() -> (Node<Waits>, Arc<Seen>) {
+            node_with(None)
+        }
+
+        /// A port with an eventfd as its descriptor, and the eventfd (to
+        /// make it readable: a frame arrived).
+        fn node_with_fd() -> (Node<Waits>, Arc<Seen>, OwnedFd) {
+            let fd =
+                rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap();
+            let ours = fd.try_clone().unwrap();
+            let (node, seen) = node_with(Some(fd));
+            (node, seen, ours)
+        }
+
+        /// A spawned loop that would sleep an hour if nothing woke it: no
+        /// snapshot due, a back-off of an hour.
+        fn sleepy() -> LoopConfig {
+            LoopConfig {
+                idle: IdleMode::Backoff {
+                    max_sleep: Duration::from_secs(3600),
+                },
+                stats_interval: Duration::from_secs(3600),
+                ..LoopConfig::default()
+            }
+        }
+
+        /// Generous: only a loop that sleeps out its hour misses it.
+        const DEADLINE: Duration = Duration::from_secs(20);
+
+        fn until(what: &str, mut f: impl FnMut() -> bool) {
+            let t0 = std::time::Instant::now();
+            while !f() {
+                assert!(t0.elapsed() < DEADLINE, "{what}: not within {DEADLINE:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+
+        /// Until the loop sleeps in its poll (its stack idle).
+        fn asleep(net: &crate::Net) {
+            until("the loop sleeps on the device", || {
+                net.shared.wake.asleep.load(Ordering::SeqCst)
+            });
         }
 
         const IDLE: Duration = Duration::from_millis(200);
 
         #[test]
         fn in_loop_app() {
-            let (mut node, waits) = node();
+            let (mut node, seen) = node();
             let t0 = std::time::Instant::now();
             run(
                 &mut node,
@@ -745,18 +822,83 @@ mod test {
                 |_| {},
             )
             .unwrap();
-            assert!(waits.load(Ordering::Relaxed) >= 10, "{waits:?}");
+            assert!(seen.waits.load(Ordering::Relaxed) >= 10, "{seen:?}");
         }
 
         #[test]
         fn spawned_runtime_of_the_blocking_and_async_fronts() {
-            let (node, waits) = node();
+            let (node, seen, frame) = node_with_fd();
+            let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
+            let net = rt.net().clone();
+            for i in 1..=3 {
+                asleep(&net);
+                // While it sleeps, the core is free: a caller drives the
+                // stack (an iteration on this thread) without waiting.
+                let bursts = seen.bursts.load(Ordering::SeqCst);
+                net.drive();
+                assert!(
+                    seen.bursts.load(Ordering::SeqCst) > bursts,
+                    "drive ran no turn"
+                );
+                // A frame arrives: the loop wakes and receives it (it
+                // would otherwise sleep an hour).
+                asleep(&net);
+                rustix::io::write(&frame, &1u64.to_ne_bytes()).unwrap();
+                until("the loop reads the frame", || {
+                    seen.arrivals.load(Ordering::SeqCst) == i
+                });
+            }
+            rt.stop().unwrap();
+            // The device's own wait (under the core's lock) is never used.
+            assert_eq!(seen.waits.load(Ordering::Relaxed), 0);
+        }
+
+        #[test]
+        fn spawned_runtime_on_a_port_without_a_descriptor_backs_off() {
+            let (node, seen) = node();
             let rt = crate::spawned::spawn(node, (), LoopConfig::default(), None, None).unwrap();
             std::thread::sleep(IDLE);
-            let seen = waits.load(Ordering::Relaxed);
             rt.stop().unwrap();
-            // Idle, the loop waits on the port at each back-off step.
-            assert!(seen >= 10, "{seen}");
+            // Parked in the back-off (which socket calls unpark): its
+            // device's `wait_rx` would hold the core's lock.
+            assert_eq!(seen.waits.load(Ordering::Relaxed), 0);
+            assert!(seen.bursts.load(Ordering::Relaxed) >= 10);
+        }
+
+        /// A socket call from another thread that gives the loop work
+        /// wakes it from its sleep on the device at once: the datagram's
+        /// frame (an ARP request for its destination) leaves long before
+        /// the loop's hour-long wait would end, through the eventfd.
+        #[test]
+        fn a_socket_call_wakes_a_spawned_loop_asleep_on_the_device() {
+            let (node, seen, _frame) = node_with_fd();
+            let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
+            let net = rt.net().clone();
+            let h = net.with_stack(|s| s.udp_bind(4000)).unwrap().unwrap();
+            for i in 1..=3u8 {
+                asleep(&net);
+                let (sent, woken) = (
+                    seen.sent.load(Ordering::SeqCst),
+                    net.shared.wake.woken.load(Ordering::SeqCst),
+                );
+                let caller = net.clone();
+                std::thread::spawn(move || {
+                    let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10 + i), 9);
+                    caller
+                        .with_stack(|s| s.udp_send_to(h, dst, b"wake up"))
+                        .unwrap()
+                        .unwrap();
+                })
+                .join()
+                .unwrap();
+                until("the call's frame leaves", || {
+                    seen.sent.load(Ordering::SeqCst) > sent
+                });
+                // The fronts' eventfd ended the wait, not a timeout.
+                assert!(net.shared.wake.woken.load(Ordering::SeqCst) > woken);
+            }
+            rt.stop().unwrap();
+            assert_eq!(seen.waits.load(Ordering::Relaxed), 0);
         }
 
         #[test]
@@ -768,7 +910,7 @@ mod test {
                 .backoff(true)
                 .build()
                 .unwrap();
-            let (node, waits) = node();
+            let (node, seen) = node();
             let stop = AtomicBool::new(false);
             let done = crate::net::sharded::run_on_queues(
                 &cfg,
@@ -782,7 +924,7 @@ mod test {
             )
             .unwrap();
             assert_eq!(done.len(), 1);
-            assert!(waits.load(Ordering::Relaxed) >= 10, "{waits:?}");
+            assert!(seen.waits.load(Ordering::Relaxed) >= 10, "{seen:?}");
         }
     }
 }

@@ -8,14 +8,17 @@
 //! call. A call that would block registers its task's waker under the lock,
 //! and the loop wakes it when the readiness event arrives ([`ustack::events`]),
 //! so no wake-up is lost between the check and the wait. Calls that give
-//! the loop work (data to send, a connection to open) unpark it when it
-//! sleeps in its idle back-off.
+//! the loop work (data to send, a connection to open) wake it: idle on a
+//! device with a descriptor (pcap), the loop polls that descriptor and an
+//! eventfd the calls write ([`Wake`]), holding no lock; on one without
+//! (sim, DPDK), it sleeps in its back-off and the calls unpark it.
 //!
 //! The loop is the one [`EventLoop`] (see [`crate::poll`]); `Spawned` is
 //! its front here, `Core` what any thread needs to run an iteration.
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Waker};
@@ -23,6 +26,7 @@ use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 use ustack::device::Device;
 use ustack::events::{Readiness, SocketRef};
 use ustack::node::{App, Node, Port};
@@ -112,6 +116,101 @@ pub(crate) struct Shared {
     /// When a caller last ran a turn ([`Net::drive`]), in microseconds of
     /// [`since_start`].
     driven_at: AtomicU64,
+    /// How the fronts wake a loop asleep on its device.
+    pub(crate) wake: Wake,
+}
+
+/// The wake-up of a loop that sleeps on its device's descriptor: an
+/// eventfd it polls beside the device's, written by a front that gives
+/// it work only while it sleeps there (a write is a system call; a
+/// socket call on a busy loop costs two atomics).
+///
+/// No wake-up is lost: the loop says it sleeps (`asleep`) before it looks
+/// at `pending` for the last time, a front says it has work (`pending`)
+/// before it looks at `asleep` (both sequentially consistent), so either
+/// the loop sees the work or the front sees the sleeper and writes.
+#[derive(Debug, Default)]
+pub(crate) struct Wake {
+    /// The eventfd; `None` on a device without a descriptor (the loop
+    /// sleeps in its back-off and is unparked).
+    fd: Option<OwnedFd>,
+    /// The loop is in (or about to enter) its poll.
+    pub(crate) asleep: AtomicBool,
+    /// A front gave the loop work since the loop's last iteration began.
+    pending: AtomicBool,
+    /// Waits a front's work ended (the eventfd) or cut short (work given
+    /// as the loop was about to sleep): tests look.
+    pub(crate) woken: AtomicU64,
+}
+
+impl Wake {
+    /// A wake-up for a loop on a device with a descriptor.
+    fn eventfd() -> Self {
+        let fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK);
+        if let Err(e) = &fd {
+            tracing::debug!("no eventfd for the loop's wake-up ({e}): it backs off instead");
+        }
+        Wake {
+            fd: fd.ok(),
+            ..Wake::default()
+        }
+    }
+
+    /// A front gave the loop work: write the eventfd if the loop sleeps
+    /// on it. Whether it did.
+    fn notify(&self) -> bool {
+        self.pending.store(true, Ordering::SeqCst);
+        let Some(fd) = &self.fd else {
+            return false;
+        };
+        if !self.asleep.load(Ordering::SeqCst) || !self.asleep.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        true
+    }
+
+    /// The loop is about to run an iteration: the work given so far is
+    /// seen by it.
+    fn begin_turn(&self) {
+        self.pending.store(false, Ordering::SeqCst);
+    }
+
+    /// Sleep until the device's descriptor `rx` is readable, a front
+    /// writes the eventfd, or `timeout` passes; no lock is held. Whether
+    /// the loop should run again now (`false` on an error state of the
+    /// device's descriptor, as [`Device::wait_rx`]: the loop backs off).
+    fn wait(&self, rx: BorrowedFd<'_>, timeout: Duration) -> bool {
+        let Some(fd) = &self.fd else {
+            return false;
+        };
+        self.asleep.store(true, Ordering::SeqCst);
+        if self.pending.swap(false, Ordering::SeqCst) {
+            self.asleep.store(false, Ordering::SeqCst);
+            self.woken.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let mut fds = [
+            PollFd::new(&rx, PollFlags::IN),
+            PollFd::new(fd, PollFlags::IN),
+        ];
+        let ts = Timespec {
+            tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
+            tv_nsec: timeout.subsec_nanos().into(),
+        };
+        let r = rustix::event::poll(&mut fds, Some(&ts));
+        self.asleep.store(false, Ordering::SeqCst);
+        let woken = fds[1].revents().contains(PollFlags::IN);
+        if woken {
+            self.woken.fetch_add(1, Ordering::Relaxed);
+            let _ = rustix::io::read(fd, &mut [0u8; 8]);
+        }
+        woken
+            || r.is_ok()
+                && !fds[0]
+                    .revents()
+                    .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL)
+    }
 }
 
 /// Microseconds since the first call in this process (a cheap clock for
@@ -165,10 +264,20 @@ impl Net {
     /// The loop has work (data queued, a connection opened): wake it if it
     /// sleeps.
     pub(crate) fn kick(&self) {
+        self.wake_loop(false);
+    }
+
+    /// Wake the loop: always asleep on its device (it may sleep there up
+    /// to its next timer), from its back-off unless a caller drives the
+    /// stack (`always`: even then; to stop or pause it).
+    fn wake_loop(&self, always: bool) {
+        if self.shared.wake.notify() {
+            return;
+        }
         // A caller drives the stack (run to completion): it sends what was
-        // queued on its next turn; waking the loop's thread would only
-        // take the CPU from it.
-        if self.shared.driving() {
+        // queued on its next turn; waking the loop's thread from its short
+        // back-off would only take the CPU from it.
+        if !always && self.shared.driving() {
             return;
         }
         if let Some(t) = self.shared.loop_thread.lock().as_ref() {
@@ -278,7 +387,7 @@ impl<A: Send + 'static> Runtime<A> {
             self.resume()?;
         }
         self.net.shared.stop.store(true, Ordering::Release);
-        self.net.kick();
+        self.net.wake_loop(true);
         match self.thread.take() {
             Some(t) => match t.join().map_err(|_| crate::Error::Panicked)? {
                 Exit::Done(r) => r,
@@ -298,7 +407,7 @@ impl<A: Send + 'static> Runtime<A> {
         };
         let shared = &self.net.shared;
         shared.pause.store(true, Ordering::SeqCst);
-        self.net.kick();
+        self.net.wake_loop(true);
         let exit = t.join().map_err(|_| crate::Error::Panicked);
         // No caller is left inside `Net::drive` (see there), so nobody
         // holds the core while the process forks.
@@ -369,6 +478,16 @@ where
 {
     let Node { stack, port } = node;
     let stamps = port.dev.caps().rx_timestamps;
+    // A device with a descriptor is waited on outside the core's lock, on
+    // a duplicate of it, with an eventfd the fronts write. Both are opened
+    // here, on the caller's thread, so a layer that records the stack's
+    // descriptors around `spawn` (the preload's) sees them.
+    let rx = port.dev.rx_fd().and_then(|fd| fd.try_clone_to_owned().ok());
+    let wake = if rx.is_some() {
+        Wake::eventfd()
+    } else {
+        Wake::default()
+    };
     let core = Arc::new(Mutex::new(Core {
         port,
         app: Some(app),
@@ -396,13 +515,14 @@ where
         driver,
         drivers: AtomicUsize::new(0),
         driven_at: AtomicU64::new(0),
+        wake,
     });
     let net = Net {
         shared: shared.clone(),
     };
     let thread = std::thread::Builder::new()
         .name("ustack-loop".into())
-        .spawn(move || run_thread(shared, core, lcfg))
+        .spawn(move || run_thread(shared, core, lcfg, rx))
         .map_err(crate::Error::Thread)?;
     Ok(Runtime {
         net,
@@ -412,14 +532,19 @@ where
 }
 
 /// A loop thread's body: the loop, then what its end means.
-fn run_thread<D, A>(shared: Arc<Shared>, core: Arc<Mutex<Core<D, A>>>, lcfg: LoopConfig) -> Exit<A>
+fn run_thread<D, A>(
+    shared: Arc<Shared>,
+    core: Arc<Mutex<Core<D, A>>>,
+    lcfg: LoopConfig,
+    rx: Option<OwnedFd>,
+) -> Exit<A>
 where
     D: Device + Send + 'static,
     D::Buf: Send,
     A: App + Send + 'static,
 {
     *shared.loop_thread.lock() = Some(std::thread::current());
-    let r = run_shared(&shared, &core, &lcfg);
+    let r = run_shared(&shared, &core, &lcfg, rx.as_ref().map(AsFd::as_fd));
     if let Ok(Outcome::Paused) = r {
         *shared.loop_thread.lock() = None;
         // The publisher's thread pauses too, and runs on wherever the loop
@@ -450,7 +575,7 @@ where
                     }
                 }
             }
-            run_thread(shared, core, lcfg)
+            run_thread(shared, core, lcfg, rx)
         }));
     }
     if let Err(e) = &r {
@@ -679,12 +804,19 @@ impl Net {
 /// the core's lock (unless a caller is running one: then this thread
 /// backs off), the wakers of its events outside the stack's lock. Asked
 /// to stop, it runs on while output is queued or unacknowledged, for at
-/// most [`LINGER`]. Idle, it waits on the device for the back-off's step
-/// (a socket call that gives it work unparks it from a sleep, or is seen
-/// at the step's end).
+/// most [`LINGER`]. Idle, on a device with a descriptor it polls a
+/// duplicate of it and the fronts' eventfd ([`Wake`]) up to its next
+/// timer, holding neither the core's lock nor the stack's (callers drive
+/// the stack meanwhile); on one without, it sleeps in the back-off, and a
+/// socket call that gives it work unparks it.
 struct Spawned<'s, D: Device, A> {
     shared: &'s Shared,
     core: &'s Mutex<Core<D, A>>,
+    /// The device's descriptor (a duplicate taken at spawn).
+    rx: Option<BorrowedFd<'s>>,
+    /// At the last iteration the device could be waited on
+    /// ([`Device::rx_fd`] was there: no work of its own).
+    rx_waitable: bool,
 }
 
 impl<D, A> Driven for Spawned<'_, D, A>
@@ -703,7 +835,10 @@ where
             None if !stopping && !pause => return None,
             None => self.core.lock(),
         };
-        Some(c.turn(self.shared, stopping))
+        self.shared.wake.begin_turn();
+        let turn = c.turn(self.shared, stopping);
+        self.rx_waitable = c.port.dev.rx_fd().is_some();
+        Some(turn)
     }
 
     fn stop_asked(&mut self) -> bool {
@@ -723,11 +858,20 @@ where
     }
 
     fn wait_rx(&mut self, timeout: Duration) -> bool {
-        self.core.lock().port.dev.wait_rx(timeout)
+        let Some(rx) = self.rx else {
+            // No descriptor (sim, DPDK): the back-off, which fronts unpark.
+            return false;
+        };
+        if !self.rx_waitable {
+            // The device has work of its own (pcap's held-back frames).
+            return true;
+        }
+        self.shared.wake.wait(rx, timeout)
     }
 
-    fn kicked_by_others(&self) -> bool {
-        true
+    fn max_device_wait(&self) -> Duration {
+        // Work, stop and pause requests write the eventfd.
+        Duration::MAX
     }
 }
 
@@ -736,11 +880,18 @@ fn run_shared<D, A>(
     shared: &Shared,
     core: &Mutex<Core<D, A>>,
     cfg: &LoopConfig,
+    rx: Option<BorrowedFd<'_>>,
 ) -> Result<Outcome, crate::Error>
 where
     D: Device + Send,
     D::Buf: Send,
     A: App + Send,
 {
-    Ok(EventLoop::new(cfg).run(&mut Spawned { shared, core })?)
+    let mut front = Spawned {
+        shared,
+        core,
+        rx,
+        rx_waitable: false,
+    };
+    Ok(EventLoop::new(cfg).run(&mut front)?)
 }

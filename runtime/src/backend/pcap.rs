@@ -8,6 +8,7 @@
 //! neither sees its own frames nor copies unrelated traffic.
 
 use std::collections::VecDeque;
+use std::os::fd::AsFd;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::pcap::{Active, Capture, Direction, Linktype, Packet, PacketHeader, Savefile};
@@ -472,6 +473,11 @@ impl Device for PcapPort {
             Err(_) => false,
         }
     }
+
+    fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        // Frames held back are sent on the next iteration, not waited for.
+        self.backlog.is_empty().then(|| self.cap.as_fd())
+    }
 }
 
 /// A device whose frames, both ways, are also written to a pcap file.
@@ -565,6 +571,10 @@ impl<D: Device> Device for Captured<D> {
 
     fn wait_rx(&mut self, timeout: std::time::Duration) -> bool {
         self.inner.wait_rx(timeout)
+    }
+
+    fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.rx_fd()
     }
 }
 
