@@ -118,6 +118,13 @@ macro_rules! out {
     ($($t:tt)*) => { $crate::out::write(format_args!($($t)*)) };
 }
 
+/// Print the runtime's notices (offloads left on, partial checksums, an
+/// address conflict, the metrics address) on stderr as `ustack: ...`
+/// lines: the library says them, the binaries print them.
+pub fn print_notices() {
+    ustack_runtime::set_notice_sink(|msg| eprintln!("ustack: {msg}"));
+}
+
 /// A binary's exit: its code, or one error line (`NAME: reason`) and status
 /// 2; 141 without a word when stdout was closed under it (see [`out`]).
 pub fn exit(name: &str, result: anyhow::Result<ExitCode>) -> ExitCode {

@@ -9,7 +9,7 @@ use ustack::shard::{ShardId, SteerRule};
 use ustack_runtime::net::ShardResult;
 
 pub use ustack_runtime::cli::{CoreList, NetArgs};
-pub use ustack_runtime::net::NodeUser;
+pub use ustack_runtime::net::NodeRunner;
 
 /// Run one poll loop per core of `--cores` (see [`ustack_runtime::net::run_sharded`]).
 pub fn run_sharded<A, F>(
@@ -34,6 +34,9 @@ where
 }
 
 /// Open the backend the flags name and hand a node on it to `user`.
-pub fn with_node<U: NodeUser<Error = anyhow::Error>>(net: &NetArgs, user: U) -> Result<U::Output> {
+pub fn with_node<U: NodeRunner<Error = anyhow::Error>>(
+    net: &NetArgs,
+    user: U,
+) -> Result<U::Output> {
     ustack_runtime::net::with_node(&net.net_config()?, user)
 }

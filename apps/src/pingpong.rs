@@ -30,7 +30,7 @@ use ustack::{Instant, Stack};
 use ustack_kit::ud_ping::{UdPingSummary, UdResponder};
 use ustack_runtime::LoopConfig;
 
-use crate::net::NodeUser;
+use crate::net::NodeRunner;
 use crate::oob::{MsgConn, OobError};
 
 /// How long a peer has to finish its address exchange.
@@ -481,7 +481,7 @@ impl App for PingpongClient {
 #[derive(Debug)]
 pub struct PingpongUser(pub PingpongOpts);
 
-impl NodeUser for PingpongUser {
+impl NodeRunner for PingpongUser {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>

@@ -39,7 +39,7 @@ use ustack::ud::exchange::{DONE, PINGPONG_MSG_LEN, PingpongDest, gid_ipv4, ipv4_
 use ustack::{Instant, Stack};
 use ustack_runtime::LoopConfig;
 
-use crate::net::NodeUser;
+use crate::net::NodeRunner;
 use crate::oob::MsgConn;
 
 /// `ibv_rc_pingpong`'s default message size (`-s`).
@@ -695,7 +695,7 @@ impl App for RcPingpong {
 #[derive(Debug)]
 pub struct RcPingpongUser(pub RcPingpongOpts);
 
-impl NodeUser for RcPingpongUser {
+impl NodeRunner for RcPingpongUser {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>

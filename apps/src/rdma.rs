@@ -21,7 +21,7 @@ use ustack_kit::ud_ping::{
 use ustack_runtime::clock::Clock;
 use ustack_runtime::{self as runtime, LoopConfig};
 
-use crate::net::NodeUser;
+use crate::net::NodeRunner;
 
 /// A QPN or Q_Key: decimal or 0x-prefixed hex.
 pub fn parse_u32(s: &str) -> Result<u32, String> {
@@ -183,7 +183,7 @@ impl App for PingFront {
 #[derive(Debug)]
 pub struct PingUser(pub PingOpts);
 
-impl NodeUser for PingUser {
+impl NodeRunner for PingUser {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
@@ -374,7 +374,7 @@ impl App for BwFront {
 #[derive(Debug)]
 pub struct BwUser(pub BwOpts);
 
-impl NodeUser for BwUser {
+impl NodeRunner for BwUser {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
@@ -424,7 +424,7 @@ pub struct SinkUser {
     pub lcfg: LoopConfig,
 }
 
-impl NodeUser for SinkUser {
+impl NodeRunner for SinkUser {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>

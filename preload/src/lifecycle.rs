@@ -87,6 +87,9 @@ pub fn init() {
                 fail(line.lines().next().unwrap_or("bad NET flags"));
             }
         };
+    // The runtime's notices (offloads, partial checksums) on the
+    // program's stderr, as `ustack run` prints them.
+    ustack_runtime::set_notice_sink(|msg| eprintln!("ustack: {msg}"));
     let builder = match args.builder() {
         Ok(b) => b.app_counters(counters),
         Err(e) => fail(&e.to_string()),
@@ -307,7 +310,7 @@ extern "C" fn after_fork_parent() {
     match fork_mode() {
         Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {
             if let Some(rt) = s.runtime.lock().as_mut() {
-                rt.forsake();
+                rt.leak_after_fork();
             }
             DETACHED.store(true, Ordering::Relaxed);
             drop_claim();
@@ -344,7 +347,7 @@ extern "C" fn after_fork_child() {
             // The master's paused stack is the master's: not a byte of its
             // device is touched here.
             if let Some(rt) = s.runtime.lock().as_mut() {
-                rt.forsake();
+                rt.leak_after_fork();
             }
             DETACHED.store(true, Ordering::Relaxed);
             let index = FORKS.load(Ordering::Relaxed) % workers;

@@ -51,7 +51,7 @@ use ustack::events::SocketRef;
 use ustack::tcp::{ListenHandle, State, TcpHandle};
 use ustack::udp::UdpHandle;
 
-use crate::shared::{Interest, Net, io_error};
+use crate::spawned::{Interest, Net, io_error};
 
 /// A listening TCP socket. Dropping it stops listening: new SYNs to the
 /// port are refused with a reset, and connections not yet accepted are

@@ -38,7 +38,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crate::aio;
-use crate::shared::Net;
+use crate::spawned::Net;
 
 /// Wakes a parked thread.
 struct Unpark(Thread);

@@ -13,8 +13,9 @@
 //! format 0.0.4) over HTTP on that address of the kernel's network (the
 //! management side: the stack's own port is not involved), from the
 //! snapshots the loop publishes a few times a second; see
-//! [`crate::metrics`]. `127.0.0.1:0` picks a free port and tells it on
-//! stderr (`ustack: metrics on http://127.0.0.1:PORT/metrics`).
+//! [`crate::metrics`]. `127.0.0.1:0` picks a free port and tells it in
+//! a notice (`metrics on http://127.0.0.1:PORT/metrics`; see
+//! [`crate::set_notice_sink`]).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ use ustack::Config;
 use ustack::sim::LinkConfig;
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
 
-use crate::net::{Builder, Error, NetConfig};
+use crate::net::{Builder, ConfigError, Error, NetConfig};
 use crate::poll::LoopConfig;
 
 /// `NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim`, plus addressing.
@@ -229,17 +230,49 @@ pub fn parse_mac(s: &str) -> Result<EthernetAddress, String> {
     Ok(mac)
 }
 
+/// A builder's refusal said in the flags' terms, with the fix where
+/// there is one (the library's own messages name no flag).
+pub fn in_flag_terms(e: Error) -> Error {
+    let Error::Config(c) = &e else {
+        return e;
+    };
+    let said = match c {
+        ConfigError::NoAddress => "--ip A.B.C.D/LEN is required".into(),
+        ConfigError::PrefixTooLong(_) | ConfigError::BadAddress { .. } => format!("--ip: {c}"),
+        ConfigError::GatewayOffSubnet { .. } => format!("{c}: --gw must be reachable directly"),
+        ConfigError::MacNotUnicast(_) => format!("--mac: {c}"),
+        ConfigError::Mtu(_) => format!("--mtu: {c}"),
+        ConfigError::MtuAboveInterface {
+            mtu,
+            iface,
+            link_mtu,
+        } => format!(
+            "--mtu {mtu} is above the MTU of {iface} ({link_mtu}): pass --mtu {link_mtu} or less, or raise the interface's (ip link set {iface} mtu {mtu})"
+        ),
+        ConfigError::CoresWithWrappers => {
+            "--capture and --impair work with one core: drop --cores, or use --core N".into()
+        }
+        ConfigError::ReplicaWithCores => {
+            "a replica runs one core: --cores and replicas do not mix".into()
+        }
+        ConfigError::NoCores | ConfigError::DuplicateCore(_) => format!("--cores: {c}"),
+        _ => return e,
+    };
+    Error::Usage(said)
+}
+
 impl NetArgs {
-    /// The runtime's configuration from these flags.
+    /// The runtime's configuration from these flags; a setting the
+    /// builder refuses is said in the flags' terms ([`in_flag_terms`]).
     pub fn net_config(&self) -> Result<NetConfig, Error> {
-        self.builder()?.build()
+        self.builder()?.build().map_err(in_flag_terms)
     }
 
     /// A [`Builder`] with these flags filled in, for more settings before
     /// `build`, `run` or `spawn`.
     pub fn builder(&self) -> Result<Builder, Error> {
         let Some(ip) = self.ip else {
-            return Err(Error::Config("--ip A.B.C.D/LEN is required".into()));
+            return Err(Error::Usage("--ip A.B.C.D/LEN is required".into()));
         };
         let mut b = Builder::new()
             .ip(ip.address(), ip.prefix_len())
@@ -253,12 +286,12 @@ impl NetArgs {
             (Some(iface), _) => b.pcap(iface),
             (_, Some(eal)) => b.dpdk(eal).dpdk_port(self.dpdk_port, self.dpdk_mbufs),
             _ if self.sim => {
-                return Err(Error::Config(
+                return Err(Error::Usage(
                     "--sim needs a peer on the same link: run `ustack demo`, which puts two stacks on the simulated link".into(),
                 ));
             }
             _ => {
-                return Err(Error::Config(
+                return Err(Error::Usage(
                     "choose a backend: --pcap IFACE, --dpdk \"EAL ARGS\" or --sim".into(),
                 ));
             }

@@ -126,41 +126,18 @@ pub mod cli;
 pub mod clock;
 pub mod metrics;
 pub mod net;
+mod notice;
 pub mod poll;
 pub mod rdma;
-mod shared;
+mod spawned;
 pub mod telemetry;
 
 pub use clock::Clock;
+pub use notice::set_notice_sink;
 
-/// Say something the user must act on, on stderr as one `ustack: ...`
-/// line: the runtime's few start-up and first-occurrence warnings (an
-/// interface's offloads, partial checksums), which must be seen whatever
-/// the program's log settings.
-pub fn notice(msg: &str) {
-    tracing::debug!("{msg}");
-    eprintln!("ustack: {msg}");
-}
-
-/// Once per stack: a [`notice`] when another host turns out to use the
-/// stack's address after start (RFC 5227 conflict: the two reset each
-/// other's connections). Looked at when telemetry is due, not per packet.
-pub(crate) fn tell_conflict(stack: &ustack::Stack, told: &mut bool) {
-    if *told {
-        return;
-    }
-    if let Some(mac) = stack.address_conflict() {
-        *told = true;
-        notice(&format!(
-            "{} is also used by {mac} on this link (address conflict, RFC 5227): \
-             connections may be reset; counted as arp_conflict",
-            stack.ip()
-        ));
-    }
-}
 pub use net::{AppCounters, Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
-pub use shared::{Net, Runtime, Watcher, io_error};
+pub use spawned::{Net, Runtime, Watcher, io_error};
 
 /// The README's Rust examples, compiled and run as doctests.
 #[cfg(doctest)]

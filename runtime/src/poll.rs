@@ -1,13 +1,26 @@
 //! The poll loop: [`Node::step`] against the wall clock, run to completion
 //! on one (optionally pinned) core, with an idle back-off for shared
 //! machines and pure busy-poll for dedicated cores.
+//!
+//! There is one loop, [`EventLoop`], built the same way by every front:
+//! the in-loop app ([`run`], and each core of a sharded run) and the
+//! spawned runtime the blocking and async fronts share. It is generic over
+//! the clock ([`LoopClock`]) and over how the stack is reached
+//! ([`StackLock`]: owned by the loop, or behind the lock the fronts'
+//! threads share); [`iterate`] is the one iteration every front runs. When
+//! idle, every front sleeps on the device where it can wake the loop
+//! ([`Device::wait_rx`]: pcap's descriptor; the spawned loop polls the
+//! device's [`Device::rx_fd`] with an eventfd its fronts write, outside
+//! every lock), else in the back-off.
 
 use std::time::Duration;
 
+use ustack::Stack;
 use ustack::device::Device;
-use ustack::node::{App, Node, RxWait, Snapshot};
+use ustack::events::Event;
+use ustack::node::{App, Node, Port, RxWait, Snapshot};
 use ustack::sim::SimNet;
-use ustack::time::earliest;
+use ustack::time::{Instant, earliest};
 
 use crate::clock::Clock;
 
@@ -147,6 +160,397 @@ pub fn pin_to_core(core: usize) -> Result<(), RunError> {
     }
 }
 
+/// Where the loop reads the time, once per iteration: the wall [`Clock`],
+/// or a test's.
+pub trait LoopClock {
+    /// Engine time now.
+    fn now(&self) -> Instant;
+}
+
+impl LoopClock for Clock {
+    fn now(&self) -> Instant {
+        Clock::now(self)
+    }
+}
+
+/// How an iteration reaches the stack: the loop owns it (`&mut Stack`), or
+/// it sits behind the lock the fronts' threads share (the spawned
+/// runtime's, which also wakes whoever waits on this iteration's events).
+pub(crate) trait StackLock {
+    /// The stack, held for one iteration.
+    type Guard<'a>: StackGuard
+    where
+        Self: 'a;
+    /// Take the stack for an iteration.
+    fn lock(&mut self) -> Self::Guard<'_>;
+}
+
+/// The stack held for one iteration (see [`StackLock`]).
+pub(crate) trait StackGuard {
+    /// The stack.
+    fn stack(&mut self) -> &mut Stack;
+    /// This iteration's readiness events: note whom to wake (still under
+    /// the lock, so no wake-up is lost).
+    fn events(&mut self, events: &[Event]) {
+        let _ = events;
+    }
+    /// Let the stack go (fairly, where others wait for it), then wake
+    /// whom the events named.
+    fn release(self);
+}
+
+impl StackLock for &mut Stack {
+    type Guard<'a>
+        = &'a mut Stack
+    where
+        Self: 'a;
+    fn lock(&mut self) -> &mut Stack {
+        self
+    }
+}
+
+impl StackGuard for &mut Stack {
+    fn stack(&mut self) -> &mut Stack {
+        self
+    }
+    fn release(self) {}
+}
+
+/// Where a loop's snapshots go.
+pub(crate) trait StatsSink {
+    /// Whether a snapshot is wanted at all (taking one visits every
+    /// counter).
+    fn wanted(&self) -> bool;
+    /// Hand a snapshot on.
+    fn publish(&mut self, s: &Snapshot);
+}
+
+/// A callback that wants every snapshot.
+pub(crate) struct OnStats<F>(pub F);
+
+impl<F: FnMut(&Snapshot)> StatsSink for OnStats<F> {
+    fn wanted(&self) -> bool {
+        true
+    }
+    fn publish(&mut self, s: &Snapshot) {
+        (self.0)(s);
+    }
+}
+
+/// A loop's schedule: its clock, when snapshots are due, when its
+/// configured duration ends.
+#[derive(Debug)]
+pub(crate) struct Schedule<C> {
+    pub clock: C,
+    /// When the loop's configured duration ends.
+    pub end: Option<Instant>,
+    next_stats: Instant,
+    stats_interval: Duration,
+    /// The port stamps received frames (see [`RxWait::Stamped`]).
+    stamps: bool,
+    /// The address conflict notice was given.
+    told_conflict: bool,
+}
+
+impl<C: LoopClock> Schedule<C> {
+    /// A schedule from now for a loop on a port with these `caps`.
+    pub fn new(clock: C, cfg: &LoopConfig, stamps: bool) -> Self {
+        let start = clock.now();
+        Schedule {
+            end: cfg.duration.map(|d| start + d),
+            next_stats: start + cfg.stats_interval,
+            stats_interval: cfg.stats_interval,
+            stamps,
+            told_conflict: false,
+            clock,
+        }
+    }
+}
+
+/// What one iteration found.
+#[derive(Debug, Clone)]
+pub(crate) struct Turn {
+    pub now: Instant,
+    /// It moved frames or had work.
+    pub busy: bool,
+    /// When the loop must run again even if nothing arrives: the stack's
+    /// and the app's timers, the next snapshot, the end of the duration.
+    pub wake_at: Option<Instant>,
+    /// The app asked to exit, or the duration ended.
+    pub done: bool,
+    /// Output is still to leave (only looked at when stopping).
+    pub pending: bool,
+    /// The device stopped working (its reason).
+    pub failure: Option<String>,
+    /// The app awaits only replies the port stamps, and it stamps them.
+    pub stamped: bool,
+    /// The app awaits nothing from the port.
+    pub awaits_nothing: bool,
+}
+
+/// One iteration, the same for every front: take the stack, step the port
+/// with the app, note whom the events wake, take a snapshot when one is
+/// due, let the stack go, publish.
+pub(crate) fn iterate<D, A, L, C, S>(
+    port: &mut Port<D>,
+    app: &mut A,
+    lock: &mut L,
+    sched: &mut Schedule<C>,
+    sink: &mut S,
+    stopping: bool,
+) -> Turn
+where
+    D: Device,
+    A: App + ?Sized,
+    L: StackLock,
+    C: LoopClock,
+    S: StatsSink,
+{
+    let mut g = lock.lock();
+    // The clock is read once the stack is ours: read before the lock,
+    // `now` would be late by however long a socket call held it, and
+    // every timer armed in this iteration (TCP's RTO, an RC QP's ACK
+    // timer) would fire that much early.
+    let now = sched.clock.now();
+    let report = port.step(g.stack(), now, app);
+    g.events(port.events());
+    let stats_due = now >= sched.next_stats;
+    if stats_due {
+        crate::notice::tell_conflict(g.stack(), &mut sched.told_conflict);
+        sched.next_stats = now + sched.stats_interval;
+    }
+    let snapshot = (stats_due && sink.wanted()).then(|| port.snapshot(g.stack(), now));
+    let poll_at = port.poll_at(g.stack(), app);
+    let done = report.exit || sched.end.is_some_and(|e| now >= e);
+    // Stopping: output still to leave (immediate work, or bytes not yet
+    // acknowledged)? Only looked at then: it visits every connection.
+    let pending = (stopping || done)
+        && (report.busy()
+            || poll_at.is_some_and(|t| t <= now)
+            || g.stack().tcp_connections().any(|c| c.send_queued > 0));
+    g.release();
+    if let Some(s) = snapshot {
+        sink.publish(&s);
+    }
+    let wait = app.rx_wait();
+    Turn {
+        now,
+        busy: report.busy(),
+        wake_at: [poll_at, Some(sched.next_stats), sched.end]
+            .into_iter()
+            .fold(None, earliest),
+        done,
+        pending,
+        failure: port.dev.failure(),
+        stamped: sched.stamps && wait == RxWait::Stamped,
+        awaits_nothing: wait == RxWait::Nothing,
+    }
+}
+
+/// A last snapshot to `sink` (the loop ends), so a monitor sees the end
+/// state.
+pub(crate) fn publish_last<D, L, C, S>(
+    port: &Port<D>,
+    lock: &mut L,
+    sched: &Schedule<C>,
+    sink: &mut S,
+) where
+    D: Device,
+    L: StackLock,
+    C: LoopClock,
+    S: StatsSink,
+{
+    if !sink.wanted() {
+        return;
+    }
+    let mut g = lock.lock();
+    let s = port.snapshot(g.stack(), sched.clock.now());
+    g.release();
+    sink.publish(&s);
+}
+
+/// What differs between the fronts, for the one [`EventLoop`].
+pub(crate) trait Driven {
+    /// Run one iteration (`stopping`: also say whether output is still to
+    /// leave), or `None` when another thread runs them now (a caller
+    /// driving the stack: the loop yields).
+    fn turn(&mut self, stopping: bool) -> Option<Turn>;
+    /// Whether the loop was asked to stop.
+    fn stop_asked(&mut self) -> bool;
+    /// Whether the loop was asked to pause (see `Runtime::pause`).
+    fn pause_asked(&self) -> bool {
+        false
+    }
+    /// How long a stopping loop runs on while output is still to leave.
+    fn linger(&self) -> Option<Duration> {
+        None
+    }
+    /// A last snapshot (the loop ends).
+    fn publish_last(&mut self);
+    /// Wait on the device for frames ([`Device::wait_rx`]) for at most
+    /// `timeout`, holding no lock others need: whether it could (a wake-up
+    /// may be spurious); `false`, at once, where it cannot, and the loop
+    /// sleeps in its back-off instead.
+    fn wait_rx(&mut self, timeout: Duration) -> bool;
+    /// The longest wait on the device: how soon an idle loop sees a stop
+    /// request it is not woken for ([`MAX_DEVICE_WAIT`]). A loop that
+    /// others wake when they give it work or stop it (the spawned one)
+    /// waits up to its next timer.
+    fn max_device_wait(&self) -> Duration {
+        MAX_DEVICE_WAIT
+    }
+}
+
+/// Why [`EventLoop::run`] returned without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Stopped,
+    Paused,
+}
+
+/// The one poll loop every front runs: iterations until asked to stop,
+/// and between them busy-poll or the idle wait (on the device where it
+/// can wake the loop, else the back-off).
+#[derive(Debug)]
+pub(crate) struct EventLoop {
+    idle: IdleMode,
+    core: Option<usize>,
+    backoff: Backoff,
+    /// Once asked to stop: until when queued output may still leave.
+    draining: Option<Instant>,
+}
+
+impl EventLoop {
+    /// A loop with `cfg`'s idle mode and core.
+    pub fn new(cfg: &LoopConfig) -> Self {
+        EventLoop {
+            idle: cfg.idle,
+            core: cfg.core,
+            backoff: Backoff::new(),
+            draining: None,
+        }
+    }
+
+    /// Run until stopped, paused, or the device fails.
+    pub fn run(&mut self, d: &mut impl Driven) -> Result<Outcome, RunError> {
+        if let Some(core) = self.core.take() {
+            pin_to_core(core)?;
+        }
+        loop {
+            let stop = d.stop_asked();
+            let Some(turn) = d.turn(stop) else {
+                // A caller drives the stack: stay out of its way (on a
+                // shared CPU, waking here would preempt it).
+                std::thread::park_timeout(self.backoff.yield_step(Duration::from_micros(100)));
+                continue;
+            };
+            if stop || turn.done {
+                // Let what the app queued leave (a last write, a FIN, a
+                // datagram), for at most the linger, as a kernel socket
+                // would.
+                let linger = d.linger().unwrap_or_default();
+                let until = *self.draining.get_or_insert(turn.now + linger);
+                if !turn.pending || turn.now >= until {
+                    d.publish_last();
+                    return Ok(Outcome::Stopped);
+                }
+            }
+            if d.pause_asked() {
+                return Ok(Outcome::Paused);
+            }
+            if let Some(why) = turn.failure {
+                d.publish_last();
+                return Err(RunError::Device(why));
+            }
+            let IdleMode::Backoff { max_sleep } = self.idle else {
+                continue;
+            };
+            if turn.busy {
+                self.backoff.reset();
+                continue;
+            }
+            let until = turn
+                .wake_at
+                .unwrap_or(turn.now + max_sleep)
+                .saturating_duration_since(turn.now);
+            if !until.is_zero() {
+                self.idle_wait(d, &turn, max_sleep, until);
+            }
+        }
+    }
+
+    /// An idle loop waits: up to `until` (the next timer).
+    fn idle_wait(
+        &mut self,
+        d: &mut impl Driven,
+        turn: &Turn,
+        max_sleep: Duration,
+        until: Duration,
+    ) {
+        if turn.stamped {
+            // Replies wait in the port with their arrival stamped: one
+            // wake-up per timer (a ping's next send), not one per frame.
+            std::thread::park_timeout(until.min(MAX_RX_WAIT));
+            return;
+        }
+        // A device that wakes us when frames come (pcap) is waited on up
+        // to the next timer: an idle or lightly loaded loop wakes once per
+        // packet or timer instead of every back-off step. (The spawned
+        // loop waits on the device and on the fronts' wake-up together.)
+        if d.wait_rx(until.min(d.max_device_wait())) {
+            return;
+        }
+        if turn.awaits_nothing {
+            // Awaiting nothing, on a port that cannot wake us: poll it at
+            // the back-off's longest step, not from 1 µs up.
+            self.backoff.longest(max_sleep);
+        }
+        // Others (the spawned loop's fronts) unpark us when they give us
+        // work.
+        let sleep = self.backoff.next(turn.now, max_sleep, until);
+        std::thread::park_timeout(sleep);
+    }
+}
+
+/// The in-loop front: the loop owns the node and calls the app.
+struct InLoop<'a, D: Device, A: ?Sized, C, S, F> {
+    port: &'a mut Port<D>,
+    stack: &'a mut Stack,
+    app: &'a mut A,
+    sched: Schedule<C>,
+    sink: S,
+    stop: F,
+}
+
+impl<D, A, C, S, F> Driven for InLoop<'_, D, A, C, S, F>
+where
+    D: Device,
+    A: App + ?Sized,
+    C: LoopClock,
+    S: StatsSink,
+    F: FnMut() -> bool,
+{
+    fn turn(&mut self, stopping: bool) -> Option<Turn> {
+        Some(iterate(
+            self.port,
+            self.app,
+            &mut self.stack,
+            &mut self.sched,
+            &mut self.sink,
+            stopping,
+        ))
+    }
+    fn stop_asked(&mut self) -> bool {
+        (self.stop)()
+    }
+    fn publish_last(&mut self) {
+        publish_last(self.port, &mut self.stack, &self.sched, &mut self.sink);
+    }
+    fn wait_rx(&mut self, timeout: Duration) -> bool {
+        self.port.dev.wait_rx(timeout)
+    }
+}
+
 /// Run the loop until the app exits, `stop` returns true, or the duration ends.
 /// `on_stats` gets a snapshot every `stats_interval` and once at the end.
 pub fn run<D: Device, A: App + ?Sized>(
@@ -154,77 +558,36 @@ pub fn run<D: Device, A: App + ?Sized>(
     app: &mut A,
     cfg: &LoopConfig,
     clock: &Clock,
-    mut stop: impl FnMut() -> bool,
+    stop: impl FnMut() -> bool,
+    on_stats: impl FnMut(&Snapshot),
+) -> Result<(), RunError> {
+    run_with_clock(node, app, cfg, *clock, stop, on_stats)
+}
+
+/// [`run`] on any [`LoopClock`].
+pub(crate) fn run_with_clock<D: Device, A: App + ?Sized, C: LoopClock>(
+    node: &mut Node<D>,
+    app: &mut A,
+    cfg: &LoopConfig,
+    clock: C,
+    stop: impl FnMut() -> bool,
     mut on_stats: impl FnMut(&Snapshot),
 ) -> Result<(), RunError> {
-    if let Some(core) = cfg.core {
-        pin_to_core(core)?;
-    }
-    let start = clock.now();
-    let end = cfg.duration.map(|d| start + d);
-    let mut next_stats = start + cfg.stats_interval;
-    let mut backoff = Backoff::new();
-    let mut told_conflict = false;
-    // Frames may wait, stamped, in a port that stamps them for an app
-    // that measures with the stamps (see `RxWait::Stamped`).
     let stamps = node.dev().caps().rx_timestamps;
-    let mut on_stats = |s: &Snapshot| {
-        if let Some(feed) = &cfg.metrics {
-            feed.publish(s);
-        }
-        on_stats(s);
+    let mut front = InLoop {
+        port: &mut node.port,
+        stack: &mut node.stack,
+        app,
+        sched: Schedule::new(clock, cfg, stamps),
+        sink: OnStats(|s: &Snapshot| {
+            if let Some(feed) = &cfg.metrics {
+                feed.publish(s);
+            }
+            on_stats(s);
+        }),
+        stop,
     };
-    loop {
-        let now = clock.now();
-        let report = node.step(now, app);
-        if now >= next_stats {
-            crate::tell_conflict(&node.stack, &mut told_conflict);
-            on_stats(&node.snapshot(now));
-            next_stats = now + cfg.stats_interval;
-        }
-        if report.exit || end.is_some_and(|e| now >= e) || stop() {
-            on_stats(&node.snapshot(now));
-            return Ok(());
-        }
-        if let Some(why) = node.dev().failure() {
-            on_stats(&node.snapshot(now));
-            return Err(RunError::Device(why));
-        }
-        let IdleMode::Backoff { max_sleep } = cfg.idle else {
-            continue;
-        };
-        if report.busy() {
-            backoff.reset();
-            continue;
-        }
-        let wake = [node.poll_at(app), Some(next_stats), end]
-            .into_iter()
-            .fold(None, earliest)
-            .unwrap_or(now + max_sleep);
-        let until = wake.saturating_duration_since(now);
-        if until.is_zero() {
-            continue;
-        }
-        let wait = app.rx_wait();
-        if stamps && wait == RxWait::Stamped {
-            // Replies wait in the port with their arrival stamped: one
-            // wake-up per timer (a ping's next send), not one per frame.
-            std::thread::sleep(until.min(MAX_RX_WAIT));
-            continue;
-        }
-        // A device that wakes us when frames come (pcap) is waited on up to
-        // the next timer: an idle or lightly loaded loop wakes once per
-        // packet or timer instead of every back-off step.
-        if node.dev_mut().wait_rx(until.min(MAX_DEVICE_WAIT)) {
-            continue;
-        }
-        if wait == RxWait::Nothing {
-            // Awaiting nothing, on a port that cannot wake us: poll it at
-            // the back-off's longest step, not from 1 µs up.
-            backoff.longest(max_sleep);
-        }
-        std::thread::sleep(backoff.next(now, max_sleep, until));
-    }
+    EventLoop::new(cfg).run(&mut front).map(|_| ())
 }
 
 /// Longest wait on a device's wake-up when no timer is due sooner: how
@@ -297,5 +660,271 @@ mod test {
         assert_eq!(b.next(later, max, far), Duration::from_micros(1));
         let steps: Vec<_> = (0..14).map(|_| b.next(later, max, far)).collect();
         assert_eq!(*steps.last().unwrap(), max);
+    }
+
+    /// The loop sleeps on the device for every front: a fake port that
+    /// can wake the loop counts the waits of an idle in-loop app and a
+    /// sharded run ([`Device::wait_rx`]); a spawned runtime (the blocking
+    /// and async fronts' loop) polls the port's descriptor
+    /// ([`Device::rx_fd`]) and its fronts' eventfd, outside its locks.
+    mod sleeps_on_the_device {
+        use std::net::{Ipv4Addr, SocketAddrV4};
+        use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+        use rustix::event::EventfdFlags;
+        use ustack::device::{DeviceCaps, PortStats};
+        use ustack::pool::PoolStats;
+        use ustack::sim::{SimLink, SimPort};
+        use ustack::wire::EthernetAddress;
+
+        use super::*;
+        use crate::Builder;
+
+        /// What the fake port saw.
+        #[derive(Debug, Default)]
+        struct Seen {
+            /// `wait_rx` calls.
+            waits: AtomicUsize,
+            /// `rx_burst` calls (iterations, the loop's or a caller's).
+            bursts: AtomicUsize,
+            /// Readings of a readable descriptor (a "frame arrived").
+            arrivals: AtomicUsize,
+            /// Frames sent.
+            sent: AtomicUsize,
+        }
+
+        /// A sim port whose `wait_rx` counts its calls and sleeps out the
+        /// timeout (at most 1 ms), as a descriptor with no frames would;
+        /// with `rx`, an eventfd is its descriptor (written by a test: a
+        /// frame arrived; read back by `rx_burst`).
+        struct Waits {
+            port: SimPort,
+            seen: Arc<Seen>,
+            rx: Option<OwnedFd>,
+        }
+
+        impl Device for Waits {
+            type Buf = <SimPort as Device>::Buf;
+            fn caps(&self) -> DeviceCaps {
+                self.port.caps()
+            }
+            fn rx_burst(&mut self, now: Instant, out: &mut Vec<Self::Buf>, max: usize) -> usize {
+                self.seen.bursts.fetch_add(1, Ordering::SeqCst);
+                if let Some(fd) = &self.rx {
+                    if rustix::io::read(fd, &mut [0u8; 8]).is_ok() {
+                        self.seen.arrivals.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                self.port.rx_burst(now, out, max)
+            }
+            fn tx_burst(&mut self, now: Instant, pkts: &mut Vec<Self::Buf>) -> usize {
+                let n = self.port.tx_burst(now, pkts);
+                self.seen.sent.fetch_add(n, Ordering::SeqCst);
+                n
+            }
+            fn alloc_tx(&mut self) -> Option<Self::Buf> {
+                self.port.alloc_tx()
+            }
+            fn port_stats(&self) -> PortStats {
+                self.port.port_stats()
+            }
+            fn pool_stats(&self, out: &mut Vec<PoolStats>) {
+                self.port.pool_stats(out);
+            }
+            fn poll_at(&self) -> Option<Instant> {
+                self.port.poll_at()
+            }
+            fn wait_rx(&mut self, timeout: Duration) -> bool {
+                self.seen.waits.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(timeout.min(Duration::from_millis(1)));
+                true
+            }
+            fn rx_fd(&self) -> Option<BorrowedFd<'_>> {
+                self.rx.as_ref().map(AsFd::as_fd)
+            }
+        }
+
+        fn node_with(rx: Option<OwnedFd>) -> (Node<Waits>, Arc<Seen>) {
+            let seen = Arc::new(Seen::default());
+            let cfg = Builder::new()
+                .sim(&SimLink::new(Default::default()))
+                .ip(Ipv4Addr::new(10, 0, 0, 2), 24)
+                .build()
+                .unwrap();
+            let port =
+                SimLink::new(Default::default()).attach(EthernetAddress([2, 0, 0, 0, 0, 2]), 64);
+            let dev = Waits {
+                port,
+                seen: seen.clone(),
+                rx,
+            };
+            (Node::new(Stack::new(cfg.stack), dev), seen)
+        }
+
+        fn node() -> (Node<Waits>, Arc<Seen>) {
+            node_with(None)
+        }
+
+        /// A port with an eventfd as its descriptor, and the eventfd (to
+        /// make it readable: a frame arrived).
+        fn node_with_fd() -> (Node<Waits>, Arc<Seen>, OwnedFd) {
+            let fd =
+                rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap();
+            let ours = fd.try_clone().unwrap();
+            let (node, seen) = node_with(Some(fd));
+            (node, seen, ours)
+        }
+
+        /// A spawned loop that would sleep an hour if nothing woke it: no
+        /// snapshot due, a back-off of an hour.
+        fn sleepy() -> LoopConfig {
+            LoopConfig {
+                idle: IdleMode::Backoff {
+                    max_sleep: Duration::from_secs(3600),
+                },
+                stats_interval: Duration::from_secs(3600),
+                ..LoopConfig::default()
+            }
+        }
+
+        /// Generous: only a loop that sleeps out its hour misses it.
+        const DEADLINE: Duration = Duration::from_secs(20);
+
+        fn until(what: &str, mut f: impl FnMut() -> bool) {
+            let t0 = std::time::Instant::now();
+            while !f() {
+                assert!(t0.elapsed() < DEADLINE, "{what}: not within {DEADLINE:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+
+        /// Until the loop sleeps in its poll (its stack idle).
+        fn asleep(net: &crate::Net) {
+            until("the loop sleeps on the device", || {
+                net.shared.wake.asleep.load(Ordering::SeqCst)
+            });
+        }
+
+        const IDLE: Duration = Duration::from_millis(200);
+
+        #[test]
+        fn in_loop_app() {
+            let (mut node, seen) = node();
+            let t0 = std::time::Instant::now();
+            run(
+                &mut node,
+                &mut (),
+                &LoopConfig::default(),
+                &Clock::new(),
+                || t0.elapsed() >= IDLE,
+                |_| {},
+            )
+            .unwrap();
+            assert!(seen.waits.load(Ordering::Relaxed) >= 10, "{seen:?}");
+        }
+
+        #[test]
+        fn spawned_runtime_of_the_blocking_and_async_fronts() {
+            let (node, seen, frame) = node_with_fd();
+            let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
+            let net = rt.net().clone();
+            for i in 1..=3 {
+                asleep(&net);
+                // While it sleeps, the core is free: a caller drives the
+                // stack (an iteration on this thread) without waiting.
+                let bursts = seen.bursts.load(Ordering::SeqCst);
+                net.drive();
+                assert!(
+                    seen.bursts.load(Ordering::SeqCst) > bursts,
+                    "drive ran no turn"
+                );
+                // A frame arrives: the loop wakes and receives it (it
+                // would otherwise sleep an hour).
+                asleep(&net);
+                rustix::io::write(&frame, &1u64.to_ne_bytes()).unwrap();
+                until("the loop reads the frame", || {
+                    seen.arrivals.load(Ordering::SeqCst) == i
+                });
+            }
+            rt.stop().unwrap();
+            // The device's own wait (under the core's lock) is never used.
+            assert_eq!(seen.waits.load(Ordering::Relaxed), 0);
+        }
+
+        #[test]
+        fn spawned_runtime_on_a_port_without_a_descriptor_backs_off() {
+            let (node, seen) = node();
+            let rt = crate::spawned::spawn(node, (), LoopConfig::default(), None, None).unwrap();
+            std::thread::sleep(IDLE);
+            rt.stop().unwrap();
+            // Parked in the back-off (which socket calls unpark): its
+            // device's `wait_rx` would hold the core's lock.
+            assert_eq!(seen.waits.load(Ordering::Relaxed), 0);
+            assert!(seen.bursts.load(Ordering::Relaxed) >= 10);
+        }
+
+        /// A socket call from another thread that gives the loop work
+        /// wakes it from its sleep on the device at once: the datagram's
+        /// frame (an ARP request for its destination) leaves long before
+        /// the loop's hour-long wait would end, through the eventfd.
+        #[test]
+        fn a_socket_call_wakes_a_spawned_loop_asleep_on_the_device() {
+            let (node, seen, _frame) = node_with_fd();
+            let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
+            let net = rt.net().clone();
+            let h = net.with_stack(|s| s.udp_bind(4000)).unwrap().unwrap();
+            for i in 1..=3u8 {
+                asleep(&net);
+                let (sent, woken) = (
+                    seen.sent.load(Ordering::SeqCst),
+                    net.shared.wake.woken.load(Ordering::SeqCst),
+                );
+                let caller = net.clone();
+                std::thread::spawn(move || {
+                    let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10 + i), 9);
+                    caller
+                        .with_stack(|s| s.udp_send_to(h, dst, b"wake up"))
+                        .unwrap()
+                        .unwrap();
+                })
+                .join()
+                .unwrap();
+                until("the call's frame leaves", || {
+                    seen.sent.load(Ordering::SeqCst) > sent
+                });
+                // The fronts' eventfd ended the wait, not a timeout.
+                assert!(net.shared.wake.woken.load(Ordering::SeqCst) > woken);
+            }
+            rt.stop().unwrap();
+            assert_eq!(seen.waits.load(Ordering::Relaxed), 0);
+        }
+
+        #[test]
+        fn sharded_run() {
+            let cfg = Builder::new()
+                .dpdk("--no-huge")
+                .ip(Ipv4Addr::new(10, 0, 0, 2), 24)
+                .cores(&[0])
+                .backoff(true)
+                .build()
+                .unwrap();
+            let (node, seen) = node();
+            let stop = AtomicBool::new(false);
+            let done = crate::net::sharded::run_on_queues(
+                &cfg,
+                &[0],
+                vec![node.port.dev],
+                &[],
+                Some(IDLE),
+                &stop,
+                None,
+                |_| (),
+            )
+            .unwrap();
+            assert_eq!(done.len(), 1);
+            assert!(seen.waits.load(Ordering::Relaxed) >= 10, "{seen:?}");
+        }
     }
 }

@@ -48,7 +48,7 @@ use ustack::rc::{
 };
 
 use crate::blocking::block_on;
-use crate::shared::{Interest, Net};
+use crate::spawned::{Interest, Net};
 
 /// An RC error as an `io::Error` (work queue full is `WouldBlock`).
 fn rc_error(e: RcError) -> io::Error {

@@ -188,6 +188,10 @@ struct Line<'a> {
     snapshot: &'a serde_json::Value,
 }
 
+/// Reads a program's own counters (name, value) for telemetry; called on
+/// the publisher's thread, never the loop's.
+pub type AppCounters = fn() -> Vec<(&'static str, u64)>;
+
 /// Hands snapshots from the poll loop to the publisher thread.
 #[derive(Debug)]
 pub struct Publisher {
@@ -201,7 +205,7 @@ pub struct Publisher {
     /// Asks the thread to stop and hand its state back.
     pause: Arc<AtomicBool>,
     /// Shared with the thread: the program's counters, once set.
-    app: Arc<std::sync::OnceLock<crate::net::AppCounters>>,
+    app: Arc<std::sync::OnceLock<AppCounters>>,
     path: Option<PathBuf>,
 }
 
@@ -261,7 +265,7 @@ impl Publisher {
 
     /// Add the program's own counters to every line, under `app` (once:
     /// a second call is ignored).
-    pub fn app_counters(&mut self, read: crate::net::AppCounters) {
+    pub fn app_counters(&mut self, read: AppCounters) {
         let _ = self.app.set(read);
     }
 
@@ -454,7 +458,7 @@ struct Worker {
     /// Set by [`Publisher::pause`]: return the state instead of running on.
     pause: Arc<AtomicBool>,
     /// The program's own counters, read for each line.
-    app: Arc<std::sync::OnceLock<crate::net::AppCounters>>,
+    app: Arc<std::sync::OnceLock<AppCounters>>,
     /// Clients and dropped clients, for [`PublisherHandle`].
     live: Arc<LiveStats>,
 }

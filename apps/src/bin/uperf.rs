@@ -14,7 +14,7 @@ use ustack::node::{App, Control, Node};
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_client::{ClientConfig, IperfClient};
 use ustack_apps::iperf_server::IperfServer;
-use ustack_apps::net::{NetArgs, NodeUser, with_node};
+use ustack_apps::net::{NetArgs, NodeRunner, with_node};
 use ustack_runtime as runtime;
 use ustack_runtime::clock::Clock;
 
@@ -265,7 +265,7 @@ impl App for ClientFront {
 
 struct Run<'a>(&'a Cli);
 
-impl NodeUser for Run<'_> {
+impl NodeRunner for Run<'_> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
@@ -453,6 +453,7 @@ fn rc_user(cli: &Cli) -> ustack_apps::perftest_rc::RcUser {
 }
 
 fn main() -> ExitCode {
+    ustack_apps::print_notices();
     let cli = match parse_args(std::env::args_os()) {
         Ok(c) => c,
         Err(e) => e.exit(),

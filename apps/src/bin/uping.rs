@@ -12,7 +12,7 @@ use ustack::device::Device;
 use ustack::icmp::MAX_PING_DATA;
 use ustack::node::{App, Control, Node};
 use ustack::{Instant, Stack};
-use ustack_apps::net::{NetArgs, NodeUser, with_node};
+use ustack_apps::net::{NetArgs, NodeRunner, with_node};
 use ustack_kit::ping::{PingSummary, Pinger, PingerConfig, PingerEvent};
 use ustack_runtime as runtime;
 use ustack_runtime::clock::Clock;
@@ -191,6 +191,7 @@ fn interval(s: &str) -> Result<f64, String> {
 }
 
 fn main() -> ExitCode {
+    ustack_apps::print_notices();
     let cli = Cli::parse();
     ustack_apps::exit("uping", ping(&cli))
 }
@@ -365,7 +366,7 @@ struct Run<'a> {
     dst: Ipv4Addr,
 }
 
-impl NodeUser for Run<'_> {
+impl NodeRunner for Run<'_> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
@@ -592,7 +593,7 @@ struct MeshRun<'a> {
     pinger: ustack_apps::mesh::MeshPinger,
 }
 
-impl NodeUser for MeshRun<'_> {
+impl NodeRunner for MeshRun<'_> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>

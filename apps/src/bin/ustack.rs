@@ -19,7 +19,7 @@ use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::udp::UdpHandle;
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_server::IperfServer;
-use ustack_apps::net::{NetArgs, NodeUser, with_node};
+use ustack_apps::net::{NetArgs, NodeRunner, with_node};
 use ustack_apps::report::{counters, ms};
 use ustack_apps::services::Services;
 use ustack_apps::stop_flag;
@@ -222,6 +222,7 @@ fn percent(s: &str) -> Result<f64, String> {
 }
 
 fn main() -> ExitCode {
+    ustack_apps::print_notices();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -530,7 +531,7 @@ struct Daemon<'a> {
     stop: Arc<AtomicBool>,
 }
 
-impl NodeUser for Daemon<'_> {
+impl NodeRunner for Daemon<'_> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>
@@ -682,7 +683,7 @@ struct Sender<'a> {
     stop: Arc<AtomicBool>,
 }
 
-impl NodeUser for Sender<'_> {
+impl NodeRunner for Sender<'_> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>

@@ -14,7 +14,7 @@ use ustack::{Instant, Stack};
 use ustack_runtime::LoopConfig;
 
 use super::exchange::{Session, SessionReport, Transport};
-use crate::net::NodeUser;
+use crate::net::NodeRunner;
 use crate::oob::MsgConn;
 
 /// line once it finished (if its test started); whether it finished.
@@ -304,7 +304,7 @@ impl<A: PerftestApp> App for Front<A> {
     }
 }
 
-impl<T: Transport> NodeUser for User<T> {
+impl<T: Transport> NodeRunner for User<T> {
     type Output = ExitCode;
     type Error = anyhow::Error;
     fn run<D>(self, mut node: Node<D>) -> Result<ExitCode>

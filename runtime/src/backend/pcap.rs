@@ -8,6 +8,7 @@
 //! neither sees its own frames nor copies unrelated traffic.
 
 use std::collections::VecDeque;
+use std::os::fd::AsFd;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::pcap::{Active, Capture, Direction, Linktype, Packet, PacketHeader, Savefile};
@@ -174,7 +175,7 @@ impl PcapPort {
                 "pcap on {iface}: turned {} off for the run (restored at exit)",
                 names.join(", ")
             ),
-            OffloadOutcome::LeftOn { command, why } => crate::notice(&format!(
+            OffloadOutcome::LeftOn { command, why } => crate::notice::notice(&format!(
                 "pcap on {iface}: receive offloads are on and could not be turned off ({why}); \
                  frames merged by the kernel are cut back into segments, but run `{command}` \
                  (needs CAP_NET_ADMIN) for full speed"
@@ -372,7 +373,7 @@ impl Device for PcapPort {
                 if self.accept_partial {
                     offload::complete_checksum(buf.as_mut());
                 } else if !std::mem::replace(&mut self.told_partial, true) {
-                    crate::notice(&format!(
+                    crate::notice::notice(&format!(
                         "pcap on {}: TCP/UDP frames arrive with partial checksums (the sender's \
                          checksum offload) and are dropped: turn it off where they come from \
                          (`ethtool -K IF tx off` on the sending interface{}) or run with \
@@ -472,6 +473,11 @@ impl Device for PcapPort {
             Err(_) => false,
         }
     }
+
+    fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        // Frames held back are sent on the next iteration, not waited for.
+        self.backlog.is_empty().then(|| self.cap.as_fd())
+    }
 }
 
 /// A device whose frames, both ways, are also written to a pcap file.
@@ -565,6 +571,10 @@ impl<D: Device> Device for Captured<D> {
 
     fn wait_rx(&mut self, timeout: std::time::Duration) -> bool {
         self.inner.wait_rx(timeout)
+    }
+
+    fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.rx_fd()
     }
 }
 

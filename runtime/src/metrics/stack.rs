@@ -9,8 +9,7 @@ use ustack::node::Snapshot;
 
 use super::convert::{self, Options};
 use super::{Family, SharedSource};
-use crate::net::AppCounters;
-use crate::telemetry::PublisherHandle;
+use crate::telemetry::{AppCounters, PublisherHandle};
 
 /// The latest snapshot of each of a stack's shards, handed over by the
 /// poll loop and read by the metrics endpoint.

@@ -173,6 +173,15 @@ pub trait Device {
         let _ = timeout;
         false
     }
+    /// The descriptor [`wait_rx`](Self::wait_rx) waits on (readable when
+    /// frames may have arrived), for a loop that waits on it together with
+    /// descriptors of its own and without holding the device; `None` where
+    /// there is none, and while the device has work of its own that such a
+    /// wait would hold up (pcap: frames a full socket buffer kept back).
+    /// The engine never calls this.
+    fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Where the engine writes outgoing frames.

@@ -189,6 +189,10 @@ impl<D: Device> Device for Impaired<D> {
     fn wait_rx(&mut self, timeout: core::time::Duration) -> bool {
         self.inner.wait_rx(timeout)
     }
+
+    fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.rx_fd()
+    }
 }
 
 #[cfg(test)]

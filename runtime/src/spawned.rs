@@ -1,17 +1,24 @@
-//! A stack shared between its poll-loop thread and the threads and tasks
-//! that use its sockets: [`Net`], the handle the async and blocking fronts
-//! hold, and the loop [`Runtime`] runs.
+//! A stack spawned on a poll-loop thread of its own and shared with the
+//! threads and tasks that use its sockets: [`Net`], the handle the async
+//! and blocking fronts hold, and [`Runtime`], which owns the loop's thread
+//! (stop, pause and resume around `fork`).
 //!
 //! The stack sits behind one lock. The loop takes it for an iteration and
 //! hands it over fairly between iterations; a socket call takes it for the
 //! call. A call that would block registers its task's waker under the lock,
 //! and the loop wakes it when the readiness event arrives ([`ustack::events`]),
 //! so no wake-up is lost between the check and the wait. Calls that give
-//! the loop work (data to send, a connection to open) unpark it when it
-//! sleeps in its idle back-off.
+//! the loop work (data to send, a connection to open) wake it: idle on a
+//! device with a descriptor (pcap), the loop polls that descriptor and an
+//! eventfd the calls write ([`Wake`]), holding no lock; on one without
+//! (sim, DPDK), it sleeps in its back-off and the calls unpark it.
+//!
+//! The loop is the one [`EventLoop`] (see [`crate::poll`]); `Spawned` is
+//! its front here, `Core` what any thread needs to run an iteration.
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Waker};
@@ -19,14 +26,17 @@ use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 use ustack::device::Device;
 use ustack::events::{Readiness, SocketRef};
 use ustack::node::{App, Node, Port};
-use ustack::time::earliest;
 use ustack::{Error as StackError, Stack};
 
 use crate::clock::Clock;
-use crate::poll::{IdleMode, LoopConfig};
+use crate::poll::{
+    Driven, EventLoop, LoopConfig, Outcome, Schedule, StackGuard, StackLock, StatsSink, Turn,
+    iterate,
+};
 use crate::telemetry::Publisher;
 
 /// What a waiting task waits for.
@@ -106,6 +116,101 @@ pub(crate) struct Shared {
     /// When a caller last ran a turn ([`Net::drive`]), in microseconds of
     /// [`since_start`].
     driven_at: AtomicU64,
+    /// How the fronts wake a loop asleep on its device.
+    pub(crate) wake: Wake,
+}
+
+/// The wake-up of a loop that sleeps on its device's descriptor: an
+/// eventfd it polls beside the device's, written by a front that gives
+/// it work only while it sleeps there (a write is a system call; a
+/// socket call on a busy loop costs two atomics).
+///
+/// No wake-up is lost: the loop says it sleeps (`asleep`) before it looks
+/// at `pending` for the last time, a front says it has work (`pending`)
+/// before it looks at `asleep` (both sequentially consistent), so either
+/// the loop sees the work or the front sees the sleeper and writes.
+#[derive(Debug, Default)]
+pub(crate) struct Wake {
+    /// The eventfd; `None` on a device without a descriptor (the loop
+    /// sleeps in its back-off and is unparked).
+    fd: Option<OwnedFd>,
+    /// The loop is in (or about to enter) its poll.
+    pub(crate) asleep: AtomicBool,
+    /// A front gave the loop work since the loop's last iteration began.
+    pending: AtomicBool,
+    /// Waits a front's work ended (the eventfd) or cut short (work given
+    /// as the loop was about to sleep): tests look.
+    pub(crate) woken: AtomicU64,
+}
+
+impl Wake {
+    /// A wake-up for a loop on a device with a descriptor.
+    fn eventfd() -> Self {
+        let fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK);
+        if let Err(e) = &fd {
+            tracing::debug!("no eventfd for the loop's wake-up ({e}): it backs off instead");
+        }
+        Wake {
+            fd: fd.ok(),
+            ..Wake::default()
+        }
+    }
+
+    /// A front gave the loop work: write the eventfd if the loop sleeps
+    /// on it. Whether it did.
+    fn notify(&self) -> bool {
+        self.pending.store(true, Ordering::SeqCst);
+        let Some(fd) = &self.fd else {
+            return false;
+        };
+        if !self.asleep.load(Ordering::SeqCst) || !self.asleep.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        true
+    }
+
+    /// The loop is about to run an iteration: the work given so far is
+    /// seen by it.
+    fn begin_turn(&self) {
+        self.pending.store(false, Ordering::SeqCst);
+    }
+
+    /// Sleep until the device's descriptor `rx` is readable, a front
+    /// writes the eventfd, or `timeout` passes; no lock is held. Whether
+    /// the loop should run again now (`false` on an error state of the
+    /// device's descriptor, as [`Device::wait_rx`]: the loop backs off).
+    fn wait(&self, rx: BorrowedFd<'_>, timeout: Duration) -> bool {
+        let Some(fd) = &self.fd else {
+            return false;
+        };
+        self.asleep.store(true, Ordering::SeqCst);
+        if self.pending.swap(false, Ordering::SeqCst) {
+            self.asleep.store(false, Ordering::SeqCst);
+            self.woken.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let mut fds = [
+            PollFd::new(&rx, PollFlags::IN),
+            PollFd::new(fd, PollFlags::IN),
+        ];
+        let ts = Timespec {
+            tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
+            tv_nsec: timeout.subsec_nanos().into(),
+        };
+        let r = rustix::event::poll(&mut fds, Some(&ts));
+        self.asleep.store(false, Ordering::SeqCst);
+        let woken = fds[1].revents().contains(PollFlags::IN);
+        if woken {
+            self.woken.fetch_add(1, Ordering::Relaxed);
+            let _ = rustix::io::read(fd, &mut [0u8; 8]);
+        }
+        woken
+            || r.is_ok()
+                && !fds[0]
+                    .revents()
+                    .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL)
+    }
 }
 
 /// Microseconds since the first call in this process (a cheap clock for
@@ -159,10 +264,20 @@ impl Net {
     /// The loop has work (data queued, a connection opened): wake it if it
     /// sleeps.
     pub(crate) fn kick(&self) {
+        self.wake_loop(false);
+    }
+
+    /// Wake the loop: always asleep on its device (it may sleep there up
+    /// to its next timer), from its back-off unless a caller drives the
+    /// stack (`always`: even then; to stop or pause it).
+    fn wake_loop(&self, always: bool) {
+        if self.shared.wake.notify() {
+            return;
+        }
         // A caller drives the stack (run to completion): it sends what was
-        // queued on its next turn; waking the loop's thread would only
-        // take the CPU from it.
-        if self.shared.driving() {
+        // queued on its next turn; waking the loop's thread from its short
+        // back-off would only take the CPU from it.
+        if !always && self.shared.driving() {
             return;
         }
         if let Some(t) = self.shared.loop_thread.lock().as_ref() {
@@ -272,15 +387,13 @@ impl<A: Send + 'static> Runtime<A> {
             self.resume()?;
         }
         self.net.shared.stop.store(true, Ordering::Release);
-        self.net.kick();
+        self.net.wake_loop(true);
         match self.thread.take() {
             Some(t) => match t.join().map_err(|_| crate::Error::Panicked)? {
                 Exit::Done(r) => r,
-                Exit::Paused(_) => Err(crate::Error::Config("the loop paused instead".into())),
+                Exit::Paused(_) => Err(crate::Error::State("the loop paused instead")),
             },
-            None => Err(crate::Error::Config(
-                "the runtime was already stopped".into(),
-            )),
+            None => Err(crate::Error::State("the runtime was already stopped")),
         }
     }
 
@@ -294,7 +407,7 @@ impl<A: Send + 'static> Runtime<A> {
         };
         let shared = &self.net.shared;
         shared.pause.store(true, Ordering::SeqCst);
-        self.net.kick();
+        self.net.wake_loop(true);
         let exit = t.join().map_err(|_| crate::Error::Panicked);
         // No caller is left inside `Net::drive` (see there), so nobody
         // holds the core while the process forks.
@@ -306,9 +419,9 @@ impl<A: Send + 'static> Runtime<A> {
                 self.paused = Some(rest);
                 Ok(())
             }
-            Exit::Done(r) => r.map(|_| ()).and(Err(crate::Error::Config(
-                "the loop ended before it paused".into(),
-            ))),
+            Exit::Done(r) => r
+                .map(|_| ())
+                .and(Err(crate::Error::State("the loop ended before it paused"))),
         }
     }
 
@@ -329,9 +442,10 @@ impl<A: Send + 'static> Runtime<A> {
 
     /// Give a paused loop up without touching its device (after `fork`,
     /// in the process that handed the stack to the other): socket calls
-    /// fail from now on, and nothing is closed or freed here, since the
-    /// device's state is the other process's to use.
-    pub fn forsake(&mut self) {
+    /// fail from now on, and the loop's state is leaked on purpose (nothing
+    /// closed or freed here), since the device's state is the other
+    /// process's to use.
+    pub fn leak_after_fork(&mut self) {
         self.net.shared.gone.store(true, Ordering::Release);
         *self.net.shared.failure.lock() = Some("the stack belongs to another process now".into());
         if let Some(rest) = self.paused.take() {
@@ -363,21 +477,28 @@ where
     A: App + Send + 'static,
 {
     let Node { stack, port } = node;
-    let clock = Clock::new();
-    let start = clock.now();
+    let stamps = port.dev.caps().rx_timestamps;
+    // A device with a descriptor is waited on outside the core's lock, on
+    // a duplicate of it, with an eventfd the fronts write. Both are opened
+    // here, on the caller's thread, so a layer that records the stack's
+    // descriptors around `spawn` (the preload's) sees them.
+    let rx = port.dev.rx_fd().and_then(|fd| fd.try_clone_to_owned().ok());
+    let wake = if rx.is_some() {
+        Wake::eventfd()
+    } else {
+        Wake::default()
+    };
     let core = Arc::new(Mutex::new(Core {
         port,
         app: Some(app),
-        end: lcfg.duration.map(|d| start + d),
-        next_stats: start + lcfg.stats_interval,
-        stats_interval: lcfg.stats_interval,
-        clock,
-        metrics: lcfg.metrics.clone(),
-        publisher,
+        sched: Schedule::new(Clock::new(), &lcfg, stamps),
+        sinks: Sinks {
+            publisher,
+            metrics: lcfg.metrics.clone(),
+        },
         endpoint,
         wake: Vec::new(),
         notify: Vec::new(),
-        told_conflict: false,
     }));
     let driver: Arc<Mutex<dyn Drive>> = core.clone();
     let shared = Arc::new(Shared {
@@ -394,13 +515,14 @@ where
         driver,
         drivers: AtomicUsize::new(0),
         driven_at: AtomicU64::new(0),
+        wake,
     });
     let net = Net {
         shared: shared.clone(),
     };
     let thread = std::thread::Builder::new()
         .name("ustack-loop".into())
-        .spawn(move || run_thread(shared, core, lcfg))
+        .spawn(move || run_thread(shared, core, lcfg, rx))
         .map_err(crate::Error::Thread)?;
     Ok(Runtime {
         net,
@@ -410,14 +532,19 @@ where
 }
 
 /// A loop thread's body: the loop, then what its end means.
-fn run_thread<D, A>(shared: Arc<Shared>, core: Arc<Mutex<Core<D, A>>>, lcfg: LoopConfig) -> Exit<A>
+fn run_thread<D, A>(
+    shared: Arc<Shared>,
+    core: Arc<Mutex<Core<D, A>>>,
+    lcfg: LoopConfig,
+    rx: Option<OwnedFd>,
+) -> Exit<A>
 where
     D: Device + Send + 'static,
     D::Buf: Send,
     A: App + Send + 'static,
 {
     *shared.loop_thread.lock() = Some(std::thread::current());
-    let r = run_shared(&shared, &core, &lcfg);
+    let r = run_shared(&shared, &core, &lcfg, rx.as_ref().map(AsFd::as_fd));
     if let Ok(Outcome::Paused) = r {
         *shared.loop_thread.lock() = None;
         // The publisher's thread pauses too, and runs on wherever the loop
@@ -425,7 +552,7 @@ where
         // endpoint's (its socket is inherited, its threads are not).
         {
             let mut c = core.lock();
-            if let Some(p) = c.publisher.as_mut() {
+            if let Some(p) = c.sinks.publisher.as_mut() {
                 p.pause();
             }
             if let Some(e) = c.endpoint.as_mut() {
@@ -435,10 +562,10 @@ where
         return Exit::Paused(Box::new(move || {
             {
                 let mut c = core.lock();
-                if let Some(p) = c.publisher.as_mut() {
+                if let Some(p) = c.sinks.publisher.as_mut() {
                     if let Err(e) = p.resume() {
                         tracing::warn!("telemetry stops: {e}");
-                        c.publisher = None;
+                        c.sinks.publisher = None;
                     }
                 }
                 if let Some(e) = c.endpoint.as_mut() {
@@ -448,7 +575,7 @@ where
                     }
                 }
             }
-            run_thread(shared, core, lcfg)
+            run_thread(shared, core, lcfg, rx)
         }));
     }
     if let Err(e) = &r {
@@ -472,108 +599,94 @@ where
     // not when the last handle on the stack is dropped.
     let (app, publisher, endpoint) = {
         let mut c = core.lock();
-        (c.app.take(), c.publisher.take(), c.endpoint.take())
+        (c.app.take(), c.sinks.publisher.take(), c.endpoint.take())
     };
     drop(publisher);
     drop(endpoint);
     Exit::Done(r.and_then(|_| app.ok_or(crate::Error::Panicked)))
 }
 
-/// Why `run_shared` returned without an error.
-enum Outcome {
-    Stopped,
-    Paused,
-}
-
 /// How long a stopping loop keeps running to let queued output leave.
 const LINGER: Duration = Duration::from_secs(1);
 
 /// What the loop needs between iterations, whichever thread runs one: the
-/// port, the in-loop app, the clock and the telemetry schedule.
+/// port, the in-loop app, the schedule and where snapshots go.
 struct Core<D: Device, A> {
     port: Port<D>,
     /// Taken back when the loop ends.
     app: Option<A>,
-    clock: Clock,
-    /// When the loop's configured duration ends.
-    end: Option<ustack::Instant>,
-    next_stats: ustack::Instant,
-    stats_interval: Duration,
-    /// Where snapshots go for the metrics endpoint.
-    metrics: Option<crate::metrics::Feed>,
-    publisher: Option<Publisher>,
+    sched: Schedule<Clock>,
+    sinks: Sinks,
     /// The metrics endpoint (`--metrics`), paused and resumed with the loop.
     endpoint: Option<crate::metrics::Endpoint>,
     /// Wakers and watchers of this iteration's events, called outside the
     /// stack's lock (kept to reuse their allocations).
     wake: Vec<Waker>,
     notify: Vec<(Watcher, Readiness)>,
-    /// The address conflict notice was given.
-    told_conflict: bool,
 }
 
-impl std::fmt::Debug for dyn Drive {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Drive")
+/// A spawned loop's snapshots: to the telemetry publisher and the metrics
+/// feed, taken only when either is there.
+struct Sinks {
+    publisher: Option<Publisher>,
+    /// Where snapshots go for the metrics endpoint.
+    metrics: Option<crate::metrics::Feed>,
+}
+
+impl StatsSink for Sinks {
+    fn wanted(&self) -> bool {
+        self.publisher.is_some() || self.metrics.is_some()
+    }
+    fn publish(&mut self, s: &ustack::node::Snapshot) {
+        if let Some(p) = &self.publisher {
+            p.publish(s);
+        }
+        if let Some(f) = &self.metrics {
+            f.publish(s);
+        }
     }
 }
 
-/// What one iteration found.
-#[derive(Debug, Clone, Copy)]
-struct Turn {
-    now: ustack::Instant,
-    /// It moved frames or had work.
-    busy: bool,
-    /// When the stack next has timed work.
-    poll_at: Option<ustack::Instant>,
-    /// The app asked to exit, or the duration ended.
-    done: bool,
-    /// Output is still to leave (only looked at when `stopping`).
-    pending: bool,
+/// The stack behind the lock the fronts share, for one iteration.
+struct SharedLock<'s> {
+    inner: &'s Mutex<Inner>,
+    wake: &'s mut Vec<Waker>,
+    notify: &'s mut Vec<(Watcher, Readiness)>,
 }
 
-/// One iteration of a loop whose port and app types are erased: what a
-/// socket user's thread runs while it waits (run to completion).
-trait Drive: Send {
-    /// Run one iteration; with `stopping`, also say whether output is
-    /// still to leave.
-    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn;
-    /// A last snapshot to the publisher (the loop ends).
-    fn publish_last(&mut self, shared: &Shared);
-    /// The device's failure, if it failed.
-    fn failure(&self) -> Option<String>;
-    /// When the next telemetry snapshot is due.
-    fn next_stats(&self) -> ustack::Instant;
+/// [`SharedLock`] held: who waits on this iteration's events is noted
+/// under the lock and woken after it.
+struct SharedGuard<'a> {
+    inner: MutexGuard<'a, Inner>,
+    wake: &'a mut Vec<Waker>,
+    notify: &'a mut Vec<(Watcher, Readiness)>,
 }
 
-impl<D, A> Drive for Core<D, A>
-where
-    D: Device + Send,
-    D::Buf: Send,
-    A: App + Send,
-{
-    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn {
-        let Some(app) = self.app.as_mut() else {
-            return Turn {
-                now: self.clock.now(),
-                busy: false,
-                poll_at: None,
-                done: true,
-                pending: false,
-            };
-        };
-        let mut inner = shared.inner.lock();
-        // The clock is read once the stack is ours: read before the lock,
-        // `now` would be late by however long a socket call held it, and
-        // every timer armed in this iteration (TCP's RTO, an RC QP's ACK
-        // timer) would fire that much early.
-        let now = self.clock.now();
-        let report = self.port.step(&mut inner.stack, now, app);
-        for ev in self.port.events() {
-            if let Some(w) = inner.watchers.get(&ev.socket) {
+impl StackLock for SharedLock<'_> {
+    type Guard<'a>
+        = SharedGuard<'a>
+    where
+        Self: 'a;
+    fn lock(&mut self) -> SharedGuard<'_> {
+        SharedGuard {
+            inner: self.inner.lock(),
+            wake: self.wake,
+            notify: self.notify,
+        }
+    }
+}
+
+impl StackGuard for SharedGuard<'_> {
+    fn stack(&mut self) -> &mut Stack {
+        &mut self.inner.stack
+    }
+
+    fn events(&mut self, events: &[ustack::events::Event]) {
+        for ev in events {
+            if let Some(w) = self.inner.watchers.get(&ev.socket) {
                 self.notify.push((w.clone(), ev.readiness));
             }
-            let Some(w) = inner.waiters.get_mut(&ev.socket) else {
+            let Some(w) = self.inner.waiters.get_mut(&ev.socket) else {
                 continue;
             };
             let r = ev.readiness;
@@ -586,67 +699,75 @@ where
                 self.wake.extend(w.write.take());
             }
         }
-        let stats_due = now >= self.next_stats;
-        if stats_due {
-            crate::tell_conflict(&inner.stack, &mut self.told_conflict);
-        }
-        let snapshot = (stats_due && (self.publisher.is_some() || self.metrics.is_some()))
-            .then(|| self.port.snapshot(&inner.stack, now));
-        if stats_due {
-            self.next_stats = now + self.stats_interval;
-        }
-        let poll_at = self.port.poll_at(&inner.stack, app);
-        let done = report.exit || self.end.is_some_and(|e| now >= e);
-        // Stopping: output still to leave (immediate work, or bytes not yet
-        // acknowledged)? Only looked at then: it visits every connection.
-        let pending = (stopping || done)
-            && (report.busy()
-                || poll_at.is_some_and(|t| t <= now)
-                || inner.stack.tcp_connections().any(|c| c.send_queued > 0));
-        MutexGuard::unlock_fair(inner);
+    }
+
+    fn release(self) {
+        MutexGuard::unlock_fair(self.inner);
         self.wake.drain(..).for_each(Waker::wake);
         for (w, r) in self.notify.drain(..) {
             w(r);
         }
-        if let Some(s) = snapshot {
-            if let Some(p) = &self.publisher {
-                p.publish(&s);
-            }
-            if let Some(f) = &self.metrics {
-                f.publish(&s);
-            }
-        }
-        Turn {
-            now,
-            busy: report.busy(),
-            poll_at,
-            done,
-            pending,
-        }
     }
+}
 
-    fn publish_last(&mut self, shared: &Shared) {
-        if self.publisher.is_none() && self.metrics.is_none() {
-            return;
-        }
-        let s = {
-            let inner = shared.inner.lock();
-            self.port.snapshot(&inner.stack, self.clock.now())
+impl std::fmt::Debug for dyn Drive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Drive")
+    }
+}
+
+/// One iteration of a loop whose port and app types are erased: what a
+/// socket user's thread runs while it waits (run to completion).
+trait Drive: Send {
+    /// Run one iteration; with `stopping`, also say whether output is
+    /// still to leave.
+    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn;
+}
+
+impl<D, A> Drive for Core<D, A>
+where
+    D: Device + Send,
+    D::Buf: Send,
+    A: App + Send,
+{
+    fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn {
+        let Some(app) = self.app.as_mut() else {
+            return Turn {
+                now: self.sched.clock.now(),
+                busy: false,
+                wake_at: None,
+                done: true,
+                pending: false,
+                failure: None,
+                stamped: false,
+                awaits_nothing: false,
+            };
         };
-        if let Some(p) = &self.publisher {
-            p.publish(&s);
-        }
-        if let Some(f) = &self.metrics {
-            f.publish(&s);
-        }
+        let mut lock = SharedLock {
+            inner: &shared.inner,
+            wake: &mut self.wake,
+            notify: &mut self.notify,
+        };
+        iterate(
+            &mut self.port,
+            app,
+            &mut lock,
+            &mut self.sched,
+            &mut self.sinks,
+            stopping,
+        )
     }
+}
 
-    fn failure(&self) -> Option<String> {
-        self.port.dev.failure()
-    }
-
-    fn next_stats(&self) -> ustack::Instant {
-        self.next_stats
+impl<D: Device, A> Core<D, A> {
+    /// A last snapshot to the publisher (the loop ends).
+    fn publish_last(&mut self, shared: &Shared) {
+        let mut lock = SharedLock {
+            inner: &shared.inner,
+            wake: &mut self.wake,
+            notify: &mut self.notify,
+        };
+        crate::poll::publish_last(&self.port, &mut lock, &self.sched, &mut self.sinks);
     }
 }
 
@@ -679,85 +800,98 @@ impl Net {
     }
 }
 
-/// The loop: one iteration under the core's lock (unless a caller is
-/// running one: then this thread backs off), the wakers of its events
-/// outside the stack's lock, then the idle back-off. Asked to stop, it runs
-/// on while output is queued or unacknowledged, for at most [`LINGER`].
+/// The spawned front of the one [`EventLoop`]: an iteration runs under
+/// the core's lock (unless a caller is running one: then this thread
+/// backs off), the wakers of its events outside the stack's lock. Asked
+/// to stop, it runs on while output is queued or unacknowledged, for at
+/// most [`LINGER`]. Idle, on a device with a descriptor it polls a
+/// duplicate of it and the fronts' eventfd ([`Wake`]) up to its next
+/// timer, holding neither the core's lock nor the stack's (callers drive
+/// the stack meanwhile); on one without, it sleeps in the back-off, and a
+/// socket call that gives it work unparks it.
+struct Spawned<'s, D: Device, A> {
+    shared: &'s Shared,
+    core: &'s Mutex<Core<D, A>>,
+    /// The device's descriptor (a duplicate taken at spawn).
+    rx: Option<BorrowedFd<'s>>,
+    /// At the last iteration the device could be waited on
+    /// ([`Device::rx_fd`] was there: no work of its own).
+    rx_waitable: bool,
+}
+
+impl<D, A> Driven for Spawned<'_, D, A>
+where
+    D: Device + Send,
+    D::Buf: Send,
+    A: App + Send,
+{
+    fn turn(&mut self, stopping: bool) -> Option<Turn> {
+        let pause = self.shared.pause.load(Ordering::Acquire);
+        let mut c = match self.core.try_lock() {
+            // A caller drove it a moment ago: stay out of its way.
+            Some(_) if !stopping && self.shared.driving() && !pause => return None,
+            Some(c) => c,
+            // A caller drives the stack now: it runs the iterations.
+            None if !stopping && !pause => return None,
+            None => self.core.lock(),
+        };
+        self.shared.wake.begin_turn();
+        let turn = c.turn(self.shared, stopping);
+        self.rx_waitable = c.port.dev.rx_fd().is_some();
+        Some(turn)
+    }
+
+    fn stop_asked(&mut self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    fn pause_asked(&self) -> bool {
+        self.shared.pause.load(Ordering::Acquire)
+    }
+
+    fn linger(&self) -> Option<Duration> {
+        Some(LINGER)
+    }
+
+    fn publish_last(&mut self) {
+        self.core.lock().publish_last(self.shared);
+    }
+
+    fn wait_rx(&mut self, timeout: Duration) -> bool {
+        let Some(rx) = self.rx else {
+            // No descriptor (sim, DPDK): the back-off, which fronts unpark.
+            return false;
+        };
+        if !self.rx_waitable {
+            // The device has work of its own (pcap's held-back frames).
+            return true;
+        }
+        self.shared.wake.wait(rx, timeout)
+    }
+
+    fn max_device_wait(&self) -> Duration {
+        // Work, stop and pause requests write the eventfd.
+        Duration::MAX
+    }
+}
+
+/// Run the loop of a spawned runtime on this thread.
 fn run_shared<D, A>(
     shared: &Shared,
     core: &Mutex<Core<D, A>>,
     cfg: &LoopConfig,
+    rx: Option<BorrowedFd<'_>>,
 ) -> Result<Outcome, crate::Error>
 where
     D: Device + Send,
     D::Buf: Send,
     A: App + Send,
 {
-    if let Some(c) = cfg.core {
-        crate::poll::pin_to_core(c)?;
-    }
-    let mut backoff = crate::poll::Backoff::new();
-    // Once asked to stop: until when the loop still lets queued output leave.
-    let mut draining: Option<ustack::Instant> = None;
-    loop {
-        let stop = shared.stop.load(Ordering::Acquire);
-        let mut c = match core.try_lock() {
-            // A caller drove it a moment ago: stay out of its way (on a
-            // shared CPU, waking here would preempt it).
-            Some(c) if !stop && shared.driving() && !shared.pause.load(Ordering::Acquire) => {
-                drop(c);
-                std::thread::park_timeout(backoff.yield_step(Duration::from_micros(100)));
-                continue;
-            }
-            Some(c) => c,
-            // A caller drives the stack now: it runs the iterations.
-            None if !stop && !shared.pause.load(Ordering::Acquire) => {
-                std::thread::park_timeout(backoff.yield_step(Duration::from_micros(100)));
-                continue;
-            }
-
-            None => core.lock(),
-        };
-        let turn = c.turn(shared, stop);
-        let stopping = stop || turn.done;
-        if stopping {
-            // Let what the app queued leave (a last write, a FIN, a
-            // datagram), for at most LINGER, as a kernel socket would.
-            let until = *draining.get_or_insert(turn.now + LINGER);
-            if !turn.pending || turn.now >= until {
-                // A last snapshot, so a monitor sees the end state.
-                c.publish_last(shared);
-                return Ok(Outcome::Stopped);
-            }
-        }
-        if shared.pause.load(Ordering::Acquire) {
-            return Ok(Outcome::Paused);
-        }
-        if let Some(why) = c.failure() {
-            return Err(crate::RunError::Device(why).into());
-        }
-        let next_stats = c.next_stats();
-        let end = c.end;
-        drop(c);
-        let IdleMode::Backoff { max_sleep } = cfg.idle else {
-            continue;
-        };
-        if turn.busy {
-            backoff.reset();
-            continue;
-        }
-        let until = [turn.poll_at, Some(next_stats), end]
-            .into_iter()
-            .fold(None, earliest)
-            .unwrap_or(turn.now + max_sleep);
-        let sleep = backoff.next(
-            turn.now,
-            max_sleep,
-            until.saturating_duration_since(turn.now),
-        );
-        if !sleep.is_zero() {
-            // A socket call that gives the loop work unparks it.
-            std::thread::park_timeout(sleep);
-        }
-    }
+    let mut front = Spawned {
+        shared,
+        core,
+        rx,
+        rx_waitable: false,
+    };
+    Ok(EventLoop::new(cfg).run(&mut front)?)
 }
