@@ -1,6 +1,7 @@
-//! One telemetry line (the JSON object [`crate::telemetry::Publisher`]
-//! writes, as `utop` reads it) as Prometheus metric families, with the
-//! names of `tools/prometheus/README.md`.
+//! One telemetry line (the JSON object the runtime's
+//! `telemetry::Publisher` writes, as `utop` reads it: see [`crate`]) as
+//! Prometheus metric families, with the names of
+//! `tools/prometheus/README.md`.
 //!
 //! The input is the JSON value, not the engine's types, so the runtime's
 //! endpoint (which serializes its own snapshots) and `utop --prometheus`
