@@ -11,7 +11,7 @@
 //! multi-core stack adds `shards`, each core's own figures. A client that
 //! connects gets the latest line at once, then every new one.
 //!
-//! - [`line`]: a lenient reader of one line (every field has a default,
+//! - [`line`](mod@line): a lenient reader of one line (every field has a default,
 //!   protocol sections stay generic JSON), so readers and stacks of
 //!   different versions still understand each other;
 //! - [`socket`]: where sockets live (`--telemetry NAME`) and which are live;
