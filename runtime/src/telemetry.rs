@@ -20,7 +20,7 @@
 //! replaced, and the file is removed when the publisher is dropped.
 
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -79,32 +79,8 @@ fn io_err(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> Telemetr
     move |err| TelemetryError::Io { path, what, err }
 }
 
-/// The directory stacks publish in when given a bare name, and where `utop`
-/// looks for them: `$XDG_RUNTIME_DIR/ustack`, else `/tmp/ustack-$UID`.
-pub fn default_dir() -> PathBuf {
-    if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        let run = PathBuf::from(run);
-        if run.is_dir() {
-            return run.join("ustack");
-        }
-    }
-    // The owner of /proc/self is our uid (std has no getuid).
-    let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
-    PathBuf::from(format!("/tmp/ustack-{uid}"))
-}
-
-/// Where `--telemetry ARG` means: a value with a `/` is a path as given; a
-/// bare name is `NAME.sock` in [`default_dir`], where `utop` finds it.
-pub fn resolve(arg: &Path) -> PathBuf {
-    if arg.as_os_str().as_encoded_bytes().contains(&b'/') {
-        return arg.to_owned();
-    }
-    let mut name = arg.as_os_str().to_owned();
-    if arg.extension().is_none_or(|e| e != "sock") {
-        name.push(".sock");
-    }
-    default_dir().join(name)
-}
+pub use ustack_telemetry_format::VERSION;
+pub use ustack_telemetry_format::socket::{default_dir, discover, resolve};
 
 /// [`resolve`], creating the default directory (mode 0700) for a bare name.
 pub fn socket_path(arg: &Path) -> Result<PathBuf, TelemetryError> {
@@ -119,24 +95,6 @@ pub fn socket_path(arg: &Path) -> Result<PathBuf, TelemetryError> {
     }
     Ok(path)
 }
-
-/// Live stack sockets in `dir` (those that accept a connection), sorted.
-/// Stale sockets of dead stacks are skipped.
-pub fn discover(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let is_socket = entry.file_type().is_ok_and(|t| t.is_socket());
-        if is_socket && UnixStream::connect(entry.path()).is_ok() {
-            found.push(entry.path());
-        }
-    }
-    found.sort();
-    Ok(found)
-}
-
-/// The runtime's version, sent in every line (`ustack_info{version}`).
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Reads a publisher's counters from another thread (the metrics endpoint).
 #[derive(Debug, Clone)]

@@ -28,7 +28,7 @@ use crate::phy::pool::PoolStats;
 use crate::shard::{Mail, Route, Shard, ShardStats};
 use crate::socket::tcp::ConnInfo;
 use crate::stack::Stack;
-use crate::stats::Stats;
+use crate::stats::{Kind, Metrics, Stats, stats};
 use crate::time::{Instant, earliest};
 
 /// Frames per rx or tx burst.
@@ -174,16 +174,37 @@ pub struct Snapshot {
     pub rc_qps: Vec<crate::socket::rc::RcQpStatus>,
 }
 
-/// A shard's place and mailbox counters in a [`Snapshot`].
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct ShardSnapshot {
-    /// This shard's queue index, `0..count`.
-    pub index: usize,
-    /// Shards (queues, cores) on the host.
-    pub count: usize,
-    /// Mailbox counters: frames steered, passed on and replicated.
-    #[serde(flatten)]
-    pub stats: ShardStats,
+/// The counters and gauges of a snapshot that exporters read field by
+/// field: `stack`, `port`, `pools`, `shard`, each connection's `stats`,
+/// and `connections_total` (a gauge). The connections' own figures
+/// (windows, RTTs) and the RC QPs' are not here: an exporter names them
+/// one by one.
+impl Metrics for Snapshot {
+    fn kind(path: &[&str]) -> Option<Kind> {
+        match path {
+            ["stack", rest @ ..] => Stats::kind(rest),
+            ["port", rest @ ..] => PortStats::kind(rest),
+            ["pools", rest @ ..] => PoolStats::kind(rest),
+            ["shard", rest @ ..] => ShardSnapshot::kind(rest),
+            ["connections", "stats", rest @ ..] => crate::stats::ConnStats::kind(rest),
+            ["connections_total"] => Some(Kind::Gauge),
+            _ => None,
+        }
+    }
+}
+
+stats! {
+    /// A shard's place and mailbox counters in a [`Snapshot`].
+    #[derive(Debug, Clone, Copy, Serialize)]
+    pub struct ShardSnapshot {
+        /// This shard's queue index, `0..count`.
+        label index: usize,
+        /// Shards (queues, cores) on the host.
+        label count: usize,
+        /// Mailbox counters: frames steered, passed on and replicated.
+        #[serde(flatten)]
+        flattened stats: ShardStats,
+    }
 }
 
 /// The device side of a node: the port, its mailboxes to sibling shards and

@@ -2,9 +2,102 @@
 //!
 //! Every received frame ends either accepted (`rx_accepted`) or dropped with
 //! exactly one [`DropReason`], so `rx_frames == rx_accepted + drops.total()`.
+//!
+//! Each number declares its [`Kind`] (counter or gauge) where it is
+//! declared: the structs are written with [`stats!`](crate::stats) and
+//! implement [`Metrics`], which exporters (Prometheus) read instead of
+//! guessing from a field's name.
 
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
+
+/// What a statistic measures over time (as Prometheus types it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Only grows, from 0 when the stack starts (packets, bytes, events).
+    Counter,
+    /// A level now, which goes up and down (entries held, bytes queued,
+    /// sockets open) or a high-water mark.
+    Gauge,
+}
+
+/// A statistics struct whose every number declares its [`Kind`].
+pub trait Metrics {
+    /// The kind of the number at `path` in this struct's serialized form:
+    /// a field's name, followed for a nested struct by a path in it (the
+    /// fields of a flattened struct are this struct's own; a list's
+    /// elements are passed over, so `["pools", "in_use"]` of a snapshot
+    /// names every pool's `in_use`). `None` when no number of a declared
+    /// kind is there (unknown names, labels such as a pool's name).
+    fn kind(path: &[&str]) -> Option<Kind>;
+}
+
+/// Defines a statistics struct whose fields say what they are, and its
+/// [`Metrics`] impl. Each field (all `pub`) starts with one word:
+/// `counter` or `gauge` (a number of that [`Kind`]), `label` (not a
+/// metric: a name or an index the series are told apart by), `nested` (a
+/// struct implementing [`Metrics`], serialized under the field's name) or
+/// `flattened` (the same, its fields serialized as this struct's own;
+/// write `#[serde(flatten)]` on it too).
+///
+/// ```ignore
+/// stats! {
+///     /// UDP counters.
+///     #[derive(Debug, Default, Serialize)]
+///     pub struct UdpStats {
+///         /// Datagrams sent.
+///         counter tx_datagrams: u64,
+///         /// Sockets bound now.
+///         gauge sockets: u64,
+///     }
+/// }
+/// ```
+macro_rules! stats {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(
+                $(#[$fmeta:meta])*
+                $kind:ident $field:ident : $ty:ty,
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $(
+                $(#[$fmeta])*
+                pub $field: $ty,
+            )*
+        }
+
+        impl $crate::stats::Metrics for $name {
+            fn kind(path: &[&str]) -> Option<$crate::stats::Kind> {
+                None $(.or_else(|| $crate::stats::stats!(@kind path, $kind, $field, $ty)))*
+            }
+        }
+    };
+    (@kind $path:ident, counter, $field:ident, $ty:ty) => {
+        ($path == [stringify!($field)]).then_some($crate::stats::Kind::Counter)
+    };
+    (@kind $path:ident, gauge, $field:ident, $ty:ty) => {
+        ($path == [stringify!($field)]).then_some($crate::stats::Kind::Gauge)
+    };
+    (@kind $path:ident, label, $field:ident, $ty:ty) => {
+        None
+    };
+    (@kind $path:ident, nested, $field:ident, $ty:ty) => {
+        match $path.split_first() {
+            Some((first, rest)) if *first == stringify!($field) => {
+                <$ty as $crate::stats::Metrics>::kind(rest)
+            }
+            _ => None,
+        }
+    };
+    (@kind $path:ident, flattened, $field:ident, $ty:ty) => {
+        <$ty as $crate::stats::Metrics>::kind($path)
+    };
+}
+pub(crate) use stats;
 
 macro_rules! drop_reasons {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
@@ -160,6 +253,16 @@ impl Drops {
     }
 }
 
+/// Every reason's counter is a counter.
+impl Metrics for Drops {
+    fn kind(path: &[&str]) -> Option<Kind> {
+        match path {
+            [reason] if DropReason::ALL.iter().any(|r| r.name() == *reason) => Some(Kind::Counter),
+            _ => None,
+        }
+    }
+}
+
 impl Serialize for Drops {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(DropReason::ALL.len()))?;
@@ -170,331 +273,353 @@ impl Serialize for Drops {
     }
 }
 
-/// Ethernet-level counters of the engine (what it parsed and emitted).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct EthStats {
-    /// Frames handed to [`Stack::receive`](crate::Stack::receive).
-    pub rx_frames: u64,
-    /// Bytes of those frames, Ethernet header included (no FCS).
-    pub rx_bytes: u64,
-    /// Frames processed without a drop (the rest are in [`Stats::drops`]).
-    pub rx_accepted: u64,
-    /// Frames written to the transmit sink.
-    pub tx_frames: u64,
-    /// Bytes of those frames, Ethernet header included.
-    pub tx_bytes: u64,
-    /// Frames the engine wanted to send but got no buffer for.
-    pub tx_no_buffer: u64,
+stats! {
+    /// Ethernet-level counters of the engine (what it parsed and emitted).
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct EthStats {
+        /// Frames handed to [`Stack::receive`](crate::Stack::receive).
+        counter rx_frames: u64,
+        /// Bytes of those frames, Ethernet header included (no FCS).
+        counter rx_bytes: u64,
+        /// Frames processed without a drop (the rest are in [`Stats::drops`]).
+        counter rx_accepted: u64,
+        /// Frames written to the transmit sink.
+        counter tx_frames: u64,
+        /// Bytes of those frames, Ethernet header included.
+        counter tx_bytes: u64,
+        /// Frames the engine wanted to send but got no buffer for.
+        counter tx_no_buffer: u64,
+    }
 }
 
-/// ARP (RFC 826) counters and gauges of the [`ArpCache`](crate::iface::arp::ArpCache).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ArpStats {
-    /// Entries in the cache now, fresh or not yet evicted (a gauge).
-    pub entries: u64,
-    /// IPv4 packets waiting for an address to resolve now (a gauge).
-    pub pending_packets: u64,
-    /// Well-formed ARP requests received.
-    pub rx_requests: u64,
-    /// Well-formed ARP replies received.
-    pub rx_replies: u64,
-    /// Received ARP packets whose sender and target address are the same.
-    pub rx_gratuitous: u64,
-    /// Requests we broadcast: first asks and retries.
-    pub tx_requests: u64,
-    /// Replies we sent to requests for our address.
-    pub tx_replies: u64,
-    /// Gratuitous requests announcing our own address (one at start-up
-    /// when [`Config::announce`](crate::Config::announce) is set).
-    pub tx_gratuitous: u64,
-    /// Lookups on transmit that found a fresh entry.
-    pub hits: u64,
-    /// Lookups on transmit that found no entry or an expired one.
-    pub misses: u64,
-    /// Packets dropped from the pending queue (full, or never resolved).
-    pub pending_dropped: u64,
-    /// Resolutions that gave up after the last retry.
-    pub unresolved: u64,
-    /// New entries refused because the table was full.
-    pub table_full: u64,
-    /// Packets that would have changed a fresh entry's MAC without our
-    /// asking (spoofing), refused.
-    pub spoof_refused: u64,
-    /// Most entries held at once.
-    pub entries_hwm: u64,
-    /// Most bytes of packets waiting for resolution at once.
-    pub pending_bytes_hwm: u64,
+stats! {
+    /// ARP (RFC 826) counters and gauges of the [`ArpCache`](crate::iface::arp::ArpCache).
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct ArpStats {
+        /// Entries in the cache now, fresh or not yet evicted (a gauge).
+        gauge entries: u64,
+        /// IPv4 packets waiting for an address to resolve now (a gauge).
+        gauge pending_packets: u64,
+        /// Well-formed ARP requests received.
+        counter rx_requests: u64,
+        /// Well-formed ARP replies received.
+        counter rx_replies: u64,
+        /// Received ARP packets whose sender and target address are the same.
+        counter rx_gratuitous: u64,
+        /// Requests we broadcast: first asks and retries.
+        counter tx_requests: u64,
+        /// Replies we sent to requests for our address.
+        counter tx_replies: u64,
+        /// Gratuitous requests announcing our own address (one at start-up
+        /// when [`Config::announce`](crate::Config::announce) is set).
+        counter tx_gratuitous: u64,
+        /// Lookups on transmit that found a fresh entry.
+        counter hits: u64,
+        /// Lookups on transmit that found no entry or an expired one.
+        counter misses: u64,
+        /// Packets dropped from the pending queue (full, or never resolved).
+        counter pending_dropped: u64,
+        /// Resolutions that gave up after the last retry.
+        counter unresolved: u64,
+        /// New entries refused because the table was full.
+        counter table_full: u64,
+        /// Packets that would have changed a fresh entry's MAC without our
+        /// asking (spoofing), refused.
+        counter spoof_refused: u64,
+        /// Most entries held at once.
+        gauge entries_hwm: u64,
+        /// Most bytes of packets waiting for resolution at once.
+        gauge pending_bytes_hwm: u64,
+    }
 }
 
-/// IPv4 (RFC 791) counters, fragmentation and reassembly included.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Ipv4Stats {
-    /// Valid packets addressed to us (each fragment counts once).
-    pub rx_packets: u64,
-    /// Bytes of those packets by their total length field, headers included.
-    pub rx_bytes: u64,
-    /// Datagrams sent (a fragmented one counts once; see `tx_fragments`),
-    /// including those held for ARP resolution.
-    pub tx_packets: u64,
-    /// Bytes of those datagrams, IPv4 header included (one header per datagram).
-    pub tx_bytes: u64,
-    /// Fragments received (MF set or a nonzero offset).
-    pub rx_fragments: u64,
-    /// Datagrams reassembled whole from fragments.
-    pub reassembled: u64,
-    /// Incomplete datagrams dropped when their reassembly timer expired
-    /// ([`FragConfig::timeout`](crate::iface::frag::FragConfig::timeout)).
-    pub reassembly_timeouts: u64,
-    /// Bytes held by incomplete datagrams now (a gauge).
-    pub reassembly_bytes: u64,
-    /// Most bytes held for reassembly at once.
-    pub reassembly_bytes_hwm: u64,
-    /// Incomplete datagrams dropped to make room (cap or datagram count).
-    pub reassembly_evicted: u64,
-    /// Fragments sent for datagrams larger than the MTU.
-    pub tx_fragments: u64,
-    /// Sends refused with [`Error::NoRoute`](crate::Error::NoRoute): to
-    /// ourselves, to 0.0.0.0, or off-link with no gateway.
-    pub tx_no_route: u64,
+stats! {
+    /// IPv4 (RFC 791) counters, fragmentation and reassembly included.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct Ipv4Stats {
+        /// Valid packets addressed to us (each fragment counts once).
+        counter rx_packets: u64,
+        /// Bytes of those packets by their total length field, headers included.
+        counter rx_bytes: u64,
+        /// Datagrams sent (a fragmented one counts once; see `tx_fragments`),
+        /// including those held for ARP resolution.
+        counter tx_packets: u64,
+        /// Bytes of those datagrams, IPv4 header included (one header per datagram).
+        counter tx_bytes: u64,
+        /// Fragments received (MF set or a nonzero offset).
+        counter rx_fragments: u64,
+        /// Datagrams reassembled whole from fragments.
+        counter reassembled: u64,
+        /// Incomplete datagrams dropped when their reassembly timer expired
+        /// ([`FragConfig::timeout`](crate::iface::frag::FragConfig::timeout)).
+        counter reassembly_timeouts: u64,
+        /// Bytes held by incomplete datagrams now (a gauge).
+        gauge reassembly_bytes: u64,
+        /// Most bytes held for reassembly at once.
+        gauge reassembly_bytes_hwm: u64,
+        /// Incomplete datagrams dropped to make room (cap or datagram count).
+        counter reassembly_evicted: u64,
+        /// Fragments sent for datagrams larger than the MTU.
+        counter tx_fragments: u64,
+        /// Sends refused with [`Error::NoRoute`](crate::Error::NoRoute): to
+        /// ourselves, to 0.0.0.0, or off-link with no gateway.
+        counter tx_no_route: u64,
+    }
 }
 
-/// ICMP (RFC 792) counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct IcmpStats {
-    /// Echo requests received (answered or not).
-    pub rx_echo_requests: u64,
-    /// Echo replies sent.
-    pub tx_echo_replies: u64,
-    /// Echo requests sent by ping sockets.
-    pub tx_echo_requests: u64,
-    /// Echo replies received (delivered to a ping socket or not).
-    pub rx_echo_replies: u64,
-    /// Destination-unreachable messages received.
-    pub rx_dest_unreachable: u64,
-    /// Destination-unreachable messages sent (port or protocol unreachable).
-    pub tx_dest_unreachable: u64,
-    /// Errors not sent because of the ICMP error rate limit.
-    pub rate_limited: u64,
+stats! {
+    /// ICMP (RFC 792) counters.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct IcmpStats {
+        /// Echo requests received (answered or not).
+        counter rx_echo_requests: u64,
+        /// Echo replies sent.
+        counter tx_echo_replies: u64,
+        /// Echo requests sent by ping sockets.
+        counter tx_echo_requests: u64,
+        /// Echo replies received (delivered to a ping socket or not).
+        counter rx_echo_replies: u64,
+        /// Destination-unreachable messages received.
+        counter rx_dest_unreachable: u64,
+        /// Destination-unreachable messages sent (port or protocol unreachable).
+        counter tx_dest_unreachable: u64,
+        /// Errors not sent because of the ICMP error rate limit.
+        counter rate_limited: u64,
+    }
 }
 
-/// UDP (RFC 768) counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct UdpStats {
-    /// Datagrams delivered to a socket's receive queue.
-    pub rx_datagrams: u64,
-    /// Payload bytes of those datagrams.
-    pub rx_bytes: u64,
-    /// Datagrams sent.
-    pub tx_datagrams: u64,
-    /// Payload bytes of those datagrams.
-    pub tx_bytes: u64,
-    /// Sockets bound now (a gauge).
-    pub sockets: u64,
+stats! {
+    /// UDP (RFC 768) counters.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct UdpStats {
+        /// Datagrams delivered to a socket's receive queue.
+        counter rx_datagrams: u64,
+        /// Payload bytes of those datagrams.
+        counter rx_bytes: u64,
+        /// Datagrams sent.
+        counter tx_datagrams: u64,
+        /// Payload bytes of those datagrams.
+        counter tx_bytes: u64,
+        /// Sockets bound now (a gauge).
+        gauge sockets: u64,
+    }
 }
 
-/// RDMA UD (RoCEv2) counters: payload bytes of SENDs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct UdStats {
-    /// UD queue pairs open now (a gauge).
-    pub qps: u64,
-    /// SENDs delivered into a posted receive buffer.
-    pub rx_packets: u64,
-    /// Payload bytes of those SENDs.
-    pub rx_bytes: u64,
-    /// SENDs emitted.
-    pub tx_packets: u64,
-    /// Payload bytes of those SENDs.
-    pub tx_bytes: u64,
-    /// Sends completed in error (no route).
-    pub tx_errors: u64,
-    /// Most completions waiting in one QP's completion queue at once.
-    pub cq_depth_hwm: u64,
+stats! {
+    /// RDMA UD (RoCEv2) counters: payload bytes of SENDs.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct UdStats {
+        /// UD queue pairs open now (a gauge).
+        gauge qps: u64,
+        /// SENDs delivered into a posted receive buffer.
+        counter rx_packets: u64,
+        /// Payload bytes of those SENDs.
+        counter rx_bytes: u64,
+        /// SENDs emitted.
+        counter tx_packets: u64,
+        /// Payload bytes of those SENDs.
+        counter tx_bytes: u64,
+        /// Sends completed in error (no route).
+        counter tx_errors: u64,
+        /// Most completions waiting in one QP's completion queue at once.
+        gauge cq_depth_hwm: u64,
+    }
 }
 
-/// RoCEv2 RC: gauges, and every QP's counters summed (QPs destroyed
-/// included).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct RcStats {
-    /// RC queue pairs open now (a gauge).
-    pub qps: u64,
-    /// Memory regions registered now (a gauge).
-    pub mrs: u64,
-    /// Bytes of those regions (a gauge).
-    pub mr_bytes: u64,
-    /// The QPs' counters.
-    #[serde(flatten)]
-    pub totals: RcQpStats,
+stats! {
+    /// RoCEv2 RC: gauges, and every QP's counters summed (QPs destroyed
+    /// included).
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct RcStats {
+        /// RC queue pairs open now (a gauge).
+        gauge qps: u64,
+        /// Memory regions registered now (a gauge).
+        gauge mrs: u64,
+        /// Bytes of those regions (a gauge).
+        gauge mr_bytes: u64,
+        /// The QPs' counters.
+        #[serde(flatten)]
+        flattened totals: RcQpStats,
+    }
 }
 
-/// All engine counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Stats {
-    /// Ethernet: frames in and out.
-    pub eth: EthStats,
-    /// ARP cache and messages.
-    pub arp: ArpStats,
-    /// IPv4, fragmentation and reassembly.
-    pub ipv4: Ipv4Stats,
-    /// ICMP echo and errors.
-    pub icmp: IcmpStats,
-    /// UDP sockets.
-    pub udp: UdpStats,
-    /// TCP connections, listeners and per-connection totals.
-    pub tcp: TcpStats,
-    /// RDMA UD over RoCEv2.
-    pub ud: UdStats,
-    /// RDMA RC over RoCEv2.
-    pub rc: RcStats,
-    /// Received frames dropped, one counter per [`DropReason`].
-    pub drops: Drops,
+stats! {
+    /// All engine counters.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct Stats {
+        /// Ethernet: frames in and out.
+        nested eth: EthStats,
+        /// ARP cache and messages.
+        nested arp: ArpStats,
+        /// IPv4, fragmentation and reassembly.
+        nested ipv4: Ipv4Stats,
+        /// ICMP echo and errors.
+        nested icmp: IcmpStats,
+        /// UDP sockets.
+        nested udp: UdpStats,
+        /// TCP connections, listeners and per-connection totals.
+        nested tcp: TcpStats,
+        /// RDMA UD over RoCEv2.
+        nested ud: UdStats,
+        /// RDMA RC over RoCEv2.
+        nested rc: RcStats,
+        /// Received frames dropped, one counter per [`DropReason`].
+        nested drops: Drops,
+    }
 }
 
-/// Counters of the TCP layer.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct TcpStats {
-    /// Connections opened by the app (`tcp_connect`).
-    pub active_opens: u64,
-    /// Connections opened by a listener: SYNs accepted into the backlog,
-    /// and SYN-cookie handshakes completed.
-    pub passive_opens: u64,
-    /// Handshakes completed (SYN-SENT or SYN-RECEIVED to a synchronized state).
-    pub established: u64,
-    /// RST segments sent, by connections and for segments matching no socket.
-    pub resets_sent: u64,
-    /// Acceptable RST segments that closed a connection.
-    pub resets_received: u64,
-    /// Resets for segments matching no connection left unsent for the
-    /// reset rate limit.
-    pub resets_rate_limited: u64,
-    /// SYN-ACKs carrying a SYN cookie, sent because a backlog was full.
-    pub syn_cookies_sent: u64,
-    /// ACKs to a listener that carried a valid cookie and became connections.
-    pub syn_cookies_accepted: u64,
-    /// ACKs to a listener whose cookie did not verify (answered with RST).
-    pub syn_cookies_failed: u64,
-    /// SYNs that found their listener's backlog full (answered with a cookie).
-    pub listen_overflows: u64,
-    /// Well-formed segments received, whatever became of them.
-    pub segs_in: u64,
-    /// Segments emitted onto the link (each frame of a segment the stack
-    /// cuts itself counts; a TSO port's segment counts once).
-    pub segs_out: u64,
-    /// Segments the stack cut into several frames itself (GSO, for a port
-    /// without TSO, [`crate::Config::gso_max`]).
-    pub gso_segments: u64,
-    /// Retransmitted segments emitted (sum of the connections' retransmits
-    /// as they are sent).
-    pub retransmits: u64,
-    /// Connections held now, in any state including TIME_WAIT (a gauge).
-    pub connections: u64,
-    /// Of those, TIME-WAIT records (the small kind a released connection
-    /// becomes, without buffers; a gauge).
-    pub time_wait: u64,
-    /// SYNs of a new incarnation that took a 4-tuple out of TIME-WAIT
-    /// (RFC 6191: a newer timestamp or sequence number).
-    pub time_wait_reopened: u64,
-    /// Segments to a TIME-WAIT record answered with its ACK.
-    pub time_wait_acks: u64,
-    /// Most connections held at once (the table's high-water mark).
-    pub connections_hwm: u64,
-    /// Most connections a listener held in its backlog at once (waiting
-    /// for accept plus half-open), across listeners.
-    pub backlog_hwm: u64,
-    /// Out-of-order bytes held across connections now.
-    pub ooo_bytes: u64,
-    /// Times a connection's out-of-order data was dropped for the stack-wide cap.
-    pub ooo_pruned: u64,
-    /// Receive buffers grown by autotuning.
-    pub rcvbuf_grown: u64,
-    /// Autotuning growths refused for the stack-wide `autotune_memory`.
-    pub autotune_limited: u64,
-    /// Bytes receive buffers hold now beyond their initial size.
-    pub autotune_bytes: u64,
-    /// Per-connection counters summed over every connection, live and closed.
-    pub totals: ConnStats,
+stats! {
+    /// Counters of the TCP layer.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct TcpStats {
+        /// Connections opened by the app (`tcp_connect`).
+        counter active_opens: u64,
+        /// Connections opened by a listener: SYNs accepted into the backlog,
+        /// and SYN-cookie handshakes completed.
+        counter passive_opens: u64,
+        /// Handshakes completed (SYN-SENT or SYN-RECEIVED to a synchronized state).
+        counter established: u64,
+        /// RST segments sent, by connections and for segments matching no socket.
+        counter resets_sent: u64,
+        /// Acceptable RST segments that closed a connection.
+        counter resets_received: u64,
+        /// Resets for segments matching no connection left unsent for the
+        /// reset rate limit.
+        counter resets_rate_limited: u64,
+        /// SYN-ACKs carrying a SYN cookie, sent because a backlog was full.
+        counter syn_cookies_sent: u64,
+        /// ACKs to a listener that carried a valid cookie and became connections.
+        counter syn_cookies_accepted: u64,
+        /// ACKs to a listener whose cookie did not verify (answered with RST).
+        counter syn_cookies_failed: u64,
+        /// SYNs that found their listener's backlog full (answered with a cookie).
+        counter listen_overflows: u64,
+        /// Well-formed segments received, whatever became of them.
+        counter segs_in: u64,
+        /// Segments emitted onto the link (each frame of a segment the stack
+        /// cuts itself counts; a TSO port's segment counts once).
+        counter segs_out: u64,
+        /// Segments the stack cut into several frames itself (GSO, for a port
+        /// without TSO, [`crate::Config::gso_max`]).
+        counter gso_segments: u64,
+        /// Retransmitted segments emitted (sum of the connections' retransmits
+        /// as they are sent).
+        counter retransmits: u64,
+        /// Connections held now, in any state including TIME_WAIT (a gauge).
+        gauge connections: u64,
+        /// Of those, TIME-WAIT records (the small kind a released connection
+        /// becomes, without buffers; a gauge).
+        gauge time_wait: u64,
+        /// SYNs of a new incarnation that took a 4-tuple out of TIME-WAIT
+        /// (RFC 6191: a newer timestamp or sequence number).
+        counter time_wait_reopened: u64,
+        /// Segments to a TIME-WAIT record answered with its ACK.
+        counter time_wait_acks: u64,
+        /// Most connections held at once (the table's high-water mark).
+        gauge connections_hwm: u64,
+        /// Most connections a listener held in its backlog at once (waiting
+        /// for accept plus half-open), across listeners.
+        gauge backlog_hwm: u64,
+        /// Out-of-order bytes held across connections now.
+        gauge ooo_bytes: u64,
+        /// Times a connection's out-of-order data was dropped for the stack-wide cap.
+        counter ooo_pruned: u64,
+        /// Receive buffers grown by autotuning.
+        counter rcvbuf_grown: u64,
+        /// Autotuning growths refused for the stack-wide `autotune_memory`.
+        counter autotune_limited: u64,
+        /// Bytes receive buffers hold now beyond their initial size.
+        gauge autotune_bytes: u64,
+        /// Per-connection counters summed over every connection, live and closed.
+        nested totals: ConnStats,
+    }
 }
 
-/// One QP's counters (and the totals of all of them in [`crate::stats::RcStats`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct RcQpStats {
-    /// Packets sent (requests, responses, including retransmissions).
-    pub tx_packets: u64,
-    /// Payload bytes sent the first time (SEND/WRITE data, READ responses).
-    pub tx_bytes: u64,
-    /// Requests taken in sequence.
-    pub rx_packets: u64,
-    /// Payload bytes placed (received SENDs and WRITEs, READ responses).
-    pub rx_bytes: u64,
-    /// Request packets sent again (go-back-N).
-    pub retransmits: u64,
-    /// ACK timeouts.
-    pub ack_timeouts: u64,
-    /// PSN-sequence NAKs sent (one per gap).
-    pub seq_naks_sent: u64,
-    /// PSN-sequence NAKs received.
-    pub seq_naks_received: u64,
-    /// RNR NAKs sent (no receive posted).
-    pub rnr_naks_sent: u64,
-    /// RNR NAKs received.
-    pub rnr_naks_received: u64,
-    /// Other NAKs sent (invalid request, remote access, operational).
-    pub naks_sent: u64,
-    /// Fatal NAKs received.
-    pub remote_errors: u64,
-    /// ACKs (and NAKs) sent.
-    pub acks_sent: u64,
-    /// Requests that arrived again after they were executed.
-    pub duplicates: u64,
-    /// Requests ahead of the expected PSN.
-    pub out_of_sequence: u64,
-    /// Gaps seen in READ responses.
-    pub read_gaps: u64,
-    /// ACKs and responses matching nothing outstanding.
-    pub stale_acks: u64,
-    /// WRITEs and READs refused for key, access or range.
-    pub access_errors: u64,
-    /// Responses with the wrong length or opcode for their place.
-    pub malformed: u64,
-    /// Times the QP went to the error state.
-    pub errors: u64,
+stats! {
+    /// One QP's counters (and the totals of all of them in [`crate::stats::RcStats`]).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+    pub struct RcQpStats {
+        /// Packets sent (requests, responses, including retransmissions).
+        counter tx_packets: u64,
+        /// Payload bytes sent the first time (SEND/WRITE data, READ responses).
+        counter tx_bytes: u64,
+        /// Requests taken in sequence.
+        counter rx_packets: u64,
+        /// Payload bytes placed (received SENDs and WRITEs, READ responses).
+        counter rx_bytes: u64,
+        /// Request packets sent again (go-back-N).
+        counter retransmits: u64,
+        /// ACK timeouts.
+        counter ack_timeouts: u64,
+        /// PSN-sequence NAKs sent (one per gap).
+        counter seq_naks_sent: u64,
+        /// PSN-sequence NAKs received.
+        counter seq_naks_received: u64,
+        /// RNR NAKs sent (no receive posted).
+        counter rnr_naks_sent: u64,
+        /// RNR NAKs received.
+        counter rnr_naks_received: u64,
+        /// Other NAKs sent (invalid request, remote access, operational).
+        counter naks_sent: u64,
+        /// Fatal NAKs received.
+        counter remote_errors: u64,
+        /// ACKs (and NAKs) sent.
+        counter acks_sent: u64,
+        /// Requests that arrived again after they were executed.
+        counter duplicates: u64,
+        /// Requests ahead of the expected PSN.
+        counter out_of_sequence: u64,
+        /// Gaps seen in READ responses.
+        counter read_gaps: u64,
+        /// ACKs and responses matching nothing outstanding.
+        counter stale_acks: u64,
+        /// WRITEs and READs refused for key, access or range.
+        counter access_errors: u64,
+        /// Responses with the wrong length or opcode for their place.
+        counter malformed: u64,
+        /// Times the QP went to the error state.
+        counter errors: u64,
+    }
 }
 
-/// Counters of one connection, for telemetry.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ConnStats {
-    /// Segments delivered to the connection.
-    pub segs_in: u64,
-    /// Segments the connection produced (data, ACKs, SYN, FIN, RST).
-    pub segs_out: u64,
-    /// Payload bytes received in order (readable by the app).
-    pub bytes_in: u64,
-    /// Payload bytes sent and acknowledged by the peer.
-    pub bytes_out: u64,
-    /// Segments sent again: after a timeout, in fast recovery, or after a
-    /// path MTU drop.
-    pub retransmits: u64,
-    /// Entries into fast recovery (three duplicate ACKs, or SACK marking
-    /// the head lost, RFC 6675).
-    pub fast_retransmits: u64,
-    /// Retransmission timer expiries (RFC 6298 5.4-5.6).
-    pub timeouts: u64,
-    /// Duplicate ACKs received (RFC 5681 §2 definition).
-    pub dup_acks: u64,
-    /// Persist timer expiries that forced a zero-window probe (RFC 9293 3.8.6.1).
-    pub zero_window_probes: u64,
-    /// Challenge ACKs sent for suspicious RST, SYN or old ACKs (RFC 5961),
-    /// within the per-second limit.
-    pub challenge_acks: u64,
-    /// Times out-of-order data was dropped: the range limit was reached,
-    /// or the stack-wide out-of-order cap pruned this connection.
-    pub ooo_dropped: u64,
-    /// Segments rejected: unacceptable sequence numbers (RFC 9293
-    /// 3.10.7.4), PAWS failures (RFC 7323 §5), bad ACKs in SYN-SENT.
-    pub bad_segments: u64,
-    /// Times an ICMP fragmentation-needed lowered the MSS (path MTU).
-    pub pmtu_reductions: u64,
-    /// Keepalive probes sent (RFC 1122 4.2.3.6).
-    pub keepalive_probes: u64,
+stats! {
+    /// Counters of one connection, for telemetry.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct ConnStats {
+        /// Segments delivered to the connection.
+        counter segs_in: u64,
+        /// Segments the connection produced (data, ACKs, SYN, FIN, RST).
+        counter segs_out: u64,
+        /// Payload bytes received in order (readable by the app).
+        counter bytes_in: u64,
+        /// Payload bytes sent and acknowledged by the peer.
+        counter bytes_out: u64,
+        /// Segments sent again: after a timeout, in fast recovery, or after a
+        /// path MTU drop.
+        counter retransmits: u64,
+        /// Entries into fast recovery (three duplicate ACKs, or SACK marking
+        /// the head lost, RFC 6675).
+        counter fast_retransmits: u64,
+        /// Retransmission timer expiries (RFC 6298 5.4-5.6).
+        counter timeouts: u64,
+        /// Duplicate ACKs received (RFC 5681 §2 definition).
+        counter dup_acks: u64,
+        /// Persist timer expiries that forced a zero-window probe (RFC 9293 3.8.6.1).
+        counter zero_window_probes: u64,
+        /// Challenge ACKs sent for suspicious RST, SYN or old ACKs (RFC 5961),
+        /// within the per-second limit.
+        counter challenge_acks: u64,
+        /// Times out-of-order data was dropped: the range limit was reached,
+        /// or the stack-wide out-of-order cap pruned this connection.
+        counter ooo_dropped: u64,
+        /// Segments rejected: unacceptable sequence numbers (RFC 9293
+        /// 3.10.7.4), PAWS failures (RFC 7323 §5), bad ACKs in SYN-SENT.
+        counter bad_segments: u64,
+        /// Times an ICMP fragmentation-needed lowered the MSS (path MTU).
+        counter pmtu_reductions: u64,
+        /// Keepalive probes sent (RFC 1122 4.2.3.6).
+        counter keepalive_probes: u64,
+    }
 }
 
 #[cfg(test)]
@@ -515,5 +640,53 @@ mod test {
         assert_eq!(d.nonzero().collect::<Vec<_>>(), vec![("udp_no_socket", 2)]);
         let j = serde_json::to_value(&d).unwrap();
         assert_eq!(j["udp_no_socket"], 2);
+    }
+
+    /// Every number in `v` (a serialized struct) by its path, lists passed over.
+    fn numbers(v: &serde_json::Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        match v {
+            serde_json::Value::Number(_) => out.push(path.clone()),
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    path.push(k.clone());
+                    numbers(v, path, out);
+                    path.pop();
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| numbers(v, path, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_number_declares_its_kind() {
+        let mut paths = Vec::new();
+        numbers(
+            &serde_json::to_value(Stats::default()).unwrap(),
+            &mut Vec::new(),
+            &mut paths,
+        );
+        assert!(paths.len() > 150, "{}", paths.len());
+        for p in &paths {
+            let p: Vec<&str> = p.iter().map(String::as_str).collect();
+            assert!(
+                Stats::kind(&p).is_some(),
+                "no kind for stack.{}",
+                p.join(".")
+            );
+        }
+        let k = |p: &[&str]| Stats::kind(p);
+        assert_eq!(k(&["arp", "entries"]), Some(Kind::Gauge));
+        assert_eq!(k(&["arp", "entries_hwm"]), Some(Kind::Gauge));
+        assert_eq!(k(&["arp", "rx_requests"]), Some(Kind::Counter));
+        assert_eq!(k(&["tcp", "totals", "segs_in"]), Some(Kind::Counter));
+        assert_eq!(k(&["rc", "mr_bytes"]), Some(Kind::Gauge));
+        assert_eq!(k(&["rc", "retransmits"]), Some(Kind::Counter)); // flattened
+        assert_eq!(k(&["drops", "tcp_bad_checksum"]), Some(Kind::Counter));
+        assert_eq!(k(&["drops", "no_such_reason"]), None);
+        assert_eq!(k(&["tcp"]), None);
+        assert_eq!(k(&["tcp", "no_such_field"]), None);
+        assert_eq!(k(&["arp", "entries", "deeper"]), None);
+        assert_eq!(k(&[]), None);
     }
 }

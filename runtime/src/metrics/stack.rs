@@ -158,3 +158,64 @@ pub fn program_name() -> String {
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "ustack".into())
 }
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    /// `promtool check metrics` on `text`, when promtool is installed.
+    fn promtool_check(text: &str) {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        let Ok(mut child) = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+        else {
+            ustack_test_skip::skip(
+                "promtool is not installed (apt-get install prometheus): its check left out",
+            );
+            return;
+        };
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics failed:\n{}{}\n--- input ---\n{text}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn promtool_accepts_a_whole_stack_exposition() {
+        // A real engine snapshot through the converter, as /metrics serves it.
+        let link = ustack::sim::SimLink::new(Default::default());
+        let port = link.attach(ustack::sim::host_mac(1), 64);
+        let node = ustack::node::Node::new(ustack::Stack::new(ustack::sim::host_config(1)), port);
+        let s = node.snapshot(ustack::Instant::ZERO);
+        let feed = Feed::new();
+        feed.publish(&s);
+        let stack = StackMetrics {
+            feed,
+            name: "test".into(),
+            app: Some(|| vec![("refused", 1)]),
+            sources: Vec::new(),
+            options: Default::default(),
+        };
+        let text = super::super::render(&stack.families());
+        assert!(text.contains("ustack_up{stack=\"test\"} 1\n"), "{text}");
+        assert!(
+            text.contains("ustack_drops_total{stack=\"test\",reason=\"tcp_bad_checksum\"} 0\n"),
+            "{text}"
+        );
+        promtool_check(&text);
+    }
+}

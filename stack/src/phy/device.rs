@@ -8,35 +8,38 @@ use serde::Serialize;
 
 pub use crate::phy::offload::{RxChecksum, TxOffload};
 use crate::phy::pool::{PacketBuf, PoolStats};
+use crate::stats::stats;
 use crate::time::Instant;
 
-/// Port counters, as DPDK's `rte_eth_stats` names them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct PortStats {
-    /// Frames received (`ipackets`).
-    pub rx_packets: u64,
-    /// Bytes of those frames (`ibytes`).
-    pub rx_bytes: u64,
-    /// Frames transmitted (`opackets`).
-    pub tx_packets: u64,
-    /// Bytes of those frames (`obytes`).
-    pub tx_bytes: u64,
-    /// Frames the port dropped on receive (queue full, "imissed").
-    pub rx_missed: u64,
-    /// Receive drops for want of a buffer ("rx_nombuf").
-    pub rx_nombuf: u64,
-    /// Frames the port could not transmit.
-    pub tx_errors: u64,
-    /// Transmits retried after a transient refusal (a full socket buffer).
-    pub tx_retries: u64,
-    /// Frames larger than the MTU the kernel merged (GRO/LRO) and the port
-    /// cut back into segments (pcap).
-    pub rx_gro_frames: u64,
-    /// TCP/UDP frames whose checksum held only the pseudo-header sum (a
-    /// local sender's checksum offload), completed or left to be dropped.
-    pub rx_partial_checksum: u64,
-    /// Frames too large for the port that were no aggregate it could cut.
-    pub rx_oversize: u64,
+stats! {
+    /// Port counters, as DPDK's `rte_eth_stats` names them.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct PortStats {
+        /// Frames received (`ipackets`).
+        counter rx_packets: u64,
+        /// Bytes of those frames (`ibytes`).
+        counter rx_bytes: u64,
+        /// Frames transmitted (`opackets`).
+        counter tx_packets: u64,
+        /// Bytes of those frames (`obytes`).
+        counter tx_bytes: u64,
+        /// Frames the port dropped on receive (queue full, "imissed").
+        counter rx_missed: u64,
+        /// Receive drops for want of a buffer ("rx_nombuf").
+        counter rx_nombuf: u64,
+        /// Frames the port could not transmit.
+        counter tx_errors: u64,
+        /// Transmits retried after a transient refusal (a full socket buffer).
+        counter tx_retries: u64,
+        /// Frames larger than the MTU the kernel merged (GRO/LRO) and the port
+        /// cut back into segments (pcap).
+        counter rx_gro_frames: u64,
+        /// TCP/UDP frames whose checksum held only the pseudo-header sum (a
+        /// local sender's checksum offload), completed or left to be dropped.
+        counter rx_partial_checksum: u64,
+        /// Frames too large for the port that were no aggregate it could cut.
+        counter rx_oversize: u64,
+    }
 }
 
 /// What a backend can do, read once by the poll loop.

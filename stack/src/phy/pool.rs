@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use serde::Serialize;
 
 use crate::phy::offload::{RxChecksum, TxOffload};
+use crate::stats::stats;
 use crate::time::Instant;
 
 /// A packet buffer owned by a pool; returned to the pool when dropped.
@@ -48,19 +49,21 @@ pub trait PacketBuf: AsRef<[u8]> + AsMut<[u8]> {
     }
 }
 
-/// Counters every pool publishes.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct PoolStats {
-    /// The pool's name in telemetry (e.g. `rx`, `tx`, a DPDK mempool name).
-    pub name: String,
-    /// Buffers the pool holds in all.
-    pub capacity: usize,
-    /// Buffers handed out and not yet returned (a gauge).
-    pub in_use: usize,
-    /// Allocations refused because every buffer was in use.
-    pub alloc_failures: u64,
-    /// Bytes each buffer can hold.
-    pub buf_size: usize,
+stats! {
+    /// Counters every pool publishes.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct PoolStats {
+        /// The pool's name in telemetry (e.g. `rx`, `tx`, a DPDK mempool name).
+        label name: String,
+        /// Buffers the pool holds in all.
+        gauge capacity: usize,
+        /// Buffers handed out and not yet returned (a gauge).
+        gauge in_use: usize,
+        /// Allocations refused because every buffer was in use.
+        counter alloc_failures: u64,
+        /// Bytes each buffer can hold.
+        gauge buf_size: usize,
+    }
 }
 
 /// A source of packet buffers.

@@ -23,6 +23,7 @@
 
 use core::net::{Ipv4Addr, SocketAddrV4};
 
+use crate::stats::stats;
 use serde::Serialize;
 use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet};
 use std::sync::Arc;
@@ -88,23 +89,25 @@ pub enum Mail {
     },
 }
 
-/// Counters of a shard's mailboxes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct ShardStats {
-    /// Frames sent to the sibling a steering rule names.
-    pub steered_out: u64,
-    /// ARP copies sent to siblings.
-    pub arp_replicas_out: u64,
-    /// TCP segments for no connection here passed to the next shard
-    /// (the driver's flow hash put them on the wrong queue).
-    pub passed_on: u64,
-    /// Mail received and processed.
-    pub mail_in: u64,
-    /// Mail lost because a sibling's mailbox was full.
-    pub mailbox_full: u64,
-    /// Frames left to another process (a replicated port: every process
-    /// sees every frame and handles the flows that hash to it).
-    pub not_ours: u64,
+stats! {
+    /// Counters of a shard's mailboxes.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+    pub struct ShardStats {
+        /// Frames sent to the sibling a steering rule names.
+        counter steered_out: u64,
+        /// ARP copies sent to siblings.
+        counter arp_replicas_out: u64,
+        /// TCP segments for no connection here passed to the next shard
+        /// (the driver's flow hash put them on the wrong queue).
+        counter passed_on: u64,
+        /// Mail received and processed.
+        counter mail_in: u64,
+        /// Mail lost because a sibling's mailbox was full.
+        counter mailbox_full: u64,
+        /// Frames left to another process (a replicated port: every process
+        /// sees every frame and handles the flows that hash to it).
+        counter not_ours: u64,
+    }
 }
 
 /// Where a received frame goes.

@@ -1,7 +1,9 @@
 //! utop: a terminal monitor of running ustack stacks.
 //!
 //! A stack publishes snapshots as JSON lines on a Unix socket
-//! (`ustack_runtime::telemetry`); [`feed`] attaches to one and turns its lines into
+//! (`ustack_runtime::telemetry`; the line's format, [`model`], is the
+//! `ustack-telemetry-format` crate's, which utop links instead of the
+//! runtime); [`feed`] attaches to one and turns its lines into
 //! [`feed::Update`]s, [`monitor::Monitor`] keeps the latest snapshot, the
 //! rates between the last two and the view (pane, sort, filter), and
 //! [`term`] draws it with ratatui: only when something shown changed, and
@@ -13,11 +15,12 @@
 #![forbid(unsafe_code)]
 
 pub mod feed;
-pub mod model;
 pub mod monitor;
 pub mod prometheus;
 pub mod term;
 mod view;
+
+pub use ustack_telemetry_format::line as model;
 
 pub use feed::Update;
 pub use model::Frame;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use ustack_runtime::telemetry;
+use ustack_telemetry_format::socket as telemetry;
 use utop::{Monitor, Update, feed};
 
 /// How long `--once` waits for the first snapshot.

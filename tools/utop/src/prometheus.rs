@@ -3,9 +3,9 @@
 //! `--metrics` (or by a program that does not take the flag).
 //!
 //! A thread reads the stack's telemetry socket and keeps the latest line;
-//! each scrape converts it with the runtime's converter
-//! (`ustack_runtime::metrics::convert`), so the sidecar serves the same
-//! names as the stack's own endpoint. When the stack is not there (not
+//! each scrape converts it with the converter the runtime's endpoint uses
+//! (`ustack_telemetry_format::metrics::convert`), so the sidecar serves
+//! the same names as the stack's own endpoint. When the stack is not there (not
 //! started yet, exited, restarting) the socket is tried again every half
 //! second, and a scrape answers 200 with `ustack_up 0` and nothing else:
 //! Prometheus' own `up` stays 1 (the sidecar answers), so an alert on
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ustack_runtime::metrics::{self, Endpoint, Family, convert};
+use ustack_telemetry_format::metrics::{self, Endpoint, Family, convert};
 
 /// How often the sidecar tries the socket again while the stack is away.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_millis(500);

@@ -15,8 +15,8 @@
 //! [`Limits::timeout`] twice over, so no client holds a thread for long.
 //!
 //! The scrape function runs on the connection's thread; it must only read
-//! published state (see [`super::MetricsSource`]). A panic in it is caught
-//! and answered with 500.
+//! published state (see the runtime's `metrics::MetricsSource`). A panic
+//! in it is caught and answered with 500.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -280,7 +280,7 @@ ustack_rtt_seconds_count{target=\"10.0.0.2\"} 5
     }
 
     /// `promtool check metrics` on `text`; false (with a note) without it.
-    pub(crate) fn promtool_check(text: &str) -> bool {
+    fn promtool_check(text: &str) -> bool {
         use std::io::Write;
         let child = std::process::Command::new("promtool")
             .args(["check", "metrics"])
@@ -312,21 +312,18 @@ ustack_rtt_seconds_count{target=\"10.0.0.2\"} 5
 
     #[test]
     fn promtool_accepts_a_whole_stack_exposition() {
-        // A real engine snapshot through the converter, as /metrics serves it.
+        // A real engine snapshot through the converter, as /metrics serves
+        // it (the runtime's `StackMetrics` adds its own families: its test
+        // checks those).
         let link = ustack::sim::SimLink::new(Default::default());
         let port = link.attach(ustack::sim::host_mac(1), 64);
         let node = ustack::node::Node::new(ustack::Stack::new(ustack::sim::host_config(1)), port);
         let s = node.snapshot(ustack::Instant::ZERO);
-        let feed = crate::metrics::Feed::new();
-        feed.publish(&s);
-        let stack = crate::metrics::StackMetrics {
-            feed,
-            name: "test".into(),
-            app: Some(|| vec![("refused", 1)]),
-            sources: Vec::new(),
-            options: Default::default(),
-        };
-        let text = render(&stack.families());
+        let mut families = vec![crate::metrics::convert::up(true)];
+        let line = serde_json::to_value(&s).unwrap();
+        families.extend(crate::metrics::line_families(&line, &Default::default()));
+        crate::metrics::add_label(&mut families, "stack", "test");
+        let text = render(&families);
         assert!(text.contains("ustack_up{stack=\"test\"} 1\n"), "{text}");
         assert!(
             text.contains("ustack_drops_total{stack=\"test\",reason=\"tcp_bad_checksum\"} 0\n"),

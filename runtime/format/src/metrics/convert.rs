@@ -1,6 +1,7 @@
-//! One telemetry line (the JSON object [`crate::telemetry::Publisher`]
-//! writes, as `utop` reads it) as Prometheus metric families, with the
-//! names of `tools/prometheus/README.md`.
+//! One telemetry line (the JSON object the runtime's
+//! `telemetry::Publisher` writes, as `utop` reads it: see [`crate`]) as
+//! Prometheus metric families, with the names of
+//! `tools/prometheus/README.md`.
 //!
 //! The input is the JSON value, not the engine's types, so the runtime's
 //! endpoint (which serializes its own snapshots) and `utop --prometheus`
@@ -9,14 +10,17 @@
 //! layer show up under the layer's prefix, nothing panics.
 //!
 //! Names: `ustack_<layer>_<field>_total` for a layer's counters and
-//! `ustack_<layer>_<field>` for its gauges (the engine documents its
-//! gauges: entries, sockets, queue pairs, live connections, bytes held
-//! now, and every `_hwm` high-water mark); microseconds become seconds.
+//! `ustack_<layer>_<field>` for its gauges (each field of the engine's
+//! statistics declares its kind: [`ustack::stats::Metrics`]; a field this
+//! build of the engine does not know, from a stack of another version, is
+//! a counter); microseconds become seconds.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use ustack::node::Snapshot;
+use ustack::stats::Metrics;
 
 use super::{Family, Kind, Sample, Value as MValue};
 
@@ -245,11 +249,12 @@ fn port(f: &mut Families, obj: &Value, labels: &[(&str, &str)]) {
     };
     for (k, v) in port {
         let Some(v) = num(v) else { continue };
-        let Some(name) = metric_name("port", k, true) else {
+        let kind = declared(&["port", k]);
+        let Some(name) = metric_name("port", k, kind == Kind::Counter) else {
             continue;
         };
         let help = port_help(k);
-        f.push(&name, &help, Kind::Counter, labels, v);
+        f.push(&name, &help, kind, labels, v);
     }
 }
 
@@ -271,25 +276,14 @@ fn port_help(field: &str) -> String {
     format!("{what}.")
 }
 
-/// Whether `section.field` of the engine's statistics is a gauge (the
-/// engine documents these as such); everything else is a counter.
-fn is_gauge(section: &str, field: &str) -> bool {
-    field.ends_with("_hwm")
-        || matches!(
-            (section, field),
-            ("arp", "entries")
-                | ("arp", "pending_packets")
-                | ("ipv4", "reassembly_bytes")
-                | ("udp", "sockets")
-                | ("ud", "qps")
-                | ("rc", "qps")
-                | ("rc", "mrs")
-                | ("rc", "mr_bytes")
-                | ("tcp", "connections")
-                | ("tcp", "time_wait")
-                | ("tcp", "ooo_bytes")
-                | ("tcp", "autotune_bytes")
-        )
+/// The kind the engine declares for the number at `path` of a snapshot
+/// (see [`Snapshot`]'s [`Metrics`]); a number it does not know (a stack
+/// of another version) is a counter.
+fn declared(path: &[&str]) -> Kind {
+    match Snapshot::kind(path) {
+        Some(ustack::stats::Kind::Gauge) => Kind::Gauge,
+        Some(ustack::stats::Kind::Counter) | None => Kind::Counter,
+    }
 }
 
 /// A valid metric name for `ustack_<section>_<field>` (with `_total` for
@@ -366,7 +360,7 @@ fn engine(f: &mut Families, obj: &Value, labels: &[(&str, &str)]) {
 fn layer(f: &mut Families, section: &str, fields: &Map<String, Value>, labels: &[(&str, &str)]) {
     for (k, v) in fields {
         let Some(v) = num(v) else { continue };
-        let gauge = is_gauge(section, k);
+        let gauge = declared(&["stack", section, k]) == Kind::Gauge;
         let Some(name) = metric_name(section, k, !gauge) else {
             continue;
         };
@@ -402,7 +396,7 @@ fn tcp(f: &mut Families, fields: &Map<String, Value>, labels: &[(&str, &str)]) {
     let mut seen = BTreeSet::new();
     for (k, v) in fields {
         let Some(v) = num(v) else { continue };
-        let gauge = is_gauge("tcp", k);
+        let gauge = declared(&["stack", "tcp", k]) == Kind::Gauge;
         let Some(name) = metric_name("tcp", tcp_rename(k), !gauge) else {
             continue;
         };
@@ -427,7 +421,8 @@ fn tcp(f: &mut Families, fields: &Map<String, Value>, labels: &[(&str, &str)]) {
     };
     for (k, v) in totals {
         let Some(v) = num(v) else { continue };
-        let Some(name) = metric_name("tcp", tcp_rename(k), true) else {
+        let kind = declared(&["stack", "tcp", "totals", k]);
+        let Some(name) = metric_name("tcp", tcp_rename(k), kind == Kind::Counter) else {
             continue;
         };
         if seen.contains(&name) {
@@ -437,7 +432,7 @@ fn tcp(f: &mut Families, fields: &Map<String, Value>, labels: &[(&str, &str)]) {
             || format!("TCP connections' {k}, summed over every connection (telemetry stack.tcp.totals.{k})."),
             str::to_owned,
         );
-        f.push(&name, &help, Kind::Counter, labels, v);
+        f.push(&name, &help, kind, labels, v);
     }
 }
 
@@ -448,14 +443,15 @@ fn shard(f: &mut Families, obj: &Value, labels: &[(&str, &str)]) {
     };
     for (k, v) in s {
         if k == "index" || k == "count" {
-            continue;
+            continue; // the `shard` label
         }
         let Some(v) = num(v) else { continue };
-        let Some(name) = metric_name("shard", k, true) else {
+        let kind = declared(&["shard", k]);
+        let Some(name) = metric_name("shard", k, kind == Kind::Counter) else {
             continue;
         };
         let help = format!("Shard mailbox counter: {k}.");
-        f.push(&name, &help, Kind::Counter, labels, v);
+        f.push(&name, &help, kind, labels, v);
     }
 }
 
@@ -550,11 +546,13 @@ fn connections(f: &mut Families, line: &Value, max: usize) {
         };
         for (k, v) in stats {
             let Some(v) = num(v) else { continue };
-            let Some(name) = metric_name("tcp_connection", tcp_rename(k), true) else {
+            let kind = declared(&["connections", "stats", k]);
+            let counter = kind == Kind::Counter;
+            let Some(name) = metric_name("tcp_connection", tcp_rename(k), counter) else {
                 continue;
             };
             let help = format!("The connection's {k} counter.");
-            f.push(&name, &help, Kind::Counter, &l, v);
+            f.push(&name, &help, kind, &l, v);
         }
     }
 }
@@ -794,6 +792,82 @@ mod test {
         }
         assert_eq!(stack_label(&line(0)), "uping");
         assert_eq!(stack_label(&serde_json::json!({})), "ustack");
+    }
+
+    /// Every number under `v` by its path (list elements passed over).
+    fn numbers(v: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        match v {
+            Value::Number(_) => out.push(path.clone()),
+            Value::Object(m) => {
+                for (k, v) in m {
+                    path.push(k.clone());
+                    numbers(v, path, out);
+                    path.pop();
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| numbers(v, path, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_number_of_a_snapshot_has_a_declared_kind() {
+        use ustack::stats::Kind as Declared;
+        let mut s = snapshot();
+        s.shard = Some(ustack::node::ShardSnapshot {
+            index: 0,
+            count: 2,
+            stats: Default::default(),
+        });
+        let mut v = serde_json::to_value(&s).unwrap();
+        v["connections"] = serde_json::json!([{
+            "local": "10.0.0.1:1", "remote": "10.0.0.2:2", "state": "Established",
+            "stats": serde_json::to_value(ustack::stats::ConnStats::default()).unwrap(),
+        }]);
+        let mut paths = Vec::new();
+        for section in ["stack", "port", "pools", "shard", "connections"] {
+            let mut path = vec![section.to_owned()];
+            numbers(&v[section], &mut path, &mut paths);
+        }
+        // The labels: a shard's place.
+        paths.retain(|p| p[0] != "shard" || !matches!(p[1].as_str(), "index" | "count"));
+        assert!(paths.len() > 150, "{}", paths.len());
+        let f = line_families(&v, &Options::default());
+        for p in &paths {
+            let p: Vec<&str> = p.iter().map(String::as_str).collect();
+            let kind = Snapshot::kind(&p);
+            assert!(kind.is_some(), "no declared kind for {}", p.join("."));
+            // A layer's field is a family of its declared kind.
+            if let ["stack", section, field] = p[..] {
+                let field = if section == "tcp" {
+                    tcp_rename(field)
+                } else {
+                    field
+                };
+                let (suffix, kind) = match kind {
+                    Some(Declared::Gauge) => ("", Kind::Gauge),
+                    _ => ("_total", Kind::Counter),
+                };
+                let name = format!("ustack_{section}_{field}{suffix}");
+                let name = name.replace("_total_total", "_total");
+                if section != "drops" {
+                    assert_eq!(find(&f, &name).kind, kind, "{name}");
+                }
+            }
+        }
+        // The pools' names are given one by one: their kinds agree.
+        for (field, name) in [
+            ("capacity", "ustack_pool_buffers"),
+            ("in_use", "ustack_pool_buffers_in_use"),
+            ("alloc_failures", "ustack_pool_alloc_failures_total"),
+            ("buf_size", "ustack_pool_buffer_size_bytes"),
+        ] {
+            let declared = match Snapshot::kind(&["pools", field]) {
+                Some(Declared::Gauge) => Kind::Gauge,
+                _ => Kind::Counter,
+            };
+            assert_eq!(find(&f, name).kind, declared, "{name}");
+        }
     }
 
     #[test]
