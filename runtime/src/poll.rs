@@ -2,12 +2,12 @@
 //! on one (optionally pinned) core, with an idle back-off for shared
 //! machines and pure busy-poll for dedicated cores.
 //!
-//! There is one loop, [`EventLoop`], built the same way by every front:
+//! There is one loop, `EventLoop`, built the same way by every front:
 //! the in-loop app ([`run`], and each core of a sharded run) and the
 //! spawned runtime the blocking and async fronts share. It is generic over
 //! the clock ([`LoopClock`]) and over how the stack is reached
-//! ([`StackLock`]: owned by the loop, or behind the lock the fronts'
-//! threads share); [`iterate`] is the one iteration every front runs. When
+//! (`StackLock`: owned by the loop, or behind the lock the fronts'
+//! threads share); `iterate` is the one iteration every front runs. When
 //! idle, every front sleeps on the device where it can wake the loop
 //! ([`Device::wait_rx`]: pcap's descriptor; the spawned loop polls the
 //! device's [`Device::rx_fd`] with an eventfd its fronts write, outside

@@ -10,7 +10,7 @@
 //! (grouped as send and receive sequence space, options, recovery, timers,
 //! liveness and what is owed to the peer), opening and accessors;
 //! `input` processes arriving segments (RFC 9293 3.10.7), `output` decides
-//! what to send, `timers` holds the [`TimerTable`](timers) and what expiry
+//! what to send, `timers` holds the `TimerTable` and what expiry
 //! does, `api` the app-facing calls, and `tuning` receive-buffer autotuning
 //! and the window we advertise.
 
