@@ -302,7 +302,7 @@ fn open_dpdk<U: NodeRunner>(
 }
 
 #[cfg(feature = "dpdk")]
-fn dpdk_port_config(cfg: &NetConfig) -> ustack_dpdk::DpdkPortConfig {
+pub(super) fn dpdk_port_config(cfg: &NetConfig) -> ustack_dpdk::DpdkPortConfig {
     let (port, mbufs) = match cfg.backend {
         Backend::Dpdk { port, mbufs, .. } => (port, mbufs),
         _ => (0, 8191),

@@ -23,6 +23,7 @@ pub type ShardResult<A> = (A, Option<Snapshot>);
 /// The queue pairs of the DPDK port, one per core of `cfg.cores`.
 #[cfg(feature = "dpdk")]
 fn open_dpdk_queues(cfg: &NetConfig, queues: usize) -> Result<Vec<ustack_dpdk::DpdkPort>, Error> {
+    use super::open::dpdk_port_config;
     use ustack_dpdk::{DpdkPort, Eal};
     let super::Backend::Dpdk { eal_args, port, .. } = &cfg.backend else {
         return Err(ConfigError::CoresNeedDpdk.into());
