@@ -54,6 +54,10 @@ fn engine_code_touches_no_thread_socket_or_clock() {
     let mut found = Vec::new();
     for f in &files {
         let code = engine_code(&std::fs::read_to_string(f).expect("read"));
+        // One OS type may be named, never used: `Device::rx_fd` lends the
+        // loop a port's descriptor (as `wait_rx` waits on it); the engine
+        // never calls either. Nothing else under `std::os` passes.
+        let code = code.replace("Option<std::os::fd::BorrowedFd<'_>>", "");
         for pat in FORBIDDEN {
             if code.contains(pat) {
                 found.push(format!("{}: {pat}", f.display()));
