@@ -46,6 +46,7 @@ pub struct Topo {
 impl Topo {
     /// `short` names the test (a few letters); `netem` is passed to tc.
     pub fn up_with(short: &str, netem: Option<&str>) -> Topo {
+        reap_stale(short);
         let tag = format!("{short}{}", std::process::id() % 10_000);
         // The guard exists before anything is made, so a failing `up` is cleaned too.
         let topo = Topo { tag: tag.clone() };
@@ -116,6 +117,35 @@ impl Topo {
         ])
         .status
         .success()
+    }
+}
+
+/// Remove the namespaces an earlier run of the test tagged `short` left
+/// behind when it was killed (SIGKILL, a timeout: no `Drop` ran): those
+/// whose tag's number matches no live process (tags are the creating
+/// process's id modulo 10,000, so a live creator always matches).
+fn reap_stale(short: &str) {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    let live: std::collections::HashSet<u32> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .map(|pid| pid % 10_000)
+                .collect()
+        })
+        .unwrap_or_default();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some((tag, side)) = name.rsplit_once('-') else {
+            continue;
+        };
+        let Some(n) = tag.strip_prefix(short).and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if matches!(side, "linux" | "stack") && !live.contains(&n) {
+            let _ = Command::new(netns_sh()).args(["down", tag]).output();
+        }
     }
 }
 
