@@ -210,12 +210,12 @@ impl IperfClient {
             send_out(stack, c, &mut self.out);
         }
         for s in &self.streams {
-            let _ = stack.tcp_close(s.h);
+            let _ = stack.tcp().close(now, s.h);
         }
         // The control connection is only shut down here, so the closing
         // phase can watch our last bytes get acknowledged.
         if let Some(c) = self.ctrl {
-            let _ = stack.tcp_shutdown(c);
+            let _ = stack.tcp().shutdown(c);
         }
         self.phase = Phase::Closing;
         self.linger_until = Some(now + LINGER);
@@ -288,7 +288,7 @@ impl IperfClient {
                 }
                 (Phase::Setup, CREATE_STREAMS) => {
                     for i in 0..self.cfg.parallel {
-                        match stack.tcp_connect(self.cfg.server) {
+                        match stack.tcp().connect(now, self.cfg.server) {
                             Ok(h) => self.streams.push(Stream {
                                 h,
                                 id: stream_id(i),
@@ -347,7 +347,7 @@ impl IperfClient {
         self.cpu = Some(CpuSample::now());
         let mut lines = Vec::new();
         for s in &self.streams {
-            if let Some(i) = stack.tcp_info(s.h) {
+            if let Some(i) = stack.tcp_ref().info(s.h) {
                 self.mss = i.mss;
                 self.congestion = i.congestion;
                 lines.push(format!(
@@ -376,7 +376,7 @@ impl IperfClient {
     fn move_data(&mut self, stack: &mut Stack) {
         for s in &mut self.streams {
             if self.cfg.reverse {
-                while let Ok(n) = stack.tcp_recv(s.h, &mut self.buf) {
+                while let Ok(n) = stack.tcp().recv(s.h, &mut self.buf) {
                     if n == 0 {
                         break;
                     }
@@ -387,14 +387,15 @@ impl IperfClient {
             }
             loop {
                 let room = stack
-                    .tcp_status(s.h)
+                    .tcp_ref()
+                    .status(s.h)
                     .map_or(0, |st| st.writable)
                     .min(self.buf.len());
                 if room == 0 {
                     break;
                 }
                 fill_pattern(s.bytes, &mut self.buf[..room]);
-                match stack.tcp_send(s.h, &self.buf[..room]) {
+                match stack.tcp().send(s.h, &self.buf[..room]) {
                     Ok(n) if n > 0 => {
                         s.bytes += n as u64;
                         s.interval_bytes += n as u64;
@@ -417,7 +418,7 @@ impl IperfClient {
         let mut streams = Vec::new();
         let (mut sum, mut sum_retr) = (0u64, 0u64);
         for s in &mut self.streams {
-            let info = stack.tcp_info(s.h);
+            let info = stack.tcp_ref().info(s.h);
             let retr_total = info.as_ref().map_or(0, |i| i.stats.retransmits);
             let retr = retr_total.saturating_sub(s.interval_retrans);
             s.interval_retrans = retr_total;
@@ -513,7 +514,7 @@ impl IperfClient {
     }
 
     fn retransmits(&self, stack: &Stack, s: &Stream) -> u64 {
-        stack.tcp_info(s.h).map_or(0, |i| i.stats.retransmits)
+        stack.tcp_ref().info(s.h).map_or(0, |i| i.stats.retransmits)
     }
 
     fn results_json(&self, stack: &Stack) -> Value {
@@ -774,7 +775,7 @@ impl App for IperfClient {
                     self.cfg.server.ip()
                 ));
             }
-            match stack.tcp_connect(self.cfg.server) {
+            match stack.tcp().connect(now, self.cfg.server) {
                 Ok(h) => self.ctrl = Some(h),
                 Err(e) => {
                     self.error = Some(format!("unable to connect to server: {e}"));
@@ -788,7 +789,7 @@ impl App for IperfClient {
         };
         if self.phase == Phase::Closing {
             send_out(stack, ctrl, &mut self.out);
-            let gone = stack.tcp_status(ctrl).map_or(true, |s| {
+            let gone = stack.tcp_ref().status(ctrl).map_or(true, |s| {
                 matches!(
                     s.state,
                     State::Closed | State::TimeWait | State::FinWait2 | State::LastAck
@@ -796,7 +797,7 @@ impl App for IperfClient {
                     || s.error.is_some()
             });
             if gone || self.linger_until.is_some_and(|t| now >= t) {
-                let _ = stack.tcp_close(ctrl);
+                let _ = stack.tcp().close(now, ctrl);
                 self.phase = Phase::Done;
                 return Control::Exit;
             }
@@ -827,7 +828,7 @@ impl App for IperfClient {
             self.fail(stack, now, "interrupt - the client has terminated".into());
             return Control::Continue;
         }
-        let status = stack.tcp_status(ctrl);
+        let status = stack.tcp_ref().status(ctrl);
         match status {
             Ok(s) if s.error.is_some() => {
                 let e = s.error.map(|e| e.to_string()).unwrap_or_default();
@@ -867,7 +868,7 @@ impl App for IperfClient {
         }
         // Control bytes in.
         let mut b = [0u8; 4096];
-        while let Ok(n) = stack.tcp_recv(ctrl, &mut b) {
+        while let Ok(n) = stack.tcp().recv(ctrl, &mut b) {
             if n == 0 {
                 break;
             }
@@ -877,7 +878,7 @@ impl App for IperfClient {
         if matches!(self.phase, Phase::Closing | Phase::Done) {
             return Control::Continue;
         }
-        if stack.tcp_status(ctrl).is_ok_and(|s| s.eof) {
+        if stack.tcp_ref().status(ctrl).is_ok_and(|s| s.eof) {
             self.fail(stack, now, "control socket has closed unexpectedly".into());
             return Control::Continue;
         }
@@ -885,9 +886,10 @@ impl App for IperfClient {
         for s in &mut self.streams {
             if !s.cookie_sent
                 && stack
-                    .tcp_status(s.h)
+                    .tcp_ref()
+                    .status(s.h)
                     .is_ok_and(|st| st.state == State::Established)
-                && stack.tcp_send(s.h, &self.cookie).ok() == Some(COOKIE_LEN)
+                && stack.tcp().send(s.h, &self.cookie).ok() == Some(COOKIE_LEN)
             {
                 s.cookie_sent = true;
             }
@@ -898,7 +900,7 @@ impl App for IperfClient {
             .then(|| {
                 self.streams
                     .iter()
-                    .find_map(|s| stack.tcp_status(s.h).ok().and_then(|st| st.error))
+                    .find_map(|s| stack.tcp_ref().status(s.h).ok().and_then(|st| st.error))
             })
             .flatten();
         if let Some(e) = stream_error {
@@ -948,7 +950,7 @@ fn send_out(stack: &mut Stack, h: TcpHandle, out: &mut Vec<u8>) {
     if out.is_empty() {
         return;
     }
-    if let Ok(n) = stack.tcp_send(h, out) {
+    if let Ok(n) = stack.tcp().send(h, out) {
         out.drain(..n);
     }
 }

@@ -89,7 +89,7 @@ fn send_all(stack: &mut Stack, h: TcpHandle, out: &mut Vec<u8>) {
     if out.is_empty() {
         return;
     }
-    if let Ok(n) = stack.tcp_send(h, out) {
+    if let Ok(n) = stack.tcp().send(h, out) {
         out.drain(..n);
     }
 }
@@ -138,14 +138,15 @@ impl IperfServer {
             }
             Some(t) if t.phase != Phase::Done => {
                 // Busy, or a data stream with the wrong cookie.
-                let _ = stack.tcp_send(h, &[ACCESS_DENIED]);
-                let _ = stack.tcp_close(h);
+                let _ = stack.tcp().send(h, &[ACCESS_DENIED]);
+                let _ = stack.tcp().close(now, h);
             }
             _ => {
                 self.say(format!(
                     "Accepted connection from {}",
                     stack
-                        .tcp_info(h)
+                        .tcp_ref()
+                        .info(h)
                         .map_or("?".into(), |i| i.remote.to_string())
                 ));
                 self.test = Some(Test {
@@ -230,7 +231,7 @@ impl IperfServer {
             .iter()
             .map(|s| {
                 let retrans = if reverse {
-                    stack.tcp_info(s.h).map_or(0, |i| i.stats.retransmits as i64)
+                    stack.tcp_ref().info(s.h).map_or(0, |i| i.stats.retransmits as i64)
                 } else {
                     -1
                 };
@@ -249,9 +250,9 @@ impl IperfServer {
         self.summarize(now);
         let Some(t) = self.test.take() else { return };
         for s in &t.streams {
-            let _ = stack.tcp_close(s.h);
+            let _ = stack.tcp().close(now, s.h);
         }
-        let _ = stack.tcp_close(t.ctrl);
+        let _ = stack.tcp().close(now, t.ctrl);
     }
 
     /// Prints the test's summary and records it, once: as soon as the
@@ -371,7 +372,7 @@ impl App for IperfServer {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let l = match self.listener {
             Some(l) => l,
-            None => match stack.tcp_listen(self.port, 64) {
+            None => match stack.tcp().listen(self.port, 64) {
                 Ok(l) => {
                     self.say(format!("-----------------------------------------------------------\nServer listening on {}\n-----------------------------------------------------------", self.port));
                     *self.listener.insert(l)
@@ -382,7 +383,7 @@ impl App for IperfServer {
                 }
             },
         };
-        while let Ok(Some(h)) = stack.tcp_accept(l) {
+        while let Ok(Some(h)) = stack.tcp().accept(l) {
             self.pending.push(Pending {
                 h,
                 cookie: Vec::new(),
@@ -393,7 +394,7 @@ impl App for IperfServer {
         self.pending.retain_mut(|p| {
             let mut b = [0u8; COOKIE_LEN];
             let want = COOKIE_LEN - p.cookie.len();
-            match stack.tcp_recv(p.h, &mut b[..want]) {
+            match stack.tcp().recv(p.h, &mut b[..want]) {
                 Ok(n) => p.cookie.extend_from_slice(&b[..n]),
                 Err(_) => return false,
             }
@@ -402,7 +403,8 @@ impl App for IperfServer {
                 return false;
             }
             !stack
-                .tcp_status(p.h)
+                .tcp_ref()
+                .status(p.h)
                 .is_ok_and(|s| s.eof || s.error.is_some())
         });
         for (h, cookie) in ready {
@@ -415,7 +417,7 @@ impl App for IperfServer {
         let mut b = [0u8; 4096];
         let mut ctrl_gone = false;
         loop {
-            match stack.tcp_recv(t.ctrl, &mut b) {
+            match stack.tcp().recv(t.ctrl, &mut b) {
                 Ok(0) => break,
                 Ok(n) => t.inbuf.extend_from_slice(&b[..n]),
                 Err(_) => {
@@ -424,7 +426,7 @@ impl App for IperfServer {
                 }
             }
         }
-        if stack.tcp_status(t.ctrl).is_ok_and(|s| s.eof) {
+        if stack.tcp_ref().status(t.ctrl).is_ok_and(|s| s.eof) {
             ctrl_gone = true;
         }
         let mut error = None;
@@ -457,7 +459,7 @@ impl App for IperfServer {
                             // the end: close our sending side.
                             if t.params.as_ref().is_some_and(|p| p.reverse) {
                                 for s in &t.streams {
-                                    let _ = stack.tcp_shutdown(s.h);
+                                    let _ = stack.tcp().shutdown(s.h);
                                 }
                             }
                             t.out.push(EXCHANGE_RESULTS);
@@ -512,7 +514,8 @@ impl App for IperfServer {
                 if reverse {
                     loop {
                         let room = stack
-                            .tcp_status(s.h)
+                            .tcp_ref()
+                            .status(s.h)
                             .map_or(0, |st| st.writable)
                             .min(len)
                             .min(self.buf.len());
@@ -520,7 +523,7 @@ impl App for IperfServer {
                             break;
                         }
                         fill_pattern(s.bytes, &mut self.buf[..room]);
-                        match stack.tcp_send(s.h, &self.buf[..room]) {
+                        match stack.tcp().send(s.h, &self.buf[..room]) {
                             Ok(n) if n > 0 => {
                                 s.bytes += n as u64;
                                 s.interval_bytes += n as u64;
@@ -535,7 +538,7 @@ impl App for IperfServer {
         // the summary and the results JSON tell the same number.
         if !reverse && t.phase != Phase::Done {
             for s in &mut t.streams {
-                while let Ok(n) = stack.tcp_recv(s.h, &mut self.buf) {
+                while let Ok(n) = stack.tcp().recv(s.h, &mut self.buf) {
                     if n == 0 {
                         break;
                     }

@@ -471,10 +471,10 @@ impl MeshPinger {
         }
     }
 
-    fn close(&mut self, stack: &mut Stack) {
+    fn close(&mut self, now: Instant, stack: &mut Stack) {
         let (probers, mut series) = self.parts();
         for p in probers {
-            p.close(stack, &mut series);
+            p.close(now, stack, &mut series);
         }
     }
 
@@ -523,7 +523,7 @@ impl MeshPinger {
         let targets = &self.cfg.targets;
         let sock = match w.sock {
             Some(s) => s,
-            None => match stack.ping_open(self.cfg.ident ^ 0x8000) {
+            None => match stack.ping().open(self.cfg.ident ^ 0x8000) {
                 Ok(s) => {
                     w.until = Some(now + WARM_UP);
                     w.answered = vec![false; targets.len()];
@@ -535,7 +535,7 @@ impl MeshPinger {
                 }
             },
         };
-        while let Ok(Some(ev)) = stack.ping_recv(sock) {
+        while let Ok(Some(ev)) = stack.ping().recv(sock) {
             if let PingEvent::Reply(r) = ev
                 && let Some(i) = targets.iter().position(|t| t.addr == r.from)
             {
@@ -543,14 +543,14 @@ impl MeshPinger {
             }
         }
         if w.answered.iter().all(|&a| a) || w.until.is_some_and(|u| now >= u) {
-            let _ = stack.ping_close(sock);
+            let _ = stack.ping().close(sock);
             w.done = true;
             return true;
         }
         if w.next_round.is_none_or(|t| now >= t) {
             for (i, t) in targets.iter().enumerate() {
                 if !w.answered[i] {
-                    let _ = stack.ping_send(sock, t.addr, 0, self.cfg.size);
+                    let _ = stack.ping().send(sock, t.addr, 0, self.cfg.size);
                 }
             }
             w.next_round = Some(now + WARM_UP_RETRY);
@@ -721,7 +721,7 @@ impl App for MeshPinger {
         {
             self.expire(Instant::FAR_FUTURE, stack);
             self.finished_at = Some(end.min(now));
-            self.close(stack);
+            self.close(now, stack);
             self.publish(now, stack.ip(), true);
             return Control::Exit;
         }

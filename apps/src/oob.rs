@@ -6,8 +6,8 @@
 
 use std::net::SocketAddrV4;
 
-use ustack::Stack;
 use ustack::tcp::TcpHandle;
+use ustack::{Instant, Stack};
 
 /// Why an exchange stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,9 +35,10 @@ pub struct MsgConn {
 
 impl MsgConn {
     /// Connect to a tool listening at `to`.
-    pub fn connect(stack: &mut Stack, to: SocketAddrV4) -> Result<Self, OobError> {
+    pub fn connect(now: Instant, stack: &mut Stack, to: SocketAddrV4) -> Result<Self, OobError> {
         let h = stack
-            .tcp_connect(to)
+            .tcp()
+            .connect(now, to)
             .map_err(|e| OobError::Connection(e.to_string()))?;
         Ok(Self::accepted(stack, h))
     }
@@ -45,7 +46,7 @@ impl MsgConn {
     /// Wrap an accepted connection.
     pub fn accepted(stack: &mut Stack, h: TcpHandle) -> Self {
         // Each message in its own segment, at once.
-        let _ = stack.tcp_set_nodelay(h, true);
+        let _ = stack.tcp().set_nodelay(h, true);
         MsgConn {
             h,
             rx: Vec::new(),
@@ -74,7 +75,8 @@ impl MsgConn {
     /// [`recv_exact`](Self::recv_exact) when a message is missing.
     pub fn poll(&mut self, stack: &mut Stack) -> Result<(), OobError> {
         let st = stack
-            .tcp_status(self.h)
+            .tcp_ref()
+            .status(self.h)
             .map_err(|e| OobError::Connection(e.to_string()))?;
         if let Some(e) = st.error {
             return Err(OobError::Connection(format!("{e:?}")));
@@ -86,12 +88,12 @@ impl MsgConn {
             self.connected = true;
         }
         if !self.tx.is_empty() {
-            let n = stack.tcp_send(self.h, &self.tx).unwrap_or(0);
+            let n = stack.tcp().send(self.h, &self.tx).unwrap_or(0);
             self.tx.drain(..n);
         }
         let mut buf = [0u8; 512];
         loop {
-            match stack.tcp_recv(self.h, &mut buf) {
+            match stack.tcp().recv(self.h, &mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => self.rx.extend_from_slice(&buf[..n]),
             }
@@ -104,7 +106,7 @@ impl MsgConn {
         if self.rx.len() >= n {
             return Ok(Some(self.rx.drain(..n).collect()));
         }
-        match stack.tcp_status(self.h) {
+        match stack.tcp_ref().status(self.h) {
             Ok(st) if st.eof || st.closed() => Err(OobError::Closed),
             Ok(_) => Ok(None),
             Err(e) => Err(OobError::Connection(e.to_string())),
@@ -117,7 +119,7 @@ impl MsgConn {
     }
 
     /// Close our side (after the last message is flushed).
-    pub fn close(self, stack: &mut Stack) {
-        let _ = stack.tcp_close(self.h);
+    pub fn close(self, now: Instant, stack: &mut Stack) {
+        let _ = stack.tcp().close(now, self.h);
     }
 }

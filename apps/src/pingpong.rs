@@ -91,7 +91,7 @@ impl PingpongServer {
         }
         let l = match self.listener {
             Some(l) => l,
-            None => match stack.tcp_listen(self.port, 16) {
+            None => match stack.tcp().listen(self.port, 16) {
                 Ok(l) => *self.listener.insert(l),
                 Err(e) => {
                     self.error = Some(format!("ibv_ud_pingpong exchange on {}: {e}", self.port));
@@ -100,7 +100,7 @@ impl PingpongServer {
             },
         };
         while self.exchanges.len() < MAX_EXCHANGES {
-            match stack.tcp_accept(l) {
+            match stack.tcp().accept(l) {
                 Ok(Some(h)) => self.exchanges.push(Exchange {
                     conn: MsgConn::accepted(stack, h),
                     started: now,
@@ -115,18 +115,19 @@ impl PingpongServer {
                 Ok(false) => i += 1,
                 Ok(true) => {
                     let x = self.exchanges.swap_remove(i);
-                    x.conn.close(stack);
+                    x.conn.close(now, stack);
                 }
                 Err(why) => {
                     let x = self.exchanges.swap_remove(i);
                     let from = stack
-                        .tcp_info(x.conn.handle())
+                        .tcp_ref()
+                        .info(x.conn.handle())
                         .map(|c| c.remote.ip().to_string())
                         .unwrap_or_else(|| "?".into());
                     self.output.push(format!(
                         "rdma ud: ibv_ud_pingpong exchange from {from} refused: {why}"
                     ));
-                    let _ = stack.tcp_abort(x.conn.handle());
+                    let _ = stack.tcp().abort(x.conn.handle());
                 }
             }
         }
@@ -297,19 +298,20 @@ impl PingpongClient {
         Control::Exit
     }
 
-    fn start(&mut self, stack: &mut Stack) -> Result<(), String> {
+    fn start(&mut self, now: Instant, stack: &mut Stack) -> Result<(), String> {
         let mut qc = QpConfig::new(DEFAULT_QKEY);
         qc.max_send_wr = 4;
         qc.max_recv_wr = 16;
-        let qp = stack.create_qp(&qc).map_err(|e| e.to_string())?;
+        let qp = stack.ud().create_qp(&qc).map_err(|e| e.to_string())?;
         for i in 0..16 {
             stack
+                .ud()
                 .post_recv(qp, i, vec![0; GRH_LEN + self.o.size])
                 .map_err(|e| e.to_string())?;
         }
-        self.our_qpn = stack.qp_num(qp).map_err(|e| e.to_string())?;
+        self.our_qpn = stack.ud().qp_num(qp).map_err(|e| e.to_string())?;
         self.qp = Some(qp);
-        let mut conn = MsgConn::connect(stack, SocketAddrV4::new(self.o.dst, self.o.port))
+        let mut conn = MsgConn::connect(now, stack, SocketAddrV4::new(self.o.dst, self.o.port))
             .map_err(|e| e.to_string())?;
         let ours = PingpongDest {
             lid: 0,
@@ -349,7 +351,7 @@ impl PingpongClient {
             solicited: false,
             data: &self.msg,
         };
-        stack.post_send(qp, &wr).map_err(|e| e.to_string())?;
+        stack.ud().post_send(qp, &wr).map_err(|e| e.to_string())?;
         self.summary.transmitted += 1;
         self.first_post.get_or_insert(now);
         self.waiting = Some((self.seq, now));
@@ -360,7 +362,7 @@ impl PingpongClient {
 impl App for PingpongClient {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         if self.qp.is_none() && self.error.is_none() {
-            if let Err(e) = self.start(stack) {
+            if let Err(e) = self.start(now, stack) {
                 return self.fail(e);
             }
         }
@@ -401,7 +403,7 @@ impl App for PingpongClient {
             Phase::Done(mut conn) => {
                 let _ = conn.poll(stack);
                 if conn.flushed() {
-                    conn.close(stack);
+                    conn.close(now, stack);
                     self.phase = Phase::Data;
                 } else {
                     self.phase = Phase::Done(conn);
@@ -417,7 +419,7 @@ impl App for PingpongClient {
             return Control::Continue;
         };
         let mut cqes = std::mem::take(&mut self.cqes);
-        while stack.poll_cq(qp, now, 16, &mut cqes).unwrap_or(0) > 0 {
+        while stack.ud().poll_cq(qp, now, 16, &mut cqes).unwrap_or(0) > 0 {
             for c in cqes.drain(..) {
                 if c.opcode != WcOpcode::Recv {
                     continue;
@@ -449,7 +451,7 @@ impl App for PingpongClient {
                     }
                 }
                 if let Some(buf) = c.buf {
-                    let _ = stack.post_recv(qp, c.wr_id, buf);
+                    let _ = stack.ud().post_recv(qp, c.wr_id, buf);
                 }
             }
         }

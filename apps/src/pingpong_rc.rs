@@ -338,7 +338,7 @@ impl RcPingpong {
 
     fn fail(&mut self, stack: &Stack, why: String) -> Control {
         if let Some(qp) = self.qp {
-            self.status = stack.rc_qp_status(qp).ok();
+            self.status = stack.rc_ref().qp_status(qp).ok();
         }
         self.error = Some(why);
         self.phase = Phase::Finished;
@@ -359,14 +359,15 @@ impl RcPingpong {
     fn setup(&mut self, now: Instant, stack: &mut Stack) -> Result<Phase, String> {
         let o = &self.o;
         let mr = stack
-            .rc_reg_mr(o.size, Access::LOCAL_WRITE)
+            .rc()
+            .reg_mr(o.size, Access::LOCAL_WRITE)
             .map_err(|e| format!("Couldn't register MR: {e}"))?;
         self.mr = Some(mr);
         // The tool's buffer: 0x7b everywhere.
-        if let Ok(b) = stack.rc_mr_mut(mr) {
+        if let Ok(b) = stack.rc().mr_mut(mr) {
             b.fill(0x7b);
         }
-        let info = stack.rc_mr_info(mr).map_err(|e| e.to_string())?;
+        let info = stack.rc_ref().mr_info(mr).map_err(|e| e.to_string())?;
         self.sge = Sge {
             addr: info.addr,
             len: o.size as u32,
@@ -385,16 +386,18 @@ impl RcPingpong {
             ..RcQpConfig::default()
         };
         let qp = stack
-            .rc_create_qp(&cfg)
+            .rc()
+            .create_qp(&cfg)
             .map_err(|e| format!("Couldn't create QP: {e}"))?;
         self.qp = Some(qp);
         for _ in 0..o.rx_depth {
             stack
-                .rc_post_recv(qp, RECV_WRID, self.sge)
+                .rc()
+                .post_recv(qp, RECV_WRID, self.sge)
                 .map_err(|e| format!("Couldn't post receive ({}): {e}", self.st.routs))?;
             self.st.routs += 1;
         }
-        let s = stack.rc_qp_status(qp).map_err(|e| e.to_string())?;
+        let s = stack.rc_ref().qp_status(qp).map_err(|e| e.to_string())?;
         let local = PingpongDest {
             lid: 0,
             qpn: s.qpn,
@@ -405,14 +408,15 @@ impl RcPingpong {
         self.output.push(address_line("local address: ", &local));
         match self.o.role {
             Role::Client(to) => {
-                let mut conn = MsgConn::connect(stack, to)
+                let mut conn = MsgConn::connect(now, stack, to)
                     .map_err(|e| format!("Couldn't connect to {to}: {e}"))?;
                 conn.send(&local.to_wire());
                 Ok(Phase::Exchange { conn, since: now })
             }
             Role::Server(port) => {
                 let l = stack
-                    .tcp_listen(port, 1)
+                    .tcp()
+                    .listen(port, 1)
                     .map_err(|e| format!("Couldn't listen to port {port}: {e}"))?;
                 Ok(Phase::Listen(l))
             }
@@ -434,7 +438,8 @@ impl RcPingpong {
         )?;
         let qp = self.qp.ok_or("no QP")?;
         stack
-            .rc_connect(
+            .rc()
+            .connect(
                 qp,
                 RcDest {
                     ip,
@@ -455,7 +460,8 @@ impl RcPingpong {
             solicited: false,
         };
         stack
-            .rc_post_send(qp, &wr)
+            .rc()
+            .post_send(qp, &wr)
             .map_err(|e| format!("Couldn't post send: {e}"))
     }
 
@@ -466,7 +472,7 @@ impl RcPingpong {
         }
         let qp = self.qp.ok_or("no QP")?;
         for _ in 0..n {
-            if stack.rc_post_recv(qp, RECV_WRID, self.sge).is_err() {
+            if stack.rc().post_recv(qp, RECV_WRID, self.sge).is_err() {
                 break;
             }
             self.st.routs += 1;
@@ -498,7 +504,7 @@ impl RcPingpong {
         let qp = self.qp.ok_or("no QP")?;
         let mut wcs = std::mem::take(&mut self.wcs);
         let mut result = Ok(false);
-        'poll: while stack.rc_poll_cq(qp, 16, &mut wcs).unwrap_or(0) > 0 {
+        'poll: while stack.rc().poll_cq(qp, 16, &mut wcs).unwrap_or(0) > 0 {
             for wc in wcs.drain(..) {
                 if wc.status != WcStatus::Success {
                     let (what, code) = status_str(wc.status);
@@ -573,10 +579,10 @@ impl RcPingpong {
     fn step(&mut self, now: Instant, stack: &mut Stack) -> Result<bool, String> {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Start => self.phase = self.setup(now, stack)?,
-            Phase::Listen(l) => match stack.tcp_accept(l) {
+            Phase::Listen(l) => match stack.tcp().accept(l) {
                 Ok(Some(h)) => {
                     // The tool takes one client and closes its listener.
-                    stack.tcp_unlisten(l);
+                    stack.tcp().unlisten(l);
                     self.phase = Phase::Exchange {
                         conn: MsgConn::accepted(stack, h),
                         since: now,
@@ -626,7 +632,7 @@ impl RcPingpong {
                     .map_err(|e| format!("Couldn't send/recv local address: {e}"))?;
                 match got {
                     Some(_) => {
-                        conn.close(stack);
+                        conn.close(now, stack);
                         self.begin_data(now, stack)?;
                     }
                     None if now.saturating_duration_since(since) > EXCHANGE_TIMEOUT => {
@@ -643,7 +649,7 @@ impl RcPingpong {
                 if let Some(mut c) = self.closing.take() {
                     let _ = c.poll(stack);
                     if c.flushed() {
-                        c.close(stack);
+                        c.close(now, stack);
                     } else {
                         self.closing = Some(c);
                     }
@@ -651,7 +657,7 @@ impl RcPingpong {
                 if self.data(now, stack)? {
                     self.end = Some(now);
                     if let Some(c) = self.closing.take() {
-                        c.close(stack);
+                        c.close(now, stack);
                     }
                     self.phase = Phase::Finished;
                     return Ok(true);
@@ -672,7 +678,7 @@ impl App for RcPingpong {
             Err(e) => self.fail(stack, e),
             Ok(true) => {
                 if let Some(qp) = self.qp {
-                    self.status = stack.rc_qp_status(qp).ok();
+                    self.status = stack.rc_ref().qp_status(qp).ok();
                 }
                 Control::Exit
             }

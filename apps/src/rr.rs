@@ -97,7 +97,7 @@ impl RrClient {
         self.error = Some(why);
         self.done = true;
         if let Some(h) = self.conn {
-            let _ = stack.tcp_abort(h);
+            let _ = stack.tcp().abort(h);
         }
         Control::Exit
     }
@@ -179,7 +179,7 @@ impl App for RrClient {
         }
         let h = match self.conn {
             Some(h) => h,
-            None => match stack.tcp_connect(self.cfg.server) {
+            None => match stack.tcp().connect(now, self.cfg.server) {
                 Ok(h) => {
                     self.began = now;
                     *self.conn.insert(h)
@@ -187,7 +187,7 @@ impl App for RrClient {
                 Err(e) => return self.fail(stack, format!("unable to connect: {e}")),
             },
         };
-        let status = match stack.tcp_status(h) {
+        let status = match stack.tcp_ref().status(h) {
             Ok(s) => s,
             Err(e) => return self.fail(stack, format!("connection lost: {e}")),
         };
@@ -220,7 +220,7 @@ impl App for RrClient {
         }
         // Read whatever part of the echo is there.
         while self.got < self.req.len() {
-            match stack.tcp_recv(h, &mut self.buf[self.got..]) {
+            match stack.tcp().recv(h, &mut self.buf[self.got..]) {
                 Ok(0) => break,
                 Ok(n) => {
                     let want = &self.req[self.got..self.got + n];
@@ -242,7 +242,7 @@ impl App for RrClient {
             if self.end_at.is_some_and(|e| now >= e) {
                 self.finished = Some(now);
                 self.done = true;
-                let _ = stack.tcp_close(h);
+                let _ = stack.tcp().close(now, h);
                 return Control::Exit;
             }
             self.next_request(now);
@@ -250,7 +250,7 @@ impl App for RrClient {
             return self.fail(stack, "the server closed the connection".into());
         }
         if self.sent < self.req.len() {
-            match stack.tcp_send(h, &self.req[self.sent..]) {
+            match stack.tcp().send(h, &self.req[self.sent..]) {
                 Ok(n) => self.sent += n,
                 Err(e) => return self.fail(stack, format!("connection lost: {e}")),
             }

@@ -58,14 +58,14 @@ impl Services {
         if self.echo.is_some() || self.error.is_some() {
             return;
         }
-        match (stack.tcp_listen(7, 128), stack.tcp_listen(9, 128)) {
+        match (stack.tcp().listen(7, 128), stack.tcp().listen(9, 128)) {
             (Ok(e), Ok(d)) => {
                 self.echo = Some(e);
                 self.discard = Some(d);
             }
             (Err(e), _) | (_, Err(e)) => self.error = Some(format!("cannot listen: {e}")),
         }
-        match stack.udp_bind(7) {
+        match stack.udp().bind(7) {
             Ok(h) => self.udp_echo = Some(h),
             Err(e) => self.error = Some(format!("cannot bind UDP port 7: {e}")),
         }
@@ -74,10 +74,10 @@ impl Services {
     /// Send every waiting datagram on UDP port 7 back to its source.
     fn udp_echo(&mut self, stack: &mut Stack) {
         let Some(h) = self.udp_echo else { return };
-        while let Ok(Some((n, from))) = stack.udp_recv_from(h, &mut self.buf) {
+        while let Ok(Some((n, from))) = stack.udp().recv_from(h, &mut self.buf) {
             // Longer datagrams than the buffer (64 KiB) cannot arrive.
             let n = n.min(self.buf.len());
-            if stack.udp_send_to(h, from, &self.buf[..n]).is_ok() {
+            if stack.udp().send_to(h, from, &self.buf[..n]).is_ok() {
                 self.udp_echoed += 1;
             }
         }
@@ -85,17 +85,17 @@ impl Services {
 }
 
 impl App for Services {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         self.listen(stack);
         self.udp_echo(stack);
         for (l, echo) in [(self.echo, true), (self.discard, false)] {
             let Some(l) = l else { continue };
-            while let Ok(Some(h)) = stack.tcp_accept(l) {
+            while let Ok(Some(h)) = stack.tcp().accept(l) {
                 if echo {
                     // An echo answers each request at once (a latency
                     // probe waits on it): no Nagle hold behind the
                     // previous answer's ACK.
-                    let _ = stack.tcp_set_nodelay(h, true);
+                    let _ = stack.tcp().set_nodelay(h, true);
                 }
                 self.conns.push(Conn {
                     h,
@@ -113,14 +113,14 @@ impl App for Services {
         self.conns.retain_mut(|c| {
             // Write back what is pending before reading more (backpressure).
             while c.sent < c.pending.len() {
-                match stack.tcp_send(c.h, &c.pending[c.sent..]) {
+                match stack.tcp().send(c.h, &c.pending[c.sent..]) {
                     Ok(0) => break,
                     Ok(n) => {
                         c.sent += n;
                         *bytes_echoed += n as u64;
                     }
                     Err(_) => {
-                        let _ = stack.tcp_abort(c.h);
+                        let _ = stack.tcp().abort(c.h);
                         return false;
                     }
                 }
@@ -129,7 +129,7 @@ impl App for Services {
                 c.pending.clear();
                 c.sent = 0;
                 loop {
-                    match stack.tcp_recv(c.h, buf) {
+                    match stack.tcp().recv(c.h, buf) {
                         Ok(0) => break,
                         Ok(n) => {
                             *bytes_in += n as u64;
@@ -143,23 +143,23 @@ impl App for Services {
                             }
                         }
                         Err(_) => {
-                            let _ = stack.tcp_close(c.h);
+                            let _ = stack.tcp().close(now, c.h);
                             return false;
                         }
                     }
                 }
             }
-            match stack.tcp_status(c.h) {
+            match stack.tcp_ref().status(c.h) {
                 Ok(s) if s.eof && c.pending.is_empty() => {
                     // The peer is done and everything was echoed: close our side.
                     if !c.echo {
                         discarded.push((c.got, c.crc.clone().finalize()));
                     }
-                    let _ = stack.tcp_close(c.h);
+                    let _ = stack.tcp().close(now, c.h);
                     false
                 }
                 Ok(s) if s.error.is_some() || s.closed() => {
-                    let _ = stack.tcp_close(c.h);
+                    let _ = stack.tcp().close(now, c.h);
                     false
                 }
                 Ok(_) => true,

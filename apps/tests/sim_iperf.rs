@@ -195,13 +195,13 @@ struct Rude {
 }
 
 impl App for Rude {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let l = *self
             .l
-            .get_or_insert_with(|| stack.tcp_listen(5201, 4).unwrap());
-        while let Ok(Some(h)) = stack.tcp_accept(l) {
-            stack.tcp_send(h, &[9]).unwrap();
-            stack.tcp_close(h).unwrap();
+            .get_or_insert_with(|| stack.tcp().listen(5201, 4).unwrap());
+        while let Ok(Some(h)) = stack.tcp().accept(l) {
+            stack.tcp().send(h, &[9]).unwrap();
+            stack.tcp().close(now, h).unwrap();
         }
         Control::Continue
     }
@@ -274,24 +274,27 @@ struct RawClient {
 }
 
 impl App for RawClient {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let h = match self.h {
             Some(h) => h,
-            None => *self
-                .h
-                .insert(stack.tcp_connect(SocketAddrV4::new(SERVER, 5201)).unwrap()),
+            None => *self.h.insert(
+                stack
+                    .tcp()
+                    .connect(now, SocketAddrV4::new(SERVER, 5201))
+                    .unwrap(),
+            ),
         };
-        let Ok(st) = stack.tcp_status(h) else {
+        let Ok(st) = stack.tcp_ref().status(h) else {
             return Control::Exit;
         };
         if self.stage == 0 && st.state == ustack::tcp::State::Established {
             let mut cookie = [b'a'; 37];
             cookie[36] = 0;
-            stack.tcp_send(h, &cookie).unwrap();
+            stack.tcp().send(h, &cookie).unwrap();
             self.stage = 1;
         }
         let mut b = [0u8; 256];
-        while let Ok(n) = stack.tcp_recv(h, &mut b) {
+        while let Ok(n) = stack.tcp().recv(h, &mut b) {
             if n == 0 {
                 break;
             }
@@ -299,12 +302,13 @@ impl App for RawClient {
         }
         if self.stage == 1 && self.got.first() == Some(&ustack_apps::iperf::PARAM_EXCHANGE) {
             stack
-                .tcp_send(h, &ustack_apps::iperf::frame_json(&self.params))
+                .tcp()
+                .send(h, &ustack_apps::iperf::frame_json(&self.params))
                 .unwrap();
             self.stage = 2;
         }
         if st.eof || st.error.is_some() {
-            let _ = stack.tcp_close(h);
+            let _ = stack.tcp().close(now, h);
             return Control::Exit;
         }
         Control::Continue

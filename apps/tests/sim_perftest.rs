@@ -160,7 +160,8 @@ fn send_bw_moves_every_message_and_both_sides_agree() {
     for n in &net.nodes {
         let open: Vec<_> = n
             .stack
-            .tcp_connections()
+            .tcp_ref()
+            .connections()
             .filter(|c| c.state != ustack::tcp::State::TimeWait)
             .collect();
         assert!(open.is_empty(), "{open:?}");
@@ -298,9 +299,9 @@ impl App for NotPerftest {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
         let l = *self
             .0
-            .get_or_insert_with(|| stack.tcp_listen(PERFTEST_PORT, 4).unwrap());
-        while let Ok(Some(h)) = stack.tcp_accept(l) {
-            stack.tcp_send(h, b"SSH-2.0-OpenSSH\n").unwrap();
+            .get_or_insert_with(|| stack.tcp().listen(PERFTEST_PORT, 4).unwrap());
+        while let Ok(Some(h)) = stack.tcp().accept(l) {
+            stack.tcp().send(h, b"SSH-2.0-OpenSSH\n").unwrap();
         }
         Control::Continue
     }

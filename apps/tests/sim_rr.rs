@@ -37,8 +37,16 @@ fn run(link: LinkConfig, server: &mut Services, c: &mut RrClient) -> SimNet {
     assert!(
         c.done(),
         "the client did not finish: {c:?} {:?} {:?}",
-        net.nodes[1].stack.tcp_connections().collect::<Vec<_>>(),
-        net.nodes[0].stack.tcp_connections().collect::<Vec<_>>()
+        net.nodes[1]
+            .stack
+            .tcp_ref()
+            .connections()
+            .collect::<Vec<_>>(),
+        net.nodes[0]
+            .stack
+            .tcp_ref()
+            .connections()
+            .collect::<Vec<_>>()
     );
     // The close goes through, then every buffer is home.
     net.run_until(net.now + Duration::from_secs(2), &mut [server], |_| false);

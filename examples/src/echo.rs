@@ -24,7 +24,7 @@ pub struct EchoServer {
     listener: Option<ListenHandle>,
     /// Connections accepted and not yet closed.
     open: HashSet<TcpHandle>,
-    /// Scratch space between `tcp_recv` and `tcp_send`.
+    /// Scratch space between `tcp().recv` and `tcp().send`.
     buf: Vec<u8>,
     error: Option<String>,
     /// Connections accepted so far.
@@ -53,26 +53,26 @@ impl EchoServer {
     }
 
     /// Take every connection that finished its handshake.
-    fn accept(&mut self, stack: &mut Stack, listener: ListenHandle) {
-        while let Ok(Some(h)) = stack.tcp_accept(listener) {
+    fn accept(&mut self, now: Instant, stack: &mut Stack, listener: ListenHandle) {
+        while let Ok(Some(h)) = stack.tcp().accept(listener) {
             self.open.insert(h);
             self.connections += 1;
             // Data (even the peer's FIN) may have arrived with the handshake.
-            self.pump(stack, h);
+            self.pump(now, stack, h);
         }
     }
 
     /// Move what `h` received into its send buffer, as much as both allow;
     /// close it once the peer has finished and everything went back.
-    fn pump(&mut self, stack: &mut Stack, h: TcpHandle) {
+    fn pump(&mut self, now: Instant, stack: &mut Stack, h: TcpHandle) {
         loop {
-            let Ok(st) = stack.tcp_status(h) else {
+            let Ok(st) = stack.tcp_ref().status(h) else {
                 self.open.remove(&h);
                 return;
             };
             if st.error.is_some() || st.closed() {
                 // Reset, timed out, or gone: release the handle.
-                return self.close(stack, h);
+                return self.close(now, stack, h);
             }
             // Read only what can be written back now: the rest waits in the
             // connection's receive buffer, whose window then closes, so a
@@ -82,38 +82,38 @@ impl EchoServer {
                 if st.eof {
                     // The peer sent FIN and every byte went back: close
                     // (our FIN follows the echoed bytes).
-                    self.close(stack, h);
+                    self.close(now, stack, h);
                 }
                 // Otherwise wait for the next READABLE or WRITABLE event.
                 return;
             }
-            let got = match stack.tcp_recv(h, &mut self.buf[..n]) {
+            let got = match stack.tcp().recv(h, &mut self.buf[..n]) {
                 Ok(got) if got > 0 => got,
-                _ => return self.close(stack, h),
+                _ => return self.close(now, stack, h),
             };
             // Fits: `writable` said there was room for `n >= got` bytes.
-            let sent = stack.tcp_send(h, &self.buf[..got]).unwrap_or(0);
+            let sent = stack.tcp().send(h, &self.buf[..got]).unwrap_or(0);
             self.bytes += sent as u64;
         }
     }
 
     /// Close `h` and forget it: queued data still leaves, then FIN; the
     /// handle is released.
-    fn close(&mut self, stack: &mut Stack, h: TcpHandle) {
-        let _ = stack.tcp_close(h);
+    fn close(&mut self, now: Instant, stack: &mut Stack, h: TcpHandle) {
+        let _ = stack.tcp().close(now, h);
         self.open.remove(&h);
     }
 }
 
 impl App for EchoServer {
     /// Each iteration's readiness events, before [`poll`](Self::poll).
-    fn on_events(&mut self, _now: Instant, events: &[Event], stack: &mut Stack) {
+    fn on_events(&mut self, now: Instant, events: &[Event], stack: &mut Stack) {
         for ev in events {
             match ev.socket {
-                SocketRef::Listener(l) if Some(l) == self.listener => self.accept(stack, l),
+                SocketRef::Listener(l) if Some(l) == self.listener => self.accept(now, stack, l),
                 // Only connections we accepted: an event may name one that
                 // still waits in the listener's queue.
-                SocketRef::Tcp(h) if self.open.contains(&h) => self.pump(stack, h),
+                SocketRef::Tcp(h) if self.open.contains(&h) => self.pump(now, stack, h),
                 _ => {}
             }
         }
@@ -122,7 +122,7 @@ impl App for EchoServer {
     /// Called every iteration: listen once, exit if that failed.
     fn poll(&mut self, _now: Instant, stack: &mut Stack) -> Control {
         if self.listener.is_none() && self.error.is_none() {
-            match stack.tcp_listen(self.port, 128) {
+            match stack.tcp().listen(self.port, 128) {
                 Ok(l) => self.listener = Some(l),
                 Err(e) => self.error = Some(format!("cannot listen on port {}: {e}", self.port)),
             }

@@ -57,7 +57,7 @@ fn echo_server_echoes_parallel_clients_over_an_impaired_link() {
     // The server closes its side after each client's FIN: nothing stays open.
     let deadline = Instant::now() + Duration::from_secs(30);
     while (server.net())
-        .with_stack(|s| s.tcp_connections().count())
+        .with_stack(|s| s.tcp_ref().connections().count())
         .unwrap()
         > 0
     {

@@ -15,9 +15,11 @@ fuzz_target!(|data: &[u8]| {
     let mut s = stack();
     let mut tx = VecTx::new();
     // Something waits for resolution of 10.0.0.3 and 10.0.0.4.
-    if let Ok(h) = s.udp_bind(0) {
+    if let Ok(h) = s.udp().bind(0) {
         for n in [3, 4] {
-            let _ = s.udp_send_to(h, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, n), 9), b"hi");
+            let _ = s
+                .udp()
+                .send_to(h, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, n), 9), b"hi");
         }
     }
     let mut now = Instant::ZERO;

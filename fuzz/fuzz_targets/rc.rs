@@ -165,13 +165,13 @@ struct Fuzz {
 
 fn register(s: &mut ustack::Stack, side: usize) -> Regions {
     let mut reg = |len: usize, access: Access, tag: Option<u8>| {
-        let h = s.rc_reg_mr(len, access).expect("register");
+        let h = s.rc().reg_mr(len, access).expect("register");
         let fill = match tag {
             Some(t) => pattern(side, t, len),
             None => pattern(side, 0x5a, len),
         };
-        s.rc_mr_mut(h).expect("region").copy_from_slice(&fill);
-        (h, s.rc_mr_info(h).expect("info"), tag.unwrap_or(0))
+        s.rc().mr_mut(h).expect("region").copy_from_slice(&fill);
+        (h, s.rc_ref().mr_info(h).expect("info"), tag.unwrap_or(0))
     };
     let lo = reg(GUARD, Access::REMOTE_READ, Some(0x11));
     let live = reg(LIVE, Access::ALL, None);
@@ -217,8 +217,8 @@ impl Fuzz {
         for (i, node) in net.nodes.iter_mut().enumerate() {
             let s = &mut node.stack;
             let regions = register(s, i);
-            let qp = s.rc_create_qp(&qcfg).expect("create qp");
-            let qpn = s.rc_qp_status(qp).expect("status").qpn;
+            let qp = s.rc().create_qp(&qcfg).expect("create qp");
+            let qpn = s.rc_ref().qp_status(qp).expect("status").qpn;
             sides.push(Side {
                 qp: Some(qp),
                 qpn,
@@ -280,7 +280,7 @@ impl Fuzz {
 
     fn status(&self, x: usize) -> Option<RcQpStatus> {
         let qp = self.sides[x].qp?;
-        self.net.nodes[x].stack.rc_qp_status(qp).ok()
+        self.net.nodes[x].stack.rc_ref().qp_status(qp).ok()
     }
 
     /// Connect side `x`'s QP to its peer's current QP, expecting the PSN
@@ -294,7 +294,7 @@ impl Fuzz {
             qpn: peer.qpn,
             psn: psn(&peer),
         };
-        let r = self.stack(x).rc_connect(qp, dest);
+        let r = self.stack(x).rc().connect(qp, dest);
         let st = self.status(x).expect("status");
         match r {
             Ok(()) => assert_eq!(st.state, QpState::Rts),
@@ -321,7 +321,7 @@ impl Fuzz {
             return false;
         };
         let id = self.wr_id();
-        let ok = self.stack(x).rc_post_recv(qp, id, sge).is_ok();
+        let ok = self.stack(x).rc().post_recv(qp, id, sge).is_ok();
         if ok {
             let p = Posted {
                 recv: true,
@@ -350,7 +350,7 @@ impl Fuzz {
             signaled,
             solicited: id.is_multiple_of(3),
         };
-        let ok = self.net.nodes[x].stack.rc_post_send(qp, &wr).is_ok();
+        let ok = self.net.nodes[x].stack.rc().post_send(qp, &wr).is_ok();
         if ok {
             let opcode = match op {
                 RcOp::Send | RcOp::SendImm(_) => WcOpcode::Send,
@@ -495,7 +495,8 @@ impl Fuzz {
         let mut wcs = Vec::new();
         let n = self
             .stack(x)
-            .rc_poll_cq(qp, max, &mut wcs)
+            .rc()
+            .poll_cq(qp, max, &mut wcs)
             .expect("poll a live QP");
         assert_eq!(n, wcs.len());
         assert!(n <= max);
@@ -543,7 +544,7 @@ impl Fuzz {
         match b % 8 {
             0 => {
                 if let Some(qp) = self.sides[x].qp {
-                    self.stack(x).rc_set_error(qp).expect("set_error");
+                    self.stack(x).rc().set_error(qp).expect("set_error");
                     assert_eq!(self.status(x).expect("status").state, QpState::Error);
                 }
             }
@@ -572,11 +573,11 @@ impl Fuzz {
                 // The live region goes away (work and peers naming it
                 // fail) and a new one takes its place.
                 let old = self.sides[x].regions.live;
-                self.stack(x).rc_dereg_mr(old).expect("dereg");
-                assert!(self.stack(x).rc_mr_info(old).is_err());
+                self.stack(x).rc().dereg_mr(old).expect("dereg");
+                assert!(self.stack(x).rc_ref().mr_info(old).is_err());
                 let s = self.stack(x);
-                let h = s.rc_reg_mr(LIVE, Access::ALL).expect("register");
-                let info = s.rc_mr_info(h).expect("info");
+                let h = s.rc().reg_mr(LIVE, Access::ALL).expect("register");
+                let info = s.rc_ref().mr_info(h).expect("info");
                 self.sides[x].regions.live = h;
                 self.sides[x].regions.live_info = info;
             }
@@ -591,8 +592,8 @@ impl Fuzz {
 
     fn destroy(&mut self, x: usize) {
         if let Some(qp) = self.sides[x].qp.take() {
-            self.stack(x).rc_destroy_qp(qp).expect("destroy");
-            assert!(self.stack(x).rc_qp_status(qp).is_err());
+            self.stack(x).rc().destroy_qp(qp).expect("destroy");
+            assert!(self.stack(x).rc_ref().qp_status(qp).is_err());
             self.sides[x].posted.clear();
         }
     }
@@ -602,8 +603,8 @@ impl Fuzz {
             return;
         }
         let cfg = self.qcfg.clone();
-        let qp = self.stack(x).rc_create_qp(&cfg).expect("create");
-        let st = self.stack(x).rc_qp_status(qp).expect("status");
+        let qp = self.stack(x).rc().create_qp(&cfg).expect("create");
+        let st = self.stack(x).rc_ref().qp_status(qp).expect("status");
         assert_eq!(st.state, QpState::Init);
         self.sides[x].qp = Some(qp);
         self.sides[x].qpn = st.qpn;
@@ -932,7 +933,7 @@ impl Fuzz {
         for x in 0..2 {
             self.poll_cq(x, usize::MAX);
             if let Some(qp) = self.sides[x].qp {
-                self.stack(x).rc_set_error(qp).expect("set_error");
+                self.stack(x).rc().set_error(qp).expect("set_error");
             }
         }
         // Let what is owed leave and land (nothing new starts in error).
@@ -971,8 +972,8 @@ impl Fuzz {
             }
             let stack = &self.net.nodes[x].stack;
             for (h, info, tag) in self.sides[x].regions.fixed {
-                let now = stack.rc_mr(h).expect("fixed region");
-                assert_eq!(stack.rc_mr_info(h).expect("info"), info);
+                let now = stack.rc_ref().mr(h).expect("fixed region");
+                assert_eq!(stack.rc_ref().mr_info(h).expect("info"), info);
                 if now != pattern(x, tag, info.len).as_slice() {
                     let at = now
                         .iter()

@@ -78,10 +78,10 @@ fuzz_target!(|data: &[u8]| {
             4 if !p.conns.is_empty() => {
                 let (h, _, _) = p.conns[usize::from(op >> 3) % p.conns.len()];
                 match r.u8() % 4 {
-                    0 => drop(p.a.tcp_send(h, &[0x63; 1000])),
-                    1 => drop(p.a.tcp_shutdown(h)),
-                    2 => drop(p.a.tcp_close(h)),
-                    _ => drop(p.a.tcp_abort(h)),
+                    0 => drop(p.a.tcp().send(h, &[0x63; 1000])),
+                    1 => drop(p.a.tcp().shutdown(h)),
+                    2 => drop(p.a.tcp().close(p.now, h)),
+                    _ => drop(p.a.tcp().abort(h)),
                 }
             }
             _ => {

@@ -7,8 +7,8 @@
 use libfuzzer_sys::fuzz_target;
 use smoltcp::wire::{EthernetProtocol, IpProtocol, UdpPacket};
 use ustack::rc::wire::{RcHeaders, RcOpcode};
-use ustack::ud::wire::{BthPacket, DethPacket, ROCE_PORT, UdSendRepr, icrc, icrc_verify};
 use ustack::ud::UdTransport;
+use ustack::ud::wire::{BthPacket, DethPacket, ROCE_PORT, UdSendRepr, icrc, icrc_verify};
 use ustack::{Instant, VecTx};
 use ustack_fuzz::{
     IpFields, Reader, eth, finish, fix_checksums, ipv4, receive_counted, stack_and_qp, us_mac,
@@ -75,9 +75,9 @@ fuzz_target!(|data: &[u8]| {
         if let (true, Some(qp)) = (ctl & 0x80 != 0, qp) {
             // Take completions; repost their buffers.
             completions.clear();
-            let _ = s.poll_cq(qp, now, 8, &mut completions);
+            let _ = s.ud().poll_cq(qp, now, 8, &mut completions);
             for c in &completions {
-                let _ = s.post_recv(qp, c.wr_id, vec![0; 128]);
+                let _ = s.ud().post_recv(qp, c.wr_id, vec![0; 128]);
             }
         }
     }

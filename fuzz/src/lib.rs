@@ -105,24 +105,29 @@ pub fn stack() -> Stack {
 /// [`stack`] and its responder QP's handle.
 pub fn stack_and_qp() -> (Stack, Option<ustack::ud::QpHandle>) {
     let mut s = host(1);
-    let _ = s.udp_bind(UDP_PORT);
-    let _ = s.tcp_listen(TCP_PORT, 4);
-    if let Ok(h) = s.ping_open(PING_IDENT) {
-        let _ = s.ping_send(h, PEER, 1, 16);
+    let _ = s.udp().bind(UDP_PORT);
+    let _ = s.tcp().listen(TCP_PORT, 4);
+    if let Ok(h) = s.ping().open(PING_IDENT) {
+        let _ = s.ping().send(h, PEER, 1, 16);
     }
     let mut qp = QpConfig::new(DEFAULT_QKEY);
     qp.qpn = Some(RESPONDER_QPN);
     qp.max_recv_wr = 4;
     qp.max_send_wr = 4;
-    let h = s.create_qp(&qp).ok();
+    let h = s.ud().create_qp(&qp).ok();
     if let Some(h) = h {
         for i in 0..4 {
-            let _ = s.post_recv(h, i, vec![0; 64 + 40 * (i as usize)]);
+            let _ = s.ud().post_recv(h, i, vec![0; 64 + 40 * (i as usize)]);
         }
     }
     // An ARP request for us from the peer: learned, answered.
     let mut tx = VecTx::new();
-    s.receive(Instant::ZERO, &arp_request(), ustack::RxMeta::default(), &mut tx);
+    s.receive(
+        Instant::ZERO,
+        &arp_request(),
+        ustack::RxMeta::default(),
+        &mut tx,
+    );
     (s, h)
 }
 
@@ -415,9 +420,9 @@ impl Pair {
     pub fn established() -> Pair {
         let mut a = host(1);
         let mut b = host(2);
-        let la = a.tcp_listen(TCP_PORT, 4).ok();
-        let lb = b.tcp_listen(6000, 4).ok();
-        let _ = a.udp_bind(UDP_PORT);
+        let la = a.tcp().listen(TCP_PORT, 4).ok();
+        let lb = b.tcp().listen(6000, 4).ok();
+        let _ = a.udp().bind(UDP_PORT);
         let mut p = Pair {
             a,
             b,
@@ -428,30 +433,33 @@ impl Pair {
             b_conns: Vec::new(),
             peer_seq: Default::default(),
         };
-        let bc = p.b.tcp_connect(SocketAddrV4::new(US, TCP_PORT)).ok();
-        let ac = p.a.tcp_connect(SocketAddrV4::new(PEER, 6000)).ok();
+        let bc =
+            p.b.tcp()
+                .connect(p.now, SocketAddrV4::new(US, TCP_PORT))
+                .ok();
+        let ac = p.a.tcp().connect(p.now, SocketAddrV4::new(PEER, 6000)).ok();
         let mut a_acc = None;
         let mut b_acc = None;
         for _ in 0..50 {
             p.step(1);
             if let (None, Some(l)) = (a_acc, la) {
-                a_acc = p.a.tcp_accept(l).ok().flatten();
+                a_acc = p.a.tcp().accept(l).ok().flatten();
             }
             if let (None, Some(l)) = (b_acc, lb) {
-                b_acc = p.b.tcp_accept(l).ok().flatten();
+                b_acc = p.b.tcp().accept(l).ok().flatten();
             }
             if a_acc.is_some() && b_acc.is_some() {
                 break;
             }
         }
         for h in [a_acc, ac].into_iter().flatten() {
-            let _ = p.a.tcp_send(h, &[0x61; 3000]);
-            if let Some(info) = p.a.tcp_info(h) {
+            let _ = p.a.tcp().send(h, &[0x61; 3000]);
+            if let Some(info) = p.a.tcp_ref().info(h) {
                 p.conns.push((h, info.local.port(), info.remote));
             }
         }
         for h in [bc, b_acc].into_iter().flatten() {
-            let _ = p.b.tcp_send(h, &[0x62; 3000]);
+            let _ = p.b.tcp().send(h, &[0x62; 3000]);
             p.b_conns.push(h);
         }
         for _ in 0..4 {
@@ -469,7 +477,8 @@ impl Pair {
         let mut b_out = VecTx::new();
         for f in std::mem::take(&mut self.a_out.frames) {
             assert_well_formed(&f);
-            self.b.receive(now, &f, ustack::RxMeta::default(), &mut b_out);
+            self.b
+                .receive(now, &f, ustack::RxMeta::default(), &mut b_out);
         }
         self.b.poll(now, &mut b_out);
         for f in b_out.frames {
@@ -483,10 +492,10 @@ impl Pair {
         }
         let mut buf = [0u8; 4096];
         for &(h, _, _) in &self.conns {
-            while matches!(self.a.tcp_recv(h, &mut buf), Ok(n) if n > 0) {}
+            while matches!(self.a.tcp().recv(h, &mut buf), Ok(n) if n > 0) {}
         }
         for &h in &self.b_conns {
-            while matches!(self.b.tcp_recv(h, &mut buf), Ok(n) if n > 0) {}
+            while matches!(self.b.tcp().recv(h, &mut buf), Ok(n) if n > 0) {}
         }
     }
 }

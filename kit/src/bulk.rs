@@ -140,7 +140,7 @@ impl App for BulkSend {
         }
         let h = match self.conn {
             Some(h) => h,
-            None => match stack.tcp_connect(self.remote) {
+            None => match stack.tcp().connect(now, self.remote) {
                 Ok(h) => {
                     self.transfer.started = Some(now);
                     *self.conn.insert(h)
@@ -152,7 +152,7 @@ impl App for BulkSend {
                 }
             },
         };
-        let status = match stack.tcp_status(h) {
+        let status = match stack.tcp_ref().status(h) {
             Ok(s) => s,
             Err(e) => {
                 self.error = Some(e);
@@ -163,12 +163,12 @@ impl App for BulkSend {
         if let Some(e) = status.error {
             self.error = Some(Error::Tcp(e));
             self.done = true;
-            let _ = stack.tcp_close(h);
+            let _ = stack.tcp().close(now, h);
             return Control::Exit;
         }
         while self.transfer.bytes < self.total {
             let want = (self.total - self.transfer.bytes).min(self.buf.len() as u64) as usize;
-            let room = match stack.tcp_status(h) {
+            let room = match stack.tcp_ref().status(h) {
                 Ok(s) => s.writable,
                 Err(_) => 0,
             };
@@ -177,7 +177,7 @@ impl App for BulkSend {
                 break;
             }
             fill_pattern(self.transfer.bytes, &mut self.buf[..n]);
-            match stack.tcp_send(h, &self.buf[..n]) {
+            match stack.tcp().send(h, &self.buf[..n]) {
                 Ok(sent) => {
                     self.crc.update(&self.buf[..sent]);
                     self.transfer.bytes += sent as u64;
@@ -197,7 +197,7 @@ impl App for BulkSend {
         // transfer must still reach the receiver.
         if self.transfer.bytes == self.total && !self.shut && status.state != State::SynSent {
             self.shut = true;
-            let _ = stack.tcp_shutdown(h);
+            let _ = stack.tcp().shutdown(h);
         }
         // Done once every byte and our FIN are acknowledged.
         if self.shut
@@ -210,7 +210,7 @@ impl App for BulkSend {
             self.done = true;
             self.transfer.finished = Some(now);
             self.transfer.crc = self.crc.clone().finalize();
-            let _ = stack.tcp_close(h);
+            let _ = stack.tcp().close(now, h);
             return Control::Exit;
         }
         Control::Continue
@@ -269,7 +269,7 @@ impl App for BulkRecv {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let l = match self.listener {
             Some(l) => l,
-            None => match stack.tcp_listen(self.port, self.backlog) {
+            None => match stack.tcp().listen(self.port, self.backlog) {
                 Ok(l) => *self.listener.insert(l),
                 Err(e) => {
                     self.errors.push(e);
@@ -277,7 +277,7 @@ impl App for BulkRecv {
                 }
             },
         };
-        while let Ok(Some(h)) = stack.tcp_accept(l) {
+        while let Ok(Some(h)) = stack.tcp().accept(l) {
             self.conns.push((h, 0, crc32fast::Hasher::new(), Some(now)));
         }
         let mut budget_all = usize::MAX;
@@ -299,7 +299,7 @@ impl App for BulkRecv {
                 if want == 0 {
                     break;
                 }
-                match stack.tcp_recv(h, &mut self.buf[..want]) {
+                match stack.tcp().recv(h, &mut self.buf[..want]) {
                     Ok(0) => break,
                     Ok(n) => {
                         self.corrupt_bytes += count_mismatches(*got, &self.buf[..n]);
@@ -314,7 +314,7 @@ impl App for BulkRecv {
                     }
                 }
             }
-            if stack.tcp_status(h).is_ok_and(|s| s.eof) {
+            if stack.tcp_ref().status(h).is_ok_and(|s| s.eof) {
                 finished = true;
             }
             if finished {
@@ -325,7 +325,7 @@ impl App for BulkRecv {
                     started,
                     finished: Some(now),
                 });
-                let _ = stack.tcp_close(h);
+                let _ = stack.tcp().close(now, h);
             } else {
                 i += 1;
             }

@@ -206,7 +206,7 @@ impl Pinger {
 
     /// The error that stopped the pinger, if any (identifier in use, no route).
     pub fn error(&self) -> Option<ustack::stack::Error> {
-        self.error
+        self.error.clone()
     }
 
     /// What this pinger pings and how.
@@ -299,7 +299,7 @@ impl App for Pinger {
         }
         let h = match self.handle {
             Some(h) => h,
-            None => match stack.ping_open(self.cfg.ident) {
+            None => match stack.ping().open(self.cfg.ident) {
                 Ok(h) => {
                     self.handle = Some(h);
                     self.next_send = Some(now);
@@ -311,13 +311,13 @@ impl App for Pinger {
                 }
             },
         };
-        while let Ok(Some(ev)) = stack.ping_recv(h) {
+        while let Ok(Some(ev)) = stack.ping().recv(h) {
             self.on_event(ev);
         }
         if let Some(t) = self.next_send.filter(|t| now >= *t && !self.all_sent()) {
             // icmp_seq counts from 1, as iputils does.
             let seq = ((self.summary.transmitted + 1) % 65_536) as u16;
-            match stack.ping_send(h, self.cfg.dst, seq, self.cfg.size) {
+            match stack.ping().send(h, self.cfg.dst, seq, self.cfg.size) {
                 Ok(()) => {
                     self.summary.transmitted += 1;
                     self.outstanding.insert(seq, now);

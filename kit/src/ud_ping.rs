@@ -18,6 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::ping::RttStats;
+use ustack::Error;
 use ustack::node::{App, Control, RxWait};
 use ustack::socket::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, RESPONDER_QPN, SendWr, TsSource, UdAddr,
@@ -88,7 +89,7 @@ fn post_recvs<T: UdTransport + ?Sized>(
     qp: QpHandle,
     n: usize,
     size: usize,
-) -> Result<(), UdError> {
+) -> Result<(), Error> {
     for i in 0..n {
         t.post_recv(qp, i as u64, vec![0u8; GRH_LEN + size])?;
     }
@@ -257,7 +258,7 @@ pub struct UdPinger {
     summary: UdPingSummary,
     events: VecDeque<UdPong>,
     keep_events: bool,
-    error: Option<UdError>,
+    error: Option<Error>,
     done: bool,
     cqes: Vec<Completion>,
     msg: Vec<u8>,
@@ -308,7 +309,7 @@ impl UdPinger {
         &self.summary
     }
     /// The error that stopped the pinger (QP creation, a failed post), if any.
-    pub fn error(&self) -> Option<&UdError> {
+    pub fn error(&self) -> Option<&Error> {
         self.error.as_ref()
     }
     /// Our QP number, once created.
@@ -496,7 +497,7 @@ impl UdPinger {
                         self.linger_until = Some(now + wait);
                     }
                 }
-                Err(UdError::QueueFull) => {
+                Err(Error::Ud(UdError::QueueFull)) => {
                     self.next_send = Some(now);
                     break;
                 }
@@ -535,7 +536,7 @@ impl UdPinger {
         }
     }
 
-    fn open<T: UdTransport + ?Sized>(&mut self, t: &mut T) -> Result<QpHandle, UdError> {
+    fn open<T: UdTransport + ?Sized>(&mut self, t: &mut T) -> Result<QpHandle, Error> {
         let mut qc = QpConfig::new(self.cfg.qkey);
         qc.max_recv_wr = RECV_DEPTH;
         qc.max_send_wr = 256;
@@ -569,7 +570,7 @@ impl UdPinger {
 
 impl App for UdPinger {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
-        self.poll_transport(now, stack)
+        self.poll_transport(now, &mut stack.ud())
     }
     fn poll_at(&self) -> Option<Instant> {
         self.next_wakeup()
@@ -620,7 +621,7 @@ pub struct UdResponder {
     depth: usize,
     qp: Option<QpHandle>,
     stats: ResponderStats,
-    error: Option<UdError>,
+    error: Option<Error>,
     cqes: Vec<Completion>,
     msg: Vec<u8>,
     /// Peers whose every message is sent back unchanged, oldest first.
@@ -679,11 +680,11 @@ impl UdResponder {
     }
     /// Why the responder could not start (QP number taken, no device), if
     /// it could not.
-    pub fn error(&self) -> Option<&UdError> {
+    pub fn error(&self) -> Option<&Error> {
         self.error.as_ref()
     }
 
-    fn open<T: UdTransport + ?Sized>(&mut self, t: &mut T) -> Result<QpHandle, UdError> {
+    fn open<T: UdTransport + ?Sized>(&mut self, t: &mut T) -> Result<QpHandle, Error> {
         let mut qc = QpConfig::new(self.qkey);
         qc.qpn = Some(self.qpn);
         qc.max_recv_wr = self.depth;
@@ -808,7 +809,7 @@ impl UdResponder {
 
 impl App for UdResponder {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
-        self.poll_transport(now, stack)
+        self.poll_transport(now, &mut stack.ud())
     }
 }
 
@@ -906,7 +907,7 @@ pub struct UdBandwidth {
     sink_before: Option<u64>,
     pending: Option<BwResult>,
     results: Vec<BwResult>,
-    error: Option<UdError>,
+    error: Option<Error>,
     stats_seq: u64,
     cqes: Vec<Completion>,
     msg: Vec<u8>,
@@ -944,7 +945,7 @@ impl UdBandwidth {
         std::mem::take(&mut self.results)
     }
     /// The error that stopped the sweep (QP creation failed), if any.
-    pub fn error(&self) -> Option<&UdError> {
+    pub fn error(&self) -> Option<&Error> {
         self.error.as_ref()
     }
     /// Every size measured (or the sweep failed).
@@ -1118,7 +1119,7 @@ impl UdBandwidth {
                             self.in_flight += 1;
                             self.first_post.get_or_insert(now);
                         }
-                        Err(UdError::QueueFull) => break,
+                        Err(Error::Ud(UdError::QueueFull)) => break,
                         Err(e) => {
                             self.error = Some(e);
                             return Control::Exit;
@@ -1153,7 +1154,7 @@ impl UdBandwidth {
 
 impl App for UdBandwidth {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
-        self.poll_transport(now, stack)
+        self.poll_transport(now, &mut stack.ud())
     }
     fn poll_at(&self) -> Option<Instant> {
         self.next_wakeup()

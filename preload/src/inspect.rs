@@ -395,7 +395,7 @@ pub fn send_queued(s: &Sock) -> Res<usize> {
         Kind::Dgram { handle, .. } => {
             let st = crate::state::state().ok_or(libc::EBADF)?;
             st.net
-                .peek_stack(|stack| stack.udp_tx_queued(handle).map_or(0, |q| q.0))
+                .peek_stack(|stack| stack.udp_ref().tx_queued(handle).map_or(0, |q| q.0))
                 .map_err(|_| libc::EIO)
         }
         // Linux: EINVAL on a listening socket.

@@ -46,10 +46,10 @@ pub fn level(sock: &Sock) -> Level {
             ..Level::default()
         },
         Kind::Listener { handle, .. } => Level {
-            readable: s.tcp_pending_accepts(handle).unwrap_or(0) > 0,
+            readable: s.tcp_ref().pending_accepts(handle).unwrap_or(0) > 0,
             ..Level::default()
         },
-        Kind::Stream { handle, .. } => match s.tcp_status(handle) {
+        Kind::Stream { handle, .. } => match s.tcp_ref().status(handle) {
             Ok(st) => {
                 let closed = st.closed();
                 // Once reported, an error is no longer pending (POLLERR).
@@ -71,10 +71,15 @@ pub fn level(sock: &Sock) -> Level {
             },
         },
         Kind::Dgram { handle, .. } => Level {
-            readable: s.udp_pending(handle).map(|p| p.0 > 0).unwrap_or(false),
+            readable: s
+                .udp_ref()
+                .pending(handle)
+                .map(|p| p.0 > 0)
+                .unwrap_or(false),
             // Linux's sock_writeable: under half the send buffer in use.
             writable: s
-                .udp_tx_queued(handle)
+                .udp_ref()
+                .tx_queued(handle)
                 .map(|(queued, cap)| queued < cap / 2)
                 .unwrap_or(true),
             ..Level::default()

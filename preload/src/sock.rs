@@ -41,6 +41,8 @@ pub fn errno_of(e: StackError) -> c_int {
         StackError::Tcp(ConnError::Reset) => libc::ECONNRESET,
         StackError::Tcp(ConnError::TimedOut) => libc::ETIMEDOUT,
         StackError::Tcp(ConnError::Aborted) => libc::ECONNABORTED,
+        // No POSIX socket carries RDMA verbs.
+        StackError::Ud(_) | StackError::Rc(_) => libc::EOPNOTSUPP,
     }
 }
 
@@ -191,8 +193,8 @@ pub fn bind(sock: &Arc<Sock>, addr: SocketAddrV4) -> Res<()> {
     let reuse = udp_reuse(sock);
     let (handle, port) = net
         .with_stack(|s| {
-            let h = s.udp_bind_reuse(addr.port(), reuse)?;
-            Ok::<_, StackError>((h, s.udp_local_port(h)?))
+            let h = s.udp().bind_reuse(addr.port(), reuse)?;
+            Ok::<_, StackError>((h, s.udp_ref().local_port(h)?))
         })
         .map_err(gone)?
         .map_err(errno_of)?;
@@ -259,7 +261,7 @@ fn listen_on(net: &Net, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<List
         return Ok(l.handle);
     }
     let handle = net
-        .with_stack(|s| s.tcp_listen(port, backlog))
+        .with_stack(|s| s.tcp().listen(port, backlog))
         .map_err(gone)?
         .map_err(errno_of)?;
     map.insert(
@@ -319,8 +321,8 @@ pub fn reopen_inherited() {
                 sock.notify();
             }
             Kind::Dgram { port, peer, .. } => match net.with_stack(|s| {
-                let h = s.udp_bind_reuse(port, udp_reuse(&sock))?;
-                s.udp_connect(h, peer).map(|()| h)
+                let h = s.udp().bind_reuse(port, udp_reuse(&sock))?;
+                s.udp().connect(h, peer).map(|()| h)
             }) {
                 Ok(Ok(handle)) => {
                     *kind = Kind::Dgram { handle, port, peer };
@@ -358,11 +360,11 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
     let handle = net
         .with_stack(|s| {
             if port != 0 {
-                return s.tcp_listen(port, backlog).map(|h| (h, port));
+                return s.tcp().listen(port, backlog).map(|h| (h, port));
             }
             // Port 0: the kernel would pick one.
             (49_152..=u16::MAX)
-                .find_map(|p| s.tcp_listen(p, backlog).ok().map(|h| (h, p)))
+                .find_map(|p| s.tcp().listen(p, backlog).ok().map(|h| (h, p)))
                 .ok_or(StackError::NoFreePort)
         })
         .map_err(gone)?
@@ -387,8 +389,8 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
     loop {
         let got = net
             .with_stack(|s| {
-                let h = s.tcp_accept(handle)?;
-                Ok::<_, StackError>(h.and_then(|h| Some((h, s.tcp_info(h)?.remote))))
+                let h = s.tcp().accept(handle)?;
+                Ok::<_, StackError>(h.and_then(|h| Some((h, s.tcp_ref().info(h)?.remote))))
             })
             .map_err(gone)?
             .map_err(errno_of)?;
@@ -434,10 +436,11 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
                     return Err(libc::ECONNREFUSED);
                 }
                 // A port bound first is the connection's local port.
+                let now = net.now();
                 let h = net
                     .with_stack(|s| match port {
-                        0 => s.tcp_connect(remote),
-                        p => s.tcp_connect_from(p, remote),
+                        0 => s.tcp().connect(now, remote),
+                        p => s.tcp().connect_from(now, p, remote),
                     })
                     .map_err(gone)?
                     .map_err(|e| match e {
@@ -490,7 +493,7 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
 /// Where a pending connect stands: done, failed (its errno), or EAGAIN.
 fn finish_connect(net: &Net, sock: &Sock, handle: ustack::tcp::TcpHandle) -> Res<()> {
     let st = net
-        .peek_stack(|s| s.tcp_status(handle))
+        .peek_stack(|s| s.tcp_ref().status(handle))
         .map_err(gone)?
         .map_err(errno_of)?;
     if let Some(e) = st.error {
@@ -532,7 +535,7 @@ fn connect_dgram(net: &Net, sock: &Arc<Sock>, peer: Option<SocketAddrV4>) -> Res
     } = &mut *sock.kind.lock()
     {
         // Only the peer's datagrams from now on, as Linux's lookup does.
-        net.with_stack(|s| s.udp_connect(*handle, peer))
+        net.with_stack(|s| s.udp().connect(*handle, peer))
             .map_err(gone)?
             .map_err(errno_of)?;
         *p = peer;
@@ -567,7 +570,7 @@ pub fn take_error(sock: &Sock) -> c_int {
         return 0;
     };
     let Ok(net) = net() else { return libc::EIO };
-    match net.peek_stack(|s| s.tcp_status(handle)) {
+    match net.peek_stack(|s| s.tcp_ref().status(handle)) {
         Ok(Ok(st)) => match st.error.map(StackError::Tcp) {
             Some(e) if first_report(sock, &e) => errno_of(e),
             _ => 0,
@@ -613,15 +616,15 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                 let r = if flags.peek {
                     net.peek_stack(|s| {
                         let mut copy = vec![0; want];
-                        let got = s.tcp_peek(handle, &mut copy)?;
+                        let got = s.tcp_ref().peek(handle, &mut copy)?;
                         scatter(&copy[..got], bufs);
-                        Ok((got, s.tcp_status(handle).ok()))
+                        Ok((got, s.tcp_ref().status(handle).ok()))
                     })
                 } else {
                     net.with_stack(|s| {
                         let mut got = 0;
                         for b in bufs.iter_mut() {
-                            let n = match s.tcp_recv(handle, b) {
+                            let n = match s.tcp().recv(handle, b) {
                                 Ok(n) => n,
                                 Err(e) if got == 0 => return Err(e),
                                 Err(_) => 0,
@@ -631,7 +634,7 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                                 break;
                             }
                         }
-                        Ok((got, s.tcp_status(handle).ok()))
+                        Ok((got, s.tcp_ref().status(handle).ok()))
                     })
                 };
                 let (got, st) = match r.map_err(gone)? {
@@ -712,9 +715,9 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                     None => &mut first,
                 };
                 let got = if flags.peek {
-                    net.peek_stack(|s| s.udp_peek_from(handle, buf))
+                    net.peek_stack(|s| s.udp_ref().peek_from(handle, buf))
                 } else {
-                    net.with_stack(|s| s.udp_recv_from(handle, buf))
+                    net.with_stack(|s| s.udp().recv_from(handle, buf))
                 }
                 .map_err(gone)?
                 .map_err(errno_of)?;
@@ -790,7 +793,7 @@ pub fn send(
                             skip -= b.len();
                             continue;
                         }
-                        let k = s.tcp_send(handle, &b[skip..])?;
+                        let k = s.tcp().send(handle, &b[skip..])?;
                         skip = 0;
                         n += k;
                         if k < b.len() {
@@ -830,7 +833,7 @@ pub fn send(
     let data: Vec<u8> = bufs.concat();
     loop {
         let r = net
-            .with_stack(|s| s.udp_send_to(handle, dst, &data))
+            .with_stack(|s| s.udp().send_to(handle, dst, &data))
             .map_err(gone)?;
         match r {
             Ok(()) => return Ok(data.len()),
@@ -845,10 +848,20 @@ pub fn readable_bytes(sock: &Sock) -> Res<usize> {
     let net = net()?;
     Ok(match *sock.kind.lock() {
         Kind::Stream { handle, .. } => net
-            .peek_stack(|s| s.tcp_status(handle).map(|st| st.readable).unwrap_or(0))
+            .peek_stack(|s| {
+                s.tcp_ref()
+                    .status(handle)
+                    .map(|st| st.readable)
+                    .unwrap_or(0)
+            })
             .map_err(gone)?,
         Kind::Dgram { handle, .. } => net
-            .peek_stack(|s| s.udp_pending(handle).map(|p| p.1.unwrap_or(0)).unwrap_or(0))
+            .peek_stack(|s| {
+                s.udp_ref()
+                    .pending(handle)
+                    .map(|p| p.1.unwrap_or(0))
+                    .unwrap_or(0)
+            })
             .map_err(gone)?,
         _ => 0,
     })
@@ -869,7 +882,7 @@ pub fn shutdown(sock: &Sock, how: c_int) -> Res<()> {
     match kind {
         Kind::Stream { handle, .. } => {
             if wr {
-                net.with_stack(|s| s.tcp_shutdown(handle))
+                net.with_stack(|s| s.tcp().shutdown(handle))
                     .map_err(gone)?
                     .map_err(errno_of)?;
             }
@@ -976,16 +989,17 @@ pub fn close_in_stack(sock: &Arc<Sock>) {
         k => k,
     };
     let linger0 = sock.opts.lock().linger == Some(0);
+    let now = net.now();
     let _ = net.with_stack(|s| match kind {
         Kind::Stream { handle, .. } if linger0 => {
-            let _ = s.tcp_abort(handle);
+            let _ = s.tcp().abort(handle);
         }
         Kind::Stream { handle, .. } => {
-            let _ = s.tcp_close(handle);
+            let _ = s.tcp().close(now, handle);
         }
-        Kind::Listener { handle, .. } => s.tcp_unlisten(handle),
+        Kind::Listener { handle, .. } => s.tcp().unlisten(handle),
         Kind::Dgram { handle, .. } => {
-            let _ = s.udp_close(handle);
+            let _ = s.udp().close(handle);
         }
         Kind::Fresh { .. } | Kind::Closed => {}
     });
@@ -1011,7 +1025,7 @@ pub fn local_addr(sock: &Sock) -> Res<SocketAddrV4> {
         Kind::Listener { port, .. } => SocketAddrV4::new(ip, port),
         Kind::Dgram { port, .. } => SocketAddrV4::new(ip, port),
         Kind::Stream { handle, .. } => net
-            .peek_stack(|s| s.tcp_info(handle).map(|i| i.local))
+            .peek_stack(|s| s.tcp_ref().info(handle).map(|i| i.local))
             .map_err(gone)?
             .ok_or(libc::ENOTCONN)?,
         Kind::Closed => return Err(libc::EBADF),
@@ -1026,7 +1040,7 @@ pub fn peer_addr(sock: &Sock) -> Res<SocketAddrV4> {
             handle,
             connecting: false,
         } => net
-            .peek_stack(|s| s.tcp_info(handle).map(|i| i.remote))
+            .peek_stack(|s| s.tcp_ref().info(handle).map(|i| i.remote))
             .map_err(gone)?
             .ok_or(libc::ENOTCONN),
         Kind::Dgram { peer: Some(p), .. } => Ok(p),
@@ -1041,11 +1055,12 @@ pub fn apply_tcp_opts(sock: &Sock) {
         return;
     };
     let o = *sock.opts.lock();
+    let now = net.now();
     let _ = net.with_stack(|s| {
-        let _ = s.tcp_set_nodelay(handle, o.nodelay);
-        let _ = s.tcp_set_cork(handle, o.cork);
-        let _ = s.tcp_set_keepalive(handle, keepalive_of(&o));
-        let _ = s.tcp_set_user_timeout(
+        let _ = s.tcp().set_nodelay(handle, o.nodelay);
+        let _ = s.tcp().set_cork(handle, o.cork);
+        let _ = s.tcp().set_keepalive(now, handle, keepalive_of(&o));
+        let _ = s.tcp().set_user_timeout(
             handle,
             u64::try_from(o.user_timeout_ms)
                 .ok()
@@ -1081,5 +1096,5 @@ pub fn tcp_info(sock: &Sock) -> Option<ustack::tcp::ConnInfo> {
     let Kind::Stream { handle, .. } = *sock.kind.lock() else {
         return None;
     };
-    net.peek_stack(|s| s.tcp_info(handle)).ok().flatten()
+    net.peek_stack(|s| s.tcp_ref().info(handle)).ok().flatten()
 }

@@ -70,7 +70,8 @@ impl TcpListener {
         let handle = net
             .lock()?
             .stack
-            .tcp_listen(port, backlog)
+            .tcp()
+            .listen(port, backlog)
             .map_err(io_error)?;
         Ok(TcpListener {
             net: net.clone(),
@@ -95,9 +96,9 @@ impl TcpListener {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),
         };
-        match inner.stack.tcp_accept(self.handle) {
+        match inner.stack.tcp().accept(self.handle) {
             Ok(Some(h)) => {
-                let remote = inner.stack.tcp_info(h).map(|i| i.remote);
+                let remote = inner.stack.tcp_ref().info(h).map(|i| i.remote);
                 drop(inner);
                 let stream = TcpStream::from_handle(&self.net, h);
                 match remote {
@@ -117,7 +118,7 @@ impl TcpListener {
 impl Drop for TcpListener {
     fn drop(&mut self) {
         if let Ok(mut inner) = self.net.lock() {
-            inner.stack.tcp_unlisten(self.handle);
+            inner.stack.tcp().unlisten(self.handle);
             inner.forget(SocketRef::Listener(self.handle));
         }
         self.net.kick();
@@ -142,7 +143,11 @@ impl TcpStream {
 
     /// Open a connection to `remote` and wait for the handshake.
     pub async fn connect(net: &Net, remote: SocketAddrV4) -> io::Result<TcpStream> {
-        let h = net.lock()?.stack.tcp_connect(remote).map_err(io_error)?;
+        let h = {
+            let mut inner = net.lock()?;
+            let now = inner.now();
+            inner.stack.tcp().connect(now, remote).map_err(io_error)?
+        };
         net.kick();
         let stream = TcpStream::from_handle(net, h);
         poll_fn(|cx| stream.poll_connected(cx)).await?;
@@ -154,7 +159,7 @@ impl TcpStream {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),
         };
-        match inner.stack.tcp_status(self.handle) {
+        match inner.stack.tcp_ref().status(self.handle) {
             Ok(s) => match s.error {
                 Some(e) => Poll::Ready(Err(io_error(StackError::Tcp(e)))),
                 None if s.state.synchronized() => Poll::Ready(Ok(())),
@@ -178,7 +183,7 @@ impl TcpStream {
     /// The remote end.
     pub fn peer_addr(&self) -> io::Result<SocketAddrV4> {
         let inner = self.net.lock()?;
-        (inner.stack.tcp_info(self.handle))
+        (inner.stack.tcp_ref().info(self.handle))
             .map(|i| i.remote)
             .ok_or_else(|| io::ErrorKind::NotConnected.into())
     }
@@ -186,7 +191,7 @@ impl TcpStream {
     /// The local end.
     pub fn local_addr(&self) -> io::Result<SocketAddrV4> {
         let inner = self.net.lock()?;
-        (inner.stack.tcp_info(self.handle))
+        (inner.stack.tcp_ref().info(self.handle))
             .map(|i| i.local)
             .ok_or_else(|| io::ErrorKind::NotConnected.into())
     }
@@ -200,7 +205,7 @@ impl TcpStream {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),
         };
-        match inner.stack.tcp_recv(self.handle, buf) {
+        match inner.stack.tcp().recv(self.handle, buf) {
             Ok(0) => {}
             Ok(n) => {
                 drop(inner);
@@ -210,7 +215,7 @@ impl TcpStream {
             }
             Err(e) => return Poll::Ready(Err(io_error(e))),
         }
-        match inner.stack.tcp_status(self.handle) {
+        match inner.stack.tcp_ref().status(self.handle) {
             Ok(s) if s.eof || s.closed() => Poll::Ready(Ok(0)),
             Ok(_) => {
                 inner.wait(SocketRef::Tcp(self.handle), Interest::Read, cx);
@@ -229,7 +234,7 @@ impl TcpStream {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),
         };
-        match inner.stack.tcp_send(self.handle, buf) {
+        match inner.stack.tcp().send(self.handle, buf) {
             Ok(0) => {
                 inner.wait(SocketRef::Tcp(self.handle), Interest::Write, cx);
                 Poll::Pending
@@ -245,7 +250,7 @@ impl TcpStream {
 
     /// Close the sending side (FIN after what was written).
     pub fn shutdown(&self) -> io::Result<()> {
-        let r = self.net.lock()?.stack.tcp_shutdown(self.handle);
+        let r = self.net.lock()?.stack.tcp().shutdown(self.handle);
         self.net.kick();
         r.map_err(io_error)
     }
@@ -254,7 +259,8 @@ impl TcpStream {
 impl Drop for TcpStream {
     fn drop(&mut self) {
         if let Ok(mut inner) = self.net.lock() {
-            let _ = inner.stack.tcp_close(self.handle);
+            let now = inner.now();
+            let _ = inner.stack.tcp().close(now, self.handle);
             inner.forget(SocketRef::Tcp(self.handle));
         }
         self.net.kick();
@@ -340,8 +346,8 @@ impl UdpSocket {
     /// Bind to `port` (0 picks an ephemeral port).
     pub fn bind(net: &Net, port: u16) -> io::Result<UdpSocket> {
         let mut inner = net.lock()?;
-        let handle = inner.stack.udp_bind(port).map_err(io_error)?;
-        let port = inner.stack.udp_local_port(handle).map_err(io_error)?;
+        let handle = inner.stack.udp().bind(port).map_err(io_error)?;
+        let port = inner.stack.udp_ref().local_port(handle).map_err(io_error)?;
         Ok(UdpSocket {
             net: net.clone(),
             handle,
@@ -375,7 +381,7 @@ impl UdpSocket {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),
         };
-        match inner.stack.udp_send_to(self.handle, dst, buf) {
+        match inner.stack.udp().send_to(self.handle, dst, buf) {
             Ok(()) => {
                 drop(inner);
                 self.net.kick();
@@ -399,7 +405,7 @@ impl UdpSocket {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),
         };
-        match inner.stack.udp_recv_from(self.handle, buf) {
+        match inner.stack.udp().recv_from(self.handle, buf) {
             Ok(Some(got)) => Poll::Ready(Ok(got)),
             Ok(None) => {
                 inner.wait(SocketRef::Udp(self.handle), Interest::Read, cx);
@@ -413,7 +419,7 @@ impl UdpSocket {
 impl Drop for UdpSocket {
     fn drop(&mut self) {
         if let Ok(mut inner) = self.net.lock() {
-            let _ = inner.stack.udp_close(self.handle);
+            let _ = inner.stack.udp().close(self.handle);
             inner.forget(SocketRef::Udp(self.handle));
         }
     }

@@ -327,7 +327,7 @@ where
     let pending = (stopping || done)
         && (report.busy()
             || poll_at.is_some_and(|t| t <= now)
-            || g.stack().tcp_connections().any(|c| c.send_queued > 0));
+            || g.stack().tcp_ref().connections().any(|c| c.send_queued > 0));
     g.release();
     if let Some(s) = snapshot {
         sink.publish(&s);
@@ -874,7 +874,7 @@ mod test {
             let (node, seen, _frame) = node_with_fd();
             let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
             let net = rt.net().clone();
-            let h = net.with_stack(|s| s.udp_bind(4000)).unwrap().unwrap();
+            let h = net.with_stack(|s| s.udp().bind(4000)).unwrap().unwrap();
             for i in 1..=3u8 {
                 asleep(&net);
                 let (sent, woken) = (
@@ -885,7 +885,7 @@ mod test {
                 std::thread::spawn(move || {
                     let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10 + i), 9);
                     caller
-                        .with_stack(|s| s.udp_send_to(h, dst, b"wake up"))
+                        .with_stack(|s| s.udp().send_to(h, dst, b"wake up"))
                         .unwrap()
                         .unwrap();
                 })

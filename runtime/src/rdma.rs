@@ -43,24 +43,11 @@ use std::time::Duration;
 
 use ustack::events::SocketRef;
 use ustack::rc::{
-    Access, MrHandle, MrInfo, RcDest, RcError, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr, Sge,
-    Wc,
+    Access, MrHandle, MrInfo, RcDest, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr, Sge, Wc,
 };
 
 use crate::blocking::block_on;
-use crate::spawned::{Interest, Net};
-
-/// An RC error as an `io::Error` (work queue full is `WouldBlock`).
-fn rc_error(e: RcError) -> io::Error {
-    let kind = match e {
-        RcError::QueueFull => io::ErrorKind::WouldBlock,
-        RcError::InvalidHandle => io::ErrorKind::NotFound,
-        RcError::QpnInUse(_) => io::ErrorKind::AddrInUse,
-        RcError::QpError => io::ErrorKind::ConnectionAborted,
-        _ => io::ErrorKind::InvalidInput,
-    };
-    io::Error::new(kind, e)
-}
+use crate::spawned::{Interest, Net, io_error};
 
 /// A registered memory region of a spawned stack. Dropping it deregisters
 /// the region.
@@ -75,8 +62,8 @@ impl MemoryRegion {
     /// Register `len` zeroed bytes allowing `access`.
     pub fn register(net: &Net, len: usize, access: Access) -> io::Result<MemoryRegion> {
         let mut inner = net.lock()?;
-        let handle = inner.stack.rc_reg_mr(len, access).map_err(rc_error)?;
-        let info = inner.stack.rc_mr_info(handle).map_err(rc_error)?;
+        let handle = inner.stack.rc().reg_mr(len, access).map_err(io_error)?;
+        let info = inner.stack.rc_ref().mr_info(handle).map_err(io_error)?;
         Ok(MemoryRegion {
             net: net.clone(),
             handle,
@@ -101,7 +88,7 @@ impl MemoryRegion {
     /// A copy of `len` bytes at `offset`.
     pub fn read(&self, offset: usize, len: usize) -> io::Result<Vec<u8>> {
         let inner = self.net.lock()?;
-        let data = inner.stack.rc_mr(self.handle).map_err(rc_error)?;
+        let data = inner.stack.rc_ref().mr(self.handle).map_err(io_error)?;
         data.get(offset..offset.saturating_add(len))
             .map(<[u8]>::to_vec)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "range outside the region"))
@@ -110,7 +97,7 @@ impl MemoryRegion {
     /// Copy `bytes` to `offset`.
     pub fn write(&self, offset: usize, bytes: &[u8]) -> io::Result<()> {
         let mut inner = self.net.lock()?;
-        let data = inner.stack.rc_mr_mut(self.handle).map_err(rc_error)?;
+        let data = inner.stack.rc().mr_mut(self.handle).map_err(io_error)?;
         data.get_mut(offset..offset.saturating_add(bytes.len()))
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "range outside the region"))?
             .copy_from_slice(bytes);
@@ -121,7 +108,7 @@ impl MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         if let Ok(mut inner) = self.net.lock() {
-            let _ = inner.stack.rc_dereg_mr(self.handle);
+            let _ = inner.stack.rc().dereg_mr(self.handle);
         }
     }
 }
@@ -138,7 +125,7 @@ impl RcQp {
     /// first PSN to hand the peer).
     pub fn create(net: &Net, cfg: &RcQpConfig) -> io::Result<RcQp> {
         let mut inner = net.lock()?;
-        let handle = inner.stack.rc_create_qp(cfg).map_err(rc_error)?;
+        let handle = inner.stack.rc().create_qp(cfg).map_err(io_error)?;
         Ok(RcQp {
             net: net.clone(),
             handle,
@@ -148,7 +135,11 @@ impl RcQp {
     /// State, PSNs, queues and counters.
     pub fn status(&self) -> io::Result<RcQpStatus> {
         let inner = self.net.lock()?;
-        inner.stack.rc_qp_status(self.handle).map_err(rc_error)
+        inner
+            .stack
+            .rc_ref()
+            .qp_status(self.handle)
+            .map_err(io_error)
     }
 
     /// Connect to the peer (to RTS).
@@ -156,8 +147,9 @@ impl RcQp {
         self.net
             .lock()?
             .stack
-            .rc_connect(self.handle, dest)
-            .map_err(rc_error)?;
+            .rc()
+            .connect(self.handle, dest)
+            .map_err(io_error)?;
         self.net.kick();
         Ok(())
     }
@@ -167,8 +159,9 @@ impl RcQp {
         self.net
             .lock()?
             .stack
-            .rc_post_send(self.handle, wr)
-            .map_err(rc_error)?;
+            .rc()
+            .post_send(self.handle, wr)
+            .map_err(io_error)?;
         self.net.kick();
         Ok(())
     }
@@ -178,8 +171,9 @@ impl RcQp {
         self.net
             .lock()?
             .stack
-            .rc_post_recv(self.handle, wr_id, sge)
-            .map_err(rc_error)
+            .rc()
+            .post_recv(self.handle, wr_id, sge)
+            .map_err(io_error)
     }
 
     /// Move the QP to the error state (outstanding work is flushed).
@@ -187,8 +181,9 @@ impl RcQp {
         self.net
             .lock()?
             .stack
-            .rc_set_error(self.handle)
-            .map_err(rc_error)?;
+            .rc()
+            .set_error(self.handle)
+            .map_err(io_error)?;
         self.net.kick();
         Ok(())
     }
@@ -204,13 +199,13 @@ impl RcQp {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),
         };
-        match inner.stack.rc_poll_cq(self.handle, max, out) {
+        match inner.stack.rc().poll_cq(self.handle, max, out) {
             Ok(0) => {
                 inner.wait(SocketRef::RcQp(self.handle), Interest::Read, cx);
                 Poll::Pending
             }
             Ok(n) => Poll::Ready(Ok(n)),
-            Err(e) => Poll::Ready(Err(rc_error(e))),
+            Err(e) => Poll::Ready(Err(io_error(e))),
         }
     }
 
@@ -231,7 +226,7 @@ impl RcQp {
 impl Drop for RcQp {
     fn drop(&mut self) {
         if let Ok(mut inner) = self.net.lock() {
-            let _ = inner.stack.rc_destroy_qp(self.handle);
+            let _ = inner.stack.rc().destroy_qp(self.handle);
             inner.forget(SocketRef::RcQp(self.handle));
         }
     }

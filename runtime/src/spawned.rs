@@ -61,6 +61,9 @@ pub type Watcher = Arc<dyn Fn(Readiness) + Send + Sync>;
 /// The stack and the tasks waiting on its sockets.
 pub(crate) struct Inner {
     pub stack: Stack,
+    /// The loop's clock (one origin per process): `now` for the socket
+    /// calls a front makes between loop iterations (connect, close).
+    clock: Clock,
     waiters: HashMap<SocketRef, Waiters>,
     watchers: HashMap<SocketRef, Watcher>,
 }
@@ -76,6 +79,11 @@ impl std::fmt::Debug for Inner {
 }
 
 impl Inner {
+    /// Engine time now, for a socket call that takes it.
+    pub fn now(&self) -> ustack::time::Instant {
+        self.clock.now()
+    }
+
     /// Wake `cx`'s task when `socket` is ready for `interest`.
     pub fn wait(&mut self, socket: SocketRef, interest: Interest, cx: &Context<'_>) {
         let w = self.waiters.entry(socket).or_default();
@@ -313,15 +321,22 @@ impl Net {
         Ok(r)
     }
 
+    /// Engine time now, on the loop's clock: the `now` a socket call made
+    /// through [`with_stack`](Self::with_stack) takes (connect, close).
+    pub fn now(&self) -> ustack::time::Instant {
+        Clock::new().now()
+    }
+
     /// Whether the loop still runs.
     pub fn is_running(&self) -> bool {
         !self.shared.gone.load(Ordering::Acquire)
     }
 }
 
-/// An engine error as the `std::io` error a socket user expects.
+/// An engine error (a socket call or an RDMA verb) as the `std::io`
+/// error a socket user expects.
 pub fn io_error(e: StackError) -> io::Error {
-    use ustack::tcp::ConnError;
+    use ustack::error::{ConnError, RcError, UdError};
     let kind = match e {
         StackError::AddrInUse => io::ErrorKind::AddrInUse,
         StackError::NoFreePort => io::ErrorKind::AddrNotAvailable,
@@ -334,6 +349,18 @@ pub fn io_error(e: StackError) -> io::Error {
         StackError::Tcp(ConnError::Reset) => io::ErrorKind::ConnectionReset,
         StackError::Tcp(ConnError::TimedOut) => io::ErrorKind::TimedOut,
         StackError::Tcp(ConnError::Aborted) => io::ErrorKind::ConnectionAborted,
+        StackError::Rc(RcError::QueueFull) | StackError::Ud(UdError::QueueFull) => {
+            io::ErrorKind::WouldBlock
+        }
+        StackError::Rc(RcError::InvalidHandle) | StackError::Ud(UdError::InvalidQp) => {
+            io::ErrorKind::NotFound
+        }
+        StackError::Rc(RcError::QpnInUse(_)) | StackError::Ud(UdError::QpnInUse(_)) => {
+            io::ErrorKind::AddrInUse
+        }
+        StackError::Rc(RcError::QpError) => io::ErrorKind::ConnectionAborted,
+        StackError::Ud(UdError::NoDevice) => io::ErrorKind::NotFound,
+        StackError::Rc(_) | StackError::Ud(_) => io::ErrorKind::InvalidInput,
     };
     io::Error::new(kind, e)
 }
@@ -504,6 +531,7 @@ where
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
             stack,
+            clock: Clock::new(),
             waiters: HashMap::new(),
             watchers: HashMap::new(),
         }),

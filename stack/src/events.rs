@@ -6,7 +6,7 @@
 //! hands them out, one [`Event`] per socket with every change since the last
 //! drain merged. Events are edges, as epoll's `EPOLLET`: a consumer reads or
 //! writes until the call would block, then waits for the next event. The
-//! levels behind them stay available (`tcp_status`, `udp_recv_from`...).
+//! levels behind them stay available (`tcp().status`, `udp().recv_from`...).
 //!
 //! Each socket table queues a socket once until it is drained, so the
 //! queues never hold more entries than there are sockets, whether anyone
@@ -19,7 +19,7 @@ use std::ops::{BitOr, BitOrAssign};
 pub enum SocketRef {
     /// A TCP connection.
     Tcp(TcpHandle),
-    /// A TCP listener: readable when a connection waits for `tcp_accept`.
+    /// A TCP listener: readable when a connection waits for `tcp().accept`.
     Listener(ListenHandle),
     /// A UDP socket.
     Udp(UdpHandle),
@@ -125,7 +125,7 @@ pub struct ListenHandle(pub(crate) u16);
 
 slotmap::new_key_type! {
     /// A bound UDP socket. Handles carry a generation: one kept after
-    /// `udp_close` is refused (`InvalidHandle`), never another socket.
+    /// `udp().close` is refused (`InvalidHandle`), never another socket.
     pub struct UdpHandle;
 }
 

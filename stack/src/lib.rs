@@ -49,7 +49,8 @@
 //!   writable, connected, closed or errored since the last drain: one
 //!   [`events::Event`] per socket, edge-triggered, never a scan.
 //!
-//! Socket calls (`tcp_connect`, `tcp_send`, `udp_send_to`, `ping_send`...)
+//! Socket calls through the typed views (`stack.tcp().connect(now, ..)`,
+//! `stack.udp().send_to(..)`, `stack.ping().send(..)`...)
 //! act on the stack's state at once and only queue frames: they leave on
 //! the next `poll`. [`node::Node`] is one poll-loop iteration gluing a
 //! `Stack` to a [`Device`] (`rx burst -> protocols -> app -> timers -> tx
@@ -79,9 +80,9 @@
 //! // 10.0.0.1 and 10.0.0.2 on one /24, with seeded secrets.
 //! let mut a = Stack::new(host_config(1));
 //! let mut b = Stack::new(host_config(2));
-//! let server = b.udp_bind(7000)?;
-//! let client = a.udp_bind(0)?;
-//! a.udp_send_to(client, SocketAddrV4::new(b.ip(), 7000), b"hello")?;
+//! let server = b.udp().bind(7000)?;
+//! let client = a.udp().bind(0)?;
+//! a.udp().send_to(client, SocketAddrV4::new(b.ip(), 7000), b"hello")?;
 //!
 //! // The wire: what one stack writes, the other receives.
 //! let now = Instant::from_millis(1);
@@ -107,7 +108,7 @@
 //! assert!(events.iter().any(|e| e.socket == SocketRef::Udp(server)
 //!     && e.readiness.contains(Readiness::READABLE)));
 //! let mut buf = [0u8; 64];
-//! let (len, from) = b.udp_recv_from(server, &mut buf)?.expect("a datagram");
+//! let (len, from) = b.udp().recv_from(server, &mut buf)?.expect("a datagram");
 //! assert_eq!(&buf[..len], b"hello");
 //! assert_eq!(*from.ip(), a.ip());
 //! assert_eq!(b.stats().arp.tx_replies, 1);

@@ -351,9 +351,13 @@ impl<D: Device> Port<D> {
         let stats = stack.stats();
         Snapshot {
             at_ns: now.as_nanos(),
-            connections: stack.tcp_connections().take(MAX_CONNECTIONS).collect(),
+            connections: stack
+                .tcp_ref()
+                .connections()
+                .take(MAX_CONNECTIONS)
+                .collect(),
             connections_total: stats.tcp.connections.saturating_sub(stats.tcp.time_wait),
-            rc_qps: stack.rc_qps(MAX_CONNECTIONS),
+            rc_qps: stack.rc_ref().qps(MAX_CONNECTIONS),
             shard: self.shard.as_ref().map(|s| ShardSnapshot {
                 index: s.id.index,
                 count: s.id.count,

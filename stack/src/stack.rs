@@ -9,7 +9,7 @@
 //! through the crate-private `link` module (ARP, IPv4 transmit, rate
 //! limits); this file wires them together and is the app API's front door.
 
-use core::net::{Ipv4Addr, SocketAddrV4};
+use core::net::Ipv4Addr;
 use std::time::Duration;
 
 use smoltcp::wire::{EthernetAddress, Icmpv4DstUnreachable, IpProtocol};
@@ -17,13 +17,15 @@ use tracing::trace;
 
 use crate::events::Event;
 use crate::iface::frag::Reassembler;
-use crate::iface::icmp::{IcmpOutcome, PingEvent, PingHandle, PingTable};
+use crate::iface::icmp::{IcmpOutcome, PingTable};
 use crate::iface::input::{self, Ipv4In};
 use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::{Received, RxMeta, Tx};
-use crate::socket::tcp::{ConnInfo, ListenHandle, TcpHandle, TcpStatus, TcpTable};
-use crate::socket::ud::{Completion, QpConfig, QpHandle, SendWr, UdError, UdTable, UdTransport};
-use crate::socket::udp::{UdpHandle, UdpReuse, UdpTable};
+use crate::socket::ping::Ping;
+use crate::socket::rc::{Rc, RcTable};
+use crate::socket::tcp::{Tcp, TcpTable};
+use crate::socket::ud::{Ud, UdTable};
+use crate::socket::udp::{Udp, UdpTable};
 use crate::stats::{DropReason, Stats};
 use crate::time::{Instant, earliest};
 
@@ -35,13 +37,11 @@ pub use crate::error::Error;
 pub struct Stack {
     pub(crate) link: Link,
     frags: Reassembler,
-    pings: PingTable,
-    udp: UdpTable,
+    pub(crate) pings: PingTable,
+    pub(crate) udp: UdpTable,
     pub(crate) tcp: TcpTable,
     pub(crate) ud: UdTable,
-    pub(crate) rc: crate::socket::rc::RcTable,
-    /// The latest `now` seen (for API calls that need a time, like connect).
-    pub(crate) now: Instant,
+    pub(crate) rc: RcTable,
 }
 
 impl Stack {
@@ -59,8 +59,7 @@ impl Stack {
             udp: UdpTable::default(),
             tcp: TcpTable::new(cfg_tcp, secret),
             ud: UdTable::default(),
-            rc: crate::socket::rc::RcTable::new(secret),
-            now: Instant::ZERO,
+            rc: RcTable::new(secret),
         }
     }
 
@@ -254,7 +253,6 @@ impl Stack {
 
     /// Run timers and emit what sockets queued.
     pub fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
-        self.now = now;
         self.link.poll(now, tx);
         self.frags.poll(now);
         self.pings.emit(&mut self.link, now, tx);
@@ -283,315 +281,52 @@ impl Stack {
         )
     }
 
-    // ------------------------------------------------------------ ping API
+    // ------------------------------------------------------------ sockets
 
-    /// Open a ping socket with echo identifier `ident`.
-    pub fn ping_open(&mut self, ident: u16) -> Result<PingHandle, Error> {
-        self.pings.open(ident)
+    /// The TCP sockets: listen, accept, connect, send, receive, close.
+    pub fn tcp(&mut self) -> Tcp<&mut Stack> {
+        Tcp::new(self)
     }
 
-    /// Queue an echo request with `size` bytes of data; it leaves on the next poll.
-    pub fn ping_send(
-        &mut self,
-        h: PingHandle,
-        dst: Ipv4Addr,
-        seq: u16,
-        size: usize,
-    ) -> Result<(), Error> {
-        self.pings.send(h, dst, seq, size)
+    /// The TCP sockets, read-only: status, peek, telemetry.
+    pub fn tcp_ref(&self) -> Tcp<&Stack> {
+        Tcp::new(self)
     }
 
-    /// Next reply or error for this socket.
-    pub fn ping_recv(&mut self, h: PingHandle) -> Result<Option<PingEvent>, Error> {
-        self.pings.recv(h)
+    /// The UDP sockets: bind, connect, send and receive datagrams.
+    pub fn udp(&mut self) -> Udp<&mut Stack> {
+        Udp::new(self)
     }
 
-    /// Close a ping socket; queued requests and events are discarded.
-    pub fn ping_close(&mut self, h: PingHandle) -> Result<(), Error> {
-        self.pings.close(h)
+    /// The UDP sockets, read-only: pending datagrams, queued bytes, peek.
+    pub fn udp_ref(&self) -> Udp<&Stack> {
+        Udp::new(self)
     }
 
-    // ------------------------------------------------------------- UDP API
-
-    /// Bind a socket to `port` (0 picks an ephemeral port); `AddrInUse`
-    /// when another socket has the port.
-    pub fn udp_bind(&mut self, port: u16) -> Result<UdpHandle, Error> {
-        self.udp.bind(port, UdpReuse::default())
+    /// The ICMP echo (ping) sockets.
+    pub fn ping(&mut self) -> Ping<'_> {
+        Ping::new(self)
     }
 
-    /// Bind a socket to `port` sharing it as `reuse` says (a POSIX
-    /// layer's `SO_REUSEADDR`/`SO_REUSEPORT`): the port takes it when
-    /// every socket on it asked for the same sharing.
-    pub fn udp_bind_reuse(&mut self, port: u16, reuse: UdpReuse) -> Result<UdpHandle, Error> {
-        self.udp.bind(port, reuse)
+    /// The RoCEv2 UD queue pairs: a [`UdTransport`](crate::socket::ud::UdTransport).
+    pub fn ud(&mut self) -> Ud<'_> {
+        Ud::new(self)
     }
 
-    /// Connect a socket to `peer`: from then on only `peer`'s datagrams
-    /// are received on it, and on a shared port they go to it before any
-    /// unconnected socket. `None` dissolves the association.
-    pub fn udp_connect(&mut self, h: UdpHandle, peer: Option<SocketAddrV4>) -> Result<(), Error> {
-        self.udp.connect(h, peer)
-    }
-
-    /// The local port of a socket.
-    pub fn udp_local_port(&mut self, h: UdpHandle) -> Result<u16, Error> {
-        self.udp.local_port(h)
-    }
-
-    /// Queue a datagram to `dst`; it leaves on the next poll. `QueueFull`
-    /// when the socket holds `Config::udp_tx_queue_bytes` already (a
-    /// WRITABLE event follows when it drains).
-    pub fn udp_send_to(
-        &mut self,
-        h: UdpHandle,
-        dst: SocketAddrV4,
-        data: &[u8],
-    ) -> Result<(), Error> {
-        let cap = self.link.cfg.udp_tx_queue_bytes;
-        self.udp.send_to(h, dst, data, cap)
-    }
-
-    /// Take the next datagram: copies up to `buf.len()` bytes (the rest of a
-    /// longer datagram is discarded, as with a datagram socket) and returns
-    /// the datagram's full length and its source.
-    pub fn udp_recv_from(
-        &mut self,
-        h: UdpHandle,
-        buf: &mut [u8],
-    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
-        self.udp.recv_from(h, buf)
-    }
-
-    /// Copy the next datagram and leave it queued (`MSG_PEEK`).
-    pub fn udp_peek_from(
-        &self,
-        h: UdpHandle,
-        buf: &mut [u8],
-    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
-        self.udp.peek_from(h, buf)
-    }
-
-    /// Datagrams waiting on the socket, and the length of the next one.
-    pub fn udp_pending(&self, h: UdpHandle) -> Result<(usize, Option<usize>), Error> {
-        self.udp.pending(h)
-    }
-
-    /// Bytes queued on a socket to leave on the next poll, and the most it
-    /// holds (`Config::udp_tx_queue_bytes`): a POSIX layer reports the
-    /// socket writable while under half of that, as Linux does.
-    pub fn udp_tx_queued(&self, h: UdpHandle) -> Result<(usize, usize), Error> {
-        Ok((self.udp.tx_queued(h)?, self.link.cfg.udp_tx_queue_bytes))
-    }
-
-    /// Close a socket; received datagrams are discarded, queued ones still
-    /// leave on the next poll.
-    pub fn udp_close(&mut self, h: UdpHandle) -> Result<(), Error> {
-        self.udp.close(h)
-    }
-}
-
-impl Stack {
-    /// Largest UD message: one packet within the IP MTU, with room for
-    /// immediate data, rounded down to a multiple of 4.
+    /// Largest UD message on this stack's link: one packet within the IP
+    /// MTU, with room for immediate data, rounded down to a multiple of 4.
     pub fn ud_max_msg(&self) -> usize {
         crate::socket::ud::max_msg(self.link.cfg.mtu)
     }
-}
 
-/// The TCP app API: sockets are handles; each call acts at once and what it
-/// queues leaves on the next [`Stack::poll`].
-impl Stack {
-    /// Listen on `port` with room for `backlog` connections waiting for
-    /// `tcp_accept` (beyond it, SYN cookies answer).
-    pub fn tcp_listen(&mut self, port: u16, backlog: usize) -> Result<ListenHandle, Error> {
-        self.tcp.listen(port, backlog)
+    /// The RC queue pairs and memory regions.
+    pub fn rc(&mut self) -> Rc<&mut Stack> {
+        Rc::new(self)
     }
 
-    /// Stop listening: new SYNs to the port get a reset, and connections
-    /// not yet accepted are reset; accepted ones are unaffected.
-    pub fn tcp_unlisten(&mut self, l: ListenHandle) {
-        self.tcp.unlisten(l);
-    }
-
-    /// Established connections waiting for `tcp_accept` on a listener.
-    pub fn tcp_pending_accepts(&self, l: ListenHandle) -> Result<usize, Error> {
-        self.tcp.pending_accepts(l)
-    }
-
-    /// The next established connection on a listener.
-    pub fn tcp_accept(&mut self, l: ListenHandle) -> Result<Option<TcpHandle>, Error> {
-        self.tcp.accept(l)
-    }
-
-    /// Open a connection to `remote` from an ephemeral port; the SYN leaves
-    /// on the next poll.
-    pub fn tcp_connect(&mut self, remote: SocketAddrV4) -> Result<TcpHandle, Error> {
-        let (now, me, shard) = (self.now, self.ip(), self.link.cfg.shard);
-        self.tcp.connect(now, me, shard, remote)
-    }
-
-    /// Open a connection to `remote` from local `port` (`bind` then
-    /// `connect`); `AddrInUse` when that flow exists or a listener holds
-    /// the port. On a host with several shards the flow may hash to
-    /// another shard: the app asked for the port.
-    pub fn tcp_connect_from(
-        &mut self,
-        port: u16,
-        remote: SocketAddrV4,
-    ) -> Result<TcpHandle, Error> {
-        let (now, me) = (self.now, self.ip());
-        self.tcp.connect_from(now, me, port, remote)
-    }
-
-    /// Queue bytes; returns how many fit in the send buffer (0 when full).
-    pub fn tcp_send(&mut self, h: TcpHandle, data: &[u8]) -> Result<usize, Error> {
-        self.tcp.send(h, data)
-    }
-
-    /// Read received bytes (0 when none are ready; see [`TcpStatus::eof`]).
-    pub fn tcp_recv(&mut self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
-        self.tcp.recv(h, buf)
-    }
-
-    /// Zero-copy send: `f` writes the data straight into the connection's
-    /// send ring (the free space in one piece; call again for the rest
-    /// after the ring's wrap) and returns how many bytes it wrote, with a
-    /// value of its own. Errors as [`tcp_send`](Self::tcp_send).
-    pub fn tcp_send_with<R>(
-        &mut self,
-        h: TcpHandle,
-        f: impl FnOnce(&mut [u8]) -> (usize, R),
-    ) -> Result<(usize, R), Error> {
-        self.tcp.send_with(h, f)
-    }
-
-    /// Zero-copy receive: `f` reads received bytes where they lie in the
-    /// receive ring (in one piece; call again for the rest) and returns how
-    /// many it consumed, with a value of its own. Errors as
-    /// [`tcp_recv`](Self::tcp_recv).
-    pub fn tcp_recv_with<R>(
-        &mut self,
-        h: TcpHandle,
-        f: impl FnOnce(&[u8]) -> (usize, R),
-    ) -> Result<(usize, R), Error> {
-        self.tcp.recv_with(h, f)
-    }
-
-    /// Copy received bytes without taking them (a later `tcp_recv` returns
-    /// them again): `MSG_PEEK`.
-    pub fn tcp_peek(&self, h: TcpHandle, buf: &mut [u8]) -> Result<usize, Error> {
-        self.tcp.peek(h, buf)
-    }
-
-    /// Readiness and end of stream of a connection.
-    pub fn tcp_status(&self, h: TcpHandle) -> Result<TcpStatus, Error> {
-        self.tcp.status(h)
-    }
-
-    /// Telemetry view of one connection.
-    pub fn tcp_info(&self, h: TcpHandle) -> Option<ConnInfo> {
-        self.tcp.info(h)
-    }
-
-    /// Telemetry view of every connection.
-    pub fn tcp_connections(&self) -> impl Iterator<Item = ConnInfo> + '_ {
-        self.tcp.connections()
-    }
-
-    /// Close the sending side (FIN after queued data); the handle stays valid
-    /// to read what the peer still sends.
-    pub fn tcp_shutdown(&mut self, h: TcpHandle) -> Result<(), Error> {
-        self.tcp.shutdown(h)
-    }
-
-    /// Close and release the handle: queued data is still delivered, then
-    /// FIN; the connection finishes (TIME_WAIT included) on its own. As on
-    /// Linux, received data the app never read, or data that arrives after
-    /// the close, resets the connection instead (RFC 1122 4.2.2.13), and a
-    /// peer that never sends its FIN is reset after
-    /// `TcpConfig::fin_wait2_timeout`.
-    pub fn tcp_close(&mut self, h: TcpHandle) -> Result<(), Error> {
-        let now = self.now;
-        self.tcp.close(now, h)
-    }
-
-    /// `TCP_NODELAY`: with `on`, small segments leave at once instead of
-    /// waiting for the previous one's acknowledgment (Nagle off).
-    pub fn tcp_set_nodelay(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
-        self.tcp.set_nagle(h, !on)
-    }
-
-    /// `SO_KEEPALIVE` with `TCP_KEEPIDLE`/`KEEPINTVL`/`KEEPCNT`: probe an
-    /// idle connection and reset it (`TimedOut`) when the peer is gone;
-    /// `None` turns it off.
-    pub fn tcp_set_keepalive(
-        &mut self,
-        h: TcpHandle,
-        ka: Option<crate::socket::tcp::KeepAlive>,
-    ) -> Result<(), Error> {
-        let now = self.now;
-        self.tcp.set_keepalive(now, h, ka)
-    }
-
-    /// `TCP_USER_TIMEOUT` (RFC 5482): when sent data stays unacknowledged
-    /// longer than `timeout`, the connection fails with `TimedOut` (the
-    /// retransmission count no longer limits it); `None` turns it off.
-    pub fn tcp_set_user_timeout(
-        &mut self,
-        h: TcpHandle,
-        timeout: Option<std::time::Duration>,
-    ) -> Result<(), Error> {
-        self.tcp.set_user_timeout(h, timeout)
-    }
-
-    /// `TCP_CORK`: while on, only full-sized segments leave; turning it
-    /// off sends what was held.
-    pub fn tcp_set_cork(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
-        self.tcp.set_cork(h, on)
-    }
-
-    /// Reset the connection (RST) and release the handle.
-    pub fn tcp_abort(&mut self, h: TcpHandle) -> Result<(), Error> {
-        self.tcp.abort(h)
-    }
-}
-
-/// RoCEv2 UD spoken by the stack itself ([`crate::socket::ud`]).
-impl UdTransport for Stack {
-    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
-        let rc = &self.rc;
-        self.ud.create_qp(cfg, &|q| rc.has_qpn(q))
-    }
-
-    fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError> {
-        self.ud.qp_num(qp)
-    }
-
-    fn max_msg_size(&self) -> usize {
-        self.ud_max_msg()
-    }
-
-    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), UdError> {
-        self.ud.post_recv(qp, wr_id, buf)
-    }
-
-    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), UdError> {
-        let max = self.ud_max_msg();
-        self.ud.post_send(qp, wr, max)
-    }
-
-    fn poll_cq(
-        &mut self,
-        qp: QpHandle,
-        _now: Instant,
-        max: usize,
-        out: &mut Vec<Completion>,
-    ) -> Result<usize, UdError> {
-        self.ud.poll_cq(qp, max, out)
-    }
-
-    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError> {
-        self.ud.destroy_qp(qp)
+    /// The RC queue pairs and memory regions, read-only.
+    pub fn rc_ref(&self) -> Rc<&Stack> {
+        Rc::new(self)
     }
 }
 
@@ -603,6 +338,7 @@ pub const fn secs(s: u64) -> Duration {
 #[cfg(test)]
 mod test {
     use super::*;
+    use core::net::SocketAddrV4;
     use crate::iface::icmp::PingEvent;
     use crate::iface::link::{IpHeader, write_eth};
     use crate::phy::device::VecTx;
@@ -1037,8 +773,8 @@ mod test {
     fn udp_bind_receive_send() {
         let mut s = stack();
         feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
-        let h = s.udp_bind(7000).unwrap();
-        assert_eq!(s.udp_bind(7000), Err(Error::AddrInUse));
+        let h = s.udp().bind(7000).unwrap();
+        assert_eq!(s.udp().bind(7000), Err(Error::AddrInUse));
         let frame = eth(
             OUR_MAC,
             EthernetProtocol::Ipv4,
@@ -1046,14 +782,14 @@ mod test {
         );
         assert_eq!(feed(&mut s, &frame).1, None);
         let mut buf = [0u8; 64];
-        let (n, from) = s.udp_recv_from(h, &mut buf).unwrap().unwrap();
+        let (n, from) = s.udp().recv_from(h, &mut buf).unwrap().unwrap();
         assert_eq!(
             (&buf[..n], from),
             (&b"ping!"[..], SocketAddrV4::new(PEER_IP, 5555))
         );
-        assert_eq!(s.udp_recv_from(h, &mut buf).unwrap(), None);
+        assert_eq!(s.udp().recv_from(h, &mut buf).unwrap(), None);
 
-        s.udp_send_to(h, from, b"pong!").unwrap();
+        s.udp().send_to(h, from, b"pong!").unwrap();
         let mut tx = VecTx::new();
         s.poll(T0, &mut tx);
         assert_eq!(tx.frames.len(), 1);
@@ -1065,10 +801,10 @@ mod test {
             (7000, 5555, &b"pong!"[..])
         );
 
-        let e = s.udp_bind(0).unwrap();
-        assert!(s.udp_local_port(e).unwrap() >= 49_152);
-        s.udp_close(h).unwrap();
-        assert_eq!(s.udp_recv_from(h, &mut buf), Err(Error::InvalidHandle));
+        let e = s.udp().bind(0).unwrap();
+        assert!(s.udp_ref().local_port(e).unwrap() >= 49_152);
+        s.udp().close(h).unwrap();
+        assert_eq!(s.udp().recv_from(h, &mut buf), Err(Error::InvalidHandle));
         assert_eq!(feed(&mut s, &frame).1, Some(DropReason::UdpNoSocket));
     }
 
@@ -1096,21 +832,23 @@ mod test {
             );
             feed(s, &f).1
         };
-        let got = |s: &mut Stack, h: UdpHandle| {
+        let got = |s: &mut Stack, h: crate::socket::udp::UdpHandle| {
             let mut buf = [0u8; 16];
-            s.udp_recv_from(h, &mut buf)
+            s.udp()
+                .recv_from(h, &mut buf)
                 .unwrap()
                 .map(|(n, a)| (buf[..n].to_vec(), a.port()))
         };
         // Sharing needs every socket on the port to ask for the same kind.
-        let a = s.udp_bind_reuse(7000, addr).unwrap();
-        assert_eq!(s.udp_bind(7000), Err(Error::AddrInUse));
-        assert_eq!(s.udp_bind_reuse(7000, port), Err(Error::AddrInUse));
+        let a = s.udp().bind_reuse(7000, addr).unwrap();
+        assert_eq!(s.udp().bind(7000), Err(Error::AddrInUse));
+        assert_eq!(s.udp().bind_reuse(7000, port), Err(Error::AddrInUse));
         // Connected to 5001: only 5001's datagrams; the others to the
         // unconnected socket bound last.
-        s.udp_connect(a, Some(SocketAddrV4::new(PEER_IP, 5001)))
+        s.udp()
+            .connect(a, Some(SocketAddrV4::new(PEER_IP, 5001)))
             .unwrap();
-        let b = s.udp_bind_reuse(7000, addr).unwrap();
+        let b = s.udp().bind_reuse(7000, addr).unwrap();
         assert_eq!(from(&mut s, 5001, b"to a"), None);
         assert_eq!(from(&mut s, 5002, b"to b"), None);
         assert_eq!(got(&mut s, a), Some((b"to a".to_vec(), 5001)));
@@ -1118,19 +856,19 @@ mod test {
         assert_eq!(got(&mut s, b), Some((b"to b".to_vec(), 5002)));
         // A connected socket alone on its port drops the rest, and says so
         // (port unreachable, as Linux with no socket for the datagram).
-        s.udp_close(b).unwrap();
+        s.udp().close(b).unwrap();
         assert_eq!(from(&mut s, 5003, b"x"), Some(DropReason::UdpNoSocket));
         assert_eq!(from(&mut s, 5001, b"still a"), None);
         assert_eq!(got(&mut s, a), Some((b"still a".to_vec(), 5001)));
         // Dissolved: everyone's again.
-        s.udp_connect(a, None).unwrap();
+        s.udp().connect(a, None).unwrap();
         assert_eq!(from(&mut s, 5003, b"y"), None);
         assert_eq!(got(&mut s, a), Some((b"y".to_vec(), 5003)));
-        s.udp_close(a).unwrap();
+        s.udp().close(a).unwrap();
         // SO_REUSEPORT: each source keeps one socket, and the sources
         // spread over both.
-        let p1 = s.udp_bind_reuse(7000, port).unwrap();
-        let p2 = s.udp_bind_reuse(7000, port).unwrap();
+        let p1 = s.udp().bind_reuse(7000, port).unwrap();
+        let p2 = s.udp().bind_reuse(7000, port).unwrap();
         let mut by_source = std::collections::HashMap::new();
         for round in 0..2 {
             for src in 6000..6032u16 {
@@ -1163,8 +901,8 @@ mod test {
             c.announce = false;
             c
         });
-        let h = a.ping_open(1).unwrap();
-        a.ping_send(h, PEER_IP, 1, 4000).unwrap();
+        let h = a.ping().open(1).unwrap();
+        a.ping().send(h, PEER_IP, 1, 4000).unwrap();
         // Shuttle frames both ways until the link is quiet.
         let mut to_b = VecTx::new();
         a.poll(T0, &mut to_b);
@@ -1186,7 +924,7 @@ mod test {
         }
         assert!(b.stats().ipv4.reassembled >= 1);
         assert!(a.stats().ipv4.tx_fragments >= 3);
-        match a.ping_recv(h).unwrap() {
+        match a.ping().recv(h).unwrap() {
             Some(PingEvent::Reply(r)) => {
                 assert_eq!((r.from, r.seq, r.bytes), (PEER_IP, 1, 4008));
                 assert!(r.rtt().is_some());
@@ -1199,13 +937,14 @@ mod test {
     #[test]
     fn no_route_without_gateway() {
         let mut s = stack();
-        let h = s.udp_bind(1).unwrap();
-        s.udp_send_to(
-            h,
-            SocketAddrV4::new(Ipv4Address::new(192, 0, 2, 1), 9),
-            b"x",
-        )
-        .unwrap();
+        let h = s.udp().bind(1).unwrap();
+        s.udp()
+            .send_to(
+                h,
+                SocketAddrV4::new(Ipv4Address::new(192, 0, 2, 1), 9),
+                b"x",
+            )
+            .unwrap();
         let mut tx = VecTx::new();
         s.poll(T0, &mut tx);
         assert!(tx.frames.is_empty());
@@ -1223,8 +962,8 @@ mod test {
         cfg.gso_max = gso_max;
         let mut a = Stack::new(cfg);
         let mut b = Stack::new(crate::phy::sim::host_config(2));
-        let l = b.tcp_listen(80, 8).unwrap();
-        let h = a.tcp_connect(SocketAddrV4::new(b.ip(), 80)).unwrap();
+        let l = b.tcp().listen(80, 8).unwrap();
+        let h = a.tcp().connect(T0, SocketAddrV4::new(b.ip(), 80)).unwrap();
         let data: Vec<u8> = (0..total).map(|i| (i * 7 % 251) as u8).collect();
         let (mut sent, mut closed, mut got, mut peer) = (0, false, Vec::new(), None);
         let (mut to_a, mut to_b): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (Vec::new(), Vec::new());
@@ -1243,16 +982,16 @@ mod test {
                 // Uneven writes, so segments end mid-frame and Nagle
                 // holds short tails.
                 let end = total.min(sent + 30_001);
-                sent += a.tcp_send(h, &data[sent..end]).unwrap_or(0);
+                sent += a.tcp().send(h, &data[sent..end]).unwrap_or(0);
             } else if !closed {
-                a.tcp_close(h).unwrap();
+                a.tcp().close(now, h).unwrap();
                 closed = true;
             }
             if peer.is_none() {
-                peer = b.tcp_accept(l).unwrap();
+                peer = b.tcp().accept(l).unwrap();
             }
             if let Some(p) = peer {
-                while let Ok(n @ 1..) = b.tcp_recv(p, &mut buf) {
+                while let Ok(n @ 1..) = b.tcp().recv(p, &mut buf) {
                     got.extend_from_slice(&buf[..n]);
                 }
             }

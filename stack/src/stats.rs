@@ -472,7 +472,7 @@ stats! {
     /// Counters of the TCP layer.
     #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
     pub struct TcpStats {
-        /// Connections opened by the app (`tcp_connect`).
+        /// Connections opened by the app (`tcp().connect`).
         counter active_opens: u64,
         /// Connections opened by a listener: SYNs accepted into the backlog,
         /// and SYN-cookie handshakes completed.

@@ -17,8 +17,8 @@ fn stack() -> Stack {
     let mut cfg = host_config(1);
     cfg.announce = false;
     let mut s = Stack::new(cfg);
-    s.udp_bind(7).unwrap();
-    s.tcp_listen(5001, 16).unwrap();
+    s.udp().bind(7).unwrap();
+    s.tcp().listen(5001, 16).unwrap();
     s
 }
 

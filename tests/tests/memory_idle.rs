@@ -24,10 +24,10 @@ struct IdleClients {
 }
 
 impl App for IdleClients {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         while self.handles.len() < self.want {
             self.handles
-                .push(stack.tcp_connect(self.dst).expect("connect"));
+                .push(stack.tcp().connect(now, self.dst).expect("connect"));
         }
         Control::Continue
     }
@@ -43,8 +43,8 @@ impl App for IdleServer {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
         let l = *self
             .listener
-            .get_or_insert_with(|| stack.tcp_listen(5001, 4096).expect("listen"));
-        while let Ok(Some(h)) = stack.tcp_accept(l) {
+            .get_or_insert_with(|| stack.tcp().listen(5001, 4096).expect("listen"));
+        while let Ok(Some(h)) = stack.tcp().accept(l) {
             self.accepted.push(h);
         }
         Control::Continue
@@ -87,7 +87,7 @@ fn memory_per_idle_connection_is_measured() {
     assert_eq!(server.accepted.len(), CONNS + 1);
     for h in &server.accepted {
         assert_eq!(
-            net.nodes[1].stack.tcp_status(*h).unwrap().state,
+            net.nodes[1].stack.tcp_ref().status(*h).unwrap().state,
             State::Established
         );
     }

@@ -357,11 +357,11 @@ fn every_kind_of_frame(poison: u8) -> Vec<Vec<u8>> {
         s.poll(now, &mut tx);
         out.extend(tx.frames);
     };
-    let l = s.tcp_listen(80, 1).unwrap();
-    let u = s.udp_bind(7000).unwrap();
-    let p = s.ping_open(77).unwrap();
+    let l = s.tcp().listen(80, 1).unwrap();
+    let u = s.udp().bind(7000).unwrap();
+    let p = s.ping().open(77).unwrap();
     // Gratuitous ARP, an ARP request for an unknown host (with a ping held).
-    s.ping_send(p, Ipv4Addr::new(10, 0, 0, 9), 1, 56).unwrap();
+    s.ping().send(p, Ipv4Addr::new(10, 0, 0, 9), 1, 56).unwrap();
     go(&mut s, T0, None);
     // ARP reply, echo reply, echo reply with Record Route, ICMP errors.
     go(&mut s, T0, Some(&arp_request(PEER, US)));
@@ -388,10 +388,12 @@ fn every_kind_of_frame(poison: u8) -> Vec<Vec<u8>> {
         Some(&frame(Hdr::of(IpProtocol::Udp), &udp(1, b"x"))),
     );
     // A ping, a UDP datagram, a fragmented UDP datagram.
-    s.ping_send(p, PEER, 2, 3).unwrap();
-    s.udp_send_to(u, SocketAddrV4::new(PEER, 9), b"hello")
+    s.ping().send(p, PEER, 2, 3).unwrap();
+    s.udp()
+        .send_to(u, SocketAddrV4::new(PEER, 9), b"hello")
         .unwrap();
-    s.udp_send_to(u, SocketAddrV4::new(PEER, 9), &[3; 3000])
+    s.udp()
+        .send_to(u, SocketAddrV4::new(PEER, 9), &[3; 3000])
         .unwrap();
     go(&mut s, T0, None);
     // TCP: RST to a closed port, SYN-ACK with every option, data with SACK
@@ -413,7 +415,7 @@ fn every_kind_of_frame(poison: u8) -> Vec<Vec<u8>> {
         ..Seg::default()
     };
     let mut probe = stack_with(config());
-    probe.tcp_listen(80, 1).unwrap();
+    probe.tcp().listen(80, 1).unwrap();
     let synack = feed(&mut probe, T0, &tcp_frame(&syn));
     let synack = segments(&synack)[0];
     go(&mut s, T0, Some(&tcp_frame(&syn)));
@@ -450,9 +452,9 @@ fn every_kind_of_frame(poison: u8) -> Vec<Vec<u8>> {
             ..syn
         })),
     );
-    let h = s.tcp_accept(l).unwrap().unwrap();
-    s.tcp_send(h, &[4; 3000]).unwrap();
-    s.tcp_connect(SocketAddrV4::new(PEER, 443)).unwrap();
+    let h = s.tcp().accept(l).unwrap().unwrap();
+    s.tcp().send(h, &[4; 3000]).unwrap();
+    s.tcp().connect(T0, SocketAddrV4::new(PEER, 443)).unwrap();
     go(&mut s, T0, None);
     out
 }
@@ -477,7 +479,7 @@ fn no_frame_carries_bytes_its_builder_did_not_write() {
 #[test]
 fn listener_drops_fin_null_and_xmas_scans_unanswered() {
     let mut s = stack();
-    s.tcp_listen(80, 8).unwrap();
+    s.tcp().listen(80, 8).unwrap();
     let scans = [
         ("FIN", TcpControl::Fin, &[][..]),
         ("NULL", TcpControl::None, &[][..]),
@@ -532,7 +534,7 @@ fn listener_drops_fin_null_and_xmas_scans_unanswered() {
 /// A connection accepted on port 80 from the peer's 40000; returns the
 /// handle, our ISS and the time.
 fn accepted(s: &mut Stack) -> (ustack::tcp::TcpHandle, u32) {
-    let l = s.tcp_listen(80, 8).unwrap();
+    let l = s.tcp().listen(80, 8).unwrap();
     let out = feed(
         s,
         T0,
@@ -551,14 +553,14 @@ fn accepted(s: &mut Stack) -> (ustack::tcp::TcpHandle, u32) {
             ..Seg::default()
         }),
     );
-    (s.tcp_accept(l).unwrap().unwrap(), iss)
+    (s.tcp().accept(l).unwrap().unwrap(), iss)
 }
 
 #[test]
 fn data_after_close_is_answered_with_rst() {
     let mut s = stack();
     let (h, iss) = accepted(&mut s);
-    s.tcp_close(h).unwrap();
+    s.tcp().close(T0, h).unwrap();
     let out = feed(&mut s, T0, &[]);
     let fin = &segments(&out)[0];
     assert_eq!(fin.control, TcpControl::Fin);
@@ -597,7 +599,7 @@ fn close_with_unread_data_resets_and_half_close_does_not() {
             ..Seg::default()
         }),
     );
-    s.tcp_close(h).unwrap();
+    s.tcp().close(T0, h).unwrap();
     let out = feed(&mut s, T0, &[]);
     assert_eq!(segments(&out)[0].control, TcpControl::Rst);
     assert_eq!(s.stats().tcp.connections, 0);
@@ -605,7 +607,7 @@ fn close_with_unread_data_resets_and_half_close_does_not() {
     // shutdown() only closes our side: data keeps arriving and is readable.
     let mut s = stack();
     let (h, iss) = accepted(&mut s);
-    s.tcp_shutdown(h).unwrap();
+    s.tcp().shutdown(h).unwrap();
     feed(&mut s, T0, &[]);
     let out = feed(
         &mut s,
@@ -619,7 +621,7 @@ fn close_with_unread_data_resets_and_half_close_does_not() {
     );
     assert!(segments(&out).iter().all(|r| r.control != TcpControl::Rst));
     let mut buf = [0u8; 64];
-    assert_eq!(s.tcp_recv(h, &mut buf).unwrap(), 13);
+    assert_eq!(s.tcp().recv(h, &mut buf).unwrap(), 13);
 }
 
 #[test]
@@ -629,7 +631,7 @@ fn orphaned_fin_wait2_ends_after_its_timeout() {
     cfg.tcp.fin_wait2_timeout = Duration::from_secs(30);
     let mut s = stack_with(cfg);
     let (h, iss) = accepted(&mut s);
-    s.tcp_close(h).unwrap();
+    s.tcp().close(T0, h).unwrap();
     feed(&mut s, T0, &[]);
     // The FIN is acknowledged; the peer never closes.
     feed(
@@ -641,7 +643,7 @@ fn orphaned_fin_wait2_ends_after_its_timeout() {
             ..Seg::default()
         }),
     );
-    let states: Vec<State> = s.tcp_connections().map(|c| c.state).collect();
+    let states: Vec<State> = s.tcp_ref().connections().map(|c| c.state).collect();
     assert_eq!(states, vec![State::FinWait2]);
     assert!(feed(&mut s, Instant::from_secs(29), &[]).is_empty());
     assert_eq!(s.stats().tcp.connections, 1);
@@ -652,7 +654,7 @@ fn orphaned_fin_wait2_ends_after_its_timeout() {
     // A half-closed connection the app still holds waits for the peer.
     let mut s = stack();
     let (h, iss) = accepted(&mut s);
-    s.tcp_shutdown(h).unwrap();
+    s.tcp().shutdown(h).unwrap();
     feed(&mut s, T0, &[]);
     feed(
         &mut s,
@@ -664,7 +666,7 @@ fn orphaned_fin_wait2_ends_after_its_timeout() {
         }),
     );
     feed(&mut s, Instant::from_secs(3600), &[]);
-    assert_eq!(s.tcp_status(h).unwrap().state, State::FinWait2);
+    assert_eq!(s.tcp_ref().status(h).unwrap().state, State::FinWait2);
 }
 
 #[test]
@@ -704,7 +706,7 @@ fn resets_for_closed_ports_are_rate_limited() {
 fn tcp_sets_df_and_honours_fragmentation_needed() {
     let mut s = stack();
     let (h, iss) = accepted(&mut s);
-    s.tcp_send(h, &[7; 6000]).unwrap();
+    s.tcp().send(h, &[7; 6000]).unwrap();
     let out = feed(&mut s, T0, &[]);
     let first = out
         .iter()
@@ -728,10 +730,10 @@ fn tcp_sets_df_and_honours_fragmentation_needed() {
         .copy_from_slice(&(iss + 1_000_000).to_be_bytes());
     Icmpv4Packet::new_unchecked(&mut forged[..]).fill_checksum();
     feed(&mut s, T0, &frame(Hdr::of(IpProtocol::Icmp), &forged));
-    assert_eq!(s.tcp_info(h).unwrap().mss, 1460);
+    assert_eq!(s.tcp_ref().info(h).unwrap().mss, 1460);
     let out = feed(&mut s, T0, &frame(Hdr::of(IpProtocol::Icmp), &icmp));
-    assert_eq!(s.tcp_info(h).unwrap().mss, 960);
-    assert_eq!(s.tcp_info(h).unwrap().stats.pmtu_reductions, 1);
+    assert_eq!(s.tcp_ref().info(h).unwrap().mss, 960);
+    assert_eq!(s.tcp_ref().info(h).unwrap().stats.pmtu_reductions, 1);
     // What is in flight goes again, in segments that fit.
     let sent: Vec<usize> = out
         .iter()
@@ -744,7 +746,7 @@ fn tcp_sets_df_and_honours_fragmentation_needed() {
 #[test]
 fn syn_cookie_keeps_window_scale_sack_and_timestamps() {
     let mut s = stack();
-    let l = s.tcp_listen(80, 1).unwrap();
+    let l = s.tcp().listen(80, 1).unwrap();
     let syn = Seg {
         control: TcpControl::Syn,
         wscale: Some(7),
@@ -786,14 +788,14 @@ fn syn_cookie_keeps_window_scale_sack_and_timestamps() {
     assert_eq!(s.stats().tcp.syn_cookies_accepted, 1);
     // Accept both; the cookie connection is the one from 40001.
     let mut cookie_conn = None;
-    while let Some(h) = s.tcp_accept(l).unwrap() {
-        if s.tcp_info(h).unwrap().remote.port() == 40_001 {
+    while let Some(h) = s.tcp().accept(l).unwrap() {
+        if s.tcp_ref().info(h).unwrap().remote.port() == 40_001 {
             cookie_conn = Some(h);
         }
     }
     let h = cookie_conn.expect("the cookie connection was accepted");
     // Window scale: the peer's 1000 is 1000 << 7.
-    assert_eq!(s.tcp_info(h).unwrap().snd_wnd, 128_000);
+    assert_eq!(s.tcp_ref().info(h).unwrap().snd_wnd, 128_000);
     // SACK and timestamps: an out-of-order segment draws an ACK with both.
     let out = feed(
         &mut s,
@@ -821,7 +823,7 @@ fn syn_cookie_keeps_window_scale_sack_and_timestamps() {
 
 /// The IPv4 ID of the next UDP datagram from socket `u` to `dst`.
 fn next_udp_id(s: &mut Stack, u: ustack::udp::UdpHandle, dst: Ipv4Addr) -> u16 {
-    s.udp_send_to(u, SocketAddrV4::new(dst, 9), b"x").unwrap();
+    s.udp().send_to(u, SocketAddrV4::new(dst, 9), b"x").unwrap();
     let mut tx = VecTx::new();
     s.poll(T0, &mut tx);
     ipv4_of(&tx.frames[0]).ident()
@@ -830,7 +832,7 @@ fn next_udp_id(s: &mut Stack, u: ustack::udp::UdpHandle, dst: Ipv4Addr) -> u16 {
 /// The first IPv4 ID a stack with `cfg` sends to the peer.
 fn first_udp_id(cfg: Config) -> u16 {
     let mut s = stack_with(cfg);
-    let u = s.udp_bind(7000).unwrap();
+    let u = s.udp().bind(7000).unwrap();
     next_udp_id(&mut s, u, PEER)
 }
 
@@ -845,7 +847,7 @@ fn ip_ids_are_per_destination() {
         ustack::RxMeta::default(),
         &mut tx,
     );
-    let u = s.udp_bind(7000).unwrap();
+    let u = s.udp().bind(7000).unwrap();
     let a0 = next_udp_id(&mut s, u, PEER);
     for _ in 0..100 {
         next_udp_id(&mut s, u, other);

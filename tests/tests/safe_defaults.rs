@@ -120,7 +120,7 @@ fn tcp_answers(s: &mut Stack, f: &[u8]) -> Vec<(TcpControl, u32, Option<u32>)> {
 
 fn isn_of_a_new_stack(cfg: Config) -> u32 {
     let mut s = with_peer(Stack::new(cfg));
-    s.tcp_listen(80, 8).unwrap();
+    s.tcp().listen(80, 8).unwrap();
     let out = tcp_answers(&mut s, &syn(40_000, 80));
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, TcpControl::Syn);
@@ -156,10 +156,10 @@ fn a_closed_listener_refuses_new_syns_with_rst() {
     let mut cfg = host_config(1);
     cfg.announce = false;
     let mut s = with_peer(Stack::new(cfg));
-    let l = s.tcp_listen(80, 8).unwrap();
+    let l = s.tcp().listen(80, 8).unwrap();
     // A half-open connection, then the listener goes away.
     assert_eq!(tcp_answers(&mut s, &syn(40_000, 80))[0].0, TcpControl::Syn);
-    s.tcp_unlisten(l);
+    s.tcp().unlisten(l);
     // The half-open one is reset, and a new SYN is refused.
     let mut tx = VecTx::new();
     s.poll(Instant::from_millis(2), &mut tx);
@@ -168,7 +168,7 @@ fn a_closed_listener_refuses_new_syns_with_rst() {
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, TcpControl::Rst);
     assert_eq!(out[0].2, Some(1001), "RST acknowledges the SYN");
-    assert_eq!(s.tcp_accept(l), Err(Error::InvalidHandle));
+    assert_eq!(s.tcp().accept(l), Err(Error::InvalidHandle));
 }
 
 #[test]
@@ -176,34 +176,43 @@ fn stale_handles_are_refused_never_aliased() {
     let mut s = Stack::new(host_config(1));
     let peer = SocketAddrV4::new(PEER, 9);
     // UDP: a handle kept after close does not reach the socket bound next.
-    let old = s.udp_bind(7000).unwrap();
-    s.udp_close(old).unwrap();
-    let new = s.udp_bind(7000).unwrap();
+    let old = s.udp().bind(7000).unwrap();
+    s.udp().close(old).unwrap();
+    let new = s.udp().bind(7000).unwrap();
     assert_ne!(old, new);
-    assert_eq!(s.udp_send_to(old, peer, b"x"), Err(Error::InvalidHandle));
-    assert_eq!(s.udp_local_port(old), Err(Error::InvalidHandle));
-    assert_eq!(s.udp_close(old), Err(Error::InvalidHandle));
-    assert_eq!(s.udp_local_port(new), Ok(7000));
+    assert_eq!(s.udp().send_to(old, peer, b"x"), Err(Error::InvalidHandle));
+    assert_eq!(s.udp_ref().local_port(old), Err(Error::InvalidHandle));
+    assert_eq!(s.udp().close(old), Err(Error::InvalidHandle));
+    assert_eq!(s.udp_ref().local_port(new), Ok(7000));
     // Ping.
-    let old = s.ping_open(1).unwrap();
-    s.ping_close(old).unwrap();
-    let new = s.ping_open(1).unwrap();
-    assert_eq!(s.ping_send(old, PEER, 1, 8), Err(Error::InvalidHandle));
-    assert_eq!(s.ping_recv(old), Err(Error::InvalidHandle));
-    assert!(s.ping_send(new, PEER, 1, 8).is_ok());
+    let old = s.ping().open(1).unwrap();
+    s.ping().close(old).unwrap();
+    let new = s.ping().open(1).unwrap();
+    assert_eq!(s.ping().send(old, PEER, 1, 8), Err(Error::InvalidHandle));
+    assert_eq!(s.ping().recv(old), Err(Error::InvalidHandle));
+    assert!(s.ping().send(new, PEER, 1, 8).is_ok());
     // UD queue pairs.
     use ustack::ud::{QpConfig, UdError, UdTransport};
-    let old = s.create_qp(&QpConfig::new(7)).unwrap();
-    s.destroy_qp(old).unwrap();
-    let new = s.create_qp(&QpConfig::new(7)).unwrap();
-    assert_eq!(s.post_recv(old, 1, vec![0; 64]), Err(UdError::InvalidQp));
-    assert_eq!(s.qp_num(old), Err(UdError::InvalidQp));
-    assert!(s.post_recv(new, 1, vec![0; 64]).is_ok());
+    let old = s.ud().create_qp(&QpConfig::new(7)).unwrap();
+    s.ud().destroy_qp(old).unwrap();
+    let new = s.ud().create_qp(&QpConfig::new(7)).unwrap();
+    assert_eq!(
+        s.ud().post_recv(old, 1, vec![0; 64]),
+        Err(Error::Ud(UdError::InvalidQp))
+    );
+    assert_eq!(s.ud().qp_num(old), Err(Error::Ud(UdError::InvalidQp)));
+    assert!(s.ud().post_recv(new, 1, vec![0; 64]).is_ok());
     // TCP connections carry a generation too.
-    let old = s.tcp_connect(SocketAddrV4::new(PEER, 80)).unwrap();
-    s.tcp_abort(old).unwrap();
+    let old = s
+        .tcp()
+        .connect(Instant::ZERO, SocketAddrV4::new(PEER, 80))
+        .unwrap();
+    s.tcp().abort(old).unwrap();
     let mut tx = VecTx::new();
     s.poll(Instant::from_millis(1), &mut tx);
-    let _new = s.tcp_connect(SocketAddrV4::new(PEER, 80)).unwrap();
-    assert_eq!(s.tcp_send(old, b"x"), Err(Error::InvalidHandle));
+    let _new = s
+        .tcp()
+        .connect(Instant::from_millis(1), SocketAddrV4::new(PEER, 80))
+        .unwrap();
+    assert_eq!(s.tcp().send(old, b"x"), Err(Error::InvalidHandle));
 }

@@ -27,9 +27,14 @@ impl App for ConnectThenReset {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let h = *self
             .conn
-            .get_or_insert_with(|| stack.tcp_connect(self.dst).expect("connect"));
+            .get_or_insert_with(|| stack.tcp().connect(now, self.dst).expect("connect"));
         if self.established_at.is_none()
-            && stack.tcp_status(h).expect("status").state.synchronized()
+            && stack
+                .tcp_ref()
+                .status(h)
+                .expect("status")
+                .state
+                .synchronized()
         {
             self.established_at = Some(now);
         }
@@ -38,7 +43,7 @@ impl App for ConnectThenReset {
                 .established_at
                 .is_some_and(|t| now >= t + Duration::from_millis(10))
         {
-            stack.tcp_abort(h).expect("abort");
+            stack.tcp().abort(h).expect("abort");
             self.reset = true;
         }
         Control::Continue
@@ -62,9 +67,9 @@ impl App for LateAccept {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let l = *self
             .listener
-            .get_or_insert_with(|| stack.tcp_listen(80, 1).expect("listen"));
+            .get_or_insert_with(|| stack.tcp().listen(80, 1).expect("listen"));
         if now >= self.accept_at {
-            while let Some(h) = stack.tcp_accept(l).expect("accept") {
+            while let Some(h) = stack.tcp().accept(l).expect("accept") {
                 self.accepted.push(h);
             }
         }
@@ -104,10 +109,10 @@ fn a_connection_reset_before_accept_is_still_accepted_and_reads_the_reset() {
     assert_eq!(server.accepted.len(), 1, "accept found nothing: {s:?}");
     let h = server.accepted[0];
     let stack = &mut net.nodes[1].stack;
-    let st = stack.tcp_status(h).expect("the accepted connection");
+    let st = stack.tcp_ref().status(h).expect("the accepted connection");
     assert_eq!(st.error, Some(ConnError::Reset));
     // Closing it frees everything.
-    stack.tcp_close(h).expect("close");
+    stack.tcp().close(net.now, h).expect("close");
     net.run_until(net.now + Duration::from_millis(10), &mut [], |_| false);
     assert_eq!(net.nodes[1].stack.stats().tcp.connections, 0);
     assert_eq!(net.pools_in_use(), 0);

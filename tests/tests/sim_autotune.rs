@@ -47,7 +47,7 @@ fn transfer(receiver: impl Fn(&mut Config)) -> Run {
     while !(send.done() && recv.completed.len() == 1) && net.now < deadline {
         let until = net.now + Duration::from_millis(5);
         net.run_until(until, &mut [&mut send, &mut recv], |_| false);
-        for c in net.nodes[1].stack.tcp_connections() {
+        for c in net.nodes[1].stack.tcp_ref().connections() {
             peak = peak.max(c.rcv_wnd);
         }
     }

@@ -434,10 +434,10 @@ fn syn_flood_cookies_keep_serving_legitimate_clients() {
     settle(&mut net, &mut [], &mut atk, 200, |n| {
         n.nodes
             .iter()
-            .all(|n| n.stack.tcp_connections().count() == 0)
+            .all(|n| n.stack.tcp_ref().connections().count() == 0)
     });
     for node in &net.nodes {
-        assert_eq!(node.stack.tcp_connections().count(), 0);
+        assert_eq!(node.stack.tcp_ref().connections().count(), 0);
     }
     check_accounting_and_pools(&mut net, &mut atk);
 }
@@ -458,11 +458,13 @@ struct UdpSender {
 
 impl App for UdpSender {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
-        let h = *self.sock.get_or_insert_with(|| stack.udp_bind(0).unwrap());
+        let h = *self
+            .sock
+            .get_or_insert_with(|| stack.udp().bind(0).unwrap());
         if self.hashes.len() < self.count && now >= self.next {
             let i = self.hashes.len();
             let data: Vec<u8> = (0..self.len).map(|k| (k * 7 + i * 13) as u8).collect();
-            stack.udp_send_to(h, self.dst, &data).unwrap();
+            stack.udp().send_to(h, self.dst, &data).unwrap();
             self.hashes.push(Sha256::digest(&data).into());
             self.next = now + self.every;
         }
@@ -484,9 +486,9 @@ impl App for UdpSink {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
         let h = *self
             .sock
-            .get_or_insert_with(|| stack.udp_bind(self.port).unwrap());
+            .get_or_insert_with(|| stack.udp().bind(self.port).unwrap());
         let mut buf = vec![0u8; 65_536];
-        while let Ok(Some((n, _))) = stack.udp_recv_from(h, &mut buf) {
+        while let Ok(Some((n, _))) = stack.udp().recv_from(h, &mut buf) {
             self.hashes.push(Sha256::digest(&buf[..n]).into());
         }
         Control::Continue

@@ -131,10 +131,10 @@ impl App for UdpEcho {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
         let h = *self
             .h
-            .get_or_insert_with(|| stack.udp_bind(self.port).expect("bind"));
+            .get_or_insert_with(|| stack.udp().bind(self.port).expect("bind"));
         let mut buf = vec![0u8; 65_536];
-        while let Ok(Some((n, from))) = stack.udp_recv_from(h, &mut buf) {
-            stack.udp_send_to(h, from, &buf[..n]).expect("send");
+        while let Ok(Some((n, from))) = stack.udp().recv_from(h, &mut buf) {
+            stack.udp().send_to(h, from, &buf[..n]).expect("send");
         }
         Control::Continue
     }
@@ -158,17 +158,18 @@ impl App for UdpClient {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
         let h = *self
             .h
-            .get_or_insert_with(|| stack.udp_bind(0).expect("bind"));
+            .get_or_insert_with(|| stack.udp().bind(0).expect("bind"));
         // A few in flight at a time.
         while self.next < self.sizes.len() && self.next < self.received.len() + 8 {
             let d = payload(self.next, self.sizes[self.next]);
             stack
-                .udp_send_to(h, SocketAddrV4::new(B, 7), &d)
+                .udp()
+                .send_to(h, SocketAddrV4::new(B, 7), &d)
                 .expect("send");
             self.next += 1;
         }
         let mut buf = vec![0u8; 65_536];
-        while let Ok(Some((n, _))) = stack.udp_recv_from(h, &mut buf) {
+        while let Ok(Some((n, _))) = stack.udp().recv_from(h, &mut buf) {
             self.received.push(buf[..n].to_vec());
         }
         Control::Continue

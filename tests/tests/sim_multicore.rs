@@ -96,7 +96,7 @@ fn ten_thousand_connections_over_four_queues_stay_on_their_shard() {
     }
     net.run_until(net.now + Duration::from_secs(130), &mut [], |_| false);
     for n in &net.nodes {
-        assert_eq!(n.stack.tcp_connections().count(), 0);
+        assert_eq!(n.stack.tcp_ref().connections().count(), 0);
     }
     assert_eq!(net.pools_in_use(), 0);
 }

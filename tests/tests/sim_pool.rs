@@ -55,7 +55,7 @@ fn finish_and_check(net: &mut SimNet, send: &BulkSend, recv: &BulkRecv, bytes: u
     // TIME_WAIT passes; no connection left, every buffer home.
     net.run_until(net.now + Duration::from_secs(130), &mut [], |_| false);
     for n in &net.nodes {
-        assert_eq!(n.stack.tcp_connections().count(), 0);
+        assert_eq!(n.stack.tcp_ref().connections().count(), 0);
         let s = n.stack.stats();
         assert_eq!(s.eth.rx_frames, s.eth.rx_accepted + s.drops.total());
     }

@@ -45,23 +45,24 @@ fn pair(link: LinkConfig, qcfg: &RcQpConfig, region: usize) -> Pair {
     let (qa, ma) = {
         let s = &mut net.nodes[0].stack;
         (
-            s.rc_create_qp(qcfg).unwrap(),
-            s.rc_reg_mr(region, Access::ALL).unwrap(),
+            s.rc().create_qp(qcfg).unwrap(),
+            s.rc().reg_mr(region, Access::ALL).unwrap(),
         )
     };
     let (qb, mb) = {
         let s = &mut net.nodes[1].stack;
         (
-            s.rc_create_qp(qcfg).unwrap(),
-            s.rc_reg_mr(region, Access::ALL).unwrap(),
+            s.rc().create_qp(qcfg).unwrap(),
+            s.rc().reg_mr(region, Access::ALL).unwrap(),
         )
     };
-    let sa = net.nodes[0].stack.rc_qp_status(qa).unwrap();
-    let sb = net.nodes[1].stack.rc_qp_status(qb).unwrap();
+    let sa = net.nodes[0].stack.rc_ref().qp_status(qa).unwrap();
+    let sb = net.nodes[1].stack.rc_ref().qp_status(qb).unwrap();
     assert_eq!(sa.state, QpState::Init);
     net.nodes[0]
         .stack
-        .rc_connect(
+        .rc()
+        .connect(
             qa,
             RcDest {
                 ip: B,
@@ -72,7 +73,8 @@ fn pair(link: LinkConfig, qcfg: &RcQpConfig, region: usize) -> Pair {
         .unwrap();
     net.nodes[1]
         .stack
-        .rc_connect(
+        .rc()
+        .connect(
             qb,
             RcDest {
                 ip: A,
@@ -91,7 +93,7 @@ fn pair(link: LinkConfig, qcfg: &RcQpConfig, region: usize) -> Pair {
 }
 
 fn sge(s: &Stack, mr: MrHandle, off: usize, len: usize) -> Sge {
-    let i = s.rc_mr_info(mr).unwrap();
+    let i = s.rc_ref().mr_info(mr).unwrap();
     Sge {
         addr: i.addr + off as u64,
         len: len as u32,
@@ -120,8 +122,8 @@ impl Pair {
         let deadline = self.net.now + Duration::from_secs(secs);
         self.net.run_until(deadline, &mut [], |n| {
             // (A QP a test destroyed has nothing to poll.)
-            let _ = n.nodes[0].stack.rc_poll_cq(qa, usize::MAX, &mut wa);
-            let _ = n.nodes[1].stack.rc_poll_cq(qb, usize::MAX, &mut wb);
+            let _ = n.nodes[0].stack.rc().poll_cq(qa, usize::MAX, &mut wa);
+            let _ = n.nodes[1].stack.rc().poll_cq(qb, usize::MAX, &mut wb);
             wa.len() >= na && wb.len() >= nb
         });
         (wa, wb)
@@ -148,7 +150,7 @@ impl Pair {
     fn transfer(&mut self, kind: &str, len: usize, seed: u64) {
         let (qa, qb, ma, mb) = (self.qa, self.qb, self.ma, self.mb);
         let data = pattern(len, seed);
-        let ib = self.b().rc_mr_info(mb).unwrap();
+        let ib = self.b().rc_ref().mr_info(mb).unwrap();
         let (wr_op, recv) = match kind {
             "send" => (RcOp::Send, true),
             "send_imm" => (RcOp::SendImm(seed as u32), true),
@@ -178,11 +180,11 @@ impl Pair {
         };
         // The source side holds the pattern, the other side zeros.
         if kind == "read" {
-            self.b().rc_mr_mut(mb).unwrap()[..len].copy_from_slice(&data);
-            self.a().rc_mr_mut(ma).unwrap()[..len].fill(0);
+            self.b().rc().mr_mut(mb).unwrap()[..len].copy_from_slice(&data);
+            self.a().rc().mr_mut(ma).unwrap()[..len].fill(0);
         } else {
-            self.a().rc_mr_mut(ma).unwrap()[..len].copy_from_slice(&data);
-            self.b().rc_mr_mut(mb).unwrap()[..len].fill(0);
+            self.a().rc().mr_mut(ma).unwrap()[..len].copy_from_slice(&data);
+            self.b().rc().mr_mut(mb).unwrap()[..len].fill(0);
         }
         if recv {
             let rs = if kind == "write_imm" {
@@ -190,18 +192,19 @@ impl Pair {
             } else {
                 sge(self.b(), mb, 0, len)
             };
-            self.b().rc_post_recv(qb, 7, rs).unwrap();
+            self.b().rc().post_recv(qb, 7, rs).unwrap();
         }
         let local = sge(self.a(), ma, 0, len);
         self.a()
-            .rc_post_send(qa, &wr(42, wr_op, Local::Sge(local)))
+            .rc()
+            .post_send(qa, &wr(42, wr_op, Local::Sge(local)))
             .unwrap();
         let (wa, wb) = self.run(1, usize::from(recv), 600);
         assert_eq!(
             wa.len(),
             1,
             "{kind} {len}: no completion at A (status {:?})",
-            self.a().rc_qp_status(qa)
+            self.a().rc_ref().qp_status(qa)
         );
         assert_eq!(wa[0].status, WcStatus::Success, "{kind} {len}");
         assert_eq!(wa[0].wr_id, 42);
@@ -233,9 +236,9 @@ impl Pair {
             assert!(wb.is_empty(), "{kind}: the responder completes nothing");
         }
         let got = if kind == "read" {
-            self.a().rc_mr(ma).unwrap()[..len].to_vec()
+            self.a().rc_ref().mr(ma).unwrap()[..len].to_vec()
         } else {
-            self.b().rc_mr(mb).unwrap()[..len].to_vec()
+            self.b().rc_ref().mr(mb).unwrap()[..len].to_vec()
         };
         assert!(got == data, "{kind} {len}: bytes differ");
     }
@@ -267,8 +270,8 @@ fn every_operation_from_1_byte_to_8_mib_is_byte_exact_on_a_clean_link() {
     let mut p = sweep(lossless, &RcQpConfig::default());
     assert_eq!(p.net.link.stats().queue_drops, 0);
     let (qa, qb) = (p.qa, p.qb);
-    let sa = p.a().rc_qp_status(qa).unwrap();
-    let sb = p.b().rc_qp_status(qb).unwrap();
+    let sa = p.a().rc_ref().qp_status(qa).unwrap();
+    let sb = p.b().rc_ref().qp_status(qb).unwrap();
     assert_eq!(sa.state, QpState::Rts);
     assert_eq!(sa.stats.retransmits, 0, "{sa:?}");
     assert_eq!(sa.stats.ack_timeouts, 0, "{sa:?}");
@@ -303,8 +306,8 @@ fn lossy(loss: f64, seed: u64) -> LinkConfig {
 fn lossy_sweep(loss: f64, seed: u64, cfg: &RcQpConfig) -> (RcQpStatus, RcQpStatus) {
     let mut p = sweep(lossy(loss, seed), cfg);
     let (qa, qb) = (p.qa, p.qb);
-    let sa = p.a().rc_qp_status(qa).unwrap();
-    let sb = p.b().rc_qp_status(qb).unwrap();
+    let sa = p.a().rc_ref().qp_status(qa).unwrap();
+    let sb = p.b().rc_ref().qp_status(qb).unwrap();
     eprintln!(
         "{}% loss: requester {:?}\nresponder {:?}\nlink {:?}",
         loss * 100.0,
@@ -348,25 +351,34 @@ fn every_operation_survives_10_percent_loss() {
 fn a_send_without_a_receive_is_rnr_nakked_until_one_is_posted() {
     let mut p = pair(LinkConfig::default(), &RcQpConfig::default(), 4096);
     let (qa, qb, ma, mb) = (p.qa, p.qb, p.ma, p.mb);
-    p.a().rc_mr_mut(ma).unwrap()[..100].copy_from_slice(&[9; 100]);
+    p.a().rc().mr_mut(ma).unwrap()[..100].copy_from_slice(&[9; 100]);
     let local = sge(p.a(), ma, 0, 100);
     p.a()
-        .rc_post_send(qa, &wr(1, RcOp::Send, Local::Sge(local)))
+        .rc()
+        .post_send(qa, &wr(1, RcOp::Send, Local::Sge(local)))
         .unwrap();
     // 5 ms of no receive: the RNR timer (0.64 ms) runs several times.
     let (wa, _) = p.run(1, 0, 0);
     assert!(wa.is_empty());
     let deadline = p.net.now + Duration::from_millis(5);
     p.net.run_until(deadline, &mut [], |_| false);
-    let rnr = p.b().rc_qp_status(qb).unwrap().stats.rnr_naks_sent;
+    let rnr = p.b().rc_ref().qp_status(qb).unwrap().stats.rnr_naks_sent;
     assert!(rnr >= 3, "{rnr} RNR NAKs");
-    assert_eq!(p.a().rc_qp_status(qa).unwrap().stats.rnr_naks_received, rnr);
+    assert_eq!(
+        p.a()
+            .rc_ref()
+            .qp_status(qa)
+            .unwrap()
+            .stats
+            .rnr_naks_received,
+        rnr
+    );
     let rs = sge(p.b(), mb, 0, 4096);
-    p.b().rc_post_recv(qb, 2, rs).unwrap();
+    p.b().rc().post_recv(qb, 2, rs).unwrap();
     let (wa, wb) = p.run(1, 1, 10);
     assert_eq!(wa[0].status, WcStatus::Success);
     assert_eq!((wb[0].status, wb[0].byte_len), (WcStatus::Success, 100));
-    assert_eq!(&p.b().rc_mr(mb).unwrap()[..100], &[9; 100]);
+    assert_eq!(&p.b().rc_ref().mr(mb).unwrap()[..100], &[9; 100]);
     p.drain();
 }
 
@@ -381,20 +393,22 @@ fn rnr_retries_run_out_and_both_sides_report_it() {
     let local = sge(p.a(), ma, 0, 10);
     for id in 0..3 {
         p.a()
-            .rc_post_send(qa, &wr(id, RcOp::Send, Local::Sge(local)))
+            .rc()
+            .post_send(qa, &wr(id, RcOp::Send, Local::Sge(local)))
             .unwrap();
     }
     let (wa, _) = p.run(3, 0, 10);
     assert_eq!(wa[0].status, WcStatus::RnrRetryExceeded);
     assert_eq!(wa[1].status, WcStatus::Flushed);
     assert_eq!(wa[2].status, WcStatus::Flushed);
-    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sa = p.a().rc_ref().qp_status(qa).unwrap();
     assert_eq!(sa.state, QpState::Error);
     assert_eq!(sa.stats.rnr_naks_received, 3, "first try and 2 retries");
     // A QP in error takes no new work.
     assert!(
         p.a()
-            .rc_post_send(qa, &wr(9, RcOp::Send, Local::Inline(b"x")))
+            .rc()
+            .post_send(qa, &wr(9, RcOp::Send, Local::Inline(b"x")))
             .is_err()
     );
     p.drain();
@@ -410,13 +424,14 @@ fn a_silent_peer_exhausts_the_retry_count() {
     let mut p = pair(LinkConfig::default(), &cfg, 4096);
     let (qa, qb) = (p.qa, p.qb);
     // The peer's QP is gone: nothing answers.
-    p.b().rc_destroy_qp(qb).unwrap();
+    p.b().rc().destroy_qp(qb).unwrap();
     p.a()
-        .rc_post_send(qa, &wr(5, RcOp::Send, Local::Inline(b"hello")))
+        .rc()
+        .post_send(qa, &wr(5, RcOp::Send, Local::Inline(b"hello")))
         .unwrap();
     let (wa, _) = p.run(1, 0, 10);
     assert_eq!(wa[0].status, WcStatus::RetryExceeded);
-    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sa = p.a().rc_ref().qp_status(qa).unwrap();
     assert_eq!(sa.stats.ack_timeouts, 4, "the first timeout and 3 retries");
     assert_eq!(sa.stats.retransmits, 3);
     assert_eq!(sa.state, QpState::Error);
@@ -434,9 +449,9 @@ fn a_write_with_a_bad_key_or_range_is_refused_and_writes_nothing() {
     ] {
         let mut p = pair(LinkConfig::default(), &RcQpConfig::default(), 4096);
         let (qa, qb, mb) = (p.qa, p.qb, p.mb);
-        let ib = p.b().rc_mr_info(mb).unwrap();
-        let ro = p.b().rc_reg_mr(4096, Access::REMOTE_READ).unwrap();
-        let iro = p.b().rc_mr_info(ro).unwrap();
+        let ib = p.b().rc_ref().mr_info(mb).unwrap();
+        let ro = p.b().rc().reg_mr(4096, Access::REMOTE_READ).unwrap();
+        let iro = p.b().rc_ref().mr_info(ro).unwrap();
         let ma = p.ma;
         let local = sge(p.a(), ma, 0, 100);
         let op = match case {
@@ -457,26 +472,27 @@ fn a_write_with_a_bad_key_or_range_is_refused_and_writes_nothing() {
                 rkey: iro.rkey,
             },
         };
-        p.a().rc_mr_mut(ma).unwrap()[..100].fill(0xee);
+        p.a().rc().mr_mut(ma).unwrap()[..100].fill(0xee);
         p.a()
-            .rc_post_send(qa, &wr(3, op, Local::Sge(local)))
+            .rc()
+            .post_send(qa, &wr(3, op, Local::Sge(local)))
             .unwrap();
         let (wa, _) = p.run(1, 0, 10);
         assert_eq!(wa[0].status, WcStatus::RemoteAccessError, "{case}");
         assert_eq!(
-            p.a().rc_qp_status(qa).unwrap().state,
+            p.a().rc_ref().qp_status(qa).unwrap().state,
             QpState::Error,
             "{case}"
         );
-        let sb = p.b().rc_qp_status(qb).unwrap();
+        let sb = p.b().rc_ref().qp_status(qb).unwrap();
         assert_eq!(sb.state, QpState::Error, "{case}");
         assert_eq!(sb.stats.access_errors, 1, "{case}");
         assert!(
-            p.b().rc_mr(mb).unwrap().iter().all(|&b| b == 0),
+            p.b().rc_ref().mr(mb).unwrap().iter().all(|&b| b == 0),
             "{case}: bytes were written"
         );
         assert!(
-            p.b().rc_mr(ro).unwrap().iter().all(|&b| b == 0),
+            p.b().rc_ref().mr(ro).unwrap().iter().all(|&b| b == 0),
             "{case}: bytes were written"
         );
         p.drain();
@@ -486,7 +502,7 @@ fn a_write_with_a_bad_key_or_range_is_refused_and_writes_nothing() {
 /// A crafted RC packet from A's address to B's QP.
 fn crafted(p: &mut Pair, op: RcOpcode, psn: u32, hdrs: RcHeaders<'_>) -> Vec<u8> {
     let qb = p.qb;
-    let qpn = p.b().rc_qp_status(qb).unwrap().qpn;
+    let qpn = p.b().rc_ref().qp_status(qb).unwrap().qpn;
     let n = hdrs.buffer_len();
     let pad = (4 - hdrs.payload.len() % 4) % 4;
     let udp_len = 8 + BTH_LEN + n + pad + ICRC_LEN;
@@ -536,7 +552,7 @@ fn hdrs(opcode: RcOpcode, payload: &[u8]) -> RcHeaders<'_> {
 fn crafted_packets_far_out_of_window_get_one_nak_and_harm_nothing() {
     let mut p = pair(LinkConfig::default(), &RcQpConfig::default(), 4096);
     let (qa, qb, mb) = (p.qa, p.qb, p.mb);
-    let epsn = p.b().rc_qp_status(qb).unwrap().expected_psn;
+    let epsn = p.b().rc_ref().qp_status(qb).unwrap().expected_psn;
     let mut tx = VecTx::default();
     // 100 SENDs far ahead of the expected PSN (and 100 far behind): one
     // sequence NAK for the gap, duplicates re-acknowledged, nothing placed.
@@ -560,12 +576,12 @@ fn crafted_packets_far_out_of_window_get_one_nak_and_harm_nothing() {
     }
     // Wrong opcodes for the place: a MIDDLE with nothing begun is an
     // invalid request (the QP moves to error, as the spec says).
-    let sb = p.b().rc_qp_status(qb).unwrap();
+    let sb = p.b().rc_ref().qp_status(qb).unwrap();
     assert_eq!(sb.stats.seq_naks_sent, 1);
     assert_eq!(sb.stats.out_of_sequence, 100);
     assert_eq!(sb.stats.duplicates, 100);
     assert_eq!(sb.state, QpState::Rts);
-    assert!(p.b().rc_mr(mb).unwrap().iter().all(|&b| b == 0));
+    assert!(p.b().rc_ref().mr(mb).unwrap().iter().all(|&b| b == 0));
     // The QP still works end to end afterwards.
     let _ = std::mem::take(&mut tx);
     p.transfer("write", 3000, 77);
@@ -580,7 +596,7 @@ fn crafted_packets_far_out_of_window_get_one_nak_and_harm_nothing() {
     let now = p.net.now;
     p.b()
         .receive(now, &middle, ustack::RxMeta::default(), &mut tx);
-    let sb = p.b().rc_qp_status(qb).unwrap();
+    let sb = p.b().rc_ref().qp_status(qb).unwrap();
     assert_eq!(sb.state, QpState::Error);
     assert_eq!(sb.stats.naks_sent, 1);
     let _ = qa;
@@ -589,7 +605,7 @@ fn crafted_packets_far_out_of_window_get_one_nak_and_harm_nothing() {
 
 fn p_epsn(p: &mut Pair) -> u32 {
     let qb = p.qb;
-    p.b().rc_qp_status(qb).unwrap().expected_psn
+    p.b().rc_ref().qp_status(qb).unwrap().expected_psn
 }
 
 #[test]
@@ -602,13 +618,14 @@ fn a_nak_storm_costs_bounded_retries_and_then_the_qp() {
     let qa = p.qa;
     // Take B's QP out so only the storm answers A.
     let qb = p.qb;
-    p.b().rc_set_error(qb).unwrap();
+    p.b().rc().set_error(qb).unwrap();
     p.a()
-        .rc_post_send(qa, &wr(1, RcOp::Send, Local::Inline(&[5; 3000])))
+        .rc()
+        .post_send(qa, &wr(1, RcOp::Send, Local::Inline(&[5; 3000])))
         .unwrap();
     let step = p.net.now + Duration::from_micros(10);
     p.net.run_until(step, &mut [], |_| false);
-    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sa = p.a().rc_ref().qp_status(qa).unwrap();
     let first = sa.una_psn;
     assert_eq!(sa.stats.tx_packets, 3);
     // 1,000 sequence NAKs for the first PSN, from B's address to A's QP.
@@ -629,7 +646,7 @@ fn a_nak_storm_costs_bounded_retries_and_then_the_qp() {
         p.net.run_until(step, &mut [], |_| false);
     }
     // The same PSN NAKed 1,000 times went back once: 3 packets resent.
-    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sa = p.a().rc_ref().qp_status(qa).unwrap();
     assert_eq!(sa.stats.seq_naks_received, 1000);
     assert_eq!(sa.stats.retransmits, 3, "{sa:?}");
     assert_eq!(sa.state, QpState::Rts);
@@ -637,7 +654,7 @@ fn a_nak_storm_costs_bounded_retries_and_then_the_qp() {
     // took one) and the QP fails.
     let (wa, _) = p.run(1, 0, 10);
     assert_eq!(wa[0].status, WcStatus::RetryExceeded);
-    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sa = p.a().rc_ref().qp_status(qa).unwrap();
     assert_eq!(sa.state, QpState::Error);
     assert_eq!(sa.stats.retransmits, 6, "{sa:?}");
     p.drain();
@@ -681,7 +698,7 @@ fn a_small_window_asks_for_the_ack_that_opens_it() {
         p.transfer(kind, 1 << 16, i as u64);
     }
     let qa = p.qa;
-    let sa = p.a().rc_qp_status(qa).unwrap();
+    let sa = p.a().rc_ref().qp_status(qa).unwrap();
     assert_eq!(
         (sa.stats.ack_timeouts, sa.stats.retransmits),
         (0, 0),
@@ -696,7 +713,7 @@ fn a_qp_failing_mid_send_flushes_the_receive_it_was_filling() {
     let (qb, mb) = (p.qb, p.mb);
     for id in [1, 2] {
         let s = sge(p.b(), mb, 0, 8192);
-        p.b().rc_post_recv(qb, id, s).unwrap();
+        p.b().rc().post_recv(qb, id, s).unwrap();
     }
     // The first packet of a 3-packet SEND, and nothing more.
     let epsn = p_epsn(&mut p);
@@ -710,11 +727,11 @@ fn a_qp_failing_mid_send_flushes_the_receive_it_was_filling() {
     p.b()
         .receive(Instant::ZERO, &first, ustack::RxMeta::default(), &mut tx);
     assert_eq!(
-        p.b().rc_qp_status(qb).unwrap().recv_posted,
+        p.b().rc_ref().qp_status(qb).unwrap().recv_posted,
         1,
         "one receive is being filled"
     );
-    p.b().rc_set_error(qb).unwrap();
+    p.b().rc().set_error(qb).unwrap();
     let (_, wb) = p.run(0, 2, 1);
     let got: Vec<_> = wb.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, [(1, WcStatus::Flushed), (2, WcStatus::Flushed)]);
@@ -732,14 +749,15 @@ fn atomics_run_once_each_under_loss_and_duplication() {
     };
     let mut p = pair(lossy(0.10, 21), &cfg, 4096);
     let (qa, qb, ma, mb) = (p.qa, p.qb, p.ma, p.mb);
-    let ib = p.b().rc_mr_info(mb).unwrap();
+    let ib = p.b().rc_ref().mr_info(mb).unwrap();
     let target = ib.addr + 64;
     let mut found = Vec::new();
     for i in 0..200u64 {
         // Each result lands in its own 8 bytes of A's region.
         let local = sge(p.a(), ma, (i as usize % 64) * 8, 8);
         p.a()
-            .rc_post_send(
+            .rc()
+            .post_send(
                 qa,
                 &wr(
                     i,
@@ -758,13 +776,17 @@ fn atomics_run_once_each_under_loss_and_duplication() {
             (i, WcStatus::Success, WcOpcode::FetchAdd)
         );
         let off = (i as usize % 64) * 8;
-        let got = u64::from_ne_bytes(p.a().rc_mr(ma).unwrap()[off..off + 8].try_into().unwrap());
+        let got = u64::from_ne_bytes(
+            p.a().rc_ref().mr(ma).unwrap()[off..off + 8]
+                .try_into()
+                .unwrap(),
+        );
         found.push(got);
     }
-    let counter = u64::from_ne_bytes(p.b().rc_mr(mb).unwrap()[64..72].try_into().unwrap());
+    let counter = u64::from_ne_bytes(p.b().rc_ref().mr(mb).unwrap()[64..72].try_into().unwrap());
     assert_eq!(counter, 600, "every add ran exactly once");
     assert_eq!(found, (0..200).map(|i| i * 3).collect::<Vec<_>>());
-    let sb = p.b().rc_qp_status(qb).unwrap();
+    let sb = p.b().rc_ref().qp_status(qb).unwrap();
     assert!(
         sb.stats.duplicates > 0,
         "no duplicate reached the responder: {sb:?}"
@@ -775,7 +797,8 @@ fn atomics_run_once_each_under_loss_and_duplication() {
         [(600, 7, 600, 7), (600, 9, 7, 7), (7, 1, 7, 1)]
     {
         p.a()
-            .rc_post_send(
+            .rc()
+            .post_send(
                 qa,
                 &wr(
                     1000,
@@ -794,8 +817,8 @@ fn atomics_run_once_each_under_loss_and_duplication() {
             (wa[0].status, wa[0].opcode),
             (WcStatus::Success, WcOpcode::CompareSwap)
         );
-        let got = u64::from_ne_bytes(p.a().rc_mr(ma).unwrap()[0..8].try_into().unwrap());
-        let after = u64::from_ne_bytes(p.b().rc_mr(mb).unwrap()[64..72].try_into().unwrap());
+        let got = u64::from_ne_bytes(p.a().rc_ref().mr(ma).unwrap()[0..8].try_into().unwrap());
+        let after = u64::from_ne_bytes(p.b().rc_ref().mr(mb).unwrap()[64..72].try_into().unwrap());
         assert_eq!((got, after), (expect_found, expect_after));
     }
     p.drain();
@@ -807,9 +830,10 @@ fn atomics_need_8_aligned_bytes_and_remote_atomic_access() {
     let (qa, qb, ma) = (p.qa, p.qb, p.ma);
     let ro = p
         .b()
-        .rc_reg_mr(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .rc()
+        .reg_mr(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
         .unwrap();
-    let iro = p.b().rc_mr_info(ro).unwrap();
+    let iro = p.b().rc_ref().mr_info(ro).unwrap();
     let local = sge(p.a(), ma, 0, 8);
     let op = |addr| RcOp::FetchAdd {
         remote_addr: addr,
@@ -818,28 +842,32 @@ fn atomics_need_8_aligned_bytes_and_remote_atomic_access() {
     };
     assert_eq!(
         p.a()
-            .rc_post_send(qa, &wr(1, op(iro.addr + 4), Local::Sge(local))),
-        Err(ustack::rc::RcError::AtomicShape)
+            .rc()
+            .post_send(qa, &wr(1, op(iro.addr + 4), Local::Sge(local))),
+        Err(ustack::Error::Rc(ustack::rc::RcError::AtomicShape))
     );
     let long = sge(p.a(), ma, 0, 16);
     assert_eq!(
         p.a()
-            .rc_post_send(qa, &wr(1, op(iro.addr), Local::Sge(long))),
-        Err(ustack::rc::RcError::AtomicShape)
+            .rc()
+            .post_send(qa, &wr(1, op(iro.addr), Local::Sge(long))),
+        Err(ustack::Error::Rc(ustack::rc::RcError::AtomicShape))
     );
     assert_eq!(
         p.a()
-            .rc_post_send(qa, &wr(1, op(iro.addr), Local::Inline(&[0; 8]))),
-        Err(ustack::rc::RcError::InlineRead)
+            .rc()
+            .post_send(qa, &wr(1, op(iro.addr), Local::Inline(&[0; 8]))),
+        Err(ustack::Error::Rc(ustack::rc::RcError::InlineRead))
     );
     // A region without remote atomic access: refused, nothing changed.
     p.a()
-        .rc_post_send(qa, &wr(2, op(iro.addr), Local::Sge(local)))
+        .rc()
+        .post_send(qa, &wr(2, op(iro.addr), Local::Sge(local)))
         .unwrap();
     let (wa, _) = p.run(1, 0, 10);
     assert_eq!(wa[0].status, WcStatus::RemoteAccessError);
-    let sb = p.b().rc_qp_status(qb).unwrap();
+    let sb = p.b().rc_ref().qp_status(qb).unwrap();
     assert_eq!((sb.state, sb.stats.access_errors), (QpState::Error, 1));
-    assert!(p.b().rc_mr(ro).unwrap().iter().all(|&b| b == 0));
+    assert!(p.b().rc_ref().mr(ro).unwrap().iter().all(|&b| b == 0));
     p.drain();
 }

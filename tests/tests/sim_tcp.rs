@@ -98,7 +98,8 @@ fn run_both_ways(
                 apps[1].send.error,
                 net.nodes[0]
                     .stack
-                    .tcp_connections()
+                    .tcp_ref()
+                    .connections()
                     .map(|c| (
                         c.state,
                         c.cwnd,
@@ -121,7 +122,11 @@ fn run_both_ways(
             h.send.done(),
             "host {i} sender not done at {}: {:?}",
             net.now,
-            net.nodes[i].stack.tcp_connections().collect::<Vec<_>>()
+            net.nodes[i]
+                .stack
+                .tcp_ref()
+                .connections()
+                .collect::<Vec<_>>()
         );
         assert!(
             h.recv.errors.is_empty(),
@@ -150,7 +155,7 @@ fn run_both_ways(
     assert_eq!(net.pools_in_use(), 0, "buffers leaked");
     for n in &net.nodes {
         assert_eq!(
-            n.stack.tcp_connections().count(),
+            n.stack.tcp_ref().connections().count(),
             0,
             "connections left behind"
         );
@@ -309,16 +314,16 @@ struct ZeroCopy {
 }
 
 impl App for ZeroCopy {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         use ustack_kit::bulk::{count_mismatches, fill_pattern};
         if self.h.is_none() {
             match self.to {
-                Some(to) => self.h = stack.tcp_connect(to).ok(),
+                Some(to) => self.h = stack.tcp().connect(now, to).ok(),
                 None => {
                     let l = *self
                         .listener
-                        .get_or_insert_with(|| stack.tcp_listen(9000, 4).unwrap());
-                    self.h = stack.tcp_accept(l).unwrap();
+                        .get_or_insert_with(|| stack.tcp().listen(9000, 4).unwrap());
+                    self.h = stack.tcp().accept(l).unwrap();
                 }
             }
         }
@@ -329,14 +334,14 @@ impl App for ZeroCopy {
             let at = self.moved;
             let left = self.total - at;
             let r = if self.to.is_some() {
-                stack.tcp_send_with(h, |b| {
+                stack.tcp().send_with(h, |b| {
                     let n = b.len().min(left as usize);
                     fill_pattern(at, &mut b[..n]);
                     (n, ())
                 })
             } else {
                 let mut bad = 0;
-                let r = stack.tcp_recv_with(h, |b| {
+                let r = stack.tcp().recv_with(h, |b| {
                     bad = count_mismatches(at, b);
                     (b.len(), ())
                 });

@@ -60,7 +60,7 @@ fn ten_thousand_connections_each_moving_data_then_closed() {
     // Every connection ends: TIME_WAIT passes, tables empty, buffers home.
     net.run_until(net.now + Duration::from_secs(130), &mut [], |_| false);
     for n in &net.nodes {
-        assert_eq!(n.stack.tcp_connections().count(), 0);
+        assert_eq!(n.stack.tcp_ref().connections().count(), 0);
     }
     assert_eq!(net.pools_in_use(), 0);
     let s = net.nodes[1].stack.stats().tcp;

@@ -25,13 +25,13 @@ struct CloseFirstServer {
 }
 
 impl App for CloseFirstServer {
-    fn poll(&mut self, _now: Instant, stack: &mut Stack) -> Control {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let l = *self
             .listener
-            .get_or_insert_with(|| stack.tcp_listen(80, 64).expect("listen"));
-        while let Some(h) = stack.tcp_accept(l).expect("accept") {
-            assert_eq!(stack.tcp_send(h, RESPONSE).expect("send"), RESPONSE.len());
-            stack.tcp_close(h).expect("close");
+            .get_or_insert_with(|| stack.tcp().listen(80, 64).expect("listen"));
+        while let Some(h) = stack.tcp().accept(l).expect("accept") {
+            assert_eq!(stack.tcp().send(h, RESPONSE).expect("send"), RESPONSE.len());
+            stack.tcp().close(now, h).expect("close");
             self.served += 1;
         }
         Control::Continue
@@ -62,7 +62,7 @@ impl App for SamePortClient {
                 return Control::Continue;
             }
             self.retry_at = None;
-            match stack.tcp_connect_from(self.port, self.dst) {
+            match stack.tcp().connect_from(now, self.port, self.dst) {
                 Ok(h) => self.conn = Some((h, Vec::new())),
                 Err(ustack::Error::AddrInUse) => {
                     self.retry_at = Some(now + Duration::from_millis(1));
@@ -73,17 +73,17 @@ impl App for SamePortClient {
         };
         let h = *h;
         let mut buf = [0u8; 256];
-        while let Ok(n @ 1..) = stack.tcp_recv(h, &mut buf) {
+        while let Ok(n @ 1..) = stack.tcp().recv(h, &mut buf) {
             got.extend_from_slice(&buf[..n]);
         }
-        let st = stack.tcp_status(h).expect("status");
+        let st = stack.tcp_ref().status(h).expect("status");
         if let Some(e) = st.error {
             self.errors.push(format!("connection {}: {e}", self.done));
-            let _ = stack.tcp_close(h);
+            let _ = stack.tcp().close(now, h);
             self.conn = None;
         } else if st.eof {
             assert_eq!(got.as_slice(), RESPONSE, "connection {}", self.done);
-            stack.tcp_close(h).expect("close");
+            stack.tcp().close(now, h).expect("close");
             self.conn = None;
             self.done += 1;
         }
@@ -134,7 +134,7 @@ fn a_client_port_in_time_wait_at_the_server_opens_again_at_once() {
     // connection: no connection slot, no buffers.
     assert_eq!(s.time_wait, 1, "{s:?}");
     assert_eq!(s.connections, 1, "{s:?}");
-    assert_eq!(net.nodes[1].stack.tcp_connections().count(), 0);
+    assert_eq!(net.nodes[1].stack.tcp_ref().connections().count(), 0);
     // 2 MSL later the record is gone, and every buffer is home.
     net.run_until(net.now + Duration::from_secs(70), &mut [], |_| false);
     let s = net.nodes[1].stack.stats().tcp;

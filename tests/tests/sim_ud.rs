@@ -38,12 +38,14 @@ fn drain_and_check_pools(net: &mut SimNet) {
 fn qp(s: &mut Stack, qpn: Option<u32>, qkey: u32) -> QpHandle {
     let mut c = QpConfig::new(qkey);
     c.qpn = qpn;
-    s.create_qp(&c).unwrap()
+    s.ud().create_qp(&c).unwrap()
 }
 
 fn poll_all(s: &mut Stack, q: QpHandle) -> Vec<Completion> {
     let mut out = Vec::new();
-    s.poll_cq(q, Instant::ZERO, usize::MAX, &mut out).unwrap();
+    s.ud()
+        .poll_cq(q, Instant::ZERO, usize::MAX, &mut out)
+        .unwrap();
     out
 }
 
@@ -73,11 +75,12 @@ fn ud_sends_with_and_without_immediate_complete_with_source_and_timestamps() {
     });
     let qa = qp(&mut net.nodes[0].stack, None, QKEY);
     let qb = qp(&mut net.nodes[1].stack, Some(77), QKEY);
-    let qpn_a = net.nodes[0].stack.qp_num(qa).unwrap();
-    assert_eq!(net.nodes[1].stack.qp_num(qb).unwrap(), 77);
+    let qpn_a = net.nodes[0].stack.ud().qp_num(qa).unwrap();
+    assert_eq!(net.nodes[1].stack.ud().qp_num(qb).unwrap(), 77);
     for i in 0..4 {
         net.nodes[1]
             .stack
+            .ud()
             .post_recv(qb, 100 + i, vec![0xee; GRH_LEN + 1024])
             .unwrap();
     }
@@ -85,8 +88,9 @@ fn ud_sends_with_and_without_immediate_complete_with_source_and_timestamps() {
     let small: Vec<u8> = (0..13).collect();
     let big: Vec<u8> = (0..1024u32).map(|i| (i * 31) as u8).collect();
     let a = &mut net.nodes[0].stack;
-    a.post_send(qa, &send(to_b, &small, None, 1)).unwrap();
-    a.post_send(qa, &send(to_b, &big, Some(0xdead_beef), 2))
+    a.ud().post_send(qa, &send(to_b, &small, None, 1)).unwrap();
+    a.ud()
+        .post_send(qa, &send(to_b, &big, Some(0xdead_beef), 2))
         .unwrap();
 
     let mut got_b = Vec::new();
@@ -139,6 +143,7 @@ fn ud_sends_with_and_without_immediate_complete_with_source_and_timestamps() {
     let sent_at = net.now;
     net.nodes[0]
         .stack
+        .ud()
         .post_send(qa, &send(to_b, &small, Some(5), 3))
         .unwrap();
     got_a.clear();
@@ -270,7 +275,7 @@ fn ud_bandwidth_sweep_delivers_everything_on_a_clean_link() {
 fn frame_for(net: &mut SimNet, qa: QpHandle, wr: &SendWr<'_>) -> Vec<u8> {
     let now = net.now;
     let a = &mut net.nodes[0].stack;
-    a.post_send(qa, wr).unwrap();
+    a.ud().post_send(qa, wr).unwrap();
     let mut tx = VecTx::new();
     a.poll(now, &mut tx);
     poll_all(a, qa);
@@ -293,11 +298,13 @@ fn bad_icrc_qkey_qpn_opcode_and_missing_buffers_are_counted() {
     // Resolve ARP both ways with one good exchange.
     net.nodes[1]
         .stack
+        .ud()
         .post_recv(qb, 1, vec![0; GRH_LEN + 64])
         .unwrap();
     let to_b = UdAddr { ip: B, qpn: 9 };
     net.nodes[0]
         .stack
+        .ud()
         .post_send(qa, &send(to_b, b"hello", None, 1))
         .unwrap();
     assert!(net.run_until(Instant::from_secs(5), &mut [], |n| {
@@ -316,6 +323,7 @@ fn bad_icrc_qkey_qpn_opcode_and_missing_buffers_are_counted() {
     // One flipped bit in the payload: the ICRC rejects it, nothing delivered.
     net.nodes[1]
         .stack
+        .ud()
         .post_recv(qb, 2, vec![0; GRH_LEN + 64])
         .unwrap();
     let mut flipped = good.clone();
@@ -373,6 +381,7 @@ fn bad_icrc_qkey_qpn_opcode_and_missing_buffers_are_counted() {
     assert_eq!((c[0].wr_id, c[0].payload()), (2, &data[..]));
     net.nodes[1]
         .stack
+        .ud()
         .post_recv(qb, 3, vec![0; GRH_LEN + 8])
         .unwrap();
     feed_b(&mut net, &good);
@@ -384,7 +393,7 @@ fn bad_icrc_qkey_qpn_opcode_and_missing_buffers_are_counted() {
     );
     assert_eq!(net.nodes[1].stack.stats().ud.rx_packets, 2);
     // PSNs counted up per packet sent.
-    net.nodes[0].stack.destroy_qp(qa).unwrap();
+    net.nodes[0].stack.ud().destroy_qp(qa).unwrap();
     assert_eq!(net.nodes[0].stack.stats().ud.qps, 0);
     drain_and_check_pools(&mut net);
 }
@@ -475,6 +484,7 @@ fn port_receive_stamps_date_ud_receives_and_echo_replies() {
         for i in 0..2 {
             net.nodes[1]
                 .stack
+                .ud()
                 .post_recv(qb, i, vec![0; GRH_LEN + 64])
                 .unwrap();
         }
@@ -482,6 +492,7 @@ fn port_receive_stamps_date_ud_receives_and_echo_replies() {
         // The first SEND resolves B's address.
         net.nodes[0]
             .stack
+            .ud()
             .post_send(qa, &send(to_b, b"arp", None, 1))
             .unwrap();
         let mut got = Vec::new();
@@ -493,13 +504,18 @@ fn port_receive_stamps_date_ud_receives_and_echo_replies() {
         let t0 = net.now + Duration::from_millis(1);
         net.nodes[0]
             .stack
+            .ud()
             .post_send(qa, &send(to_b, b"late", None, 2))
             .unwrap();
         net.nodes[0].step(t0, &mut ());
         let late = t0 + Duration::from_millis(5);
         net.nodes[1].step(late, &mut ());
         let mut cqes = Vec::new();
-        net.nodes[1].stack.poll_cq(qb, late, 8, &mut cqes).unwrap();
+        net.nodes[1]
+            .stack
+            .ud()
+            .poll_cq(qb, late, 8, &mut cqes)
+            .unwrap();
         assert_eq!(cqes.len(), 1, "{cqes:?}");
         assert_eq!(cqes[0].payload(), b"late");
         let arrived = cqes[0].timestamp;
@@ -513,13 +529,13 @@ fn port_receive_stamps_date_ud_receives_and_echo_replies() {
         }
 
         // ICMP: A pings B at t1, B answers at t1 + 1 ms, A reads at t1 + 4 ms.
-        let h = net.nodes[0].stack.ping_open(0x77).unwrap();
+        let h = net.nodes[0].stack.ping().open(0x77).unwrap();
         let t1 = late + Duration::from_millis(1);
-        net.nodes[0].stack.ping_send(h, B, 1, 16).unwrap();
+        net.nodes[0].stack.ping().send(h, B, 1, 16).unwrap();
         net.nodes[0].step(t1, &mut ());
         net.nodes[1].step(t1 + Duration::from_millis(1), &mut ());
         net.nodes[0].step(t1 + Duration::from_millis(4), &mut ());
-        let Some(ustack::icmp::PingEvent::Reply(r)) = net.nodes[0].stack.ping_recv(h).unwrap()
+        let Some(ustack::icmp::PingEvent::Reply(r)) = net.nodes[0].stack.ping().recv(h).unwrap()
         else {
             panic!("no echo reply");
         };

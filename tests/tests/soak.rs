@@ -59,7 +59,7 @@ impl App for Cycler {
             let cut = abort.is_some_and(|a| c.transfer.bytes >= a) && !c.done();
             if cut {
                 if let Some(h) = c.handle() {
-                    let _ = stack.tcp_abort(h);
+                    let _ = stack.tcp().abort(h);
                 }
                 self.aborted += 1;
             } else if c.done() {
@@ -108,8 +108,8 @@ impl App for Server {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let l = *self
             .listener
-            .get_or_insert_with(|| stack.tcp_listen(5001, 256).expect("listen"));
-        while let Ok(Some(h)) = stack.tcp_accept(l) {
+            .get_or_insert_with(|| stack.tcp().listen(5001, 256).expect("listen"));
+        while let Ok(Some(h)) = stack.tcp().accept(l) {
             self.accepted += 1;
             let abort_at = (self.rng.f64() <= 0.1).then(|| self.rng.u64(..MAX_BYTES / 2));
             self.conns.push(ServerConn {
@@ -125,7 +125,7 @@ impl App for Server {
             let c = &mut self.conns[i];
             let mut failed = false;
             loop {
-                match stack.tcp_recv(c.h, &mut self.buf) {
+                match stack.tcp().recv(c.h, &mut self.buf) {
                     Ok(0) => break,
                     Ok(n) => {
                         self.corrupt += count_mismatches(c.got, &self.buf[..n]);
@@ -140,19 +140,19 @@ impl App for Server {
                     }
                 }
             }
-            let eof = stack.tcp_status(c.h).is_ok_and(|s| s.eof);
+            let eof = stack.tcp_ref().status(c.h).is_ok_and(|s| s.eof);
             if failed {
                 self.resets += 1;
-                let _ = stack.tcp_close(c.h);
+                let _ = stack.tcp().close(now, c.h);
             } else if c.abort_at.is_some_and(|a| c.got >= a) && !eof {
                 self.aborted += 1;
-                let _ = stack.tcp_abort(c.h);
+                let _ = stack.tcp().abort(c.h);
             } else if eof {
                 self.clean.push((c.got, c.crc.clone().finalize()));
-                let _ = stack.tcp_close(c.h);
+                let _ = stack.tcp().close(now, c.h);
             } else if now.saturating_duration_since(c.last) >= IDLE {
                 self.idle_aborts += 1;
-                let _ = stack.tcp_abort(c.h);
+                let _ = stack.tcp().abort(c.h);
             } else {
                 i += 1;
                 continue;
@@ -351,7 +351,7 @@ fn soak_thousands_of_connections_over_a_changing_impaired_link() {
     assert_eq!(errors, resets, "{:?}", client.errors);
     assert!(resets <= server.aborted);
     for n in &net.nodes {
-        assert_eq!(n.stack.tcp_connections().count(), 0);
+        assert_eq!(n.stack.tcp_ref().connections().count(), 0);
         let s = n.stack.stats();
         assert_eq!(s.eth.rx_frames, s.eth.rx_accepted + s.drops.total());
     }

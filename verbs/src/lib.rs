@@ -23,6 +23,7 @@ use std::net::Ipv4Addr;
 use std::ptr;
 
 use rdma_sys::*;
+use ustack::Error;
 use ustack::Instant;
 use ustack::ud::exchange::{gid_ipv4, ipv4_gid};
 use ustack::ud::{
@@ -445,7 +446,7 @@ impl VerbsUd {
 }
 
 impl UdTransport for VerbsUd {
-    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError> {
+    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, Error> {
         let nsend = cfg.max_send_wr.clamp(1, 4096);
         let nrecv = cfg.max_recv_wr.clamp(1, 4096);
         let cq = self.create_cq((nsend + nrecv) as u32)?;
@@ -521,7 +522,7 @@ impl UdTransport for VerbsUd {
                 };
             }
             q.mem.clear();
-            return Err(e);
+            return Err(e.into());
         }
         // INIT -> RTR -> RTS.
         // SAFETY: all-zero is a valid ibv_qp_attr (integers, null pointers).
@@ -550,13 +551,13 @@ impl UdTransport for VerbsUd {
             if unsafe { ibv_modify_qp(qp, &mut a, mask.0 as i32) } != 0 {
                 let e = dev_err("ibv_modify_qp");
                 Self::destroy(q);
-                return Err(e);
+                return Err(e.into());
             }
         }
         Ok(self.qps.insert(q))
     }
 
-    fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError> {
+    fn qp_num(&self, qp: QpHandle) -> Result<u32, Error> {
         let q = self.qps.get(qp).ok_or(UdError::InvalidQp)?;
         // SAFETY: q.qp is a live QP.
         Ok(unsafe { (*q.qp).qp_num })
@@ -566,9 +567,9 @@ impl UdTransport for VerbsUd {
         self.max_msg
     }
 
-    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), UdError> {
+    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), Error> {
         if buf.len() < GRH_LEN {
-            return Err(UdError::BufferTooSmall(buf.len()));
+            return Err(UdError::BufferTooSmall(buf.len()).into());
         }
         let q = self.qp_mut(qp)?;
         let slot = q.free_recv.pop().ok_or(UdError::QueueFull)?;
@@ -589,22 +590,22 @@ impl UdTransport for VerbsUd {
         // them); the slot lies inside the registered region.
         if unsafe { ibv_post_recv(q.qp, &mut wr, &mut bad) } != 0 {
             q.free_recv.push(slot);
-            return Err(dev_err("ibv_post_recv"));
+            return Err(dev_err("ibv_post_recv").into());
         }
         q.recv[slot] = Some((wr_id, buf));
         Ok(())
     }
 
-    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), UdError> {
+    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), Error> {
         if wr.data.len() > self.max_msg {
-            return Err(UdError::TooLarge(wr.data.len(), self.max_msg));
+            return Err(UdError::TooLarge(wr.data.len(), self.max_msg).into());
         }
         let ah = self.ah(wr.dest.ip)?;
         let posted = self.last_now;
         let q = self.qp_mut(qp)?;
         let slot = q.send_next;
         if q.send[slot].is_some() {
-            return Err(UdError::QueueFull);
+            return Err(UdError::QueueFull.into());
         }
         let at = q.send_at + slot * q.send_slot;
         q.mem[at..at + wr.data.len()].copy_from_slice(wr.data);
@@ -640,7 +641,7 @@ impl UdTransport for VerbsUd {
         // SAFETY: qp is live; `swr`/`sge` outlive the call; the data sits in
         // the registered send slot until its completion.
         if unsafe { ibv_post_send(q.qp, &mut swr, &mut bad) } != 0 {
-            return Err(dev_err("ibv_post_send"));
+            return Err(dev_err("ibv_post_send").into());
         }
         q.send[slot] = Some((wr.wr_id, wr.data.len(), posted));
         q.send_next = (slot + 1) % q.send.len();
@@ -653,7 +654,7 @@ impl UdTransport for VerbsUd {
         now: Instant,
         max: usize,
         out: &mut Vec<Completion>,
-    ) -> Result<usize, UdError> {
+    ) -> Result<usize, Error> {
         let clock_khz = self.clock_khz;
         self.last_now = now;
         let q = self.qp_mut(qp)?;
@@ -747,7 +748,7 @@ impl UdTransport for VerbsUd {
         Ok(n)
     }
 
-    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError> {
+    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), Error> {
         let q = self.qps.remove(qp).ok_or(UdError::InvalidQp)?;
         Self::destroy(q);
         Ok(())

@@ -722,7 +722,8 @@ impl NodeRunner for Sender<'_> {
             let connected = app.transfer.started.is_some()
                 && app.handle().is_some_and(|h| {
                     stack
-                        .tcp_status(h)
+                        .tcp_ref()
+                        .status(h)
                         .is_ok_and(|s| s.state != ustack::tcp::State::SynSent)
                 });
             let why = match (resolved, connected) {
@@ -781,14 +782,14 @@ impl App for UdpEcho {
     fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
         let h = match self.h {
             Some(h) => h,
-            None => match stack.udp_bind(7) {
+            None => match stack.udp().bind(7) {
                 Ok(h) => *self.h.insert(h),
                 Err(_) => return Control::Exit,
             },
         };
-        while let Ok(Some((n, from))) = stack.udp_recv_from(h, &mut self.buf) {
+        while let Ok(Some((n, from))) = stack.udp().recv_from(h, &mut self.buf) {
             // A full send queue drops the echo, as a UDP server would.
-            let _ = stack.udp_send_to(h, from, &self.buf[..n]);
+            let _ = stack.udp().send_to(h, from, &self.buf[..n]);
         }
         Control::Continue
     }
@@ -809,19 +810,19 @@ impl App for UdpProbe {
     fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let h = match self.h {
             Some(h) => h,
-            None => match stack.udp_bind(0) {
+            None => match stack.udp().bind(0) {
                 Ok(h) => *self.h.insert(h),
                 Err(_) => return Control::Exit,
             },
         };
         if now >= self.next {
             let msg = self.sent.to_be_bytes();
-            if stack.udp_send_to(h, self.dst, &msg).is_ok() {
+            if stack.udp().send_to(h, self.dst, &msg).is_ok() {
                 self.sent += 1;
             }
             self.next = now + self.interval;
         }
-        while let Ok(Some((n, _))) = stack.udp_recv_from(h, &mut self.buf) {
+        while let Ok(Some((n, _))) = stack.udp().recv_from(h, &mut self.buf) {
             if n == 8 {
                 self.echoed += 1;
             }
@@ -1128,7 +1129,7 @@ fn tcp_progress(a: &HostA, net: &SimNet) -> String {
     });
     let acked = b.transfer.bytes.saturating_sub(
         b.handle()
-            .and_then(|h| net.nodes[0].stack.tcp_status(h).ok())
+            .and_then(|h| net.nodes[0].stack.tcp_ref().status(h).ok())
             .map_or(0, |s| s.unacked as u64),
     );
     let gbps = if secs > 0.0 {

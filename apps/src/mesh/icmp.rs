@@ -36,22 +36,23 @@ impl Prober for Icmp {
         if self.sock.is_none() {
             self.sock = Some(
                 stack
-                    .ping_open(cfg.ident)
+                    .ping()
+                    .open(cfg.ident)
                     .map_err(|e| format!("cannot open a ping socket: {e}"))?,
             );
         }
         Ok(())
     }
 
-    fn close(&mut self, stack: &mut Stack, _series: &mut Series<'_>) {
+    fn close(&mut self, _now: Instant, stack: &mut Stack, _series: &mut Series<'_>) {
         if let Some(s) = self.sock.take() {
-            let _ = stack.ping_close(s);
+            let _ = stack.ping().close(s);
         }
     }
 
     fn receive(&mut self, _now: Instant, stack: &mut Stack, series: &mut Series<'_>) {
         let Some(sock) = self.sock else { return };
-        while let Ok(Some(ev)) = stack.ping_recv(sock) {
+        while let Ok(Some(ev)) = stack.ping().recv(sock) {
             match ev {
                 PingEvent::Reply(r) => {
                     let ok = |id| series.is(id, |s| s.target.addr == r.from);
@@ -82,7 +83,7 @@ impl Prober for Icmp {
         let s = &mut series.stats[i];
         let addr = s.target.addr;
         let seq = self.next_seq;
-        match stack.ping_send(sock, addr, seq, ctx.cfg.size) {
+        match stack.ping().send(sock, addr, seq, ctx.cfg.size) {
             Ok(()) => {
                 self.next_seq = seq.wrapping_add(1);
                 s.sent += 1;

@@ -20,7 +20,7 @@ pub(crate) trait Prober: std::fmt::Debug {
     /// Open the socket (or QP) if it is not open yet.
     fn open(&mut self, cfg: &MeshConfig, stack: &mut Stack) -> Result<(), String>;
     /// Close it, and any connection of the series.
-    fn close(&mut self, stack: &mut Stack, series: &mut Series<'_>);
+    fn close(&mut self, now: Instant, stack: &mut Stack, series: &mut Series<'_>);
     /// Take the answers that came (TCP: connection progress too).
     fn receive(&mut self, now: Instant, stack: &mut Stack, series: &mut Series<'_>);
     /// Send one probe of series `i`.

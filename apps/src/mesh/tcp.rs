@@ -57,7 +57,7 @@ impl Tcp {
     fn fail(&mut self, i: usize, now: Instant, stack: &mut Stack, s: &mut Series<'_>, why: String) {
         let s = &mut s.stats[i];
         if let Some(h) = s.tcp.h.take() {
-            let _ = stack.tcp_abort(h);
+            let _ = stack.tcp().abort(h);
         }
         if !s.tcp.established {
             s.lose(None);
@@ -80,7 +80,7 @@ impl Tcp {
     fn service(&mut self, i: usize, now: Instant, stack: &mut Stack, series: &mut Series<'_>) {
         let s = &mut series.stats[i];
         let Some(h) = s.tcp.h else { return };
-        let status = match stack.tcp_status(h) {
+        let status = match stack.tcp_ref().status(h) {
             Ok(st) => st,
             Err(e) => {
                 return self.fail(i, now, stack, series, format!("connection lost: {e}"));
@@ -111,7 +111,7 @@ impl Tcp {
         }
         // Write what is queued, then read whole echoes.
         while !s.tcp.out.is_empty() {
-            match stack.tcp_send(h, &s.tcp.out) {
+            match stack.tcp().send(h, &s.tcp.out) {
                 Ok(0) => break,
                 Ok(n) => {
                     s.tcp.out.drain(..n);
@@ -128,7 +128,7 @@ impl Tcp {
         }
         loop {
             let t = &mut s.tcp;
-            match stack.tcp_recv(h, &mut t.rbuf[t.rlen..]) {
+            match stack.tcp().recv(h, &mut t.rbuf[t.rlen..]) {
                 Ok(0) => break,
                 Ok(n) => {
                     t.rlen += n;
@@ -172,10 +172,10 @@ impl Prober for Tcp {
         Ok(())
     }
 
-    fn close(&mut self, stack: &mut Stack, series: &mut Series<'_>) {
+    fn close(&mut self, now: Instant, stack: &mut Stack, series: &mut Series<'_>) {
         for s in series.stats.iter_mut() {
             if let Some(h) = s.tcp.h.take() {
-                let _ = stack.tcp_close(h);
+                let _ = stack.tcp().close(now, h);
             }
         }
     }
@@ -200,9 +200,9 @@ impl Prober for Tcp {
             None if now >= t.retry_at => {
                 let dst = SocketAddrV4::new(s.target.addr, s.target.tcp_port);
                 s.sent += 1;
-                match stack.tcp_connect(dst) {
+                match stack.tcp().connect(now, dst) {
                     Ok(h) => {
-                        let _ = stack.tcp_set_nodelay(h, true);
+                        let _ = stack.tcp().set_nodelay(h, true);
                         t.h = Some(h);
                         t.established = false;
                         t.connect_at = now;
@@ -224,7 +224,7 @@ impl Prober for Tcp {
                 t.out.extend_from_slice(&m);
                 s.sent += 1;
                 self.inflight.insert(key, s.id, ctx.deadline);
-                if let Ok(n) = stack.tcp_send(h, &t.out) {
+                if let Ok(n) = stack.tcp().send(h, &t.out) {
                     t.out.drain(..n);
                 }
             }
@@ -252,14 +252,14 @@ impl Prober for Tcp {
     fn list_changed(&mut self, stack: &mut Stack, gone: &[TargetStats], series: &mut Series<'_>) {
         for s in gone {
             if let Some(h) = s.tcp.h {
-                let _ = stack.tcp_abort(h);
+                let _ = stack.tcp().abort(h);
             }
         }
         for s in series.stats.iter_mut() {
             if let Some(h) = s.tcp.h
                 && s.tcp.connect_port != s.target.tcp_port
             {
-                let _ = stack.tcp_abort(h);
+                let _ = stack.tcp().abort(h);
                 s.tcp = TcpConn::default();
             }
         }

@@ -95,11 +95,13 @@ impl Prober for Ud {
         qc.max_recv_wr = UD_RECV_DEPTH;
         qc.max_send_wr = 2 * CATCH_UP as usize;
         let qp = stack
+            .ud()
             .create_qp(&qc)
             .map_err(|e| format!("cannot create a UD QP: {e}"))?;
-        let size = GRH_LEN + stack.max_msg_size().max(cfg.size);
+        let size = GRH_LEN + stack.ud().max_msg_size().max(cfg.size);
         for i in 0..UD_RECV_DEPTH {
             stack
+                .ud()
                 .post_recv(qp, i as u64, vec![0; size])
                 .map_err(|e| format!("cannot post UD receives: {e}"))?;
         }
@@ -107,22 +109,22 @@ impl Prober for Ud {
         Ok(())
     }
 
-    fn close(&mut self, stack: &mut Stack, _series: &mut Series<'_>) {
+    fn close(&mut self, _now: Instant, stack: &mut Stack, _series: &mut Series<'_>) {
         if let Some(q) = self.qp.take() {
-            let _ = stack.destroy_qp(q);
+            let _ = stack.ud().destroy_qp(q);
         }
     }
 
     fn receive(&mut self, now: Instant, stack: &mut Stack, series: &mut Series<'_>) {
         let Some(qp) = self.qp else { return };
         let mut cqes = std::mem::take(&mut self.cqes);
-        while stack.poll_cq(qp, now, 64, &mut cqes).unwrap_or(0) > 0 {
+        while stack.ud().poll_cq(qp, now, 64, &mut cqes).unwrap_or(0) > 0 {
             for mut c in cqes.drain(..) {
                 self.on_completion(now, &c, series);
                 if c.opcode == WcOpcode::Recv
                     && let Some(b) = c.buf.take()
                 {
-                    let _ = stack.post_recv(qp, c.wr_id, b);
+                    let _ = stack.ud().post_recv(qp, c.wr_id, b);
                 }
             }
         }
@@ -141,7 +143,7 @@ impl Prober for Ud {
         let s = &mut series.stats[i];
         let addr = s.target.addr;
         let key = *ctx.next_key;
-        let n = ctx.cfg.size.max(UD_LEN).min(stack.max_msg_size());
+        let n = ctx.cfg.size.max(UD_LEN).min(stack.ud().max_msg_size());
         if self.buf.len() < n {
             self.buf.resize(n, 0);
         }
@@ -157,7 +159,7 @@ impl Prober for Ud {
             solicited: false,
             data: &self.buf[..n],
         };
-        match stack.post_send(qp, &wr) {
+        match stack.ud().post_send(qp, &wr) {
             Ok(()) => {
                 *ctx.next_key += 1;
                 s.sent += 1;

@@ -37,23 +37,24 @@ impl Prober for Udp {
         if self.sock.is_none() {
             self.sock = Some(
                 stack
-                    .udp_bind(0)
+                    .udp()
+                    .bind(0)
                     .map_err(|e| format!("cannot open a UDP socket: {e}"))?,
             );
         }
         Ok(())
     }
 
-    fn close(&mut self, stack: &mut Stack, _series: &mut Series<'_>) {
+    fn close(&mut self, _now: Instant, stack: &mut Stack, _series: &mut Series<'_>) {
         if let Some(s) = self.sock.take() {
-            let _ = stack.udp_close(s);
+            let _ = stack.udp().close(s);
         }
     }
 
     fn receive(&mut self, now: Instant, stack: &mut Stack, series: &mut Series<'_>) {
         let Some(sock) = self.sock else { return };
         let buf = &mut self.buf;
-        while let Ok(Some((n, from))) = stack.udp_recv_from(sock, buf) {
+        while let Ok(Some((n, from))) = stack.udp().recv_from(sock, buf) {
             let Some((key, ts)) = read_msg(&buf[..n.min(buf.len())]) else {
                 continue;
             };
@@ -83,7 +84,7 @@ impl Prober for Udp {
         let n = ctx.cfg.size.max(MSG_LEN);
         write_msg(&mut self.buf[..n], key, now);
         let dst = SocketAddrV4::new(s.target.addr, s.target.udp_port);
-        match stack.udp_send_to(sock, dst, &self.buf[..n]) {
+        match stack.udp().send_to(sock, dst, &self.buf[..n]) {
             Ok(()) => {
                 *ctx.next_key += 1;
                 s.sent += 1;

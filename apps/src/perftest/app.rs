@@ -76,7 +76,7 @@ impl<T: Transport> App for Client<T> {
             return Control::Exit;
         }
         if self.session.is_none() {
-            match MsgConn::connect(stack, self.server) {
+            match MsgConn::connect(now, stack, self.server) {
                 Ok(conn) => {
                     self.session = Some(Session::open(
                         self.cfg.clone(),
@@ -168,7 +168,7 @@ impl<T: Transport> App for Server<T> {
             return Control::Exit;
         }
         let Some(l) = self.listener else {
-            match stack.tcp_listen(self.port, 1) {
+            match stack.tcp().listen(self.port, 1) {
                 Ok(l) => {
                     self.listener = Some(l);
                     self.output.push(WAITING.to_string());
@@ -182,7 +182,7 @@ impl<T: Transport> App for Server<T> {
             return Control::Continue;
         };
         if self.session.is_none() {
-            if let Ok(Some(h)) = stack.tcp_accept(l) {
+            if let Ok(Some(h)) = stack.tcp().accept(l) {
                 let conn = MsgConn::accepted(stack, h);
                 self.session = Some(Session::open(self.cfg.clone(), false, conn, None));
             }
@@ -198,7 +198,7 @@ impl<T: Transport> App for Server<T> {
             self.reports.push(s.report().clone());
             self.session = None;
             if self.one_off {
-                stack.tcp_unlisten(l);
+                stack.tcp().unlisten(l);
                 self.exit = true;
                 return Control::Exit;
             }

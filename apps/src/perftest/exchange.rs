@@ -398,7 +398,7 @@ impl<T: Transport> Session<T> {
         }
         if let Err(why) = self.turn(now, stack) {
             self.t.report_mut().set_error(why);
-            self.end(stack);
+            self.end(now, stack);
         }
     }
 
@@ -442,10 +442,10 @@ impl<T: Transport> Session<T> {
         }
     }
 
-    fn end(&mut self, stack: &mut Stack) {
+    fn end(&mut self, now: Instant, stack: &mut Stack) {
         self.t.release(stack);
         let _ = self.x.conn.poll(stack);
-        let _ = stack.tcp_close(self.x.conn.handle());
+        let _ = stack.tcp().close(now, self.x.conn.handle());
         self.x.step = Step::Finished;
     }
 
@@ -454,14 +454,15 @@ impl<T: Transport> Session<T> {
         if let Err(e) = self.x.conn.poll(stack) {
             if closing(self.x.step) {
                 // The peer is gone after the close exchange: nothing lost.
-                self.end(stack);
+                self.end(now, stack);
                 return Ok(());
             }
             return Err(self.x.oob_fail(&e));
         }
         if let Some(to) = self.x.connect_to {
             let syn_sent = stack
-                .tcp_status(self.x.conn.handle())
+                .tcp_ref()
+                .status(self.x.conn.handle())
                 .is_ok_and(|s| s.state == State::SynSent);
             if syn_sent {
                 let limit = self.x.timeouts.connect;
@@ -492,7 +493,7 @@ impl<T: Transport> Session<T> {
             && now >= self.x.since + self.step_timeout()
         {
             if closing(self.x.step) {
-                self.end(stack);
+                self.end(now, stack);
                 return Ok(());
             }
             return Err(format!(
@@ -560,19 +561,21 @@ impl<T: Transport> Session<T> {
             }
             Step::Linger => {
                 let acked = stack
-                    .tcp_status(x.conn.handle())
+                    .tcp_ref()
+                    .status(x.conn.handle())
                     .map_or(true, |s| s.unacked == 0 || s.closed());
                 if x.conn.flushed() && acked {
-                    self.end(stack);
+                    self.end(now, stack);
                 }
             }
             Step::Drain => {
                 // The peer's close (it exited) ends the wait early.
                 let gone = stack
-                    .tcp_status(x.conn.handle())
+                    .tcp_ref()
+                    .status(x.conn.handle())
                     .map_or(true, |s| s.eof || s.closed());
                 if gone {
-                    self.end(stack);
+                    self.end(now, stack);
                 }
             }
             Step::Finished => {}

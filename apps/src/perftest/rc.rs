@@ -555,10 +555,12 @@ impl Transport for Rc {
         self.report.expected = cfg.iters * self.sizes.len() as u64;
         let buff = buff_size(cfg.max_size());
         let mr = stack
-            .rc_reg_mr(2 * buff, access(cfg.op))
+            .rc()
+            .reg_mr(2 * buff, access(cfg.op))
             .map_err(|e| format!("registering a {} byte buffer: {e}", 2 * buff))?;
         let info = stack
-            .rc_mr_info(mr)
+            .rc_ref()
+            .mr_info(mr)
             .map_err(|e| format!("the buffer's keys: {e}"))?;
         self.buf = Some(Buf { mr, info, buff });
         let qc = RcQpConfig {
@@ -570,11 +572,13 @@ impl Transport for Rc {
             ..RcQpConfig::default()
         };
         let qp = stack
-            .rc_create_qp(&qc)
+            .rc()
+            .create_qp(&qc)
             .map_err(|e| format!("creating the RC queue pair: {e}"))?;
         self.qp = Some(qp);
         let st = stack
-            .rc_qp_status(qp)
+            .rc_ref()
+            .qp_status(qp)
             .map_err(|e| format!("the RC queue pair: {e}"))?;
         x.me = KeyMsg {
             lid: 0,
@@ -613,7 +617,8 @@ impl Transport for Rc {
             let ip = peer_ip(&k)?;
             let qp = self.qp.ok_or("no queue pair")?;
             stack
-                .rc_connect(
+                .rc()
+                .connect(
                     qp,
                     RcDest {
                         ip,
@@ -737,7 +742,7 @@ impl Transport for Rc {
                 run.completed,
                 run.received,
                 self.qp
-                    .and_then(|q| stack.rc_qp_status(q).ok())
+                    .and_then(|q| stack.rc_ref().qp_status(q).ok())
                     .map_or_else(String::new, |s| format!(
                         "; qp state {:?}, {} retransmits, {} ACK timeouts, {} RNR NAKs",
                         s.state,
@@ -829,13 +834,13 @@ impl Transport for Rc {
 
     fn release(&mut self, stack: &mut Stack) {
         if let Some(qp) = self.qp.take() {
-            if let Ok(st) = stack.rc_qp_status(qp) {
+            if let Ok(st) = stack.rc_ref().qp_status(qp) {
                 self.report.qp = Some(st);
             }
-            let _ = stack.rc_destroy_qp(qp);
+            let _ = stack.rc().destroy_qp(qp);
         }
         if let Some(b) = self.buf.take() {
-            let _ = stack.rc_dereg_mr(b.mr);
+            let _ = stack.rc().dereg_mr(b.mr);
         }
     }
 
@@ -893,7 +898,8 @@ impl Rc {
             return Ok(());
         };
         stack
-            .rc_post_recv(qp, 0, b.recv(size))
+            .rc()
+            .post_recv(qp, 0, b.recv(size))
             .map_err(|e| format!("posting a receive: {e}"))
     }
 
@@ -963,7 +969,8 @@ impl Rc {
             solicited: false,
         };
         stack
-            .rc_post_send(qp, &wr)
+            .rc()
+            .post_send(qp, &wr)
             .map_err(|e| format!("posting {} {} of {iters}: {e}", op.name(), s + 1))?;
         run.posted += 1;
         run.tposted.push(now);
@@ -991,7 +998,7 @@ impl Rc {
     ) -> Result<(), Fail> {
         let iters = self.cfg.iters;
         let rx_depth = self.cfg.rx_depth();
-        while stack.rc_poll_cq(qp, 64, wcs).unwrap_or(0) > 0 {
+        while stack.rc().poll_cq(qp, 64, wcs).unwrap_or(0) > 0 {
             for c in wcs.drain(..) {
                 if c.status != WcStatus::Success {
                     self.report.errors += 1;
@@ -1062,7 +1069,8 @@ impl Rc {
                     let want = (run.received + 1) as u8;
                     let at = b.buff + run.size - 1;
                     let seen = stack
-                        .rc_mr(b.mr)
+                        .rc_ref()
+                        .mr(b.mr)
                         .map_err(|e| format!("reading the buffer: {e}"))?
                         .get(at)
                         .copied();
@@ -1082,7 +1090,8 @@ impl Rc {
                     let count = (run.posted + 1) as u8;
                     let at = run.size - 1;
                     let data = stack
-                        .rc_mr_mut(b.mr)
+                        .rc()
+                        .mr_mut(b.mr)
                         .map_err(|e| format!("writing the buffer: {e}"))?;
                     if let Some(x) = data.get_mut(at) {
                         *x = count;

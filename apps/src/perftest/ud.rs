@@ -357,13 +357,14 @@ impl Transport for Ud {
         qc.max_send_wr = cfg.tx_depth() as usize + 2;
         qc.max_recv_wr = cfg.rx_depth() as usize;
         let qp = stack
+            .ud()
             .create_qp(&qc)
             .map_err(|e| format!("creating the UD queue pair: {e}"))?;
         self.qp = Some(qp);
         x.me = KeyMsg {
             lid: 0,
             out_reads: 1,
-            qpn: stack.qp_num(qp).unwrap_or(0),
+            qpn: stack.ud().qp_num(qp).unwrap_or(0),
             psn: 0,
             rkey: 0,
             vaddr: 0,
@@ -451,7 +452,7 @@ impl Transport for Ud {
         let iters = self.cfg.iters;
         let mut cqes = std::mem::take(&mut self.cqes);
         let mut echoes: Vec<Vec<u8>> = Vec::new();
-        while stack.poll_cq(qp, now, 256, &mut cqes).unwrap_or(0) > 0 {
+        while stack.ud().poll_cq(qp, now, 256, &mut cqes).unwrap_or(0) > 0 {
             for mut c in cqes.drain(..) {
                 let Some(run) = self.run.as_mut() else {
                     continue;
@@ -602,7 +603,7 @@ impl Transport for Ud {
 
     fn release(&mut self, stack: &mut Stack) {
         if let Some(qp) = self.qp.take() {
-            let _ = stack.destroy_qp(qp);
+            let _ = stack.ud().destroy_qp(qp);
         }
     }
 
@@ -645,6 +646,7 @@ impl Ud {
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.resize(len, 0);
         stack
+            .ud()
             .post_recv(qp, 0, buf)
             .map_err(|e| format!("posting a receive buffer: {e}"))?;
         self.recv_outstanding += 1;
@@ -665,7 +667,7 @@ impl Ud {
             solicited: false,
             data: echo.unwrap_or(&run.extra.msg),
         };
-        match stack.post_send(qp, &wr) {
+        match stack.ud().post_send(qp, &wr) {
             Ok(()) => {
                 run.posted += 1;
                 run.tposted.push(now);
@@ -673,7 +675,7 @@ impl Ud {
                 self.report.sent += 1;
                 Ok(true)
             }
-            Err(ustack::ud::UdError::QueueFull) => Ok(false),
+            Err(ustack::Error::Ud(ustack::ud::UdError::QueueFull)) => Ok(false),
             Err(e) => Err(format!("posting a send: {e}")),
         }
     }

@@ -152,10 +152,10 @@ impl App for Receiver {
             let r = (|| -> Result<(), ustack::Error> {
                 for i in 0..self.idle_listeners {
                     let port = LISTEN_BASE + u16::try_from(i).unwrap_or(0);
-                    self.listeners.push(stack.tcp_listen(port, 16)?);
+                    self.listeners.push(stack.tcp().listen(port, 16)?);
                 }
-                self.idle_listener = Some(stack.tcp_listen(IDLE_PORT, 1 << 16)?);
-                self.flow_listener = Some(stack.tcp_listen(FLOW_PORT, 4)?);
+                self.idle_listener = Some(stack.tcp().listen(IDLE_PORT, 1 << 16)?);
+                self.flow_listener = Some(stack.tcp().listen(FLOW_PORT, 4)?);
                 Ok(())
             })();
             if let Err(e) = r {
@@ -164,12 +164,12 @@ impl App for Receiver {
             }
         }
         if let Some(l) = self.idle_listener {
-            while let Ok(Some(h)) = stack.tcp_accept(l) {
+            while let Ok(Some(h)) = stack.tcp().accept(l) {
                 self.accepted.push(h);
             }
         }
         if let Some(l) = self.flow_listener
-            && let Ok(Some(h)) = stack.tcp_accept(l)
+            && let Ok(Some(h)) = stack.tcp().accept(l)
         {
             self.flow = Some(h);
         }
@@ -177,9 +177,9 @@ impl App for Receiver {
             loop {
                 let r = if self.zero_copy {
                     // Consumed where it lies in the receive ring.
-                    stack.tcp_recv_with(h, |b| (b.len(), ())).map(|(n, ())| n)
+                    stack.tcp().recv_with(h, |b| (b.len(), ())).map(|(n, ())| n)
                 } else {
-                    stack.tcp_recv(h, &mut self.buf)
+                    stack.tcp().recv(h, &mut self.buf)
                 };
                 match r {
                     Ok(0) => break,
@@ -212,13 +212,13 @@ struct Sender {
 }
 
 impl App for Sender {
-    fn poll(&mut self, _: Instant, stack: &mut Stack) -> Control {
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
         let Some(dst) = self.dst else {
             return Control::Continue;
         };
         let want = (self.idle_conns - self.conns.len()).min(OPEN_PER_POLL);
         for _ in 0..want {
-            match stack.tcp_connect(SocketAddrV4::new(dst, IDLE_PORT)) {
+            match stack.tcp().connect(now, SocketAddrV4::new(dst, IDLE_PORT)) {
                 Ok(h) => self.conns.push(h),
                 Err(e) => {
                     self.error = Some(format!("connect: {e}"));
@@ -231,7 +231,7 @@ impl App for Sender {
         }
         let h = match self.flow {
             Some(h) => h,
-            None => match stack.tcp_connect(SocketAddrV4::new(dst, FLOW_PORT)) {
+            None => match stack.tcp().connect(now, SocketAddrV4::new(dst, FLOW_PORT)) {
                 Ok(h) => *self.flow.insert(h),
                 Err(e) => {
                     self.error = Some(format!("connect: {e}"));
@@ -244,10 +244,11 @@ impl App for Sender {
             let r = if self.zero_copy {
                 // The send ring's space is claimed in place.
                 stack
-                    .tcp_send_with(h, |b| (b.len().min(n), ()))
+                    .tcp()
+                    .send_with(h, |b| (b.len().min(n), ()))
                     .map(|(k, ())| k)
             } else {
-                stack.tcp_send(h, &self.buf[..n])
+                stack.tcp().send(h, &self.buf[..n])
             };
             match r {
                 Ok(0) => break,
@@ -418,15 +419,16 @@ pub fn goodput(
         bail!("the flow has no connection");
     };
     let (Some(si), Some(ri)) = (
-        net.nodes[1].stack.tcp_info(sh),
-        net.nodes[0].stack.tcp_info(rh),
+        net.nodes[1].stack.tcp_ref().info(sh),
+        net.nodes[0].stack.tcp_ref().info(rh),
     ) else {
         bail!("the flow's connection is gone");
     };
     // Sanity: every idle connection is still there and established.
     let established = net.nodes[0]
         .stack
-        .tcp_connections()
+        .tcp_ref()
+        .connections()
         .filter(|c| c.state == ustack::tcp::State::Established)
         .count();
     if established < want + 1 {
@@ -497,7 +499,8 @@ pub fn memory(conns: usize, buffer: usize) -> Result<Value> {
     let established = |i: usize| {
         net.nodes[i]
             .stack
-            .tcp_connections()
+            .tcp_ref()
+            .connections()
             .filter(|c| c.state == ustack::tcp::State::Established)
             .count()
     };

@@ -248,14 +248,15 @@ fn engine_snapshots_parse_with_a_live_connection() {
     let mut net = SimNet::new(LinkConfig::default());
     let a = net.add(host_config(1));
     let b = net.add(host_config(2));
-    net.nodes[b].stack.tcp_listen(5001, 4).unwrap();
+    net.nodes[b].stack.tcp().listen(5001, 4).unwrap();
     let dst = SocketAddrV4::new(net.nodes[b].stack.ip(), 5001);
-    let h = net.nodes[a].stack.tcp_connect(dst).unwrap();
+    let h = net.nodes[a].stack.tcp().connect(net.now, dst).unwrap();
     let deadline = net.now + Duration::from_secs(5);
     let up = net.run_until(deadline, &mut [], |n| {
         n.nodes[a]
             .stack
-            .tcp_status(h)
+            .tcp_ref()
+            .status(h)
             .is_ok_and(|s| s.state.synchronized())
     });
     assert!(up, "connection established");
@@ -384,18 +385,21 @@ fn rdma_pane_shows_the_engines_rc_queue_pairs() {
     let b = net.add(host_config(2));
     let qa = net.nodes[a]
         .stack
-        .rc_create_qp(&RcQpConfig::default())
+        .rc()
+        .create_qp(&RcQpConfig::default())
         .unwrap();
     let qb = net.nodes[b]
         .stack
-        .rc_create_qp(&RcQpConfig::default())
+        .rc()
+        .create_qp(&RcQpConfig::default())
         .unwrap();
-    let sa = net.nodes[a].stack.rc_qp_status(qa).unwrap();
-    let sb = net.nodes[b].stack.rc_qp_status(qb).unwrap();
+    let sa = net.nodes[a].stack.rc_ref().qp_status(qa).unwrap();
+    let sb = net.nodes[b].stack.rc_ref().qp_status(qb).unwrap();
     let (ia, ib) = (net.nodes[a].stack.ip(), net.nodes[b].stack.ip());
     net.nodes[a]
         .stack
-        .rc_connect(
+        .rc()
+        .connect(
             qa,
             RcDest {
                 ip: ib,
@@ -406,7 +410,8 @@ fn rdma_pane_shows_the_engines_rc_queue_pairs() {
         .unwrap();
     net.nodes[b]
         .stack
-        .rc_connect(
+        .rc()
+        .connect(
             qb,
             RcDest {
                 ip: ia,
@@ -415,11 +420,12 @@ fn rdma_pane_shows_the_engines_rc_queue_pairs() {
             },
         )
         .unwrap();
-    let mr = net.nodes[b].stack.rc_reg_mr(8192, Access::ALL).unwrap();
-    let info = net.nodes[b].stack.rc_mr_info(mr).unwrap();
+    let mr = net.nodes[b].stack.rc().reg_mr(8192, Access::ALL).unwrap();
+    let info = net.nodes[b].stack.rc_ref().mr_info(mr).unwrap();
     net.nodes[a]
         .stack
-        .rc_post_send(
+        .rc()
+        .post_send(
             qa,
             &RcSendWr {
                 wr_id: 1,
@@ -436,7 +442,7 @@ fn rdma_pane_shows_the_engines_rc_queue_pairs() {
     let deadline = net.now + Duration::from_secs(5);
     let mut wcs = Vec::new();
     assert!(net.run_until(deadline, &mut [], |n| {
-        n.nodes[a].stack.rc_poll_cq(qa, 8, &mut wcs).unwrap();
+        n.nodes[a].stack.rc().poll_cq(qa, 8, &mut wcs).unwrap();
         !wcs.is_empty()
     }));
     let p = Publisher::start("rc host A", None).unwrap();

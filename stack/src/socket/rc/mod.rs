@@ -4,7 +4,7 @@
 //! like TCP: the table takes parsed packets and `now`, and emits on
 //! [`Stack::poll`](crate::Stack::poll).
 //!
-//! The app API is the verbs shape (`Stack::rc_*`): register memory regions,
+//! The app API is the verbs shape ([`Rc`], from `stack.rc()`): register memory regions,
 //! create a QP (it starts in INIT with its QPN and first PSN chosen),
 //! connect it to the peer's (address, QPN, PSN) learnt out of band (the
 //! stock tools' TCP exchange, [`crate::wire::exchange`]), post receives and
@@ -26,6 +26,7 @@
 pub mod mr;
 pub mod qp;
 mod verbs;
+mod view;
 pub use crate::wire::rc as wire;
 
 use std::cmp::Reverse;
@@ -55,6 +56,7 @@ pub use verbs::{
     ATOMIC_LEN, Local, MAX_MSG, QpState, RcDest, RcError, RcOp, RcQpConfig, RcQpStatus, RcSendWr,
     Sge, Wc, WcOpcode, WcStatus,
 };
+pub use view::Rc;
 use wire::{RcHeaders, RcOpcode};
 
 /// The stack's RC QPs (hashed by QPN) and memory regions.
@@ -423,126 +425,5 @@ fn qp_status(q: &RcQp) -> RcQpStatus {
         reads_outstanding: q.reads_outstanding(),
         cq_depth: q.cq_len(),
         stats: q.stats,
-    }
-}
-
-/// The RC verbs on the stack.
-impl crate::Stack {
-    /// Register a memory region of `len` zeroed bytes the engine owns,
-    /// allowing `access`. Its address and keys are in [`rc_mr_info`](Self::rc_mr_info).
-    pub fn rc_reg_mr(&mut self, len: usize, access: Access) -> Result<MrHandle, RcError> {
-        if len > MAX_MSG {
-            return Err(RcError::TooLarge(len));
-        }
-        self.rc.mrs.register(len, access).ok_or(RcError::NoMemory)
-    }
-
-    /// A region's address range, keys and access.
-    pub fn rc_mr_info(&self, mr: MrHandle) -> Result<MrInfo, RcError> {
-        self.rc.mrs.info(mr).ok_or(RcError::InvalidHandle)
-    }
-
-    /// A region's bytes.
-    pub fn rc_mr(&self, mr: MrHandle) -> Result<&[u8], RcError> {
-        self.rc.mrs.data(mr).ok_or(RcError::InvalidHandle)
-    }
-
-    /// A region's bytes, writable (what a peer READs, what a SEND sends).
-    pub fn rc_mr_mut(&mut self, mr: MrHandle) -> Result<&mut [u8], RcError> {
-        self.rc.mrs.data_mut(mr).ok_or(RcError::InvalidHandle)
-    }
-
-    /// Deregister a region. Work still naming it fails with a protection
-    /// error; peers' accesses are refused.
-    pub fn rc_dereg_mr(&mut self, mr: MrHandle) -> Result<(), RcError> {
-        if self.rc.mrs.deregister(mr) {
-            Ok(())
-        } else {
-            Err(RcError::InvalidHandle)
-        }
-    }
-
-    /// Create an RC QP in INIT: its QPN and first PSN are chosen (see
-    /// [`rc_qp_status`](Self::rc_qp_status)) for the app to hand its peer.
-    pub fn rc_create_qp(&mut self, cfg: &RcQpConfig) -> Result<RcQpHandle, RcError> {
-        let ud = &self.ud;
-        self.rc
-            .create_qp(cfg, self.link.cfg.mtu, &|q| ud.has_qpn(q))
-    }
-
-    /// Connect a QP in INIT to its peer (verbs: to RTR and RTS at once).
-    pub fn rc_connect(&mut self, qp: RcQpHandle, dest: RcDest) -> Result<(), RcError> {
-        let q = self.rc.qp_mut(qp)?;
-        if q.state != QpState::Init {
-            return Err(RcError::BadState);
-        }
-        q.connect(RcDest {
-            qpn: dest.qpn & MAX_QPN,
-            psn: dest.psn & PSN_MASK,
-            ..dest
-        });
-        self.rc.schedule(qp);
-        Ok(())
-    }
-
-    /// Post a receive: a SEND (or WRITE with immediate) from the peer lands
-    /// in `sge`, which must lie in a region with local write access.
-    pub fn rc_post_recv(&mut self, qp: RcQpHandle, wr_id: u64, sge: Sge) -> Result<(), RcError> {
-        let RcTable { qps, mrs, .. } = &mut self.rc;
-        let (q, _) = qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
-        q.post_recv(wr_id, sge, mrs)
-    }
-
-    /// Post a send work request; it leaves on the next poll (once
-    /// connected), in order with the others.
-    pub fn rc_post_send(&mut self, qp: RcQpHandle, wr: &RcSendWr<'_>) -> Result<(), RcError> {
-        let RcTable { qps, mrs, .. } = &mut self.rc;
-        let (q, _) = qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
-        q.post_send(wr, mrs)?;
-        self.rc.schedule(qp);
-        Ok(())
-    }
-
-    /// Move up to `max` completions into `out`; returns how many. New
-    /// completions raise a READABLE event for the QP
-    /// ([`SocketRef::RcQp`]); moving to
-    /// the error state raises ERROR.
-    pub fn rc_poll_cq(
-        &mut self,
-        qp: RcQpHandle,
-        max: usize,
-        out: &mut Vec<Wc>,
-    ) -> Result<usize, RcError> {
-        let (q, s) = self.rc.qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
-        let n = q.poll_cq(max, out);
-        s.cq_told = q.cq_len();
-        Ok(n)
-    }
-
-    /// A QP's state, PSNs, queues and counters.
-    pub fn rc_qp_status(&self, qp: RcQpHandle) -> Result<RcQpStatus, RcError> {
-        Ok(qp_status(self.rc.qp(qp)?))
-    }
-
-    /// The status of up to `max` RC QPs (for telemetry).
-    pub fn rc_qps(&self, max: usize) -> Vec<RcQpStatus> {
-        self.rc.status(max)
-    }
-
-    /// Move a QP to the error state: outstanding work completes flushed.
-    pub fn rc_set_error(&mut self, qp: RcQpHandle) -> Result<(), RcError> {
-        self.rc.qp_mut(qp)?.set_error();
-        self.rc.schedule(qp);
-        Ok(())
-    }
-
-    /// Destroy a QP; outstanding work is discarded.
-    pub fn rc_destroy_qp(&mut self, qp: RcQpHandle) -> Result<(), RcError> {
-        let (q, _) = self.rc.qps.remove(qp).ok_or(RcError::InvalidHandle)?;
-        self.rc.by_qpn.remove(&q.qpn);
-        self.rc.ready.retain(|&h| h != qp);
-        self.rc.events.retain(|&h| h != qp);
-        add_stats(&mut self.rc.gone, &q.stats);
-        Ok(())
     }
 }

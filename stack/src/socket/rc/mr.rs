@@ -13,7 +13,7 @@ use slotmap::SlotMap;
 
 slotmap::new_key_type! {
     /// A registered memory region. Stale handles (after
-    /// [`dereg_mr`](crate::Stack::rc_dereg_mr)) are refused, never another region.
+    /// [`dereg_mr`](crate::socket::rc::Rc::dereg_mr)) are refused, never another region.
     pub struct MrHandle;
 }
 

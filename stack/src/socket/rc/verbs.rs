@@ -7,7 +7,6 @@ use core::net::Ipv4Addr;
 
 use serde::Serialize;
 
-use crate::error::Error;
 use crate::stats::RcQpStats;
 
 /// The largest RC message (2^31 bytes, the verbs limit).
@@ -258,59 +257,7 @@ pub struct Wc {
     pub qp_num: u32,
 }
 
-/// Errors of the RC API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RcError {
-    /// The handle names no QP or region.
-    #[error("no such queue pair or memory region")]
-    InvalidHandle,
-    /// The QP number asked for is taken (by an RC or a UD QP).
-    #[error("QP number {0} is in use")]
-    QpnInUse(u32),
-    /// The QP number asked for is not in 2..=0xffffff.
-    #[error("QP number {0} is out of range (2..=0xffffff)")]
-    BadQpn(u32),
-    /// The path MTU asked for is not 256, 512, 1024, 2048 or 4096, or
-    /// does not fit the link.
-    #[error("path MTU {0} is not an InfiniBand MTU that fits the link")]
-    BadMtu(usize),
-    /// The work queue holds its maximum.
-    #[error("work queue full")]
-    QueueFull,
-    /// The local bytes are not in a region with the access needed.
-    #[error("local protection error: the bytes are not in a region that allows this")]
-    LocalProtection,
-    /// A READ or an atomic needs a region to land in, not inline data.
-    #[error("an RDMA READ or atomic needs a memory region, not inline data")]
-    InlineRead,
-    /// An atomic's local bytes are not exactly 8, or its remote address is
-    /// not 8-byte aligned.
-    #[error("an atomic works on 8 bytes at an 8-byte aligned address")]
-    AtomicShape,
-    /// The message exceeds 2^31 bytes.
-    #[error("message of {0} bytes exceeds the RC limit of 2^31")]
-    TooLarge(usize),
-    /// The QP is in the error state.
-    #[error("queue pair is in the error state")]
-    QpError,
-    /// The QP is not in the state the call needs (connect twice).
-    #[error("queue pair is not in INIT")]
-    BadState,
-    /// No memory for the region.
-    #[error("cannot register a memory region")]
-    NoMemory,
-}
-
-impl From<RcError> for Error {
-    fn from(e: RcError) -> Self {
-        match e {
-            RcError::QueueFull => Error::QueueFull,
-            RcError::TooLarge(_) => Error::TooLarge,
-            RcError::QpnInUse(_) => Error::AddrInUse,
-            _ => Error::InvalidHandle,
-        }
-    }
-}
+pub use crate::error::RcError;
 
 /// What utop and telemetry show of one QP.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

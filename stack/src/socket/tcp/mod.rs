@@ -17,6 +17,7 @@ pub mod scoreboard;
 pub mod segment;
 pub mod seq;
 mod time_wait;
+mod view;
 
 use core::net::{Ipv4Addr, SocketAddrV4};
 use std::cmp::Reverse;
@@ -33,6 +34,7 @@ pub use config::{KeepAlive, TcpConfig};
 pub use conn::{ConnInfo, State, TcpConn};
 pub use segment::Segment;
 pub use seq::Seq;
+pub use view::Tcp;
 
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::time::Instant;

@@ -18,6 +18,8 @@
 //! 40, and a completion's `byte_len` counts the 40 bytes. Each QP has its
 //! own completion queue (sends and receives), bounded by its work requests.
 
+mod view;
+
 pub use crate::wire::exchange;
 pub use crate::wire::roce as wire;
 
@@ -191,70 +193,24 @@ impl Completion {
     }
 }
 
-/// Errors of the UD API.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UdError {
-    /// The handle names no QP (destroyed, or stale).
-    #[error("no such queue pair")]
-    InvalidQp,
-    /// The QP number asked for in [`QpConfig::qpn`] is taken.
-    #[error("QP number {0} is in use")]
-    QpnInUse(u32),
-    /// The QP number asked for is not in 2..=0xffffff (0 and 1 are the
-    /// InfiniBand SMI and GSI QPs).
-    #[error("QP number {0} is out of range (2..=0xffffff)")]
-    BadQpn(u32),
-    /// The send or receive queue holds its maximum of work requests (or no
-    /// QP number is free).
-    #[error("work queue full")]
-    QueueFull,
-    /// The message (first field, bytes) exceeds the transport's largest
-    /// UD message (second field, bytes).
-    #[error("message of {0} bytes exceeds the largest UD message ({1} bytes)")]
-    TooLarge(usize, usize),
-    /// The posted receive buffer (bytes) cannot even hold the GRH space.
-    #[error("receive buffer of {0} bytes is smaller than the 40-byte GRH space")]
-    BufferTooSmall(usize),
-    /// No RDMA device on the host (verbs transport).
-    #[error("no RDMA device")]
-    NoDevice,
-    /// The device cannot do what is asked (e.g. a port without an IPv4 GID).
-    #[error("{0}")]
-    Unsupported(&'static str),
-    /// A verbs call failed.
-    #[error("{op}: {msg}")]
-    Device {
-        /// The verbs operation that failed.
-        op: &'static str,
-        /// The OS error it reported.
-        msg: String,
-    },
-}
+pub use crate::error::UdError;
+pub use view::Ud;
 
-impl From<UdError> for Error {
-    fn from(e: UdError) -> Self {
-        match e {
-            UdError::QueueFull => Error::QueueFull,
-            UdError::TooLarge(..) => Error::TooLarge,
-            UdError::QpnInUse(_) => Error::AddrInUse,
-            _ => Error::InvalidHandle,
-        }
-    }
-}
-
-/// The UD verbs both transports implement.
+/// The UD verbs both transports implement: the stack's own RoCEv2
+/// ([`Ud`], from `stack.ud()`) and ibverbs. A failed verb is
+/// [`Error::Ud`] with its [`UdError`].
 pub trait UdTransport {
     /// Create a UD QP, ready to send and receive (verbs: INIT, RTR, RTS).
-    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, UdError>;
+    fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, Error>;
     /// The QP's number (what peers send to).
-    fn qp_num(&self, qp: QpHandle) -> Result<u32, UdError>;
+    fn qp_num(&self, qp: QpHandle) -> Result<u32, Error>;
     /// Largest message a single UD SEND carries on this transport.
     fn max_msg_size(&self) -> usize;
     /// Post a receive buffer; its length is what may be received (40 GRH
     /// bytes included). It comes back in the completion.
-    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), UdError>;
+    fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), Error>;
     /// Post a send; the data is copied, completion is always signaled.
-    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), UdError>;
+    fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), Error>;
     /// Move up to `max` completions of the QP into `out`; returns how many.
     /// `now` stamps completions of transports without their own timestamps.
     fn poll_cq(
@@ -263,9 +219,9 @@ pub trait UdTransport {
         now: Instant,
         max: usize,
         out: &mut Vec<Completion>,
-    ) -> Result<usize, UdError>;
+    ) -> Result<usize, Error>;
     /// Destroy a QP; outstanding work is discarded.
-    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), UdError>;
+    fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), Error>;
 }
 
 #[derive(Debug)]

@@ -1,6 +1,8 @@
 //! UDP: sockets with bounded queues both ways, the receive path (checksum,
 //! demux by port, port unreachable) and the transmit path.
 
+mod view;
+
 use core::net::SocketAddrV4;
 use std::collections::{HashMap, VecDeque};
 
@@ -15,6 +17,7 @@ use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
+pub use view::Udp;
 
 /// Largest UDP payload over IPv4.
 pub const MAX_UDP_PAYLOAD: usize = 65_507;
