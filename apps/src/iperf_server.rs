@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use ustack::node::{App, Control};
-use ustack::tcp::{ListenHandle, TcpHandle};
+use ustack::socket::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
 use ustack_kit::bulk::fill_pattern;
 

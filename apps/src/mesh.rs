@@ -39,9 +39,9 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
-use ustack::icmp::{PingEvent, PingHandle};
+use ustack::iface::icmp::{PingEvent, PingHandle};
 use ustack::node::{App, Control, RxWait};
-use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN};
+use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN};
 use ustack::{Instant, Stack};
 
 use icmp::Icmp;

@@ -2,11 +2,11 @@
 //! perftest) spoken over the stack's own TCP: fixed-size messages, each
 //! written in one piece (the tools read each with a single `read()` of
 //! exactly its length) and read as exactly that many bytes. The formats are
-//! in [`ustack::ud::exchange`].
+//! in [`ustack::wire::exchange`].
 
 use std::net::SocketAddrV4;
 
-use ustack::tcp::TcpHandle;
+use ustack::socket::tcp::TcpHandle;
 use ustack::{Instant, Stack};
 
 /// Why an exchange stopped.
@@ -82,7 +82,7 @@ impl MsgConn {
             return Err(OobError::Connection(format!("{e:?}")));
         }
         if !self.connected {
-            if st.writable == 0 && st.state == ustack::tcp::State::SynSent {
+            if st.writable == 0 && st.state == ustack::socket::tcp::State::SynSent {
                 return Ok(());
             }
             self.connected = true;

@@ -14,7 +14,7 @@
 //!
 //! A session is a state machine driven from the poll loop. Output follows
 //! perftest's layout (banner, addresses, table) so the two sides' reports
-//! read alike; the byte formats are in [`ustack::ud::exchange`], the
+//! read alike; the byte formats are in [`ustack::wire::exchange`], the
 //! message transport is [`crate::oob::MsgConn`].
 
 mod app;
@@ -27,7 +27,7 @@ pub use app::{Client, PerftestRole, Server, User, WAITING, server_addr};
 pub use exchange::{Exchange, Session, SessionReport, Timeouts, Transport};
 pub use format::*;
 pub use ud::*;
-pub use ustack::ud::exchange::PERFTEST_PORT;
+pub use ustack::wire::exchange::PERFTEST_PORT;
 
 /// Fewest iterations perftest accepts.
 pub const MIN_ITERS: u64 = 5;

@@ -1,6 +1,6 @@
 //! rdma-core's `ibv_ud_pingpong` as a partner, over the stack's RoCEv2 UD
 //! and its own TCP for the tool's address exchange
-//! ([`ustack::ud::exchange::PingpongDest`]).
+//! ([`ustack::wire::exchange::PingpongDest`]).
 //!
 //! - [`PingpongServer`] (in `ustack run`): listens on TCP 18515, takes a
 //!   stock client's address, answers with the UD responder's QPN and our
@@ -16,15 +16,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use ustack::device::Device;
 use ustack::node::{App, Control, Node};
-use ustack::tcp::ListenHandle;
-use ustack::ud::exchange::{
-    DONE, PINGPONG_MSG_LEN, PingpongDest, VERSION_LEN, gid_ipv4, ipv4_gid, parse_version,
-};
-use ustack::ud::{
+use ustack::phy::device::Device;
+use ustack::socket::tcp::ListenHandle;
+use ustack::socket::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, SendWr, UdAddr, UdTransport, WcOpcode,
     WcStatus,
+};
+use ustack::wire::exchange::{
+    DONE, PINGPONG_MSG_LEN, PingpongDest, VERSION_LEN, gid_ipv4, ipv4_gid, parse_version,
 };
 use ustack::{Instant, Stack};
 use ustack_kit::ud_ping::{UdPingSummary, UdResponder};

@@ -28,14 +28,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use ustack::device::Device;
 use ustack::node::{App, Control, Node};
-use ustack::rc::{
+use ustack::phy::device::Device;
+use ustack::socket::rc::{
     Access, Local, MrHandle, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr, Sge, Wc,
     WcStatus,
 };
-use ustack::tcp::ListenHandle;
-use ustack::ud::exchange::{DONE, PINGPONG_MSG_LEN, PingpongDest, gid_ipv4, ipv4_gid};
+use ustack::socket::tcp::ListenHandle;
+use ustack::wire::exchange::{DONE, PINGPONG_MSG_LEN, PingpongDest, gid_ipv4, ipv4_gid};
 use ustack::{Instant, Stack};
 use ustack_runtime::LoopConfig;
 
@@ -710,11 +710,11 @@ impl NodeRunner for RcPingpongUser {
         D::Buf: Send,
     {
         let o = self.0;
-        if o.size == 0 || o.size > ustack::rc::MAX_MSG {
+        if o.size == 0 || o.size > ustack::socket::rc::MAX_MSG {
             bail!(
                 "invalid -s value: '{}': an RC message holds 1 to {} bytes",
                 o.size,
-                ustack::rc::MAX_MSG
+                ustack::socket::rc::MAX_MSG
             );
         }
         match o.role {

@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use ustack::device::Device;
 use ustack::node::{App, Control, Node};
-use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
+use ustack::phy::device::Device;
+use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
 use ustack::{Instant, Stack};
 use ustack_kit::ud_ping::{
     BwResult, UdBandwidth, UdBandwidthConfig, UdPingSummary, UdPinger, UdPingerConfig, UdPong,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use ustack::node::{App, Control};
-use ustack::tcp::{State, TcpHandle};
+use ustack::socket::tcp::{State, TcpHandle};
 use ustack::{Instant, Stack};
 use ustack_kit::bulk::fill_pattern;
 

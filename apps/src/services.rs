@@ -2,8 +2,8 @@
 //! (beside iperf3 on 5201).
 
 use ustack::node::{App, Control};
-use ustack::tcp::{ListenHandle, TcpHandle};
-use ustack::udp::UdpHandle;
+use ustack::socket::tcp::{ListenHandle, TcpHandle};
+use ustack::socket::udp::UdpHandle;
 use ustack::{Instant, Stack};
 
 struct Conn {

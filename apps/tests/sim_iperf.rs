@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimNet, host_config};
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_client::{ClientConfig, IperfClient};
 use ustack_apps::iperf_server::IperfServer;
@@ -191,7 +191,7 @@ fn silent_host_times_out() {
 
 /// A server that accepts the control connection and closes it mid-setup.
 struct Rude {
-    l: Option<ustack::tcp::ListenHandle>,
+    l: Option<ustack::socket::tcp::ListenHandle>,
 }
 
 impl App for Rude {
@@ -268,7 +268,7 @@ fn busy_server_denies_a_second_client() {
 /// closes.
 struct RawClient {
     params: serde_json::Value,
-    h: Option<ustack::tcp::TcpHandle>,
+    h: Option<ustack::socket::tcp::TcpHandle>,
     stage: u8,
     got: Vec<u8>,
 }
@@ -287,7 +287,7 @@ impl App for RawClient {
         let Ok(st) = stack.tcp_ref().status(h) else {
             return Control::Exit;
         };
-        if self.stage == 0 && st.state == ustack::tcp::State::Established {
+        if self.stage == 0 && st.state == ustack::socket::tcp::State::Established {
             let mut cookie = [b'a'; 37];
             cookie[36] = 0;
             stack.tcp().send(h, &cookie).unwrap();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimNet, host_config};
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Instant, Stack};
 use ustack_apps::mesh::{
     ListSource, MeshConfig, MeshMetrics, MeshPinger, Probe, Reloader, Target, parse_pinglist,
@@ -300,7 +300,7 @@ fn every_probe_type_against_ustack_run_services() {
 /// Mesh mode over RDMA UD: four UD responders, 10,000 pings/s in all.
 #[test]
 fn ud_mesh_at_ten_thousand_per_second() {
-    use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN};
+    use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN};
 
     let mut net = SimNet::new(LinkConfig::default());
     for n in 1..=5 {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use regex::Regex;
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack::tcp::ListenHandle;
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::socket::tcp::ListenHandle;
 use ustack::{Instant, Stack};
 use ustack_apps::perftest::{
     BW_HEADER, LAT_HEADER, PERFTEST_PORT, PerftestClient, PerftestConfig, PerftestServer,
@@ -162,7 +162,7 @@ fn send_bw_moves_every_message_and_both_sides_agree() {
             .stack
             .tcp_ref()
             .connections()
-            .filter(|c| c.state != ustack::tcp::State::TimeWait)
+            .filter(|c| c.state != ustack::socket::tcp::State::TimeWait)
             .collect();
         assert!(open.is_empty(), "{open:?}");
     }

@@ -3,8 +3,8 @@
 use std::mem::ManuallyDrop;
 
 use ustack::Instant;
-use ustack::device::{Device, DeviceCaps, PortStats};
-use ustack::pool::{PacketBuf, Pool, PoolStats};
+use ustack::phy::device::{Device, DeviceCaps, PortStats};
+use ustack::phy::pool::{PacketBuf, Pool, PoolStats};
 
 use crate::port::{Port, PortConfig, PortQueue};
 use crate::{DpdkError, Eal, Mbuf, MbufPool};

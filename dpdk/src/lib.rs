@@ -1,5 +1,5 @@
 //! A safe wrapper over the system DPDK (crate `dpdk-sys`) and ustack's DPDK
-//! [`Device`](ustack::device::Device).
+//! [`Device`](ustack::phy::device::Device).
 //!
 //! - [`Eal`]: EAL initialised once per process from an argument string;
 //!   cleaned up when the last handle (held by pools and ports) drops.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dpdk_sys::{rte_mbuf, rte_mempool};
-use ustack::device::{RxChecksum, TxOffload};
-use ustack::pool::{PacketBuf, Pool, PoolStats};
+use ustack::phy::device::{RxChecksum, TxOffload};
+use ustack::phy::pool::{PacketBuf, Pool, PoolStats};
 
 use crate::{DpdkError, Eal, rte_errno, strerror};
 

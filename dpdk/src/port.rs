@@ -286,7 +286,7 @@ impl Port {
         // directions of a flow on one queue; see `ustack::rss`). Ports that
         // do not (memif pairs queues with its peer's, af_packet fans out by
         // the kernel's symmetric flow hash) keep their own distribution.
-        let mut rss_key = Box::new(ustack::rss::SYMMETRIC_KEY);
+        let mut rss_key = Box::new(ustack::shard::rss::SYMMETRIC_KEY);
         let rss_hf = dev.flow_type_rss_offloads
             & (RTE_ETH_RSS_IPV4
                 | RTE_ETH_RSS_FRAG_IPV4

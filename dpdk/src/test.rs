@@ -5,8 +5,8 @@
 
 use super::*;
 use ustack::Instant;
-use ustack::device::Device;
-use ustack::pool::{PacketBuf, Pool};
+use ustack::phy::device::Device;
+use ustack::phy::pool::{PacketBuf, Pool};
 
 const EAL_ARGS: &str = "--no-huge -m 128 --no-pci --no-shconf --vdev=net_null0 --vdev=net_ring0";
 

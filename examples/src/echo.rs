@@ -14,7 +14,7 @@ use std::collections::HashSet;
 
 use ustack::events::{Event, SocketRef};
 use ustack::node::{App, Control};
-use ustack::tcp::{ListenHandle, TcpHandle};
+use ustack::socket::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
 
 /// Echoes every TCP connection to `port` back to its sender.

@@ -45,13 +45,15 @@ use smoltcp::wire::{
     IPV4_HEADER_LEN, Icmpv4Packet, IpAddress, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket,
 };
 use ustack::node::Node;
-use ustack::rc::wire::{RcHeaders, RcOpcode, Syndrome};
-use ustack::rc::{
+use ustack::phy::sim::{LinkConfig, SimNet, host_config, host_mac};
+use ustack::socket::rc::{
     Access, Local, MrHandle, MrInfo, QpState, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus,
     RcSendWr, Sge, Wc, WcOpcode, WcStatus,
 };
-use ustack::sim::{LinkConfig, SimNet, host_config, host_mac};
-use ustack::ud::wire::{BTH_LEN, BthPacket, ICRC_LEN, PSN_MASK, ROCE_PORT, icrc_fill, icrc_verify};
+use ustack::wire::rc::{RcHeaders, RcOpcode, Syndrome};
+use ustack::wire::roce::{
+    BTH_LEN, BthPacket, ICRC_LEN, PSN_MASK, ROCE_PORT, icrc_fill, icrc_verify,
+};
 use ustack::{Device, PacketBuf, VecTx};
 use ustack_fuzz::{Reader, fix_checksums, receive_counted};
 

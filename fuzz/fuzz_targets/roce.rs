@@ -6,9 +6,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use smoltcp::wire::{EthernetProtocol, IpProtocol, UdpPacket};
-use ustack::rc::wire::{RcHeaders, RcOpcode};
-use ustack::ud::UdTransport;
-use ustack::ud::wire::{BthPacket, DethPacket, ROCE_PORT, UdSendRepr, icrc, icrc_verify};
+use ustack::socket::ud::UdTransport;
+use ustack::wire::rc::{RcHeaders, RcOpcode};
+use ustack::wire::roce::{BthPacket, DethPacket, ROCE_PORT, UdSendRepr, icrc, icrc_verify};
 use ustack::{Instant, VecTx};
 use ustack_fuzz::{
     IpFields, Reader, eth, finish, fix_checksums, ipv4, receive_counted, stack_and_qp, us_mac,

@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{IpAddress, Ipv4Packet, Ipv4Repr, TcpPacket, TcpRepr};
-use ustack::ud::wire::UdSendRepr;
+use ustack::wire::roce::UdSendRepr;
 use ustack_fuzz::{PEER, US};
 
 fuzz_target!(|data: &[u8]| {

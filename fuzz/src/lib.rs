@@ -10,10 +10,10 @@ use smoltcp::wire::{
     IPV4_HEADER_LEN, Icmpv4Packet, IpAddress, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber,
     UdpPacket,
 };
-use ustack::sim::{host_config, host_mac};
-use ustack::tcp::TcpConfig;
-use ustack::ud::wire::{ROCE_PORT, icrc_fill};
-use ustack::ud::{DEFAULT_QKEY, QpConfig, RESPONDER_QPN, UdTransport};
+use ustack::phy::sim::{host_config, host_mac};
+use ustack::socket::tcp::TcpConfig;
+use ustack::socket::ud::{DEFAULT_QKEY, QpConfig, RESPONDER_QPN, UdTransport};
+use ustack::wire::roce::{ROCE_PORT, icrc_fill};
 use ustack::{Instant, Stack, VecTx};
 
 /// The stack under test: 10.0.0.1, MAC 02:00:00:00:00:01.
@@ -103,7 +103,7 @@ pub fn stack() -> Stack {
 }
 
 /// [`stack`] and its responder QP's handle.
-pub fn stack_and_qp() -> (Stack, Option<ustack::ud::QpHandle>) {
+pub fn stack_and_qp() -> (Stack, Option<ustack::socket::ud::QpHandle>) {
     let mut s = host(1);
     let _ = s.udp().bind(UDP_PORT);
     let _ = s.tcp().listen(TCP_PORT, 4);
@@ -406,8 +406,8 @@ pub struct Pair {
     /// Every frame `b` ever sent to `a`: templates for mutation.
     pub templates: Vec<Vec<u8>>,
     /// Connections on `a`: (handle, local port, remote).
-    pub conns: Vec<(ustack::tcp::TcpHandle, u16, SocketAddrV4)>,
-    pub b_conns: Vec<ustack::tcp::TcpHandle>,
+    pub conns: Vec<(ustack::socket::tcp::TcpHandle, u16, SocketAddrV4)>,
+    pub b_conns: Vec<ustack::socket::tcp::TcpHandle>,
     /// Per local port of `a`: the next sequence number the peer would send
     /// and the last acknowledgment number it sent (from its real frames).
     pub peer_seq: std::collections::HashMap<u16, (u32, u32)>,

@@ -17,8 +17,8 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use ustack::events::Readiness;
-use ustack::tcp::{ListenHandle, TcpHandle};
-use ustack::udp::UdpHandle;
+use ustack::socket::tcp::{ListenHandle, TcpHandle};
+use ustack::socket::udp::UdpHandle;
 
 use crate::real::{Res, real};
 

@@ -2,7 +2,7 @@
 //! error), read from the stack: what `poll`, `select`, epoll and the
 //! blocking calls wait for.
 
-use ustack::tcp::State as TcpState;
+use ustack::socket::tcp::State as TcpState;
 
 use crate::fd::{Kind, Sock};
 use crate::state::net;

@@ -9,7 +9,7 @@
 
 use std::ffi::c_int;
 
-use ustack::tcp::State;
+use ustack::socket::tcp::State;
 
 use crate::fd::{Kind, Sock};
 use crate::real::Res;

@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 use libc::{EAGAIN, EINTR};
 use ustack::Error as StackError;
 use ustack::events::SocketRef;
-use ustack::tcp::{ConnError, State as TcpState};
-use ustack::udp::UdpReuse;
+use ustack::socket::tcp::{ConnError, State as TcpState};
+use ustack::socket::udp::UdpReuse;
 use ustack_runtime::Net;
 
 use std::collections::HashMap;
 use std::sync::Weak;
 
 use parking_lot::Mutex;
-use ustack::tcp::ListenHandle;
+use ustack::socket::tcp::ListenHandle;
 
 use crate::fd::{self, Kind, Sock};
 use crate::level::level;
@@ -491,7 +491,7 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
 }
 
 /// Where a pending connect stands: done, failed (its errno), or EAGAIN.
-fn finish_connect(net: &Net, sock: &Sock, handle: ustack::tcp::TcpHandle) -> Res<()> {
+fn finish_connect(net: &Net, sock: &Sock, handle: ustack::socket::tcp::TcpHandle) -> Res<()> {
     let st = net
         .peek_stack(|s| s.tcp_ref().status(handle))
         .map_err(gone)?
@@ -1072,15 +1072,15 @@ pub fn apply_tcp_opts(sock: &Sock) {
 
 /// `SO_KEEPALIVE` with the `TCP_KEEP*` timings (Linux's defaults where
 /// unset: 7200 s, 75 s, 9 probes).
-fn keepalive_of(o: &fd::Opts) -> Option<ustack::tcp::KeepAlive> {
-    let d = ustack::tcp::KeepAlive::default();
+fn keepalive_of(o: &fd::Opts) -> Option<ustack::socket::tcp::KeepAlive> {
+    let d = ustack::socket::tcp::KeepAlive::default();
     let secs = |v: c_int, or: Duration| {
         u64::try_from(v)
             .ok()
             .filter(|&s| s > 0)
             .map_or(or, Duration::from_secs)
     };
-    o.keepalive.then(|| ustack::tcp::KeepAlive {
+    o.keepalive.then(|| ustack::socket::tcp::KeepAlive {
         idle: secs(o.keep_idle, d.idle),
         interval: secs(o.keep_intvl, d.interval),
         count: u32::try_from(o.keep_cnt)
@@ -1091,7 +1091,7 @@ fn keepalive_of(o: &fd::Opts) -> Option<ustack::tcp::KeepAlive> {
 }
 
 /// The connection's state for TCP_INFO.
-pub fn tcp_info(sock: &Sock) -> Option<ustack::tcp::ConnInfo> {
+pub fn tcp_info(sock: &Sock) -> Option<ustack::socket::tcp::ConnInfo> {
     let net = net().ok()?;
     let Kind::Stream { handle, .. } = *sock.kind.lock() else {
         return None;

@@ -21,7 +21,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use ustack::Config;
-use ustack::sim::LinkConfig;
+use ustack::phy::sim::LinkConfig;
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
 
 use crate::net::{Builder, ConfigError, Error, NetConfig};

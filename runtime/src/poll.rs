@@ -16,10 +16,10 @@
 use std::time::Duration;
 
 use ustack::Stack;
-use ustack::device::Device;
 use ustack::events::Event;
 use ustack::node::{App, Node, Port, RxWait, Snapshot};
-use ustack::sim::SimNet;
+use ustack::phy::device::Device;
+use ustack::phy::sim::SimNet;
 use ustack::time::{Instant, earliest};
 
 use crate::clock::Clock;
@@ -674,9 +674,9 @@ mod test {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
         use rustix::event::EventfdFlags;
-        use ustack::device::{DeviceCaps, PortStats};
-        use ustack::pool::PoolStats;
-        use ustack::sim::{SimLink, SimPort};
+        use ustack::phy::device::{DeviceCaps, PortStats};
+        use ustack::phy::pool::PoolStats;
+        use ustack::phy::sim::{SimLink, SimPort};
         use ustack::wire::EthernetAddress;
 
         use super::*;

@@ -8,11 +8,11 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use std::time::Duration;
-//! use ustack::rc::{Access, Local, RcDest, RcOp, RcQpConfig, RcSendWr};
+//! use ustack::socket::rc::{Access, Local, RcDest, RcOp, RcQpConfig, RcSendWr};
 //! use ustack_runtime::Builder;
 //! use ustack_runtime::rdma::{MemoryRegion, RcQp};
 //!
-//! let link = ustack::sim::SimLink::new(Default::default());
+//! let link = ustack::phy::sim::SimLink::new(Default::default());
 //! let a = Builder::new().sim(&link).ip(Ipv4Addr::new(10, 0, 0, 1), 24).spawn()?;
 //! let b = Builder::new().sim(&link).ip(Ipv4Addr::new(10, 0, 0, 2), 24).spawn()?;
 //! let qa = RcQp::create(a.net(), &RcQpConfig::default())?;
@@ -31,7 +31,7 @@
 //!     solicited: false,
 //! })?;
 //! let wcs = qa.wait_completions(16, Some(Duration::from_secs(5)))?;
-//! assert_eq!(wcs[0].status, ustack::rc::WcStatus::Success);
+//! assert_eq!(wcs[0].status, ustack::socket::rc::WcStatus::Success);
 //! assert_eq!(&mr.read(0, 5)?, b"hello");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -42,7 +42,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ustack::events::SocketRef;
-use ustack::rc::{
+use ustack::socket::rc::{
     Access, MrHandle, MrInfo, RcDest, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr, Sge, Wc,
 };
 

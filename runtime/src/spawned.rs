@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
-use ustack::device::Device;
 use ustack::events::{Readiness, SocketRef};
 use ustack::node::{App, Node, Port};
+use ustack::phy::device::Device;
 use ustack::{Error as StackError, Stack};
 
 use crate::clock::Clock;

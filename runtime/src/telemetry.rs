@@ -617,7 +617,7 @@ fn add_json(acc: &mut serde_json::Value, v: &serde_json::Value) {
 mod test {
     use super::*;
     use std::io::{BufRead, BufReader};
-    use ustack::pool::PoolStats;
+    use ustack::phy::pool::PoolStats;
 
     fn snapshot(at_ns: u64) -> Snapshot {
         Snapshot {

@@ -74,7 +74,7 @@
 //! ```
 //! use std::net::SocketAddrV4;
 //! use ustack::events::{Readiness, SocketRef};
-//! use ustack::sim::host_config;
+//! use ustack::phy::sim::host_config;
 //! use ustack::{Instant, RxMeta, Stack, VecTx};
 //!
 //! // 10.0.0.1 and 10.0.0.2 on one /24, with seeded secrets.
@@ -145,11 +145,3 @@ pub use phy::device::{
 pub use phy::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
 pub use stack::{Config, Error, Stack};
 pub use time::Instant;
-
-// The paths from before the layers became folders, kept while the
-// workspace's callers move to the new ones.
-pub use iface::{arp, frag, icmp};
-pub use phy::{device, impair, offload, pool, sim};
-pub use shard::rss;
-pub use socket::{rc, tcp, ud, udp};
-pub use wire::checksum;

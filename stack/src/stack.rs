@@ -338,10 +338,10 @@ pub const fn secs(s: u64) -> Duration {
 #[cfg(test)]
 mod test {
     use super::*;
-    use core::net::SocketAddrV4;
     use crate::iface::icmp::PingEvent;
     use crate::iface::link::{IpHeader, write_eth};
     use crate::phy::device::VecTx;
+    use core::net::SocketAddrV4;
     use smoltcp::phy::ChecksumCapabilities;
     use smoltcp::wire::Ipv4Address;
     use smoltcp::wire::{

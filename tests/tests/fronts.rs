@@ -14,7 +14,7 @@ use futures::task::LocalSpawnExt;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use sha2::{Digest, Sha256};
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimLink};
+use ustack::phy::sim::{LinkConfig, SimLink};
 use ustack::{Instant, Stack};
 use ustack_kit::bulk::{BulkRecv, BulkSend, count_mismatches, fill_pattern};
 use ustack_runtime::{Builder, Runtime, aio, blocking};
@@ -322,7 +322,7 @@ fn a_caller_drives_the_loop_itself() {
 /// retry count spent (the ERROR event wakes the waiter).
 #[test]
 fn rc_queue_pairs_from_the_blocking_and_async_fronts() {
-    use ustack::rc::{
+    use ustack::socket::rc::{
         Access, Local, QpState, RcDest, RcOp, RcQpConfig, RcSendWr, WcOpcode, WcStatus,
     };
     use ustack_runtime::rdma::{MemoryRegion, RcQp};

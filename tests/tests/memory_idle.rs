@@ -6,8 +6,8 @@
 use std::net::SocketAddrV4;
 
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimNet};
-use ustack::tcp::{ListenHandle, State, TcpHandle};
+use ustack::phy::sim::{LinkConfig, SimNet};
+use ustack::socket::tcp::{ListenHandle, State, TcpHandle};
 use ustack::{Instant, Stack};
 
 mod common;
@@ -95,7 +95,7 @@ fn memory_per_idle_connection_is_measured() {
     let per_conn = after.saturating_sub(before) / (2 * CONNS);
     let cfg = &net.nodes[1].stack.config().tcp;
     let rings = cfg.send_buffer + cfg.recv_buffer;
-    let estimate = ustack::tcp::TcpConn::memory_estimate(cfg);
+    let estimate = ustack::socket::tcp::TcpConn::memory_estimate(cfg);
     eprintln!(
         "memory per idle connection: {per_conn} bytes measured \
          ({rings} bytes of rings, {estimate} estimated)"

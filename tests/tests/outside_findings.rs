@@ -7,9 +7,9 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use ustack::sim::{host_config, host_mac};
+use ustack::phy::sim::{host_config, host_mac};
+use ustack::socket::tcp::State;
 use ustack::stats::DropReason;
-use ustack::tcp::State;
 use ustack::wire::*;
 use ustack::{Config, Instant, Stack, VecTx};
 
@@ -533,7 +533,7 @@ fn listener_drops_fin_null_and_xmas_scans_unanswered() {
 
 /// A connection accepted on port 80 from the peer's 40000; returns the
 /// handle, our ISS and the time.
-fn accepted(s: &mut Stack) -> (ustack::tcp::TcpHandle, u32) {
+fn accepted(s: &mut Stack) -> (ustack::socket::tcp::TcpHandle, u32) {
     let l = s.tcp().listen(80, 8).unwrap();
     let out = feed(
         s,
@@ -768,7 +768,7 @@ fn syn_cookie_keeps_window_scale_sack_and_timestamps() {
     let synack = segments(&out)[0];
     assert_eq!(
         synack.window_scale,
-        Some(ustack::tcp::TcpConfig::default().rcv_wscale())
+        Some(ustack::socket::tcp::TcpConfig::default().rcv_wscale())
     );
     assert!(synack.sack_permitted);
     let tsval = synack.timestamp.expect("timestamps kept").tsval;
@@ -822,7 +822,7 @@ fn syn_cookie_keeps_window_scale_sack_and_timestamps() {
 }
 
 /// The IPv4 ID of the next UDP datagram from socket `u` to `dst`.
-fn next_udp_id(s: &mut Stack, u: ustack::udp::UdpHandle, dst: Ipv4Addr) -> u16 {
+fn next_udp_id(s: &mut Stack, u: ustack::socket::udp::UdpHandle, dst: Ipv4Addr) -> u16 {
     s.udp().send_to(u, SocketAddrV4::new(dst, 9), b"x").unwrap();
     let mut tx = VecTx::new();
     s.poll(T0, &mut tx);

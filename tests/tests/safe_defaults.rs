@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ustack::Error;
-use ustack::sim::{host_config, host_mac};
+use ustack::phy::sim::{host_config, host_mac};
 use ustack::wire::*;
 use ustack::{Config, Instant, Stack, VecTx};
 
@@ -192,7 +192,7 @@ fn stale_handles_are_refused_never_aliased() {
     assert_eq!(s.ping().recv(old), Err(Error::InvalidHandle));
     assert!(s.ping().send(new, PEER, 1, 8).is_ok());
     // UD queue pairs.
-    use ustack::ud::{QpConfig, UdError, UdTransport};
+    use ustack::socket::ud::{QpConfig, UdError, UdTransport};
     let old = s.ud().create_qp(&QpConfig::new(7)).unwrap();
     s.ud().destroy_qp(old).unwrap();
     let new = s.ud().create_qp(&QpConfig::new(7)).unwrap();

@@ -10,8 +10,8 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack::tcp::{ConnError, ListenHandle, TcpHandle};
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::socket::tcp::{ConnError, ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
 
 /// Connects, and resets the connection 10 ms after it is established (its

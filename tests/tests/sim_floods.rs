@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
+use ustack::phy::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
+use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
+use ustack::socket::udp::UdpHandle;
 use ustack::stats::DropReason;
-use ustack::ud::wire::{UdSendRepr, icrc_fill};
-use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
-use ustack::udp::UdpHandle;
+use ustack::wire::roce::{UdSendRepr, icrc_fill};
 use ustack::wire::*;
 use ustack::{Device, Instant, PacketBuf, SlabBuf, Stack};
 use ustack_kit::bulk::{BulkRecv, BulkSend};

@@ -9,14 +9,14 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use ustack::rc::wire::{NakCode, RcHeaders, RcOpcode, Syndrome};
-use ustack::rc::{
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::socket::rc::{
     Access, Local, MrHandle, QpState, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr,
     Sge, Wc, WcOpcode, WcStatus,
 };
-use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::stats::DropReason;
-use ustack::ud::wire::{BTH_LEN, BthPacket, ICRC_LEN, Opcode, ROCE_PORT, icrc_fill};
+use ustack::wire::rc::{NakCode, RcHeaders, RcOpcode, Syndrome};
+use ustack::wire::roce::{BTH_LEN, BthPacket, ICRC_LEN, Opcode, ROCE_PORT, icrc_fill};
 use ustack::{Instant, Stack, VecTx};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -844,20 +844,20 @@ fn atomics_need_8_aligned_bytes_and_remote_atomic_access() {
         p.a()
             .rc()
             .post_send(qa, &wr(1, op(iro.addr + 4), Local::Sge(local))),
-        Err(ustack::Error::Rc(ustack::rc::RcError::AtomicShape))
+        Err(ustack::Error::Rc(ustack::socket::rc::RcError::AtomicShape))
     );
     let long = sge(p.a(), ma, 0, 16);
     assert_eq!(
         p.a()
             .rc()
             .post_send(qa, &wr(1, op(iro.addr), Local::Sge(long))),
-        Err(ustack::Error::Rc(ustack::rc::RcError::AtomicShape))
+        Err(ustack::Error::Rc(ustack::socket::rc::RcError::AtomicShape))
     );
     assert_eq!(
         p.a()
             .rc()
             .post_send(qa, &wr(1, op(iro.addr), Local::Inline(&[0; 8]))),
-        Err(ustack::Error::Rc(ustack::rc::RcError::InlineRead))
+        Err(ustack::Error::Rc(ustack::socket::rc::RcError::InlineRead))
     );
     // A region without remote atomic access: refused, nothing changed.
     p.a()

@@ -6,8 +6,8 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack::tcp::cc::Algorithm;
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::socket::tcp::cc::Algorithm;
 use ustack::{Config, Device, Instant, Stack};
 use ustack_kit::bulk::{BulkRecv, BulkSend};
 
@@ -305,8 +305,8 @@ fn out_of_order_memory_cap_holds_and_transfer_survives() {
 /// rings' wrap.
 struct ZeroCopy {
     to: Option<SocketAddrV4>,
-    listener: Option<ustack::tcp::ListenHandle>,
-    h: Option<ustack::tcp::TcpHandle>,
+    listener: Option<ustack::socket::tcp::ListenHandle>,
+    h: Option<ustack::socket::tcp::TcpHandle>,
     total: u64,
     moved: u64,
     mismatches: u64,

@@ -11,8 +11,8 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack::tcp::{ListenHandle, TcpHandle};
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::socket::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
 
 const RESPONSE: &[u8] = b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello";

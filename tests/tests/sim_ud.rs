@@ -6,13 +6,13 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ustack::VecTx;
-use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack::stats::DropReason;
-use ustack::ud::wire::{BTH_LEN, DETH_LEN, icrc_fill};
-use ustack::ud::{
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::socket::ud::{
     Completion, DEFAULT_QKEY, GRH_LEN, QpConfig, QpHandle, RESPONDER_QPN, SendWr, TsSource, UdAddr,
     UdTransport, WcOpcode, WcStatus,
 };
+use ustack::stats::DropReason;
+use ustack::wire::roce::{BTH_LEN, DETH_LEN, icrc_fill};
 use ustack::{Instant, Stack};
 use ustack_kit::ud_ping::{UdBandwidth, UdBandwidthConfig, UdPinger, UdPingerConfig, UdResponder};
 
@@ -476,7 +476,7 @@ fn port_receive_stamps_date_ud_receives_and_echo_replies() {
             n.dev_mut().set_rx_timestamps(stamped);
         }
         assert_eq!(
-            ustack::device::Device::caps(net.nodes[0].dev()).rx_timestamps,
+            ustack::phy::device::Device::caps(net.nodes[0].dev()).rx_timestamps,
             stamped
         );
         let qa = qp(&mut net.nodes[0].stack, None, QKEY);
@@ -535,7 +535,8 @@ fn port_receive_stamps_date_ud_receives_and_echo_replies() {
         net.nodes[0].step(t1, &mut ());
         net.nodes[1].step(t1 + Duration::from_millis(1), &mut ());
         net.nodes[0].step(t1 + Duration::from_millis(4), &mut ());
-        let Some(ustack::icmp::PingEvent::Reply(r)) = net.nodes[0].stack.ping().recv(h).unwrap()
+        let Some(ustack::iface::icmp::PingEvent::Reply(r)) =
+            net.nodes[0].stack.ping().recv(h).unwrap()
         else {
             panic!("no echo reply");
         };

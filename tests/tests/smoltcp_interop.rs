@@ -9,10 +9,10 @@ use smoltcp::phy::{Device as SmolDevice, DeviceCapabilities, Medium, RxToken, Tx
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
-use ustack::device::Device;
 use ustack::node::App;
-use ustack::pool::PacketBuf;
-use ustack::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
+use ustack::phy::device::Device;
+use ustack::phy::pool::PacketBuf;
+use ustack::phy::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
 use ustack::{Instant, SlabBuf};
 use ustack_kit::bulk::{BulkRecv, BulkSend, fill_pattern, pattern_byte};
 

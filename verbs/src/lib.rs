@@ -1,4 +1,4 @@
-//! ustack's RDMA UD API ([`ustack::ud::UdTransport`]) on a real RNIC through
+//! ustack's RDMA UD API ([`ustack::socket::ud::UdTransport`]) on a real RNIC through
 //! ibverbs (`rdma-sys`). The same apps (`UdPinger`, `UdResponder`,
 //! `UdBandwidth`) drive it through their `poll_transport`.
 //!
@@ -25,11 +25,11 @@ use std::ptr;
 use rdma_sys::*;
 use ustack::Error;
 use ustack::Instant;
-use ustack::ud::exchange::{gid_ipv4, ipv4_gid};
-use ustack::ud::{
+use ustack::socket::ud::{
     Completion, GRH_LEN, QpConfig, QpHandle, SendWr, TsSource, UdAddr, UdError, UdTransport,
     WcOpcode, WcStatus,
 };
+use ustack::wire::exchange::{gid_ipv4, ipv4_gid};
 
 /// Which device and port to open.
 #[derive(Debug, Clone, Default)]

@@ -1,6 +1,6 @@
 //! Without an RNIC, opening the verbs transport says so clearly.
 
-use ustack::ud::UdError;
+use ustack::socket::ud::UdError;
 use ustack_verbs::{VerbsConfig, VerbsUd};
 
 fn has_rdma_device() -> bool {

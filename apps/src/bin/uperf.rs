@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use ustack::device::Device;
 use ustack::node::{App, Control, Node};
+use ustack::phy::device::Device;
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_client::{ClientConfig, IperfClient};
 use ustack_apps::iperf_server::IperfServer;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use ustack::device::Device;
-use ustack::icmp::MAX_PING_DATA;
+use ustack::iface::icmp::MAX_PING_DATA;
 use ustack::node::{App, Control, Node};
+use ustack::phy::device::Device;
 use ustack::{Instant, Stack};
 use ustack_apps::net::{NetArgs, NodeRunner, with_node};
 use ustack_kit::ping::{PingSummary, Pinger, PingerConfig, PingerEvent};
@@ -76,7 +76,7 @@ struct Cli {
     #[arg(long, requires = "rdma", conflicts_with_all = ["verbs", "pinglist"])]
     pingpong: bool,
     /// With --pingpong: the server's exchange port (with --listen, ours).
-    #[arg(long, visible_alias = "pingpong-port", value_name = "PORT", default_value_t = ustack::ud::exchange::PINGPONG_PORT, requires = "pingpong")]
+    #[arg(long, visible_alias = "pingpong-port", value_name = "PORT", default_value_t = ustack::wire::exchange::PINGPONG_PORT, requires = "pingpong")]
     port: u16,
     /// With --rdma=rc --pingpong: be the server, wait for one stock
     /// `ibv_rc_pingpong HOST` client, run its -n iterations and exit.

@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ustack_kit::bulk::{BulkRecv, BulkSend};
 use ustack_kit::ping::{Pinger, PingerConfig};
 
-use ustack::device::Device;
 use ustack::node::{App, Control, Node};
+use ustack::phy::device::Device;
+use ustack::phy::sim::{LinkConfig, SimNet, host_config};
 use ustack::shard::{Steer, SteerRule};
-use ustack::sim::{LinkConfig, SimNet, host_config};
-use ustack::udp::UdpHandle;
+use ustack::socket::udp::UdpHandle;
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_server::IperfServer;
 use ustack_apps::net::{NetArgs, NodeRunner, with_node};
@@ -550,7 +550,7 @@ impl NodeRunner for Daemon<'_> {
             iperf: IperfServer::new(5201, false),
             ud: ustack_kit::ud_ping::UdResponder::default(),
             pingpong: Some(ustack_apps::pingpong::PingpongServer::new(
-                ustack::ud::exchange::PINGPONG_PORT,
+                ustack::wire::exchange::PINGPONG_PORT,
             )),
             held: tui.then(Vec::new),
         };
@@ -724,7 +724,7 @@ impl NodeRunner for Sender<'_> {
                     stack
                         .tcp_ref()
                         .status(h)
-                        .is_ok_and(|s| s.state != ustack::tcp::State::SynSent)
+                        .is_ok_and(|s| s.state != ustack::socket::tcp::State::SynSent)
                 });
             let why = match (resolved, connected) {
                 (false, _) => format!(
@@ -914,9 +914,9 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
         bulk: (args.tcp_mib > 0)
             .then(|| BulkSend::new(SocketAddrV4::new(b_ip, 5001), args.tcp_mib << 20)),
         ud: {
-            let dst = ustack::ud::UdAddr {
+            let dst = ustack::socket::ud::UdAddr {
                 ip: b_ip,
-                qpn: ustack::ud::RESPONDER_QPN,
+                qpn: ustack::socket::ud::RESPONDER_QPN,
             };
             let mut c = ustack_kit::ud_ping::UdPingerConfig::new(dst);
             c.interval = interval;
@@ -1041,7 +1041,7 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
         fmt_loss(u.loss_percent()),
         p(0.5),
         p(0.99),
-        ustack::ud::RESPONDER_QPN
+        ustack::socket::ud::RESPONDER_QPN
     );
     if let Some(b) = host_a_tail.bulk.as_ref() {
         match (b.done(), host_b.bulk.completed.first()) {

@@ -1,7 +1,7 @@
 //! The mesh's `icmp` probe: one ping socket, one run of sequence numbers
 //! for all targets (an ICMP error names only the sequence).
 
-use ustack::icmp::{PingEvent, PingHandle};
+use ustack::iface::icmp::{PingEvent, PingHandle};
 use ustack::node::RxWait;
 use ustack::{Instant, Stack};
 

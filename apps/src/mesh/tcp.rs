@@ -9,7 +9,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::RxWait;
-use ustack::tcp::{State, TcpHandle};
+use ustack::socket::tcp::{State, TcpHandle};
 use ustack::{Instant, Stack};
 
 use super::probe::{InFlight, MSG_LEN, Prober, SendCtx, Series, read_msg, write_msg};

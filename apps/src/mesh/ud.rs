@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ustack::node::RxWait;
-use ustack::ud::{
+use ustack::socket::ud::{
     Completion, GRH_LEN, QpConfig, QpHandle, SendWr, UdAddr, UdTransport, WcOpcode, WcStatus,
 };
 use ustack::{Instant, Stack};
@@ -69,7 +69,7 @@ impl Ud {
                 let ok = |id| series.is(id, |s| s.target.addr == from.ip);
                 let id = self.inflight.take(seq, ok);
                 series.settle(id, Probe::Ud, from.ip, || {
-                    let at = if c.ts_source == ustack::ud::TsSource::Poll {
+                    let at = if c.ts_source == ustack::socket::ud::TsSource::Poll {
                         c.timestamp
                     } else {
                         now

@@ -4,7 +4,7 @@
 use std::net::SocketAddrV4;
 
 use ustack::node::RxWait;
-use ustack::udp::UdpHandle;
+use ustack::socket::udp::UdpHandle;
 use ustack::{Instant, Stack};
 
 use super::probe::{InFlight, MSG_LEN, Prober, SendCtx, Series, read_msg, write_msg};

@@ -6,10 +6,10 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::ExitCode;
 
 use anyhow::Result;
-use ustack::device::Device;
 use ustack::node::{App, Control, Node};
-use ustack::tcp::ListenHandle;
-use ustack::ud::exchange::PERFTEST_PORT;
+use ustack::phy::device::Device;
+use ustack::socket::tcp::ListenHandle;
+use ustack::wire::exchange::PERFTEST_PORT;
 use ustack::{Instant, Stack};
 use ustack_runtime::LoopConfig;
 

@@ -18,8 +18,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use anyhow::Result;
-use ustack::tcp::State;
-use ustack::ud::exchange::{
+use ustack::socket::tcp::State;
+use ustack::wire::exchange::{
     DONE, KEY_MSG_LEN, KeyMsg, VERSION_LEN, gid_ipv4, mtu_bytes, mtu_enum, mtu_msg, parse_mtu_msg,
     parse_version, version_msg,
 };

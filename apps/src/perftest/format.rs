@@ -4,7 +4,7 @@
 //! prints `n/a`.
 
 use ustack::Instant;
-use ustack::ud::exchange::KeyMsg;
+use ustack::wire::exchange::KeyMsg;
 
 use super::BW_CQ_MOD;
 
@@ -370,7 +370,7 @@ pub fn banner_with(b: &BannerInfo<'_>) -> String {
 mod test {
     use super::*;
     use std::net::Ipv4Addr;
-    use ustack::ud::exchange::ipv4_gid;
+    use ustack::wire::exchange::ipv4_gid;
 
     #[test]
     fn alt_hex_like_c() {

@@ -46,11 +46,11 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use anyhow::Result;
-use ustack::rc::{
+use ustack::socket::rc::{
     Access, Local, MrHandle, MrInfo, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr,
     Sge, Wc, WcOpcode, WcStatus,
 };
-use ustack::ud::exchange::{KeyMsg, ipv4_gid};
+use ustack::wire::exchange::{KeyMsg, ipv4_gid};
 use ustack::{Instant, Stack};
 
 use super::app::{Client, PerftestRole, Server, User};
@@ -1305,7 +1305,7 @@ mod test {
     mod sim {
         use super::*;
         use ustack::node::App;
-        use ustack::sim::{LinkConfig, SimNet, host_config};
+        use ustack::phy::sim::{LinkConfig, SimNet, host_config};
 
         const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
@@ -1320,10 +1320,11 @@ mod test {
             });
             net.add(host_config(1));
             net.add(host_config(2));
-            let mut server = RcServer::new(cfg.clone(), ustack::ud::exchange::PERFTEST_PORT, true);
+            let mut server =
+                RcServer::new(cfg.clone(), ustack::wire::exchange::PERFTEST_PORT, true);
             let mut client = RcClient::new(
                 cfg.clone(),
-                SocketAddrV4::new(SERVER, ustack::ud::exchange::PERFTEST_PORT),
+                SocketAddrV4::new(SERVER, ustack::wire::exchange::PERFTEST_PORT),
             );
             let deadline = net.now + Duration::from_secs(120);
             while net.now < deadline && (!client.done() || server.reports.is_empty()) {

@@ -18,10 +18,10 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use ustack::ud::exchange::{KeyMsg, ipv4_gid};
-use ustack::ud::{
+use ustack::socket::ud::{
     Completion, GRH_LEN, QpConfig, QpHandle, SendWr, UdAddr, UdTransport, WcOpcode, WcStatus,
 };
+use ustack::wire::exchange::{KeyMsg, ipv4_gid};
 use ustack::{Instant, Stack};
 
 use super::app::{Client, Server, User};
@@ -100,7 +100,7 @@ impl PerftestConfig {
             iters: 1000,
             size: None,
             all_sizes: false,
-            qkey: ustack::ud::DEFAULT_QKEY,
+            qkey: ustack::socket::ud::DEFAULT_QKEY,
             timeout: Duration::from_secs(5),
             exchange_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
@@ -675,7 +675,7 @@ impl Ud {
                 self.report.sent += 1;
                 Ok(true)
             }
-            Err(ustack::Error::Ud(ustack::ud::UdError::QueueFull)) => Ok(false),
+            Err(ustack::Error::Ud(ustack::socket::ud::UdError::QueueFull)) => Ok(false),
             Err(e) => Err(format!("posting a send: {e}")),
         }
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::Parser;
 use ustack::node::{App, Control};
-use ustack::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
+use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
 use ustack::{Instant, Stack};
 use ustack_examples::{NetArgs, exit, init_logging, stop_on_signal};
 use ustack_kit::ud_ping::{UdPinger, UdPingerConfig};

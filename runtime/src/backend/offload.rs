@@ -22,7 +22,7 @@
 //!   programs under `ustack exec`, and one that reaps every child on
 //!   SIGCHLD (ncat) took the child's status from us (or we its).
 
-pub use ustack::offload::{
+pub use ustack::phy::offload::{
     complete_checksum, is_partial_checksum, l4_checksum_ok, split_aggregate,
 };
 
@@ -136,7 +136,7 @@ mod test {
         EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, IpAddress, IpProtocol,
         Ipv4Address, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
     };
-    use ustack::checksum;
+    use ustack::wire::checksum;
 
     const A: Ipv4Address = Ipv4Address::new(10, 0, 0, 1);
     const B: Ipv4Address = Ipv4Address::new(10, 0, 0, 2);

@@ -15,8 +15,8 @@ use ::pcap::{Active, Capture, Direction, Linktype, Packet, PacketHeader, Savefil
 use rustix::event::{PollFd, PollFlags, Timespec};
 use smoltcp::wire::EthernetAddress;
 
-use ustack::device::{Device, DeviceCaps, PortStats};
-use ustack::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
+use ustack::phy::device::{Device, DeviceCaps, PortStats};
+use ustack::phy::pool::{PacketBuf, Pool, PoolStats, SlabBuf, SlabPool};
 use ustack::time::Instant;
 
 use super::offload::{self, OffloadGuard, OffloadOutcome};

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ustack::Stack;
-use ustack::device::Device;
-use ustack::impair::Impaired;
 use ustack::node::{App, Node, Port};
-use ustack::sim::LinkConfig;
+use ustack::phy::device::Device;
+use ustack::phy::impair::Impaired;
+use ustack::phy::sim::LinkConfig;
 
 use super::{Backend, Error, NetConfig, run_primary};
 use crate::clock::Clock;
@@ -201,7 +201,7 @@ pub(super) fn open<U: NodeRunner>(cfg: &NetConfig, user: U) -> Result<U::Output,
         Backend::Pcap(iface) => open_pcap(cfg, iface, user),
         Backend::Dpdk { eal_args, .. } => open_dpdk(cfg, eal_args, user),
         Backend::Sim(link) => {
-            let port = link.attach(cfg.stack.mac, ustack::sim::SIM_POOL_BUFS);
+            let port = link.attach(cfg.stack.mac, ustack::phy::sim::SIM_POOL_BUFS);
             with_wrappers(cfg, port, user)
         }
     }

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ustack::Stack;
-use ustack::device::Device;
 use ustack::node::{App, Node, Snapshot};
+use ustack::phy::device::Device;
 use ustack::shard::{Shard, ShardId, Steer, SteerRule};
 
 use super::open::start_metrics;
@@ -53,7 +53,7 @@ fn open_dpdk_queues(cfg: &NetConfig, queues: usize) -> Result<Vec<ustack_dpdk::D
 
 /// Without DPDK there are no queues to shard over.
 #[cfg(not(feature = "dpdk"))]
-fn open_dpdk_queues(_: &NetConfig, _: usize) -> Result<Vec<ustack::sim::SimPort>, Error> {
+fn open_dpdk_queues(_: &NetConfig, _: usize) -> Result<Vec<ustack::phy::sim::SimPort>, Error> {
     Err(Error::Unsupported(
         "this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)",
     ))
@@ -191,7 +191,7 @@ pub fn run_primary<U: NodeRunner>(cfg: &NetConfig, user: U) -> Result<U::Output,
             to: 0,
         },
         SteerRule {
-            what: Steer::UdpPort(ustack::ud::wire::ROCE_PORT),
+            what: Steer::UdpPort(ustack::wire::roce::ROCE_PORT),
             to: 0,
         },
     ];

@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
-use ustack::device::{Device, DeviceCaps, Offloads, RxChecksum};
+use ustack::phy::device::{Device, DeviceCaps, Offloads, RxChecksum};
 
 use crate::Offload;
 use ustack::node::{App, Control, Node};
-use ustack::sim::host_config;
-use ustack::tcp::{ListenHandle, TcpHandle};
+use ustack::phy::sim::host_config;
+use ustack::socket::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, PoolStats, PortStats, SlabBuf, SlabPool, Stack};
 use ustack_runtime::clock::Clock;
 
@@ -429,7 +429,7 @@ pub fn goodput(
         .stack
         .tcp_ref()
         .connections()
-        .filter(|c| c.state == ustack::tcp::State::Established)
+        .filter(|c| c.state == ustack::socket::tcp::State::Established)
         .count();
     if established < want + 1 {
         bail!(
@@ -501,7 +501,7 @@ pub fn memory(conns: usize, buffer: usize) -> Result<Value> {
             .stack
             .tcp_ref()
             .connections()
-            .filter(|c| c.state == ustack::tcp::State::Established)
+            .filter(|c| c.state == ustack::socket::tcp::State::Established)
             .count()
     };
     let (e0, e1) = (established(0), established(1));
@@ -509,7 +509,7 @@ pub fn memory(conns: usize, buffer: usize) -> Result<Value> {
         bail!("established: server {e0}, client {e1}, want {}", conns + 1);
     }
     let grown = after.saturating_sub(before);
-    let est = ustack::tcp::TcpConn::memory_estimate(&net.nodes[0].stack.config().tcp);
+    let est = ustack::socket::tcp::TcpConn::memory_estimate(&net.nodes[0].stack.config().tcp);
     Ok(json!({
         "measure": "memory",
         "stack": "ustack",

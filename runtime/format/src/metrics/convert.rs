@@ -634,7 +634,7 @@ pub fn up(value: bool) -> Family {
 mod test {
     use super::*;
     use ustack::node::Snapshot;
-    use ustack::pool::PoolStats;
+    use ustack::phy::pool::PoolStats;
 
     fn snapshot() -> Snapshot {
         let mut s = Snapshot {

@@ -27,7 +27,7 @@ pub mod mr;
 pub mod qp;
 mod verbs;
 mod view;
-pub use crate::wire::rc as wire;
+use crate::wire::rc as wire;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};

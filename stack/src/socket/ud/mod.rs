@@ -20,8 +20,7 @@
 
 mod view;
 
-pub use crate::wire::exchange;
-pub use crate::wire::roce as wire;
+use crate::wire::roce as wire;
 
 use core::net::Ipv4Addr;
 use std::collections::{HashMap, VecDeque};
