@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use ustack::node::{App, Control, Node};
 use ustack::phy::device::Device;
-use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
+use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr, UdTransport};
 use ustack::{Instant, Stack};
 use ustack_kit::ud_ping::{
     BwResult, UdBandwidth, UdBandwidthConfig, UdPingSummary, UdPinger, UdPingerConfig, UdPong,
@@ -113,9 +113,9 @@ pub fn ping_summary(dst: UdAddr, s: &UdPingSummary, elapsed: Duration) -> String
 /// Which clock measured the RTTs: the NIC's completion timestamps (verbs on
 /// a device that stamps completions) or the poll loop's.
 pub fn rtt_clock_line(s: &UdPingSummary) -> &'static str {
-    if s.nic_stamped == 0 {
+    if s.extra.nic_stamped == 0 {
         "rtt clock = poll loop (post to receive completion)\n"
-    } else if s.nic_stamped == s.received {
+    } else if s.extra.nic_stamped == s.received {
         "rtt clock = nic (send to receive completion timestamps)\n"
     } else {
         "rtt clock = nic where both completions were stamped, else poll loop\n"
@@ -138,7 +138,7 @@ fn ping_json(
         "errors": s.errors,
         "loss_percent": s.loss_percent(),
         "time_ms": elapsed.as_millis() as u64,
-        "rtt_clock": if s.nic_stamped > 0 { "nic" } else { "poll" },
+        "rtt_clock": if s.extra.nic_stamped > 0 { "nic" } else { "poll" },
         "rtt_ms": (s.rtt.count > 0).then(|| serde_json::json!({
             "min": ms(s.rtt.min), "avg": ms(s.rtt.avg()), "max": ms(s.rtt.max),
             "mdev": ms(s.rtt.mdev()),
@@ -284,7 +284,7 @@ pub fn verbs_ping(o: &PingOpts) -> Result<ExitCode> {
     let clock = Clock::new();
     while !stop.load(Ordering::Relaxed) {
         let now = clock.now();
-        let done = p.poll_transport(now, &mut dev) == Control::Exit;
+        let done = p.poll_transport(now, &mut dev as &mut dyn UdTransport) == Control::Exit;
         for e in p.drain_events() {
             if !o.quiet {
                 crate::outln!("{}", pong_line(&e));

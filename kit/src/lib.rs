@@ -7,9 +7,14 @@
 //! demo`, `uping`, `ustack run`'s UD responder), the examples and the tests
 //! share:
 //!
-//! - [`ping`]: an ICMP echo pinger with iputils-style statistics;
-//! - [`ud_ping`]: the same over RoCEv2 UD SENDs, and the responder that
-//!   answers them;
+//! - [`ping_engine`]: the one pinger engine (schedule, outstanding
+//!   requests, iputils' linger, duplicates, statistics in [`ping_stats`]),
+//!   with the probe transport ([`probe`]) plugged in;
+//! - [`ping`]: the ICMP echo pinger with iputils-style statistics (the
+//!   engine with ICMP echo as its probe);
+//! - [`ud_ping`]: the same engine over RoCEv2 UD SENDs, with completion
+//!   timestamps; [`ud_responder`] answers them, [`ud_bandwidth`] sweeps
+//!   message sizes;
 //! - [`bulk`]: a TCP transfer of a known pattern, verified by CRC at the
 //!   receiver.
 //! # Example: the sim harness
@@ -65,4 +70,10 @@
 
 pub mod bulk;
 pub mod ping;
+pub mod ping_engine;
+pub mod ping_stats;
+pub mod probe;
+pub mod ud_bandwidth;
 pub mod ud_ping;
+pub mod ud_responder;
+mod ud_wire;
