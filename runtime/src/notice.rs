@@ -31,7 +31,7 @@ pub(crate) fn tell_conflict(stack: &ustack::Stack, told: &mut bool) {
     if *told {
         return;
     }
-    if let Some(mac) = stack.address_conflict() {
+    if let Some(mac) = stack.addr_ref().conflict() {
         *told = true;
         notice(&format!(
             "{} is also used by {mac} on this link (address conflict, RFC 5227): \

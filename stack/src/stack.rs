@@ -16,6 +16,7 @@ use smoltcp::wire::{EthernetAddress, Icmpv4DstUnreachable, IpProtocol};
 use tracing::trace;
 
 use crate::events::Event;
+use crate::iface::addr::Addr;
 use crate::iface::frag::Reassembler;
 use crate::iface::icmp::{IcmpOutcome, PingTable};
 use crate::iface::input::{self, Ipv4In};
@@ -78,23 +79,14 @@ impl Stack {
         self.link.cfg.mac
     }
 
-    /// Send an ARP probe for our address on the next poll (RFC 5227
-    /// 2.1.1): a host that holds the address answers it, and
-    /// [`address_conflict`](Self::address_conflict) then names it.
-    pub fn probe_address(&mut self) {
-        self.link.probe_address();
+    /// Our address on the link: ARP neighbours, duplicate-address probing.
+    pub fn addr(&mut self) -> Addr<&mut Stack> {
+        Addr::new(self)
     }
 
-    /// Probing is over (no conflict): the gratuitous ARP that announces the
-    /// address, held back while probing, leaves on the next poll.
-    pub fn end_probing(&mut self) {
-        self.link.end_probing();
-    }
-
-    /// The MAC address of another host seen using our IP address (it
-    /// answered a probe, or sent ARP from our address), if any.
-    pub fn address_conflict(&self) -> Option<EthernetAddress> {
-        self.link.conflict()
+    /// Our address on the link, read-only: neighbours, a conflict seen.
+    pub fn addr_ref(&self) -> Addr<&Stack> {
+        Addr::new(self)
     }
 
     /// A copy of every counter, gauges filled in.
@@ -110,11 +102,6 @@ impl Stack {
         s.ud.qps = self.ud.count() as u64;
         s.rc = self.rc.stats();
         s
-    }
-
-    /// ARP entries that are fresh at `now`.
-    pub fn arp_entries(&self, now: Instant) -> Vec<(Ipv4Addr, EthernetAddress)> {
-        self.link.arp().entries(now)
     }
 
     /// Readiness events since the last call, appended to `out`: one per
@@ -477,7 +464,7 @@ mod test {
                 target_protocol_addr: PEER_IP,
             }
         );
-        assert_eq!(s.arp_entries(T0), vec![(PEER_IP, PEER_MAC)]);
+        assert_eq!(s.addr_ref().neighbours(T0), vec![(PEER_IP, PEER_MAC)]);
         assert_eq!(s.stats().arp.tx_replies, 1);
     }
 
@@ -488,7 +475,7 @@ mod test {
         let (out, drop) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, other));
         assert!(out.is_empty());
         assert_eq!(drop, Some(DropReason::ArpNotForUs));
-        assert!(s.arp_entries(T0).is_empty());
+        assert!(s.addr_ref().neighbours(T0).is_empty());
         // Someone claiming our address is never learned.
         let (_, drop) = feed(&mut s, &arp(ArpOperation::Reply, OUR_IP, OUR_IP));
         assert_eq!(drop, Some(DropReason::ArpConflict));
@@ -499,7 +486,7 @@ mod test {
         // The newcomer, configured with the address `holder` already uses.
         let mut newcomer = Stack::new(Config::new(PEER_MAC, Ipv4Cidr::new(OUR_IP, 24)));
         let mut holder = stack();
-        newcomer.probe_address();
+        newcomer.addr().probe();
         assert_eq!(newcomer.poll_at(), Some(Instant::ZERO));
         let mut tx = VecTx::new();
         newcomer.poll(T0, &mut tx);
@@ -514,13 +501,13 @@ mod test {
         let (answer, _) = feed(&mut holder, &probe);
         assert_eq!(answer.len(), 1, "the holder answers the probe");
         // The holder did not learn the prober's 0.0.0.0.
-        assert!(holder.arp_entries(T0).is_empty());
-        assert_eq!(newcomer.address_conflict(), None);
+        assert!(holder.addr_ref().neighbours(T0).is_empty());
+        assert_eq!(newcomer.addr_ref().conflict(), None);
         let (_, drop) = feed(&mut newcomer, &answer[0]);
         assert_eq!(drop, Some(DropReason::ArpConflict));
-        assert_eq!(newcomer.address_conflict(), Some(OUR_MAC));
+        assert_eq!(newcomer.addr_ref().conflict(), Some(OUR_MAC));
         // Probing over: the announcement leaves.
-        newcomer.end_probing();
+        newcomer.addr().end_probing();
         newcomer.poll(T0, &mut tx);
         assert_eq!(tx.frames.len(), 1);
     }
@@ -528,12 +515,12 @@ mod test {
     #[test]
     fn a_probing_stack_does_not_answer_for_its_address() {
         let mut s = stack();
-        s.probe_address();
+        s.addr().probe();
         let mut tx = VecTx::new();
         s.poll(T0, &mut tx);
         let (answer, _) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
         assert!(answer.is_empty(), "answered while probing (RFC 5227 2.1.1)");
-        s.end_probing();
+        s.addr().end_probing();
         let (answer, _) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
         assert_eq!(answer.len(), 1, "answers once probing is over");
     }
@@ -543,7 +530,7 @@ mod test {
         let mut s = stack();
         let (_, drop) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, PEER_IP));
         assert_eq!(drop, Some(DropReason::ArpNotForUs));
-        assert!(s.arp_entries(T0).is_empty());
+        assert!(s.addr_ref().neighbours(T0).is_empty());
         feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
         let (_, drop) = feed(&mut s, &arp(ArpOperation::Request, PEER_IP, PEER_IP));
         assert_eq!(drop, None);

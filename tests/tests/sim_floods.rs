@@ -727,7 +727,7 @@ fn arp_flood_keeps_table_and_pending_queue_bounded() {
     // Spoofed replies for the live peer: refused, never learned.
     assert_eq!(s.drops.get(DropReason::ArpSpoofRefused), 18);
     assert!(
-        !(net.nodes[1].stack.arp_entries(net.now).iter())
+        !(net.nodes[1].stack.addr_ref().neighbours(net.now).iter())
             .any(|&(ip, mac)| ip == A && mac != host_mac(1)),
         "the live peer's entry was spoofed"
     );

@@ -43,16 +43,16 @@ fn stacks_resolve_each_other_by_arp() {
     let mut net = two_hosts(LinkConfig::default());
     let mut p = pinger(1);
     let ok = net.run_until(Instant::from_secs(5), &mut [&mut p], |n| {
-        !n.nodes[0].stack.arp_entries(n.now).is_empty()
-            && !n.nodes[1].stack.arp_entries(n.now).is_empty()
+        !n.nodes[0].stack.addr_ref().neighbours(n.now).is_empty()
+            && !n.nodes[1].stack.addr_ref().neighbours(n.now).is_empty()
     });
     assert!(ok);
     assert_eq!(
-        net.nodes[0].stack.arp_entries(net.now),
+        net.nodes[0].stack.addr_ref().neighbours(net.now),
         vec![(B, host_mac(2))]
     );
     assert_eq!(
-        net.nodes[1].stack.arp_entries(net.now),
+        net.nodes[1].stack.addr_ref().neighbours(net.now),
         vec![(A, host_mac(1))]
     );
     drain_and_check_pools(&mut net);

@@ -264,7 +264,13 @@ impl Front {
         } else {
             cfg.gateway
         };
-        if hop.is_some_and(|h| stack.arp_entries(now).iter().any(|(ip, _)| *ip == h)) {
+        if hop.is_some_and(|h| {
+            stack
+                .addr_ref()
+                .neighbours(now)
+                .iter()
+                .any(|(ip, _)| *ip == h)
+        }) {
             return; // another address failed, or it resolved since
         }
         let sent = self.pinger.summary().transmitted;

@@ -717,8 +717,13 @@ impl NodeRunner for Sender<'_> {
             } else {
                 cfg.gateway
             };
-            let resolved =
-                hop.is_some_and(|h| stack.arp_entries(now).iter().any(|(ip, _)| *ip == h));
+            let resolved = hop.is_some_and(|h| {
+                stack
+                    .addr_ref()
+                    .neighbours(now)
+                    .iter()
+                    .any(|(ip, _)| *ip == h)
+            });
             let connected = app.transfer.started.is_some()
                 && app.handle().is_some_and(|h| {
                     stack

@@ -30,12 +30,12 @@ fn probe<D: Device>(stack: &mut Stack, dev: D) -> Result<D, Error> {
     let start = clock.now();
     let mut port = Port::new(dev, None);
     for k in 1..=PROBES {
-        stack.probe_address();
+        stack.addr().probe();
         let until = start + PROBE_INTERVAL * k;
         loop {
             let now = clock.now();
             port.step(stack, now, &mut ());
-            if let Some(mac) = stack.address_conflict() {
+            if let Some(mac) = stack.addr_ref().conflict() {
                 return Err(Error::AddressInUse {
                     ip: stack.ip(),
                     mac,
@@ -50,7 +50,7 @@ fn probe<D: Device>(stack: &mut Stack, dev: D) -> Result<D, Error> {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
-    stack.end_probing();
+    stack.addr().end_probing();
     Ok(port.into_device())
 }
 

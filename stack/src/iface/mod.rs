@@ -1,8 +1,11 @@
 //! The interface: everything below the transports. Ethernet demux and the
 //! IPv4 transmit path (the crate-private `link`), the [`arp`] cache, IPv4 reassembly
 //! ([`frag`]) and ICMP ([`icmp`]: echo answered, errors sent and received,
-//! ping sockets). Transports reach the wire only through the link.
+//! ping sockets); [`addr`] is the view of our address the stack lends
+//! (`stack.addr()`: ARP neighbours, RFC 5227 probing). Transports reach
+//! the wire only through the link.
 
+pub mod addr;
 pub mod arp;
 pub mod frag;
 pub mod icmp;
