@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use ustack::node::{App, Control, Node};
 use ustack::phy::device::Device;
-use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr, UdTransport};
+use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
 use ustack::{Instant, Stack};
 use ustack_kit::ud_ping::{
     BwResult, UdBandwidth, UdBandwidthConfig, UdPingSummary, UdPinger, UdPingerConfig, UdPong,
@@ -284,7 +284,8 @@ pub fn verbs_ping(o: &PingOpts) -> Result<ExitCode> {
     let clock = Clock::new();
     while !stop.load(Ordering::Relaxed) {
         let now = clock.now();
-        let done = p.poll_transport(now, &mut dev as &mut dyn UdTransport) == Control::Exit;
+        let done = p.poll_transport(now, &mut dev as &mut dyn ustack::socket::ud::UdTransport)
+            == Control::Exit;
         for e in p.drain_events() {
             if !o.quiet {
                 crate::outln!("{}", pong_line(&e));

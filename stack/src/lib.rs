@@ -55,7 +55,7 @@
 //! the next `poll`. [`node::Node`] is one poll-loop iteration gluing a
 //! `Stack` to a [`Device`] (`rx burst -> protocols -> app -> timers -> tx
 //! burst`); the runtime loops it against the wall clock, and
-//! [`sim::SimNet`] steps several nodes against a virtual clock that jumps
+//! [`phy::sim::SimNet`] steps several nodes against a virtual clock that jumps
 //! to the next deadline, so a test of a 60 s timer takes microseconds and
 //! replays exactly for a given seed.
 //!
@@ -63,7 +63,7 @@
 //! - the engine never reads the clock: time comes in as [`Instant`];
 //! - a `Stack` holds no global state: one stack per core / NIC queue;
 //! - bad input gets a counter ([`stats::DropReason`]) and a drop, never a panic;
-//! - every buffer taken from a [`pool::Pool`] is returned on drop.
+//! - every buffer taken from a [`phy::pool::Pool`] is returned on drop.
 //!
 //! # Example: two stacks and no device
 //!
@@ -117,7 +117,7 @@
 //!
 //! # The sim harness
 //!
-//! [`sim::SimNet`] joins stacks by a [`sim::SimLink`] with seeded delay,
+//! [`phy::sim::SimNet`] joins stacks by a [`phy::sim::SimLink`] with seeded delay,
 //! loss, reordering and corruption, runs in-loop apps on them, and jumps
 //! its virtual clock from one deadline to the next. The `ustack-kit` crate
 //! holds the in-loop apps (pingers, a verified bulk transfer) and shows

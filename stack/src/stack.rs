@@ -16,17 +16,17 @@ use smoltcp::wire::{EthernetAddress, Icmpv4DstUnreachable, IpProtocol};
 use tracing::trace;
 
 use crate::events::Event;
-use crate::iface::addr::Addr;
+use crate::iface::addr::{Addr, AddrRef};
 use crate::iface::frag::Reassembler;
 use crate::iface::icmp::{IcmpOutcome, PingTable};
 use crate::iface::input::{self, Ipv4In};
 use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::{Received, RxMeta, Tx};
 use crate::socket::ping::Ping;
-use crate::socket::rc::{Rc, RcTable};
-use crate::socket::tcp::{Tcp, TcpTable};
+use crate::socket::rc::{Rc, RcRef, RcTable};
+use crate::socket::tcp::{Tcp, TcpRef, TcpTable};
 use crate::socket::ud::{Ud, UdTable};
-use crate::socket::udp::{Udp, UdpTable};
+use crate::socket::udp::{Udp, UdpRef, UdpTable};
 use crate::stats::{DropReason, Stats};
 use crate::time::{Instant, earliest};
 
@@ -80,13 +80,13 @@ impl Stack {
     }
 
     /// Our address on the link: ARP neighbours, duplicate-address probing.
-    pub fn addr(&mut self) -> Addr<&mut Stack> {
-        Addr::new(self)
+    pub fn addr(&mut self) -> Addr<'_> {
+        Addr::new(&mut self.link)
     }
 
     /// Our address on the link, read-only: neighbours, a conflict seen.
-    pub fn addr_ref(&self) -> Addr<&Stack> {
-        Addr::new(self)
+    pub fn addr_ref(&self) -> AddrRef<'_> {
+        AddrRef::new(&self.link)
     }
 
     /// A copy of every counter, gauges filled in.
@@ -271,33 +271,34 @@ impl Stack {
     // ------------------------------------------------------------ sockets
 
     /// The TCP sockets: listen, accept, connect, send, receive, close.
-    pub fn tcp(&mut self) -> Tcp<&mut Stack> {
-        Tcp::new(self)
+    pub fn tcp(&mut self) -> Tcp<'_> {
+        let (ip, shard) = (self.ip(), self.link.cfg.shard);
+        Tcp::new(&mut self.tcp, ip, shard)
     }
 
     /// The TCP sockets, read-only: status, peek, telemetry.
-    pub fn tcp_ref(&self) -> Tcp<&Stack> {
-        Tcp::new(self)
+    pub fn tcp_ref(&self) -> TcpRef<'_> {
+        TcpRef::new(&self.tcp)
     }
 
     /// The UDP sockets: bind, connect, send and receive datagrams.
-    pub fn udp(&mut self) -> Udp<&mut Stack> {
-        Udp::new(self)
+    pub fn udp(&mut self) -> Udp<'_> {
+        Udp::new(&mut self.udp, self.link.cfg.udp_tx_queue_bytes)
     }
 
     /// The UDP sockets, read-only: pending datagrams, queued bytes, peek.
-    pub fn udp_ref(&self) -> Udp<&Stack> {
-        Udp::new(self)
+    pub fn udp_ref(&self) -> UdpRef<'_> {
+        UdpRef::new(&self.udp, self.link.cfg.udp_tx_queue_bytes)
     }
 
     /// The ICMP echo (ping) sockets.
     pub fn ping(&mut self) -> Ping<'_> {
-        Ping::new(self)
+        Ping::new(&mut self.pings)
     }
 
     /// The RoCEv2 UD queue pairs: a [`UdTransport`](crate::socket::ud::UdTransport).
     pub fn ud(&mut self) -> Ud<'_> {
-        Ud::new(self)
+        Ud::new(&mut self.ud, &self.rc, self.link.cfg.mtu)
     }
 
     /// Largest UD message on this stack's link: one packet within the IP
@@ -307,13 +308,13 @@ impl Stack {
     }
 
     /// The RC queue pairs and memory regions.
-    pub fn rc(&mut self) -> Rc<&mut Stack> {
-        Rc::new(self)
+    pub fn rc(&mut self) -> Rc<'_> {
+        Rc::new(&mut self.rc, &self.ud, self.link.cfg.mtu)
     }
 
     /// The RC queue pairs and memory regions, read-only.
-    pub fn rc_ref(&self) -> Rc<&Stack> {
-        Rc::new(self)
+    pub fn rc_ref(&self) -> RcRef<'_> {
+        RcRef::new(&self.rc)
     }
 }
 

@@ -1,27 +1,27 @@
-//! [`Ping`]: ICMP echo sockets, a view of a [`Stack`]'s ping table (the
+//! [`Ping`]: ICMP echo sockets, a view of a stack's ping table (the
 //! echo machinery itself lives with ICMP in [`crate::iface::icmp`]).
 //! `stack.ping()` lends it.
 
 use core::net::Ipv4Addr;
 
 use crate::error::Error;
+use crate::iface::icmp::PingTable;
 pub use crate::iface::icmp::{PingEvent, PingHandle, PingReply};
-use crate::stack::Stack;
 
 /// The ping sockets of a stack.
 #[derive(Debug)]
 pub struct Ping<'a> {
-    stack: &'a mut Stack,
+    table: &'a mut PingTable,
 }
 
 impl<'a> Ping<'a> {
-    pub(crate) fn new(stack: &'a mut Stack) -> Self {
-        Ping { stack }
+    pub(crate) fn new(table: &'a mut PingTable) -> Self {
+        Ping { table }
     }
 
     /// Open a ping socket with echo identifier `ident`.
     pub fn open(&mut self, ident: u16) -> Result<PingHandle, Error> {
-        self.stack.pings.open(ident)
+        self.table.open(ident)
     }
 
     /// Queue an echo request with `size` bytes of data; it leaves on the next poll.
@@ -32,16 +32,16 @@ impl<'a> Ping<'a> {
         seq: u16,
         size: usize,
     ) -> Result<(), Error> {
-        self.stack.pings.send(h, dst, seq, size)
+        self.table.send(h, dst, seq, size)
     }
 
     /// Next reply or error for this socket.
     pub fn recv(&mut self, h: PingHandle) -> Result<Option<PingEvent>, Error> {
-        self.stack.pings.recv(h)
+        self.table.recv(h)
     }
 
     /// Close a ping socket; queued requests and events are discarded.
     pub fn close(&mut self, h: PingHandle) -> Result<(), Error> {
-        self.stack.pings.close(h)
+        self.table.close(h)
     }
 }

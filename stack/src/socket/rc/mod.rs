@@ -56,7 +56,7 @@ pub use verbs::{
     ATOMIC_LEN, Local, MAX_MSG, QpState, RcDest, RcError, RcOp, RcQpConfig, RcQpStatus, RcSendWr,
     Sge, Wc, WcOpcode, WcStatus,
 };
-pub use view::Rc;
+pub use view::{Rc, RcRef};
 use wire::{RcHeaders, RcOpcode};
 
 /// The stack's RC QPs (hashed by QPN) and memory regions.

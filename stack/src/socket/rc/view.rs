@@ -1,88 +1,49 @@
-//! [`Rc`]: the RC verbs on a [`Stack`]: memory regions, queue pairs,
+//! [`Rc`]: the RC verbs on a stack: memory regions, queue pairs,
 //! work requests and completions. `stack.rc()` lends it mutably,
 //! `stack.rc_ref()` read-only.
-
-use core::borrow::{Borrow, BorrowMut};
 
 use super::{
     Access, MAX_MSG, MrHandle, MrInfo, QpState, RcDest, RcError, RcQpConfig, RcQpHandle,
     RcQpStatus, RcSendWr, RcTable, Sge, Wc, add_stats, qp_status,
 };
 use crate::error::Error;
-use crate::stack::Stack;
+use crate::socket::ud::UdTable;
 use crate::wire::roce::{MAX_QPN, PSN_MASK};
 
-/// The RC queue pairs and memory regions of a stack (`S` is `&Stack` or
-/// `&mut Stack`). A failed verb is [`Error::Rc`].
+/// The RC queue pairs and memory regions of a stack, lent mutably by
+/// `stack.rc()`, with its UD QPs (they share the QP number space) and
+/// the link's MTU. A failed verb is [`Error::Rc`].
 #[derive(Debug)]
-pub struct Rc<S> {
-    stack: S,
+pub struct Rc<'a> {
+    table: &'a mut RcTable,
+    ud: &'a UdTable,
+    mtu: usize,
 }
 
-impl<S> Rc<S> {
-    pub(crate) fn new(stack: S) -> Self {
-        Rc { stack }
-    }
+/// The same, read-only: what `rc_ref()` lends.
+#[derive(Debug)]
+pub struct RcRef<'a> {
+    table: &'a RcTable,
 }
 
-impl<S: Borrow<Stack>> Rc<S> {
-    fn table(&self) -> &RcTable {
-        &self.stack.borrow().rc
-    }
-
-    /// A region's address range, keys and access.
-    pub fn mr_info(&self, mr: MrHandle) -> Result<MrInfo, Error> {
-        Ok(self.table().mrs.info(mr).ok_or(RcError::InvalidHandle)?)
-    }
-
-    /// A QP's state, PSNs, queues and counters.
-    pub fn qp_status(&self, qp: RcQpHandle) -> Result<RcQpStatus, Error> {
-        Ok(qp_status(self.table().qp(qp)?))
-    }
-
-    /// The status of up to `max` RC QPs (for telemetry).
-    pub fn qps(&self, max: usize) -> Vec<RcQpStatus> {
-        self.table().status(max)
-    }
-}
-
-impl<'a> Rc<&'a Stack> {
-    /// A region's bytes.
-    pub fn mr(self, mr: MrHandle) -> Result<&'a [u8], Error> {
-        Ok(self.stack.rc.mrs.data(mr).ok_or(RcError::InvalidHandle)?)
-    }
-}
-
-impl<'a> Rc<&'a mut Stack> {
-    /// A region's bytes.
-    pub fn mr(self, mr: MrHandle) -> Result<&'a [u8], Error> {
-        Ok(self.stack.rc.mrs.data(mr).ok_or(RcError::InvalidHandle)?)
+impl<'a> Rc<'a> {
+    pub(crate) fn new(table: &'a mut RcTable, ud: &'a UdTable, mtu: usize) -> Self {
+        Rc { table, ud, mtu }
     }
 
     /// A region's bytes, writable (what a peer READs, what a SEND sends).
     pub fn mr_mut(self, mr: MrHandle) -> Result<&'a mut [u8], Error> {
-        Ok(self
-            .stack
-            .rc
-            .mrs
-            .data_mut(mr)
-            .ok_or(RcError::InvalidHandle)?)
-    }
-}
-
-impl<S: BorrowMut<Stack>> Rc<S> {
-    fn table_mut(&mut self) -> &mut RcTable {
-        &mut self.stack.borrow_mut().rc
+        Ok(self.table.mrs.data_mut(mr).ok_or(RcError::InvalidHandle)?)
     }
 
     /// Register a memory region of `len` zeroed bytes the engine owns,
-    /// allowing `access`. Its address and keys are in [`mr_info`](Rc::mr_info).
+    /// allowing `access`. Its address and keys are in [`RcRef::mr_info`].
     pub fn reg_mr(&mut self, len: usize, access: Access) -> Result<MrHandle, Error> {
         if len > MAX_MSG {
             return Err(RcError::TooLarge(len).into());
         }
         Ok(self
-            .table_mut()
+            .table
             .mrs
             .register(len, access)
             .ok_or(RcError::NoMemory)?)
@@ -91,7 +52,7 @@ impl<S: BorrowMut<Stack>> Rc<S> {
     /// Deregister a region. Work still naming it fails with a protection
     /// error; peers' accesses are refused.
     pub fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), Error> {
-        if self.table_mut().mrs.deregister(mr) {
+        if self.table.mrs.deregister(mr) {
             Ok(())
         } else {
             Err(RcError::InvalidHandle.into())
@@ -99,17 +60,15 @@ impl<S: BorrowMut<Stack>> Rc<S> {
     }
 
     /// Create an RC QP in INIT: its QPN and first PSN are chosen (see
-    /// [`qp_status`](Rc::qp_status)) for the app to hand its peer.
+    /// [`RcRef::qp_status`]) for the app to hand its peer.
     pub fn create_qp(&mut self, cfg: &RcQpConfig) -> Result<RcQpHandle, Error> {
-        let stack = self.stack.borrow_mut();
-        let mtu = stack.config().mtu;
-        let Stack { ud, rc, .. } = stack;
-        Ok(rc.create_qp(cfg, mtu, &|q| ud.has_qpn(q))?)
+        let (ud, mtu) = (self.ud, self.mtu);
+        Ok(self.table.create_qp(cfg, mtu, &|q| ud.has_qpn(q))?)
     }
 
     /// Connect a QP in INIT to its peer (verbs: to RTR and RTS at once).
     pub fn connect(&mut self, qp: RcQpHandle, dest: RcDest) -> Result<(), Error> {
-        let table = self.table_mut();
+        let table = &mut *self.table;
         let q = table.qp_mut(qp)?;
         if q.state != QpState::Init {
             return Err(RcError::BadState.into());
@@ -126,7 +85,7 @@ impl<S: BorrowMut<Stack>> Rc<S> {
     /// Post a receive: a SEND (or WRITE with immediate) from the peer lands
     /// in `sge`, which must lie in a region with local write access.
     pub fn post_recv(&mut self, qp: RcQpHandle, wr_id: u64, sge: Sge) -> Result<(), Error> {
-        let RcTable { qps, mrs, .. } = self.table_mut();
+        let RcTable { qps, mrs, .. } = self.table;
         let (q, _) = qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
         Ok(q.post_recv(wr_id, sge, mrs)?)
     }
@@ -134,7 +93,7 @@ impl<S: BorrowMut<Stack>> Rc<S> {
     /// Post a send work request; it leaves on the next poll (once
     /// connected), in order with the others.
     pub fn post_send(&mut self, qp: RcQpHandle, wr: &RcSendWr<'_>) -> Result<(), Error> {
-        let table = self.table_mut();
+        let table = &mut *self.table;
         let RcTable { qps, mrs, .. } = &mut *table;
         let (q, _) = qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
         q.post_send(wr, mrs)?;
@@ -152,11 +111,7 @@ impl<S: BorrowMut<Stack>> Rc<S> {
         max: usize,
         out: &mut Vec<Wc>,
     ) -> Result<usize, Error> {
-        let (q, s) = self
-            .table_mut()
-            .qps
-            .get_mut(qp)
-            .ok_or(RcError::InvalidHandle)?;
+        let (q, s) = self.table.qps.get_mut(qp).ok_or(RcError::InvalidHandle)?;
         let n = q.poll_cq(max, out);
         s.cq_told = q.cq_len();
         Ok(n)
@@ -164,7 +119,7 @@ impl<S: BorrowMut<Stack>> Rc<S> {
 
     /// Move a QP to the error state: outstanding work completes flushed.
     pub fn set_error(&mut self, qp: RcQpHandle) -> Result<(), Error> {
-        let table = self.table_mut();
+        let table = &mut *self.table;
         table.qp_mut(qp)?.set_error();
         table.schedule(qp);
         Ok(())
@@ -172,12 +127,37 @@ impl<S: BorrowMut<Stack>> Rc<S> {
 
     /// Destroy a QP; outstanding work is discarded.
     pub fn destroy_qp(&mut self, qp: RcQpHandle) -> Result<(), Error> {
-        let table = self.table_mut();
+        let table = &mut *self.table;
         let (q, _) = table.qps.remove(qp).ok_or(RcError::InvalidHandle)?;
         table.by_qpn.remove(&q.qpn);
         table.ready.retain(|&h| h != qp);
         table.events.retain(|&h| h != qp);
         add_stats(&mut table.gone, &q.stats);
         Ok(())
+    }
+}
+
+impl<'a> RcRef<'a> {
+    pub(crate) fn new(table: &'a RcTable) -> Self {
+        RcRef { table }
+    }
+
+    /// A region's address range, keys and access.
+    pub fn mr_info(&self, mr: MrHandle) -> Result<MrInfo, Error> {
+        Ok(self.table.mrs.info(mr).ok_or(RcError::InvalidHandle)?)
+    }
+
+    /// A QP's state, PSNs, queues and counters.
+    pub fn qp_status(&self, qp: RcQpHandle) -> Result<RcQpStatus, Error> {
+        Ok(qp_status(self.table.qp(qp)?))
+    }
+
+    /// The status of up to `max` RC QPs (for telemetry).
+    pub fn qps(&self, max: usize) -> Vec<RcQpStatus> {
+        self.table.status(max)
+    }
+    /// A region's bytes.
+    pub fn mr(&self, mr: MrHandle) -> Result<&'a [u8], Error> {
+        Ok(self.table.mrs.data(mr).ok_or(RcError::InvalidHandle)?)
     }
 }

@@ -34,7 +34,7 @@ pub use config::{KeepAlive, TcpConfig};
 pub use conn::{ConnInfo, State, TcpConn};
 pub use segment::Segment;
 pub use seq::Seq;
-pub use view::Tcp;
+pub use view::{Tcp, TcpRef};
 
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::time::Instant;

@@ -1,44 +1,47 @@
-//! [`Ud`]: the RoCEv2 UD queue pairs of a [`Stack`], lent by
+//! [`Ud`]: the RoCEv2 UD queue pairs of a stack, lent by
 //! `stack.ud()`: the [`UdTransport`] the stack speaks itself.
 
-use super::{Completion, QpConfig, QpHandle, SendWr, UdTransport, max_msg};
+use super::{Completion, QpConfig, QpHandle, SendWr, UdTable, UdTransport, max_msg};
 use crate::error::Error;
-use crate::stack::Stack;
+use crate::socket::rc::RcTable;
 use crate::time::Instant;
 
-/// The UD queue pairs of a stack.
+/// The UD queue pairs of a stack, with its RC QPs (they share the QP
+/// number space) and the link's MTU.
 #[derive(Debug)]
 pub struct Ud<'a> {
-    stack: &'a mut Stack,
+    table: &'a mut UdTable,
+    rc: &'a RcTable,
+    mtu: usize,
 }
 
 impl<'a> Ud<'a> {
-    pub(crate) fn new(stack: &'a mut Stack) -> Self {
-        Ud { stack }
+    pub(crate) fn new(table: &'a mut UdTable, rc: &'a RcTable, mtu: usize) -> Self {
+        Ud { table, rc, mtu }
     }
 }
 
 impl UdTransport for Ud<'_> {
     fn create_qp(&mut self, cfg: &QpConfig) -> Result<QpHandle, Error> {
-        let Stack { ud, rc, .. } = &mut *self.stack;
-        Ok(ud.create_qp(cfg, &|q| rc.has_qpn(q))?)
+        let rc = self.rc;
+        Ok(self.table.create_qp(cfg, &|q| rc.has_qpn(q))?)
     }
 
     fn qp_num(&self, qp: QpHandle) -> Result<u32, Error> {
-        Ok(self.stack.ud.qp_num(qp)?)
+        Ok(self.table.qp_num(qp)?)
     }
 
     fn max_msg_size(&self) -> usize {
-        max_msg(self.stack.config().mtu)
+        max_msg(self.mtu)
     }
 
     fn post_recv(&mut self, qp: QpHandle, wr_id: u64, buf: Vec<u8>) -> Result<(), Error> {
-        Ok(self.stack.ud.post_recv(qp, wr_id, buf)?)
+        Ok(self.table.post_recv(qp, wr_id, buf)?)
     }
 
     fn post_send(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<(), Error> {
         let max = self.max_msg_size();
-        Ok(self.stack.ud.post_send(qp, wr, max)?)
+        Ok(self.table.post_send(qp, wr, max)?)
     }
 
     fn poll_cq(
@@ -48,10 +51,10 @@ impl UdTransport for Ud<'_> {
         max: usize,
         out: &mut Vec<Completion>,
     ) -> Result<usize, Error> {
-        Ok(self.stack.ud.poll_cq(qp, max, out)?)
+        Ok(self.table.poll_cq(qp, max, out)?)
     }
 
     fn destroy_qp(&mut self, qp: QpHandle) -> Result<(), Error> {
-        Ok(self.stack.ud.destroy_qp(qp)?)
+        Ok(self.table.destroy_qp(qp)?)
     }
 }

@@ -17,7 +17,7 @@ use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::Tx;
 use crate::stats::DropReason;
 use crate::time::Instant;
-pub use view::Udp;
+pub use view::{Udp, UdpRef};
 
 /// Largest UDP payload over IPv4.
 pub const MAX_UDP_PAYLOAD: usize = 65_507;

@@ -1,82 +1,57 @@
-//! [`Udp`]: the UDP app API, a view of a [`Stack`]'s datagram sockets.
+//! [`Udp`]: the UDP app API, a view of a stack's datagram sockets.
 //! `stack.udp()` lends it mutably, `stack.udp_ref()` read-only.
 
-use core::borrow::{Borrow, BorrowMut};
 use core::net::SocketAddrV4;
 
-use super::{UdpHandle, UdpReuse};
+use super::{UdpHandle, UdpReuse, UdpTable};
 use crate::error::Error;
-use crate::stack::Stack;
 
-/// The UDP sockets of a stack (`S` is `&Stack` or `&mut Stack`).
+/// The UDP sockets of a stack, lent mutably by `stack.udp()`, with the
+/// most bytes a socket queues to send (`Config::udp_tx_queue_bytes`).
 #[derive(Debug)]
-pub struct Udp<S> {
-    stack: S,
+pub struct Udp<'a> {
+    table: &'a mut UdpTable,
+    tx_cap: usize,
 }
 
-impl<S> Udp<S> {
-    pub(crate) fn new(stack: S) -> Self {
-        Udp { stack }
-    }
+/// The same, read-only: what `udp_ref()` lends.
+#[derive(Debug)]
+pub struct UdpRef<'a> {
+    table: &'a UdpTable,
+    tx_cap: usize,
 }
 
-impl<S: Borrow<Stack>> Udp<S> {
-    /// The local port of a socket.
-    pub fn local_port(&self, h: UdpHandle) -> Result<u16, Error> {
-        self.stack.borrow().udp.local_port(h)
+impl<'a> Udp<'a> {
+    pub(crate) fn new(table: &'a mut UdpTable, tx_cap: usize) -> Self {
+        Udp { table, tx_cap }
     }
 
-    /// Copy the next datagram and leave it queued (`MSG_PEEK`).
-    pub fn peek_from(
-        &self,
-        h: UdpHandle,
-        buf: &mut [u8],
-    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
-        self.stack.borrow().udp.peek_from(h, buf)
-    }
-
-    /// Datagrams waiting on the socket, and the length of the next one.
-    pub fn pending(&self, h: UdpHandle) -> Result<(usize, Option<usize>), Error> {
-        self.stack.borrow().udp.pending(h)
-    }
-
-    /// Bytes queued on a socket to leave on the next poll, and the most it
-    /// holds (`Config::udp_tx_queue_bytes`): a POSIX layer reports the
-    /// socket writable while under half of that, as Linux does.
-    pub fn tx_queued(&self, h: UdpHandle) -> Result<(usize, usize), Error> {
-        let stack = self.stack.borrow();
-        Ok((stack.udp.tx_queued(h)?, stack.config().udp_tx_queue_bytes))
-    }
-}
-
-impl<S: BorrowMut<Stack>> Udp<S> {
     /// Bind a socket to `port` (0 picks an ephemeral port); `AddrInUse`
     /// when another socket has the port.
     pub fn bind(&mut self, port: u16) -> Result<UdpHandle, Error> {
-        self.stack.borrow_mut().udp.bind(port, UdpReuse::default())
+        self.table.bind(port, UdpReuse::default())
     }
 
     /// Bind a socket to `port` sharing it as `reuse` says (a POSIX
     /// layer's `SO_REUSEADDR`/`SO_REUSEPORT`): the port takes it when
     /// every socket on it asked for the same sharing.
     pub fn bind_reuse(&mut self, port: u16, reuse: UdpReuse) -> Result<UdpHandle, Error> {
-        self.stack.borrow_mut().udp.bind(port, reuse)
+        self.table.bind(port, reuse)
     }
 
     /// Connect a socket to `peer`: from then on only `peer`'s datagrams
     /// are received on it, and on a shared port they go to it before any
     /// unconnected socket. `None` dissolves the association.
     pub fn connect(&mut self, h: UdpHandle, peer: Option<SocketAddrV4>) -> Result<(), Error> {
-        self.stack.borrow_mut().udp.connect(h, peer)
+        self.table.connect(h, peer)
     }
 
     /// Queue a datagram to `dst`; it leaves on the next poll. `QueueFull`
     /// when the socket holds `Config::udp_tx_queue_bytes` already (a
     /// WRITABLE event follows when it drains).
     pub fn send_to(&mut self, h: UdpHandle, dst: SocketAddrV4, data: &[u8]) -> Result<(), Error> {
-        let stack = self.stack.borrow_mut();
-        let cap = stack.link.cfg.udp_tx_queue_bytes;
-        stack.udp.send_to(h, dst, data, cap)
+        let cap = self.tx_cap;
+        self.table.send_to(h, dst, data, cap)
     }
 
     /// Take the next datagram: copies up to `buf.len()` bytes (the rest of a
@@ -87,12 +62,44 @@ impl<S: BorrowMut<Stack>> Udp<S> {
         h: UdpHandle,
         buf: &mut [u8],
     ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
-        self.stack.borrow_mut().udp.recv_from(h, buf)
+        self.table.recv_from(h, buf)
     }
 
     /// Close a socket; received datagrams are discarded, queued ones still
     /// leave on the next poll.
     pub fn close(&mut self, h: UdpHandle) -> Result<(), Error> {
-        self.stack.borrow_mut().udp.close(h)
+        self.table.close(h)
+    }
+}
+
+impl<'a> UdpRef<'a> {
+    pub(crate) fn new(table: &'a UdpTable, tx_cap: usize) -> Self {
+        UdpRef { table, tx_cap }
+    }
+
+    /// The local port of a socket.
+    pub fn local_port(&self, h: UdpHandle) -> Result<u16, Error> {
+        self.table.local_port(h)
+    }
+
+    /// Copy the next datagram and leave it queued (`MSG_PEEK`).
+    pub fn peek_from(
+        &self,
+        h: UdpHandle,
+        buf: &mut [u8],
+    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
+        self.table.peek_from(h, buf)
+    }
+
+    /// Datagrams waiting on the socket, and the length of the next one.
+    pub fn pending(&self, h: UdpHandle) -> Result<(usize, Option<usize>), Error> {
+        self.table.pending(h)
+    }
+
+    /// Bytes queued on a socket to leave on the next poll, and the most it
+    /// holds (`Config::udp_tx_queue_bytes`): a POSIX layer reports the
+    /// socket writable while under half of that, as Linux does.
+    pub fn tx_queued(&self, h: UdpHandle) -> Result<(usize, usize), Error> {
+        Ok((self.table.tx_queued(h)?, self.tx_cap))
     }
 }
