@@ -79,6 +79,20 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
         st.icmp.rx_dest_unreachable,
         st.icmp.tx_dest_unreachable
     );
+    if st.ipv6.rx_packets + st.ipv6.tx_packets > 0 {
+        let _ = writeln!(
+            out,
+            "  ipv6   rx {} tx {}  echo req in {} rep out {}  neighbor sol in {} adv out/in {}/{}  neighbors {}",
+            st.ipv6.rx_packets,
+            st.ipv6.tx_packets,
+            st.ipv6.rx_echo_requests,
+            st.ipv6.tx_echo_replies,
+            st.ipv6.rx_neighbor_solicits,
+            st.ipv6.tx_neighbor_adverts,
+            st.ipv6.rx_neighbor_adverts,
+            st.ipv6.neighbors
+        );
+    }
     let _ = writeln!(
         out,
         "  udp    rx {} dgrams {} B  tx {} dgrams {} B",

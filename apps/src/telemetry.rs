@@ -26,7 +26,9 @@ impl Telemetry {
     /// Publish on the socket `--telemetry` names, if any. `app` names the
     /// stack for utop (`uping 10.77.0.2/24`).
     pub fn start(net: &NetArgs, app: &str) -> Result<Telemetry> {
-        let ip = net.ip.map_or_else(|| "-".to_string(), |ip| ip.to_string());
+        let ip = net
+            .ip()
+            .map_or_else(|| "-".to_string(), |ip| ip.to_string());
         Telemetry::open(net.telemetry.as_deref(), &format!("{app} {ip}"), false)
     }
 

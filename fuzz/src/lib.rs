@@ -87,11 +87,17 @@ pub fn small_tcp() -> TcpConfig {
     }
 }
 
-/// Host `n` of the sim subnet, quiet (no gratuitous ARP), small TCP buffers.
+/// Host `n`'s IPv6 address (fd00::n).
+pub fn v6(n: u8) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n))
+}
+
+/// Host `n` of the sim subnet (with IPv6 at fd00::n), quiet (no gratuitous ARP), small TCP buffers.
 pub fn host(n: u8) -> Stack {
     let mut cfg = host_config(n);
     cfg.announce = false;
     cfg.tcp = small_tcp();
+    cfg.ipv6 = vec![smoltcp::wire::Ipv6Cidr::new(v6(n), 64)];
     Stack::new(cfg)
 }
 
@@ -336,6 +342,15 @@ pub fn assert_well_formed(frame: &[u8]) {
                 }
                 _ => {}
             }
+        }
+        EthernetProtocol::Ipv6 => {
+            let p = smoltcp::wire::Ipv6Packet::new_checked(f.payload()).expect("ipv6 parses");
+            assert_eq!(p.next_header(), IpProtocol::Icmpv6, "only ICMPv6 is sent");
+            let i = smoltcp::wire::Icmpv6Packet::new_checked(p.payload()).expect("icmpv6 parses");
+            assert!(
+                i.verify_checksum(&p.src_addr(), &p.dst_addr()),
+                "emitted ICMPv6 checksum"
+            );
         }
         other => panic!("emitted unexpected ethertype {other}"),
     }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim
-//!        --ip A.B.C.D/LEN [--gw A.B.C.D] [--mac MAC] [--core N | --cores LIST]
+//!        --ip A.B.C.D/LEN [--ip IPV6/LEN]... [--gw A.B.C.D] [--mac MAC] [--core N | --cores LIST]
 //!        [--telemetry PATH] [--metrics ADDR:PORT] [--capture FILE.pcap]
 //!        [--impair SPEC] [--mtu N]
 //! ```
@@ -17,12 +17,12 @@
 //! a notice (`metrics on http://127.0.0.1:PORT/metrics`; see
 //! [`crate::set_notice_sink`]).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
 use ustack::Config;
 use ustack::phy::sim::LinkConfig;
-use ustack::wire::{EthernetAddress, Ipv4Cidr};
+use ustack::wire::{EthernetAddress, IpCidr, Ipv4Cidr, Ipv6Cidr};
 
 use crate::net::{Builder, ConfigError, Error, NetConfig};
 use crate::poll::LoopConfig;
@@ -56,9 +56,11 @@ pub struct NetArgs {
     /// Run on the in-process simulated link.
     #[arg(long)]
     pub sim: bool,
-    /// Our address and prefix length.
-    #[arg(long, value_name = "A.B.C.D/LEN", value_parser = parse_cidr)]
-    pub ip: Option<Ipv4Cidr>,
+    /// Our addresses and prefix lengths: one IPv4 address (required) and
+    /// any number of IPv6 ones (`--ip fd77::2/64`; with one, the stack
+    /// speaks IPv6 too).
+    #[arg(long = "ip", value_name = "ADDR/LEN", value_parser = parse_ip, action = clap::ArgAction::Append)]
+    pub ips: Vec<IpCidr>,
     /// Gateway for addresses outside the subnet.
     #[arg(long, value_name = "A.B.C.D")]
     pub gw: Option<Ipv4Addr>,
@@ -129,6 +131,25 @@ pub struct NetArgs {
 pub fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     s.parse()
         .map_err(|_| format!("'{s}' is not ADDR:PORT (for example 0.0.0.0:9464 or 127.0.0.1:9464)"))
+}
+
+/// `A.B.C.D/LEN` or an IPv6 `ADDR/LEN`.
+pub fn parse_ip(s: &str) -> Result<IpCidr, String> {
+    if !s.contains(':') {
+        return parse_cidr(s).map(IpCidr::Ipv4);
+    }
+    let (ip, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("'{s}' is not ADDR/LEN (for example fd77::2/64)"))?;
+    let ip: Ipv6Addr = ip
+        .parse()
+        .map_err(|_| format!("'{ip}' is not an IPv6 address"))?;
+    let len: u8 = len
+        .parse()
+        .ok()
+        .filter(|l| (1..=128).contains(l))
+        .ok_or_else(|| format!("'{len}' is not a prefix length from 1 to 128"))?;
+    Ok(IpCidr::Ipv6(Ipv6Cidr::new(ip, len)))
 }
 
 /// `A.B.C.D/LEN`.
@@ -271,11 +292,25 @@ impl NetArgs {
     /// A [`Builder`] with these flags filled in, for more settings before
     /// `build`, `run` or `spawn`.
     pub fn builder(&self) -> Result<Builder, Error> {
-        let Some(ip) = self.ip else {
+        let Some(ip) = self.ip() else {
             return Err(Error::Usage("--ip A.B.C.D/LEN is required".into()));
         };
-        let mut b = Builder::new()
-            .ip(ip.address(), ip.prefix_len())
+        if self
+            .ips
+            .iter()
+            .filter(|c| matches!(c, IpCidr::Ipv4(_)))
+            .count()
+            > 1
+        {
+            return Err(Error::Usage(
+                "--ip: one IPv4 address (A.B.C.D/LEN); only IPv6 ones may be repeated".into(),
+            ));
+        }
+        let mut b = Builder::new().ip(ip.address(), ip.prefix_len());
+        for v6 in self.ipv6() {
+            b = b.ipv6(v6.address(), v6.prefix_len());
+        }
+        let mut b = b
             .mtu(usize::from(self.mtu))
             .rcvbuf_max(self.rcvbuf_max as usize)
             .backoff(self.backoff)
@@ -338,9 +373,32 @@ impl NetArgs {
             .unwrap_or_default()
     }
 
+    /// The IPv4 address of `--ip`.
+    pub fn ip(&self) -> Option<Ipv4Cidr> {
+        self.ips.iter().find_map(|c| match c {
+            IpCidr::Ipv4(c) => Some(*c),
+            IpCidr::Ipv6(_) => None,
+        })
+    }
+
+    /// The IPv6 addresses of `--ip`.
+    pub fn ipv6(&self) -> Vec<Ipv6Cidr> {
+        self.ips
+            .iter()
+            .filter_map(|c| match c {
+                IpCidr::Ipv6(c) => Some(*c),
+                IpCidr::Ipv4(_) => None,
+            })
+            .collect()
+    }
+
     /// `--ip` as given (`-` when missing), for banner lines.
     pub fn address(&self) -> String {
-        self.ip.map_or_else(|| "-".into(), |ip| ip.to_string())
+        if self.ips.is_empty() {
+            return "-".into();
+        }
+        let all: Vec<String> = self.ips.iter().map(ToString::to_string).collect();
+        all.join(" ")
     }
 
     /// A short description of the backend for log lines.
@@ -398,6 +456,44 @@ mod test {
     struct Cli {
         #[command(flatten)]
         net: NetArgs,
+    }
+
+    #[test]
+    fn ip_takes_one_ipv4_and_any_ipv6() {
+        use clap::Parser;
+        let cli = Cli::parse_from([
+            "x",
+            "--pcap",
+            "lo",
+            "--ip",
+            "fd77::2/64",
+            "--ip",
+            "10.77.0.2/24",
+            "--ip",
+            "fd78::2/48",
+        ]);
+        assert_eq!(cli.net.ip().unwrap().to_string(), "10.77.0.2/24");
+        let v6: Vec<String> = cli.net.ipv6().iter().map(ToString::to_string).collect();
+        assert_eq!(v6, ["fd77::2/64", "fd78::2/48"]);
+        assert_eq!(
+            cli.net.builder().unwrap().build().unwrap().stack.ipv6.len(),
+            2
+        );
+        let two = Cli::parse_from([
+            "x",
+            "--pcap",
+            "lo",
+            "--ip",
+            "10.0.0.1/24",
+            "--ip",
+            "10.0.0.2/24",
+        ]);
+        assert!(two.net.builder().is_err());
+        let only_v6 = Cli::parse_from(["x", "--pcap", "lo", "--ip", "fd77::2/64"]);
+        assert!(only_v6.net.builder().is_err());
+        assert!(parse_ip("fd77::2/129").is_err());
+        assert!(parse_ip("fd77::zz/64").is_err());
+        assert!(parse_ip("fd77::2").is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use core::net::Ipv4Addr;
 use std::hash::BuildHasher;
 
-use smoltcp::wire::{EthernetAddress, Ipv4Cidr};
+use smoltcp::wire::{EthernetAddress, Ipv4Cidr, Ipv6Cidr};
 
 use crate::iface::arp::ArpConfig;
 use crate::iface::frag::FragConfig;
@@ -18,6 +18,11 @@ pub struct Config {
     pub ip: Ipv4Cidr,
     /// Next hop for addresses outside the subnet.
     pub gateway: Option<Ipv4Addr>,
+    /// Our IPv6 addresses. Empty: IPv6 is off (its frames are dropped as
+    /// an unknown EtherType). Otherwise the link-local address made from
+    /// the MAC comes first, and the stack answers neighbor discovery and
+    /// ICMPv6 echo for every address here.
+    pub ipv6: Vec<Ipv6Cidr>,
     /// IP MTU (largest IPv4 packet without the Ethernet header).
     pub mtu: usize,
     /// TTL of packets we originate.
@@ -86,6 +91,7 @@ impl Config {
             mac,
             ip,
             gateway: None,
+            ipv6: Vec::new(),
             mtu: 1500,
             ttl: 64,
             arp: ArpConfig::default(),

@@ -158,6 +158,32 @@ drop_reasons! {
     Ipv4BadSource => "ipv4_bad_source",
     /// Protocol we do not serve (answered with protocol unreachable).
     Ipv4UnknownProtocol => "ipv4_unknown_protocol",
+    /// Shorter than the IPv6 header.
+    Ipv6Truncated => "ipv6_truncated",
+    /// Version field is not 6.
+    Ipv6BadVersion => "ipv6_bad_version",
+    /// Payload length beyond the frame.
+    Ipv6BadLength => "ipv6_bad_length",
+    /// Destination is none of our addresses and no group we are in.
+    Ipv6NotForUs => "ipv6_not_for_us",
+    /// Source is multicast, loopback or ourselves (or unspecified where
+    /// only neighbor discovery may use it).
+    Ipv6BadSource => "ipv6_bad_source",
+    /// Next header we do not serve yet.
+    Ipv6UnknownNextHeader => "ipv6_unknown_next_header",
+    /// ICMPv6 too short or of a malformed layout.
+    Icmpv6Malformed => "icmpv6_malformed",
+    /// ICMPv6 checksum does not verify.
+    Icmpv6BadChecksum => "icmpv6_bad_checksum",
+    /// ICMPv6 type we do not handle (or an echo to a group).
+    Icmpv6Unhandled => "icmpv6_unhandled",
+    /// Neighbor discovery message RFC 4861 says to discard (hop limit
+    /// not 255, a bad option, a multicast target).
+    NdpInvalid => "ndp_invalid",
+    /// Neighbor solicitation for an address that is not ours.
+    NdpNotForUs => "ndp_not_for_us",
+    /// Neighbor advertisement from another host for one of our addresses.
+    NdpConflict => "ndp_conflict",
     /// Fragment with an impossible offset/length.
     FragBad => "frag_bad",
     /// Fragment overlapping one already held (the whole datagram is dropped).
@@ -368,6 +394,32 @@ stats! {
 }
 
 stats! {
+    /// IPv6 (RFC 8200), ICMPv6 (RFC 4443) and neighbor discovery (RFC
+    /// 4861) counters.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+    pub struct Ipv6Stats {
+        /// Packets that passed validation.
+        counter rx_packets: u64,
+        /// Bytes of those packets, header included.
+        counter rx_bytes: u64,
+        /// Packets sent.
+        counter tx_packets: u64,
+        /// Echo requests received (answered or not).
+        counter rx_echo_requests: u64,
+        /// Echo replies sent.
+        counter tx_echo_replies: u64,
+        /// Neighbor solicitations received.
+        counter rx_neighbor_solicits: u64,
+        /// Neighbor advertisements sent.
+        counter tx_neighbor_adverts: u64,
+        /// Neighbor advertisements received.
+        counter rx_neighbor_adverts: u64,
+        /// Entries in the neighbor cache.
+        gauge neighbors: u64,
+    }
+}
+
+stats! {
     /// ICMP (RFC 792) counters.
     #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
     pub struct IcmpStats {
@@ -453,6 +505,8 @@ stats! {
         nested arp: ArpStats,
         /// IPv4, fragmentation and reassembly.
         nested ipv4: Ipv4Stats,
+        /// IPv6, ICMPv6 and neighbor discovery.
+        nested ipv6: Ipv6Stats,
         /// ICMP echo and errors.
         nested icmp: IcmpStats,
         /// UDP sockets.

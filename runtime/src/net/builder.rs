@@ -1,7 +1,7 @@
 //! [`Builder`]: a [`NetConfig`] the way the command line reads, every
 //! input checked when it is built.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
@@ -9,7 +9,7 @@ use ustack::Config;
 use ustack::node::App;
 use ustack::phy::sim::{LinkConfig, SimLink};
 use ustack::shard::{ShardId, SteerRule};
-use ustack::wire::{EthernetAddress, Ipv4Cidr};
+use ustack::wire::{EthernetAddress, Ipv4Cidr, Ipv6Cidr};
 
 use super::open::{RunApp, Spawn, open, publisher, start_metrics, with_node};
 use super::{AppCounters, Backend, ConfigError, Error, NetConfig, ShardResult, run_sharded};
@@ -34,6 +34,7 @@ use crate::spawned::Runtime;
 pub struct Builder {
     backend: Option<Backend>,
     ip: Option<(Ipv4Addr, u8)>,
+    ipv6: Vec<(Ipv6Addr, u8)>,
     dpdk_port: Option<(u16, u32)>,
     gateway: Option<Ipv4Addr>,
     mac: Option<EthernetAddress>,
@@ -100,6 +101,16 @@ impl Builder {
     /// host can have.
     pub fn ip(mut self, addr: Ipv4Addr, prefix_len: u8) -> Self {
         self.ip = Some((addr, prefix_len));
+        self
+    }
+
+    /// An IPv6 address and prefix length (may be given several times):
+    /// with one, the stack speaks IPv6 too (its link-local address made
+    /// from the MAC, neighbor discovery, ICMPv6 echo). Checked at
+    /// [`build`](Self::build): a prefix of 1 to 128, a unicast address
+    /// that is not loopback.
+    pub fn ipv6(mut self, addr: Ipv6Addr, prefix_len: u8) -> Self {
+        self.ipv6.push((addr, prefix_len));
         self
     }
 
@@ -285,6 +296,9 @@ impl Builder {
             None => Config::new(mac, ip),
         };
         stack.gateway = self.gateway;
+        for &(addr, prefix) in &self.ipv6 {
+            stack.ipv6.push(checked_ipv6(addr, prefix)?);
+        }
         if self.no_gso {
             stack.gso_max = 0;
         }
@@ -438,6 +452,24 @@ impl Builder {
 /// (smoltcp's constructor panics above), not unspecified, loopback,
 /// multicast or broadcast (the limited one, or the subnet's on a prefix
 /// up to /30).
+/// An IPv6 address a host can have, with a prefix of 1 to 128.
+fn checked_ipv6(addr: Ipv6Addr, prefix: u8) -> Result<Ipv6Cidr, ConfigError> {
+    let why = if !(1..=128).contains(&prefix) {
+        "the prefix length is not 1 to 128"
+    } else if addr.is_unspecified() {
+        "it is the unspecified address"
+    } else if addr.is_loopback() {
+        "it is the loopback address"
+    } else if addr.is_multicast() {
+        "it is a multicast address"
+    } else if addr.is_unicast_link_local() {
+        "it is link-local (the stack makes its own from the MAC)"
+    } else {
+        return Ok(Ipv6Cidr::new(addr, prefix));
+    };
+    Err(ConfigError::BadIpv6 { addr, prefix, why })
+}
+
 fn checked_cidr(addr: Ipv4Addr, prefix: u8) -> Result<Ipv4Cidr, ConfigError> {
     if prefix > 32 {
         return Err(ConfigError::PrefixTooLong(prefix));
@@ -551,6 +583,31 @@ mod test {
         // Point-to-point and host routes have no broadcast address.
         for (a, p) in [([10, 0, 0, 1], 31), ([10, 0, 0, 255], 32)] {
             sim().ip(Ipv4Addr::from(a), p).build().unwrap();
+        }
+    }
+
+    #[test]
+    fn ipv6_addresses_a_host_can_have() {
+        let good = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2);
+        let cfg = host().ipv6(good, 64).build().unwrap();
+        assert_eq!(cfg.stack.ipv6.len(), 1);
+        assert_eq!(cfg.stack.ipv6[0].address(), good);
+        for (addr, prefix) in [
+            (good, 0),
+            (good, 129),
+            (Ipv6Addr::UNSPECIFIED, 64),
+            (Ipv6Addr::LOCALHOST, 128),
+            (Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 64),
+            (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2), 64),
+        ] {
+            match refused(host().ipv6(addr, prefix)) {
+                ConfigError::BadIpv6 {
+                    addr: a, prefix: p, ..
+                } => {
+                    assert_eq!((a, p), (addr, prefix));
+                }
+                other => panic!("{addr}/{prefix}: {other:?}"),
+            }
         }
     }
 

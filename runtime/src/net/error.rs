@@ -3,7 +3,7 @@
 //! refuses. The messages speak of settings, never of command-line flags:
 //! a program that reads flags says which flag (see `crate::cli`).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ustack::wire::{EthernetAddress, Ipv4Cidr};
 
@@ -34,6 +34,17 @@ pub enum ConfigError {
         /// The address given.
         addr: Ipv4Addr,
         /// What kind of address it is.
+        why: &'static str,
+    },
+    /// An IPv6 address cannot be the stack's own, or its prefix length is
+    /// not 1 to 128.
+    #[error("{addr}/{prefix} cannot be the stack's IPv6 address: {why}")]
+    BadIpv6 {
+        /// The address given.
+        addr: Ipv6Addr,
+        /// Its prefix length.
+        prefix: u8,
+        /// What is wrong with it.
         why: &'static str,
     },
     /// The gateway is not another host on our subnet.

@@ -3,11 +3,12 @@
 //! `stack.addr()` lends it mutably, `stack.addr_ref()` read-only
 //! ([`AddrRef`]).
 
-use core::net::Ipv4Addr;
+use core::net::{Ipv4Addr, Ipv6Addr};
 
 use smoltcp::wire::EthernetAddress;
 
 use crate::iface::link::Link;
+use crate::iface::ndp::NeighborState;
 use crate::time::Instant;
 
 /// Our address: probing for a conflict.
@@ -49,6 +50,16 @@ impl<'a> AddrRef<'a> {
     /// ARP entries that are fresh at `now`.
     pub fn neighbours(&self, now: Instant) -> Vec<(Ipv4Addr, EthernetAddress)> {
         self.link.arp().entries(now)
+    }
+
+    /// Our IPv6 addresses, the link-local one first (none when IPv6 is off).
+    pub fn ipv6(&self) -> Vec<Ipv6Addr> {
+        self.link.ip6.addrs().collect()
+    }
+
+    /// The IPv6 neighbor cache at `now`: address, MAC, state.
+    pub fn ipv6_neighbours(&self, now: Instant) -> Vec<(Ipv6Addr, EthernetAddress, NeighborState)> {
+        self.link.ip6.neighbors.entries(now)
     }
 
     /// The MAC address of another host seen using our IP address (it

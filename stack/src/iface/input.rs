@@ -1,6 +1,6 @@
 //! The receive path below the transports: an Ethernet frame checked and
 //! demultiplexed, ARP answered, an IPv4 header validated and fragments
-//! reassembled. What is left for the transports comes back as an
+//! reassembled; IPv6 goes to [`crate::iface::ipv6`]. What is left for the transports comes back as an
 //! [`Ipv4In`]; every refusal is one [`DropReason`].
 
 use smoltcp::wire::{
@@ -79,7 +79,7 @@ pub(crate) fn ethernet<'a, T: Tx>(
         return Err(DropReason::EthOversize);
     }
     let dst = eth.dst_addr();
-    if dst != link.cfg.mac && !dst.is_broadcast() {
+    if dst != link.cfg.mac && !dst.is_broadcast() && !link.ip6.accepts_mac(dst) {
         return Err(DropReason::EthNotForUs);
     }
     if !eth.src_addr().is_unicast() {
@@ -93,6 +93,10 @@ pub(crate) fn ethernet<'a, T: Tx>(
             Ok(Ipv4In::Done)
         }
         EthernetProtocol::Ipv4 => ipv4(link, frags, now, payload, rx),
+        EthernetProtocol::Ipv6 if link.ip6.enabled() => {
+            crate::iface::ipv6::ipv6(link, now, eth.src_addr(), payload, rx, tx)?;
+            Ok(Ipv4In::Done)
+        }
         _ => Err(DropReason::EthUnknownType),
     }
 }

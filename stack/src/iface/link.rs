@@ -81,6 +81,8 @@ pub(crate) struct Link {
     /// What the port finishes for us (from its [`crate::phy::device::DeviceCaps`]).
     pub(crate) offloads: Offloads,
     arp: ArpCache,
+    /// Our IPv6 addresses and neighbors.
+    pub(crate) ip6: crate::iface::ipv6::Ipv6Iface,
     pub(crate) stats: Stats,
     /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
     ip_idents: Box<[u16]>,
@@ -107,6 +109,7 @@ impl Link {
         let secret = cfg.secret;
         Link {
             arp: ArpCache::new(cfg.arp.clone()),
+            ip6: crate::iface::ipv6::Ipv6Iface::new(cfg.mac, &cfg.ipv6),
             icmp_errors: RateLimit::new(cfg.icmp_error_rate),
             rst_limit: RateLimit::new(cfg.rst_rate),
             announced: !cfg.announce,

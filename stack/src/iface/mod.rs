@@ -1,7 +1,8 @@
 //! The interface: everything below the transports. Ethernet demux and the
 //! IPv4 transmit path (the crate-private `link`), the [`arp`] cache, IPv4 reassembly
 //! ([`frag`]) and ICMP ([`icmp`]: echo answered, errors sent and received,
-//! ping sockets); [`addr`] is the view of our address the stack lends
+//! ping sockets), [`ipv6`] (our IPv6 addresses, its receive path, ICMPv6
+//! echo and neighbor discovery); [`addr`] is the view of our address the stack lends
 //! (`stack.addr()`: ARP neighbours, RFC 5227 probing). Transports reach
 //! the wire only through the link.
 
@@ -10,4 +11,6 @@ pub mod arp;
 pub mod frag;
 pub mod icmp;
 pub(crate) mod input;
+pub mod ipv6;
 pub(crate) mod link;
+pub mod ndp;
