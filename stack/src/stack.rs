@@ -93,6 +93,7 @@ impl Stack {
     pub fn stats(&self) -> Stats {
         let mut s = self.link.stats.clone();
         s.arp = self.link.arp().stats();
+        s.ipv6.neighbors = self.link.ip6.neighbors.len() as u64;
         s.ipv4.reassembly_bytes = self.frags.mem() as u64;
         s.ipv4.reassembly_bytes_hwm = self.frags.mem_hwm as u64;
         s.ipv4.reassembly_timeouts = self.frags.timeouts;

@@ -167,6 +167,7 @@ fn solicitation_to_the_solicited_node_group_is_answered_and_teaches_the_sender()
         s.addr_ref().ipv6_neighbours(T0),
         vec![(PEER, peer_mac(), NeighborState::Stale)]
     );
+    assert_eq!(s.stats().ipv6.neighbors, 1);
 }
 
 #[test]

@@ -306,7 +306,6 @@ fn ndisc<T: Tx>(
             link.ip6
                 .neighbors
                 .learn(now, target_addr, mac, solicited, overrides);
-            link.stats.ipv6.neighbors = link.ip6.neighbors.len() as u64;
             Ok(())
         }
         _ => Err(DropReason::Icmpv6Unhandled),
