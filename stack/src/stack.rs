@@ -797,6 +797,62 @@ mod test {
         assert_eq!(feed(&mut s, &frame).1, Some(DropReason::UdpNoSocket));
     }
 
+    /// A queue larger than one poll's budget leaves over several polls,
+    /// whole datagrams in order, sockets taking turns; a sender refused
+    /// for a full queue is told WRITABLE once a poll made room.
+    #[test]
+    fn udp_queue_leaves_in_bounded_polls_and_in_order() {
+        use crate::events::{Readiness, SocketRef};
+        let mut s = stack();
+        feed(&mut s, &arp(ArpOperation::Request, PEER_IP, OUR_IP));
+        let a = s.udp().bind(7000).unwrap();
+        let b = s.udp().bind(7001).unwrap();
+        let dst = SocketAddrV4::new(PEER_IP, 9);
+        let big = vec![7u8; 30_000];
+        let mut queued = 0;
+        while s.udp().send_to(a, dst, &big).is_ok() {
+            queued += 1;
+        }
+        assert_eq!(s.udp().send_to(a, dst, &big), Err(Error::QueueFull));
+        s.udp().send_to(b, dst, b"small").unwrap();
+        let mut per_poll = Vec::new();
+        let mut ports = Vec::new();
+        let mut writable = false;
+        for i in 0..100 {
+            let mut tx = VecTx::new();
+            s.poll(T0, &mut tx);
+            let mut ev = Vec::new();
+            s.drain_events(&mut ev);
+            writable |= ev.iter().any(|e| {
+                e.socket == SocketRef::Udp(a) && e.readiness.contains(Readiness::WRITABLE)
+            });
+            if tx.frames.is_empty() {
+                break;
+            }
+            assert!(i < 99, "the queue never emptied");
+            let mut datagrams = 0;
+            for f in &tx.frames {
+                let (_, ip) = parse_ip(f);
+                if ip.frag_offset() == 0 {
+                    datagrams += 1;
+                    let u = UdpPacket::new_unchecked(ip.payload());
+                    ports.push(u.src_port());
+                }
+            }
+            per_poll.push(datagrams);
+        }
+        // 30,000 bytes each: a poll takes whole datagrams until 64 KiB
+        // are reached (three), plus the other socket's on its turn.
+        assert!(per_poll.iter().all(|&n| n <= 4), "{per_poll:?}");
+        assert!(per_poll.len() > 2, "{per_poll:?}");
+        assert_eq!(ports.len(), queued + 1);
+        // The other socket's datagram did not wait for the whole queue.
+        let small = ports.iter().position(|&p| p == 7001).unwrap();
+        assert!(small <= 3, "{ports:?}");
+        assert!(writable, "no WRITABLE after the queue drained");
+        assert_eq!(s.udp_ref().tx_queued(a).unwrap().0, 0);
+    }
+
     /// Sockets sharing a UDP port (iperf3's UDP server binds its port
     /// again after connecting the first socket to the client): binds as
     /// Linux allows them, and each datagram to the socket Linux picks.

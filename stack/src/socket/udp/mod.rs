@@ -21,6 +21,16 @@ pub use view::{Udp, UdpRef};
 
 /// Largest UDP payload over IPv4.
 pub const MAX_UDP_PAYLOAD: usize = 65_507;
+/// Bytes of datagrams all sockets send per poll (at least one datagram).
+/// A socket with more waits for the next poll, at the back of the line:
+/// one poll holds the stack (and every socket caller waiting on it) for a
+/// bounded time, sockets share the port fairly, and a sender that outruns
+/// the port finds its queue full (`QueueFull`: EAGAIN) instead of being
+/// drained behind one long poll.
+const EMIT_BUDGET: usize = 64 * 1024;
+/// A UDP header's bytes (counted against the budget, so empty datagrams
+/// use some).
+const UDP_HEADER: usize = 8;
 /// First port handed out for port 0.
 const EPHEMERAL_FIRST: u16 = 49_152;
 
@@ -362,14 +372,40 @@ impl UdpTable {
         for (port, datagrams) in std::mem::take(&mut self.orphans) {
             send_all(link, now, tx, port, datagrams);
         }
-        while let Some(h) = self.ready.pop_front() {
+        let mut budget = EMIT_BUDGET;
+        while budget > 0 {
+            let Some(h) = self.ready.pop_front() else {
+                break;
+            };
             let Some(sock) = self.sockets.get_mut(h) else {
                 continue;
             };
-            sock.queued = false;
             let port = sock.port;
-            let datagrams = std::mem::take(&mut sock.tx);
-            sock.tx_bytes = 0;
+            let cost = sock.tx_bytes + UDP_HEADER * sock.tx.len();
+            let datagrams = if cost <= budget {
+                budget -= cost;
+                sock.tx_bytes = 0;
+                std::mem::take(&mut sock.tx)
+            } else {
+                // More than this poll's share: whole datagrams up to it (at
+                // least one); the socket goes to the back of the line.
+                let mut part = Datagrams::new();
+                while budget > 0 {
+                    let Some(d) = sock.tx.pop_front() else {
+                        break;
+                    };
+                    sock.tx_bytes -= d.1.len();
+                    budget = budget.saturating_sub(d.1.len() + UDP_HEADER);
+                    part.push_back(d);
+                }
+                part
+            };
+            if sock.tx.is_empty() {
+                sock.queued = false;
+            } else {
+                self.ready.push_back(h);
+            }
+            // Room was made: a sender refused for a full queue may go on.
             let unblocked = std::mem::take(&mut sock.tx_blocked);
             send_all(link, now, tx, port, datagrams);
             if unblocked {
