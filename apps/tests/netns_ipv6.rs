@@ -2,8 +2,9 @@
 //! test makes and removes itself: Linux resolves ustack's addresses by
 //! neighbor discovery (the neighbor entry it learns carries ustack's MAC)
 //! and `ping -6` gets every echo answered, to the configured address and
-//! to the link-local one made from the MAC. Needs root; the all-features
-//! build runs it.
+//! to the link-local one made from the MAC; UDP over IPv6 both ways
+//! (the echo service) and ICMPv6 port unreachable as Linux reads it.
+//! Needs root; the all-features build runs it.
 #![cfg(feature = "pcap")]
 
 #[macro_use]
@@ -16,6 +17,37 @@ use std::time::{Duration, Instant};
 /// address's last three bytes) and the link-local address made from it.
 const MAC: &str = "02:75:73:4d:00:02";
 const LINK_LOCAL: &str = "fe80::75:73ff:fe4d:2";
+
+/// Linux's side of the UDP check: 20 datagrams of 1,000 random bytes to
+/// the echo port, each compared with its echo; then a connected socket to
+/// a closed port.
+const UDP6: &str = r#"
+import os, socket
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+s.settimeout(3)
+ok = 0
+for i in range(20):
+    msg = os.urandom(1000)
+    s.sendto(msg, ("fd77::2", 7))
+    try:
+        data, src = s.recvfrom(4096)
+    except socket.timeout:
+        continue
+    if data == msg and src[0] == "fd77::2" and src[1] == 7:
+        ok += 1
+print("echoed", ok, "of 20")
+c = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+c.settimeout(3)
+c.connect(("fd77::2", 9999))
+c.send(b"anyone?")
+try:
+    c.recv(16)
+    print("refused no")
+except ConnectionRefusedError:
+    print("refused yes")
+except socket.timeout:
+    print("refused timeout")
+"#;
 
 #[test]
 fn linux_resolves_and_pings_ustack_over_ipv6() {
@@ -76,6 +108,19 @@ fn linux_resolves_and_pings_ustack_over_ipv6() {
     let text = String::from_utf8_lossy(&ping.stdout);
     assert!(ping.status.success(), "{text}");
     assert_eq!(count_before(&text, "received"), 3, "{text}");
+    // UDP over IPv6: the echo service on port 7 returns every datagram
+    // to Linux's socket, from the address Linux sent to; a datagram to a
+    // closed port is refused with ICMPv6 port unreachable, which Linux
+    // reports on the connected socket as ECONNREFUSED.
+    let udp = topo.linux(&[common::lab::PYTHON, "-c", UDP6]);
+    let said = String::from_utf8_lossy(&udp.stdout);
+    assert!(
+        udp.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&udp.stderr)
+    );
+    assert!(said.contains("echoed 20 of 20"), "{said}");
+    assert!(said.contains("refused yes"), "{said}");
     let (code, out, err) = d.stop();
     assert_eq!(code, 0, "{out}{err}");
     assert!(!err.contains("panicked"), "{err}");

@@ -3,7 +3,7 @@
 //! these and these into C results.
 
 use std::ffi::c_int;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -322,7 +322,7 @@ pub fn reopen_inherited() {
             }
             Kind::Dgram { port, peer, .. } => match net.with_stack(|s| {
                 let h = s.udp().bind_reuse(port, udp_reuse(&sock))?;
-                s.udp().connect(h, peer).map(|()| h)
+                s.udp().connect(h, peer.map(Into::into)).map(|()| h)
             }) {
                 Ok(Ok(handle)) => {
                     *kind = Kind::Dgram { handle, port, peer };
@@ -535,7 +535,7 @@ fn connect_dgram(net: &Net, sock: &Arc<Sock>, peer: Option<SocketAddrV4>) -> Res
     } = &mut *sock.kind.lock()
     {
         // Only the peer's datagrams from now on, as Linux's lookup does.
-        net.with_stack(|s| s.udp().connect(*handle, peer))
+        net.with_stack(|s| s.udp().connect(*handle, peer.map(Into::into)))
             .map_err(gone)?
             .map_err(errno_of)?;
         *p = peer;
@@ -721,12 +721,26 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                 }
                 .map_err(gone)?
                 .map_err(errno_of)?;
-                if let Some((full, from)) = got {
-                    return Ok(Received {
-                        len: full.min(buf.len()),
-                        full,
-                        from: Some(from),
-                    });
+                match got {
+                    Some((full, SocketAddr::V4(from))) => {
+                        return Ok(Received {
+                            len: full.min(buf.len()),
+                            full,
+                            from: Some(from),
+                        });
+                    }
+                    // An IPv6 datagram to the port: not an AF_INET
+                    // socket's (Linux keeps the families apart); taken
+                    // from the queue unless peeked, and the wait goes on.
+                    Some((_, SocketAddr::V6(_))) => {
+                        if flags.peek {
+                            net.with_stack(|s| s.udp().recv_from(handle, &mut []))
+                                .map_err(gone)?
+                                .map_err(errno_of)?;
+                        }
+                        continue;
+                    }
+                    None => {}
                 }
                 if sock.opts.lock().shut_rd {
                     // Shut for reading, nothing queued: as Linux's UDP,

@@ -42,7 +42,7 @@
 
 use std::future::poll_fn;
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -361,12 +361,13 @@ impl UdpSocket {
     }
 
     /// Send a datagram to `dst`, waiting while the send queue is full.
-    pub async fn send_to(&self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
+    pub async fn send_to(&self, buf: &[u8], dst: impl Into<SocketAddr>) -> io::Result<usize> {
+        let dst = dst.into();
         poll_fn(|cx| self.poll_send_to(cx, buf, dst)).await
     }
 
     /// Receive a datagram (truncated to `buf`), its full length and source.
-    pub async fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddrV4)> {
+    pub async fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
         poll_fn(|cx| self.poll_recv_from(cx, buf)).await
     }
 
@@ -375,7 +376,7 @@ impl UdpSocket {
         &self,
         cx: &mut Context<'_>,
         buf: &[u8],
-        dst: SocketAddrV4,
+        dst: SocketAddr,
     ) -> Poll<io::Result<usize>> {
         let mut inner = match self.net.lock() {
             Ok(i) => i,
@@ -400,7 +401,7 @@ impl UdpSocket {
         &self,
         cx: &mut Context<'_>,
         buf: &mut [u8],
-    ) -> Poll<io::Result<(usize, SocketAddrV4)>> {
+    ) -> Poll<io::Result<(usize, SocketAddr)>> {
         let mut inner = match self.net.lock() {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),

@@ -30,7 +30,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -248,12 +248,12 @@ impl UdpSocket {
     }
 
     /// Send a datagram, waiting while the send queue is full.
-    pub fn send_to(&self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
+    pub fn send_to(&self, buf: &[u8], dst: impl Into<SocketAddr>) -> io::Result<usize> {
         block_on(self.inner.send_to(buf, dst), None)
     }
 
     /// Receive a datagram (truncated to `buf`), its full length and source.
-    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddrV4)> {
+    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
         block_on(self.inner.recv_from(buf), self.read_timeout)
     }
 }

@@ -110,7 +110,7 @@
 //! let mut buf = [0u8; 64];
 //! let (len, from) = b.udp().recv_from(server, &mut buf)?.expect("a datagram");
 //! assert_eq!(&buf[..len], b"hello");
-//! assert_eq!(*from.ip(), a.ip());
+//! assert_eq!(from.ip(), core::net::IpAddr::from(a.ip()));
 //! assert_eq!(b.stats().arp.tx_replies, 1);
 //! # Ok::<(), ustack::Error>(())
 //! ```

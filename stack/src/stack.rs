@@ -19,7 +19,7 @@ use crate::events::Event;
 use crate::iface::addr::{Addr, AddrRef};
 use crate::iface::frag::Reassembler;
 use crate::iface::icmp::{IcmpOutcome, PingTable};
-use crate::iface::input::{self, Ipv4In};
+use crate::iface::input::{self, IpIn};
 use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::{Received, RxMeta, Tx};
 use crate::socket::ping::Ping;
@@ -94,6 +94,9 @@ impl Stack {
         let mut s = self.link.stats.clone();
         s.arp = self.link.arp().stats();
         s.ipv6.neighbors = self.link.ip6.neighbors.len() as u64;
+        s.ipv6.pending_packets = self.link.ip6.pending.packets() as u64;
+        s.ipv6.pending_dropped = self.link.ip6.pending.dropped;
+        s.ipv6.unresolved = self.link.ip6.pending.unresolved;
         s.ipv4.reassembly_bytes = self.frags.mem() as u64;
         s.ipv4.reassembly_bytes_hwm = self.frags.mem_hwm as u64;
         s.ipv4.reassembly_timeouts = self.frags.timeouts;
@@ -173,11 +176,11 @@ impl Stack {
         tx: &mut T,
     ) -> Result<Received, DropReason> {
         match input::ethernet(&mut self.link, &mut self.frags, now, frame, rx, tx)? {
-            Ipv4In::Done => Ok(Received::Taken),
-            Ipv4In::Datagram { meta, body, packet } => {
+            IpIn::Done => Ok(Received::Taken),
+            IpIn::Datagram { meta, body, packet } => {
                 self.process_transport(now, meta, body, Some(packet), tx)
             }
-            Ipv4In::Reassembled(whole) => {
+            IpIn::Reassembled(whole) => {
                 self.process_transport(now, whole.meta(), &whole.datagram.payload, None, tx)
             }
         }
@@ -202,7 +205,8 @@ impl Stack {
                     mtu,
                 } => self.tcp.frag_needed(now, local_port, remote, seq, mtu),
             },
-            IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {
+            IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, ip, tx)? {
+                Some(_) if meta.src.is_ipv6() => Err(DropReason::RoceOverIpv6),
                 None => Ok(()),
                 Some(roce) if crate::socket::ud::is_rc(roce) => {
                     let ip = crate::socket::ud::roce_packet(ip, roce)?;
@@ -242,6 +246,7 @@ impl Stack {
     /// Run timers and emit what sockets queued.
     pub fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
         self.link.poll(now, tx);
+        crate::iface::ipv6::poll(&mut self.link, now, tx);
         self.frags.poll(now);
         self.pings.emit(&mut self.link, now, tx);
         self.udp.emit(&mut self.link, now, tx);
@@ -264,7 +269,10 @@ impl Stack {
             return Some(Instant::ZERO);
         }
         earliest(
-            earliest(self.link.arp().poll_at(), self.frags.poll_at()),
+            earliest(
+                earliest(self.link.arp().poll_at(), self.frags.poll_at()),
+                crate::iface::ipv6::poll_at(&self.link),
+            ),
             earliest(self.tcp.next_timer(), self.rc.next_timer()),
         )
     }
@@ -774,7 +782,7 @@ mod test {
         let (n, from) = s.udp().recv_from(h, &mut buf).unwrap().unwrap();
         assert_eq!(
             (&buf[..n], from),
-            (&b"ping!"[..], SocketAddrV4::new(PEER_IP, 5555))
+            (&b"ping!"[..], SocketAddrV4::new(PEER_IP, 5555).into())
         );
         assert_eq!(s.udp().recv_from(h, &mut buf).unwrap(), None);
 
@@ -891,7 +899,7 @@ mod test {
         // Connected to 5001: only 5001's datagrams; the others to the
         // unconnected socket bound last.
         s.udp()
-            .connect(a, Some(SocketAddrV4::new(PEER_IP, 5001)))
+            .connect(a, Some(SocketAddrV4::new(PEER_IP, 5001).into()))
             .unwrap();
         let b = s.udp().bind_reuse(7000, addr).unwrap();
         assert_eq!(from(&mut s, 5001, b"to a"), None);

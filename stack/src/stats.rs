@@ -171,6 +171,11 @@ drop_reasons! {
     Ipv6BadSource => "ipv6_bad_source",
     /// Next header we do not serve yet.
     Ipv6UnknownNextHeader => "ipv6_unknown_next_header",
+    /// A TCP segment over IPv6 (TCP speaks IPv4 only yet; UDP and ICMPv6
+    /// speak both).
+    TcpOverIpv6 => "tcp_over_ipv6",
+    /// A RoCEv2 packet over IPv6 (not yet spoken: IPv4 GIDs only).
+    RoceOverIpv6 => "roce_over_ipv6",
     /// ICMPv6 too short or of a malformed layout.
     Icmpv6Malformed => "icmpv6_malformed",
     /// ICMPv6 checksum does not verify.
@@ -402,8 +407,14 @@ stats! {
         counter rx_packets: u64,
         /// Bytes of those packets, header included.
         counter rx_bytes: u64,
-        /// Packets sent.
+        /// Packets sent (each fragment one).
         counter tx_packets: u64,
+        /// Bytes of those packets, header included.
+        counter tx_bytes: u64,
+        /// Fragments sent (datagrams larger than the MTU, RFC 8200 §4.5).
+        counter tx_fragments: u64,
+        /// Sends refused: IPv6 off, or to ourselves or the unspecified address.
+        counter tx_no_route: u64,
         /// Echo requests received (answered or not).
         counter rx_echo_requests: u64,
         /// Echo replies sent.
@@ -414,8 +425,19 @@ stats! {
         counter tx_neighbor_adverts: u64,
         /// Neighbor advertisements received.
         counter rx_neighbor_adverts: u64,
+        /// Neighbor solicitations sent (to resolve a neighbor).
+        counter tx_neighbor_solicits: u64,
+        /// Destination unreachable messages sent (port unreachable).
+        counter tx_dest_unreachable: u64,
+        /// Packets dropped while waiting for a neighbor (queue full, or
+        /// the neighbor never answered).
+        counter pending_dropped: u64,
+        /// Neighbors given up after unanswered solicitations.
+        counter unresolved: u64,
         /// Entries in the neighbor cache.
         gauge neighbors: u64,
+        /// Packets waiting for a neighbor to answer.
+        gauge pending_packets: u64,
     }
 }
 

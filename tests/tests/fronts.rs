@@ -252,7 +252,7 @@ fn udp_both_ways_async_and_blocking() {
             let msg = i.to_be_bytes().repeat(1 + usize::from(i));
             sock.send_to(&msg, SocketAddrV4::new(B, 7)).await.unwrap();
             let (n, from) = sock.recv_from(&mut buf).await.unwrap();
-            assert_eq!(from, SocketAddrV4::new(B, 7));
+            assert_eq!(from, SocketAddrV4::new(B, 7).into());
             assert_eq!(&buf[..n], &msg[..]);
         }
     });

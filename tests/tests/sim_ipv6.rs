@@ -338,3 +338,171 @@ fn headers_that_fail_validation() {
     assert_eq!(drops(&off, DropReason::EthUnknownType), 1);
     assert_eq!(s.stats().ipv6.tx_packets, 0);
 }
+
+// ------------------------------------------------------------ UDP over IPv6
+
+/// Two stacks with IPv6 on: `fd77::1` and `fd77::2`.
+fn pair() -> (Stack, Stack) {
+    let mut a = host_config(1);
+    a.announce = false;
+    a.ipv6 = vec![Ipv6Cidr::new(
+        Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 1),
+        64,
+    )];
+    let mut b = host_config(2);
+    b.announce = false;
+    b.ipv6 = vec![Ipv6Cidr::new(
+        Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2),
+        64,
+    )];
+    (Stack::new(a), Stack::new(b))
+}
+
+/// Hand every frame `from` polls out to `to`; the frames `to` sent back.
+fn deliver(frames: &[Vec<u8>], to: &mut Stack) -> Vec<Vec<u8>> {
+    let mut tx = VecTx::new();
+    for f in frames {
+        to.receive(T0, f, RxMeta::default(), &mut tx);
+    }
+    to.poll(T0, &mut tx);
+    tx.frames
+}
+
+fn polled(s: &mut Stack) -> Vec<Vec<u8>> {
+    let mut tx = VecTx::new();
+    s.poll(T0, &mut tx);
+    tx.frames
+}
+
+/// A datagram to a neighbor not yet known waits while the neighbor is
+/// solicited; the advertisement releases it; the answer goes straight
+/// back (the solicitation taught the other side); the source is the
+/// configured address and the checksum verifies over IPv6.
+#[test]
+fn udp_over_ipv6_resolves_the_neighbor_then_both_ways() {
+    let (mut a, mut b) = pair();
+    let (ip_a, ip_b) = (PEER, GLOBAL);
+    let ha = a.udp().bind(5000).unwrap();
+    let hb = b.udp().bind(7).unwrap();
+    let to_b = std::net::SocketAddr::new(ip_b.into(), 7);
+    a.udp().send_to(ha, to_b, b"over six").unwrap();
+    let out = polled(&mut a);
+    assert_eq!(out.len(), 1, "only the solicitation leaves first");
+    let (mac, src, dst, hops, icmp) = only_reply(&VecTx {
+        frames: out.clone(),
+        ..VecTx::new()
+    });
+    assert_eq!(mac, multicast_mac(solicited_node(ip_b)));
+    assert_eq!((src, dst, hops), (ip_a, solicited_node(ip_b), 255));
+    let pkt = Icmpv6Packet::new_checked(&icmp[..]).unwrap();
+    match Icmpv6Repr::parse(&src, &dst, &pkt, &Default::default()).unwrap() {
+        Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+            target_addr,
+            lladdr,
+        }) => {
+            assert_eq!(target_addr, ip_b);
+            assert_eq!(
+                lladdr.map(|l| l.as_bytes().to_vec()),
+                Some(host_mac(1).0.to_vec())
+            );
+        }
+        other => panic!("not a solicitation: {other:?}"),
+    }
+    assert_eq!(a.stats().ipv6.pending_packets, 1);
+    // B answers; A's held datagram leaves on the advertisement.
+    let advert = deliver(&out, &mut b);
+    assert_eq!(advert.len(), 1);
+    let datagram = deliver(&advert, &mut a);
+    assert_eq!(datagram.len(), 1);
+    assert_eq!(a.stats().ipv6.pending_packets, 0);
+    let eth = EthernetFrame::new_checked(&datagram[0][..]).unwrap();
+    assert_eq!(eth.dst_addr(), host_mac(2));
+    let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
+    assert_eq!((ip.src_addr(), ip.dst_addr()), (ip_a, ip_b));
+    let udp = UdpPacket::new_checked(ip.payload()).unwrap();
+    assert!(udp.verify_checksum(&IpAddress::Ipv6(ip_a), &IpAddress::Ipv6(ip_b)));
+    assert_eq!(deliver(&datagram, &mut b), Vec::<Vec<u8>>::new());
+    let mut buf = [0u8; 64];
+    let (n, from) = b.udp().recv_from(hb, &mut buf).unwrap().unwrap();
+    assert_eq!(&buf[..n], b"over six");
+    assert_eq!(from, std::net::SocketAddr::new(ip_a.into(), 5000));
+    // The answer needs no solicitation: B learnt A from its solicitation.
+    b.udp().send_to(hb, from, b"and back").unwrap();
+    let back = polled(&mut b);
+    assert_eq!(back.len(), 1);
+    deliver(&back, &mut a);
+    let (n, from) = a.udp().recv_from(ha, &mut buf).unwrap().unwrap();
+    assert_eq!((&buf[..n], from), (&b"and back"[..], to_b));
+    assert_eq!(b.stats().udp.rx_datagrams, 1);
+    assert_eq!(a.stats().udp.rx_datagrams, 1);
+    assert_eq!(a.stats().ipv6.tx_neighbor_solicits, 1);
+}
+
+/// A datagram above the MTU leaves in fragments (RFC 8200 §4.5): every
+/// fragment but the last a multiple of 8 bytes, one identification, the
+/// offsets contiguous, and the pieces joined give the datagram, whose
+/// checksum verifies.
+#[test]
+fn a_large_udp_datagram_leaves_in_fragments() {
+    let (mut a, mut b) = pair();
+    let ha = a.udp().bind(5000).unwrap();
+    b.udp().bind(7).unwrap();
+    // Let A know B first.
+    a.udp().send_to(ha, (GLOBAL, 7), b"hi").unwrap();
+    let ns = polled(&mut a);
+    let na = deliver(&ns, &mut b);
+    deliver(&na, &mut a);
+    let data: Vec<u8> = (0..4000u32).map(|i| (i * 13) as u8).collect();
+    a.udp().send_to(ha, (GLOBAL, 7), &data).unwrap();
+    let frames = polled(&mut a);
+    assert_eq!(frames.len(), 3, "4,008 bytes in fragments of at most 1,448");
+    let mut joined = Vec::new();
+    let mut ident = None;
+    for (i, f) in frames.iter().enumerate() {
+        let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+        assert!(eth.payload().len() <= 1500);
+        let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
+        assert_eq!(ip.next_header(), IpProtocol::Ipv6Frag);
+        let p = ip.payload();
+        assert_eq!(p[0], u8::from(IpProtocol::Udp));
+        let word = u16::from_be_bytes([p[2], p[3]]);
+        let (offset, more) = (usize::from(word & !7), word & 1 == 1);
+        assert_eq!(offset, joined.len());
+        assert_eq!(more, i + 1 < frames.len());
+        let id = u32::from_be_bytes([p[4], p[5], p[6], p[7]]);
+        assert_eq!(*ident.get_or_insert(id), id);
+        if more {
+            assert_eq!((p.len() - 8) % 8, 0);
+        }
+        joined.extend_from_slice(&p[8..]);
+    }
+    let udp = UdpPacket::new_checked(&joined[..]).unwrap();
+    assert!(udp.verify_checksum(&IpAddress::Ipv6(PEER), &IpAddress::Ipv6(GLOBAL)));
+    assert_eq!(udp.payload(), &data[..]);
+    assert_eq!(a.stats().ipv6.tx_fragments, 3);
+}
+
+/// A datagram to a port nobody bound is answered with ICMPv6 port
+/// unreachable quoting it (RFC 4443 §3.1), as Linux does.
+#[test]
+fn udp_to_a_closed_port_gets_port_unreachable() {
+    let (mut a, mut b) = pair();
+    let ha = a.udp().bind(5000).unwrap();
+    a.udp().send_to(ha, (GLOBAL, 9999), b"anyone?").unwrap();
+    let ns = polled(&mut a);
+    let na = deliver(&ns, &mut b);
+    let datagram = deliver(&na, &mut a);
+    let sent = datagram[0].clone();
+    let err = deliver(&datagram, &mut b);
+    assert_eq!(err.len(), 1);
+    let eth = EthernetFrame::new_checked(&err[0][..]).unwrap();
+    let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
+    assert_eq!((ip.src_addr(), ip.dst_addr()), (GLOBAL, PEER));
+    let pkt = Icmpv6Packet::new_checked(ip.payload()).unwrap();
+    assert!(pkt.verify_checksum(&GLOBAL, &PEER));
+    let icmp = ip.payload();
+    assert_eq!((icmp[0], icmp[1]), (1, 4), "destination unreachable, port");
+    assert_eq!(&icmp[8..], &sent[ETHERNET_HEADER_LEN..]);
+    assert_eq!(b.stats().ipv6.tx_dest_unreachable, 1);
+    assert_eq!(drops(&b, DropReason::UdpNoSocket), 1);
+}

@@ -58,13 +58,17 @@ impl Prober for Udp {
             let Some((key, ts)) = read_msg(&buf[..n.min(buf.len())]) else {
                 continue;
             };
+            // Mesh targets are IPv4 addresses.
+            let std::net::IpAddr::V4(ip) = from.ip() else {
+                continue;
+            };
             let ok = |id| {
                 series.is(id, |s| {
-                    s.target.addr == *from.ip() && s.target.udp_port == from.port()
+                    s.target.addr == ip && s.target.udp_port == from.port()
                 })
             };
             let id = self.inflight.take(key, ok);
-            series.settle(id, Probe::Udp, *from.ip(), || {
+            series.settle(id, Probe::Udp, ip, || {
                 now.saturating_duration_since(Instant::from_nanos(ts))
             });
         }

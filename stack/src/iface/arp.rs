@@ -5,7 +5,9 @@
 //! it decides, the stack emits.
 
 use core::net::Ipv4Addr;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::iface::resolve::{Limits, Resolving};
 use std::time::Duration;
 
 use smoltcp::wire::EthernetAddress;
@@ -61,41 +63,21 @@ struct Entry {
     expires: Instant,
 }
 
-#[derive(Debug)]
-struct Pending {
-    last_request: Instant,
-    requests: u32,
-    /// IPv4 packets (no Ethernet header) waiting for this address.
-    packets: VecDeque<Vec<u8>>,
-    bytes: usize,
-}
-
 /// [`ArpCache::learn`] refused to change a fresh entry's MAC (counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MacChangeRefused;
 
-/// What [`ArpCache::enqueue`] decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Enqueue {
-    /// Queued, and a request should go out now.
-    QueuedSendRequest,
-    /// Queued; a request is already outstanding.
-    Queued,
-    /// Dropped (queue or address cap full); counted.
-    Dropped,
-}
+pub use crate::iface::resolve::Enqueue;
 
 /// The ARP table of one stack.
 #[derive(Debug)]
 pub struct ArpCache {
     cfg: ArpConfig,
     entries: foldhash::HashMap<Ipv4Addr, Entry>,
-    pending: HashMap<Ipv4Addr, Pending>,
-    pending_packets: usize,
-    pending_bytes: usize,
-    /// Most entries and pending bytes ever held (flood reports).
+    /// Packets waiting for an answer.
+    pending: Resolving<Ipv4Addr>,
+    /// Most entries ever held (flood reports).
     entries_hwm: usize,
-    pending_bytes_hwm: usize,
     pub(crate) stats: ArpStats,
     /// The entry the last successful lookup found (address, MAC, expiry):
     /// a flow's segments all ask for the same next hop, and this answers
@@ -106,14 +88,19 @@ pub struct ArpCache {
 impl ArpCache {
     /// An empty cache with the limits of `cfg`.
     pub fn new(cfg: ArpConfig) -> Self {
+        let pending = Resolving::new(Limits {
+            request_interval: cfg.request_interval,
+            max_requests: cfg.max_requests,
+            per_addr: cfg.pending_per_addr,
+            bytes_per_addr: cfg.pending_bytes_per_addr,
+            bytes_total: cfg.pending_bytes_total,
+            max_addrs: cfg.max_pending_addrs,
+        });
         ArpCache {
             cfg,
             entries: foldhash::HashMap::default(),
-            pending: HashMap::new(),
-            pending_packets: 0,
-            pending_bytes: 0,
+            pending,
             entries_hwm: 0,
-            pending_bytes_hwm: 0,
             stats: ArpStats::default(),
             last: None,
         }
@@ -148,7 +135,7 @@ impl ArpCache {
 
     /// Is there an entry (fresh or not) or an outstanding request for `ip`?
     pub fn knows(&self, ip: Ipv4Addr) -> bool {
-        self.entries.contains_key(&ip) || self.pending.contains_key(&ip)
+        self.entries.contains_key(&ip) || self.pending.asked(&ip)
     }
 
     /// Record `ip -> mac`. `solicited` entries (a reply to our request, or a
@@ -166,7 +153,7 @@ impl ArpCache {
         solicited: bool,
     ) -> Result<VecDeque<Vec<u8>>, MacChangeRefused> {
         let expires = now + self.cfg.entry_ttl;
-        let asked = self.pending.contains_key(&ip);
+        let asked = self.pending.asked(&ip);
         // Whatever happens to the table below, the remembered lookup is
         // looked up again.
         self.last = None;
@@ -185,14 +172,7 @@ impl ArpCache {
                 self.entries_hwm = self.entries_hwm.max(self.entries.len());
             }
         }
-        Ok(match self.pending.remove(&ip) {
-            Some(p) => {
-                self.pending_packets -= p.packets.len();
-                self.pending_bytes -= p.bytes;
-                p.packets
-            }
-            None => VecDeque::new(),
-        })
+        Ok(self.pending.resolved(&ip))
     }
 
     /// Make room: drop an expired entry, else (when `fresh_too`) the one
@@ -214,102 +194,29 @@ impl ArpCache {
 
     /// Hold `packet` until `ip` resolves.
     pub fn enqueue(&mut self, now: Instant, ip: Ipv4Addr, packet: Vec<u8>) -> Enqueue {
-        if !self.pending.contains_key(&ip) && self.pending.len() >= self.cfg.max_pending_addrs {
-            // Full of addresses: give up on the one asked about longest ago
-            // (a flood of unresolvable sources must not lock out a real
-            // neighbour, whose answer comes within a round trip).
-            let oldest = (self.pending.iter())
-                .min_by_key(|(_, p)| p.last_request)
-                .map(|(ip, _)| *ip);
-            if let Some(p) = oldest.and_then(|o| self.pending.remove(&o)) {
-                self.pending_packets -= p.packets.len();
-                self.pending_bytes -= p.bytes;
-                self.stats.pending_dropped += p.packets.len() as u64;
-                self.stats.unresolved += 1;
-            }
-        }
-        let cfg = &self.cfg;
-        if self.pending_bytes + packet.len() > cfg.pending_bytes_total
-            || (!self.pending.contains_key(&ip) && self.pending.len() >= cfg.max_pending_addrs)
-        {
-            self.stats.pending_dropped += 1;
-            return Enqueue::Dropped;
-        }
-        let p = self.pending.entry(ip).or_insert_with(|| Pending {
-            last_request: now,
-            requests: 0,
-            packets: VecDeque::new(),
-            bytes: 0,
-        });
-        // Keep the newest: drop the oldest waiting packets to make room.
-        while !p.packets.is_empty()
-            && (p.packets.len() >= cfg.pending_per_addr
-                || p.bytes + packet.len() > cfg.pending_bytes_per_addr)
-        {
-            if let Some(old) = p.packets.pop_front() {
-                p.bytes -= old.len();
-                self.pending_bytes -= old.len();
-                self.pending_packets -= 1;
-                self.stats.pending_dropped += 1;
-            }
-        }
-        p.bytes += packet.len();
-        self.pending_bytes += packet.len();
-        self.pending_bytes_hwm = self.pending_bytes_hwm.max(self.pending_bytes);
-        self.pending_packets += 1;
-        p.packets.push_back(packet);
-        let first = p.requests == 0;
-        if first || (now >= p.last_request + cfg.request_interval && p.requests < cfg.max_requests)
-        {
-            p.last_request = now;
-            p.requests += 1;
-            return Enqueue::QueuedSendRequest;
-        }
-        Enqueue::Queued
+        self.pending.enqueue(now, ip, packet)
     }
 
     /// Timers: addresses whose request should be repeated now; gives up (and
     /// drops the queued packets) after `max_requests`. Also expires entries.
     pub fn poll(&mut self, now: Instant, retry: &mut Vec<Ipv4Addr>) {
-        let cfg = &self.cfg;
-        let mut gave_up = Vec::new();
-        for (ip, p) in self.pending.iter_mut() {
-            if now < p.last_request + cfg.request_interval {
-                continue;
-            }
-            if p.requests >= cfg.max_requests {
-                gave_up.push(*ip);
-            } else {
-                p.requests += 1;
-                p.last_request = now;
-                retry.push(*ip);
-            }
-        }
-        for ip in gave_up {
-            if let Some(p) = self.pending.remove(&ip) {
-                self.pending_packets -= p.packets.len();
-                self.pending_bytes -= p.bytes;
-                self.stats.pending_dropped += p.packets.len() as u64;
-                self.stats.unresolved += 1;
-            }
-        }
+        self.pending.poll(now, retry);
     }
 
     /// Next time [`poll`](Self::poll) has work.
     pub fn poll_at(&self) -> Option<Instant> {
-        self.pending
-            .values()
-            .map(|p| p.last_request + self.cfg.request_interval)
-            .min()
+        self.pending.poll_at()
     }
 
     /// Counters with the gauges filled in.
     pub fn stats(&self) -> ArpStats {
         ArpStats {
             entries: self.entries.len() as u64,
-            pending_packets: self.pending_packets as u64,
+            pending_packets: self.pending.packets() as u64,
             entries_hwm: self.entries_hwm as u64,
-            pending_bytes_hwm: self.pending_bytes_hwm as u64,
+            pending_bytes_hwm: self.pending.bytes_hwm as u64,
+            pending_dropped: self.pending.dropped,
+            unresolved: self.pending.unresolved,
             ..self.stats.clone()
         }
     }

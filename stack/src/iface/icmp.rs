@@ -265,7 +265,7 @@ impl PingTable {
                 let sent = link.send_ip_with_options(
                     now,
                     tx,
-                    meta.src,
+                    meta.src_v4(),
                     IpProtocol::Icmp,
                     options,
                     reply.buffer_len(),
@@ -281,7 +281,7 @@ impl PingTable {
             Icmpv4Message::EchoReply => {
                 let data = pkt.data();
                 let reply = PingReply {
-                    from: meta.src,
+                    from: meta.src_v4(),
                     ident: pkt.echo_ident(),
                     seq: pkt.echo_seq_no(),
                     ttl: meta.ttl,
@@ -335,7 +335,7 @@ impl PingTable {
                     let ident = u16::from_be_bytes([inner[4], inner[5]]);
                     let seq = u16::from_be_bytes([inner[6], inner[7]]);
                     let ev = PingEvent::Unreachable {
-                        from: meta.src,
+                        from: meta.src_v4(),
                         seq,
                         code: pkt.msg_code(),
                     };

@@ -1,7 +1,7 @@
 //! The receive path below the transports: an Ethernet frame checked and
 //! demultiplexed, ARP answered, an IPv4 header validated and fragments
 //! reassembled; IPv6 goes to [`crate::iface::ipv6`]. What is left for the transports comes back as an
-//! [`Ipv4In`]; every refusal is one [`DropReason`].
+//! [`IpIn`]; every refusal is one [`DropReason`].
 
 use smoltcp::wire::{
     ETHERNET_HEADER_LEN as ETH_LEN, EthernetFrame, EthernetProtocol, IPV4_HEADER_LEN as IP_LEN,
@@ -16,7 +16,7 @@ use crate::time::Instant;
 
 /// What the layers below the transports made of a frame.
 #[derive(Debug)]
-pub(crate) enum Ipv4In<'a> {
+pub(crate) enum IpIn<'a> {
     /// Nothing left for a transport: an ARP packet, or a fragment held
     /// until its datagram is whole.
     Done,
@@ -26,7 +26,7 @@ pub(crate) enum Ipv4In<'a> {
         meta: IpMeta<'a>,
         /// The payload (the transport's header and data).
         body: &'a [u8],
-        /// The whole IPv4 packet, header included.
+        /// The whole IP packet, header included.
         packet: &'a [u8],
     },
     /// A datagram joined from fragments (its bytes are its own).
@@ -48,8 +48,8 @@ impl Whole {
     pub(crate) fn meta(&self) -> IpMeta<'_> {
         let key = self.datagram.key;
         IpMeta {
-            src: key.src,
-            dst: key.dst,
+            src: key.src.into(),
+            dst: key.dst.into(),
             protocol: IpProtocol::from(key.protocol),
             ttl: self.datagram.ttl(),
             broadcast: self.broadcast,
@@ -71,7 +71,7 @@ pub(crate) fn ethernet<'a, T: Tx>(
     frame: &'a [u8],
     rx: RxMeta,
     tx: &mut T,
-) -> Result<Ipv4In<'a>, DropReason> {
+) -> Result<IpIn<'a>, DropReason> {
     let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::EthTruncated)?;
     if frame.len() > ETH_LEN + link.cfg.mtu
         && !(link.offloads.rx_large && frame.len() <= ETH_LEN + usize::from(u16::MAX))
@@ -90,12 +90,14 @@ pub(crate) fn ethernet<'a, T: Tx>(
         EthernetProtocol::Arp => {
             let replica = rx.role == RxRole::Replica;
             link.receive_arp(now, payload, replica, tx)?;
-            Ok(Ipv4In::Done)
+            Ok(IpIn::Done)
         }
         EthernetProtocol::Ipv4 => ipv4(link, frags, now, payload, rx),
         EthernetProtocol::Ipv6 if link.ip6.enabled() => {
-            crate::iface::ipv6::ipv6(link, now, eth.src_addr(), payload, rx, tx)?;
-            Ok(Ipv4In::Done)
+            match crate::iface::ipv6::ipv6(link, now, eth.src_addr(), payload, rx, tx)? {
+                Some((meta, body, packet)) => Ok(IpIn::Datagram { meta, body, packet }),
+                None => Ok(IpIn::Done),
+            }
         }
         _ => Err(DropReason::EthUnknownType),
     }
@@ -109,7 +111,7 @@ pub(crate) fn ipv4<'a>(
     now: Instant,
     payload: &'a [u8],
     rx: RxMeta,
-) -> Result<Ipv4In<'a>, DropReason> {
+) -> Result<IpIn<'a>, DropReason> {
     if payload.len() < IP_LEN {
         return Err(DropReason::Ipv4Truncated);
     }
@@ -149,8 +151,8 @@ pub(crate) fn ipv4<'a>(
     link.stats.ipv4.rx_packets += 1;
     link.stats.ipv4.rx_bytes += tl as u64;
     let meta = IpMeta {
-        src,
-        dst,
+        src: src.into(),
+        dst: dst.into(),
         protocol: pkt.next_header(),
         ttl: pkt.hop_limit(),
         broadcast,
@@ -159,7 +161,7 @@ pub(crate) fn ipv4<'a>(
     };
     let body = &payload[hl..tl];
     if !pkt.more_frags() && pkt.frag_offset() == 0 {
-        return Ok(Ipv4In::Datagram {
+        return Ok(IpIn::Datagram {
             meta,
             body,
             packet: &payload[..tl],
@@ -174,10 +176,10 @@ pub(crate) fn ipv4<'a>(
     };
     let offset = usize::from(pkt.frag_offset());
     match frags.insert(now, key, offset, pkt.more_frags(), meta.header, body)? {
-        None => Ok(Ipv4In::Done),
+        None => Ok(IpIn::Done),
         Some(datagram) => {
             link.stats.ipv4.reassembled += 1;
-            Ok(Ipv4In::Reassembled(Whole {
+            Ok(IpIn::Reassembled(Whole {
                 datagram,
                 broadcast,
                 rx,

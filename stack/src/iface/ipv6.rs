@@ -11,6 +11,7 @@
 //! and dropped.
 
 use core::net::Ipv6Addr;
+use std::time::Duration;
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
@@ -19,8 +20,10 @@ use smoltcp::wire::{
     NdiscRepr, RawHardwareAddress,
 };
 
-use crate::iface::link::{Link, write_eth};
+use crate::error::Error;
+use crate::iface::link::{IpMeta, Link, write_eth};
 use crate::iface::ndp::Neighbors;
+use crate::iface::resolve::{Enqueue, Limits, Resolving};
 use crate::phy::device::{RxMeta, Tx};
 use crate::stats::DropReason;
 use crate::time::Instant;
@@ -31,13 +34,44 @@ pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 /// Hop limit of the packets we originate.
 const HOP_LIMIT: u8 = 64;
 
+/// How packets wait for a neighbor to answer (RFC 4861 §7.2.2: a
+/// solicitation every `RETRANS_TIMER`, 1 s, `MAX_MULTICAST_SOLICIT`, 3,
+/// of them; the queue bounded as ARP's).
+const NDP_LIMITS: Limits = Limits {
+    request_interval: Duration::from_secs(1),
+    max_requests: 3,
+    per_addr: 256,
+    bytes_per_addr: 256 << 10,
+    bytes_total: 1 << 20,
+    max_addrs: 64,
+};
+
 /// Our IPv6 addresses and neighbors.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Ipv6Iface {
     /// Our unicast addresses, the link-local one first; empty when IPv6
     /// is off (no address configured).
     addrs: Vec<Ipv6Cidr>,
     pub(crate) neighbors: Neighbors,
+    /// Packets waiting for a neighbor's advertisement.
+    pub(crate) pending: Resolving<Ipv6Addr>,
+    /// Identification of the next fragmented datagram (RFC 8200 §4.5,
+    /// RFC 7739: started from the stack's secret, not from zero).
+    next_frag_id: u32,
+    /// Solicitations owed to the next poll (retries).
+    retry: Vec<Ipv6Addr>,
+}
+
+impl Default for Ipv6Iface {
+    fn default() -> Self {
+        Ipv6Iface {
+            addrs: Vec::new(),
+            neighbors: Neighbors::default(),
+            pending: Resolving::new(NDP_LIMITS),
+            next_frag_id: 0,
+            retry: Vec::new(),
+        }
+    }
 }
 
 impl Ipv6Iface {
@@ -50,10 +84,32 @@ impl Ipv6Iface {
         let ll = Ipv6Cidr::new(link_local(mac), 64);
         let mut addrs = vec![ll];
         addrs.extend(configured.iter().filter(|c| c.address() != ll.address()));
+        let m = mac.0;
         Ipv6Iface {
             addrs,
-            neighbors: Neighbors::default(),
+            next_frag_id: u32::from_be_bytes([m[2], m[3], m[4], m[5]]).rotate_left(13),
+            ..Ipv6Iface::default()
         }
+    }
+
+    /// The source address for packets to `dst` (RFC 6724, for the
+    /// addresses a host of ours has): the link-local one for a link-local
+    /// or link-scope multicast destination, else the first configured one;
+    /// `None` when IPv6 is off.
+    pub(crate) fn source_for(&self, dst: &Ipv6Addr) -> Option<Ipv6Addr> {
+        let link_scope =
+            dst.is_unicast_link_local() || (dst.is_multicast() && dst.segments()[0] & 0x000f == 2);
+        match self.addrs.as_slice() {
+            [] => None,
+            [ll, ..] if link_scope => Some(ll.address()),
+            [ll] => Some(ll.address()),
+            [_, first, ..] => Some(first.address()),
+        }
+    }
+
+    /// Whether `a` is one of our addresses.
+    pub(crate) fn owns(&self, a: &Ipv6Addr) -> bool {
+        self.is_ours(a)
     }
 
     /// Whether IPv6 is on.
@@ -124,18 +180,22 @@ pub fn multicast_mac(group: Ipv6Addr) -> EthernetAddress {
     EthernetAddress([0x33, 0x33, o[12], o[13], o[14], o[15]])
 }
 
+/// What a packet for a transport is: its header's facts, its payload and
+/// the whole packet.
+type ForTransport<'a> = (IpMeta<'a>, &'a [u8], &'a [u8]);
+
 /// Validate an IPv6 packet (RFC 8200 §3: version, payload length within
-/// the frame, addressed to us, a source that can be a host) and hand its
-/// ICMPv6 to [`icmpv6`]. `eth_src` is the frame's sender.
-pub(crate) fn ipv6<T: Tx>(
+/// the frame, addressed to us, a source that can be a host); ICMPv6 is
+/// handled here ([`icmpv6`]), TCP and UDP come back for their tables.
+/// `eth_src` is the frame's sender.
+pub(crate) fn ipv6<'a, T: Tx>(
     link: &mut Link,
     now: Instant,
     eth_src: EthernetAddress,
-    payload: &[u8],
+    payload: &'a [u8],
     rx: RxMeta,
     tx: &mut T,
-) -> Result<(), DropReason> {
-    let _ = rx;
+) -> Result<Option<ForTransport<'a>>, DropReason> {
     if payload.len() < IPV6_HEADER_LEN {
         return Err(DropReason::Ipv6Truncated);
     }
@@ -158,7 +218,22 @@ pub(crate) fn ipv6<T: Tx>(
     link.stats.ipv6.rx_bytes += end as u64;
     let body = &payload[IPV6_HEADER_LEN..end];
     match pkt.next_header() {
-        IpProtocol::Icmpv6 => icmpv6(link, now, eth_src, &pkt, body, tx),
+        IpProtocol::Icmpv6 => icmpv6(link, now, eth_src, &pkt, body, tx).map(|()| None),
+        protocol @ (IpProtocol::Tcp | IpProtocol::Udp) => {
+            if src.is_unspecified() {
+                return Err(DropReason::Ipv6BadSource);
+            }
+            let meta = IpMeta {
+                src: src.into(),
+                dst: dst.into(),
+                protocol,
+                ttl: pkt.hop_limit(),
+                broadcast: dst.is_multicast(),
+                header: &payload[..IPV6_HEADER_LEN],
+                rx,
+            };
+            Ok(Some((meta, body, &payload[..end])))
+        }
         _ => Err(DropReason::Ipv6UnknownNextHeader),
     }
 }
@@ -260,6 +335,7 @@ fn ndisc<T: Tx>(
             }
             if let (false, Some(mac)) = (dad, lladdr) {
                 link.ip6.neighbors.learn(now, src, mac, false, true);
+                flush(link, tx, src);
             }
             let (to, to_mac, flags) = if dad {
                 (
@@ -306,6 +382,7 @@ fn ndisc<T: Tx>(
             link.ip6
                 .neighbors
                 .learn(now, target_addr, mac, solicited, overrides);
+            flush(link, tx, target_addr);
             Ok(())
         }
         _ => Err(DropReason::Icmpv6Unhandled),
@@ -345,3 +422,236 @@ fn send_icmpv6<T: Tx>(
     }
     sent
 }
+
+/// Write the fixed header of a packet we originate into `buf`.
+fn write_header(
+    buf: &mut [u8],
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next: IpProtocol,
+    payload_len: usize,
+) {
+    Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: next,
+        payload_len,
+        hop_limit: HOP_LIMIT,
+    }
+    .emit(&mut Ipv6Packet::new_unchecked(buf));
+}
+
+/// Send an IPv6 packet from `src` (one of ours, [`Ipv6Iface::source_for`])
+/// to `dst` carrying `payload_len` bytes of `protocol` that `fill` writes.
+/// A packet above the MTU leaves in fragments (RFC 8200 §4.5); one to a
+/// neighbor not yet known waits (bounded) while it is solicited. Every
+/// destination is taken as on-link: routers are not learnt yet.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    protocol: IpProtocol,
+    payload_len: usize,
+    fill: F,
+) -> Result<(), Error> {
+    if !link.ip6.enabled() || dst.is_unspecified() || link.ip6.owns(&dst) {
+        link.stats.ipv6.tx_no_route += 1;
+        return Err(Error::NoRoute);
+    }
+    if payload_len > usize::from(u16::MAX) {
+        return Err(Error::TooLarge);
+    }
+    let mac = if dst.is_multicast() {
+        Some(multicast_mac(dst))
+    } else {
+        link.ip6.neighbors.lookup(&dst)
+    };
+    if IPV6_HEADER_LEN + payload_len <= link.cfg.mtu {
+        let len = IPV6_HEADER_LEN + payload_len;
+        let build = |ip: &mut [u8]| {
+            write_header(ip, src, dst, protocol, payload_len);
+            fill(&mut ip[IPV6_HEADER_LEN..]);
+        };
+        match mac {
+            Some(mac) => {
+                let me = link.cfg.mac;
+                let ok = tx.send(ETH_LEN + len, |buf| {
+                    write_eth(buf, me, mac, EthernetProtocol::Ipv6);
+                    build(&mut buf[ETH_LEN..]);
+                });
+                count(link, ok, len);
+            }
+            None => {
+                let mut packet = vec![0u8; len];
+                build(&mut packet);
+                hold(link, now, tx, dst, packet);
+            }
+        }
+        return Ok(());
+    }
+    // Fragments: the payload built once, cut at multiples of 8 bytes.
+    let chunk = link
+        .cfg
+        .mtu
+        .saturating_sub(IPV6_HEADER_LEN + FRAG_HEADER_LEN)
+        & !7;
+    if chunk == 0 {
+        return Err(Error::TooLarge);
+    }
+    let mut body = vec![0u8; payload_len];
+    fill(&mut body);
+    let ident = link.ip6.next_frag_id;
+    link.ip6.next_frag_id = ident.wrapping_add(1);
+    for (i, piece) in body.chunks(chunk).enumerate() {
+        let offset = i * chunk;
+        let more = offset + piece.len() < payload_len;
+        let len = IPV6_HEADER_LEN + FRAG_HEADER_LEN + piece.len();
+        let build = |ip: &mut [u8]| {
+            write_header(
+                ip,
+                src,
+                dst,
+                IpProtocol::Ipv6Frag,
+                FRAG_HEADER_LEN + piece.len(),
+            );
+            let f = &mut ip[IPV6_HEADER_LEN..];
+            f[0] = protocol.into();
+            f[1] = 0;
+            f[2..4].copy_from_slice(&((offset as u16) | u16::from(more)).to_be_bytes());
+            f[4..8].copy_from_slice(&ident.to_be_bytes());
+            f[FRAG_HEADER_LEN..].copy_from_slice(piece);
+        };
+        link.stats.ipv6.tx_fragments += 1;
+        match mac {
+            Some(mac) => {
+                let me = link.cfg.mac;
+                let ok = tx.send(ETH_LEN + len, |buf| {
+                    write_eth(buf, me, mac, EthernetProtocol::Ipv6);
+                    build(&mut buf[ETH_LEN..]);
+                });
+                count(link, ok, len);
+            }
+            None => {
+                let mut packet = vec![0u8; len];
+                build(&mut packet);
+                hold(link, now, tx, dst, packet);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A fragment header's bytes (RFC 8200 §4.5).
+const FRAG_HEADER_LEN: usize = 8;
+
+/// Count a packet of `len` bytes (IPv6 header on) handed to the port.
+fn count(link: &mut Link, ok: bool, len: usize) {
+    link.count_tx(ok, ETH_LEN + len);
+    if ok {
+        link.stats.ipv6.tx_packets += 1;
+        link.stats.ipv6.tx_bytes += len as u64;
+    }
+}
+
+/// Hold `packet` for `dst`, soliciting it when a solicitation is due.
+fn hold<T: Tx>(link: &mut Link, now: Instant, tx: &mut T, dst: Ipv6Addr, packet: Vec<u8>) {
+    if link.ip6.pending.enqueue(now, dst, packet) == Enqueue::QueuedSendRequest {
+        solicit(link, tx, dst);
+    }
+}
+
+/// A neighbor solicitation for `target` to its solicited-node group, with
+/// our link-layer address (RFC 4861 §7.2.2).
+fn solicit<T: Tx>(link: &mut Link, tx: &mut T, target: Ipv6Addr) {
+    let group = solicited_node(target);
+    let Some(src) = link.ip6.source_for(&target) else {
+        return;
+    };
+    let ns = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+        target_addr: target,
+        lladdr: Some(RawHardwareAddress::from(link.cfg.mac)),
+    });
+    if send_icmpv6(link, tx, multicast_mac(group), src, group, 255, &ns) {
+        link.stats.ipv6.tx_neighbor_solicits += 1;
+    }
+}
+
+/// Packets that waited for `ip` leave now that its address is known.
+fn flush<T: Tx>(link: &mut Link, tx: &mut T, ip: Ipv6Addr) {
+    let Some(mac) = link.ip6.neighbors.lookup(&ip) else {
+        return;
+    };
+    for packet in link.ip6.pending.resolved(&ip) {
+        let me = link.cfg.mac;
+        let ok = tx.send(ETH_LEN + packet.len(), |buf| {
+            write_eth(buf, me, mac, EthernetProtocol::Ipv6);
+            buf[ETH_LEN..].copy_from_slice(&packet);
+        });
+        count(link, ok, packet.len());
+    }
+}
+
+/// Timers: solicitations to repeat, neighbors to give up.
+pub(crate) fn poll<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
+    let mut retry = std::mem::take(&mut link.ip6.retry);
+    link.ip6.pending.poll(now, &mut retry);
+    for target in retry.drain(..) {
+        solicit(link, tx, target);
+    }
+    link.ip6.retry = retry;
+}
+
+/// When [`poll`] next has work.
+pub(crate) fn poll_at(link: &Link) -> Option<Instant> {
+    link.ip6.pending.poll_at()
+}
+
+/// ICMPv6 destination unreachable, port unreachable (RFC 4443 §3.1)
+/// about a datagram we received: rate-limited with IPv4's errors, never
+/// about a packet to a multicast group; it quotes as much of the packet
+/// (`packet`, header on) as keeps the message within the minimum MTU.
+pub(crate) fn send_port_unreachable<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    meta: &IpMeta<'_>,
+    packet: &[u8],
+) {
+    let (core::net::IpAddr::V6(src), core::net::IpAddr::V6(dst)) = (meta.src, meta.dst) else {
+        return;
+    };
+    if meta.broadcast || src.is_unspecified() {
+        return;
+    }
+    if !link.icmp_errors.take(now) {
+        link.stats.icmp.rate_limited += 1;
+        return;
+    }
+    let quote = &packet[..packet.len().min(MIN_MTU - IPV6_HEADER_LEN - 8)];
+    let sent = send(
+        link,
+        now,
+        tx,
+        dst,
+        src,
+        IpProtocol::Icmpv6,
+        8 + quote.len(),
+        |b| {
+            b[0] = 1; // destination unreachable
+            b[1] = 4; // port unreachable
+            b[2..8].fill(0);
+            b[8..].copy_from_slice(quote);
+            let c = crate::wire::checksum::compute_ip(dst.into(), src.into(), 58, b);
+            b[2..4].copy_from_slice(&c.to_be_bytes());
+        },
+    );
+    if sent.is_ok() {
+        link.stats.ipv6.tx_dest_unreachable += 1;
+    }
+}
+
+/// The least MTU an IPv6 link has (RFC 8200 §5).
+const MIN_MTU: usize = 1280;

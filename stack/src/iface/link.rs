@@ -3,7 +3,7 @@
 //! errors and resets rate-limited. Each transport (ICMP, UDP, TCP, UD)
 //! holds its own sockets and reaches the wire only through a `&mut Link`.
 
-use core::net::Ipv4Addr;
+use core::net::{IpAddr, Ipv4Addr};
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 
@@ -57,18 +57,30 @@ impl RateLimit {
 /// What the IP layer tells the transport about a received datagram.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct IpMeta<'a> {
-    pub(crate) src: Ipv4Addr,
-    pub(crate) dst: Ipv4Addr,
+    pub(crate) src: IpAddr,
+    pub(crate) dst: IpAddr,
     pub(crate) protocol: IpProtocol,
     pub(crate) ttl: u8,
-    /// Addressed to a broadcast address (never answered with an ICMP error).
+    /// Addressed to a broadcast address, or (IPv6) a multicast group
+    /// (never answered with an ICMP error).
     pub(crate) broadcast: bool,
-    /// The IPv4 header as received, options included (the first
+    /// The IPv4 (or IPv6) header as received, options included (the first
     /// fragment's for a reassembled datagram): what ICMP errors quote.
     pub(crate) header: &'a [u8],
     /// What came with the frame (for a reassembled datagram, the last
     /// fragment's stamp and role, with no checksum verdict).
     pub(crate) rx: RxMeta,
+}
+
+impl IpMeta<'_> {
+    /// The IPv4 source (the unspecified address for an IPv6 packet: only
+    /// IPv4's own paths, ICMP, ask).
+    pub(crate) fn src_v4(&self) -> Ipv4Addr {
+        match self.src {
+            IpAddr::V4(a) => a,
+            IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+        }
+    }
 }
 
 /// The layers below the transport: configuration, ARP, counters and the
@@ -88,7 +100,7 @@ pub(crate) struct Link {
     ip_idents: Box<[u16]>,
     ident_hash: foldhash::fast::FixedState,
     announced: bool,
-    icmp_errors: RateLimit,
+    pub(crate) icmp_errors: RateLimit,
     /// Resets for segments that belong to no connection (token bucket).
     pub(crate) rst_limit: RateLimit,
     arp_retry: Vec<Ipv4Addr>,
@@ -320,17 +332,24 @@ impl Link {
         }
         let data = &body[..body.len().min(8)];
         let quote_len = meta.header.len() + data.len();
-        let sent = self.send_ip(now, tx, meta.src, IpProtocol::Icmp, 8 + quote_len, |buf| {
-            let mut p = Icmpv4Packet::new_unchecked(&mut *buf);
-            p.set_msg_type(Icmpv4Message::DstUnreachable);
-            p.set_msg_code(reason.into());
-            // Checksum (filled below) and the unused word.
-            buf[2..8].fill(0);
-            let (hdr, rest) = buf[8..].split_at_mut(meta.header.len());
-            hdr.copy_from_slice(meta.header);
-            rest[..data.len()].copy_from_slice(data);
-            Icmpv4Packet::new_unchecked(buf).fill_checksum();
-        });
+        let sent = self.send_ip(
+            now,
+            tx,
+            meta.src_v4(),
+            IpProtocol::Icmp,
+            8 + quote_len,
+            |buf| {
+                let mut p = Icmpv4Packet::new_unchecked(&mut *buf);
+                p.set_msg_type(Icmpv4Message::DstUnreachable);
+                p.set_msg_code(reason.into());
+                // Checksum (filled below) and the unused word.
+                buf[2..8].fill(0);
+                let (hdr, rest) = buf[8..].split_at_mut(meta.header.len());
+                hdr.copy_from_slice(meta.header);
+                rest[..data.len()].copy_from_slice(data);
+                Icmpv4Packet::new_unchecked(buf).fill_checksum();
+            },
+        );
         if sent.is_ok() {
             self.stats.icmp.tx_dest_unreachable += 1;
         }

@@ -14,3 +14,4 @@ pub(crate) mod input;
 pub mod ipv6;
 pub(crate) mod link;
 pub mod ndp;
+pub(crate) mod resolve;

@@ -1,6 +1,6 @@
 //! TCP on the data path: segment demux on receive, emission on poll.
 
-use core::net::SocketAddrV4;
+use core::net::{IpAddr, SocketAddrV4};
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTimestampRepr};
@@ -405,10 +405,13 @@ impl TcpTable {
             return Err(DropReason::TcpBroadcast);
         }
         let pkt = TcpPacket::new_checked(body).map_err(|_| DropReason::TcpMalformed)?;
-        let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
+        let (IpAddr::V4(src4), IpAddr::V4(dst4)) = (meta.src, meta.dst) else {
+            return Err(DropReason::TcpOverIpv6);
+        };
+        let (src, dst) = (IpAddress::Ipv4(src4), IpAddress::Ipv4(dst4));
         if link.checksum.tcp.rx()
             && meta.rx.checksum != RxChecksum::Good
-            && !crate::wire::checksum::verifies(meta.src, meta.dst, 6, body)
+            && !crate::wire::checksum::verifies(src4, dst4, 6, body)
         {
             return Err(DropReason::TcpBadChecksum);
         }
@@ -421,7 +424,7 @@ impl TcpTable {
         };
         self.stats.segs_in += 1;
         let (src_port, dst_port) = (pkt.src_port(), pkt.dst_port());
-        let remote = SocketAddrV4::new(meta.src, src_port);
+        let remote = SocketAddrV4::new(src4, src_port);
         let key = FlowKey {
             local_port: dst_port,
             remote,

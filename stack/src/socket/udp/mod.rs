@@ -3,10 +3,11 @@
 
 mod view;
 
-use core::net::SocketAddrV4;
+use core::net::{IpAddr, SocketAddr};
 use std::collections::{HashMap, VecDeque};
 
 use slotmap::SlotMap;
+use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::Icmpv4DstUnreachable;
 use smoltcp::wire::{IpAddress, IpProtocol, UdpPacket, UdpRepr};
 
@@ -35,7 +36,7 @@ const UDP_HEADER: usize = 8;
 const EPHEMERAL_FIRST: u16 = 49_152;
 
 /// Datagrams with their remote ends, in order.
-type Datagrams = VecDeque<(SocketAddrV4, Vec<u8>)>;
+type Datagrams = VecDeque<(SocketAddr, Vec<u8>)>;
 
 /// How a UDP socket shares its port with others (`SO_REUSEADDR`,
 /// `SO_REUSEPORT`): a port takes another socket when every socket on it,
@@ -56,7 +57,7 @@ pub(crate) struct UdpSocket {
     port: u16,
     reuse: UdpReuse,
     /// The connected peer: only its datagrams are received.
-    peer: Option<SocketAddrV4>,
+    peer: Option<SocketAddr>,
     rx: Datagrams,
     rx_bytes: usize,
     tx: Datagrams,
@@ -182,7 +183,7 @@ impl UdpTable {
 
     /// Connect a socket to `peer` (only its datagrams are received from
     /// then on), or dissolve the association (`None`).
-    pub fn connect(&mut self, h: UdpHandle, peer: Option<SocketAddrV4>) -> Result<(), Error> {
+    pub fn connect(&mut self, h: UdpHandle, peer: Option<SocketAddr>) -> Result<(), Error> {
         self.get_mut(h)?.peer = peer;
         Ok(())
     }
@@ -191,7 +192,7 @@ impl UdpTable {
     /// whose peer is `src`, else an unconnected one (the last bound, or
     /// with `SO_REUSEPORT` one chosen by `src`), as Linux's lookup scores
     /// them.
-    fn lookup(&self, port: u16, src: SocketAddrV4) -> Option<UdpHandle> {
+    fn lookup(&self, port: u16, src: SocketAddr) -> Option<UdpHandle> {
         let on_port = self.by_port.get(&port)?;
         // Unconnected sockets, the last bound first (no allocation: this
         // runs for every datagram).
@@ -219,7 +220,14 @@ impl UdpTable {
         if n <= 1 || !all_reuse_port {
             return open().next().copied();
         }
-        let key = u32::from(*src.ip()).rotate_left(16) ^ u32::from(src.port());
+        let ip = match src.ip() {
+            IpAddr::V4(a) => u32::from(a),
+            IpAddr::V6(a) => {
+                let b = a.to_bits();
+                (b ^ (b >> 64) ^ (b >> 32) ^ (b >> 96)) as u32
+            }
+        };
+        let key = ip.rotate_left(16) ^ u32::from(src.port());
         let i = (key.wrapping_mul(0x9e37_79b9) >> 16) as usize % n;
         open().nth(i).copied()
     }
@@ -236,7 +244,7 @@ impl UdpTable {
     pub fn send_to(
         &mut self,
         h: UdpHandle,
-        dst: SocketAddrV4,
+        dst: SocketAddr,
         data: &[u8],
         cap: usize,
     ) -> Result<(), Error> {
@@ -264,7 +272,7 @@ impl UdpTable {
         &mut self,
         h: UdpHandle,
         buf: &mut [u8],
-    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
+    ) -> Result<Option<(usize, SocketAddr)>, Error> {
         let s = self.get_mut(h)?;
         let Some((src, data)) = s.rx.pop_front() else {
             return Ok(None);
@@ -281,7 +289,7 @@ impl UdpTable {
         &self,
         h: UdpHandle,
         buf: &mut [u8],
-    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
+    ) -> Result<Option<(usize, SocketAddr)>, Error> {
         let s = self.sockets.get(h).ok_or(Error::InvalidHandle)?;
         Ok(s.rx.front().map(|(src, data)| {
             let n = data.len().min(buf.len());
@@ -331,14 +339,25 @@ impl UdpTable {
         now: Instant,
         meta: IpMeta<'_>,
         body: &'a [u8],
+        // The whole packet, header on (not for a reassembled datagram):
+        // what an ICMPv6 error quotes.
+        packet: Option<&[u8]>,
         tx: &mut T,
     ) -> Result<Option<&'a [u8]>, DropReason> {
         let pkt = UdpPacket::new_checked(body).map_err(|_| DropReason::UdpMalformed)?;
         if pkt.dst_port() == 0 {
             return Err(DropReason::UdpMalformed);
         }
-        let (src, dst) = (IpAddress::Ipv4(meta.src), IpAddress::Ipv4(meta.dst));
-        if pkt.checksum() != 0 && !pkt.verify_checksum(&src, &dst) {
+        // IPv6 has no datagram without a checksum (RFC 8200 §8.1).
+        let unsummed = pkt.checksum() == 0 && meta.src.is_ipv4();
+        if !unsummed
+            && !crate::wire::checksum::verifies_ip(
+                meta.src,
+                meta.dst,
+                17,
+                &body[..usize::from(pkt.len())],
+            )
+        {
             return Err(DropReason::UdpBadChecksum);
         }
         let (src_port, dst_port) = (pkt.src_port(), pkt.dst_port());
@@ -348,8 +367,19 @@ impl UdpTable {
             return Ok(Some(data));
         }
         let cap = link.cfg.udp_rx_queue_bytes;
-        let Some(h) = self.lookup(dst_port, SocketAddrV4::new(meta.src, src_port)) else {
-            link.send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
+        let Some(h) = self.lookup(dst_port, SocketAddr::new(meta.src, src_port)) else {
+            match packet {
+                Some(p) if meta.src.is_ipv6() => {
+                    crate::iface::ipv6::send_port_unreachable(link, now, tx, &meta, p);
+                }
+                _ => link.send_unreachable(
+                    now,
+                    tx,
+                    Icmpv4DstUnreachable::PortUnreachable,
+                    meta,
+                    body,
+                ),
+            }
             return Err(DropReason::UdpNoSocket);
         };
         let Some(sock) = self.sockets.get_mut(h) else {
@@ -360,7 +390,7 @@ impl UdpTable {
         }
         sock.rx_bytes += data.len();
         sock.rx
-            .push_back((SocketAddrV4::new(meta.src, src_port), data.to_vec()));
+            .push_back((SocketAddr::new(meta.src, src_port), data.to_vec()));
         link.stats.udp.rx_datagrams += 1;
         link.stats.udp.rx_bytes += data.len() as u64;
         self.raise(h, Readiness::READABLE);
@@ -418,23 +448,46 @@ impl UdpTable {
 /// Send `datagrams` from local `port`.
 fn send_all<T: Tx>(link: &mut Link, now: Instant, tx: &mut T, port: u16, datagrams: Datagrams) {
     for (dst, data) in datagrams {
-        let src = IpAddress::Ipv4(link.ip());
         let repr = UdpRepr {
             src_port: port,
             dst_port: dst.port(),
         };
-        let caps = link.checksum.clone();
         let len = repr.header_len() + data.len();
-        let sent = link.send_ip(now, tx, *dst.ip(), IpProtocol::Udp, len, |buf| {
-            repr.emit(
-                &mut UdpPacket::new_unchecked(buf),
-                &src,
-                &IpAddress::Ipv4(*dst.ip()),
-                data.len(),
-                |p| p.copy_from_slice(&data),
-                &caps,
-            );
-        });
+        let sent = match dst.ip() {
+            IpAddr::V4(to) => {
+                let src = IpAddress::Ipv4(link.ip());
+                let caps = link.checksum.clone();
+                link.send_ip(now, tx, to, IpProtocol::Udp, len, |buf| {
+                    repr.emit(
+                        &mut UdpPacket::new_unchecked(buf),
+                        &src,
+                        &IpAddress::Ipv4(to),
+                        data.len(),
+                        |p| p.copy_from_slice(&data),
+                        &caps,
+                    );
+                })
+            }
+            IpAddr::V6(to) => match link.ip6.source_for(&to) {
+                Some(from) => {
+                    crate::iface::ipv6::send(link, now, tx, from, to, IpProtocol::Udp, len, |buf| {
+                        // The checksum always (RFC 8200 §8.1).
+                        repr.emit(
+                            &mut UdpPacket::new_unchecked(buf),
+                            &IpAddress::Ipv6(from),
+                            &IpAddress::Ipv6(to),
+                            data.len(),
+                            |p| p.copy_from_slice(&data),
+                            &ChecksumCapabilities::default(),
+                        );
+                    })
+                }
+                None => {
+                    link.stats.ipv6.tx_no_route += 1;
+                    Err(Error::NoRoute)
+                }
+            },
+        };
         if sent.is_ok() {
             link.stats.udp.tx_datagrams += 1;
             link.stats.udp.tx_bytes += data.len() as u64;

@@ -1,7 +1,7 @@
 //! [`Udp`]: the UDP app API, a view of a stack's datagram sockets.
 //! `stack.udp()` lends it mutably, `stack.udp_ref()` read-only.
 
-use core::net::SocketAddrV4;
+use core::net::SocketAddr;
 
 use super::{UdpHandle, UdpReuse, UdpTable};
 use crate::error::Error;
@@ -42,16 +42,21 @@ impl<'a> Udp<'a> {
     /// Connect a socket to `peer`: from then on only `peer`'s datagrams
     /// are received on it, and on a shared port they go to it before any
     /// unconnected socket. `None` dissolves the association.
-    pub fn connect(&mut self, h: UdpHandle, peer: Option<SocketAddrV4>) -> Result<(), Error> {
+    pub fn connect(&mut self, h: UdpHandle, peer: Option<SocketAddr>) -> Result<(), Error> {
         self.table.connect(h, peer)
     }
 
     /// Queue a datagram to `dst`; it leaves on the next poll. `QueueFull`
     /// when the socket holds `Config::udp_tx_queue_bytes` already (a
     /// WRITABLE event follows when it drains).
-    pub fn send_to(&mut self, h: UdpHandle, dst: SocketAddrV4, data: &[u8]) -> Result<(), Error> {
+    pub fn send_to(
+        &mut self,
+        h: UdpHandle,
+        dst: impl Into<SocketAddr>,
+        data: &[u8],
+    ) -> Result<(), Error> {
         let cap = self.tx_cap;
-        self.table.send_to(h, dst, data, cap)
+        self.table.send_to(h, dst.into(), data, cap)
     }
 
     /// Take the next datagram: copies up to `buf.len()` bytes (the rest of a
@@ -61,7 +66,7 @@ impl<'a> Udp<'a> {
         &mut self,
         h: UdpHandle,
         buf: &mut [u8],
-    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
+    ) -> Result<Option<(usize, SocketAddr)>, Error> {
         self.table.recv_from(h, buf)
     }
 
@@ -87,7 +92,7 @@ impl<'a> UdpRef<'a> {
         &self,
         h: UdpHandle,
         buf: &mut [u8],
-    ) -> Result<Option<(usize, SocketAddrV4)>, Error> {
+    ) -> Result<Option<(usize, SocketAddr)>, Error> {
         self.table.peek_from(h, buf)
     }
 
