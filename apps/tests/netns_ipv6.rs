@@ -3,7 +3,9 @@
 //! neighbor discovery (the neighbor entry it learns carries ustack's MAC)
 //! and `ping -6` gets every echo answered, to the configured address and
 //! to the link-local one made from the MAC; UDP over IPv6 both ways
-//! (the echo service) and ICMPv6 port unreachable as Linux reads it.
+//! (the echo service) and ICMPv6 port unreachable as Linux reads it; TCP
+//! over IPv6 (8 MiB echoed byte-exact, a closed port refused, stock
+//! `iperf3 -6` both ways against the iperf3 server).
 //! Needs root; the all-features build runs it.
 #![cfg(feature = "pcap")]
 
@@ -47,6 +49,34 @@ except ConnectionRefusedError:
     print("refused yes")
 except socket.timeout:
     print("refused timeout")
+"#;
+
+/// Linux's side of the TCP check: 8 MiB of random bytes through the echo
+/// port (written and read at once), compared by SHA-256; then a connect
+/// to a closed port.
+const TCP6: &str = r#"
+import hashlib, os, socket, threading
+data = os.urandom(8 << 20)
+s = socket.create_connection(("fd77::2", 7), timeout=20)
+def writer():
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+t = threading.Thread(target=writer)
+t.start()
+got = bytearray()
+while True:
+    b = s.recv(1 << 16)
+    if not b:
+        break
+    got += b
+t.join()
+same = hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
+print("echo", "same" if same else "differs", len(got))
+try:
+    socket.create_connection(("fd77::2", 9999), timeout=5)
+    print("closed accepted")
+except ConnectionRefusedError:
+    print("closed refused")
 "#;
 
 #[test]
@@ -121,6 +151,32 @@ fn linux_resolves_and_pings_ustack_over_ipv6() {
     );
     assert!(said.contains("echoed 20 of 20"), "{said}");
     assert!(said.contains("refused yes"), "{said}");
+    // TCP over IPv6: 8 MiB through the echo service on port 7, compared
+    // by SHA-256; a closed port refuses the connection (a reset).
+    let tcp = topo.linux(&[common::lab::PYTHON, "-c", TCP6]);
+    let said = String::from_utf8_lossy(&tcp.stdout);
+    assert!(
+        tcp.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&tcp.stderr)
+    );
+    assert!(said.contains("echo same"), "{said}");
+    assert!(said.contains("closed refused"), "{said}");
+    // Stock iperf3 -6 against the iperf3 server, both directions.
+    if common::have_program("iperf3") {
+        for args in [&["-t", "1"][..], &["-t", "1", "-R"]] {
+            let client = topo.linux(&[&["iperf3", "-6", "-c", "fd77::2", "-J"][..], args].concat());
+            let json: serde_json::Value =
+                serde_json::from_slice(&client.stdout).expect("iperf3 JSON");
+            assert!(client.status.success(), "iperf3 -6 {args:?}: {json}");
+            assert!(
+                json["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0) > 1 << 20,
+                "iperf3 -6 {args:?}: {json}"
+            );
+        }
+    } else {
+        ustack_test_skip::skip_test!("iperf3 is not installed (apt-get install iperf3)");
+    }
     let (code, out, err) = d.stop();
     assert_eq!(code, 0, "{out}{err}");
     assert!(!err.contains("panicked"), "{err}");

@@ -421,7 +421,7 @@ pub struct Pair {
     /// Every frame `b` ever sent to `a`: templates for mutation.
     pub templates: Vec<Vec<u8>>,
     /// Connections on `a`: (handle, local port, remote).
-    pub conns: Vec<(ustack::socket::tcp::TcpHandle, u16, SocketAddrV4)>,
+    pub conns: Vec<(ustack::socket::tcp::TcpHandle, u16, std::net::SocketAddr)>,
     pub b_conns: Vec<ustack::socket::tcp::TcpHandle>,
     /// Per local port of `a`: the next sequence number the peer would send
     /// and the last acknowledgment number it sent (from its real frames).

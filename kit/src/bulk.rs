@@ -2,7 +2,7 @@
 //! [`BulkRecv`] checks every byte against it and keeps a CRC-32 of the stream,
 //! so a transfer is verified byte-exact on both ends.
 
-use core::net::SocketAddrV4;
+use core::net::SocketAddr;
 
 use ustack::node::{App, Control};
 use ustack::socket::tcp::{ListenHandle, State, TcpHandle};
@@ -92,7 +92,7 @@ impl Transfer {
 /// Connects to `remote`, sends `total` bytes of the pattern, closes.
 #[derive(Debug)]
 pub struct BulkSend {
-    remote: SocketAddrV4,
+    remote: SocketAddr,
     total: u64,
     conn: Option<TcpHandle>,
     crc: crc32fast::Hasher,
@@ -108,9 +108,9 @@ pub struct BulkSend {
 impl BulkSend {
     /// A sender that will connect to `remote` on its first poll and send
     /// `total` bytes of the pattern.
-    pub fn new(remote: SocketAddrV4, total: u64) -> Self {
+    pub fn new(remote: impl Into<SocketAddr>, total: u64) -> Self {
         BulkSend {
-            remote,
+            remote: remote.into(),
             total,
             conn: None,
             crc: crc32fast::Hasher::new(),

@@ -394,7 +394,13 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
             })
             .map_err(gone)?
             .map_err(errno_of)?;
-        if let Some((h, peer)) = got {
+        // An IPv6 peer on the (dual-stack) listener: not an AF_INET
+        // socket's to take (Linux keeps the families apart); reset.
+        if let Some((h, SocketAddr::V6(_))) = got {
+            net.with_stack(|s| s.tcp().abort(h)).map_err(gone)?.ok();
+            continue;
+        }
+        if let Some((h, SocketAddr::V4(peer))) = got {
             let fd = socket(true, nonblock_new, cloexec)?;
             let new = fd::get(fd).ok_or(libc::EMFILE)?;
             *new.kind.lock() = Kind::Stream {
@@ -1028,6 +1034,14 @@ pub fn close_in_stack(sock: &Arc<Sock>) {
     }
 }
 
+/// An IPv4 end (the layer's sockets are AF_INET: their connections are).
+fn v4(a: SocketAddr) -> Option<SocketAddrV4> {
+    match a {
+        SocketAddr::V4(a) => Some(a),
+        SocketAddr::V6(_) => None,
+    }
+}
+
 /// Our end: (address, port).
 pub fn local_addr(sock: &Sock) -> Res<SocketAddrV4> {
     let net = net()?;
@@ -1039,7 +1053,7 @@ pub fn local_addr(sock: &Sock) -> Res<SocketAddrV4> {
         Kind::Listener { port, .. } => SocketAddrV4::new(ip, port),
         Kind::Dgram { port, .. } => SocketAddrV4::new(ip, port),
         Kind::Stream { handle, .. } => net
-            .peek_stack(|s| s.tcp_ref().info(handle).map(|i| i.local))
+            .peek_stack(|s| s.tcp_ref().info(handle).and_then(|i| v4(i.local)))
             .map_err(gone)?
             .ok_or(libc::ENOTCONN)?,
         Kind::Closed => return Err(libc::EBADF),
@@ -1054,7 +1068,7 @@ pub fn peer_addr(sock: &Sock) -> Res<SocketAddrV4> {
             handle,
             connecting: false,
         } => net
-            .peek_stack(|s| s.tcp_ref().info(handle).map(|i| i.remote))
+            .peek_stack(|s| s.tcp_ref().info(handle).and_then(|i| v4(i.remote)))
             .map_err(gone)?
             .ok_or(libc::ENOTCONN),
         Kind::Dgram { peer: Some(p), .. } => Ok(p),

@@ -42,7 +42,7 @@
 
 use std::future::poll_fn;
 use std::io;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -86,12 +86,12 @@ impl TcpListener {
     }
 
     /// The next connection, once established.
-    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddrV4)> {
+    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         poll_fn(|cx| self.poll_accept(cx)).await
     }
 
     /// Poll for the next established connection.
-    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddrV4)>> {
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
         let mut inner = match self.net.lock() {
             Ok(i) => i,
             Err(e) => return Poll::Ready(Err(e)),
@@ -142,7 +142,8 @@ impl TcpStream {
     }
 
     /// Open a connection to `remote` and wait for the handshake.
-    pub async fn connect(net: &Net, remote: SocketAddrV4) -> io::Result<TcpStream> {
+    pub async fn connect(net: &Net, remote: impl Into<SocketAddr>) -> io::Result<TcpStream> {
+        let remote = remote.into();
         let h = {
             let mut inner = net.lock()?;
             let now = inner.now();
@@ -181,7 +182,7 @@ impl TcpStream {
     }
 
     /// The remote end.
-    pub fn peer_addr(&self) -> io::Result<SocketAddrV4> {
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         let inner = self.net.lock()?;
         (inner.stack.tcp_ref().info(self.handle))
             .map(|i| i.remote)
@@ -189,7 +190,7 @@ impl TcpStream {
     }
 
     /// The local end.
-    pub fn local_addr(&self) -> io::Result<SocketAddrV4> {
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
         let inner = self.net.lock()?;
         (inner.stack.tcp_ref().info(self.handle))
             .map(|i| i.local)

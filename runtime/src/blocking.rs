@@ -30,7 +30,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -98,7 +98,7 @@ impl TcpListener {
     }
 
     /// Block until a connection is established.
-    pub fn accept(&self) -> io::Result<(TcpStream, SocketAddrV4)> {
+    pub fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let (s, peer) = block_on(self.inner.accept(), None)?;
         Ok((TcpStream::from(s), peer))
     }
@@ -131,7 +131,7 @@ impl From<aio::TcpStream> for TcpStream {
 
 impl TcpStream {
     /// Connect to `remote`, blocking until the handshake ends.
-    pub fn connect(net: &Net, remote: SocketAddrV4) -> io::Result<TcpStream> {
+    pub fn connect(net: &Net, remote: impl Into<SocketAddr>) -> io::Result<TcpStream> {
         Self::connect_timeout(net, remote, None)
     }
 
@@ -139,7 +139,7 @@ impl TcpStream {
     /// (`WouldBlock` then; the half-open connection is closed).
     pub fn connect_timeout(
         net: &Net,
-        remote: SocketAddrV4,
+        remote: impl Into<SocketAddr>,
         timeout: Option<Duration>,
     ) -> io::Result<TcpStream> {
         block_on(aio::TcpStream::connect(net, remote), timeout).map(TcpStream::from)
@@ -170,12 +170,12 @@ impl TcpStream {
     }
 
     /// The remote end.
-    pub fn peer_addr(&self) -> io::Result<SocketAddrV4> {
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.inner.peer_addr()
     }
 
     /// The local end.
-    pub fn local_addr(&self) -> io::Result<SocketAddrV4> {
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
     }
 }

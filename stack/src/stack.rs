@@ -203,7 +203,9 @@ impl Stack {
                     remote,
                     seq,
                     mtu,
-                } => self.tcp.frag_needed(now, local_port, remote, seq, mtu),
+                } => self
+                    .tcp
+                    .frag_needed(now, local_port, remote.into(), seq, mtu),
             },
             IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, ip, tx)? {
                 Some(_) if meta.src.is_ipv6() => Err(DropReason::RoceOverIpv6),
@@ -282,7 +284,7 @@ impl Stack {
     /// The TCP sockets: listen, accept, connect, send, receive, close.
     pub fn tcp(&mut self) -> Tcp<'_> {
         let (ip, shard) = (self.ip(), self.link.cfg.shard);
-        Tcp::new(&mut self.tcp, ip, shard)
+        Tcp::new(&mut self.tcp, ip, &self.link.ip6, shard)
     }
 
     /// The TCP sockets, read-only: status, peek, telemetry.

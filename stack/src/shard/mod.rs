@@ -21,7 +21,7 @@
 //! Active opens pick a local port whose flow hashes back to the opening
 //! shard ([`ShardId::owns_tcp`]).
 
-use core::net::{Ipv4Addr, SocketAddrV4};
+use core::net::{IpAddr, SocketAddr};
 
 use crate::stats::stats;
 use serde::Serialize;
@@ -46,9 +46,12 @@ impl ShardId {
     pub const SINGLE: ShardId = ShardId { index: 0, count: 1 };
 
     /// Whether a TCP flow from local `port` to `remote` hashes to this shard.
-    pub fn owns_tcp(&self, me: Ipv4Addr, port: u16, remote: SocketAddrV4) -> bool {
+    pub fn owns_tcp(&self, me: IpAddr, port: u16, remote: SocketAddr) -> bool {
         self.count <= 1
-            || rss::tcp_queue(me, port, *remote.ip(), remote.port(), self.count) == self.index
+            || rss::queue_of_hash(
+                rss::tcp_hash_ip(me, port, remote.ip(), remote.port()),
+                self.count,
+            ) == self.index
     }
 }
 
@@ -396,15 +399,25 @@ mod test {
 
     #[test]
     fn active_opens_own_their_flows() {
-        let me = Ipv4Addr::new(10, 0, 0, 1);
-        let remote = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 9);
-        for count in 1..=4 {
-            for index in 0..count {
-                let id = ShardId { index, count };
-                let port = (49152..65535)
-                    .find(|&p| id.owns_tcp(me, p, remote))
-                    .unwrap();
-                assert_eq!(rss::tcp_queue(me, port, *remote.ip(), 9, count), index);
+        use core::net::{Ipv4Addr, Ipv6Addr};
+        let v4 = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        let v6 = (
+            Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 1),
+            Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2),
+        );
+        let pairs: [(IpAddr, IpAddr); 2] = [(v4.0.into(), v4.1.into()), (v6.0.into(), v6.1.into())];
+        for (me, them) in pairs {
+            let remote = SocketAddr::new(them, 9);
+            for count in 1..=4 {
+                for index in 0..count {
+                    let id = ShardId { index, count };
+                    let port = (49152..65535)
+                        .find(|&p| id.owns_tcp(me, p, remote))
+                        .unwrap();
+                    // The frames of the flow, either way, reach that queue.
+                    let hash = rss::tcp_hash_ip(them, 9, me, port);
+                    assert_eq!(rss::queue_of_hash(hash, count), index);
+                }
             }
         }
     }

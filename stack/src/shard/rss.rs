@@ -14,9 +14,11 @@
 //! gives them to queue 0, and the shards replicate ARP to each other (see
 //! [`crate::shard`]).
 
-use core::net::Ipv4Addr;
+use core::net::{IpAddr, Ipv4Addr};
 
-use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket};
+use smoltcp::wire::{
+    EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, Ipv6Packet, TcpPacket,
+};
 
 /// The symmetric Toeplitz key (40 bytes, as NICs take it).
 pub const SYMMETRIC_KEY: [u8; 40] = {
@@ -89,10 +91,52 @@ pub fn tcp_queue(
     queue_of_hash(tcp_hash(src, src_port, dst, dst_port), queues)
 }
 
-/// The RSS hash of an Ethernet frame, or `None` when it carries no IPv4
+/// The RSS hash of a TCP flow of either family (IPv6's input is both
+/// addresses then both ports, 36 bytes, as NICs take it).
+pub fn tcp_hash_ip(src: IpAddr, src_port: u16, dst: IpAddr, dst_port: u16) -> u32 {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => tcp_hash(s, src_port, d, dst_port),
+        (s, d) => {
+            let mut input = [0u8; 36];
+            input[..16].copy_from_slice(&v6_octets(s));
+            input[16..32].copy_from_slice(&v6_octets(d));
+            input[32..34].copy_from_slice(&src_port.to_be_bytes());
+            input[34..].copy_from_slice(&dst_port.to_be_bytes());
+            toeplitz(&SYMMETRIC_KEY, &input)
+        }
+    }
+}
+
+/// An address as IPv6 octets (an IPv4 one mapped).
+fn v6_octets(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// The RSS hash of an IPv6 frame's payload (`None` for a runt).
+fn frame_hash6(payload: &[u8]) -> Option<u32> {
+    let ip = Ipv6Packet::new_checked(payload).ok()?;
+    let (src, dst) = (IpAddr::V6(ip.src_addr()), IpAddr::V6(ip.dst_addr()));
+    if ip.next_header() == IpProtocol::Tcp {
+        if let Ok(tcp) = TcpPacket::new_checked(ip.payload()) {
+            return Some(tcp_hash_ip(src, tcp.src_port(), dst, tcp.dst_port()));
+        }
+    }
+    let mut input = [0u8; 32];
+    input[..16].copy_from_slice(&v6_octets(src));
+    input[16..].copy_from_slice(&v6_octets(dst));
+    Some(toeplitz(&SYMMETRIC_KEY, &input))
+}
+
+/// The RSS hash of an Ethernet frame, or `None` when it carries no IP
 /// header (ARP, other EtherTypes, runts).
 pub fn frame_hash(frame: &[u8]) -> Option<u32> {
     let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() == EthernetProtocol::Ipv6 {
+        return frame_hash6(eth.payload());
+    }
     if eth.ethertype() != EthernetProtocol::Ipv4 {
         return None;
     }
@@ -107,7 +151,7 @@ pub fn frame_hash(frame: &[u8]) -> Option<u32> {
     Some(ip_hash(src, dst))
 }
 
-/// The queue of a frame among `queues`; frames without IPv4 go to queue 0.
+/// The queue of a frame among `queues`; frames without IP go to queue 0.
 pub fn frame_queue(frame: &[u8], queues: usize) -> usize {
     frame_hash(frame).map_or(0, |h| queue_of_hash(h, queues))
 }

@@ -1,7 +1,7 @@
 //! The TCP app API on the table: listen, accept, connect, send, recv,
 //! shutdown, close, abort, status (the `Stack`'s `tcp_*` methods call these).
 
-use core::net::{Ipv4Addr, SocketAddrV4};
+use core::net::{IpAddr, SocketAddr};
 
 use super::conn::{ConnInfo, KeepAlive, State, TcpConn};
 use super::{ListenHandle, Listener, TcpHandle, TcpTable, local};
@@ -102,9 +102,9 @@ impl TcpTable {
     pub fn connect(
         &mut self,
         now: Instant,
-        me: Ipv4Addr,
+        me: IpAddr,
         shard: ShardId,
-        remote: SocketAddrV4,
+        remote: SocketAddr,
     ) -> Result<TcpHandle, Error> {
         let port = self
             .pick_port(remote, |p| shard.owns_tcp(me, p, remote))
@@ -118,9 +118,9 @@ impl TcpTable {
     pub fn connect_from(
         &mut self,
         now: Instant,
-        me: Ipv4Addr,
+        me: IpAddr,
         port: u16,
-        remote: SocketAddrV4,
+        remote: SocketAddr,
     ) -> Result<TcpHandle, Error> {
         if port == 0 || !self.port_free(port, remote) {
             return Err(Error::AddrInUse);
@@ -131,13 +131,13 @@ impl TcpTable {
     fn open_from(
         &mut self,
         now: Instant,
-        me: Ipv4Addr,
+        me: IpAddr,
         port: u16,
-        remote: SocketAddrV4,
+        remote: SocketAddr,
     ) -> Result<TcpHandle, Error> {
         let local = local(me, port);
         let iss = self.isn(now, local, remote);
-        let mut conn = TcpConn::connect(self.cfg.clone(), local, remote, iss);
+        let mut conn = TcpConn::connect(self.cfg_for(&remote), local, remote, iss);
         conn.set_ts_offset(self.ts_offset(local, remote));
         let slot = self.insert(conn, None);
         self.slots[slot as usize].released = false;

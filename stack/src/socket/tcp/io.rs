@@ -1,6 +1,6 @@
 //! TCP on the data path: segment demux on receive, emission on poll.
 
-use core::net::{IpAddr, SocketAddrV4};
+use core::net::{IpAddr, SocketAddr};
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTimestampRepr};
@@ -217,8 +217,8 @@ fn emit<T: Tx>(
     link: &mut Link,
     now: Instant,
     tx: &mut T,
-    local_port: u16,
-    remote: SocketAddrV4,
+    local: SocketAddr,
+    remote: SocketAddr,
     out: &Outgoing,
     mut payload: impl FnMut(usize, &mut [u8], bool) -> Option<u64>,
 ) -> usize {
@@ -238,7 +238,7 @@ fn emit<T: Tx>(
         *slot = r.map(|(a, b)| (a.0, b.0));
     }
     let repr = TcpRepr {
-        src_port: local_port,
+        src_port: local.port(),
         dst_port: remote.port(),
         control,
         seq_number: out.hdr.seq.into(),
@@ -251,8 +251,9 @@ fn emit<T: Tx>(
         timestamp: out.hdr.timestamp.map(|(v, e)| TcpTimestampRepr::new(v, e)),
         payload: &[],
     };
-    let peer = *remote.ip();
-    if out.tso_segsz > 0 && link.offloads.tso_max == 0 {
+    let (me, peer) = (local.ip(), remote.ip());
+    // IPv6 segments are cut here: the port's TSO is set up for IPv4.
+    if out.tso_segsz > 0 && (link.offloads.tso_max == 0 || peer.is_ipv6()) {
         let mut sent = 0;
         for offset in (0..out.payload_len).step_by(out.tso_segsz) {
             let n = out.tso_segsz.min(out.payload_len - offset);
@@ -265,6 +266,7 @@ fn emit<T: Tx>(
                 link,
                 now,
                 tx,
+                me,
                 peer,
                 &frame,
                 n,
@@ -278,6 +280,7 @@ fn emit<T: Tx>(
         link,
         now,
         tx,
+        me,
         peer,
         &repr,
         out.payload_len,
@@ -294,14 +297,17 @@ fn emit_frame<T: Tx>(
     link: &mut Link,
     now: Instant,
     tx: &mut T,
-    peer: core::net::Ipv4Addr,
+    me: IpAddr,
+    peer: IpAddr,
     repr: &TcpRepr<'_>,
     payload_len: usize,
     tso_segsz: usize,
     payload: impl FnOnce(&mut [u8], bool) -> Option<u64>,
 ) -> bool {
+    let (IpAddr::V4(me), IpAddr::V4(peer)) = (me, peer) else {
+        return emit_frame6(link, now, tx, me, peer, repr, payload_len, payload);
+    };
     let hdr = header_len(repr);
-    let me = link.ip();
     let (src, dst) = (IpAddress::Ipv4(me), IpAddress::Ipv4(peer));
     let fill = link.checksum.tcp.tx();
     let len = hdr + payload_len;
@@ -359,6 +365,43 @@ fn emit_frame<T: Tx>(
     .is_ok()
 }
 
+/// [`emit_frame`] over IPv6 (or a mixed pair, which no connection has:
+/// dropped): the checksum always ours (RFC 8200 §8.1), no port offloads.
+#[allow(clippy::too_many_arguments)]
+fn emit_frame6<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    me: IpAddr,
+    peer: IpAddr,
+    repr: &TcpRepr<'_>,
+    payload_len: usize,
+    payload: impl FnOnce(&mut [u8], bool) -> Option<u64>,
+) -> bool {
+    let (IpAddr::V6(me6), IpAddr::V6(peer6)) = (me, peer) else {
+        return false;
+    };
+    let hdr = header_len(repr);
+    let (src, dst) = (IpAddress::Ipv6(me6), IpAddress::Ipv6(peer6));
+    let len = hdr + payload_len;
+    crate::iface::ipv6::send(link, now, tx, me6, peer6, IpProtocol::Tcp, len, |buf| {
+        let payload_sum = payload(&mut buf[hdr..], true);
+        let mut pkt = TcpPacket::new_unchecked(&mut *buf);
+        let header_sum = write_header(&mut pkt, repr, &src, &dst);
+        use crate::wire::checksum::{fold, pseudo_header_ip, sum};
+        let c = match payload_sum {
+            Some(p) => {
+                let phdr = pseudo_header_ip(me, peer, 6, buf.len());
+                let h = header_sum.unwrap_or_else(|| sum(0, &buf[..hdr]));
+                !fold(phdr + h + p)
+            }
+            None => crate::wire::checksum::compute_ip(me, peer, 6, buf),
+        };
+        TcpPacket::new_unchecked(buf).set_checksum(c);
+    })
+    .is_ok()
+}
+
 /// Bits of a SYN-cookie SYN-ACK's TSval that carry the peer's options:
 /// its window scale (4 bits, 15 for none) and SACK-permitted (bit 4).
 const COOKIE_OPTS_MASK: u32 = 0x3f;
@@ -405,14 +448,17 @@ impl TcpTable {
             return Err(DropReason::TcpBroadcast);
         }
         let pkt = TcpPacket::new_checked(body).map_err(|_| DropReason::TcpMalformed)?;
-        let (IpAddr::V4(src4), IpAddr::V4(dst4)) = (meta.src, meta.dst) else {
-            return Err(DropReason::TcpOverIpv6);
+        let (src, dst) = (IpAddress::from(meta.src), IpAddress::from(meta.dst));
+        let verified = match (meta.src, meta.dst) {
+            // The port's verdict and the checksum switch apply to IPv4.
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                !link.checksum.tcp.rx()
+                    || meta.rx.checksum == RxChecksum::Good
+                    || crate::wire::checksum::verifies(s, d, 6, body)
+            }
+            (s, d) => crate::wire::checksum::verifies_ip(s, d, 6, body),
         };
-        let (src, dst) = (IpAddress::Ipv4(src4), IpAddress::Ipv4(dst4));
-        if link.checksum.tcp.rx()
-            && meta.rx.checksum != RxChecksum::Good
-            && !crate::wire::checksum::verifies(src4, dst4, 6, body)
-        {
+        if !verified {
             return Err(DropReason::TcpBadChecksum);
         }
         let seg = match predicted_segment(&pkt) {
@@ -424,7 +470,7 @@ impl TcpTable {
         };
         self.stats.segs_in += 1;
         let (src_port, dst_port) = (pkt.src_port(), pkt.dst_port());
-        let remote = SocketAddrV4::new(src4, src_port);
+        let remote = SocketAddr::new(meta.src, src_port);
         let key = FlowKey {
             local_port: dst_port,
             remote,
@@ -437,7 +483,16 @@ impl TcpTable {
         if let Some(tw) = self.time_wait.get_mut(&key) {
             match tw.on_segment(now, &seg, self.cfg.time_wait) {
                 TwAnswer::Ack(out) => {
-                    if emit(link, now, tx, dst_port, remote, &out, |_, _, _| Some(0)) > 0 {
+                    if emit(
+                        link,
+                        now,
+                        tx,
+                        SocketAddr::new(meta.dst, dst_port),
+                        remote,
+                        &out,
+                        |_, _, _| Some(0),
+                    ) > 0
+                    {
                         self.stats.segs_out += 1;
                         self.stats.time_wait_acks += 1;
                     }
@@ -462,7 +517,7 @@ impl TcpTable {
             // Perhaps a sibling shard's flow (or listener), on the wrong queue.
             return Ok(Received::PassOn);
         }
-        let me = local(link.ip(), dst_port);
+        let me = local(meta.dst, dst_port);
         if listening && !seg.hdr.rst {
             return (self.listen_input(link, now, tx, me, remote, &seg, isn_floor))
                 .map(|()| Received::Taken);
@@ -481,7 +536,7 @@ impl TcpTable {
         &mut self,
         now: Instant,
         local_port: u16,
-        remote: SocketAddrV4,
+        remote: SocketAddr,
         seq: u32,
         mtu: u16,
     ) -> Result<(), DropReason> {
@@ -559,8 +614,8 @@ impl TcpTable {
         link: &mut Link,
         now: Instant,
         tx: &mut T,
-        me: SocketAddrV4,
-        remote: SocketAddrV4,
+        me: SocketAddr,
+        remote: SocketAddr,
         seg: &Segment<'_>,
         isn_floor: Option<Seq>,
     ) -> Result<(), DropReason> {
@@ -576,7 +631,7 @@ impl TcpTable {
                     .hdr
                     .mss
                     .unwrap_or(536)
-                    .min(u16::try_from(self.cfg.mss).unwrap_or(u16::MAX));
+                    .min(u16::try_from(self.cfg_for(&remote).mss).unwrap_or(u16::MAX));
                 let cookie = self.cookie(now, me, remote, seg.hdr.seq, mss);
                 let cfg = &self.cfg;
                 let wscale = seg.hdr.wscale.filter(|_| cfg.window_scaling);
@@ -603,7 +658,7 @@ impl TcpTable {
                     timestamp,
                     ..Header::default()
                 });
-                if emit(link, now, tx, me.port(), remote, &out, |_, _, _| Some(0)) > 0 {
+                if emit(link, now, tx, me, remote, &out, |_, _, _| Some(0)) > 0 {
                     self.stats.syn_cookies_sent += 1;
                     self.stats.segs_out += 1;
                 }
@@ -613,7 +668,7 @@ impl TcpTable {
                 (isn, Some(floor)) if isn.diff(floor) < 0 => floor,
                 (isn, _) => isn,
             };
-            let mut conn = TcpConn::accept(self.cfg.clone(), me, remote, iss, seg);
+            let mut conn = TcpConn::accept(self.cfg_for(&remote), me, remote, iss, seg);
             conn.set_ts_offset(self.ts_offset(me, remote));
             let slot = self.insert_passive(conn, me.port());
             self.schedule(slot);
@@ -648,7 +703,7 @@ impl TcpTable {
                     timestamp,
                     ..Header::default()
                 });
-                let mut conn = TcpConn::accept(self.cfg.clone(), me, remote, ack - 1, &syn);
+                let mut conn = TcpConn::accept(self.cfg_for(&remote), me, remote, ack - 1, &syn);
                 conn.set_ts_offset(self.ts_offset(me, remote));
                 conn.cookie_established();
                 let slot = self.insert_passive(conn, me.port());
@@ -668,8 +723,8 @@ impl TcpTable {
         link: &mut Link,
         now: Instant,
         tx: &mut T,
-        me: SocketAddrV4,
-        remote: SocketAddrV4,
+        me: SocketAddr,
+        remote: SocketAddr,
         seg: &Segment<'_>,
     ) {
         let out = match seg.hdr.ack {
@@ -689,7 +744,7 @@ impl TcpTable {
             self.stats.resets_rate_limited += 1;
             return;
         }
-        if emit(link, now, tx, me.port(), remote, &out, |_, _, _| Some(0)) > 0 {
+        if emit(link, now, tx, me, remote, &out, |_, _, _| Some(0)) > 0 {
             self.stats.resets_sent += 1;
             self.stats.segs_out += 1;
         }
@@ -726,9 +781,9 @@ impl TcpTable {
                 port => port,
             });
             while let Some(out) = conn.poll_transmit(now) {
-                let (port, remote) = (conn.local().port(), conn.remote());
+                let (me, remote) = (conn.local(), conn.remote());
                 let c: &TcpConn = conn;
-                let frames = emit(link, now, tx, port, remote, &out, |at, buf, summed| {
+                let frames = emit(link, now, tx, me, remote, &out, |at, buf, summed| {
                     if summed {
                         c.copy_payload_summed(&out, at, buf)
                     } else {

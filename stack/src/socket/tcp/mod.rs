@@ -19,7 +19,7 @@ pub mod seq;
 mod time_wait;
 mod view;
 
-use core::net::{Ipv4Addr, SocketAddrV4};
+use core::net::{IpAddr, SocketAddr};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::hash::Hasher;
@@ -44,7 +44,7 @@ use crate::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct FlowKey {
     pub local_port: u16,
-    pub remote: SocketAddrV4,
+    pub remote: SocketAddr,
 }
 
 #[derive(Debug)]
@@ -132,11 +132,22 @@ impl TcpTable {
         }
     }
 
-    fn hash(&self, local: SocketAddrV4, remote: SocketAddrV4, extra: u32) -> u32 {
+    /// The configuration of a connection to `remote`: over IPv6 the MSS
+    /// is 20 bytes less (its header is 40 bytes to IPv4's 20), so the
+    /// segments the peer sends fit the MTU.
+    pub(crate) fn cfg_for(&self, remote: &SocketAddr) -> TcpConfig {
+        let mut cfg = self.cfg.clone();
+        if remote.is_ipv6() {
+            cfg.mss = cfg.mss.saturating_sub(20);
+        }
+        cfg
+    }
+
+    fn hash(&self, local: SocketAddr, remote: SocketAddr, extra: u32) -> u32 {
         let mut h = SipHasher24::new_with_keys(self.secret.0, self.secret.1);
-        h.write(&local.ip().octets());
+        h.write(&octets(local.ip()));
         h.write_u16(local.port());
-        h.write(&remote.ip().octets());
+        h.write(&octets(remote.ip()));
         h.write_u16(remote.port());
         h.write_u32(extra);
         h.finish() as u32
@@ -144,7 +155,7 @@ impl TcpTable {
 
     /// RFC 6528: ISN = M + F(localip, localport, remoteip, remoteport, secretkey),
     /// M a 4 µs timer.
-    pub fn isn(&self, now: Instant, local: SocketAddrV4, remote: SocketAddrV4) -> Seq {
+    pub fn isn(&self, now: Instant, local: SocketAddr, remote: SocketAddr) -> Seq {
         let m = (now.as_micros() / 4) as u32;
         Seq(m.wrapping_add(self.hash(local, remote, 0)))
     }
@@ -153,7 +164,7 @@ impl TcpTable {
     /// (the same for every incarnation of it: RFC 6191 and PAWS across
     /// incarnations need TSvals that count on; RFC 7323 5.4 and 7.1 allow a
     /// per-connection offset).
-    pub fn ts_offset(&self, local: SocketAddrV4, remote: SocketAddrV4) -> u32 {
+    pub fn ts_offset(&self, local: SocketAddr, remote: SocketAddr) -> u32 {
         self.hash(local, remote, 0x7473_6f66)
     }
 
@@ -161,8 +172,8 @@ impl TcpTable {
     pub fn cookie(
         &self,
         now: Instant,
-        local: SocketAddrV4,
-        remote: SocketAddrV4,
+        local: SocketAddr,
+        remote: SocketAddr,
         peer_isn: Seq,
         mss: u16,
     ) -> Seq {
@@ -176,8 +187,8 @@ impl TcpTable {
     pub fn check_cookie(
         &self,
         now: Instant,
-        local: SocketAddrV4,
-        remote: SocketAddrV4,
+        local: SocketAddr,
+        remote: SocketAddr,
         peer_isn: Seq,
         cookie: Seq,
     ) -> Option<u16> {
@@ -461,7 +472,7 @@ impl TcpTable {
 
     /// A free local port for an active open to `remote` that `fits` (one
     /// whose flow hashes back to this stack's queue, see [`crate::shard::rss`]).
-    pub fn pick_port(&mut self, remote: SocketAddrV4, fits: impl Fn(u16) -> bool) -> Option<u16> {
+    pub fn pick_port(&mut self, remote: SocketAddr, fits: impl Fn(u16) -> bool) -> Option<u16> {
         let span = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
         for _ in 0..span {
             let p = self.next_port.max(EPHEMERAL_FIRST);
@@ -479,7 +490,7 @@ impl TcpTable {
 
     /// Whether local `port` may open a connection to `remote`: no such flow
     /// and no listener on the port.
-    pub fn port_free(&self, port: u16, remote: SocketAddrV4) -> bool {
+    pub fn port_free(&self, port: u16, remote: SocketAddr) -> bool {
         let key = FlowKey {
             local_port: port,
             remote,
@@ -494,16 +505,26 @@ impl TcpTable {
 const COOKIE_MSS: [u16; 8] = [216, 536, 1024, 1220, 1360, 1440, 1460, 8960];
 
 /// The local address a connection uses.
-pub(crate) fn local(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(ip, port)
+pub(crate) fn local(ip: IpAddr, port: u16) -> SocketAddr {
+    SocketAddr::new(ip, port)
+}
+
+/// An address's bytes for the keyed hashes (4 or 16 of them).
+fn octets(a: IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
 }
 
 #[cfg(test)]
 mod test {
     use super::*;
 
-    const L: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 80);
-    const R: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 40_000);
+    use core::net::Ipv4Addr;
+
+    const L: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 80);
+    const R: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)), 40_000);
 
     fn table() -> TcpTable {
         TcpTable::new(TcpConfig::default(), (1, 2))
@@ -512,7 +533,7 @@ mod test {
     #[test]
     fn isn_is_keyed_per_tuple_and_advances_with_time() {
         let t = table();
-        let other = SocketAddrV4::new(*R.ip(), 40_001);
+        let other = SocketAddr::new(R.ip(), 40_001);
         let now = Instant::from_secs(10);
         assert_ne!(t.isn(now, L, R), t.isn(now, L, other));
         // M: one tick per 4 µs.
@@ -542,7 +563,7 @@ mod test {
             None
         );
         // Another peer, another ISN, a flipped bit: refused.
-        let other = SocketAddrV4::new(*R.ip(), 40_001);
+        let other = SocketAddr::new(R.ip(), 40_001);
         assert_eq!(t.check_cookie(now, L, other, peer, c), None);
         assert_eq!(t.check_cookie(now, L, R, Seq(778), c), None);
         assert_eq!(t.check_cookie(now, L, R, peer, Seq(c.0 ^ 1)), None);

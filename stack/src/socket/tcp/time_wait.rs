@@ -170,7 +170,7 @@ impl TimeWaitTable {
 #[cfg(test)]
 mod test {
     use super::*;
-    use core::net::{Ipv4Addr, SocketAddrV4};
+    use core::net::{Ipv4Addr, SocketAddr};
 
     const MSL2: Duration = Duration::from_secs(60);
 
@@ -255,7 +255,7 @@ mod test {
     fn records_expire_in_order_and_a_restarted_one_waits_its_new_time() {
         let key = |p| FlowKey {
             local_port: 80,
-            remote: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), p),
+            remote: SocketAddr::new(Ipv4Addr::new(10, 0, 0, 2).into(), p),
         };
         let mut t = TimeWaitTable::default();
         for (p, at) in [(1, 60), (2, 61), (3, 62)] {

@@ -3,11 +3,12 @@
 //! Each call acts at once; what it queues leaves on the next
 //! `Stack::poll`.
 
-use core::net::{Ipv4Addr, SocketAddrV4};
+use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use super::{ConnInfo, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable};
 use crate::error::Error;
+use crate::iface::ipv6::Ipv6Iface;
 use crate::shard::ShardId;
 use crate::time::Instant;
 
@@ -17,6 +18,7 @@ use crate::time::Instant;
 pub struct Tcp<'a> {
     table: &'a mut TcpTable,
     ip: Ipv4Addr,
+    ip6: &'a Ipv6Iface,
     shard: ShardId,
 }
 
@@ -27,8 +29,31 @@ pub struct TcpRef<'a> {
 }
 
 impl<'a> Tcp<'a> {
-    pub(crate) fn new(table: &'a mut TcpTable, ip: Ipv4Addr, shard: ShardId) -> Self {
-        Tcp { table, ip, shard }
+    pub(crate) fn new(
+        table: &'a mut TcpTable,
+        ip: Ipv4Addr,
+        ip6: &'a Ipv6Iface,
+        shard: ShardId,
+    ) -> Self {
+        Tcp {
+            table,
+            ip,
+            ip6,
+            shard,
+        }
+    }
+
+    /// Our address for a connection to `remote`: the IPv4 one, or the
+    /// IPv6 one of the right scope (`NoRoute` with IPv6 off).
+    fn source_for(&self, remote: &SocketAddr) -> Result<IpAddr, Error> {
+        match remote {
+            SocketAddr::V4(_) => Ok(IpAddr::V4(self.ip)),
+            SocketAddr::V6(r) => self
+                .ip6
+                .source_for(r.ip())
+                .map(IpAddr::V6)
+                .ok_or(Error::NoRoute),
+        }
     }
 
     /// Listen on `port` with room for `backlog` connections waiting for
@@ -50,8 +75,13 @@ impl<'a> Tcp<'a> {
 
     /// Open a connection to `remote` from an ephemeral port at `now`; the
     /// SYN leaves on the next poll.
-    pub fn connect(&mut self, now: Instant, remote: SocketAddrV4) -> Result<TcpHandle, Error> {
-        let (me, shard) = (self.ip, self.shard);
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        remote: impl Into<SocketAddr>,
+    ) -> Result<TcpHandle, Error> {
+        let remote = remote.into();
+        let (me, shard) = (self.source_for(&remote)?, self.shard);
         self.table.connect(now, me, shard, remote)
     }
 
@@ -63,9 +93,10 @@ impl<'a> Tcp<'a> {
         &mut self,
         now: Instant,
         port: u16,
-        remote: SocketAddrV4,
+        remote: impl Into<SocketAddr>,
     ) -> Result<TcpHandle, Error> {
-        let me = self.ip;
+        let remote = remote.into();
+        let me = self.source_for(&remote)?;
         self.table.connect_from(now, me, port, remote)
     }
 

@@ -23,7 +23,7 @@ mod tuning;
 #[cfg(test)]
 mod tests;
 
-use core::net::SocketAddrV4;
+use core::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -107,9 +107,9 @@ impl ConnStats {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ConnInfo {
     /// Our address and port.
-    pub local: SocketAddrV4,
+    pub local: SocketAddr,
     /// The peer's address and port.
-    pub remote: SocketAddrV4,
+    pub remote: SocketAddr,
     /// RFC 9293 state.
     pub state: State,
     /// Congestion window, bytes.
@@ -153,8 +153,8 @@ const DEFAULT_MSS: usize = 536;
 pub struct TcpConn {
     cfg: TcpConfig,
     state: State,
-    local: SocketAddrV4,
-    remote: SocketAddrV4,
+    local: SocketAddr,
+    remote: SocketAddr,
     error: Option<ConnError>,
     /// Send sequence space and the send buffer.
     snd: SendSpace,
@@ -290,13 +290,7 @@ fn ts_offset(iss: Seq) -> u32 {
 }
 
 impl TcpConn {
-    fn new(
-        cfg: TcpConfig,
-        local: SocketAddrV4,
-        remote: SocketAddrV4,
-        iss: Seq,
-        state: State,
-    ) -> Self {
+    fn new(cfg: TcpConfig, local: SocketAddr, remote: SocketAddr, iss: Seq, state: State) -> Self {
         let mss = cfg.mss.max(64);
         TcpConn {
             state,
@@ -376,15 +370,15 @@ impl TcpConn {
     }
 
     /// Active open: a SYN goes out on the next poll.
-    pub fn connect(cfg: TcpConfig, local: SocketAddrV4, remote: SocketAddrV4, iss: Seq) -> Self {
+    pub fn connect(cfg: TcpConfig, local: SocketAddr, remote: SocketAddr, iss: Seq) -> Self {
         Self::new(cfg, local, remote, iss, State::SynSent)
     }
 
     /// Passive open from a listener that received `syn`: a SYN-ACK goes out on the next poll.
     pub fn accept(
         cfg: TcpConfig,
-        local: SocketAddrV4,
-        remote: SocketAddrV4,
+        local: SocketAddr,
+        remote: SocketAddr,
         iss: Seq,
         syn: &Segment<'_>,
     ) -> Self {
@@ -436,12 +430,12 @@ impl TcpConn {
     }
 
     /// Our address and port.
-    pub fn local(&self) -> SocketAddrV4 {
+    pub fn local(&self) -> SocketAddr {
         self.local
     }
 
     /// The peer's address and port.
-    pub fn remote(&self) -> SocketAddrV4 {
+    pub fn remote(&self) -> SocketAddr {
         self.remote
     }
 

@@ -1,9 +1,9 @@
 use super::super::cc::Algorithm;
 use super::*;
-use core::net::Ipv4Addr;
+use core::net::{IpAddr, Ipv4Addr};
 
-const A: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
-const B: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 80);
+const A: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 40000);
+const B: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)), 80);
 
 /// A segment in flight, owning its payload.
 #[derive(Debug, Clone)]
