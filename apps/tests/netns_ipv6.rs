@@ -3,7 +3,8 @@
 //! neighbor discovery (the neighbor entry it learns carries ustack's MAC)
 //! and `ping -6` gets every echo answered, to the configured address and
 //! to the link-local one made from the MAC; UDP over IPv6 both ways
-//! (the echo service) and ICMPv6 port unreachable as Linux reads it; TCP
+//! (the echo service; datagrams and pings above the MTU in fragments both
+//! ways) and ICMPv6 port unreachable as Linux reads it; TCP
 //! over IPv6 (8 MiB echoed byte-exact, a closed port refused, stock
 //! `iperf3 -6` both ways against the iperf3 server).
 //! Needs root; the all-features build runs it.
@@ -38,6 +39,19 @@ for i in range(20):
     if data == msg and src[0] == "fd77::2" and src[1] == 7:
         ok += 1
 print("echoed", ok, "of 20")
+# Above the MTU: Linux sends fragments, ustack joins them, and its echo
+# leaves in fragments Linux joins.
+big = 0
+for n in (3000, 20000):
+    msg = os.urandom(n)
+    s.sendto(msg, ("fd77::2", 7))
+    try:
+        data, src = s.recvfrom(65536)
+    except socket.timeout:
+        continue
+    if data == msg:
+        big += 1
+print("big", big, "of 2")
 c = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
 c.settimeout(3)
 c.connect(("fd77::2", 9999))
@@ -150,6 +164,14 @@ fn linux_resolves_and_pings_ustack_over_ipv6() {
         String::from_utf8_lossy(&udp.stderr)
     );
     assert!(said.contains("echoed 20 of 20"), "{said}");
+    assert!(said.contains("big 2 of 2"), "{said}");
+    // A ping above the MTU: the request joined, the reply in fragments.
+    let ping = topo.linux(&[
+        "ping", "-6", "-c", "3", "-i", "0.1", "-s", "4000", "fd77::2",
+    ]);
+    let text = String::from_utf8_lossy(&ping.stdout);
+    assert!(ping.status.success(), "{text}");
+    assert_eq!(count_before(&text, "received"), 3, "{text}");
     assert!(said.contains("refused yes"), "{said}");
     // TCP over IPv6: 8 MiB through the echo service on port 7, compared
     // by SHA-256; a closed port refuses the connection (a reset).

@@ -207,7 +207,7 @@ impl Stack {
                     .tcp
                     .frag_needed(now, local_port, remote.into(), seq, mtu),
             },
-            IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, ip, tx)? {
+            IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {
                 Some(_) if meta.src.is_ipv6() => Err(DropReason::RoceOverIpv6),
                 None => Ok(()),
                 Some(roce) if crate::socket::ud::is_rc(roce) => {

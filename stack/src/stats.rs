@@ -171,9 +171,15 @@ drop_reasons! {
     Ipv6BadSource => "ipv6_bad_source",
     /// Next header we do not serve yet.
     Ipv6UnknownNextHeader => "ipv6_unknown_next_header",
-    /// A TCP segment over IPv6 (TCP speaks IPv4 only yet; UDP and ICMPv6
-    /// speak both).
-    TcpOverIpv6 => "tcp_over_ipv6",
+    /// An extension header cut short, a chain longer than 8, or
+    /// hop-by-hop options anywhere but first (RFC 8200 §4).
+    Ipv6BadExtension => "ipv6_bad_extension",
+    /// An option we do not know whose type says to discard the packet
+    /// (RFC 8200 §4.2).
+    Ipv6BadOption => "ipv6_bad_option",
+    /// A routing header with segments left: a host does not forward
+    /// (RFC 8200 §4.4; type 0 deprecated by RFC 5095).
+    Ipv6RoutingHeader => "ipv6_routing_header",
     /// A RoCEv2 packet over IPv6 (not yet spoken: IPv4 GIDs only).
     RoceOverIpv6 => "roce_over_ipv6",
     /// ICMPv6 too short or of a malformed layout.
@@ -407,6 +413,10 @@ stats! {
         counter rx_packets: u64,
         /// Bytes of those packets, header included.
         counter rx_bytes: u64,
+        /// Fragments received.
+        counter rx_fragments: u64,
+        /// Datagrams joined from fragments.
+        counter reassembled: u64,
         /// Packets sent (each fragment one).
         counter tx_packets: u64,
         /// Bytes of those packets, header included.

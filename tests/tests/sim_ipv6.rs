@@ -650,3 +650,238 @@ fn tcp_over_ipv6_syn_options_and_reset() {
     assert_eq!(seen.iter().filter(syn_ack).count(), 1, "{seen:?}");
     assert!(seen.iter().any(|s| s.0 == GLOBAL && s.2 == TcpControl::Rst));
 }
+
+// ------------------------------------------- extension headers, fragments
+
+/// A frame from PEER (host 2's MAC) to GLOBAL carrying `chain` (extension
+/// headers, the first of type `first`, their next-header bytes as given)
+/// and then `upper`.
+fn v6_frame(first: IpProtocol, chain: &[u8], upper: &[u8]) -> Vec<u8> {
+    let ip = Ipv6Repr {
+        src_addr: PEER,
+        dst_addr: GLOBAL,
+        next_header: first,
+        payload_len: chain.len() + upper.len(),
+        hop_limit: 64,
+    };
+    let mut buf = vec![0u8; ETHERNET_HEADER_LEN + 40 + chain.len() + upper.len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
+    EthernetRepr {
+        src_addr: peer_mac(),
+        dst_addr: host_mac(1),
+        ethertype: EthernetProtocol::Ipv6,
+    }
+    .emit(&mut eth);
+    let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
+    ip.emit(&mut pkt);
+    let p = pkt.payload_mut();
+    p[..chain.len()].copy_from_slice(chain);
+    p[chain.len()..].copy_from_slice(upper);
+    buf
+}
+
+/// A UDP datagram from PEER:4000 to GLOBAL:7 with its IPv6 checksum.
+fn udp6(data: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; 8 + data.len()];
+    UdpRepr {
+        src_port: 4000,
+        dst_port: 7,
+    }
+    .emit(
+        &mut UdpPacket::new_unchecked(&mut b[..]),
+        &IpAddress::Ipv6(PEER),
+        &IpAddress::Ipv6(GLOBAL),
+        data.len(),
+        |p| p.copy_from_slice(data),
+        &smoltcp::phy::ChecksumCapabilities::default(),
+    );
+    b
+}
+
+/// An options header (hop-by-hop or destination) whose next header is
+/// `next`, holding `opts` padded to 8 bytes with PadN.
+fn opts_header(next: IpProtocol, opts: &[u8]) -> Vec<u8> {
+    let mut h = vec![u8::from(next), 0];
+    h.extend_from_slice(opts);
+    let pad = (8 - h.len() % 8) % 8;
+    match pad {
+        0 => {}
+        1 => h.push(0),
+        n => {
+            h.extend_from_slice(&[1, (n - 2) as u8]);
+            h.resize(h.len() + n - 2, 0);
+        }
+    }
+    h[1] = (h.len() / 8 - 1) as u8;
+    h
+}
+
+/// A fragment header: next header `next`, `offset` (bytes, a multiple
+/// of 8), more-fragments `more`, identification `id`.
+fn frag_header(next: IpProtocol, offset: usize, more: bool, id: u32) -> Vec<u8> {
+    let mut h = vec![u8::from(next), 0];
+    h.extend_from_slice(&((offset as u16) | u16::from(more)).to_be_bytes());
+    h.extend_from_slice(&id.to_be_bytes());
+    h
+}
+
+/// A stack with a UDP socket on port 7; how many datagrams it got.
+fn udp_host() -> (Stack, ustack::socket::udp::UdpHandle) {
+    let mut s = Stack::new(config());
+    let h = s.udp().bind(7).unwrap();
+    (s, h)
+}
+
+fn got(s: &mut Stack, h: ustack::socket::udp::UdpHandle) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 70_000];
+    while let Some((n, _)) = s.udp().recv_from(h, &mut buf).unwrap() {
+        out.push(buf[..n].to_vec());
+    }
+    out
+}
+
+/// Options headers are walked: padding, an unknown option whose type
+/// says skip, hop-by-hop then destination options, then UDP.
+#[test]
+fn extension_headers_are_walked_to_the_transport() {
+    let (mut s, h) = udp_host();
+    let mut chain = opts_header(IpProtocol::Ipv6Opts, &[1, 2, 0, 0]);
+    chain.extend(opts_header(IpProtocol::Udp, &[0x3e, 2, 9, 9, 0]));
+    receive(
+        &mut s,
+        &v6_frame(IpProtocol::HopByHop, &chain, &udp6(b"through")),
+    );
+    assert_eq!(got(&mut s, h), vec![b"through".to_vec()]);
+    // A routing header with nothing left to route is passed over too.
+    let route = vec![u8::from(IpProtocol::Udp), 0, 4, 0, 0, 0, 0, 0];
+    receive(
+        &mut s,
+        &v6_frame(IpProtocol::Ipv6Route, &route, &udp6(b"routed")),
+    );
+    assert_eq!(got(&mut s, h), vec![b"routed".to_vec()]);
+}
+
+/// What RFC 8200 §4 says to discard, discarded with its reason: an
+/// unknown option of a discarding type, hop-by-hop anywhere but first, a
+/// routing header with segments left, a header cut short, a chain too
+/// long.
+#[test]
+fn extension_headers_that_must_be_refused() {
+    let (mut s, h) = udp_host();
+    let cases: Vec<(IpProtocol, Vec<u8>, DropReason)> = vec![
+        (
+            IpProtocol::Ipv6Opts,
+            opts_header(IpProtocol::Udp, &[0x80, 0]),
+            DropReason::Ipv6BadOption,
+        ),
+        (
+            IpProtocol::Ipv6Opts,
+            [
+                opts_header(IpProtocol::HopByHop, &[]),
+                opts_header(IpProtocol::Udp, &[]),
+            ]
+            .concat(),
+            DropReason::Ipv6BadExtension,
+        ),
+        (
+            IpProtocol::Ipv6Route,
+            vec![u8::from(IpProtocol::Udp), 0, 0, 1, 0, 0, 0, 0],
+            DropReason::Ipv6RoutingHeader,
+        ),
+        (
+            IpProtocol::Ipv6Opts,
+            vec![u8::from(IpProtocol::Udp), 3, 1, 4],
+            DropReason::Ipv6BadExtension,
+        ),
+        (
+            IpProtocol::Ipv6Opts,
+            (0..9)
+                .flat_map(|i| {
+                    opts_header(
+                        if i < 8 {
+                            IpProtocol::Ipv6Opts
+                        } else {
+                            IpProtocol::Udp
+                        },
+                        &[],
+                    )
+                })
+                .collect(),
+            DropReason::Ipv6BadExtension,
+        ),
+    ];
+    for (first, chain, reason) in cases {
+        let before = drops(&s, reason);
+        let tx = receive(&mut s, &v6_frame(first, &chain, &udp6(b"no")));
+        assert_eq!(drops(&s, reason), before + 1, "{reason:?}");
+        assert!(tx.frames.is_empty());
+    }
+    assert!(got(&mut s, h).is_empty());
+}
+
+/// Fragments out of order are joined (the datagram byte-exact); an atomic
+/// fragment (RFC 6946) is taken as it is; an overlap drops the datagram
+/// (RFC 5722), and so do its other fragments' bytes.
+#[test]
+fn fragments_joined_atomic_taken_overlaps_dropped() {
+    let (mut s, h) = udp_host();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    let dgram = udp6(&data);
+    let pieces = [
+        (1232, &dgram[1232..2464]),
+        (0, &dgram[..1232]),
+        (2464, &dgram[2464..]),
+    ];
+    for (off, piece) in pieces {
+        let more = off + piece.len() < dgram.len();
+        let f = frag_header(IpProtocol::Udp, off, more, 77);
+        receive(&mut s, &v6_frame(IpProtocol::Ipv6Frag, &f, piece));
+    }
+    assert_eq!(got(&mut s, h), vec![data.clone()]);
+    assert_eq!(s.stats().ipv6.reassembled, 1);
+    assert_eq!(s.stats().ipv6.rx_fragments, 3);
+    // Atomic.
+    let f = frag_header(IpProtocol::Udp, 0, false, 78);
+    receive(
+        &mut s,
+        &v6_frame(IpProtocol::Ipv6Frag, &f, &udp6(b"atomic")),
+    );
+    assert_eq!(got(&mut s, h), vec![b"atomic".to_vec()]);
+    // Overlap: the second fragment starts inside the first.
+    let f1 = frag_header(IpProtocol::Udp, 0, true, 79);
+    receive(&mut s, &v6_frame(IpProtocol::Ipv6Frag, &f1, &dgram[..1232]));
+    let f2 = frag_header(IpProtocol::Udp, 1224, true, 79);
+    receive(
+        &mut s,
+        &v6_frame(IpProtocol::Ipv6Frag, &f2, &dgram[1224..2000]),
+    );
+    assert_eq!(drops(&s, DropReason::FragOverlap), 1);
+    assert!(got(&mut s, h).is_empty());
+}
+
+/// Between two stacks: a datagram above the MTU leaves in fragments and
+/// arrives whole.
+#[test]
+fn large_datagrams_between_two_stacks() {
+    let (mut a, mut b) = pair();
+    let ha = a.udp().bind(5000).unwrap();
+    let hb = b.udp().bind(7).unwrap();
+    a.udp().send_to(ha, (GLOBAL, 7), b"hi").unwrap();
+    let ns = polled(&mut a);
+    let na = deliver(&ns, &mut b);
+    let first = deliver(&na, &mut a);
+    deliver(&first, &mut b);
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 31) as u8).collect();
+    a.udp().send_to(ha, (GLOBAL, 7), &data).unwrap();
+    let frames = polled(&mut a);
+    assert!(frames.len() > 10);
+    deliver(&frames, &mut b);
+    let mut buf = vec![0u8; 30_000];
+    let mut seen = Vec::new();
+    while let Some((n, _)) = b.udp().recv_from(hb, &mut buf).unwrap() {
+        seen.push(buf[..n].to_vec());
+    }
+    assert_eq!(seen, vec![b"hi".to_vec(), data]);
+    assert_eq!(b.stats().ipv6.reassembled, 1);
+}

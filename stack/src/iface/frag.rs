@@ -7,7 +7,7 @@
 //! new datagram would pass the cap, the oldest incomplete one is evicted.
 //! Any overlap drops the whole datagram (no ambiguity to exploit).
 
-use core::net::Ipv4Addr;
+use core::net::IpAddr;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -42,11 +42,11 @@ impl Default for FragConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FragKey {
     /// Source address.
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     /// Destination address.
-    pub dst: Ipv4Addr,
-    /// Identification field (RFC 791 3.1).
-    pub ident: u16,
+    pub dst: IpAddr,
+    /// Identification field (RFC 791 3.1: 16 bits; RFC 8200 §4.5: 32).
+    pub ident: u32,
     /// Protocol number (6 TCP, 17 UDP, 1 ICMP, ...).
     pub protocol: u8,
 }
@@ -77,17 +77,18 @@ impl Datagram {
 pub struct Reassembled {
     /// The datagram's identity (RFC 791: source, destination, ID, protocol).
     pub key: FragKey,
-    /// The first fragment's IPv4 header, options included, as received
-    /// (what an ICMP error about the datagram quotes).
+    /// The first fragment's IP header, IPv4 options included, as received
+    /// (what an ICMP error about the datagram quotes; IPv6's fixed header).
     pub header: Vec<u8>,
-    /// The whole IPv4 payload, fragments joined in order.
+    /// The whole payload, fragments joined in order.
     pub payload: Vec<u8>,
 }
 
 impl Reassembled {
-    /// The first fragment's TTL.
+    /// The first fragment's TTL (hop limit).
     pub fn ttl(&self) -> u8 {
-        self.header.get(8).copied().unwrap_or(0)
+        let at = if self.key.src.is_ipv6() { 7 } else { 8 };
+        self.header.get(at).copied().unwrap_or(0)
     }
 }
 
@@ -105,6 +106,9 @@ pub struct Reassembler {
 
 /// Largest IPv4 payload: 65535 minus a 20-byte header.
 const MAX_PAYLOAD: usize = 65_515;
+/// Largest IPv6 fragmentable part: the payload length field's 65535
+/// minus the fragment header.
+const MAX_PAYLOAD6: usize = 65_527;
 
 impl Reassembler {
     /// An empty reassembler with the limits of `cfg`.
@@ -136,7 +140,12 @@ impl Reassembler {
         payload: &[u8],
     ) -> Result<Option<Reassembled>, DropReason> {
         let end = offset + payload.len();
-        if end > MAX_PAYLOAD || (more && (payload.is_empty() || payload.len() % 8 != 0)) {
+        let max = if key.src.is_ipv6() {
+            MAX_PAYLOAD6
+        } else {
+            MAX_PAYLOAD
+        };
+        if end > max || (more && (payload.is_empty() || payload.len() % 8 != 0)) {
             return Err(DropReason::FragBad);
         }
         if !self.datagrams.contains_key(&key) {
@@ -271,10 +280,11 @@ impl Reassembler {
 #[cfg(test)]
 mod test {
     use super::*;
+    use core::net::Ipv4Addr;
 
     const KEY: FragKey = FragKey {
-        src: Ipv4Addr::new(10, 0, 0, 1),
-        dst: Ipv4Addr::new(10, 0, 0, 2),
+        src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        dst: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
         ident: 7,
         protocol: 17,
     };
@@ -360,7 +370,10 @@ mod test {
         let mut r = Reassembler::new(cfg.clone());
         // Endless far-offset fragments: memory never passes the cap.
         for i in 0..1000u16 {
-            let key = FragKey { ident: i, ..KEY };
+            let key = FragKey {
+                ident: u32::from(i),
+                ..KEY
+            };
             let _ = r.insert(
                 Instant::from_millis(i.into()),
                 key,
@@ -387,7 +400,10 @@ mod test {
         };
         let mut r = Reassembler::new(cfg);
         for i in 0..10u16 {
-            let key = FragKey { ident: i, ..KEY };
+            let key = FragKey {
+                ident: u32::from(i),
+                ..KEY
+            };
             r.insert(Instant::from_millis(i.into()), key, 0, true, &H, &[0; 8])
                 .unwrap();
             assert!(r.len() <= 3);

@@ -48,8 +48,8 @@ impl Whole {
     pub(crate) fn meta(&self) -> IpMeta<'_> {
         let key = self.datagram.key;
         IpMeta {
-            src: key.src.into(),
-            dst: key.dst.into(),
+            src: key.src,
+            dst: key.dst,
             protocol: IpProtocol::from(key.protocol),
             ttl: self.datagram.ttl(),
             broadcast: self.broadcast,
@@ -94,10 +94,22 @@ pub(crate) fn ethernet<'a, T: Tx>(
         }
         EthernetProtocol::Ipv4 => ipv4(link, frags, now, payload, rx),
         EthernetProtocol::Ipv6 if link.ip6.enabled() => {
-            match crate::iface::ipv6::ipv6(link, now, eth.src_addr(), payload, rx, tx)? {
-                Some((meta, body, packet)) => Ok(IpIn::Datagram { meta, body, packet }),
-                None => Ok(IpIn::Done),
-            }
+            use crate::iface::ipv6::{V6In, ipv6};
+            Ok(
+                match ipv6(link, frags, now, eth.src_addr(), payload, rx, tx)? {
+                    V6In::Done => IpIn::Done,
+                    V6In::Datagram { meta, body, packet } => IpIn::Datagram { meta, body, packet },
+                    V6In::Reassembled {
+                        datagram,
+                        multicast,
+                        rx,
+                    } => IpIn::Reassembled(Whole {
+                        datagram,
+                        broadcast: multicast,
+                        rx,
+                    }),
+                },
+            )
         }
         _ => Err(DropReason::EthUnknownType),
     }
@@ -169,9 +181,9 @@ pub(crate) fn ipv4<'a>(
     }
     link.stats.ipv4.rx_fragments += 1;
     let key = FragKey {
-        src,
-        dst,
-        ident: pkt.ident(),
+        src: src.into(),
+        dst: dst.into(),
+        ident: u32::from(pkt.ident()),
         protocol: meta.protocol.into(),
     };
     let offset = usize::from(pkt.frag_offset());

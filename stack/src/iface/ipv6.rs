@@ -21,6 +21,7 @@ use smoltcp::wire::{
 };
 
 use crate::error::Error;
+use crate::iface::frag::{FragKey, Reassembled, Reassembler};
 use crate::iface::link::{IpMeta, Link, write_eth};
 use crate::iface::ndp::Neighbors;
 use crate::iface::resolve::{Enqueue, Limits, Resolving};
@@ -180,22 +181,116 @@ pub fn multicast_mac(group: Ipv6Addr) -> EthernetAddress {
     EthernetAddress([0x33, 0x33, o[12], o[13], o[14], o[15]])
 }
 
-/// What a packet for a transport is: its header's facts, its payload and
-/// the whole packet.
-type ForTransport<'a> = (IpMeta<'a>, &'a [u8], &'a [u8]);
+/// What the IPv6 layer made of a packet.
+#[derive(Debug)]
+pub(crate) enum V6In<'a> {
+    /// Nothing left for a transport (ICMPv6 handled, a fragment held).
+    Done,
+    /// A TCP or UDP packet, in the frame.
+    Datagram {
+        /// Its header's facts.
+        meta: IpMeta<'a>,
+        /// The transport's header and data.
+        body: &'a [u8],
+        /// The whole packet, header on.
+        packet: &'a [u8],
+    },
+    /// A TCP or UDP datagram joined from fragments (`key.protocol` its
+    /// transport, `payload` from the transport's header on).
+    Reassembled {
+        /// The datagram.
+        datagram: Reassembled,
+        /// Sent to a group.
+        multicast: bool,
+        /// What came with its last fragment.
+        rx: RxMeta,
+    },
+}
+
+/// Most extension headers a packet may carry before its upper layer:
+/// a longer chain is dropped (bounded work per packet).
+const MAX_EXTENSION_HEADERS: usize = 8;
+
+/// Walk extension headers (RFC 8200 §4) from `next`, whose header starts
+/// at `at` in `p`: hop-by-hop options only first (`first`), destination
+/// options and a routing header with no segments left passed over, their
+/// options checked ([`options`]). Returns the next header that is not
+/// one of these (the upper layer, or a fragment header) and where it
+/// starts. A routing header with segments left is refused: a host does
+/// not forward (RFC 8200 §4.4; type 0 is deprecated by RFC 5095).
+fn walk(
+    p: &[u8],
+    mut next: IpProtocol,
+    mut at: usize,
+    first: bool,
+) -> Result<(IpProtocol, usize), DropReason> {
+    for i in 0..MAX_EXTENSION_HEADERS {
+        match next {
+            IpProtocol::HopByHop | IpProtocol::Ipv6Opts | IpProtocol::Ipv6Route => {
+                if next == IpProtocol::HopByHop && !(first && i == 0) {
+                    return Err(DropReason::Ipv6BadExtension);
+                }
+                let len = p
+                    .get(at + 1)
+                    .map(|&l| (usize::from(l) + 1) * 8)
+                    .ok_or(DropReason::Ipv6BadExtension)?;
+                let h = p.get(at..at + len).ok_or(DropReason::Ipv6BadExtension)?;
+                if next == IpProtocol::Ipv6Route {
+                    if h[3] != 0 {
+                        return Err(DropReason::Ipv6RoutingHeader);
+                    }
+                } else {
+                    options(&h[2..])?;
+                }
+                next = IpProtocol::from(h[0]);
+                at += len;
+            }
+            _ => return Ok((next, at)),
+        }
+    }
+    Err(DropReason::Ipv6BadExtension)
+}
+
+/// Check the options of a hop-by-hop or destination options header (RFC
+/// 8200 §4.2): padding skipped, an unknown option whose type's two high
+/// bits are 00 skipped, any other unknown option discards the packet.
+fn options(mut o: &[u8]) -> Result<(), DropReason> {
+    while let Some(&kind) = o.first() {
+        if kind == 0 {
+            // Pad1.
+            o = &o[1..];
+            continue;
+        }
+        let len = o
+            .get(1)
+            .map(|&l| usize::from(l))
+            .ok_or(DropReason::Ipv6BadExtension)?;
+        let rest = o.get(2 + len..).ok_or(DropReason::Ipv6BadExtension)?;
+        // PadN (1) is known; everything else is unknown to us.
+        if kind != 1 && kind & 0xc0 != 0 {
+            return Err(DropReason::Ipv6BadOption);
+        }
+        o = rest;
+    }
+    Ok(())
+}
 
 /// Validate an IPv6 packet (RFC 8200 §3: version, payload length within
-/// the frame, addressed to us, a source that can be a host); ICMPv6 is
-/// handled here ([`icmpv6`]), TCP and UDP come back for their tables.
-/// `eth_src` is the frame's sender.
+/// the frame, addressed to us, a source that can be a host), walk its
+/// extension headers and join its fragments (RFC 8200 §4.5, with RFC
+/// 5722's rule: any overlap drops the datagram; RFC 6946's atomic
+/// fragments taken as they are); ICMPv6 is handled here ([`icmpv6`]),
+/// TCP and UDP come back for their tables. `eth_src` is the frame's sender.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn ipv6<'a, T: Tx>(
     link: &mut Link,
+    frags: &mut Reassembler,
     now: Instant,
     eth_src: EthernetAddress,
     payload: &'a [u8],
     rx: RxMeta,
     tx: &mut T,
-) -> Result<Option<ForTransport<'a>>, DropReason> {
+) -> Result<V6In<'a>, DropReason> {
     if payload.len() < IPV6_HEADER_LEN {
         return Err(DropReason::Ipv6Truncated);
     }
@@ -216,9 +311,55 @@ pub(crate) fn ipv6<'a, T: Tx>(
     }
     link.stats.ipv6.rx_packets += 1;
     link.stats.ipv6.rx_bytes += end as u64;
-    let body = &payload[IPV6_HEADER_LEN..end];
-    match pkt.next_header() {
-        IpProtocol::Icmpv6 => icmpv6(link, now, eth_src, &pkt, body, tx).map(|()| None),
+    let packet = &payload[..end];
+    let (mut next, mut at) = walk(packet, pkt.next_header(), IPV6_HEADER_LEN, true)?;
+    if next == IpProtocol::Ipv6Frag {
+        let f = packet
+            .get(at..at + FRAG_HEADER_LEN)
+            .ok_or(DropReason::Ipv6BadExtension)?;
+        let word = u16::from_be_bytes([f[2], f[3]]);
+        let (offset, more) = (usize::from(word & !7), word & 1 == 1);
+        let inner = IpProtocol::from(f[0]);
+        if offset != 0 || more {
+            link.stats.ipv6.rx_fragments += 1;
+            if src.is_unspecified() {
+                return Err(DropReason::Ipv6BadSource);
+            }
+            let key = FragKey {
+                src: src.into(),
+                dst: dst.into(),
+                ident: u32::from_be_bytes([f[4], f[5], f[6], f[7]]),
+                protocol: inner.into(),
+            };
+            let data = &packet[at + FRAG_HEADER_LEN..];
+            let header = &packet[..IPV6_HEADER_LEN];
+            let Some(mut datagram) = frags.insert(now, key, offset, more, header, data)? else {
+                return Ok(V6In::Done);
+            };
+            link.stats.ipv6.reassembled += 1;
+            // The fragmentable part may open with destination options.
+            let (proto, skip) = walk(&datagram.payload, inner, 0, false)?;
+            datagram.payload.drain(..skip);
+            datagram.key.protocol = proto.into();
+            return match proto {
+                IpProtocol::Tcp | IpProtocol::Udp => Ok(V6In::Reassembled {
+                    datagram,
+                    multicast: dst.is_multicast(),
+                    rx,
+                }),
+                IpProtocol::Icmpv6 => {
+                    let ip = Ipv6Packet::new_unchecked(&datagram.header[..]);
+                    icmpv6(link, now, eth_src, &ip, &datagram.payload, tx).map(|()| V6In::Done)
+                }
+                _ => Err(DropReason::Ipv6UnknownNextHeader),
+            };
+        }
+        // An atomic fragment (RFC 6946): the packet as it is.
+        (next, at) = walk(packet, inner, at + FRAG_HEADER_LEN, false)?;
+    }
+    let body = &packet[at..];
+    match next {
+        IpProtocol::Icmpv6 => icmpv6(link, now, eth_src, &pkt, body, tx).map(|()| V6In::Done),
         protocol @ (IpProtocol::Tcp | IpProtocol::Udp) => {
             if src.is_unspecified() {
                 return Err(DropReason::Ipv6BadSource);
@@ -232,8 +373,10 @@ pub(crate) fn ipv6<'a, T: Tx>(
                 header: &payload[..IPV6_HEADER_LEN],
                 rx,
             };
-            Ok(Some((meta, body, &payload[..end])))
+            Ok(V6In::Datagram { meta, body, packet })
         }
+        // No next header (RFC 8200 §4.7): nothing follows.
+        IpProtocol::Ipv6NoNxt => Ok(V6In::Done),
         _ => Err(DropReason::Ipv6UnknownNextHeader),
     }
 }
@@ -276,8 +419,23 @@ fn icmpv6<T: Tx>(
                 seq_no,
                 data,
             };
-            let mac = link.ip6.neighbors.lookup(&src).unwrap_or(eth_src);
-            if send_icmpv6(link, tx, mac, dst, src, HOP_LIMIT, &reply) {
+            let len = reply.buffer_len();
+            let sent = if IPV6_HEADER_LEN + len <= link.cfg.mtu {
+                let mac = link.ip6.neighbors.lookup(&src).unwrap_or(eth_src);
+                send_icmpv6(link, tx, mac, dst, src, HOP_LIMIT, &reply)
+            } else {
+                // Above the MTU: in fragments.
+                send(link, now, tx, dst, src, IpProtocol::Icmpv6, len, |b| {
+                    reply.emit(
+                        &dst,
+                        &src,
+                        &mut Icmpv6Packet::new_unchecked(b),
+                        &ChecksumCapabilities::default(),
+                    );
+                })
+                .is_ok()
+            };
+            if sent {
                 link.stats.ipv6.tx_echo_replies += 1;
             }
             Ok(())
@@ -611,14 +769,15 @@ pub(crate) fn poll_at(link: &Link) -> Option<Instant> {
 
 /// ICMPv6 destination unreachable, port unreachable (RFC 4443 §3.1)
 /// about a datagram we received: rate-limited with IPv4's errors, never
-/// about a packet to a multicast group; it quotes as much of the packet
-/// (`packet`, header on) as keeps the message within the minimum MTU.
+/// about a packet to a multicast group; it quotes the fixed header as
+/// received and as much of the datagram (`body`) as keeps the message
+/// within the minimum MTU.
 pub(crate) fn send_port_unreachable<T: Tx>(
     link: &mut Link,
     now: Instant,
     tx: &mut T,
     meta: &IpMeta<'_>,
-    packet: &[u8],
+    body: &[u8],
 ) {
     let (core::net::IpAddr::V6(src), core::net::IpAddr::V6(dst)) = (meta.src, meta.dst) else {
         return;
@@ -630,7 +789,10 @@ pub(crate) fn send_port_unreachable<T: Tx>(
         link.stats.icmp.rate_limited += 1;
         return;
     }
-    let quote = &packet[..packet.len().min(MIN_MTU - IPV6_HEADER_LEN - 8)];
+    let room = MIN_MTU - IPV6_HEADER_LEN - 8;
+    let head = &meta.header[..meta.header.len().min(room)];
+    let tail = &body[..body.len().min(room - head.len())];
+    let quote = head.len() + tail.len();
     let sent = send(
         link,
         now,
@@ -638,12 +800,13 @@ pub(crate) fn send_port_unreachable<T: Tx>(
         dst,
         src,
         IpProtocol::Icmpv6,
-        8 + quote.len(),
+        8 + quote,
         |b| {
             b[0] = 1; // destination unreachable
             b[1] = 4; // port unreachable
             b[2..8].fill(0);
-            b[8..].copy_from_slice(quote);
+            b[8..8 + head.len()].copy_from_slice(head);
+            b[8 + head.len()..].copy_from_slice(tail);
             let c = crate::wire::checksum::compute_ip(dst.into(), src.into(), 58, b);
             b[2..4].copy_from_slice(&c.to_be_bytes());
         },

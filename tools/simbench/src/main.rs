@@ -75,6 +75,10 @@ enum Cmd {
         /// a receiving NIC's LRO does; smoltcp has no TSO and runs csum).
         #[arg(long, value_enum, default_value = "none")]
         offload: Offload,
+        /// ustack only: the flow (and the idle connections) over IPv6
+        /// (`fd00::1`, `fd00::2`) instead of IPv4.
+        #[arg(long)]
+        ipv6: bool,
         /// ustack only: advance the stacks' clock this many nanoseconds
         /// per loop iteration instead of reading the wall clock, so a run
         /// takes the same steps natively and under valgrind (for stable
@@ -199,14 +203,16 @@ fn run(cli: Cli) -> Result<()> {
             zero_copy,
             offload,
             virtual_clock_ns,
+            ipv6,
         } => {
             let buffer = usize::try_from(buffer)?;
             let step = virtual_clock_ns.map(std::time::Duration::from_nanos);
             let g = match stack {
                 Which::Ustack => {
-                    ustack_side::goodput(idle, bytes, buffer, zero_copy, offload, step)?
+                    ustack_side::goodput(idle, bytes, buffer, zero_copy, offload, step, ipv6)?
                 }
                 Which::Smoltcp if step.is_some() => bail!("--virtual-clock-ns is ustack only"),
+                Which::Smoltcp if ipv6 => bail!("--ipv6 is ustack only"),
                 Which::Smoltcp => {
                     smol::goodput(idle, bytes, buffer, zero_copy, offload != Offload::None)?
                 }

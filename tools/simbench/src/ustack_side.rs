@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -200,7 +200,7 @@ impl App for Receiver {
 struct Sender {
     idle_conns: usize,
     conns: Vec<TcpHandle>,
-    dst: Option<std::net::Ipv4Addr>,
+    dst: Option<std::net::IpAddr>,
     start_flow: bool,
     flow: Option<TcpHandle>,
     total: u64,
@@ -218,7 +218,7 @@ impl App for Sender {
         };
         let want = (self.idle_conns - self.conns.len()).min(OPEN_PER_POLL);
         for _ in 0..want {
-            match stack.tcp().connect(now, SocketAddrV4::new(dst, IDLE_PORT)) {
+            match stack.tcp().connect(now, SocketAddr::new(dst, IDLE_PORT)) {
                 Ok(h) => self.conns.push(h),
                 Err(e) => {
                     self.error = Some(format!("connect: {e}"));
@@ -231,7 +231,7 @@ impl App for Sender {
         }
         let h = match self.flow {
             Some(h) => h,
-            None => match stack.tcp().connect(now, SocketAddrV4::new(dst, FLOW_PORT)) {
+            None => match stack.tcp().connect(now, SocketAddr::new(dst, FLOW_PORT)) {
                 Ok(h) => *self.flow.insert(h),
                 Err(e) => {
                     self.error = Some(format!("connect: {e}"));
@@ -263,7 +263,12 @@ impl App for Sender {
     }
 }
 
-fn net(buffer: usize, offload: Offload) -> Pair {
+/// The IPv6 address of bench host `n` (`--ipv6`).
+fn ipv6_of(n: u8) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n))
+}
+
+fn net(buffer: usize, offload: Offload, ipv6: bool) -> Pair {
     let wire = Rc::new(RefCell::new(Wire::default()));
     let offloads = Offloads {
         tx_tcp_checksum: offload != Offload::None,
@@ -278,6 +283,9 @@ fn net(buffer: usize, offload: Offload) -> Pair {
     };
     let node = |n: u8| {
         let mut c = host_config(n);
+        if ipv6 {
+            c.ipv6 = vec![ustack::wire::Ipv6Cidr::new(ipv6_of(n), 64)];
+        }
         c.tcp.send_buffer = buffer;
         c.tcp.recv_buffer = buffer;
         let dev = QueueDev {
@@ -359,9 +367,14 @@ pub fn goodput(
     zero_copy: bool,
     offload: Offload,
     virtual_step: Option<Duration>,
+    ipv6: bool,
 ) -> Result<crate::Goodput> {
-    let mut net = net(buffer, offload);
-    let dst = net.nodes[0].stack.ip();
+    let mut net = net(buffer, offload, ipv6);
+    let dst = if ipv6 {
+        ipv6_of(1).into()
+    } else {
+        net.nodes[0].stack.ip().into()
+    };
     let mut rx = Receiver {
         idle_listeners: idle / 2,
         buf: vec![0; 64 << 10],
@@ -455,8 +468,8 @@ pub fn goodput(
 
 /// Resident memory per idle established connection (both ends in this process).
 pub fn memory(conns: usize, buffer: usize) -> Result<Value> {
-    let mut net = net(buffer, Offload::None);
-    let dst = net.nodes[0].stack.ip();
+    let mut net = net(buffer, Offload::None, false);
+    let dst = net.nodes[0].stack.ip().into();
     // Warm up: one connection and the pools, so the baseline holds them.
     let mut rx = Receiver {
         buf: vec![0; 64 << 10],

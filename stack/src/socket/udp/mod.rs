@@ -339,9 +339,6 @@ impl UdpTable {
         now: Instant,
         meta: IpMeta<'_>,
         body: &'a [u8],
-        // The whole packet, header on (not for a reassembled datagram):
-        // what an ICMPv6 error quotes.
-        packet: Option<&[u8]>,
         tx: &mut T,
     ) -> Result<Option<&'a [u8]>, DropReason> {
         let pkt = UdpPacket::new_checked(body).map_err(|_| DropReason::UdpMalformed)?;
@@ -368,17 +365,10 @@ impl UdpTable {
         }
         let cap = link.cfg.udp_rx_queue_bytes;
         let Some(h) = self.lookup(dst_port, SocketAddr::new(meta.src, src_port)) else {
-            match packet {
-                Some(p) if meta.src.is_ipv6() => {
-                    crate::iface::ipv6::send_port_unreachable(link, now, tx, &meta, p);
-                }
-                _ => link.send_unreachable(
-                    now,
-                    tx,
-                    Icmpv4DstUnreachable::PortUnreachable,
-                    meta,
-                    body,
-                ),
+            if meta.src.is_ipv6() {
+                crate::iface::ipv6::send_port_unreachable(link, now, tx, &meta, body);
+            } else {
+                link.send_unreachable(now, tx, Icmpv4DstUnreachable::PortUnreachable, meta, body);
             }
             return Err(DropReason::UdpNoSocket);
         };
