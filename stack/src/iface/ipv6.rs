@@ -633,21 +633,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
             write_header(ip, src, dst, protocol, payload_len);
             fill(&mut ip[IPV6_HEADER_LEN..]);
         };
-        match mac {
-            Some(mac) => {
-                let me = link.cfg.mac;
-                let ok = tx.send(ETH_LEN + len, |buf| {
-                    write_eth(buf, me, mac, EthernetProtocol::Ipv6);
-                    build(&mut buf[ETH_LEN..]);
-                });
-                count(link, ok, len);
-            }
-            None => {
-                let mut packet = vec![0u8; len];
-                build(&mut packet);
-                hold(link, now, tx, dst, packet);
-            }
-        }
+        send_or_hold(link, now, tx, dst, mac, len, build);
         return Ok(());
     }
     // Fragments: the payload built once, cut at multiples of 8 bytes.
@@ -683,23 +669,38 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
             f[FRAG_HEADER_LEN..].copy_from_slice(piece);
         };
         link.stats.ipv6.tx_fragments += 1;
-        match mac {
-            Some(mac) => {
-                let me = link.cfg.mac;
-                let ok = tx.send(ETH_LEN + len, |buf| {
-                    write_eth(buf, me, mac, EthernetProtocol::Ipv6);
-                    build(&mut buf[ETH_LEN..]);
-                });
-                count(link, ok, len);
-            }
-            None => {
-                let mut packet = vec![0u8; len];
-                build(&mut packet);
-                hold(link, now, tx, dst, packet);
-            }
-        }
+        send_or_hold(link, now, tx, dst, mac, len, build);
     }
     Ok(())
+}
+
+/// A packet of `len` bytes that `build` writes (IPv6 header on) to the
+/// port for `mac`, or, with no MAC known, held for `dst` while it is
+/// solicited.
+fn send_or_hold<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    dst: Ipv6Addr,
+    mac: Option<EthernetAddress>,
+    len: usize,
+    build: impl FnOnce(&mut [u8]),
+) {
+    match mac {
+        Some(mac) => {
+            let me = link.cfg.mac;
+            let ok = tx.send(ETH_LEN + len, |buf| {
+                write_eth(buf, me, mac, EthernetProtocol::Ipv6);
+                build(&mut buf[ETH_LEN..]);
+            });
+            count(link, ok, len);
+        }
+        None => {
+            let mut packet = vec![0u8; len];
+            build(&mut packet);
+            hold(link, now, tx, dst, packet);
+        }
+    }
 }
 
 /// A fragment header's bytes (RFC 8200 §4.5).

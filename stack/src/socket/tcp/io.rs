@@ -343,26 +343,42 @@ fn emit_frame<T: Tx>(
         return false;
     };
     link.send_ip(now, tx, peer, IpProtocol::Tcp, len, |buf| {
-        let payload_sum = payload(&mut buf[hdr..], fill);
-        let mut pkt = TcpPacket::new_unchecked(&mut *buf);
-        let header_sum = write_header(&mut pkt, repr, &src, &dst);
-        if fill {
-            // Our own word-wide sum (crate::wire::checksum), not smoltcp's; the
-            // payload's taken as it was copied, when it was, and the
-            // header's from its values, when known.
-            use crate::wire::checksum::{fold, pseudo_header, sum};
-            let c = match payload_sum {
-                Some(p) => {
-                    let phdr = pseudo_header(me, peer, 6, buf.len());
-                    let h = header_sum.unwrap_or_else(|| sum(0, &buf[..hdr]));
-                    !fold(phdr + h + p)
-                }
-                None => crate::wire::checksum::compute(me, peer, 6, buf),
-            };
-            TcpPacket::new_unchecked(buf).set_checksum(c);
-        }
+        fill_segment(buf, hdr, repr, me.into(), peer.into(), fill, payload);
     })
     .is_ok()
+}
+
+/// Write a segment into `buf`: `repr`'s header (`hdr` bytes), the payload
+/// `payload` writes after it, and when `summed`, the checksum over the
+/// pseudo-header of `me` and `peer`: our own word-wide sum
+/// (crate::wire::checksum), not smoltcp's, the payload's taken as it was
+/// copied, when it was, and the header's from its values, when known.
+fn fill_segment(
+    buf: &mut [u8],
+    hdr: usize,
+    repr: &TcpRepr<'_>,
+    me: IpAddr,
+    peer: IpAddr,
+    summed: bool,
+    payload: impl FnOnce(&mut [u8], bool) -> Option<u64>,
+) {
+    use crate::wire::checksum::{compute_ip, fold, pseudo_header_ip, sum};
+    let (src, dst) = (IpAddress::from(me), IpAddress::from(peer));
+    let payload_sum = payload(&mut buf[hdr..], summed);
+    let mut pkt = TcpPacket::new_unchecked(&mut *buf);
+    let header_sum = write_header(&mut pkt, repr, &src, &dst);
+    if !summed {
+        return;
+    }
+    let c = match payload_sum {
+        Some(p) => {
+            let phdr = pseudo_header_ip(me, peer, 6, buf.len());
+            let h = header_sum.unwrap_or_else(|| sum(0, &buf[..hdr]));
+            !fold(phdr + h + p)
+        }
+        None => compute_ip(me, peer, 6, buf),
+    };
+    TcpPacket::new_unchecked(buf).set_checksum(c);
 }
 
 /// [`emit_frame`] over IPv6 (or a mixed pair, which no connection has:
@@ -382,22 +398,9 @@ fn emit_frame6<T: Tx>(
         return false;
     };
     let hdr = header_len(repr);
-    let (src, dst) = (IpAddress::Ipv6(me6), IpAddress::Ipv6(peer6));
     let len = hdr + payload_len;
     crate::iface::ipv6::send(link, now, tx, me6, peer6, IpProtocol::Tcp, len, |buf| {
-        let payload_sum = payload(&mut buf[hdr..], true);
-        let mut pkt = TcpPacket::new_unchecked(&mut *buf);
-        let header_sum = write_header(&mut pkt, repr, &src, &dst);
-        use crate::wire::checksum::{fold, pseudo_header_ip, sum};
-        let c = match payload_sum {
-            Some(p) => {
-                let phdr = pseudo_header_ip(me, peer, 6, buf.len());
-                let h = header_sum.unwrap_or_else(|| sum(0, &buf[..hdr]));
-                !fold(phdr + h + p)
-            }
-            None => crate::wire::checksum::compute_ip(me, peer, 6, buf),
-        };
-        TcpPacket::new_unchecked(buf).set_checksum(c);
+        fill_segment(buf, hdr, repr, me, peer, true, payload);
     })
     .is_ok()
 }
