@@ -1,185 +1,36 @@
-//! IPv6 below the transports (RFC 8200): our addresses (`Ipv6Iface`:
-//! the link-local one made from the MAC, RFC 4291 Appendix A, and the
-//! configured ones), the receive path (header validated, addressed to us
-//! or to a group we are in), ICMPv6 echo answered (RFC 4443 §4) and
-//! neighbor discovery (RFC 4861): solicitations for our addresses
-//! answered, the senders learnt in the neighbor cache ([`crate::iface::ndp`]).
+//! IPv6 below the transports (RFC 8200), on our addresses
+//! ([`crate::iface::ipv6_iface`]): the receive path (header validated,
+//! addressed to us or to a group we are in, extension headers walked,
+//! fragments joined), ICMPv6 echo answered (RFC 4443 §4), neighbor
+//! discovery (RFC 4861: solicitations for our addresses answered, the
+//! senders learnt in the neighbor cache, [`crate::iface::ndp`]; neighbors
+//! we send to solicited), the transmit path (fragments above the MTU,
+//! packets held for a neighbor) and port unreachable.
 //!
-//! What comes next (issue 35): extension headers and fragments, TCP and
-//! UDP over IPv6, router discovery and SLAAC, duplicate address
-//! detection, MLD. Until then a packet for another next header is counted
-//! and dropped.
+//! What comes next (issue 35): router discovery and SLAAC, duplicate
+//! address detection, MLD, ICMPv6 errors beyond port unreachable.
+
+pub use crate::iface::ipv6_iface::{ALL_NODES, link_local, multicast_mac, solicited_node};
 
 use core::net::Ipv6Addr;
-use std::time::Duration;
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
     ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress, EthernetProtocol, IPV6_HEADER_LEN,
-    Icmpv6Packet, Icmpv6Repr, IpProtocol, Ipv6Cidr, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags,
-    NdiscRepr, RawHardwareAddress,
+    Icmpv6Packet, Icmpv6Repr, IpProtocol, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags, NdiscRepr,
+    RawHardwareAddress,
 };
 
 use crate::error::Error;
 use crate::iface::frag::{FragKey, Reassembled, Reassembler};
 use crate::iface::link::{IpMeta, Link, write_eth};
-use crate::iface::ndp::Neighbors;
-use crate::iface::resolve::{Enqueue, Limits, Resolving};
+use crate::iface::resolve::Enqueue;
 use crate::phy::device::{RxMeta, Tx};
 use crate::stats::DropReason;
 use crate::time::Instant;
 
-/// All-nodes multicast (RFC 4291 §2.7.1).
-pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
-
 /// Hop limit of the packets we originate.
 const HOP_LIMIT: u8 = 64;
-
-/// How packets wait for a neighbor to answer (RFC 4861 §7.2.2: a
-/// solicitation every `RETRANS_TIMER`, 1 s, `MAX_MULTICAST_SOLICIT`, 3,
-/// of them; the queue bounded as ARP's).
-const NDP_LIMITS: Limits = Limits {
-    request_interval: Duration::from_secs(1),
-    max_requests: 3,
-    per_addr: 256,
-    bytes_per_addr: 256 << 10,
-    bytes_total: 1 << 20,
-    max_addrs: 64,
-};
-
-/// Our IPv6 addresses and neighbors.
-#[derive(Debug)]
-pub(crate) struct Ipv6Iface {
-    /// Our unicast addresses, the link-local one first; empty when IPv6
-    /// is off (no address configured).
-    addrs: Vec<Ipv6Cidr>,
-    pub(crate) neighbors: Neighbors,
-    /// Packets waiting for a neighbor's advertisement.
-    pub(crate) pending: Resolving<Ipv6Addr>,
-    /// Identification of the next fragmented datagram (RFC 8200 §4.5,
-    /// RFC 7739: started from the stack's secret, not from zero).
-    next_frag_id: u32,
-    /// Solicitations owed to the next poll (retries).
-    retry: Vec<Ipv6Addr>,
-}
-
-impl Default for Ipv6Iface {
-    fn default() -> Self {
-        Ipv6Iface {
-            addrs: Vec::new(),
-            neighbors: Neighbors::default(),
-            pending: Resolving::new(NDP_LIMITS),
-            next_frag_id: 0,
-            retry: Vec::new(),
-        }
-    }
-}
-
-impl Ipv6Iface {
-    /// IPv6 with the link-local address made from `mac` and `configured`;
-    /// off when `configured` is empty.
-    pub(crate) fn new(mac: EthernetAddress, configured: &[Ipv6Cidr]) -> Self {
-        if configured.is_empty() {
-            return Ipv6Iface::default();
-        }
-        let ll = Ipv6Cidr::new(link_local(mac), 64);
-        let mut addrs = vec![ll];
-        addrs.extend(configured.iter().filter(|c| c.address() != ll.address()));
-        let m = mac.0;
-        Ipv6Iface {
-            addrs,
-            next_frag_id: u32::from_be_bytes([m[2], m[3], m[4], m[5]]).rotate_left(13),
-            ..Ipv6Iface::default()
-        }
-    }
-
-    /// The source address for packets to `dst` (RFC 6724, for the
-    /// addresses a host of ours has): the link-local one for a link-local
-    /// or link-scope multicast destination, else the first configured one;
-    /// `None` when IPv6 is off.
-    pub(crate) fn source_for(&self, dst: &Ipv6Addr) -> Option<Ipv6Addr> {
-        let link_scope =
-            dst.is_unicast_link_local() || (dst.is_multicast() && dst.segments()[0] & 0x000f == 2);
-        match self.addrs.as_slice() {
-            [] => None,
-            [ll, ..] if link_scope => Some(ll.address()),
-            [ll] => Some(ll.address()),
-            [_, first, ..] => Some(first.address()),
-        }
-    }
-
-    /// Whether `a` is one of our addresses.
-    pub(crate) fn owns(&self, a: &Ipv6Addr) -> bool {
-        self.is_ours(a)
-    }
-
-    /// Whether IPv6 is on.
-    pub(crate) fn enabled(&self) -> bool {
-        !self.addrs.is_empty()
-    }
-
-    /// Our unicast addresses, the link-local one first.
-    pub(crate) fn addrs(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
-        self.addrs.iter().map(|c| c.address())
-    }
-
-    fn is_ours(&self, a: &Ipv6Addr) -> bool {
-        self.addrs().any(|m| m == *a)
-    }
-
-    /// Whether we take packets to `dst`: one of our addresses, all-nodes,
-    /// or the solicited-node group of one of them.
-    fn accepts(&self, dst: &Ipv6Addr) -> bool {
-        *dst == ALL_NODES || self.addrs().any(|m| m == *dst || solicited_node(m) == *dst)
-    }
-
-    /// Whether a frame to the multicast MAC `mac` is for a group we are in
-    /// (RFC 2464 §7: 33:33 and the group's low 32 bits).
-    pub(crate) fn accepts_mac(&self, mac: EthernetAddress) -> bool {
-        self.enabled()
-            && (mac == multicast_mac(ALL_NODES)
-                || self
-                    .addrs()
-                    .any(|m| mac == multicast_mac(solicited_node(m))))
-    }
-}
-
-/// The link-local address of a MAC (RFC 4291 Appendix A: modified EUI-64).
-pub fn link_local(mac: EthernetAddress) -> Ipv6Addr {
-    let m = mac.0;
-    Ipv6Addr::from([
-        0xfe,
-        0x80,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        m[0] ^ 0x02,
-        m[1],
-        m[2],
-        0xff,
-        0xfe,
-        m[3],
-        m[4],
-        m[5],
-    ])
-}
-
-/// The solicited-node multicast group of an address (RFC 4291 §2.7.1).
-pub fn solicited_node(a: Ipv6Addr) -> Ipv6Addr {
-    let o = a.octets();
-    Ipv6Addr::from([
-        0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, o[13], o[14], o[15],
-    ])
-}
-
-/// The Ethernet group address of an IPv6 multicast group (RFC 2464 §7).
-pub fn multicast_mac(group: Ipv6Addr) -> EthernetAddress {
-    let o = group.octets();
-    EthernetAddress([0x33, 0x33, o[12], o[13], o[14], o[15]])
-}
 
 /// What the IPv6 layer made of a packet.
 #[derive(Debug)]

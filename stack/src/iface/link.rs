@@ -94,7 +94,7 @@ pub(crate) struct Link {
     pub(crate) offloads: Offloads,
     arp: ArpCache,
     /// Our IPv6 addresses and neighbors.
-    pub(crate) ip6: crate::iface::ipv6::Ipv6Iface,
+    pub(crate) ip6: crate::iface::ipv6_iface::Ipv6Iface,
     pub(crate) stats: Stats,
     /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
     ip_idents: Box<[u16]>,
@@ -121,7 +121,7 @@ impl Link {
         let secret = cfg.secret;
         Link {
             arp: ArpCache::new(cfg.arp.clone()),
-            ip6: crate::iface::ipv6::Ipv6Iface::new(cfg.mac, &cfg.ipv6),
+            ip6: crate::iface::ipv6_iface::Ipv6Iface::new(cfg.mac, &cfg.ipv6, cfg.secret.1),
             icmp_errors: RateLimit::new(cfg.icmp_error_rate),
             rst_limit: RateLimit::new(cfg.rst_rate),
             announced: !cfg.announce,

@@ -12,6 +12,7 @@ pub mod frag;
 pub mod icmp;
 pub(crate) mod input;
 pub mod ipv6;
+pub(crate) mod ipv6_iface;
 pub(crate) mod link;
 pub mod ndp;
 pub(crate) mod resolve;

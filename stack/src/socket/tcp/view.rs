@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{ConnInfo, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable};
 use crate::error::Error;
-use crate::iface::ipv6::Ipv6Iface;
+use crate::iface::ipv6_iface::Ipv6Iface;
 use crate::shard::ShardId;
 use crate::time::Instant;
 
