@@ -4,7 +4,6 @@
 //! Bounded: when full, the entry seen longest ago gives way.
 
 use core::net::Ipv6Addr;
-use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -43,7 +42,8 @@ struct Neighbor {
 /// The neighbor cache of one stack.
 #[derive(Debug, Default)]
 pub(crate) struct Neighbors {
-    entries: HashMap<Ipv6Addr, Neighbor>,
+    /// Keyed by foldhash (looked up for every packet sent).
+    entries: foldhash::HashMap<Ipv6Addr, Neighbor>,
 }
 
 impl Neighbors {

@@ -165,6 +165,9 @@ impl<A: Copy + Eq + Hash> Resolving<A> {
     /// to `retry`); gives up (and drops the queued packets) after
     /// `max_requests`.
     pub(crate) fn poll(&mut self, now: Instant, retry: &mut Vec<A>) {
+        if self.waiting.is_empty() {
+            return;
+        }
         let l = self.limits;
         let mut gave_up = Vec::new();
         for (a, w) in self.waiting.iter_mut() {
@@ -186,6 +189,9 @@ impl<A: Copy + Eq + Hash> Resolving<A> {
 
     /// Next time [`poll`](Self::poll) has work.
     pub(crate) fn poll_at(&self) -> Option<Instant> {
+        if self.waiting.is_empty() {
+            return None;
+        }
         self.waiting
             .values()
             .map(|w| w.last_request + self.limits.request_interval)
