@@ -1,5 +1,5 @@
 //! IPv6 below the transports (RFC 8200), on our addresses
-//! ([`crate::iface::ipv6_iface`]): the receive path (header validated,
+//! (`iface/ipv6_iface.rs`): the receive path (header validated,
 //! addressed to us or to a group we are in, extension headers walked,
 //! fragments joined), ICMPv6 echo answered (RFC 4443 §4), neighbor
 //! discovery (RFC 4861: solicitations for our addresses answered, the

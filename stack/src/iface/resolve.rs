@@ -38,7 +38,7 @@ struct Waiting {
     bytes: usize,
 }
 
-/// What [`Resolving::enqueue`] decided.
+/// What a pending queue decided about a packet to hold (`ArpCache::enqueue`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueue {
     /// Queued, and a request should go out now.
