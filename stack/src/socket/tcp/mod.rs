@@ -145,9 +145,9 @@ impl TcpTable {
 
     fn hash(&self, local: SocketAddr, remote: SocketAddr, extra: u32) -> u32 {
         let mut h = SipHasher24::new_with_keys(self.secret.0, self.secret.1);
-        h.write(&octets(local.ip()));
+        write_ip(&mut h, local.ip());
         h.write_u16(local.port());
-        h.write(&octets(remote.ip()));
+        write_ip(&mut h, remote.ip());
         h.write_u16(remote.port());
         h.write_u32(extra);
         h.finish() as u32
@@ -509,11 +509,12 @@ pub(crate) fn local(ip: IpAddr, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
 
-/// An address's bytes for the keyed hashes (4 or 16 of them).
-fn octets(a: IpAddr) -> Vec<u8> {
+/// Feed an address's bytes (4 or 16 of them) to a keyed hash, with no
+/// allocation: a SYN flood hashes per segment (cookies).
+fn write_ip(h: &mut SipHasher24, a: IpAddr) {
     match a {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
+        IpAddr::V4(a) => h.write(&a.octets()),
+        IpAddr::V6(a) => h.write(&a.octets()),
     }
 }
 
