@@ -119,9 +119,60 @@ pub struct TcpHandle {
     pub(crate) generation: u32,
 }
 
-/// A listening socket.
+/// A listening socket: its port and the family of peers it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ListenHandle(pub(crate) u16);
+pub struct ListenHandle {
+    pub(crate) port: u16,
+    pub(crate) family: Family,
+}
+
+impl ListenHandle {
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The peers it takes.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+}
+
+/// Which peers a listener or a UDP socket takes, by address family: both
+/// (as an `AF_INET6` socket with `IPV6_V6ONLY` off, Linux's default, and
+/// the engine's), or one. Sockets of families that do not overlap share
+/// a port (an `AF_INET` listener and an `IPV6_V6ONLY` one on port 80).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// IPv4 and IPv6 peers.
+    #[default]
+    Both,
+    /// IPv4 peers only (an `AF_INET` socket, or an `AF_INET6` one bound
+    /// to a v4-mapped address).
+    V4,
+    /// IPv6 peers only (`IPV6_V6ONLY`).
+    V6,
+}
+
+impl Family {
+    /// The family of one peer.
+    pub fn of(ip: core::net::IpAddr) -> Family {
+        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
+    }
+
+    /// Whether a peer at `ip` is taken.
+    pub fn takes(self, ip: core::net::IpAddr) -> bool {
+        self.overlaps(Family::of(ip))
+    }
+
+    /// Whether some peer would be taken by both.
+    pub fn overlaps(self, other: Family) -> bool {
+        !matches!(
+            (self, other),
+            (Family::V4, Family::V6) | (Family::V6, Family::V4)
+        )
+    }
+}
 
 slotmap::new_key_type! {
     /// A bound UDP socket. Handles carry a generation: one kept after

@@ -9,7 +9,7 @@
 //! through the crate-private `link` module (ARP, IPv4 transmit, rate
 //! limits); this file wires them together and is the app API's front door.
 
-use core::net::Ipv4Addr;
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use smoltcp::wire::{EthernetAddress, Icmpv4DstUnreachable, IpProtocol};
@@ -72,6 +72,19 @@ impl Stack {
     /// Our IPv4 address.
     pub fn ip(&self) -> Ipv4Addr {
         self.link.ip()
+    }
+
+    /// Our IPv6 addresses, the link-local one first (none with IPv6 off).
+    pub fn ipv6_addrs(&self) -> Vec<Ipv6Addr> {
+        self.link.ip6.addrs().collect()
+    }
+
+    /// Whether `ip` is one of our addresses (either family).
+    pub fn owns(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => a == self.link.ip(),
+            IpAddr::V6(a) => self.link.ip6.is_ours(&a),
+        }
     }
 
     /// Our Ethernet address.

@@ -885,3 +885,108 @@ fn large_datagrams_between_two_stacks() {
     assert_eq!(seen, vec![b"hi".to_vec(), data]);
     assert_eq!(b.stats().ipv6.reassembled, 1);
 }
+
+// ------------------------------------------------------------ families
+
+/// Frames between `a` and `b` until neither sends any more (address
+/// resolution, handshakes).
+fn settle(a: &mut Stack, b: &mut Stack) {
+    let mut out = polled(a);
+    for _ in 0..16 {
+        let back = deliver(&out, b);
+        out = deliver(&back, a);
+        if out.is_empty() && back.is_empty() {
+            return;
+        }
+    }
+    panic!("the two stacks never went quiet");
+}
+
+/// An IPv4 listener and an IPv6-only one share port 80, each taking its
+/// own family's peers (nginx's `listen 80; listen [::]:80;`); a
+/// dual-stack listener there is refused, and a port with an IPv4 listener
+/// only resets an IPv6 SYN.
+#[test]
+fn tcp_listeners_of_two_families_share_a_port() {
+    use std::net::{IpAddr, Ipv4Addr};
+    use ustack::Error;
+    use ustack::socket::tcp::{ConnError, Family};
+    let (mut a, mut b) = pair();
+    let l4 = b.tcp().listen_family(80, 4, Family::V4).unwrap();
+    let l6 = b.tcp().listen_family(80, 4, Family::V6).unwrap();
+    assert_eq!(b.tcp().listen(80, 4), Err(Error::AddrInUse));
+    assert_eq!(
+        b.tcp().listen_family(80, 4, Family::V4),
+        Err(Error::AddrInUse)
+    );
+    b.tcp().listen_family(81, 4, Family::V4).unwrap();
+    let b4 = Ipv4Addr::new(10, 0, 0, 2);
+    let c4 = a.tcp().connect(T0, (b4, 80)).unwrap();
+    let c6 = a.tcp().connect(T0, (GLOBAL, 80)).unwrap();
+    let refused = a.tcp().connect(T0, (GLOBAL, 81)).unwrap();
+    settle(&mut a, &mut b);
+    let remote = |b: &mut Stack, l| {
+        let h = b.tcp().accept(l).unwrap().expect("a connection to accept");
+        assert_eq!(b.tcp().accept(l).unwrap(), None, "only one");
+        b.tcp_ref().info(h).unwrap().remote.ip()
+    };
+    assert_eq!(remote(&mut b, l4), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
+    assert_eq!(remote(&mut b, l6), IpAddr::V6(PEER));
+    for c in [c4, c6] {
+        assert!(a.tcp_ref().status(c).unwrap().state.synchronized());
+    }
+    let st = a.tcp_ref().status(refused).unwrap();
+    assert_eq!(st.error, Some(ConnError::Refused));
+    // The listeners close apart: the IPv6 one's port is free for a
+    // dual-stack listener only once the IPv4 one is gone too.
+    b.tcp().unlisten(l6);
+    assert_eq!(b.tcp().listen(80, 4), Err(Error::AddrInUse));
+    b.tcp().unlisten(l4);
+    let both = b.tcp().listen(80, 4).unwrap();
+    assert_eq!((both.port(), both.family()), (80, Family::Both));
+}
+
+/// UDP sockets of the two families share a port without asking for
+/// reuse, and each receives only its family's datagrams; a dual-stack
+/// bind there is refused.
+#[test]
+fn udp_sockets_of_two_families_share_a_port() {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use ustack::Error;
+    use ustack::socket::udp::{Family, UdpReuse};
+    let (mut a, mut b) = pair();
+    let s4 = b
+        .udp()
+        .bind_family(53, UdpReuse::default(), Family::V4)
+        .unwrap();
+    let s6 = b
+        .udp()
+        .bind_family(53, UdpReuse::default(), Family::V6)
+        .unwrap();
+    assert_eq!(
+        b.udp().bind_family(53, UdpReuse::default(), Family::Both),
+        Err(Error::AddrInUse)
+    );
+    let ha = a.udp().bind(4000).unwrap();
+    let b4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)), 53);
+    let b6 = SocketAddr::new(GLOBAL.into(), 53);
+    a.udp().send_to(ha, b4, b"four").unwrap();
+    a.udp().send_to(ha, b6, b"six").unwrap();
+    settle(&mut a, &mut b);
+    let mut buf = [0u8; 16];
+    let (n, from) = b.udp().recv_from(s4, &mut buf).unwrap().unwrap();
+    assert_eq!(
+        (&buf[..n], from.ip()),
+        (&b"four"[..], IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)))
+    );
+    let (n, from) = b.udp().recv_from(s6, &mut buf).unwrap().unwrap();
+    assert_eq!((&buf[..n], from.ip()), (&b"six"[..], IpAddr::V6(PEER)));
+    assert_eq!(b.udp().recv_from(s4, &mut buf).unwrap(), None);
+    assert_eq!(b.udp().recv_from(s6, &mut buf).unwrap(), None);
+    // With the IPv6 socket gone, an IPv6 datagram finds no socket.
+    b.udp().close(s6).unwrap();
+    a.udp().send_to(ha, b6, b"six again").unwrap();
+    settle(&mut a, &mut b);
+    assert_eq!(b.udp().recv_from(s4, &mut buf).unwrap(), None);
+    assert_eq!(b.stats().drops.get(DropReason::UdpNoSocket), 1);
+}

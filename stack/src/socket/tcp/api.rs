@@ -4,7 +4,7 @@
 use core::net::{IpAddr, SocketAddr};
 
 use super::conn::{ConnInfo, KeepAlive, State, TcpConn};
-use super::{ListenHandle, Listener, TcpHandle, TcpTable, local};
+use super::{Family, ListenHandle, Listener, TcpHandle, TcpTable, local};
 use crate::error::{ConnError, Error};
 use crate::events::Pending;
 use crate::shard::ShardId;
@@ -35,17 +35,30 @@ impl TcpStatus {
 }
 
 impl TcpTable {
-    /// Listen on `port` with room for `backlog` connections waiting for
-    /// `accept` (beyond it, SYN cookies answer).
-    pub fn listen(&mut self, port: u16, backlog: usize) -> Result<ListenHandle, Error> {
+    /// Listen on `port` for peers of `family` with room for `backlog`
+    /// connections waiting for `accept` (beyond it, SYN cookies answer).
+    /// `AddrInUse` when a listener there takes peers of the same family.
+    pub fn listen(
+        &mut self,
+        port: u16,
+        backlog: usize,
+        family: Family,
+    ) -> Result<ListenHandle, Error> {
         if port == 0 {
             return Err(Error::NoFreePort);
         }
-        if self.listeners.contains_key(&port) {
+        let taken = [Family::Both, Family::V4, Family::V6].into_iter().any(|f| {
+            f.overlaps(family)
+                && self
+                    .listeners
+                    .contains_key(&ListenHandle { port, family: f })
+        });
+        if taken {
             return Err(Error::AddrInUse);
         }
+        let handle = ListenHandle { port, family };
         self.listeners.insert(
-            port,
+            handle,
             Listener {
                 backlog: backlog.max(1),
                 ready: Default::default(),
@@ -53,20 +66,20 @@ impl TcpTable {
                 events: Pending::default(),
             },
         );
-        Ok(ListenHandle(port))
+        Ok(handle)
     }
 
     /// Stop listening; connections already accepted are unaffected. Those
     /// not yet accepted (established or half-open) are reset: nobody will
     /// accept them. (A scan over the slots, once per listener closed.)
     pub fn unlisten(&mut self, l: ListenHandle) {
-        if self.listeners.remove(&l.0).is_none() {
+        if self.listeners.remove(&l).is_none() {
             return;
         }
-        self.listener_events.retain(|&p| p != l.0);
+        self.listener_events.retain(|&h| h != l);
         for slot in 0..self.slots.len() as u32 {
             let s = &mut self.slots[slot as usize];
-            if s.listener != Some(l.0) {
+            if s.listener != Some(l) {
                 continue;
             }
             s.listener = None;
@@ -80,14 +93,14 @@ impl TcpTable {
 
     /// Established connections waiting for `accept` on a listener.
     pub fn pending_accepts(&self, l: ListenHandle) -> Result<usize, Error> {
-        (self.listeners.get(&l.0))
+        (self.listeners.get(&l))
             .map(|lst| lst.ready.len())
             .ok_or(Error::InvalidHandle)
     }
 
     /// The next established connection on a listener.
     pub fn accept(&mut self, l: ListenHandle) -> Result<Option<TcpHandle>, Error> {
-        let lst = self.listeners.get_mut(&l.0).ok_or(Error::InvalidHandle)?;
+        let lst = self.listeners.get_mut(&l).ok_or(Error::InvalidHandle)?;
         let Some(slot) = lst.ready.pop_front() else {
             return Ok(None);
         };

@@ -8,7 +8,7 @@ use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTi
 use super::conn::{State, TcpConn};
 use super::segment::{Header, Outgoing, Segment};
 use super::time_wait::TwAnswer;
-use super::{FlowKey, Seq, TcpTable, local};
+use super::{FlowKey, ListenHandle, Seq, TcpTable, local};
 use crate::events::Readiness;
 use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::{Received, RxChecksum, RxRole, Tx};
@@ -515,14 +515,15 @@ impl TcpTable {
                 }
             }
         }
-        let listening = self.listeners.contains_key(&dst_port);
+        let listener = self.listener_for(dst_port, remote.ip());
+        let listening = listener.is_some();
         if meta.rx.role == RxRole::MayPass && !(listening && seg.hdr.syn && seg.hdr.ack.is_none()) {
             // Perhaps a sibling shard's flow (or listener), on the wrong queue.
             return Ok(Received::PassOn);
         }
         let me = local(meta.dst, dst_port);
-        if listening && !seg.hdr.rst {
-            return (self.listen_input(link, now, tx, me, remote, &seg, isn_floor))
+        if let (Some(l), false) = (listener, seg.hdr.rst) {
+            return (self.listen_input(link, now, tx, l, me, remote, &seg, isn_floor))
                 .map(|()| Received::Taken);
         }
         if !seg.hdr.rst {
@@ -598,12 +599,12 @@ impl TcpTable {
             && matches!(before, State::SynSent | State::SynReceived)
         {
             tcp.stats.established += 1;
-            if let (true, Some(port)) = (s.embryonic, s.listener) {
+            if let (true, Some(h)) = (s.embryonic, s.listener) {
                 s.embryonic = false;
-                if let Some(l) = tcp.listeners.get_mut(&port) {
+                if let Some(l) = tcp.listeners.get_mut(&h) {
                     l.embryonic = l.embryonic.saturating_sub(1);
                     l.ready.push_back(slot);
-                    tcp.raise_listener(port);
+                    tcp.raise_listener(h);
                 }
             }
         }
@@ -617,12 +618,13 @@ impl TcpTable {
         link: &mut Link,
         now: Instant,
         tx: &mut T,
+        listener: ListenHandle,
         me: SocketAddr,
         remote: SocketAddr,
         seg: &Segment<'_>,
         isn_floor: Option<Seq>,
     ) -> Result<(), DropReason> {
-        let Some(l) = self.listeners.get(&me.port()) else {
+        let Some(l) = self.listeners.get(&listener) else {
             return Err(DropReason::TcpNoSocket);
         };
         let full = l.ready.len() + l.embryonic >= l.backlog;
@@ -673,7 +675,7 @@ impl TcpTable {
             };
             let mut conn = TcpConn::accept(self.cfg_for(&remote), me, remote, iss, seg);
             conn.set_ts_offset(self.ts_offset(me, remote));
-            let slot = self.insert_passive(conn, me.port());
+            let slot = self.insert_passive(conn, listener);
             self.schedule(slot);
             return Ok(());
         }
@@ -709,7 +711,7 @@ impl TcpTable {
                 let mut conn = TcpConn::accept(self.cfg_for(&remote), me, remote, ack - 1, &syn);
                 conn.set_ts_offset(self.ts_offset(me, remote));
                 conn.cookie_established();
-                let slot = self.insert_passive(conn, me.port());
+                let slot = self.insert_passive(conn, listener);
                 self.deliver(now, slot, seg);
                 return Ok(());
             }

@@ -27,7 +27,7 @@ use std::hash::Hasher;
 use siphasher::sip::SipHasher24;
 
 pub use crate::error::ConnError;
-pub use crate::events::{ListenHandle, TcpHandle};
+pub use crate::events::{Family, ListenHandle, TcpHandle};
 pub use crate::stats::TcpStats;
 pub use api::TcpStatus;
 pub use config::{KeepAlive, TcpConfig};
@@ -54,7 +54,7 @@ pub(crate) struct Slot {
     /// The app no longer holds a handle (closed or aborted it, or never accepted it).
     pub released: bool,
     /// Listener this embryonic connection belongs to, until accepted.
-    pub listener: Option<u16>,
+    pub listener: Option<ListenHandle>,
     /// Deadline registered in the timer heap.
     pub timer: Option<Instant>,
     /// Queued for `poll_transmit`.
@@ -89,7 +89,9 @@ pub(crate) struct TcpTable {
     /// Released connections in TIME-WAIT, as small records.
     pub(crate) time_wait: time_wait::TimeWaitTable,
     /// Also foldhash: the loop looks a listener up on every `accept`.
-    pub listeners: foldhash::HashMap<u16, Listener>,
+    /// Keyed by port and family: an IPv4 and an IPv6-only listener share
+    /// a port.
+    pub listeners: foldhash::HashMap<ListenHandle, Listener>,
     pub timers: BinaryHeap<Reverse<(Instant, u32)>>,
     pub dirty: VecDeque<u32>,
     pub next_port: u16,
@@ -103,8 +105,8 @@ pub(crate) struct TcpTable {
     pub autotune_bytes: usize,
     /// Slots with pending readiness events.
     pub events: Vec<u32>,
-    /// Listener ports with pending readiness events.
-    pub listener_events: Vec<u16>,
+    /// Listeners with pending readiness events.
+    pub listener_events: Vec<ListenHandle>,
 }
 
 /// First ephemeral port for active opens.
@@ -229,7 +231,7 @@ impl TcpTable {
     }
 
     /// Store a new connection; returns its slot.
-    pub fn insert(&mut self, conn: TcpConn, listener: Option<u16>) -> u32 {
+    pub fn insert(&mut self, conn: TcpConn, listener: Option<ListenHandle>) -> u32 {
         let key = FlowKey {
             local_port: conn.local().port(),
             remote: conn.remote(),
@@ -271,11 +273,11 @@ impl TcpTable {
         idx
     }
 
-    /// Store a connection opened through the listener on `port`; it counts
-    /// in the backlog until it is established.
-    pub fn insert_passive(&mut self, conn: TcpConn, port: u16) -> u32 {
-        let slot = self.insert(conn, Some(port));
-        if let Some(l) = self.listeners.get_mut(&port) {
+    /// Store a connection opened through the listener `l`; it counts in
+    /// the backlog until it is established.
+    pub fn insert_passive(&mut self, conn: TcpConn, l: ListenHandle) -> u32 {
+        let slot = self.insert(conn, Some(l));
+        if let Some(l) = self.listeners.get_mut(&l) {
             l.embryonic += 1;
             let held = (l.ready.len() + l.embryonic) as u64;
             self.stats.backlog_hwm = self.stats.backlog_hwm.max(held);
@@ -410,13 +412,29 @@ impl TcpTable {
         }
     }
 
-    /// A connection waits for `accept` on the listener on `port`.
-    pub fn raise_listener(&mut self, port: u16) {
-        if let Some(l) = self.listeners.get_mut(&port) {
+    /// A connection waits for `accept` on the listener `h`.
+    pub fn raise_listener(&mut self, h: ListenHandle) {
+        if let Some(l) = self.listeners.get_mut(&h) {
             if l.events.raise(Readiness::READABLE) {
-                self.listener_events.push(port);
+                self.listener_events.push(h);
             }
         }
+    }
+
+    /// The listener that takes a connection from `peer` to `port`: the
+    /// one of the peer's family, else a dual-stack one.
+    pub fn listener_for(&self, port: u16, peer: IpAddr) -> Option<ListenHandle> {
+        let exact = ListenHandle {
+            port,
+            family: Family::of(peer),
+        };
+        let both = ListenHandle {
+            port,
+            family: Family::Both,
+        };
+        [exact, both]
+            .into_iter()
+            .find(|h| self.listeners.contains_key(h))
     }
 
     /// Whether events wait to be drained.
@@ -426,12 +444,12 @@ impl TcpTable {
 
     /// Hand out pending events.
     pub fn drain_events(&mut self, out: &mut Vec<Event>) {
-        for port in self.listener_events.drain(..) {
-            if let Some(l) = self.listeners.get_mut(&port) {
+        for h in self.listener_events.drain(..) {
+            if let Some(l) = self.listeners.get_mut(&h) {
                 let readiness = l.events.take();
                 if !readiness.is_empty() {
                     out.push(Event {
-                        socket: SocketRef::Listener(ListenHandle(port)),
+                        socket: SocketRef::Listener(h),
                         readiness,
                     });
                 }
@@ -497,7 +515,7 @@ impl TcpTable {
         };
         !self.flows.contains_key(&key)
             && !self.time_wait.contains(&key)
-            && !self.listeners.contains_key(&port)
+            && self.listener_for(port, remote.ip()).is_none()
     }
 }
 

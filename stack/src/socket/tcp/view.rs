@@ -6,7 +6,7 @@
 use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use super::{ConnInfo, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable};
+use super::{ConnInfo, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable};
 use crate::error::Error;
 use crate::iface::ipv6_iface::Ipv6Iface;
 use crate::shard::ShardId;
@@ -57,9 +57,22 @@ impl<'a> Tcp<'a> {
     }
 
     /// Listen on `port` with room for `backlog` connections waiting for
-    /// [`accept`](Tcp::accept) (beyond it, SYN cookies answer).
+    /// [`accept`](Tcp::accept) (beyond it, SYN cookies answer); peers of
+    /// either family.
     pub fn listen(&mut self, port: u16, backlog: usize) -> Result<ListenHandle, Error> {
-        self.table.listen(port, backlog)
+        self.table.listen(port, backlog, Family::Both)
+    }
+
+    /// As [`listen`](Tcp::listen), for peers of `family` only (a POSIX
+    /// layer's `AF_INET` and `IPV6_V6ONLY` sockets): listeners of families
+    /// that do not overlap share the port; `AddrInUse` when they overlap.
+    pub fn listen_family(
+        &mut self,
+        port: u16,
+        backlog: usize,
+        family: Family,
+    ) -> Result<ListenHandle, Error> {
+        self.table.listen(port, backlog, family)
     }
 
     /// Stop listening: new SYNs to the port get a reset, and connections

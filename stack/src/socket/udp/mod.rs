@@ -12,8 +12,8 @@ use smoltcp::wire::Icmpv4DstUnreachable;
 use smoltcp::wire::{IpAddress, IpProtocol, UdpPacket, UdpRepr};
 
 use crate::error::Error;
-pub use crate::events::UdpHandle;
 use crate::events::{Event, Pending, Readiness, SocketRef};
+pub use crate::events::{Family, UdpHandle};
 use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::Tx;
 use crate::stats::DropReason;
@@ -56,6 +56,8 @@ pub struct UdpReuse {
 pub(crate) struct UdpSocket {
     port: u16,
     reuse: UdpReuse,
+    /// The peers whose datagrams it takes.
+    family: Family,
     /// The connected peer: only its datagrams are received.
     peer: Option<SocketAddr>,
     rx: Datagrams,
@@ -146,20 +148,23 @@ impl UdpTable {
 
     // ------------------------------------------------------------- app API
 
-    /// Bind a socket to `port` (0 picks an ephemeral port), sharing it as
-    /// `reuse` says.
-    pub fn bind(&mut self, port: u16, reuse: UdpReuse) -> Result<UdpHandle, Error> {
+    /// Bind a socket for peers of `family` to `port` (0 picks an
+    /// ephemeral port), sharing it as `reuse` says with the sockets there
+    /// whose families overlap (an IPv4 and an IPv6-only socket share a
+    /// port without asking).
+    pub fn bind(&mut self, port: u16, reuse: UdpReuse, family: Family) -> Result<UdpHandle, Error> {
         let port = match port {
             0 => self.pick_ephemeral().ok_or(Error::NoFreePort)?,
             p => {
                 let on_port = self.by_port.get(&p).map_or(&[][..], Vec::as_slice);
-                let shares = |f: fn(UdpReuse) -> bool| {
-                    f(reuse)
-                        && on_port
-                            .iter()
-                            .all(|&h| self.sockets.get(h).is_some_and(|s| f(s.reuse)))
+                let overlapping = || {
+                    (on_port.iter())
+                        .filter_map(|&h| self.sockets.get(h))
+                        .filter(|s| s.family.overlaps(family))
                 };
-                if !on_port.is_empty() && !shares(|r| r.addr) && !shares(|r| r.port) {
+                let shares =
+                    |f: fn(UdpReuse) -> bool| f(reuse) && overlapping().all(|s| f(s.reuse));
+                if overlapping().next().is_some() && !shares(|r| r.addr) && !shares(|r| r.port) {
                     return Err(Error::AddrInUse);
                 }
                 p
@@ -168,6 +173,7 @@ impl UdpTable {
         let h = self.sockets.insert(UdpSocket {
             port,
             reuse,
+            family,
             peer: None,
             rx: VecDeque::new(),
             rx_bytes: 0,
@@ -194,18 +200,19 @@ impl UdpTable {
     /// them.
     fn lookup(&self, port: u16, src: SocketAddr) -> Option<UdpHandle> {
         let on_port = self.by_port.get(&port)?;
-        // Unconnected sockets, the last bound first (no allocation: this
-        // runs for every datagram).
+        let takes = |s: &UdpSocket| s.family.takes(src.ip());
+        // Unconnected sockets of the sender's family, the last bound first
+        // (no allocation: this runs for every datagram).
         let open = || {
             on_port
                 .iter()
                 .rev()
-                .filter(|&&h| self.sockets.get(h).is_some_and(|s| s.peer.is_none()))
+                .filter(|&&h| (self.sockets.get(h)).is_some_and(|s| s.peer.is_none() && takes(s)))
         };
         let mut n = 0;
         let mut all_reuse_port = true;
         for &h in on_port.iter().rev() {
-            let Some(s) = self.sockets.get(h) else {
+            let Some(s) = self.sockets.get(h).filter(|s| takes(s)) else {
                 continue;
             };
             match s.peer {

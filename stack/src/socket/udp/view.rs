@@ -3,7 +3,7 @@
 
 use core::net::SocketAddr;
 
-use super::{UdpHandle, UdpReuse, UdpTable};
+use super::{Family, UdpHandle, UdpReuse, UdpTable};
 use crate::error::Error;
 
 /// The UDP sockets of a stack, lent mutably by `stack.udp()`, with the
@@ -29,14 +29,26 @@ impl<'a> Udp<'a> {
     /// Bind a socket to `port` (0 picks an ephemeral port); `AddrInUse`
     /// when another socket has the port.
     pub fn bind(&mut self, port: u16) -> Result<UdpHandle, Error> {
-        self.table.bind(port, UdpReuse::default())
+        self.table.bind(port, UdpReuse::default(), Family::Both)
     }
 
     /// Bind a socket to `port` sharing it as `reuse` says (a POSIX
     /// layer's `SO_REUSEADDR`/`SO_REUSEPORT`): the port takes it when
     /// every socket on it asked for the same sharing.
     pub fn bind_reuse(&mut self, port: u16, reuse: UdpReuse) -> Result<UdpHandle, Error> {
-        self.table.bind(port, reuse)
+        self.table.bind(port, reuse, Family::Both)
+    }
+
+    /// As [`bind_reuse`](Udp::bind_reuse), for datagrams from peers of
+    /// `family` only (a POSIX layer's `AF_INET` and `IPV6_V6ONLY`
+    /// sockets): sockets of families that do not overlap share the port.
+    pub fn bind_family(
+        &mut self,
+        port: u16,
+        reuse: UdpReuse,
+        family: Family,
+    ) -> Result<UdpHandle, Error> {
+        self.table.bind(port, reuse, family)
     }
 
     /// Connect a socket to `peer`: from then on only `peer`'s datagrams
