@@ -9,7 +9,7 @@
 //! eventfd); the socket closes with its last one.
 
 use std::ffi::c_int;
-use std::net::SocketAddrV4;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -35,7 +35,7 @@ pub enum Kind {
     Dgram {
         handle: UdpHandle,
         port: u16,
-        peer: Option<SocketAddrV4>,
+        peer: Option<SocketAddr>,
     },
     /// Closed in the stack (shut by `close` on its last descriptor).
     Closed,
@@ -73,6 +73,12 @@ pub struct Opts {
     pub origdstaddr: bool,
     /// `TCP_USER_TIMEOUT` in milliseconds (0: the stack's retry limit).
     pub user_timeout_ms: c_int,
+    /// `IPV6_V6ONLY` (an `AF_INET6` socket): IPv6 peers only.
+    pub v6only: bool,
+    /// `IPV6_RECVPKTINFO`: `recvmsg` reports the datagram's destination.
+    pub recvpktinfo6: bool,
+    /// The address `bind` gave (None: none, or the wildcard).
+    pub bound: Option<IpAddr>,
     /// Options kept and reported back without an effect of their own.
     pub kept: Kept,
 }
@@ -128,6 +134,9 @@ impl Kept {
 pub struct Sock {
     /// `SOCK_STREAM` (TCP) or `SOCK_DGRAM` (UDP).
     pub stream: bool,
+    /// `AF_INET6` (else `AF_INET`): the family of the addresses it takes
+    /// and gives (IPv4 peers as v4-mapped addresses).
+    pub v6: bool,
     pub kind: Mutex<Kind>,
     pub opts: Mutex<Opts>,
     pub nonblocking: AtomicBool,
@@ -147,13 +156,15 @@ pub struct Sock {
 }
 
 impl Sock {
-    /// A new socket named by descriptor `fd` (an eventfd).
-    pub fn new(stream: bool, fd: RawFd, nonblocking: bool) -> Arc<Sock> {
+    /// A new socket (`AF_INET6` when `v6`) named by descriptor `fd` (an
+    /// eventfd).
+    pub fn new(stream: bool, v6: bool, fd: RawFd, nonblocking: bool) -> Arc<Sock> {
         static NEXT_INO: AtomicU64 = AtomicU64::new(1 << 40);
         Arc::new(Sock {
             ident: identity(fd).unwrap_or((u64::MAX, u64::MAX)),
             ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
             stream,
+            v6,
             kind: Mutex::new(Kind::Fresh { port: 0 }),
             opts: Mutex::new(Opts::default()),
             nonblocking: AtomicBool::new(nonblocking),

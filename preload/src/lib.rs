@@ -2,13 +2,14 @@
 //!
 //! `ustack exec NET -- PROGRAM ARGS...` loads this library into the program
 //! with `LD_PRELOAD` and the NET flags in `USTACK_NET`. Before `main` the
-//! library checks those flags; the first AF_INET socket starts a stack on
-//! the interface they name (one process of the program at a time runs
-//! it); from then on the program's AF_INET stream and datagram sockets are
-//! ustack's, and
-//! everything else (files, pipes, AF_UNIX, AF_INET6, raw sockets, eventfd,
-//! timerfd) goes to the C library unchanged. Without `USTACK_NET` every call
-//! goes to the C library.
+//! library checks those flags; the first AF_INET or AF_INET6 socket starts
+//! a stack on the interface they name (one process of the program at a
+//! time runs it); from then on the program's AF_INET and AF_INET6 stream
+//! and datagram sockets are ustack's (an AF_INET6 socket dual-stack unless
+//! `IPV6_V6ONLY`, IPv4 peers as v4-mapped addresses, as Linux's), and
+//! everything else (files, pipes, AF_UNIX, raw sockets, eventfd, timerfd)
+//! goes to the C library unchanged. Without `USTACK_NET` every call goes
+//! to the C library.
 //!
 //! - A ustack socket's descriptor number is an eventfd the layer opened:
 //!   the kernel never gives that number to anything else, and kernel
@@ -34,9 +35,8 @@
 //!   (`newfd.rs`), and calls off the data path check the descriptor's
 //!   identity (`fd.rs`). To calls that inspect a descriptor a ustack
 //!   socket is a socket (`inspect.rs`).
-//! - What is left to the kernel (a first AF_INET6 socket, a forked
-//!   child's sockets) is said once on stderr, in a line starting
-//!   `ustack:`.
+//! - What is left to the kernel (a forked child's sockets) is said once
+//!   on stderr, in a line starting `ustack:`.
 //! - An unsupported call or option fails with the errno Linux gives
 //!   (EOPNOTSUPP, ENOPROTOOPT, ENOTTY) and is reported once on stderr.
 //!

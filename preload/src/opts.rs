@@ -55,6 +55,7 @@ const SOL: c_int = libc::SOL_SOCKET;
 const IP: c_int = libc::IPPROTO_IP;
 const TCP: c_int = libc::IPPROTO_TCP;
 const UDP: c_int = libc::IPPROTO_UDP;
+const IP6: c_int = libc::IPPROTO_IPV6;
 
 const fn kept(default: c_int) -> Rule {
     Rule::Kept { default }
@@ -181,6 +182,24 @@ const RULES: &[(c_int, c_int, Rule)] = &[
     (UDP, 102, Rule::Refused(libc::ENOPROTOOPT)), // UDP_NO_CHECK6_RX
     (UDP, 103, Rule::Refused(libc::ENOPROTOOPT)), // UDP_SEGMENT
     (UDP, 104, Rule::Refused(libc::ENOPROTOOPT)), // UDP_GRO
+    (IP6, 16, kept(64)),                          // IPV6_UNICAST_HOPS
+    (IP6, 17, kept(0)),                           // IPV6_MULTICAST_IF
+    (IP6, 18, kept(1)),                           // IPV6_MULTICAST_HOPS
+    (IP6, 19, kept(1)),                           // IPV6_MULTICAST_LOOP
+    (IP6, 20, Rule::Refused(libc::ENOPROTOOPT)),  // IPV6_ADD_MEMBERSHIP
+    (IP6, 21, Rule::Refused(libc::ENOPROTOOPT)),  // IPV6_DROP_MEMBERSHIP
+    (IP6, 23, kept(1)),                           // IPV6_MTU_DISCOVER
+    (IP6, 25, kept(0)),                           // IPV6_RECVERR
+    (IP6, 51, kept(0)),                           // IPV6_RECVHOPLIMIT
+    (IP6, 62, kept(0)),                           // IPV6_DONTFRAG
+    (IP6, 66, kept(0)),                           // IPV6_RECVTCLASS
+    (IP6, 67, kept(0)),                           // IPV6_TCLASS
+    (IP6, 70, kept(1)),                           // IPV6_AUTOFLOWLABEL
+    (IP6, 72, kept(0)),                           // IPV6_ADDR_PREFERENCES
+    (IP6, 74, kept(0)),                           // IPV6_RECVORIGDSTADDR
+    (IP6, 75, Rule::Refused(libc::ENOPROTOOPT)),  // IPV6_TRANSPARENT
+    (IP6, 76, kept(0)),                           // IPV6_UNICAST_IF
+    (IP6, 78, kept(0)),                           // IPV6_FREEBIND
 ];
 
 fn rule(level: c_int, name: c_int) -> Option<Rule> {
@@ -188,6 +207,13 @@ fn rule(level: c_int, name: c_int) -> Option<Rule> {
         .iter()
         .find(|(l, n, _)| *l == level && *n == name)
         .map(|r| r.2)
+}
+
+/// Whether `level` is not the socket's to take: TCP options on a UDP
+/// socket, UDP options on a TCP one (Linux passes them to IP, which
+/// knows neither), IPv6 options on an `AF_INET` socket.
+fn wrong_level(s: &Sock, level: c_int) -> bool {
+    (level == TCP && !s.stream) || (level == UDP && s.stream) || (level == IP6 && !s.v6)
 }
 
 /// An IPPROTO_IP int option: Linux takes an int, or a single byte.
@@ -231,7 +257,7 @@ fn c_str(val: &[u8]) -> &[u8] {
 pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
     // TCP options on a UDP socket and UDP options on a TCP socket: Linux
     // passes them to IP, which knows neither.
-    if (level == TCP && !s.stream) || (level == UDP && s.stream) {
+    if wrong_level(s, level) {
         return Err(libc::ENOPROTOOPT);
     }
     let mut o = s.opts.lock();
@@ -258,6 +284,23 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
         }
         (IP, libc::IP_PKTINFO) => o.pktinfo = ip_int(val)? != 0,
         (IP, 20) => o.origdstaddr = ip_int(val)? != 0, // IP_RECVORIGDSTADDR
+        (IP6, libc::IPV6_V6ONLY) => {
+            // Only before bind, as Linux (EINVAL once the socket has a port).
+            let v = int(val)? != 0;
+            if !matches!(*s.kind.lock(), Kind::Fresh { port: 0 }) {
+                return Err(libc::EINVAL);
+            }
+            o.v6only = v;
+        }
+        (IP6, libc::IPV6_RECVPKTINFO) => o.recvpktinfo6 = int(val)? != 0,
+        (IP6, libc::IPV6_MTU) => {
+            // 0 (the path's) or at least IPv6's minimum link MTU.
+            let v = int(val)?;
+            if v != 0 && v < 1280 {
+                return Err(libc::EINVAL);
+            }
+            o.kept.set(level, name, v)?;
+        }
         (IP, libc::IP_MTU_DISCOVER) => {
             // IP_PMTUDISC_DONT .. IP_PMTUDISC_OMIT.
             let v = ip_int(val)?;
@@ -391,7 +434,7 @@ fn linux_state(s: State) -> u8 {
 
 /// `getsockopt`: the option's bytes (the caller copies as many as fit).
 pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
-    if (level == TCP && !s.stream) || (level == UDP && s.stream) {
+    if wrong_level(s, level) {
         return Err(libc::ENOPROTOOPT);
     }
     let o = *s.opts.lock();
@@ -406,7 +449,9 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             };
             put(t)
         }
-        (libc::SOL_SOCKET, libc::SO_DOMAIN) => put(libc::AF_INET),
+        (libc::SOL_SOCKET, libc::SO_DOMAIN) => {
+            put(if s.v6 { libc::AF_INET6 } else { libc::AF_INET })
+        }
         (libc::SOL_SOCKET, libc::SO_PROTOCOL) => {
             let p = if s.stream {
                 libc::IPPROTO_TCP
@@ -481,6 +526,18 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => Ok(Vec::new()),
         (IP, libc::IP_PKTINFO) => put(b(o.pktinfo)),
         (IP, 20) => put(b(o.origdstaddr)),
+        (IP6, libc::IPV6_V6ONLY) => put(b(o.v6only)),
+        (IP6, libc::IPV6_RECVPKTINFO) => put(b(o.recvpktinfo6)),
+        (IP6, libc::IPV6_MTU) => {
+            // The path MTU of a connected socket (Linux: ENOTCONN before).
+            if let Some(i) = sock::tcp_info(s) {
+                put((i.mss + if i.remote.is_ipv6() { 60 } else { 40 }) as c_int)
+            } else if matches!(*s.kind.lock(), Kind::Dgram { peer: Some(_), .. }) {
+                put(1500)
+            } else {
+                Err(libc::ENOTCONN)
+            }
+        }
         (IP, libc::IP_MTU_DISCOVER) => put(o.kept.get(level, name).unwrap_or(1)),
         (IP, libc::IP_OPTIONS) => Ok(Vec::new()),
         (IP, 9) => {
@@ -491,12 +548,12 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
                 return Err(libc::ENOPROTOOPT);
             }
             let local = sock::local_addr(s).ok().filter(|_| o.pktinfo);
-            let Some(local) = local else {
+            let Some(std::net::IpAddr::V4(ip)) = local.map(|a| a.ip()) else {
                 return Ok(Vec::new());
             };
             let mut p = stack_iface().1.to_ne_bytes().to_vec();
-            p.extend_from_slice(&local.ip().octets());
-            p.extend_from_slice(&local.ip().octets());
+            p.extend_from_slice(&ip.octets());
+            p.extend_from_slice(&ip.octets());
             Ok(crate::cmsg::cmsgs(&[(IP, libc::IP_PKTINFO, &p)], usize::MAX).0)
         }
         (IP, libc::IP_MTU) => {
@@ -637,7 +694,7 @@ mod test {
             .iter()
             .filter(|r| matches!(r.2, Rule::Kept { .. }))
             .count();
-        assert!(kept + 3 <= KEPT_MAX, "{kept} kept rules");
+        assert!(kept + 4 <= KEPT_MAX, "{kept} kept rules");
     }
 
     #[test]

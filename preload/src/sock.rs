@@ -3,7 +3,7 @@
 //! these and these into C results.
 
 use std::ffi::c_int;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use libc::{EAGAIN, EINTR};
 use ustack::Error as StackError;
 use ustack::events::SocketRef;
-use ustack::socket::tcp::{ConnError, State as TcpState};
+use ustack::socket::tcp::{ConnError, Family, State as TcpState};
 use ustack::socket::udp::UdpReuse;
 use ustack_runtime::Net;
 
@@ -157,8 +157,9 @@ fn watch(net: &Net, sock: &Arc<Sock>, r: SocketRef) {
 
 // ----------------------------------------------------------------- create
 
-/// `socket(AF_INET, SOCK_STREAM | SOCK_DGRAM, ..)`: an eventfd names it.
-pub fn socket(stream: bool, nonblock: bool, cloexec: bool) -> Res<RawFd> {
+/// `socket(AF_INET or AF_INET6 (v6), SOCK_STREAM | SOCK_DGRAM, ..)`: an
+/// eventfd names it.
+pub fn socket(stream: bool, v6: bool, nonblock: bool, cloexec: bool) -> Res<RawFd> {
     net()?;
     let flags = libc::EFD_NONBLOCK | if cloexec { libc::EFD_CLOEXEC } else { 0 };
     // SAFETY: eventfd with valid flags.
@@ -166,7 +167,7 @@ pub fn socket(stream: bool, nonblock: bool, cloexec: bool) -> Res<RawFd> {
     if fd < 0 {
         return Err(crate::real::errno());
     }
-    insert(fd, Sock::new(stream, fd, nonblock));
+    insert(fd, Sock::new(stream, v6, fd, nonblock));
     Ok(fd)
 }
 
@@ -175,25 +176,94 @@ fn our_ip(net: &Net) -> Ipv4Addr {
     net.peek_stack(|s| s.ip()).unwrap_or(Ipv4Addr::UNSPECIFIED)
 }
 
-/// `bind`.
-pub fn bind(sock: &Arc<Sock>, addr: SocketAddrV4) -> Res<()> {
-    let net = net()?;
-    let ip = *addr.ip();
-    if !ip.is_unspecified() && ip != our_ip(net) && !ip.is_loopback() {
+/// Whether `ip` is one of the stack's addresses.
+pub fn owns(ip: IpAddr) -> bool {
+    net().is_ok_and(|net| net.peek_stack(|s| s.owns(ip)).unwrap_or(false))
+}
+
+/// The stack's address a packet from `peer` was sent to (and ours to
+/// it): the IPv4 one, or the IPv6 one of the peer's scope.
+pub fn local_for(peer: IpAddr) -> IpAddr {
+    let Ok(net) = net() else {
+        return peer;
+    };
+    match peer {
+        IpAddr::V4(_) => our_ip(net).into(),
+        IpAddr::V6(p) => {
+            let addrs = net.peek_stack(|s| s.ipv6_addrs()).unwrap_or_default();
+            let pick = if p.is_unicast_link_local() {
+                addrs.first()
+            } else {
+                addrs.get(1).or(addrs.first())
+            };
+            IpAddr::V6(pick.copied().unwrap_or(Ipv6Addr::UNSPECIFIED))
+        }
+    }
+}
+
+/// The wildcard address of the socket's family.
+fn unspecified(sock: &Sock) -> IpAddr {
+    if sock.v6 {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    }
+}
+
+/// Which peers the socket takes: IPv4 ones for an `AF_INET` socket (or
+/// an `AF_INET6` one bound to a v4-mapped address), IPv6 ones with
+/// `IPV6_V6ONLY` (or bound to an IPv6 address), else both, as Linux's
+/// dual-stack `AF_INET6` sockets.
+fn family(sock: &Sock) -> Family {
+    let o = sock.opts.lock();
+    match o.bound {
+        _ if !sock.v6 => Family::V4,
+        Some(IpAddr::V4(_)) => Family::V4,
+        Some(IpAddr::V6(_)) => Family::V6,
+        None if o.v6only => Family::V6,
+        None => Family::Both,
+    }
+}
+
+/// Whether the socket may talk to `peer`: an `IPV6_V6ONLY` socket not to
+/// an IPv4 (v4-mapped) one (ENETUNREACH), nor any socket to an IPv6 peer
+/// while the stack has no IPv6 address (EADDRNOTAVAIL), as Linux says.
+fn reaches(sock: &Sock, peer: &SocketAddr) -> Res<()> {
+    if peer.is_ipv4() && sock.v6 && family(sock) == Family::V6 {
+        return Err(libc::ENETUNREACH);
+    }
+    let v6_off =
+        || net().is_ok_and(|n| n.peek_stack(|s| s.ipv6_addrs().is_empty()).unwrap_or(true));
+    if peer.is_ipv6() && v6_off() {
         return Err(libc::EADDRNOTAVAIL);
+    }
+    Ok(())
+}
+
+/// `bind`.
+pub fn bind(sock: &Arc<Sock>, addr: SocketAddr) -> Res<()> {
+    let net = net()?;
+    let ip = addr.ip();
+    if !ip.is_unspecified() && !ip.is_loopback() && !owns(ip) {
+        return Err(libc::EADDRNOTAVAIL);
+    }
+    if sock.v6 && ip.is_ipv4() && sock.opts.lock().v6only {
+        // A v4-mapped address on an IPv6-only socket: Linux says EINVAL.
+        return Err(libc::EINVAL);
     }
     let mut kind = sock.kind.lock();
     if !matches!(*kind, Kind::Fresh { port: 0 }) {
         return Err(libc::EINVAL);
     }
+    sock.opts.lock().bound = (!ip.is_unspecified()).then_some(ip);
     if sock.stream {
         *kind = Kind::Fresh { port: addr.port() };
         return Ok(());
     }
-    let reuse = udp_reuse(sock);
+    let (reuse, fam) = (udp_reuse(sock), family(sock));
     let (handle, port) = net
         .with_stack(|s| {
-            let h = s.udp().bind_reuse(addr.port(), reuse)?;
+            let h = s.udp().bind_family(addr.port(), reuse, fam)?;
             Ok::<_, StackError>((h, s.udp_ref().local_port(h)?))
         })
         .map_err(gone)?
@@ -228,17 +298,18 @@ struct Listening {
     socks: Vec<Weak<Sock>>,
 }
 
-/// Listening ports of this process's stack.
-static LISTENING: Mutex<Option<HashMap<u16, Listening>>> = Mutex::new(None);
+/// Listening ports of this process's stack, by port and family (an
+/// `AF_INET` and an `IPV6_V6ONLY` socket listen on one port apart).
+static LISTENING: Mutex<Option<HashMap<(u16, Family), Listening>>> = Mutex::new(None);
 
-/// The loop's watcher for the listener on `port`: every socket sharing it
-/// is told.
-fn listener_watcher(port: u16) -> ustack_runtime::Watcher {
+/// The loop's watcher for the listener `key`: every socket sharing it is
+/// told.
+fn listener_watcher(key: (u16, Family)) -> ustack_runtime::Watcher {
     Arc::new(move |_| {
         let socks: Vec<Arc<Sock>> = LISTENING
             .lock()
             .as_ref()
-            .and_then(|m| m.get(&port))
+            .and_then(|m| m.get(&key))
             .map(|l| l.socks.iter().filter_map(Weak::upgrade).collect())
             .unwrap_or_default();
         for s in socks {
@@ -251,9 +322,10 @@ fn listener_watcher(port: u16) -> ustack_runtime::Watcher {
 /// when both sides asked for `SO_REUSEPORT`; returns the stack's handle.
 fn listen_on(net: &Net, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<ListenHandle> {
     let reuse_port = sock.opts.lock().reuse_port;
+    let key = (port, family(sock));
     let mut guard = LISTENING.lock();
     let map = guard.get_or_insert_with(HashMap::new);
-    if let Some(l) = map.get_mut(&port) {
+    if let Some(l) = map.get_mut(&key) {
         if !(reuse_port && l.reuse_port) {
             return Err(libc::EADDRINUSE);
         }
@@ -261,11 +333,11 @@ fn listen_on(net: &Net, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<List
         return Ok(l.handle);
     }
     let handle = net
-        .with_stack(|s| s.tcp().listen(port, backlog))
+        .with_stack(|s| s.tcp().listen_family(port, backlog, key.1))
         .map_err(gone)?
         .map_err(errno_of)?;
     map.insert(
-        port,
+        key,
         Listening {
             handle,
             backlog,
@@ -274,24 +346,25 @@ fn listen_on(net: &Net, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<List
         },
     );
     drop(guard);
-    let _ = net.watch(SocketRef::Listener(handle), listener_watcher(port));
+    let _ = net.watch(SocketRef::Listener(handle), listener_watcher(key));
     Ok(handle)
 }
 
-/// `sock` stops listening on `port`: whether it was the last socket there
-/// (the stack's listener then closes).
-fn leave_listener(sock: &Arc<Sock>, port: u16, handle: ListenHandle) -> bool {
+/// `sock` stops listening on `handle`: whether it was the last socket
+/// there (the stack's listener then closes).
+fn leave_listener(sock: &Arc<Sock>, handle: ListenHandle) -> bool {
+    let key = (handle.port(), handle.family());
     let mut guard = LISTENING.lock();
     let Some(map) = guard.as_mut() else {
         return true;
     };
-    let Some(l) = map.get_mut(&port).filter(|l| l.handle == handle) else {
+    let Some(l) = map.get_mut(&key).filter(|l| l.handle == handle) else {
         return true;
     };
     l.socks
         .retain(|w| w.upgrade().is_some_and(|s| !Arc::ptr_eq(&s, sock)));
     if l.socks.is_empty() {
-        map.remove(&port);
+        map.remove(&key);
         return true;
     }
     false
@@ -312,7 +385,7 @@ pub fn reopen_inherited() {
         let mut kind = sock.kind.lock();
         match *kind {
             Kind::Listener { port, .. } => {
-                let backlog = old.get(&port).map_or(128, |l| l.backlog);
+                let backlog = old.get(&(port, family(&sock))).map_or(128, |l| l.backlog);
                 *kind = match listen_on(net, &sock, port, backlog) {
                     Ok(handle) => Kind::Listener { handle, port },
                     Err(_) => Kind::Closed,
@@ -321,8 +394,8 @@ pub fn reopen_inherited() {
                 sock.notify();
             }
             Kind::Dgram { port, peer, .. } => match net.with_stack(|s| {
-                let h = s.udp().bind_reuse(port, udp_reuse(&sock))?;
-                s.udp().connect(h, peer.map(Into::into)).map(|()| h)
+                let h = s.udp().bind_family(port, udp_reuse(&sock), family(&sock))?;
+                s.udp().connect(h, peer).map(|()| h)
             }) {
                 Ok(Ok(handle)) => {
                     *kind = Kind::Dgram { handle, port, peer };
@@ -357,14 +430,12 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
         sock.notify();
         return Ok(());
     }
+    let fam = family(sock);
     let handle = net
         .with_stack(|s| {
-            if port != 0 {
-                return s.tcp().listen(port, backlog).map(|h| (h, port));
-            }
             // Port 0: the kernel would pick one.
             (49_152..=u16::MAX)
-                .find_map(|p| s.tcp().listen(p, backlog).ok().map(|h| (h, p)))
+                .find_map(|p| s.tcp().listen_family(p, backlog, fam).ok().map(|h| (h, p)))
                 .ok_or(StackError::NoFreePort)
         })
         .map_err(gone)?
@@ -379,7 +450,7 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
 }
 
 /// `accept4`: the new connection's descriptor and peer.
-pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd, SocketAddrV4)> {
+pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd, SocketAddr)> {
     let net = net()?;
     let Kind::Listener { handle, .. } = *sock.kind.lock() else {
         return Err(libc::EINVAL);
@@ -394,14 +465,9 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
             })
             .map_err(gone)?
             .map_err(errno_of)?;
-        // An IPv6 peer on the (dual-stack) listener: not an AF_INET
-        // socket's to take (Linux keeps the families apart); reset.
-        if let Some((h, SocketAddr::V6(_))) = got {
-            net.with_stack(|s| s.tcp().abort(h)).map_err(gone)?.ok();
-            continue;
-        }
-        if let Some((h, SocketAddr::V4(peer))) = got {
-            let fd = socket(true, nonblock_new, cloexec)?;
+        // The stack's listener takes the socket's family only.
+        if let Some((h, peer)) = got {
+            let fd = socket(true, sock.v6, nonblock_new, cloexec)?;
             let new = fd::get(fd).ok_or(libc::EMFILE)?;
             *new.kind.lock() = Kind::Stream {
                 handle: h,
@@ -428,8 +494,9 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
 }
 
 /// `connect`.
-pub fn connect(sock: &Arc<Sock>, remote: SocketAddrV4) -> Res<()> {
+pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
     let net = net()?;
+    reaches(sock, &remote)?;
     if !sock.stream {
         return connect_dgram(net, sock, Some(remote));
     }
@@ -534,14 +601,14 @@ fn current_kind(net: &Net, sock: &Sock) -> Kind {
 }
 
 /// A UDP socket's default peer (None: dissolve the association).
-fn connect_dgram(net: &Net, sock: &Arc<Sock>, peer: Option<SocketAddrV4>) -> Res<()> {
+fn connect_dgram(net: &Net, sock: &Arc<Sock>, peer: Option<SocketAddr>) -> Res<()> {
     ensure_dgram(net, sock)?;
     if let Kind::Dgram {
         peer: p, handle, ..
     } = &mut *sock.kind.lock()
     {
         // Only the peer's datagrams from now on, as Linux's lookup does.
-        net.with_stack(|s| s.udp().connect(*handle, peer.map(Into::into)))
+        net.with_stack(|s| s.udp().connect(*handle, peer))
             .map_err(gone)?
             .map_err(errno_of)?;
         *p = peer;
@@ -554,7 +621,7 @@ fn ensure_dgram(net: &Net, sock: &Arc<Sock>) -> Res<()> {
     if matches!(*sock.kind.lock(), Kind::Dgram { .. }) {
         return Ok(());
     }
-    bind(sock, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).or_else(|e| {
+    bind(sock, SocketAddr::new(unspecified(sock), 0)).or_else(|e| {
         // Another thread bound it meanwhile.
         if matches!(*sock.kind.lock(), Kind::Dgram { .. }) {
             Ok(())
@@ -603,7 +670,7 @@ pub struct Received {
     pub len: usize,
     /// The whole datagram's length (UDP), for MSG_TRUNC.
     pub full: usize,
-    pub from: Option<SocketAddrV4>,
+    pub from: Option<SocketAddr>,
 }
 
 /// `recv`/`recvfrom`/`read` into the buffers `bufs` (scatter).
@@ -727,26 +794,13 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                 }
                 .map_err(gone)?
                 .map_err(errno_of)?;
-                match got {
-                    Some((full, SocketAddr::V4(from))) => {
-                        return Ok(Received {
-                            len: full.min(buf.len()),
-                            full,
-                            from: Some(from),
-                        });
-                    }
-                    // An IPv6 datagram to the port: not an AF_INET
-                    // socket's (Linux keeps the families apart); taken
-                    // from the queue unless peeked, and the wait goes on.
-                    Some((_, SocketAddr::V6(_))) => {
-                        if flags.peek {
-                            net.with_stack(|s| s.udp().recv_from(handle, &mut []))
-                                .map_err(gone)?
-                                .map_err(errno_of)?;
-                        }
-                        continue;
-                    }
-                    None => {}
+                // The stack's socket takes the socket's family only.
+                if let Some((full, from)) = got {
+                    return Ok(Received {
+                        len: full.min(buf.len()),
+                        full,
+                        from: Some(from),
+                    });
                 }
                 if sock.opts.lock().shut_rd {
                     // Shut for reading, nothing queued: as Linux's UDP,
@@ -781,7 +835,7 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
 pub fn send(
     sock: &Arc<Sock>,
     bufs: &[&[u8]],
-    to: Option<SocketAddrV4>,
+    to: Option<SocketAddr>,
     dontwait: bool,
 ) -> Res<usize> {
     let net = net()?;
@@ -850,6 +904,7 @@ pub fn send(
         return Err(libc::EPIPE);
     }
     let dst = to.or(peer).ok_or(libc::EDESTADDRREQ)?;
+    reaches(sock, &dst)?;
     let data: Vec<u8> = bufs.concat();
     loop {
         let r = net
@@ -1005,7 +1060,7 @@ pub fn close_in_stack(sock: &Arc<Sock>) {
     let Ok(net) = net() else { return };
     // A listener other sockets share (SO_REUSEPORT) stays theirs.
     let kind = match kind {
-        Kind::Listener { handle, port } if !leave_listener(sock, port, handle) => Kind::Closed,
+        Kind::Listener { handle, .. } if !leave_listener(sock, handle) => Kind::Closed,
         k => k,
     };
     let linger0 = sock.opts.lock().linger == Some(0);
@@ -1034,26 +1089,31 @@ pub fn close_in_stack(sock: &Arc<Sock>) {
     }
 }
 
-/// An IPv4 end (the layer's sockets are AF_INET: their connections are).
-fn v4(a: SocketAddr) -> Option<SocketAddrV4> {
-    match a {
-        SocketAddr::V4(a) => Some(a),
-        SocketAddr::V6(_) => None,
-    }
-}
-
-/// Our end: (address, port).
-pub fn local_addr(sock: &Sock) -> Res<SocketAddrV4> {
+/// Our end: (address, port). A wildcard-bound socket gives the wildcard
+/// of its family, except an `AF_INET` listener or UDP socket, which gives
+/// the stack's address (what programs that ask want to know).
+pub fn local_addr(sock: &Sock) -> Res<SocketAddr> {
     let net = net()?;
-    let ip = our_ip(net);
+    let bound = sock.opts.lock().bound;
+    let wild = || {
+        bound.unwrap_or(if sock.v6 {
+            unspecified(sock)
+        } else {
+            our_ip(net).into()
+        })
+    };
     Ok(match *sock.kind.lock() {
-        Kind::Fresh { port } => {
-            SocketAddrV4::new(if port == 0 { Ipv4Addr::UNSPECIFIED } else { ip }, port)
+        Kind::Fresh { port: 0 } => SocketAddr::new(unspecified(sock), 0),
+        Kind::Fresh { port } | Kind::Listener { port, .. } => SocketAddr::new(wild(), port),
+        Kind::Dgram { port, peer, .. } => {
+            let ip = match (bound, peer) {
+                (None, Some(p)) => local_for(p.ip()),
+                _ => wild(),
+            };
+            SocketAddr::new(ip, port)
         }
-        Kind::Listener { port, .. } => SocketAddrV4::new(ip, port),
-        Kind::Dgram { port, .. } => SocketAddrV4::new(ip, port),
         Kind::Stream { handle, .. } => net
-            .peek_stack(|s| s.tcp_ref().info(handle).and_then(|i| v4(i.local)))
+            .peek_stack(|s| s.tcp_ref().info(handle).map(|i| i.local))
             .map_err(gone)?
             .ok_or(libc::ENOTCONN)?,
         Kind::Closed => return Err(libc::EBADF),
@@ -1061,14 +1121,14 @@ pub fn local_addr(sock: &Sock) -> Res<SocketAddrV4> {
 }
 
 /// The peer's end.
-pub fn peer_addr(sock: &Sock) -> Res<SocketAddrV4> {
+pub fn peer_addr(sock: &Sock) -> Res<SocketAddr> {
     let net = net()?;
     match current_kind(net, sock) {
         Kind::Stream {
             handle,
             connecting: false,
         } => net
-            .peek_stack(|s| s.tcp_ref().info(handle).and_then(|i| v4(i.remote)))
+            .peek_stack(|s| s.tcp_ref().info(handle).map(|i| i.remote))
             .map_err(gone)?
             .ok_or(libc::ENOTCONN),
         Kind::Dgram { peer: Some(p), .. } => Ok(p),

@@ -114,6 +114,14 @@ impl Host {
         }
     }
 
+    /// Its stack's IPv6 address and prefix (with [`Lab::ipv6`]).
+    pub fn ip6(self) -> &'static str {
+        match self {
+            Host::Stack => "fd77::2/64",
+            Host::LinuxSide => "fd77::3/64",
+        }
+    }
+
     /// Its namespace's side (`TAG-SIDE`).
     pub fn side(self) -> &'static str {
         match self {
@@ -146,6 +154,8 @@ pub struct Lab {
     pub spin: std::cell::Cell<Option<u32>>,
     /// `ustack exec --fork each --workers N` for the programs it starts.
     pub fork_each: std::cell::Cell<Option<u32>>,
+    /// IPv6 on too (see [`Lab::ipv6`]).
+    pub v6: std::cell::Cell<bool>,
 }
 
 impl Lab {
@@ -158,7 +168,29 @@ impl Lab {
             runs: std::cell::Cell::new(0),
             spin: std::cell::Cell::new(None),
             fork_each: std::cell::Cell::new(None),
+            v6: std::cell::Cell::new(false),
         }
+    }
+
+    /// IPv6 beside IPv4: the Linux host gets `fd77::1/64` on its veth (the
+    /// topology turns IPv6 off; the stack side's kernel keeps it off, so
+    /// it never answers for ustack), and the programs started from now on
+    /// get `--ip fd77::2/64` (`fd77::3/64` beside Linux).
+    pub fn ipv6(&self) {
+        let lv = self.topo.linux_if();
+        for args in [
+            vec!["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"],
+            vec![
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{lv}.disable_ipv6=0"),
+            ],
+            vec!["ip", "-6", "addr", "add", "fd77::1/64", "dev", &lv, "nodad"],
+        ] {
+            let o = self.linux(&args);
+            assert!(o.status.success(), "{args:?}: {}", text(&o));
+        }
+        self.v6.set(true);
     }
 
     /// A file in the scratch directory.
@@ -183,6 +215,9 @@ impl Lab {
             .arg(env!("CARGO_BIN_EXE_ustack"))
             .args(["exec", "--pcap", &host.iface(&self.topo)])
             .args(["--ip", &format!("{}/24", host.ip())]);
+        if self.v6.get() {
+            c.args(["--ip", host.ip6()]);
+        }
         if telemetry {
             c.arg("--telemetry").arg(&sock);
         }

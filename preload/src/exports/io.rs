@@ -2,7 +2,7 @@
 //! `recvfrom`/`sendto`, their fortified `_chk` forms, and `sendfile`.
 
 use std::ffi::{c_int, c_long, c_void};
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use libc::{iovec, off_t, size_t, sockaddr, socklen_t, ssize_t};
@@ -33,7 +33,7 @@ pub(super) unsafe fn do_recv(
         Ok(r) => {
             if let Some(a) = r.from {
                 // SAFETY: the caller's buffer.
-                unsafe { write_addr(a, from, fromlen) };
+                unsafe { write_addr(a, s.v6, from, fromlen) };
             }
             (if f.trunc { r.full.max(r.len) } else { r.len }) as ssize_t
         }
@@ -48,7 +48,7 @@ pub(super) unsafe fn do_recv(
 pub(super) fn do_send(
     s: Arc<Sock>,
     bufs: &[&[u8]],
-    to: Option<SocketAddrV4>,
+    to: Option<SocketAddr>,
     flags: c_int,
 ) -> ssize_t {
     match sock::send(&s, bufs, to, flags & libc::MSG_DONTWAIT != 0) {
@@ -325,7 +325,7 @@ pub unsafe extern "C" fn sendto(
                 // Linux does without a cookie: a plain handshake first; a
                 // non-blocking socket gets EINPROGRESS and sends later).
                 // SAFETY: the caller's address.
-                let r = unsafe { read_addr(to, tolen) }.and_then(|a| {
+                let r = unsafe { read_addr(to, tolen, s.v6) }.and_then(|a| {
                     if matches!(*s.kind.lock(), fd::Kind::Fresh { .. }) {
                         sock::connect(&s, a)
                     } else {
@@ -341,7 +341,7 @@ pub unsafe extern "C" fn sendto(
                 None
             } else {
                 // SAFETY: the caller's address.
-                match unsafe { read_addr(to, tolen) } {
+                match unsafe { read_addr(to, tolen, s.v6) } {
                     Ok(a) => Some(a),
                     Err(e) => {
                         set_errno(e);

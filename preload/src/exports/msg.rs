@@ -2,7 +2,7 @@
 //! batches `recvmmsg`/`sendmmsg`.
 
 use std::ffi::{c_int, c_uint};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,15 +15,11 @@ use crate::fd::Sock;
 use crate::real::{real, set_errno};
 use crate::sock::{self, RecvFlags};
 
-/// An IPv4 address's four bytes in network order.
-fn in_addr_bytes(ip: Ipv4Addr) -> [u8; 4] {
-    ip.octets()
-}
-
 /// A `recvmsg` on a ustack socket: the bytes or datagram, its source, and
 /// the control messages the socket asked for (`IP_PKTINFO`: the stack's
 /// interface and address; `IP_RECVORIGDSTADDR`: the address and port the
-/// datagram was sent to). -1 with errno on failure.
+/// datagram was sent to; `IPV6_RECVPKTINFO`: the address and interface,
+/// for an IPv6 datagram). -1 with errno on failure.
 ///
 /// # Safety
 /// `m` is the caller's msghdr: its iovecs, name and control buffers valid
@@ -58,12 +54,11 @@ unsafe fn recvmsg_ours(s: &Arc<Sock>, m: &mut msghdr, flags: c_int) -> ssize_t {
         }
     };
     let n = r.full.max(r.len) as ssize_t;
-    let got_datagram = r.from.is_some();
     match r.from {
         Some(a) if !m.msg_name.is_null() => {
             let mut alen = m.msg_namelen;
             // SAFETY: the caller's name buffer of `msg_namelen` bytes.
-            unsafe { write_addr(a, m.msg_name.cast(), &mut alen) };
+            unsafe { write_addr(a, s.v6, m.msg_name.cast(), &mut alen) };
             m.msg_namelen = alen;
         }
         _ => m.msg_namelen = 0,
@@ -73,30 +68,41 @@ unsafe fn recvmsg_ours(s: &Arc<Sock>, m: &mut msghdr, flags: c_int) -> ssize_t {
     } else {
         0
     };
-    let (pktinfo, origdst) = {
+    let (pktinfo, origdst, pktinfo6) = {
         let o = s.opts.lock();
-        (o.pktinfo, o.origdstaddr)
+        (o.pktinfo, o.origdstaddr, o.recvpktinfo6)
     };
+    let ifindex = crate::opts::stack_iface().1;
     let mut list: Vec<(c_int, c_int, Vec<u8>)> = Vec::new();
-    if got_datagram && (pktinfo || origdst) {
-        if let Ok(local) = sock::local_addr(s) {
-            let ip = in_addr_bytes(*local.ip());
+    let local = r
+        .from
+        .map(|from| (sock::local_for(from.ip()), sock::local_addr(s)));
+    match local {
+        Some((IpAddr::V4(ip), port)) if pktinfo || origdst => {
+            let ip = ip.octets();
             if pktinfo {
                 // struct in_pktinfo: ifindex, spec_dst, addr.
-                let mut p = crate::opts::stack_iface().1.to_ne_bytes().to_vec();
+                let mut p = ifindex.to_ne_bytes().to_vec();
                 p.extend_from_slice(&ip);
                 p.extend_from_slice(&ip);
                 list.push((libc::IPPROTO_IP, libc::IP_PKTINFO, p));
             }
-            if origdst {
+            if let (true, Ok(port)) = (origdst, port) {
                 // struct sockaddr_in (IP_ORIGDSTADDR is 20).
                 let mut a = (libc::AF_INET as u16).to_ne_bytes().to_vec();
-                a.extend_from_slice(&local.port().to_be_bytes());
+                a.extend_from_slice(&port.port().to_be_bytes());
                 a.extend_from_slice(&ip);
                 a.extend_from_slice(&[0; 8]);
                 list.push((libc::IPPROTO_IP, 20, a));
             }
         }
+        Some((IpAddr::V6(ip), _)) if pktinfo6 => {
+            // struct in6_pktinfo: the address, then the interface index.
+            let mut p = ip.octets().to_vec();
+            p.extend_from_slice(&ifindex.to_ne_bytes());
+            list.push((libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, p));
+        }
+        _ => {}
     }
     let borrowed: Vec<(c_int, c_int, &[u8])> = list
         .iter()
@@ -146,7 +152,7 @@ unsafe fn sendmsg_ours(s: &Arc<Sock>, m: &msghdr, flags: c_int) -> ssize_t {
         None
     } else {
         // SAFETY: the caller's address.
-        match unsafe { read_addr(m.msg_name.cast(), m.msg_namelen) } {
+        match unsafe { read_addr(m.msg_name.cast(), m.msg_namelen, s.v6) } {
             Ok(a) => Some(a),
             Err(e) => {
                 set_errno(e);
@@ -166,15 +172,24 @@ unsafe fn sendmsg_ours(s: &Arc<Sock>, m: &msghdr, flags: c_int) -> ssize_t {
             }
         };
         for (level, ty, data) in list {
-            if level == libc::IPPROTO_IP && ty == libc::IP_PKTINFO && data.len() >= 12 {
-                let spec = Ipv4Addr::new(data[4], data[5], data[6], data[7]);
-                let ours = sock::local_addr(s).map(|a| *a.ip()).ok();
-                if !spec.is_unspecified() && Some(spec) != ours {
+            let (spec, unroutable) = match (level, ty) {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) if data.len() >= 12 => (
+                    IpAddr::V4(Ipv4Addr::new(data[4], data[5], data[6], data[7])),
                     // Not an address of ours: no route from it (Linux
                     // says ENETUNREACH).
-                    set_errno(libc::ENETUNREACH);
-                    return -1;
+                    libc::ENETUNREACH,
+                ),
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) if data.len() >= 20 => {
+                    let mut a = [0u8; 16];
+                    a.copy_from_slice(&data[..16]);
+                    // Linux: EINVAL for a source that is not the host's.
+                    (IpAddr::V6(Ipv6Addr::from(a)), libc::EINVAL)
                 }
+                _ => continue,
+            };
+            if !spec.is_unspecified() && !sock::owns(spec) {
+                set_errno(unroutable);
+                return -1;
             }
         }
     }

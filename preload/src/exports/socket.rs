@@ -9,13 +9,14 @@ use crate::exports::args::{guard, ours_checked, read_addr, ret, write_addr};
 use crate::real::{real, set_errno};
 use crate::sock::{self};
 
-/// `socket(2)`: AF_INET stream and datagram sockets go to ustack.
+/// `socket(2)`: AF_INET and AF_INET6 stream and datagram sockets go to
+/// ustack.
 ///
 /// # Safety
 /// A C call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
-    if domain == libc::AF_INET {
+    if domain == libc::AF_INET || domain == libc::AF_INET6 {
         let base = ty & 0xf;
         let stream = base == libc::SOCK_STREAM && (protocol == 0 || protocol == libc::IPPROTO_TCP);
         let dgram = base == libc::SOCK_DGRAM && (protocol == 0 || protocol == libc::IPPROTO_UDP);
@@ -23,21 +24,11 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         if (stream || dgram) && crate::lifecycle::start_for_socket().is_some() {
             let nb = ty & libc::SOCK_NONBLOCK != 0;
             let cx = ty & libc::SOCK_CLOEXEC != 0;
+            let v6 = domain == libc::AF_INET6;
             return guard(-1, || {
-                ret(sock::socket(stream, nb, cx).map(i64::from)) as c_int
+                ret(sock::socket(stream, v6, nb, cx).map(i64::from)) as c_int
             });
         }
-    }
-    if domain == libc::AF_INET6
-        && matches!(ty & 0xf, libc::SOCK_STREAM | libc::SOCK_DGRAM)
-        && crate::lifecycle::planned()
-    {
-        crate::report::notice("inet6", || {
-            format!(
-                "process {} opened an AF_INET6 socket: it runs on the kernel's network stack (ustack carries IPv4 only so far; ask the program for IPv4, e.g. iperf3 -4 or an IPv4 bind address)",
-                std::process::id()
-            )
-        });
     }
     // SAFETY: the C library's socket with the caller's arguments.
     let fd = unsafe { (real().socket)(domain, ty, protocol) };
@@ -57,8 +48,10 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
             unsafe { (real().bind)(fd, addr, len) }
         }
         Some(s) => guard(-1, || {
-            // SAFETY: the caller's address.
-            let r = s.and_then(|s| unsafe { read_addr(addr, len) }.and_then(|a| sock::bind(&s, a)));
+            let r = s.and_then(|s| {
+                // SAFETY: the caller's address.
+                unsafe { read_addr(addr, len, s.v6) }.and_then(|a| sock::bind(&s, a))
+            });
             ret(r.map(|()| 0i64)) as c_int
         }),
     }
@@ -104,11 +97,12 @@ pub unsafe extern "C" fn accept4(
                     flags & libc::SOCK_NONBLOCK != 0,
                     flags & libc::SOCK_CLOEXEC != 0,
                 )
+                .map(|(nfd, peer)| (nfd, peer, s.v6))
             });
             match r {
-                Ok((nfd, peer)) => {
+                Ok((nfd, peer, v6)) => {
                     // SAFETY: the caller's address buffer.
-                    unsafe { write_addr(peer, addr, len) };
+                    unsafe { write_addr(peer, v6, addr, len) };
                     nfd
                 }
                 Err(e) => {
@@ -142,7 +136,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         Some(s) => guard(-1, || {
             let r = s.and_then(|s| {
                 // SAFETY: the caller's address.
-                let a = unsafe { read_addr(addr, len) }?;
+                let a = unsafe { read_addr(addr, len, s.v6) }?;
                 sock::connect(&s, a)
             });
             ret(r.map(|()| 0i64)) as c_int
@@ -174,15 +168,17 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
     match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().getsockname)(fd, addr, len) },
-        Some(s) => guard(-1, || match s.and_then(|s| sock::local_addr(&s)) {
-            Ok(a) => {
-                // SAFETY: the caller's buffer.
-                unsafe { write_addr(a, addr, len) };
-                0
-            }
-            Err(e) => {
-                set_errno(e);
-                -1
+        Some(s) => guard(-1, || {
+            match s.and_then(|s| Ok((sock::local_addr(&s)?, s.v6))) {
+                Ok((a, v6)) => {
+                    // SAFETY: the caller's buffer.
+                    unsafe { write_addr(a, v6, addr, len) };
+                    0
+                }
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
             }
         }),
     }
@@ -197,15 +193,17 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
     match ours_checked(fd) {
         // SAFETY: passing the call on.
         None => unsafe { (real().getpeername)(fd, addr, len) },
-        Some(s) => guard(-1, || match s.and_then(|s| sock::peer_addr(&s)) {
-            Ok(a) => {
-                // SAFETY: the caller's buffer.
-                unsafe { write_addr(a, addr, len) };
-                0
-            }
-            Err(e) => {
-                set_errno(e);
-                -1
+        Some(s) => guard(-1, || {
+            match s.and_then(|s| Ok((sock::peer_addr(&s)?, s.v6))) {
+                Ok((a, v6)) => {
+                    // SAFETY: the caller's buffer.
+                    unsafe { write_addr(a, v6, addr, len) };
+                    0
+                }
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
             }
         }),
     }
