@@ -49,6 +49,8 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           # the stock-program suite (apps/tests/netns_stock.rs) and the bench's lighttpd row
           lighttpd apache2 apache2-utils haproxy socat ncat nodejs wget rsync dnsmasq
           openssh-server vsftpd postgresql
+          # a Linux router advertising a prefix to ustack (apps/tests/netns_ipv6.rs)
+          radvd
           # a C test program and a fake Go binary built at test time (netns_preload.rs)
           gcc binutils
           # capsh: the pcap offload test drops CAP_NET_ADMIN (apps/tests/netns_offloads.rs)

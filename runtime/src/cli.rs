@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim
-//!        --ip A.B.C.D/LEN [--ip IPV6/LEN]... [--gw A.B.C.D] [--mac MAC] [--core N | --cores LIST]
+//!        --ip A.B.C.D/LEN [--ip IPV6/LEN]... [--gw ADDR]... [--mac MAC] [--core N | --cores LIST]
 //!        [--telemetry PATH] [--metrics ADDR:PORT] [--capture FILE.pcap]
 //!        [--impair SPEC] [--mtu N]
 //! ```
@@ -17,7 +17,7 @@
 //! a notice (`metrics on http://127.0.0.1:PORT/metrics`; see
 //! [`crate::set_notice_sink`]).
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
 use ustack::Config;
@@ -61,9 +61,10 @@ pub struct NetArgs {
     /// speaks IPv6 too).
     #[arg(long = "ip", value_name = "ADDR/LEN", value_parser = parse_ip, action = clap::ArgAction::Append)]
     pub ips: Vec<IpCidr>,
-    /// Gateway for addresses outside the subnet.
-    #[arg(long, value_name = "A.B.C.D")]
-    pub gw: Option<Ipv4Addr>,
+    /// Gateway for addresses outside the subnet: an IPv4 one, an IPv6 one,
+    /// or one of each (IPv6 routers also come from router advertisements).
+    #[arg(long, value_name = "ADDR", action = clap::ArgAction::Append)]
+    pub gw: Vec<IpAddr>,
     /// Our MAC (default: 02:75:73 followed by the last three bytes of the address).
     #[arg(long, value_parser = parse_mac)]
     pub mac: Option<EthernetAddress>,
@@ -261,6 +262,7 @@ pub fn in_flag_terms(e: Error) -> Error {
         ConfigError::NoAddress => "--ip A.B.C.D/LEN is required".into(),
         ConfigError::PrefixTooLong(_) | ConfigError::BadAddress { .. } => format!("--ip: {c}"),
         ConfigError::GatewayOffSubnet { .. } => format!("{c}: --gw must be reachable directly"),
+        ConfigError::BadGateway6(_) => format!("--gw: {c}"),
         ConfigError::MacNotUnicast(_) => format!("--mac: {c}"),
         ConfigError::Mtu(_) => format!("--mtu: {c}"),
         ConfigError::MtuAboveInterface {
@@ -331,8 +333,17 @@ impl NetArgs {
                 ));
             }
         };
-        if let Some(gw) = self.gw {
-            b = b.gateway(gw);
+        let (mut v4, mut v6) = (0, 0);
+        for gw in &self.gw {
+            match *gw {
+                IpAddr::V4(g) => (b, v4) = (b.gateway(g), v4 + 1),
+                IpAddr::V6(g) => (b, v6) = (b.gateway6(g), v6 + 1),
+            }
+        }
+        if v4 > 1 || v6 > 1 {
+            return Err(Error::Usage(
+                "--gw: one IPv4 and one IPv6 gateway at most".into(),
+            ));
         }
         if let Some(mac) = self.mac {
             b = b.mac(mac.0);
@@ -456,6 +467,31 @@ mod test {
     struct Cli {
         #[command(flatten)]
         net: NetArgs,
+    }
+
+    #[test]
+    fn gw_takes_one_of_each_family() {
+        use clap::Parser;
+        let net = |gws: &[&str]| {
+            let mut args = vec!["x", "--pcap", "lo", "--ip", "10.0.0.2/24"];
+            for g in gws {
+                args.extend(["--gw", g]);
+            }
+            Cli::parse_from(args).net
+        };
+        let cfg = net(&["10.0.0.1", "fe80::1"])
+            .builder()
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(cfg.stack.gateway, Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(cfg.stack.gateway6, Some("fe80::1".parse().unwrap()));
+        assert!(net(&["fe80::1", "fe80::2"]).builder().is_err());
+        let bad = net(&["ff02::2"]).builder().unwrap().build().unwrap_err();
+        assert_eq!(
+            in_flag_terms(bad).to_string(),
+            "--gw: ff02::2 cannot be an IPv6 gateway: a unicast address is needed"
+        );
     }
 
     #[test]

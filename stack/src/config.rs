@@ -1,6 +1,6 @@
 //! The configuration of one stack instance.
 
-use core::net::Ipv4Addr;
+use core::net::{Ipv4Addr, Ipv6Addr};
 use std::hash::BuildHasher;
 
 use smoltcp::wire::{EthernetAddress, Ipv4Cidr, Ipv6Cidr};
@@ -23,6 +23,14 @@ pub struct Config {
     /// the MAC comes first, and the stack answers neighbor discovery and
     /// ICMPv6 echo for every address here.
     pub ipv6: Vec<Ipv6Cidr>,
+    /// Next hop for IPv6 destinations off-link (beside the default
+    /// routers advertisements give).
+    pub gateway6: Option<Ipv6Addr>,
+    /// Take router advertisements (RFC 4861 §6.3.4, Linux's `accept_ra`):
+    /// default routers, on-link prefixes, the link MTU, and addresses made
+    /// from advertised prefixes (SLAAC, RFC 4862). With IPv6 on, the stack
+    /// solicits them at start.
+    pub accept_ra: bool,
     /// IP MTU (largest IPv4 packet without the Ethernet header).
     pub mtu: usize,
     /// TTL of packets we originate.
@@ -92,6 +100,8 @@ impl Config {
             ip,
             gateway: None,
             ipv6: Vec::new(),
+            gateway6: None,
+            accept_ra: true,
             mtu: 1500,
             ttl: 64,
             arp: ArpConfig::default(),

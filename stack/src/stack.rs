@@ -107,6 +107,9 @@ impl Stack {
         let mut s = self.link.stats.clone();
         s.arp = self.link.arp().stats();
         s.ipv6.neighbors = self.link.ip6.neighbors.len() as u64;
+        s.ipv6.routers =
+            (self.link.ip6.routers.len() + usize::from(self.link.ip6.gateway.is_some())) as u64;
+        s.ipv6.slaac_addresses = self.link.ip6.slaac.len() as u64;
         s.ipv6.pending_packets = self.link.ip6.pending.packets() as u64;
         s.ipv6.pending_dropped = self.link.ip6.pending.dropped;
         s.ipv6.unresolved = self.link.ip6.pending.unresolved;

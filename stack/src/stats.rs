@@ -423,7 +423,8 @@ stats! {
         counter tx_bytes: u64,
         /// Fragments sent (datagrams larger than the MTU, RFC 8200 §4.5).
         counter tx_fragments: u64,
-        /// Sends refused: IPv6 off, or to ourselves or the unspecified address.
+        /// Sends refused: IPv6 off, to ourselves or the unspecified
+        /// address, or off-link with no router.
         counter tx_no_route: u64,
         /// Echo requests received (answered or not).
         counter rx_echo_requests: u64,
@@ -444,8 +445,19 @@ stats! {
         counter pending_dropped: u64,
         /// Neighbors given up after unanswered solicitations.
         counter unresolved: u64,
+        /// Router advertisements received (taken or not).
+        counter rx_router_adverts: u64,
+        /// Router solicitations sent (at start, until a router answers).
+        counter tx_router_solicits: u64,
+        /// Routers, prefixes or addresses an advertisement offered that
+        /// were not taken: their table was full.
+        counter ra_ignored: u64,
         /// Entries in the neighbor cache.
         gauge neighbors: u64,
+        /// Default routers known (advertised, and one configured).
+        gauge routers: u64,
+        /// Addresses made from advertised prefixes (SLAAC).
+        gauge slaac_addresses: u64,
         /// Packets waiting for a neighbor to answer.
         gauge pending_packets: u64,
     }

@@ -6,7 +6,8 @@
 
 use std::net::Ipv6Addr;
 
-use ustack::iface::ipv6::{ALL_NODES, link_local, multicast_mac, solicited_node};
+use smoltcp::wire::{NdiscPrefixInfoFlags, NdiscPrefixInformation, NdiscRouterFlags};
+use ustack::iface::ipv6::{ALL_NODES, ALL_ROUTERS, link_local, multicast_mac, solicited_node};
 use ustack::iface::ndp::NeighborState;
 use ustack::phy::sim::{host_config, host_mac};
 use ustack::stats::DropReason;
@@ -989,4 +990,176 @@ fn udp_sockets_of_two_families_share_a_port() {
     settle(&mut a, &mut b);
     assert_eq!(b.udp().recv_from(s4, &mut buf).unwrap(), None);
     assert_eq!(b.stats().drops.get(DropReason::UdpNoSocket), 1);
+}
+
+// ------------------------------------------------ router discovery, SLAAC
+
+/// The router of these tests: its link-local address (host 2's MAC).
+fn router_ll() -> Ipv6Addr {
+    link_local(peer_mac())
+}
+
+/// A router advertisement from `router` (at the peer's MAC) with
+/// `lifetime` seconds as default router, an MTU, and one prefix.
+fn router_advert(
+    router: Ipv6Addr,
+    lifetime: u64,
+    mtu: Option<u32>,
+    prefix: Option<(Ipv6Addr, u8, u32)>,
+) -> Vec<u8> {
+    use smoltcp::time::Duration as D;
+    let ra = Icmpv6Repr::Ndisc(NdiscRepr::RouterAdvert {
+        hop_limit: 64,
+        flags: NdiscRouterFlags::empty(),
+        router_lifetime: D::from_secs(lifetime),
+        reachable_time: D::from_millis(0),
+        retrans_time: D::from_millis(0),
+        lladdr: Some(RawHardwareAddress::from(peer_mac())),
+        mtu,
+        prefix_info: prefix.map(|(p, len, valid)| NdiscPrefixInformation {
+            prefix_len: len,
+            flags: NdiscPrefixInfoFlags::ON_LINK | NdiscPrefixInfoFlags::ADDRCONF,
+            valid_lifetime: D::from_secs(u64::from(valid)),
+            preferred_lifetime: D::from_secs(u64::from(valid / 2)),
+            prefix: p,
+        }),
+    });
+    icmpv6_frame(multicast_mac(ALL_NODES), router, ALL_NODES, 255, &ra)
+}
+
+/// Frames polled out of `s` at `now`.
+fn polled_at(s: &mut Stack, now: Instant) -> Vec<Vec<u8>> {
+    let mut tx = VecTx::new();
+    s.poll(now, &mut tx);
+    tx.frames
+}
+
+/// The IPv6 destination and Ethernet destination of `frame`.
+fn v6_dst(frame: &[u8]) -> (EthernetAddress, Ipv6Addr) {
+    let eth = EthernetFrame::new_checked(frame).unwrap();
+    let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
+    (eth.dst_addr(), ip.dst_addr())
+}
+
+/// At start the stack solicits routers (after a random delay of up to a
+/// second, three times 4 s apart, then stops); an advertisement gives it
+/// a default router (off-link packets go to the router's MAC), an
+/// address made from the advertised prefix and its MAC (answered to
+/// echo), and the link MTU (datagrams above it leave in fragments); a
+/// router lifetime of 0 takes the router away (off-link: no route).
+#[test]
+fn router_advertisement_gives_a_router_an_address_and_the_mtu() {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+    let mut s = Stack::new(config());
+    assert!(polled_at(&mut s, T0).is_empty(), "no solicitation at once");
+    let mut sent = Vec::new();
+    for ms in (0..14_000).step_by(100) {
+        let now = T0 + Duration::from_millis(ms);
+        for f in polled_at(&mut s, now) {
+            let (mac, dst) = v6_dst(&f);
+            assert_eq!((mac, dst), (multicast_mac(ALL_ROUTERS), ALL_ROUTERS));
+            sent.push(ms);
+        }
+    }
+    assert_eq!(sent.len(), 3, "three solicitations: {sent:?}");
+    assert!(sent[0] <= 1000 && sent[1] - sent[0] >= 4000, "{sent:?}");
+    assert_eq!(s.stats().ipv6.tx_router_solicits, 3);
+    // Before any router: an off-link destination has no route.
+    let h = s.udp().bind(5000).unwrap();
+    let far_ip = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9);
+    let far = SocketAddr::new(far_ip.into(), 53);
+    s.udp().send_to(h, far, b"x").unwrap();
+    assert!(polled(&mut s).is_empty());
+    assert_eq!(s.stats().ipv6.tx_no_route, 1);
+    // The advertisement.
+    let prefix = Ipv6Addr::new(0xfd88, 0, 0, 0, 0, 0, 0, 0);
+    let ra = router_advert(router_ll(), 1800, Some(1400), Some((prefix, 64, 3600)));
+    receive(&mut s, &ra);
+    let st = s.stats().ipv6;
+    assert_eq!(
+        (st.rx_router_adverts, st.routers, st.slaac_addresses),
+        (1, 1, 1)
+    );
+    // The prefix and the interface identifier of the link-local address.
+    let mut slaac = link_local(host_mac(1)).octets();
+    slaac[..8].copy_from_slice(&prefix.octets()[..8]);
+    let slaac = Ipv6Addr::from(slaac);
+    assert!(s.ipv6_addrs().contains(&slaac), "{:?}", s.ipv6_addrs());
+    // The new address answers echo.
+    let echo = Icmpv6Repr::EchoRequest {
+        ident: 1,
+        seq_no: 1,
+        data: b"slaac",
+    };
+    let tx = receive(&mut s, &icmpv6_frame(host_mac(1), PEER, slaac, 64, &echo));
+    let (_, src, dst, _, _) = only_reply(&tx);
+    assert_eq!((src, dst), (slaac, PEER));
+    // Off-link now goes to the router (its MAC learnt from the
+    // advertisement), in fragments above the advertised MTU of 1400.
+    s.udp().send_to(h, far, &[7u8; 1380]).unwrap();
+    let out = polled(&mut s);
+    assert_eq!(out.len(), 2, "two fragments under an MTU of 1400");
+    for f in &out {
+        assert!(f.len() - ETHERNET_HEADER_LEN <= 1400);
+        assert_eq!(v6_dst(f), (peer_mac(), far_ip));
+    }
+    // No more solicitations once a router is known.
+    assert!(polled_at(&mut s, T0 + Duration::from_secs(30)).is_empty());
+    // Lifetime 0: no default router any more.
+    receive(&mut s, &router_advert(router_ll(), 0, None, None));
+    assert_eq!(s.stats().ipv6.routers, 0);
+    let before = s.stats().ipv6.tx_no_route;
+    s.udp().send_to(h, far, b"y").unwrap();
+    assert!(polled(&mut s).is_empty());
+    assert_eq!(s.stats().ipv6.tx_no_route, before + 1);
+    // The address made from the prefix stays until its valid lifetime.
+    assert!(s.ipv6_addrs().contains(&slaac));
+    polled_at(&mut s, T0 + Duration::from_secs(3601));
+    assert!(!s.ipv6_addrs().contains(&slaac));
+}
+
+/// An advertisement flood from many routers with many prefixes keeps
+/// the tables at their caps (the rest counted as ignored); one from a
+/// global source address, or with an option of length 0, is dropped.
+#[test]
+fn router_advertisement_flood_is_bounded() {
+    use ustack::iface::ipv6::{MAX_PREFIXES, MAX_ROUTERS};
+    let mut s = Stack::new(config());
+    for i in 0..100u16 {
+        let mut router = link_local(peer_mac()).octets();
+        router[14..].copy_from_slice(&(i | 0x8000).to_be_bytes());
+        let prefix = Ipv6Addr::new(0xfd00, i, 0, 0, 0, 0, 0, 0);
+        let ra = router_advert(Ipv6Addr::from(router), 600, None, Some((prefix, 64, 600)));
+        receive(&mut s, &ra);
+    }
+    let st = s.stats().ipv6;
+    assert_eq!(st.rx_router_adverts, 100);
+    assert_eq!(st.routers, MAX_ROUTERS as u64);
+    assert_eq!(st.slaac_addresses, MAX_PREFIXES as u64);
+    // Each advertisement beyond the caps: its router, its on-link prefix
+    // and its address ignored.
+    assert_eq!(
+        st.ra_ignored,
+        (100 - MAX_ROUTERS as u64) + 2 * (100 - MAX_PREFIXES as u64)
+    );
+    assert_eq!(s.ipv6_addrs().len(), 2 + MAX_PREFIXES);
+    // Not from a link-local address: invalid.
+    let before = drops(&s, DropReason::NdpInvalid);
+    receive(&mut s, &router_advert(PEER, 600, None, None));
+    assert_eq!(drops(&s, DropReason::NdpInvalid), before + 1);
+    // An option of length 0: invalid (RFC 4861 §6.1.2; the parser drops
+    // it as malformed); checksum fixed.
+    let malformed = drops(&s, DropReason::Icmpv6Malformed);
+    let mut ra = router_advert(router_ll(), 600, None, None);
+    let icmp_at = ETHERNET_HEADER_LEN + IPV6_HEADER_LEN;
+    ra.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
+    let plen = (ra.len() - icmp_at) as u16;
+    ra[ETHERNET_HEADER_LEN + 4..ETHERNET_HEADER_LEN + 6].copy_from_slice(&plen.to_be_bytes());
+    let (src, dst) = (router_ll(), ALL_NODES);
+    let mut icmp = Icmpv6Packet::new_unchecked(&mut ra[icmp_at..]);
+    icmp.fill_checksum(&src, &dst);
+    receive(&mut s, &ra);
+    assert_eq!(drops(&s, DropReason::Icmpv6Malformed), malformed + 1);
+    assert_eq!(s.stats().ipv6.rx_router_adverts, 101);
 }

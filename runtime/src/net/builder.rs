@@ -37,6 +37,7 @@ pub struct Builder {
     ipv6: Vec<(Ipv6Addr, u8)>,
     dpdk_port: Option<(u16, u32)>,
     gateway: Option<Ipv4Addr>,
+    gateway6: Option<Ipv6Addr>,
     mac: Option<EthernetAddress>,
     mtu: Option<usize>,
     core: Option<usize>,
@@ -117,6 +118,14 @@ impl Builder {
     /// Next hop for addresses outside the subnet.
     pub fn gateway(mut self, gw: Ipv4Addr) -> Self {
         self.gateway = Some(gw);
+        self
+    }
+
+    /// Next hop for IPv6 destinations off-link (beside the routers
+    /// advertisements give). Checked at [`build`](Self::build): a
+    /// unicast address.
+    pub fn gateway6(mut self, gw: Ipv6Addr) -> Self {
+        self.gateway6 = Some(gw);
         self
     }
 
@@ -296,6 +305,12 @@ impl Builder {
             None => Config::new(mac, ip),
         };
         stack.gateway = self.gateway;
+        if let Some(gw) = self.gateway6 {
+            if gw.is_multicast() || gw.is_unspecified() || gw.is_loopback() {
+                return Err(ConfigError::BadGateway6(gw).into());
+            }
+            stack.gateway6 = Some(gw);
+        }
         for &(addr, prefix) in &self.ipv6 {
             stack.ipv6.push(checked_ipv6(addr, prefix)?);
         }

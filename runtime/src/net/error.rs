@@ -55,6 +55,9 @@ pub enum ConfigError {
         /// Our address and prefix.
         subnet: Ipv4Cidr,
     },
+    /// The IPv6 gateway is not an address a router can have.
+    #[error("{0} cannot be an IPv6 gateway: a unicast address is needed")]
+    BadGateway6(Ipv6Addr),
     /// The MAC is a group (multicast or broadcast) address.
     #[error("{0} is not a unicast MAC")]
     MacNotUnicast(EthernetAddress),

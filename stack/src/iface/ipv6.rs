@@ -4,13 +4,18 @@
 //! fragments joined), ICMPv6 echo answered (RFC 4443 §4), neighbor
 //! discovery (RFC 4861: solicitations for our addresses answered, the
 //! senders learnt in the neighbor cache, [`crate::iface::ndp`]; neighbors
-//! we send to solicited), the transmit path (fragments above the MTU,
-//! packets held for a neighbor) and port unreachable.
+//! we send to solicited), router discovery (solicitations at start,
+//! advertisements learnt by `router.rs`: default routers, on-link
+//! prefixes, the MTU, SLAAC addresses), the transmit path (the next hop
+//! by prefix or router, fragments above the MTU, packets held for a
+//! neighbor) and port unreachable.
 //!
-//! What comes next (issue 35): router discovery and SLAAC, duplicate
-//! address detection, MLD, ICMPv6 errors beyond port unreachable.
+//! What comes next (issue 35): duplicate address detection of our own,
+//! MLD, ICMPv6 errors beyond port unreachable.
 
-pub use crate::iface::ipv6_iface::{ALL_NODES, link_local, multicast_mac, solicited_node};
+pub use crate::iface::ipv6_iface::{
+    ALL_NODES, ALL_ROUTERS, MAX_PREFIXES, MAX_ROUTERS, link_local, multicast_mac, solicited_node,
+};
 
 use core::net::Ipv6Addr;
 
@@ -23,6 +28,7 @@ use smoltcp::wire::{
 
 use crate::error::Error;
 use crate::iface::frag::{FragKey, Reassembled, Reassembler};
+use crate::iface::ipv6_iface::RTR_SOLICITATION_INTERVAL;
 use crate::iface::link::{IpMeta, Link, write_eth};
 use crate::iface::resolve::Enqueue;
 use crate::phy::device::{RxMeta, Tx};
@@ -291,7 +297,7 @@ fn icmpv6<T: Tx>(
             }
             Ok(())
         }
-        Icmpv6Repr::Ndisc(nd) => ndisc(link, now, eth_src, ip, nd, tx),
+        Icmpv6Repr::Ndisc(nd) => ndisc(link, now, eth_src, ip, nd, body, tx),
         _ => Err(DropReason::Icmpv6Unhandled),
     }
 }
@@ -303,6 +309,7 @@ fn ndisc<T: Tx>(
     eth_src: EthernetAddress,
     ip: &Ipv6Packet<&[u8]>,
     nd: NdiscRepr<'_>,
+    body: &[u8],
     tx: &mut T,
 ) -> Result<(), DropReason> {
     if ip.hop_limit() != 255 {
@@ -394,7 +401,62 @@ fn ndisc<T: Tx>(
             flush(link, tx, target_addr);
             Ok(())
         }
+        NdiscRepr::RouterAdvert {
+            router_lifetime,
+            lladdr,
+            mtu,
+            ..
+        } => {
+            link.stats.ipv6.rx_router_adverts += 1;
+            // RFC 4861 §6.1.2: from a link-local address.
+            if !src.is_unicast_link_local() {
+                return Err(DropReason::NdpInvalid);
+            }
+            let lladdr = mac_of(lladdr)?;
+            if !link.ip6.accept_ra || !link.ip6.enabled() {
+                return Err(DropReason::Icmpv6Unhandled);
+            }
+            let ad = crate::iface::router::Advert {
+                src,
+                lifetime: crate::iface::router::std_duration(router_lifetime),
+                mtu,
+                options: body.get(RA_FIXED_LEN..).unwrap_or_default(),
+            };
+            let port_mtu = link.cfg.mtu;
+            let ignored = crate::iface::router::learn(&mut link.ip6, now, port_mtu, &ad)?;
+            link.stats.ipv6.ra_ignored += ignored;
+            if let Some(mac) = lladdr {
+                link.ip6.neighbors.learn(now, src, mac, false, true);
+                flush(link, tx, src);
+            }
+            Ok(())
+        }
         _ => Err(DropReason::Icmpv6Unhandled),
+    }
+}
+
+/// Bytes of a router advertisement before its options (RFC 4861 §4.2).
+const RA_FIXED_LEN: usize = 16;
+
+/// A router solicitation to all routers from our link-local address,
+/// with our link-layer address (RFC 4861 §6.3.7).
+fn solicit_routers<T: Tx>(link: &mut Link, tx: &mut T) {
+    let Some(src) = link.ip6.source_for(&ALL_ROUTERS) else {
+        return;
+    };
+    let rs = Icmpv6Repr::Ndisc(NdiscRepr::RouterSolicit {
+        lladdr: Some(RawHardwareAddress::from(link.cfg.mac)),
+    });
+    if send_icmpv6(
+        link,
+        tx,
+        multicast_mac(ALL_ROUTERS),
+        src,
+        ALL_ROUTERS,
+        255,
+        &rs,
+    ) {
+        link.stats.ipv6.tx_router_solicits += 1;
     }
 }
 
@@ -452,9 +514,11 @@ fn write_header(
 
 /// Send an IPv6 packet from `src` (one of ours, [`Ipv6Iface::source_for`])
 /// to `dst` carrying `payload_len` bytes of `protocol` that `fill` writes.
-/// A packet above the MTU leaves in fragments (RFC 8200 §4.5); one to a
-/// neighbor not yet known waits (bounded) while it is solicited. Every
-/// destination is taken as on-link: routers are not learnt yet.
+/// It goes to `dst` when on-link, else to the default router
+/// ([`Ipv6Iface::next_hop`](crate::iface::ipv6_iface::Ipv6Iface::next_hop);
+/// `NoRoute` without one). A packet above the link MTU leaves in
+/// fragments (RFC 8200 §4.5); one to a neighbor not yet known waits
+/// (bounded) while it is solicited.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     link: &mut Link,
@@ -473,26 +537,27 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     if payload_len > usize::from(u16::MAX) {
         return Err(Error::TooLarge);
     }
+    let Some(hop) = link.ip6.next_hop(&dst) else {
+        link.stats.ipv6.tx_no_route += 1;
+        return Err(Error::NoRoute);
+    };
     let mac = if dst.is_multicast() {
         Some(multicast_mac(dst))
     } else {
-        link.ip6.neighbors.lookup(&dst)
+        link.ip6.neighbors.lookup(&hop)
     };
-    if IPV6_HEADER_LEN + payload_len <= link.cfg.mtu {
+    let mtu = link.ip6.mtu(link.cfg.mtu);
+    if IPV6_HEADER_LEN + payload_len <= mtu {
         let len = IPV6_HEADER_LEN + payload_len;
         let build = |ip: &mut [u8]| {
             write_header(ip, src, dst, protocol, payload_len);
             fill(&mut ip[IPV6_HEADER_LEN..]);
         };
-        send_or_hold(link, now, tx, dst, mac, len, build);
+        send_or_hold(link, now, tx, hop, mac, len, build);
         return Ok(());
     }
     // Fragments: the payload built once, cut at multiples of 8 bytes.
-    let chunk = link
-        .cfg
-        .mtu
-        .saturating_sub(IPV6_HEADER_LEN + FRAG_HEADER_LEN)
-        & !7;
+    let chunk = mtu.saturating_sub(IPV6_HEADER_LEN + FRAG_HEADER_LEN) & !7;
     if chunk == 0 {
         return Err(Error::TooLarge);
     }
@@ -520,7 +585,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
             f[FRAG_HEADER_LEN..].copy_from_slice(piece);
         };
         link.stats.ipv6.tx_fragments += 1;
-        send_or_hold(link, now, tx, dst, mac, len, build);
+        send_or_hold(link, now, tx, hop, mac, len, build);
     }
     Ok(())
 }
@@ -604,7 +669,8 @@ fn flush<T: Tx>(link: &mut Link, tx: &mut T, ip: Ipv6Addr) {
     }
 }
 
-/// Timers: solicitations to repeat, neighbors to give up.
+/// Timers: solicitations to repeat, neighbors to give up, router
+/// solicitations due, what advertisements taught expiring.
 pub(crate) fn poll<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
     let mut retry = std::mem::take(&mut link.ip6.retry);
     link.ip6.pending.poll(now, &mut retry);
@@ -612,11 +678,23 @@ pub(crate) fn poll<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
         solicit(link, tx, target);
     }
     link.ip6.retry = retry;
+    link.ip6.expire(now);
+    if link.ip6.next_solicit.is_none() && link.ip6.wants_routers() {
+        link.ip6.next_solicit = Some(now + link.ip6.first_solicit_delay);
+    }
+    if link.ip6.solicit_due().is_some_and(|due| due <= now) {
+        solicit_routers(link, tx);
+        link.ip6.solicits_sent += 1;
+        link.ip6.next_solicit = Some(now + RTR_SOLICITATION_INTERVAL);
+    }
 }
 
 /// When [`poll`] next has work.
 pub(crate) fn poll_at(link: &Link) -> Option<Instant> {
-    link.ip6.pending.poll_at()
+    match (link.ip6.pending.poll_at(), link.ip6.next_deadline()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// ICMPv6 destination unreachable, port unreachable (RFC 4443 §3.1)

@@ -2,9 +2,11 @@
 //! MAC, RFC 4291 Appendix A, and the configured ones), the groups they
 //! imply (all-nodes, solicited-node: RFC 4291 §2.7.1) and their Ethernet
 //! addresses (RFC 2464 §7), the source address for a destination, and
-//! what the link keeps for IPv6: the neighbor cache and the packets
-//! waiting for a neighbor. A leaf the link holds; the protocol that uses
-//! it is [`crate::iface::ipv6`].
+//! what the link keeps for IPv6: the neighbor cache, the packets waiting
+//! for a neighbor, and what router advertisements taught (RFC 4861 §6.3.4:
+//! default routers, on-link prefixes, the link MTU; RFC 4862: addresses
+//! made from advertised prefixes), all bounded. A leaf the link holds; the
+//! protocol that uses it is [`crate::iface::ipv6`].
 
 use core::net::Ipv6Addr;
 use std::time::Duration;
@@ -13,6 +15,31 @@ use smoltcp::wire::{EthernetAddress, Ipv6Cidr};
 
 use crate::iface::ndp::Neighbors;
 use crate::iface::resolve::{Limits, Resolving};
+use crate::time::Instant;
+
+/// All-routers multicast (RFC 4291 §2.7.1): router solicitations go here.
+pub const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
+
+/// Most default routers kept from advertisements (more are ignored and
+/// counted: an advertisement flood cannot grow the table).
+pub const MAX_ROUTERS: usize = 8;
+
+/// Most advertised prefixes kept, on-link ones and addresses made from
+/// them each (Linux's `max_addresses` is 16 too).
+pub const MAX_PREFIXES: usize = 16;
+
+/// Router solicitations sent at start when no advertisement came (RFC
+/// 4861 §10 `MAX_RTR_SOLICITATIONS`), `RTR_SOLICITATION_INTERVAL` apart.
+pub(crate) const RTR_SOLICITATIONS: u8 = 3;
+/// See [`RTR_SOLICITATIONS`].
+pub(crate) const RTR_SOLICITATION_INTERVAL: Duration = Duration::from_secs(4);
+
+/// Something an advertisement taught, kept until `until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Learnt<T> {
+    pub(crate) what: T,
+    pub(crate) until: Instant,
+}
 
 /// All-nodes multicast (RFC 4291 §2.7.1).
 pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
@@ -43,6 +70,28 @@ pub(crate) struct Ipv6Iface {
     pub(crate) next_frag_id: u32,
     /// Solicitations owed to the next poll (retries).
     pub(crate) retry: Vec<Ipv6Addr>,
+    /// Our MAC (interface identifiers of addresses made from prefixes).
+    mac: EthernetAddress,
+    /// Take router advertisements (Linux's `accept_ra`).
+    pub(crate) accept_ra: bool,
+    /// A configured default router (`--gw` of IPv6).
+    pub(crate) gateway: Option<Ipv6Addr>,
+    /// Default routers advertised, by their link-local address.
+    pub(crate) routers: Vec<Learnt<Ipv6Addr>>,
+    /// Prefixes advertised as on-link.
+    pub(crate) on_link: Vec<Learnt<Ipv6Cidr>>,
+    /// Addresses made from advertised prefixes (SLAAC).
+    pub(crate) slaac: Vec<Learnt<Ipv6Cidr>>,
+    /// The link MTU an advertisement gave (never above the port's).
+    pub(crate) mtu: Option<usize>,
+    /// Router solicitations sent, and when the next is due (None: not
+    /// armed yet; the first poll arms it `first_solicit_delay` later).
+    pub(crate) solicits_sent: u8,
+    pub(crate) next_solicit: Option<Instant>,
+    /// RFC 4861 §6.3.7: a random delay of up to a second before the
+    /// first solicitation (from the stack's secret), so hosts started
+    /// together do not solicit at once.
+    pub(crate) first_solicit_delay: Duration,
 }
 
 impl Default for Ipv6Iface {
@@ -53,6 +102,16 @@ impl Default for Ipv6Iface {
             pending: Resolving::new(NDP_LIMITS),
             next_frag_id: 0,
             retry: Vec::new(),
+            mac: EthernetAddress([0; 6]),
+            accept_ra: true,
+            gateway: None,
+            routers: Vec::new(),
+            on_link: Vec::new(),
+            slaac: Vec::new(),
+            mtu: None,
+            solicits_sent: 0,
+            next_solicit: None,
+            first_solicit_delay: Duration::ZERO,
         }
     }
 }
@@ -69,24 +128,106 @@ impl Ipv6Iface {
         addrs.extend(configured.iter().filter(|c| c.address() != ll.address()));
         Ipv6Iface {
             addrs,
+            mac,
             next_frag_id: (secret ^ (secret >> 32)) as u32,
+            first_solicit_delay: Duration::from_micros(1 + (secret >> 20) % 1_000_000),
             ..Ipv6Iface::default()
         }
     }
 
+    /// With router advertisements taken (`accept_ra`) or not, and a
+    /// configured default router.
+    pub(crate) fn routing(mut self, accept_ra: bool, gateway: Option<Ipv6Addr>) -> Self {
+        self.accept_ra = accept_ra;
+        self.gateway = gateway;
+        self
+    }
+
+    /// The address of ours made from an advertised /64 `prefix` and the
+    /// interface identifier of our MAC (RFC 4862 §5.5.3 d, modified EUI-64
+    /// as the link-local address).
+    pub(crate) fn slaac_addr(&self, prefix: Ipv6Addr) -> Ipv6Addr {
+        let mut a = prefix.octets();
+        a[8..].copy_from_slice(&link_local(self.mac).octets()[8..]);
+        Ipv6Addr::from(a)
+    }
+
+    /// The neighbor a packet to `dst` goes to (RFC 4861 §5.2): `dst`
+    /// itself when on-link (link-local, multicast, in the prefix of one of
+    /// our configured addresses or of an advertised on-link prefix), else
+    /// the configured gateway or the first advertised default router;
+    /// `None`: no route.
+    pub(crate) fn next_hop(&self, dst: &Ipv6Addr) -> Option<Ipv6Addr> {
+        let on_link = dst.is_unicast_link_local()
+            || dst.is_multicast()
+            || self.addrs.iter().any(|c| c.contains_addr(dst))
+            || self.on_link.iter().any(|p| p.what.contains_addr(dst));
+        if on_link {
+            return Some(*dst);
+        }
+        self.gateway.or(self.routers.first().map(|r| r.what))
+    }
+
+    /// The MTU of the link for IPv6: an advertised one, else the port's.
+    pub(crate) fn mtu(&self, port_mtu: usize) -> usize {
+        self.mtu.unwrap_or(port_mtu).min(port_mtu)
+    }
+
+    /// Forget what advertisements taught that expired by `now`.
+    pub(crate) fn expire(&mut self, now: Instant) {
+        self.routers.retain(|r| r.until > now);
+        self.on_link.retain(|p| p.until > now);
+        self.slaac.retain(|a| a.until > now);
+    }
+
+    /// When something learnt next expires, or a router solicitation is due.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let learnt = (self.routers.iter().map(|r| r.until))
+            .chain(self.on_link.iter().map(|p| p.until))
+            .chain(self.slaac.iter().map(|a| a.until))
+            .min();
+        let solicit = self.solicit_due();
+        match (learnt, solicit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether router solicitations are wanted: IPv6 on, advertisements
+    /// taken, no router known yet, not all sent.
+    pub(crate) fn wants_routers(&self) -> bool {
+        self.enabled()
+            && self.accept_ra
+            && self.routers.is_empty()
+            && self.solicits_sent < RTR_SOLICITATIONS
+    }
+
+    /// When the next router solicitation is due (None: none wanted, or
+    /// not armed yet).
+    pub(crate) fn solicit_due(&self) -> Option<Instant> {
+        self.next_solicit.filter(|_| self.wants_routers())
+    }
+
     /// The source address for packets to `dst` (RFC 6724, for the
     /// addresses a host of ours has): the link-local one for a link-local
-    /// or link-scope multicast destination, else the first configured one;
-    /// `None` when IPv6 is off.
+    /// or link-scope multicast destination; else one whose prefix holds
+    /// `dst` (rule 8, the longest match, as far as /64s go), else the
+    /// first configured one, else one made from an advertised prefix, else
+    /// the link-local one; `None` when IPv6 is off.
     pub(crate) fn source_for(&self, dst: &Ipv6Addr) -> Option<Ipv6Addr> {
         let link_scope =
             dst.is_unicast_link_local() || (dst.is_multicast() && dst.segments()[0] & 0x000f == 2);
-        match self.addrs.as_slice() {
-            [] => None,
-            [ll, ..] if link_scope => Some(ll.address()),
-            [ll] => Some(ll.address()),
-            [_, first, ..] => Some(first.address()),
+        let ll = self.addrs.first()?.address();
+        if link_scope {
+            return Some(ll);
         }
+        let global = || {
+            (self.addrs[1..].iter())
+                .copied()
+                .chain(self.slaac.iter().map(|a| a.what))
+        };
+        let matching = global().find(|c| c.contains_addr(dst));
+        Some(matching.or(global().next()).map_or(ll, |c| c.address()))
     }
 
     /// Whether `a` is one of our addresses.
@@ -99,9 +240,10 @@ impl Ipv6Iface {
         !self.addrs.is_empty()
     }
 
-    /// Our unicast addresses, the link-local one first.
+    /// Our unicast addresses: the link-local one first, the configured
+    /// ones, then those made from advertised prefixes.
     pub(crate) fn addrs(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
-        self.addrs.iter().map(|c| c.address())
+        (self.addrs.iter().map(|c| c.address())).chain(self.slaac.iter().map(|a| a.what.address()))
     }
 
     pub(crate) fn is_ours(&self, a: &Ipv6Addr) -> bool {

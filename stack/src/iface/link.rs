@@ -121,7 +121,8 @@ impl Link {
         let secret = cfg.secret;
         Link {
             arp: ArpCache::new(cfg.arp.clone()),
-            ip6: crate::iface::ipv6_iface::Ipv6Iface::new(cfg.mac, &cfg.ipv6, cfg.secret.1),
+            ip6: crate::iface::ipv6_iface::Ipv6Iface::new(cfg.mac, &cfg.ipv6, cfg.secret.1)
+                .routing(cfg.accept_ra, cfg.gateway6),
             icmp_errors: RateLimit::new(cfg.icmp_error_rate),
             rst_limit: RateLimit::new(cfg.rst_rate),
             announced: !cfg.announce,

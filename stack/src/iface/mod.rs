@@ -2,7 +2,7 @@
 //! IPv4 transmit path (the crate-private `link`), the [`arp`] cache, IPv4 reassembly
 //! ([`frag`]) and ICMP ([`icmp`]: echo answered, errors sent and received,
 //! ping sockets), [`ipv6`] (our IPv6 addresses, its receive path, ICMPv6
-//! echo and neighbor discovery); [`addr`] is the view of our address the stack lends
+//! echo, neighbor discovery, router discovery and SLAAC); [`addr`] is the view of our address the stack lends
 //! (`stack.addr()`: ARP neighbours, RFC 5227 probing). Transports reach
 //! the wire only through the link.
 
@@ -16,3 +16,4 @@ pub(crate) mod ipv6_iface;
 pub(crate) mod link;
 pub mod ndp;
 pub(crate) mod resolve;
+pub(crate) mod router;
