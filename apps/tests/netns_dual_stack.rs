@@ -394,3 +394,124 @@ fn client_reaches_linux_through_mapped_and_ipv6_addresses() {
 fn no_crash_in(end: &Ended) {
     common::no_crash(&end.err);
 }
+
+/// On ustack: connect to `[fd99::1]:PORT` (off-link: through the default
+/// router an advertisement gave) until it answers (ENETUNREACH before the
+/// advertisement), echo 1 MiB, print a JSON line, then stay up until the
+/// marker file appears (Linux pings the address made from the prefix
+/// meanwhile).
+const VIA_ROUTER: &str = r#"
+import errno, hashlib, json, os, socket, sys, time
+port, marker = int(sys.argv[1]), sys.argv[2]
+out = {"unreachable_first": False}
+deadline = time.time() + 20
+while True:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.settimeout(10)
+    try:
+        s.connect(("fd99::1", port))
+        break
+    except OSError as e:
+        s.close()
+        if e.errno == errno.ENETUNREACH:
+            out["unreachable_first"] = True
+        if time.time() > deadline:
+            raise
+        time.sleep(0.2)
+data = os.urandom(1 << 20)
+s.sendall(data)
+s.shutdown(socket.SHUT_WR)
+got = bytearray()
+while True:
+    b = s.recv(1 << 16)
+    if not b:
+        break
+    got += b
+out["same"] = hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
+out["local"] = s.getsockname()[0]
+print(json.dumps(out), flush=True)
+end = time.time() + 30
+while not os.path.exists(marker) and time.time() < end:
+    time.sleep(0.1)
+"#;
+
+/// A Linux router (radvd advertising fd88::/64 with an MTU of 1400, the
+/// kernel forwarding) gives ustack a default router and an address made
+/// from the prefix: a connection to an address beyond the router
+/// (`fd99::1` on Linux's loopback) goes through it, byte-exact, and Linux
+/// pings the new address. The stack's counters agree.
+#[test]
+fn router_advertisements_from_radvd_give_a_router_and_an_address() {
+    need_root!();
+    need_program!("radvd", "radvd");
+    let _turn = serial();
+    let lab = Lab::new("d6a", need_preload!());
+    lab.ipv6();
+    let lv = lab.topo.linux_if();
+    for args in [
+        vec!["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"],
+        vec!["ip", "-6", "addr", "add", "fd88::1/64", "dev", &lv, "nodad"],
+        vec!["ip", "-6", "addr", "add", "fd99::1/128", "dev", "lo"],
+    ] {
+        let o = lab.linux(&args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    }
+    let conf = lab.path("radvd.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "interface {lv} {{\n  AdvSendAdvert on;\n  MinRtrAdvInterval 3;\n  MaxRtrAdvInterval 4;\n  \
+             AdvDefaultLifetime 60;\n  AdvLinkMTU 1400;\n  \
+             prefix fd88::/64 {{ AdvOnLink on; AdvAutonomous on; }};\n}};\n"
+        ),
+    )
+    .unwrap();
+    let radvd = lab.linux_daemon(&[
+        "radvd",
+        "-n",
+        "-m",
+        "stderr",
+        "-C",
+        &conf.display().to_string(),
+        "-p",
+        &lab.path("radvd.pid").display().to_string(),
+    ]);
+    let echo = lab.path("echo.py");
+    std::fs::write(&echo, LINUX_ECHO).unwrap();
+    let _peer = lab.linux_daemon(&[PYTHON, &echo.display().to_string(), "7700"]);
+    let marker = lab.path("pinged");
+    let script = lab.path("via_router.py");
+    std::fs::write(&script, VIA_ROUTER).unwrap();
+    let mut ours = lab.start(
+        Host::Stack,
+        false,
+        &[
+            PYTHON,
+            &script.display().to_string(),
+            "7700",
+            &marker.display().to_string(),
+        ],
+    );
+    // The address made from fd88::/64 and ustack's MAC (02:75:73:4d:00:02).
+    let slaac = "fd88::75:73ff:fe4d:2";
+    let answered = wait_for(Duration::from_secs(20), || {
+        ours.exited_within(Duration::ZERO)
+            || lab
+                .linux(&["ping", "-6", "-c", "1", "-W", "1", slaac])
+                .status
+                .success()
+    });
+    std::fs::write(&marker, b"").unwrap();
+    let end = ours.wait();
+    let (_, _, radvd_err) = radvd.stop();
+    end.check(0);
+    assert!(answered, "{slaac} never answered ping -6; radvd: {radvd_err}");
+    let got = stdout_json("via the router", end.out.as_bytes(), end.err.as_bytes());
+    assert_eq!(got["same"], true, "{got}");
+    assert_eq!(got["local"], "fd77::2", "{got}");
+    let v6 = &end.last.as_ref().expect("telemetry")["stack"]["ipv6"];
+    assert_eq!(v6["routers"], 1, "{v6}");
+    assert_eq!(v6["slaac_addresses"], 1, "{v6}");
+    assert!(v6["rx_router_adverts"].as_u64().unwrap_or(0) >= 1, "{v6}");
+    assert!(v6["tx_router_solicits"].as_u64().unwrap_or(0) >= 1, "{v6}");
+}
