@@ -505,7 +505,10 @@ fn router_advertisements_from_radvd_give_a_router_and_an_address() {
     let end = ours.wait();
     let (_, _, radvd_err) = radvd.stop();
     end.check(0);
-    assert!(answered, "{slaac} never answered ping -6; radvd: {radvd_err}");
+    assert!(
+        answered,
+        "{slaac} never answered ping -6; radvd: {radvd_err}"
+    );
     let got = stdout_json("via the router", end.out.as_bytes(), end.err.as_bytes());
     assert_eq!(got["same"], true, "{got}");
     assert_eq!(got["local"], "fd77::2", "{got}");

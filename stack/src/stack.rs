@@ -193,6 +193,9 @@ impl Stack {
     ) -> Result<Received, DropReason> {
         match input::ethernet(&mut self.link, &mut self.frags, now, frame, rx, tx)? {
             IpIn::Done => Ok(Received::Taken),
+            IpIn::TooBig(t) => (self.tcp)
+                .frag_needed(now, t.local_port, t.remote, t.seq, t.mtu)
+                .map(|()| Received::Taken),
             IpIn::Datagram { meta, body, packet } => {
                 self.process_transport(now, meta, body, Some(packet), tx)
             }

@@ -445,6 +445,9 @@ stats! {
         counter pending_dropped: u64,
         /// Neighbors given up after unanswered solicitations.
         counter unresolved: u64,
+        /// Packet too big messages received (RFC 4443 §3.2; those about
+        /// our TCP segments lower the connection's MSS, RFC 8201).
+        counter rx_packet_too_big: u64,
         /// Router advertisements received (taken or not).
         counter rx_router_adverts: u64,
         /// Router solicitations sent (at start, until a router answers).

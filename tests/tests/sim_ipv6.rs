@@ -1163,3 +1163,76 @@ fn router_advertisement_flood_is_bounded() {
     assert_eq!(drops(&s, DropReason::Icmpv6Malformed), malformed + 1);
     assert_eq!(s.stats().ipv6.rx_router_adverts, 101);
 }
+
+// ------------------------------------------------------ path MTU (RFC 8201)
+
+/// An ICMPv6 packet too big quoting one of a connection's segments in
+/// flight lowers its MSS to the path MTU less 60 bytes (never below what
+/// IPv6's minimum MTU of 1,280 gives), and the data goes again in
+/// segments that fit; one quoting a sequence number not in flight is
+/// ignored.
+#[test]
+fn packet_too_big_lowers_the_mss_of_the_connection_it_quotes() {
+    let (mut a, mut b) = pair();
+    b.tcp().listen(80, 4).unwrap();
+    let c = a.tcp().connect(T0, (GLOBAL, 80)).unwrap();
+    settle(&mut a, &mut b);
+    assert_eq!(a.tcp_ref().info(c).unwrap().mss, 1440);
+    assert_eq!(a.tcp().send(c, &[9u8; 4000]).unwrap(), 4000);
+    let out = polled(&mut a);
+    let first = out.first().expect("a segment").clone();
+    let packet = &first[ETHERNET_HEADER_LEN..];
+    assert_eq!(packet.len(), 1500);
+    // A router on the way says 1,280 bytes (or less: 1,280 is the floor).
+    let too_big = |mtu: u32, quoted: &[u8]| {
+        let mut b = vec![2u8, 0, 0, 0];
+        b.extend_from_slice(&mtu.to_be_bytes());
+        b.extend_from_slice(&quoted[..quoted.len().min(1232)]);
+        let mut frame = v6_frame_from(PEER, PEER_ROUTER, IpProtocol::Icmpv6, &b);
+        let at = ETHERNET_HEADER_LEN + IPV6_HEADER_LEN;
+        Icmpv6Packet::new_unchecked(&mut frame[at..]).fill_checksum(&PEER_ROUTER, &PEER);
+        frame
+    };
+    // A sequence number not in flight: ignored.
+    let mut stale = packet.to_vec();
+    let seq = u32::from_be_bytes(stale[44..48].try_into().unwrap());
+    stale[44..48].copy_from_slice(&seq.wrapping_sub(100_000).to_be_bytes());
+    receive(&mut a, &too_big(1000, &stale));
+    assert_eq!(a.tcp_ref().info(c).unwrap().mss, 1440);
+    receive(&mut a, &too_big(1000, packet));
+    let info = a.tcp_ref().info(c).unwrap();
+    assert_eq!(info.mss, 1220, "1,280 less the IPv6 and TCP headers");
+    assert_eq!(a.stats().ipv6.rx_packet_too_big, 2);
+    let again = polled(&mut a);
+    assert!(!again.is_empty());
+    for f in &again {
+        assert!(f.len() - ETHERNET_HEADER_LEN <= 1280, "{}", f.len());
+    }
+}
+
+/// A router beside PEER (its own address, PEER's MAC).
+const PEER_ROUTER: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 0xfe);
+
+/// A frame from `src` (PEER's MAC) to `dst` (host 1's MAC) carrying
+/// `payload` as `next`, hop limit 64.
+fn v6_frame_from(dst: Ipv6Addr, src: Ipv6Addr, next: IpProtocol, payload: &[u8]) -> Vec<u8> {
+    let ip = Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: next,
+        payload_len: payload.len(),
+        hop_limit: 64,
+    };
+    let mut buf = vec![0u8; ETHERNET_HEADER_LEN + ip.buffer_len() + payload.len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
+    EthernetRepr {
+        src_addr: peer_mac(),
+        dst_addr: host_mac(1),
+        ethertype: EthernetProtocol::Ipv6,
+    }
+    .emit(&mut eth);
+    let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
+    ip.emit(&mut pkt);
+    pkt.payload_mut().copy_from_slice(payload);
+    buf
+}

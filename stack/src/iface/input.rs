@@ -31,6 +31,8 @@ pub(crate) enum IpIn<'a> {
     },
     /// A datagram joined from fragments (its bytes are its own).
     Reassembled(Whole),
+    /// An ICMPv6 packet too big about one of our TCP segments.
+    TooBig(crate::iface::ipv6::TooBig),
 }
 
 /// A reassembled datagram with what its last fragment came with.
@@ -98,6 +100,7 @@ pub(crate) fn ethernet<'a, T: Tx>(
             Ok(
                 match ipv6(link, frags, now, eth.src_addr(), payload, rx, tx)? {
                     V6In::Done => IpIn::Done,
+                    V6In::TooBig(t) => IpIn::TooBig(t),
                     V6In::Datagram { meta, body, packet } => IpIn::Datagram { meta, body, packet },
                     V6In::Reassembled {
                         datagram,

@@ -17,7 +17,7 @@ pub use crate::iface::ipv6_iface::{
     ALL_NODES, ALL_ROUTERS, MAX_PREFIXES, MAX_ROUTERS, link_local, multicast_mac, solicited_node,
 };
 
-use core::net::Ipv6Addr;
+use core::net::{Ipv6Addr, SocketAddr};
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
@@ -52,6 +52,8 @@ pub(crate) enum V6In<'a> {
         /// The whole packet, header on.
         packet: &'a [u8],
     },
+    /// A packet too big message about one of our TCP segments.
+    TooBig(TooBig),
     /// A TCP or UDP datagram joined from fragments (`key.protocol` its
     /// transport, `payload` from the transport's header on).
     Reassembled {
@@ -62,6 +64,20 @@ pub(crate) enum V6In<'a> {
         /// What came with its last fragment.
         rx: RxMeta,
     },
+}
+
+/// An ICMPv6 packet too big (RFC 4443 §3.2) quoting one of our TCP
+/// segments: its connection lowers its MSS to the path MTU (RFC 8201).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TooBig {
+    /// The segment's source port (ours).
+    pub(crate) local_port: u16,
+    /// Where it went.
+    pub(crate) remote: SocketAddr,
+    /// Its sequence number (the connection checks it is in flight).
+    pub(crate) seq: u32,
+    /// The path MTU, at least IPv6's minimum of 1,280 (RFC 8201 §4).
+    pub(crate) mtu: u16,
 }
 
 /// Most extension headers a packet may carry before its upper layer:
@@ -206,7 +222,8 @@ pub(crate) fn ipv6<'a, T: Tx>(
                 }),
                 IpProtocol::Icmpv6 => {
                     let ip = Ipv6Packet::new_unchecked(&datagram.header[..]);
-                    icmpv6(link, now, eth_src, &ip, &datagram.payload, tx).map(|()| V6In::Done)
+                    icmpv6(link, now, eth_src, &ip, &datagram.payload, tx)
+                        .map(|t| t.map_or(V6In::Done, V6In::TooBig))
                 }
                 _ => Err(DropReason::Ipv6UnknownNextHeader),
             };
@@ -216,7 +233,9 @@ pub(crate) fn ipv6<'a, T: Tx>(
     }
     let body = &packet[at..];
     match next {
-        IpProtocol::Icmpv6 => icmpv6(link, now, eth_src, &pkt, body, tx).map(|()| V6In::Done),
+        IpProtocol::Icmpv6 => {
+            icmpv6(link, now, eth_src, &pkt, body, tx).map(|t| t.map_or(V6In::Done, V6In::TooBig))
+        }
         protocol @ (IpProtocol::Tcp | IpProtocol::Udp) => {
             if src.is_unspecified() {
                 return Err(DropReason::Ipv6BadSource);
@@ -239,7 +258,8 @@ pub(crate) fn ipv6<'a, T: Tx>(
 }
 
 /// Answer an echo request; answer a neighbor solicitation for one of our
-/// addresses and learn its sender; learn from an advertisement.
+/// addresses and learn its sender; learn from an advertisement; a packet
+/// too big about one of our TCP segments is returned for TCP.
 fn icmpv6<T: Tx>(
     link: &mut Link,
     now: Instant,
@@ -247,7 +267,7 @@ fn icmpv6<T: Tx>(
     ip: &Ipv6Packet<&[u8]>,
     body: &[u8],
     tx: &mut T,
-) -> Result<(), DropReason> {
+) -> Result<Option<TooBig>, DropReason> {
     let (src, dst) = (ip.src_addr(), ip.dst_addr());
     let packet = Icmpv6Packet::new_checked(body).map_err(|_| DropReason::Icmpv6Malformed)?;
     if !packet.verify_checksum(&src, &dst) {
@@ -295,9 +315,28 @@ fn icmpv6<T: Tx>(
             if sent {
                 link.stats.ipv6.tx_echo_replies += 1;
             }
-            Ok(())
+            Ok(None)
         }
-        Icmpv6Repr::Ndisc(nd) => ndisc(link, now, eth_src, ip, nd, body, tx),
+        Icmpv6Repr::Ndisc(nd) => ndisc(link, now, eth_src, ip, nd, body, tx).map(|()| None),
+        Icmpv6Repr::PktTooBig { mtu, header, data } => {
+            link.stats.ipv6.rx_packet_too_big += 1;
+            // Ours, TCP with no extension header between, and enough of
+            // the segment to name its connection and sequence number.
+            if !link.ip6.is_ours(&header.src_addr)
+                || header.next_header != IpProtocol::Tcp
+                || data.len() < 8
+            {
+                return Err(DropReason::Icmpv6Unhandled);
+            }
+            let port = |i: usize| u16::from_be_bytes([data[i], data[i + 1]]);
+            Ok(Some(TooBig {
+                local_port: port(0),
+                remote: SocketAddr::new(header.dst_addr.into(), port(2)),
+                seq: u32::from_be_bytes([data[4], data[5], data[6], data[7]]),
+                // RFC 8201 §4: never below IPv6's minimum link MTU.
+                mtu: u16::try_from(mtu.max(MIN_MTU as u32)).unwrap_or(u16::MAX),
+            }))
+        }
         _ => Err(DropReason::Icmpv6Unhandled),
     }
 }

@@ -532,7 +532,8 @@ impl TcpTable {
         Err(DropReason::TcpNoSocket)
     }
 
-    /// An ICMP fragmentation-needed about one of our segments (RFC 1191):
+    /// An ICMP fragmentation-needed (RFC 1191) or ICMPv6 packet too big
+    /// (RFC 8201) about one of our segments:
     /// the connection it quotes lowers its MSS to fit `mtu`, when the
     /// quoted sequence number is one it has in flight (RFC 5927 5.1, so a
     /// forged message must guess it).

@@ -439,12 +439,18 @@ impl TcpConn {
     /// the MTU is implausible (below 576, Linux's floor of 552 rounded to
     /// the IPv4 minimum a host must reassemble) or no smaller than now.
     pub fn on_path_mtu(&mut self, now: Instant, seq: Seq, mtu: usize) -> bool {
-        const MIN_MTU: usize = 576;
+        // IPv4's floor (RFC 1191 takes 576 as the least worth using) and
+        // headers; IPv6's minimum link MTU (RFC 8200 §5) and 40-byte header.
+        let (min_mtu, headers) = if self.remote.is_ipv6() {
+            (1280, 60)
+        } else {
+            (576, 40)
+        };
         let in_flight = seq.diff(self.snd.una) >= 0 && seq.diff(self.snd.max) < 0;
-        if !self.state.synchronized() || !in_flight || mtu < MIN_MTU {
+        if !self.state.synchronized() || !in_flight || mtu < min_mtu {
             return false;
         }
-        let mss = mtu - 40;
+        let mss = mtu - headers;
         if mss >= self.snd.mss {
             return false;
         }
