@@ -221,3 +221,54 @@ fn linux_resolves_and_pings_ustack_over_ipv6() {
     assert!(after("rep", 2) >= 13, "echo replies: {line}");
     assert!(after("sol", 2) >= 2, "solicitations: {line}");
 }
+
+/// Duplicate address detection at start: a stack given the Linux host's
+/// IPv6 address finds it taken (Linux advertises it in answer to the
+/// probe) and exits 2 with one line naming the address and the holder's
+/// MAC, as for an IPv4 address.
+#[test]
+fn a_stack_given_a_taken_ipv6_address_exits_2() {
+    need_root!();
+    let topo = Topo::up("v6d");
+    let lv = topo.linux_if();
+    for args in [
+        vec!["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"],
+        vec![
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{lv}.disable_ipv6=0"),
+        ],
+        vec!["ip", "-6", "addr", "add", "fd77::1/64", "dev", &lv, "nodad"],
+    ] {
+        let o = topo.linux(&args);
+        assert!(o.status.success(), "{args:?}");
+    }
+    // The Linux end's MAC, read in its namespace (sysfs there).
+    let mac = topo.linux(&["cat", &format!("/sys/class/net/{lv}/address")]);
+    let mac = String::from_utf8_lossy(&mac.stdout)
+        .trim()
+        .replace(':', "-");
+    assert_eq!(mac.len(), 17, "{mac}");
+    let o = topo.in_ns(
+        "stack",
+        &[
+            "timeout",
+            "20",
+            env!("CARGO_BIN_EXE_ustack"),
+            "run",
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+            "--ip",
+            "fd77::1/64",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let line = err.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("fd77::1 is already in use") && line.contains(&mac),
+        "{err}"
+    );
+}

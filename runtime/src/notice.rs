@@ -38,5 +38,11 @@ pub(crate) fn tell_conflict(stack: &ustack::Stack, told: &mut bool) {
              connections may be reset; counted as arp_conflict",
             stack.ip()
         ));
+    } else if let Some((ip, mac)) = stack.addr_ref().conflict6() {
+        *told = true;
+        notice(&format!(
+            "{ip} is also used by {mac} on this link (address conflict, RFC 4862): \
+             connections may be reset; counted as ndp_conflict"
+        ));
     }
 }

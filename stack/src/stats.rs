@@ -448,6 +448,8 @@ stats! {
         /// Packet too big messages received (RFC 4443 §3.2; those about
         /// our TCP segments lower the connection's MSS, RFC 8201).
         counter rx_packet_too_big: u64,
+        /// Duplicate address detection probes sent (RFC 4862 §5.4.2).
+        counter tx_dad_probes: u64,
         /// Router advertisements received (taken or not).
         counter rx_router_adverts: u64,
         /// Router solicitations sent (at start, until a router answers).

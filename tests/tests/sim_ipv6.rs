@@ -1236,3 +1236,65 @@ fn v6_frame_from(dst: Ipv6Addr, src: Ipv6Addr, next: IpProtocol, payload: &[u8])
     pkt.payload_mut().copy_from_slice(payload);
     buf
 }
+
+// ------------------------------------------------- duplicate address detection
+
+/// Probing at start sends a duplicate address detection probe for each
+/// IPv6 address (from ::, to its solicited-node group, no link-layer
+/// option); a host advertising one of them is recorded as the conflict.
+#[test]
+fn duplicate_address_detection_of_our_own_finds_the_holder() {
+    let mut s = Stack::new(config());
+    assert_eq!(s.addr_ref().conflict6(), None);
+    s.addr().probe();
+    let mut tx = VecTx::new();
+    s.poll(T0, &mut tx);
+    let mut probed = Vec::new();
+    for f in &tx.frames {
+        let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+        if eth.ethertype() != EthernetProtocol::Ipv6 {
+            continue;
+        }
+        let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
+        let (src, dst) = (ip.src_addr(), ip.dst_addr());
+        let icmp = Icmpv6Packet::new_checked(ip.payload()).unwrap();
+        match Icmpv6Repr::parse(&src, &dst, &icmp, &Default::default()).unwrap() {
+            Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+                target_addr,
+                lladdr,
+            }) => {
+                assert_eq!(src, Ipv6Addr::UNSPECIFIED);
+                assert_eq!(dst, solicited_node(target_addr));
+                assert_eq!(eth.dst_addr(), multicast_mac(dst));
+                assert_eq!(lladdr, None);
+                probed.push(target_addr);
+            }
+            other => panic!("not a probe: {other:?}"),
+        }
+    }
+    assert_eq!(probed, vec![link_local(host_mac(1)), GLOBAL]);
+    assert_eq!(s.stats().ipv6.tx_dad_probes, 2);
+    // The holder of GLOBAL answers to all-nodes, from GLOBAL (as Linux
+    // does); other messages from our own address stay dropped.
+    let echo = Icmpv6Repr::EchoRequest {
+        ident: 1,
+        seq_no: 1,
+        data: b"me?",
+    };
+    receive(
+        &mut s,
+        &icmpv6_frame(host_mac(1), GLOBAL, GLOBAL, 64, &echo),
+    );
+    assert_eq!(drops(&s, DropReason::Ipv6BadSource), 1);
+    let advert = Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
+        flags: NdiscNeighborFlags::OVERRIDE,
+        target_addr: GLOBAL,
+        lladdr: Some(RawHardwareAddress::from(peer_mac())),
+    });
+    receive(
+        &mut s,
+        &icmpv6_frame(multicast_mac(ALL_NODES), GLOBAL, ALL_NODES, 255, &advert),
+    );
+    assert_eq!(s.addr_ref().conflict6(), Some((GLOBAL, peer_mac())));
+    assert_eq!(drops(&s, DropReason::NdpConflict), 1);
+}

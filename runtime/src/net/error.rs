@@ -172,8 +172,8 @@ pub enum Error {
         "{ip} is already in use on this link by {mac}: pick another address (or stop the other stack)"
     )]
     AddressInUse {
-        /// The address asked for.
-        ip: std::net::Ipv4Addr,
+        /// The address asked for (IPv4, or one of the IPv6 ones).
+        ip: std::net::IpAddr,
         /// The other host's MAC.
         mac: smoltcp::wire::EthernetAddress,
     },

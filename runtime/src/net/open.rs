@@ -23,8 +23,10 @@ use crate::telemetry::Publisher;
 const PROBES: u32 = 3;
 const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(60);
 
-/// Probe for our address before the stack speaks (pcap and DPDK ports,
-/// where other hosts share the link): `AddressInUse` when a host answers.
+/// Probe for our addresses before the stack speaks (pcap and DPDK ports,
+/// where other hosts share the link: ARP for the IPv4 one, duplicate
+/// address detection for the IPv6 ones): `AddressInUse` when a host
+/// answers.
 fn probe<D: Device>(stack: &mut Stack, dev: D) -> Result<D, Error> {
     let clock = Clock::new();
     let start = clock.now();
@@ -37,9 +39,12 @@ fn probe<D: Device>(stack: &mut Stack, dev: D) -> Result<D, Error> {
             port.step(stack, now, &mut ());
             if let Some(mac) = stack.addr_ref().conflict() {
                 return Err(Error::AddressInUse {
-                    ip: stack.ip(),
+                    ip: stack.ip().into(),
                     mac,
                 });
+            }
+            if let Some((ip, mac)) = stack.addr_ref().conflict6() {
+                return Err(Error::AddressInUse { ip: ip.into(), mac });
             }
             if let Some(why) = port.dev.failure() {
                 return Err(RunError::Device(why).into());

@@ -29,8 +29,10 @@ impl<'a> Addr<'a> {
     }
 
     /// Send an ARP probe for our address on the next poll (RFC 5227
-    /// 2.1.1): a host that holds the address answers it, and
-    /// [`AddrRef::conflict`] then names it.
+    /// 2.1.1), and with IPv6 on a duplicate address detection probe for
+    /// each IPv6 address (RFC 4862 §5.4.2): a host that holds an address
+    /// answers, and [`AddrRef::conflict`] or [`AddrRef::conflict6`] then
+    /// names it.
     pub fn probe(&mut self) {
         self.link.probe_address();
     }
@@ -66,5 +68,11 @@ impl<'a> AddrRef<'a> {
     /// answered a probe, or sent ARP from our address), if any.
     pub fn conflict(&self) -> Option<EthernetAddress> {
         self.link.conflict()
+    }
+
+    /// The first of our IPv6 addresses another host was seen holding (it
+    /// advertised it), and that host's MAC.
+    pub fn conflict6(&self) -> Option<(Ipv6Addr, EthernetAddress)> {
+        self.link.ip6.conflict
     }
 }

@@ -179,7 +179,15 @@ pub(crate) fn ipv6<'a, T: Tx>(
     if !link.ip6.accepts(&dst) {
         return Err(DropReason::Ipv6NotForUs);
     }
-    if src.is_multicast() || link.ip6.is_ours(&src) || src.is_loopback() {
+    // From one of our addresses: only another host's neighbor
+    // advertisement may say so (a host that holds the address answers a
+    // duplicate address probe from it, RFC 4861 §7.2.4); `icmpv6` lets
+    // nothing else through.
+    let from_ours = link.ip6.is_ours(&src);
+    if src.is_multicast()
+        || src.is_loopback()
+        || (from_ours && (eth_src == link.cfg.mac || pkt.next_header() != IpProtocol::Icmpv6))
+    {
         return Err(DropReason::Ipv6BadSource);
     }
     link.stats.ipv6.rx_packets += 1;
@@ -276,6 +284,11 @@ fn icmpv6<T: Tx>(
     let caps = ChecksumCapabilities::ignored();
     let repr =
         Icmpv6Repr::parse(&src, &dst, &packet, &caps).map_err(|_| DropReason::Icmpv6Malformed)?;
+    if link.ip6.is_ours(&src)
+        && !matches!(repr, Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert { .. }))
+    {
+        return Err(DropReason::Ipv6BadSource);
+    }
     match repr {
         Icmpv6Repr::EchoRequest {
             ident,
@@ -427,7 +440,16 @@ fn ndisc<T: Tx>(
                 return Err(DropReason::NdpInvalid);
             }
             if link.ip6.is_ours(&target_addr) {
-                // Another host claims our address (RFC 4862 §5.4.4).
+                // Another host claims our address (RFC 4862 §5.4.4): the
+                // first is kept for the runtime to say (and to refuse the
+                // address while it probes at start).
+                let mac = lladdr.unwrap_or(eth_src);
+                if mac != link.cfg.mac && link.ip6.conflict.is_none() {
+                    link.ip6.conflict = Some((target_addr, mac));
+                    tracing::warn!(
+                        "address conflict: {target_addr} is also used by {mac} (RFC 4862)"
+                    );
+                }
                 return Err(DropReason::NdpConflict);
             }
             let Some(mac) = lladdr.or(Some(eth_src)) else {
@@ -693,6 +715,25 @@ fn solicit<T: Tx>(link: &mut Link, tx: &mut T, target: Ipv6Addr) {
     }
 }
 
+/// Duplicate address detection (RFC 4862 §5.4.2): for each of our
+/// addresses a neighbor solicitation from the unspecified address to its
+/// solicited-node group, without a link-layer option; a host holding the
+/// address advertises it, and the advertisement records the conflict.
+fn probe_addresses<T: Tx>(link: &mut Link, tx: &mut T) {
+    let addrs: Vec<Ipv6Addr> = link.ip6.addrs().collect();
+    for target in addrs {
+        let group = solicited_node(target);
+        let ns = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+            target_addr: target,
+            lladdr: None,
+        });
+        let any = Ipv6Addr::UNSPECIFIED;
+        if send_icmpv6(link, tx, multicast_mac(group), any, group, 255, &ns) {
+            link.stats.ipv6.tx_dad_probes += 1;
+        }
+    }
+}
+
 /// Packets that waited for `ip` leave now that its address is known.
 fn flush<T: Tx>(link: &mut Link, tx: &mut T, ip: Ipv6Addr) {
     let Some(mac) = link.ip6.neighbors.lookup(&ip) else {
@@ -717,6 +758,9 @@ pub(crate) fn poll<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
         solicit(link, tx, target);
     }
     link.ip6.retry = retry;
+    if std::mem::take(&mut link.ip6.dad_due) {
+        probe_addresses(link, tx);
+    }
     link.ip6.expire(now);
     if link.ip6.next_solicit.is_none() && link.ip6.wants_routers() {
         link.ip6.next_solicit = Some(now + link.ip6.first_solicit_delay);

@@ -92,6 +92,12 @@ pub(crate) struct Ipv6Iface {
     /// first solicitation (from the stack's secret), so hosts started
     /// together do not solicit at once.
     pub(crate) first_solicit_delay: Duration,
+    /// Duplicate address detection probes owed to the next poll (RFC 4862
+    /// §5.4.2), one per address.
+    pub(crate) dad_due: bool,
+    /// The first of our addresses another host was seen holding (it
+    /// advertised it: RFC 4862 §5.4.4), and that host's MAC.
+    pub(crate) conflict: Option<(Ipv6Addr, EthernetAddress)>,
 }
 
 impl Default for Ipv6Iface {
@@ -112,6 +118,8 @@ impl Default for Ipv6Iface {
             solicits_sent: 0,
             next_solicit: None,
             first_solicit_delay: Duration::ZERO,
+            dad_due: false,
+            conflict: None,
         }
     }
 }

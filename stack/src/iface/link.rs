@@ -169,6 +169,8 @@ impl Link {
     pub(crate) fn probe_address(&mut self) {
         self.probe_due = true;
         self.probing = true;
+        // Our IPv6 addresses too (RFC 4862 duplicate address detection).
+        self.ip6.dad_due = self.ip6.enabled();
     }
 
     /// Probing is over: the announcement may go.
