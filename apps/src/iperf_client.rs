@@ -7,7 +7,7 @@
 //! `time` seconds the client says test end (4); results are exchanged (13)
 //! both ways as JSON; the server says display (14); the client says done (16).
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -30,7 +30,7 @@ const LINGER: Duration = Duration::from_secs(1);
 /// What `uperf -c` was asked to do.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    pub server: SocketAddrV4,
+    pub server: SocketAddr,
     /// Seconds of data transfer.
     pub time: f64,
     pub parallel: usize,

@@ -3,7 +3,7 @@
 //! transaction's latency goes to a histogram (netperf TCP_RR, sockperf
 //! ping-pong). Every echo is checked byte for byte against its request.
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -17,7 +17,7 @@ use ustack_kit::bulk::fill_pattern;
 #[derive(Debug, Clone)]
 pub struct RrConfig {
     /// The echo service (`ustack run` serves it on port 7).
-    pub server: SocketAddrV4,
+    pub server: SocketAddr,
     /// Request (and response) size in bytes.
     pub size: usize,
     /// How long to keep doing transactions.
@@ -276,7 +276,7 @@ mod test {
     #[test]
     fn empty_client_reports_zero() {
         let c = RrClient::new(RrConfig {
-            server: SocketAddrV4::new([10, 0, 0, 1].into(), 7),
+            server: std::net::SocketAddrV4::new([10, 0, 0, 1].into(), 7).into(),
             size: 64,
             time: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),

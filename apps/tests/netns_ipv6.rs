@@ -14,6 +14,7 @@
 mod common;
 use common::*;
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The MAC `ustack run --ip 10.77.0.2/24` takes (02:75:73 and the
@@ -271,4 +272,77 @@ fn a_stack_given_a_taken_ipv6_address_exits_2() {
         line.contains("fd77::1 is already in use") && line.contains(&mac),
         "{err}"
     );
+}
+
+/// `uperf -c` to a Linux `iperf3 -s` over IPv6, both directions: the
+/// client's JSON counts the bytes, and so does Linux's server.
+#[test]
+fn uperf_client_to_linux_iperf3_over_ipv6() {
+    need_root!();
+    need_program!("iperf3", "iperf3");
+    let topo = Topo::up("v6u");
+    let lv = topo.linux_if();
+    for args in [
+        vec!["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"],
+        vec![
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{lv}.disable_ipv6=0"),
+        ],
+        vec!["ip", "-6", "addr", "add", "fd77::1/64", "dev", &lv, "nodad"],
+    ] {
+        let o = topo.linux(&args);
+        assert!(o.status.success(), "{args:?}");
+    }
+    let server = Daemon::spawn(
+        Command::new("ip")
+            .args(["netns", "exec", &topo.ns("linux")])
+            .args(["iperf3", "-s", "-B", "fd77::1"]),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !topo
+        .linux(&["ss", "-Hltn", "sport = :5201"])
+        .stdout
+        .windows(4)
+        .any(|w| w == b"5201")
+    {
+        assert!(Instant::now() < deadline, "iperf3 -s never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for reverse in [false, true] {
+        let iface = topo.stack_if();
+        let mut args = vec![
+            "--pcap",
+            &iface,
+            "--ip",
+            "10.77.0.2/24",
+            "--ip",
+            "fd77::2/64",
+            "-c",
+            "fd77::1",
+            "-t",
+            "1",
+            "-J",
+        ];
+        if reverse {
+            args.push("-R");
+        }
+        let o = topo
+            .bin(env!("CARGO_BIN_EXE_uperf"), &args)
+            .output()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| {
+            panic!(
+                "uperf -R={reverse}: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        });
+        assert!(o.status.success(), "uperf -R={reverse}: {json}");
+        assert_eq!(json["start"]["connecting_to"]["host"], "fd77::1", "{json}");
+        let got = json["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+        assert!(got > 1 << 20, "uperf -R={reverse}: {json}");
+    }
+    let (_, out, err) = server.stop();
+    assert!(!err.contains("error"), "{out}{err}");
 }

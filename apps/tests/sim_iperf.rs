@@ -17,7 +17,7 @@ const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
 fn config(time: f64, parallel: usize, reverse: bool) -> ClientConfig {
     ClientConfig {
-        server: SocketAddrV4::new(SERVER, 5201),
+        server: SocketAddrV4::new(SERVER, 5201).into(),
         time,
         parallel,
         reverse,
@@ -182,7 +182,7 @@ fn no_server_is_connection_refused() {
 #[test]
 fn silent_host_times_out() {
     let mut cfg = config(1.0, 1, false);
-    cfg.server = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 99), 5201);
+    cfg.server = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 99), 5201).into();
     let mut c = client(cfg);
     run(link(), &mut (), &mut c);
     let e = c.error.clone().unwrap();

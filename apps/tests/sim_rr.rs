@@ -16,7 +16,7 @@ const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
 fn client(port: u16, size: usize) -> RrClient {
     RrClient::new(RrConfig {
-        server: SocketAddrV4::new(SERVER, port),
+        server: SocketAddrV4::new(SERVER, port).into(),
         size,
         time: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(2),

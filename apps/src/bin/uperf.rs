@@ -1,7 +1,7 @@
 //! `uperf`: an iperf3-compatible throughput tool over a ustack instance.
 #![forbid(unsafe_code)]
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -33,7 +33,7 @@ struct Cli {
     server: bool,
     /// Run as a client of the server at HOST (a stock `iperf3 -s` or `uperf -s`).
     #[arg(short = 'c', long = "client", value_name = "HOST")]
-    client: Option<Ipv4Addr>,
+    client: Option<IpAddr>,
     /// Server port (5201; 7, the echo service, with --rr).
     #[arg(short = 'p', long = "port", value_parser = clap::value_parser!(u16).range(1..))]
     port: Option<u16>,
@@ -298,7 +298,7 @@ impl NodeRunner for Run<'_> {
             return run_rr(cli, host, node, &lcfg, &tele, &stop);
         }
         let cfg = ClientConfig {
-            server: SocketAddrV4::new(host, cli.port.unwrap_or(5201)),
+            server: SocketAddr::new(host, cli.port.unwrap_or(5201)),
             time: cli.time,
             parallel: usize::from(cli.parallel),
             reverse: cli.reverse,
@@ -353,7 +353,7 @@ impl NodeRunner for Run<'_> {
 /// `uperf -c HOST --rr`: request/response against an echo service.
 fn run_rr<D: Device>(
     cli: &Cli,
-    host: Ipv4Addr,
+    host: IpAddr,
     mut node: Node<D>,
     lcfg: &runtime::LoopConfig,
     tele: &ustack_apps::telemetry::Telemetry,
@@ -361,7 +361,7 @@ fn run_rr<D: Device>(
 ) -> Result<ExitCode> {
     use ustack_apps::rr::{RrClient, RrConfig};
     let mut client = RrClient::new(RrConfig {
-        server: SocketAddrV4::new(host, cli.port.unwrap_or(7)),
+        server: SocketAddr::new(host, cli.port.unwrap_or(7)),
         size: cli.len.unwrap_or(64),
         time: Duration::from_secs_f64(cli.time),
         connect_timeout: Duration::from_millis(cli.connect_timeout.max(1)),
@@ -396,6 +396,15 @@ fn run_rr<D: Device>(
     }
 }
 
+/// The IPv4 address of an RDMA peer (a v4-mapped IPv6 one too); the
+/// unspecified address for an IPv6 one (refused before it is used).
+fn rdma_host(h: IpAddr) -> Ipv4Addr {
+    match h {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(a) => a.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
+    }
+}
+
 /// `uperf --rdma --perftest`: the settings from the flags.
 fn perftest_user(cli: &Cli) -> ustack_apps::perftest::PerftestUser {
     use ustack_apps::perftest::{PerftestConfig, PerftestRole, PerftestUser, Test, server_addr};
@@ -411,7 +420,7 @@ fn perftest_user(cli: &Cli) -> ustack_apps::perftest::PerftestUser {
     cfg.timeout = Duration::from_secs_f64(cli.timeout);
     cfg.connect_timeout = Duration::from_millis(cli.connect_timeout.max(1));
     let role = match cli.client {
-        Some(host) => PerftestRole::Client(server_addr(host, cli.port)),
+        Some(host) => PerftestRole::Client(server_addr(rdma_host(host), cli.port)),
         None => PerftestRole::Server {
             port: cli.port.unwrap_or(ustack_apps::perftest::PERFTEST_PORT),
             one_off: cli.one_off,
@@ -439,7 +448,10 @@ fn rc_user(cli: &Cli) -> ustack_apps::perftest_rc::RcUser {
     cfg.timeout = Duration::from_secs_f64(cli.timeout);
     cfg.connect_timeout = Duration::from_millis(cli.connect_timeout.max(1));
     let role = match cli.client {
-        Some(host) => RcRole::Client(ustack_apps::perftest::server_addr(host, cli.port)),
+        Some(host) => RcRole::Client(ustack_apps::perftest::server_addr(
+            rdma_host(host),
+            cli.port,
+        )),
         None => RcRole::Server {
             port: cli.port.unwrap_or(ustack_apps::perftest::PERFTEST_PORT),
             one_off: cli.one_off,
@@ -458,6 +470,14 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    if (cli.rdma.is_some() || cli.perftest)
+        && cli.client.is_some_and(|h| rdma_host(h).is_unspecified())
+    {
+        eprintln!(
+            "uperf: --rdma and --perftest need an IPv4 HOST (RoCEv2 over IPv6 is not built yet)"
+        );
+        return ExitCode::from(2);
+    }
     if cli.rdma == Some(RdmaKind::Rc) {
         return ustack_apps::exit("uperf", with_node(&cli.net, rc_user(&cli)));
     }
@@ -470,7 +490,7 @@ fn main() -> ExitCode {
             Some(dst) => with_node(
                 &cli.net,
                 BwUser(BwOpts {
-                    dst,
+                    dst: rdma_host(dst),
                     qpn: cli.qpn,
                     qkey: cli.qkey,
                     iterations: cli.iters,
