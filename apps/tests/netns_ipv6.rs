@@ -99,25 +99,7 @@ fn linux_resolves_and_pings_ustack_over_ipv6() {
     need_root!();
     let topo = Topo::up("v6");
     let lv = topo.linux_if();
-    // The topology turns IPv6 off in both namespaces; the Linux side gets
-    // it back with a static address (no DAD wait). The stack side keeps
-    // it off, so its kernel never answers for ustack.
-    for args in [
-        vec!["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"],
-        vec![
-            "sysctl",
-            "-qw",
-            &format!("net.ipv6.conf.{lv}.disable_ipv6=0"),
-        ],
-        vec!["ip", "-6", "addr", "add", "fd77::1/64", "dev", &lv, "nodad"],
-    ] {
-        let o = topo.linux(&args);
-        assert!(
-            o.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    topo.linux_ipv6("fd77::1/64");
     let d = Daemon::spawn(&mut topo.bin(
         env!("CARGO_BIN_EXE_ustack"),
         &[
@@ -232,18 +214,7 @@ fn a_stack_given_a_taken_ipv6_address_exits_2() {
     need_root!();
     let topo = Topo::up("v6d");
     let lv = topo.linux_if();
-    for args in [
-        vec!["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"],
-        vec![
-            "sysctl",
-            "-qw",
-            &format!("net.ipv6.conf.{lv}.disable_ipv6=0"),
-        ],
-        vec!["ip", "-6", "addr", "add", "fd77::1/64", "dev", &lv, "nodad"],
-    ] {
-        let o = topo.linux(&args);
-        assert!(o.status.success(), "{args:?}");
-    }
+    topo.linux_ipv6("fd77::1/64");
     // The Linux end's MAC, read in its namespace (sysfs there).
     let mac = topo.linux(&["cat", &format!("/sys/class/net/{lv}/address")]);
     let mac = String::from_utf8_lossy(&mac.stdout)
@@ -281,19 +252,7 @@ fn uperf_client_to_linux_iperf3_over_ipv6() {
     need_root!();
     need_program!("iperf3", "iperf3");
     let topo = Topo::up("v6u");
-    let lv = topo.linux_if();
-    for args in [
-        vec!["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"],
-        vec![
-            "sysctl",
-            "-qw",
-            &format!("net.ipv6.conf.{lv}.disable_ipv6=0"),
-        ],
-        vec!["ip", "-6", "addr", "add", "fd77::1/64", "dev", &lv, "nodad"],
-    ] {
-        let o = topo.linux(&args);
-        assert!(o.status.success(), "{args:?}");
-    }
+    topo.linux_ipv6("fd77::1/64");
     let server = Daemon::spawn(
         Command::new("ip")
             .args(["netns", "exec", &topo.ns("linux")])

@@ -177,19 +177,7 @@ impl Lab {
     /// it never answers for ustack), and the programs started from now on
     /// get `--ip fd77::2/64` (`fd77::3/64` beside Linux).
     pub fn ipv6(&self) {
-        let lv = self.topo.linux_if();
-        for args in [
-            vec!["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"],
-            vec![
-                "sysctl",
-                "-qw",
-                &format!("net.ipv6.conf.{lv}.disable_ipv6=0"),
-            ],
-            vec!["ip", "-6", "addr", "add", "fd77::1/64", "dev", &lv, "nodad"],
-        ] {
-            let o = self.linux(&args);
-            assert!(o.status.success(), "{args:?}: {}", text(&o));
-        }
+        self.topo.linux_ipv6("fd77::1/64");
         self.v6.set(true);
     }
 

@@ -82,6 +82,30 @@ impl Topo {
         format!("{}-l", self.tag)
     }
 
+    /// IPv6 back on for the Linux host (the topology turns it off in
+    /// both namespaces) with `addr` (`fd77::1/64`) on its veth, usable at
+    /// once (no duplicate address detection wait). The stack side keeps
+    /// IPv6 off, so its kernel never answers for ustack.
+    pub fn linux_ipv6(&self, addr: &str) {
+        let lv = self.linux_if();
+        for args in [
+            vec!["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"],
+            vec![
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{lv}.disable_ipv6=0"),
+            ],
+            vec!["ip", "-6", "addr", "add", addr, "dev", &lv, "nodad"],
+        ] {
+            let o = self.linux(&args);
+            assert!(
+                o.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+
     pub fn in_ns(&self, side: &str, args: &[&str]) -> Output {
         Command::new("ip")
             .args(["netns", "exec", &self.ns(side)])
