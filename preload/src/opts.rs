@@ -285,12 +285,15 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
         (IP, libc::IP_PKTINFO) => o.pktinfo = ip_int(val)? != 0,
         (IP, 20) => o.origdstaddr = ip_int(val)? != 0, // IP_RECVORIGDSTADDR
         (IP6, libc::IPV6_V6ONLY) => {
-            // Only before bind, as Linux (EINVAL once the socket has a port).
+            // Only before bind, as Linux (EINVAL once the socket has a
+            // port). The kind is locked before the options, as everywhere.
             let v = int(val)? != 0;
-            if !matches!(*s.kind.lock(), Kind::Fresh { port: 0 }) {
+            drop(o);
+            let kind = s.kind.lock();
+            if !matches!(*kind, Kind::Fresh { port: 0 }) {
                 return Err(libc::EINVAL);
             }
-            o.v6only = v;
+            s.opts.lock().v6only = v;
         }
         (IP6, libc::IPV6_RECVPKTINFO) => o.recvpktinfo6 = int(val)? != 0,
         (IP6, libc::IPV6_MTU) => {

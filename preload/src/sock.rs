@@ -232,8 +232,7 @@ fn reaches(sock: &Sock, peer: &SocketAddr) -> Res<()> {
     if peer.is_ipv4() && sock.v6 && family(sock) == Family::V6 {
         return Err(libc::ENETUNREACH);
     }
-    let v6_off =
-        || net().is_ok_and(|n| n.peek_stack(|s| s.ipv6_addrs().is_empty()).unwrap_or(true));
+    let v6_off = || net().is_ok_and(|n| !n.peek_stack(|s| s.ipv6_on()).unwrap_or(false));
     if peer.is_ipv6() && v6_off() {
         return Err(libc::EADDRNOTAVAIL);
     }
@@ -261,13 +260,14 @@ pub fn bind(sock: &Arc<Sock>, addr: SocketAddr) -> Res<()> {
         return Ok(());
     }
     let (reuse, fam) = (udp_reuse(sock), family(sock));
-    let (handle, port) = net
+    let bound = net
         .with_stack(|s| {
             let h = s.udp().bind_family(addr.port(), reuse, fam)?;
             Ok::<_, StackError>((h, s.udp_ref().local_port(h)?))
         })
-        .map_err(gone)?
-        .map_err(errno_of)?;
+        .map_err(gone)
+        .and_then(|r| r.map_err(errno_of));
+    let (handle, port) = bound.inspect_err(|_| sock.opts.lock().bound = None)?;
     *kind = Kind::Dgram {
         handle,
         port,

@@ -74,6 +74,11 @@ impl Stack {
         self.link.ip()
     }
 
+    /// Whether IPv6 is on (an IPv6 address was configured).
+    pub fn ipv6_on(&self) -> bool {
+        self.link.ip6.enabled()
+    }
+
     /// Our IPv6 addresses, the link-local one first (none with IPv6 off).
     pub fn ipv6_addrs(&self) -> Vec<Ipv6Addr> {
         self.link.ip6.addrs().collect()
