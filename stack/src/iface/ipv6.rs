@@ -10,8 +10,11 @@
 //! by prefix or router, fragments above the MTU, packets held for a
 //! neighbor) and port unreachable.
 //!
-//! What comes next (issue 35): duplicate address detection of our own,
-//! MLD, ICMPv6 errors beyond port unreachable.
+//! Duplicate address detection of our own addresses: a probe per address
+//! when the link probes at start, a holder's advertisement recorded.
+//!
+//! What comes next (issue 35): MLD, ICMPv6 errors sent beyond port
+//! unreachable.
 
 pub use crate::iface::ipv6_iface::{
     ALL_NODES, ALL_ROUTERS, MAX_PREFIXES, MAX_ROUTERS, link_local, multicast_mac, solicited_node,
@@ -28,7 +31,7 @@ use smoltcp::wire::{
 
 use crate::error::Error;
 use crate::iface::frag::{FragKey, Reassembled, Reassembler};
-use crate::iface::ipv6_iface::RTR_SOLICITATION_INTERVAL;
+use crate::iface::ipv6_iface::{MIN_MTU, RTR_SOLICITATION_INTERVAL};
 use crate::iface::link::{IpMeta, Link, write_eth};
 use crate::iface::resolve::Enqueue;
 use crate::phy::device::{RxMeta, Tx};
@@ -828,6 +831,3 @@ pub(crate) fn send_port_unreachable<T: Tx>(
         link.stats.ipv6.tx_dest_unreachable += 1;
     }
 }
-
-/// The least MTU an IPv6 link has (RFC 8200 §5).
-const MIN_MTU: usize = 1280;

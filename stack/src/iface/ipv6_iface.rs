@@ -17,6 +17,9 @@ use crate::iface::ndp::Neighbors;
 use crate::iface::resolve::{Limits, Resolving};
 use crate::time::Instant;
 
+/// The least MTU an IPv6 link has (RFC 8200 §5).
+pub(crate) const MIN_MTU: usize = 1280;
+
 /// All-routers multicast (RFC 4291 §2.7.1): router solicitations go here.
 pub const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
 

@@ -12,12 +12,9 @@ use std::time::Duration;
 
 use smoltcp::wire::{Ipv6Cidr, NdiscOption, NdiscOptionRepr, NdiscPrefixInfoFlags};
 
-use crate::iface::ipv6_iface::{Ipv6Iface, Learnt, MAX_PREFIXES, MAX_ROUTERS};
+use crate::iface::ipv6_iface::{Ipv6Iface, Learnt, MAX_PREFIXES, MAX_ROUTERS, MIN_MTU};
 use crate::stats::DropReason;
 use crate::time::Instant;
-
-/// The least MTU an IPv6 link has (RFC 8200 §5).
-const MIN_MTU: usize = 1280;
 
 /// RFC 4862 §5.5.3 e: an advertisement lowers an address's remaining
 /// valid lifetime no further than two hours (a forged one cannot take
