@@ -77,7 +77,7 @@ fn promtool_check(text: &str) {
 
 #[test]
 fn a_stacks_endpoint_serves_moving_counters_that_promtool_accepts() {
-    let link = ustack::phy::sim::SimLink::new(Default::default());
+    let link = ustack::sim::SimLink::new(Default::default());
     let addr = free_addr();
     let b = Builder::new()
         .sim(&link)

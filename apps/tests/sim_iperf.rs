@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_client::{ClientConfig, IperfClient};
 use ustack_apps::iperf_server::IperfServer;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Instant, Stack};
 use ustack_apps::mesh::{
     ListSource, MeshConfig, MeshMetrics, MeshPinger, Probe, Reloader, Target, parse_pinglist,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use regex::Regex;
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::socket::tcp::ListenHandle;
 use ustack::{Instant, Stack};
 use ustack_apps::perftest::{

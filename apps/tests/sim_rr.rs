@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ustack::Instant;
 use ustack::node::App;
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack_apps::rr::{RrClient, RrConfig};
 use ustack_apps::services::Services;
 

@@ -109,7 +109,7 @@ fn utop_once_shows_pools_and_the_live_tcp_connection_of_a_demo() {
     };
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(!out.contains('\x1b'), "plain text");
-    let pool = format!("sim-{}", ustack::phy::sim::host_mac(1));
+    let pool = format!("sim-{}", ustack::sim::host_mac(1));
     let row = out.lines().find(|l| l.contains(&pool)).expect(&out);
     assert!(row.contains("8192"), "pool capacity: {row}");
     assert!(out.contains("demo A 10.0.0.1"), "{out}");

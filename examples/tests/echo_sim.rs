@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use futures::{AsyncReadExt, AsyncWriteExt};
-use ustack::phy::sim::{LinkConfig, SimLink};
+use ustack::sim::{LinkConfig, SimLink};
 use ustack_examples::echo::EchoServer;
 use ustack_runtime::{Builder, aio, blocking};
 

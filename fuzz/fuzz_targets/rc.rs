@@ -45,7 +45,7 @@ use smoltcp::wire::{
     IPV4_HEADER_LEN, Icmpv4Packet, IpAddress, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket,
 };
 use ustack::node::Node;
-use ustack::phy::sim::{LinkConfig, SimNet, host_config, host_mac};
+use ustack::sim::{LinkConfig, SimNet, host_config, host_mac};
 use ustack::socket::rc::{
     Access, Local, MrHandle, MrInfo, QpState, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus,
     RcSendWr, Sge, Wc, WcOpcode, WcStatus,

@@ -10,7 +10,7 @@ use smoltcp::wire::{
     IPV4_HEADER_LEN, Icmpv4Packet, IpAddress, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber,
     UdpPacket,
 };
-use ustack::phy::sim::{host_config, host_mac};
+use ustack::sim::{host_config, host_mac};
 use ustack::socket::tcp::TcpConfig;
 use ustack::socket::ud::{DEFAULT_QKEY, QpConfig, RESPONDER_QPN, UdTransport};
 use ustack::wire::roce::{ROCE_PORT, icrc_fill};

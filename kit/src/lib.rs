@@ -19,7 +19,7 @@
 //!   receiver.
 //! # Example: the sim harness
 //!
-//! [`ustack::phy::sim::SimNet`] joins stacks by a [`ustack::phy::sim::SimLink`] with seeded delay,
+//! [`ustack::sim::SimNet`] joins stacks by a [`ustack::sim::SimLink`] with seeded delay,
 //! loss, reordering and corruption, runs in-loop apps on them, and jumps
 //! its virtual clock from one deadline to the next. Three pings over a
 //! link with 5 ms one-way delay, then 1 MiB over TCP with 1% loss each
@@ -32,7 +32,7 @@
 //! use ustack::Instant;
 //! use ustack_kit::bulk::{BulkRecv, BulkSend};
 //! use ustack_kit::ping::{Pinger, PingerConfig};
-//! use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+//! use ustack::sim::{LinkConfig, SimNet, host_config};
 //!
 //! let link = LinkConfig { delay: Duration::from_millis(5), ..LinkConfig::default() };
 //! let mut net = SimNet::new(link.clone());

@@ -212,7 +212,7 @@ mod test {
     /// `all_lost` the link drops everything, ARP included. The pinger's exit
     /// time in virtual seconds, and its summary.
     fn ping_run(count: u64, lose: &[u64], all_lost: bool) -> (f64, PingSummary) {
-        use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+        use ustack::sim::{LinkConfig, SimNet, host_config};
         let link = |loss: f64| LinkConfig {
             delay: Duration::from_millis(1),
             loss,

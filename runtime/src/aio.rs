@@ -15,7 +15,7 @@
 //! use ustack_runtime::aio::{TcpListener, TcpStream};
 //!
 //! // Two stacks on one simulated link, each with its loop on a thread.
-//! let link = ustack::phy::sim::SimLink::new(Default::default());
+//! let link = ustack::sim::SimLink::new(Default::default());
 //! let a = Builder::new().sim(&link).ip(Ipv4Addr::new(10, 0, 0, 1), 24).spawn()?;
 //! let b = Builder::new().sim(&link).ip(Ipv4Addr::new(10, 0, 0, 2), 24).spawn()?;
 //! let listener = TcpListener::bind(b.net(), 7, 16)?;

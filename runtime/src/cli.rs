@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
 use ustack::Config;
-use ustack::phy::sim::LinkConfig;
+use ustack::sim::LinkConfig;
 use ustack::wire::{EthernetAddress, IpCidr, Ipv4Cidr, Ipv6Cidr};
 
 use crate::net::{Builder, ConfigError, Error, NetConfig};

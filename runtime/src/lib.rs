@@ -24,7 +24,7 @@
 //!   a [`Runtime`], whose [`Net`] handle opens sockets from any thread or
 //!   task; [`Runtime::stop`] (or dropping it) ends the loop.
 //!
-//! Backends: [`Backend::Sim`] (an in-process [`ustack::phy::sim::SimLink`]: no
+//! Backends: [`Backend::Sim`] (an in-process [`ustack::sim::SimLink`]: no
 //! root, no NIC), [`Backend::Pcap`] (feature `pcap`: any interface through
 //! libpcap, the stack taking its own MAC and address), [`Backend::Dpdk`]
 //! (feature `dpdk`: a DPDK port, busy-polled on a pinned core). A capture
@@ -91,7 +91,7 @@
 //! use ustack_kit::ping::{Pinger, PingerConfig};
 //! use ustack_runtime::Builder;
 //!
-//! let link = ustack::phy::sim::SimLink::new(Default::default());
+//! let link = ustack::sim::SimLink::new(Default::default());
 //! let b = Builder::new().sim(&link).ip(Ipv4Addr::new(10, 0, 0, 2), 24).spawn()?;
 //!
 //! let mut ping = Pinger::new(PingerConfig {

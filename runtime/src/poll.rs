@@ -19,7 +19,7 @@ use ustack::Stack;
 use ustack::events::Event;
 use ustack::node::{App, Node, Port, RxWait, Snapshot};
 use ustack::phy::device::Device;
-use ustack::phy::sim::SimNet;
+use ustack::sim::SimNet;
 use ustack::time::{Instant, earliest};
 
 use crate::clock::Clock;
@@ -676,7 +676,7 @@ mod test {
         use rustix::event::EventfdFlags;
         use ustack::phy::device::{DeviceCaps, PortStats};
         use ustack::phy::pool::PoolStats;
-        use ustack::phy::sim::{SimLink, SimPort};
+        use ustack::sim::{SimLink, SimPort};
         use ustack::wire::EthernetAddress;
 
         use super::*;

@@ -17,10 +17,11 @@
 //! | folder | holds |
 //! |---|---|
 //! | [`wire`] | parsers and emitters, leaf modules: smoltcp's views and `Repr`s, RoCEv2's BTH/DETH/ICRC ([`wire::roce`]), RC's extension headers ([`wire::rc`]), the stock RDMA tools' exchange messages ([`wire::exchange`]), the Internet [`wire::checksum`] |
-//! | [`iface`] | below the transports: Ethernet demux and the IPv4 receive path, the [`iface::arp`] cache, IPv4 transmit and [`iface::frag`] reassembly, [`iface::icmp`] (echo both ways, errors, ping sockets) |
+//! | [`iface`] | below the transports: Ethernet demux and the IPv4 and IPv6 receive paths, the [`iface::arp`] cache and IPv6 neighbor discovery ([`iface::ndp`]), IPv4 and IPv6 transmit, [`iface::frag`] reassembly, [`iface::icmp`] (echo both ways, errors, ping sockets) |
 //! | [`socket`] | the transports, each a table of sockets behind a handle: [`socket::tcp`], [`socket::udp`], [`socket::ud`] (RDMA UD), [`socket::rc`] (RDMA RC) |
 //! | [`phy`] | what the engine runs on: the [`Device`] trait, packet buffer [`phy::pool`]s, per-buffer [`phy::offload`] metadata, the simulated link [`phy::sim`] and [`phy::impair`] |
 //! | [`shard`] | one stack per queue: mailboxes between shards, symmetric RSS ([`shard::rss`]) |
+//! | [`sim`] | the test harness: stacks on the simulated link stepped against a virtual clock ([`sim::SimNet`]) |
 //!
 //! At the top: [`Stack`] (the engine and its app API), [`node`] (one
 //! poll-loop iteration and the in-loop [`node::App`]), and the vocabulary
@@ -55,7 +56,7 @@
 //! the next `poll`. [`node::Node`] is one poll-loop iteration gluing a
 //! `Stack` to a [`Device`] (`rx burst -> protocols -> app -> timers -> tx
 //! burst`); the runtime loops it against the wall clock, and
-//! [`phy::sim::SimNet`] steps several nodes against a virtual clock that jumps
+//! [`sim::SimNet`] steps several nodes against a virtual clock that jumps
 //! to the next deadline, so a test of a 60 s timer takes microseconds and
 //! replays exactly for a given seed.
 //!
@@ -74,7 +75,7 @@
 //! ```
 //! use std::net::SocketAddrV4;
 //! use ustack::events::{Readiness, SocketRef};
-//! use ustack::phy::sim::host_config;
+//! use ustack::sim::host_config;
 //! use ustack::{Instant, RxMeta, Stack, VecTx};
 //!
 //! // 10.0.0.1 and 10.0.0.2 on one /24, with seeded secrets.
@@ -117,7 +118,7 @@
 //!
 //! # The sim harness
 //!
-//! [`phy::sim::SimNet`] joins stacks by a [`phy::sim::SimLink`] with seeded delay,
+//! [`sim::SimNet`] joins stacks by a [`sim::SimLink`] with seeded delay,
 //! loss, reordering and corruption, runs in-loop apps on them, and jumps
 //! its virtual clock from one deadline to the next. The `ustack-kit` crate
 //! holds the in-loop apps (pingers, a verified bulk transfer) and shows
@@ -133,6 +134,7 @@ pub mod iface;
 pub mod node;
 pub mod phy;
 pub mod shard;
+pub mod sim;
 pub mod socket;
 pub mod stack;
 pub mod stats;

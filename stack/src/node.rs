@@ -4,7 +4,7 @@
 //! [`Node`] is one iteration's worth of glue between a [`Stack`] and a
 //! [`Device`], given `now`: the runtime crate (`ustack-runtime`) loops it
 //! against a real clock on a pinned core, and the sim harness
-//! ([`crate::phy::sim::SimNet`]) steps several nodes against a virtual one.
+//! ([`crate::sim::SimNet`]) steps several nodes against a virtual one.
 
 use serde::Serialize;
 

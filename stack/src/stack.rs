@@ -20,7 +20,8 @@ use crate::iface::addr::{Addr, AddrRef};
 use crate::iface::frag::Reassembler;
 use crate::iface::icmp::{IcmpOutcome, PingTable};
 use crate::iface::input::{self, IpIn};
-use crate::iface::link::{IpMeta, Link};
+use crate::iface::ipv6_iface::Ipv6Iface;
+use crate::iface::link::{IpMeta, Link, LinkConfig};
 use crate::phy::device::{Received, RxMeta, Tx};
 use crate::socket::ping::Ping;
 use crate::socket::rc::{Rc, RcRef, RcTable};
@@ -36,6 +37,9 @@ pub use crate::error::Error;
 /// One instance of the protocol engine.
 #[derive(Debug)]
 pub struct Stack {
+    /// What the stack was built with ([`Stack::config`]); each layer holds
+    /// the part it reads.
+    cfg: Config,
     pub(crate) link: Link,
     frags: Reassembler,
     pub(crate) pings: PingTable,
@@ -53,20 +57,37 @@ impl Stack {
         let mut cfg_tcp = cfg.tcp.clone();
         cfg_tcp.mss = cfg_tcp.mss.min(cfg.mtu.saturating_sub(40)).max(64);
         let secret = cfg.secret;
+        let link = LinkConfig {
+            mac: cfg.mac,
+            ip: cfg.ip,
+            gateway: cfg.gateway,
+            mtu: cfg.mtu,
+            ttl: cfg.ttl,
+            arp: cfg.arp.clone(),
+            icmp_error_rate: cfg.icmp_error_rate,
+            rst_rate: cfg.rst_rate,
+            announce: cfg.announce,
+            answer_broadcast_ping: cfg.answer_broadcast_ping,
+            gso_max: cfg.gso_max,
+            secret,
+            shard: cfg.shard,
+        };
+        let ip6 = Ipv6Iface::new(cfg.mac, &cfg.ipv6, secret.1).routing(cfg.accept_ra, cfg.gateway6);
         Stack {
             frags: Reassembler::new(cfg.frag.clone()),
-            link: Link::new(cfg),
+            link: Link::new(link, ip6),
             pings: PingTable::default(),
-            udp: UdpTable::default(),
+            udp: UdpTable::new(cfg.udp_rx_queue_bytes),
             tcp: TcpTable::new(cfg_tcp, secret),
             ud: UdTable::default(),
             rc: RcTable::new(secret),
+            cfg,
         }
     }
 
     /// The configuration the stack was built with.
     pub fn config(&self) -> &Config {
-        &self.link.cfg
+        &self.cfg
     }
 
     /// Our IPv4 address.
@@ -318,12 +339,12 @@ impl Stack {
 
     /// The UDP sockets: bind, connect, send and receive datagrams.
     pub fn udp(&mut self) -> Udp<'_> {
-        Udp::new(&mut self.udp, self.link.cfg.udp_tx_queue_bytes)
+        Udp::new(&mut self.udp, self.cfg.udp_tx_queue_bytes)
     }
 
     /// The UDP sockets, read-only: pending datagrams, queued bytes, peek.
     pub fn udp_ref(&self) -> UdpRef<'_> {
-        UdpRef::new(&self.udp, self.link.cfg.udp_tx_queue_bytes)
+        UdpRef::new(&self.udp, self.cfg.udp_tx_queue_bytes)
     }
 
     /// The ICMP echo (ping) sockets.
@@ -1037,10 +1058,10 @@ mod test {
         gso_max: usize,
         total: usize,
     ) -> (Vec<Vec<u8>>, Vec<u8>, crate::socket::tcp::TcpStats) {
-        let mut cfg = crate::phy::sim::host_config(1);
+        let mut cfg = crate::sim::host_config(1);
         cfg.gso_max = gso_max;
         let mut a = Stack::new(cfg);
-        let mut b = Stack::new(crate::phy::sim::host_config(2));
+        let mut b = Stack::new(crate::sim::host_config(2));
         let l = b.tcp().listen(80, 8).unwrap();
         let h = a.tcp().connect(T0, SocketAddrV4::new(b.ip(), 80)).unwrap();
         let data: Vec<u8> = (0..total).map(|i| (i * 7 % 251) as u8).collect();

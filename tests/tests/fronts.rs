@@ -14,7 +14,7 @@ use futures::task::LocalSpawnExt;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use sha2::{Digest, Sha256};
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimLink};
+use ustack::sim::{LinkConfig, SimLink};
 use ustack::{Instant, Stack};
 use ustack_kit::bulk::{BulkRecv, BulkSend, count_mismatches, fill_pattern};
 use ustack_runtime::{Builder, Runtime, aio, blocking};

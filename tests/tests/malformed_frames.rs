@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 
 use proptest::prelude::*;
-use ustack::phy::sim::{host_config, host_mac};
+use ustack::sim::{host_config, host_mac};
 use ustack::stats::DropReason;
 use ustack::wire::*;
 use ustack::{Instant, Stack, VecTx};

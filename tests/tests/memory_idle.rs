@@ -6,7 +6,7 @@
 use std::net::SocketAddrV4;
 
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet};
+use ustack::sim::{LinkConfig, SimNet};
 use ustack::socket::tcp::{ListenHandle, State, TcpHandle};
 use ustack::{Instant, Stack};
 

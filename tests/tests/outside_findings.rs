@@ -7,7 +7,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use ustack::phy::sim::{host_config, host_mac};
+use ustack::sim::{host_config, host_mac};
 use ustack::socket::tcp::State;
 use ustack::stats::DropReason;
 use ustack::wire::*;

@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ustack::Error;
-use ustack::phy::sim::{host_config, host_mac};
+use ustack::sim::{host_config, host_mac};
 use ustack::wire::*;
 use ustack::{Config, Instant, Stack, VecTx};
 

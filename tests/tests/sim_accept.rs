@@ -10,7 +10,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::socket::tcp::{ConnError, ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
 

@@ -7,7 +7,7 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::socket::tcp::TcpStats;
 use ustack::{Config, Instant};
 use ustack_kit::bulk::{BulkRecv, BulkSend};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
+use ustack::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
 use ustack::socket::ud::{DEFAULT_QKEY, RESPONDER_QPN, UdAddr};
 use ustack::socket::udp::UdpHandle;
 use ustack::stats::DropReason;

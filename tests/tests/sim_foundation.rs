@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet, host_config, host_mac};
+use ustack::sim::{LinkConfig, SimNet, host_config, host_mac};
 use ustack::socket::udp::UdpHandle;
 use ustack::{Instant, Stack};
 use ustack_kit::ping::{Pinger, PingerConfig};

@@ -9,7 +9,7 @@ use std::net::Ipv6Addr;
 use smoltcp::wire::{NdiscPrefixInfoFlags, NdiscPrefixInformation, NdiscRouterFlags};
 use ustack::iface::ipv6::{ALL_NODES, ALL_ROUTERS, link_local, multicast_mac, solicited_node};
 use ustack::iface::ndp::NeighborState;
-use ustack::phy::sim::{host_config, host_mac};
+use ustack::sim::{host_config, host_mac};
 use ustack::stats::DropReason;
 use ustack::wire::*;
 use ustack::{Config, Instant, RxMeta, Stack, VecTx};
@@ -530,8 +530,8 @@ impl ustack::node::App for Both {
 /// `bytes` each way at once over IPv6 between `fd77::1` and `fd77::2` on
 /// a link with `link`'s impairments: both streams byte-exact (CRC of the
 /// pattern), and the frames on the wire IPv6 (no IPv4 segment).
-fn tcp6_both_ways(link: ustack::phy::sim::LinkConfig, bytes: u64) -> ustack::phy::sim::SimNet {
-    use ustack::phy::sim::SimNet;
+fn tcp6_both_ways(link: ustack::sim::LinkConfig, bytes: u64) -> ustack::sim::SimNet {
+    use ustack::sim::SimNet;
     use ustack_kit::bulk::{BulkRecv, BulkSend};
     let mut net = SimNet::new(link);
     let (a, b) = pair();
@@ -575,7 +575,7 @@ fn tcp6_both_ways(link: ustack::phy::sim::LinkConfig, bytes: u64) -> ustack::phy
 /// no frame above the MTU.
 #[test]
 fn tcp_over_ipv6_both_ways_byte_exact() {
-    let net = tcp6_both_ways(ustack::phy::sim::LinkConfig::default(), 4 << 20);
+    let net = tcp6_both_ways(ustack::sim::LinkConfig::default(), 4 << 20);
     for n in &net.nodes {
         let s = n.stack.stats();
         assert_eq!(s.tcp.established, 2);
@@ -593,7 +593,7 @@ fn tcp_over_ipv6_both_ways_byte_exact() {
 /// retransmission and the checksum over the IPv6 pseudo-header at work.
 #[test]
 fn tcp_over_ipv6_under_impairment() {
-    let link = ustack::phy::sim::LinkConfig {
+    let link = ustack::sim::LinkConfig {
         loss: 0.02,
         reorder: 0.05,
         duplicate: 0.01,

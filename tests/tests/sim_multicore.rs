@@ -5,8 +5,8 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::App;
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
 use ustack::shard::{Steer, SteerRule};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Device, Stack};
 use ustack_kit::bulk::{BulkRecv, BulkSend};
 use ustack_kit::ping::{Pinger, PingerConfig};
@@ -152,7 +152,7 @@ fn segments_on_the_wrong_queue_are_passed_to_the_owning_shard() {
     let cfg = host_config(1);
     let ports = net
         .link
-        .attach_queues(cfg.mac, 2, ustack::phy::sim::SIM_POOL_BUFS);
+        .attach_queues(cfg.mac, 2, ustack::sim::SIM_POOL_BUFS);
     let shards = ustack::shard::shards(2, &[]);
     for (port, shard) in ports.into_iter().zip(shards) {
         let mut c = cfg.clone();

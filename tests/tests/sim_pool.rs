@@ -7,7 +7,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::Node;
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::{Device, Instant, Pool, Stack};
 use ustack_kit::bulk::{BulkRecv, BulkSend};
 

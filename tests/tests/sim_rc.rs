@@ -9,7 +9,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::socket::rc::{
     Access, Local, MrHandle, QpState, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr,
     Sge, Wc, WcOpcode, WcStatus,

@@ -6,7 +6,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::socket::tcp::cc::Algorithm;
 use ustack::{Config, Device, Instant, Stack};
 use ustack_kit::bulk::{BulkRecv, BulkSend};

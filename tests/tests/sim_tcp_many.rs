@@ -4,7 +4,7 @@
 use std::net::SocketAddrV4;
 use std::time::Duration;
 
-use ustack::phy::sim::{LinkConfig, SimNet};
+use ustack::sim::{LinkConfig, SimNet};
 use ustack_kit::bulk::{BulkRecv, BulkSend};
 
 mod common;

@@ -12,7 +12,7 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 use ustack::node::App;
 use ustack::phy::device::Device;
 use ustack::phy::pool::PacketBuf;
-use ustack::phy::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
+use ustack::sim::{LinkConfig, SimNet, SimPort, host_config, host_mac};
 use ustack::{Instant, SlabBuf};
 use ustack_kit::bulk::{BulkRecv, BulkSend, fill_pattern, pattern_byte};
 

@@ -13,7 +13,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use ustack::node::{App, Control};
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::socket::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, Stack};
 use ustack_kit::bulk::{BulkSend, count_mismatches};

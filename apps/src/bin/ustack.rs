@@ -14,8 +14,8 @@ use ustack_kit::ping::{Pinger, PingerConfig};
 
 use ustack::node::{App, Control, Node};
 use ustack::phy::device::Device;
-use ustack::phy::sim::{LinkConfig, SimNet, host_config};
 use ustack::shard::{Steer, SteerRule};
+use ustack::sim::{LinkConfig, SimNet, host_config};
 use ustack::socket::udp::UdpHandle;
 use ustack::{Instant, Stack};
 use ustack_apps::iperf_server::IperfServer;

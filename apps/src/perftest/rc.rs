@@ -1305,7 +1305,7 @@ mod test {
     mod sim {
         use super::*;
         use ustack::node::App;
-        use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+        use ustack::sim::{LinkConfig, SimNet, host_config};
 
         const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 

@@ -197,10 +197,9 @@ mod test {
     #[test]
     fn promtool_accepts_a_whole_stack_exposition() {
         // A real engine snapshot through the converter, as /metrics serves it.
-        let link = ustack::phy::sim::SimLink::new(Default::default());
-        let port = link.attach(ustack::phy::sim::host_mac(1), 64);
-        let node =
-            ustack::node::Node::new(ustack::Stack::new(ustack::phy::sim::host_config(1)), port);
+        let link = ustack::sim::SimLink::new(Default::default());
+        let port = link.attach(ustack::sim::host_mac(1), 64);
+        let node = ustack::node::Node::new(ustack::Stack::new(ustack::sim::host_config(1)), port);
         let s = node.snapshot(ustack::Instant::ZERO);
         let feed = Feed::new();
         feed.publish(&s);

@@ -7,8 +7,8 @@ use std::sync::atomic::AtomicBool;
 
 use ustack::Config;
 use ustack::node::App;
-use ustack::phy::sim::{LinkConfig, SimLink};
 use ustack::shard::{ShardId, SteerRule};
+use ustack::sim::{LinkConfig, SimLink};
 use ustack::wire::{EthernetAddress, Ipv4Cidr, Ipv6Cidr};
 
 use super::open::{RunApp, Spawn, open, publisher, start_metrics, with_node};
@@ -21,7 +21,7 @@ use crate::spawned::Runtime;
 /// use std::net::Ipv4Addr;
 /// use ustack_runtime::Builder;
 ///
-/// let link = ustack::phy::sim::SimLink::new(Default::default());
+/// let link = ustack::sim::SimLink::new(Default::default());
 /// let cfg = Builder::new()
 ///     .sim(&link)
 ///     .ip(Ipv4Addr::new(10, 0, 0, 2), 24)

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use ustack::Config;
-use ustack::phy::sim::{LinkConfig, SimLink};
+use ustack::sim::{LinkConfig, SimLink};
 
 use crate::poll::{IdleMode, LoopConfig};
 

@@ -9,7 +9,7 @@ use ustack::Stack;
 use ustack::node::{App, Node, Port};
 use ustack::phy::device::Device;
 use ustack::phy::impair::Impaired;
-use ustack::phy::sim::LinkConfig;
+use ustack::sim::LinkConfig;
 
 use super::{Backend, Error, NetConfig, run_primary};
 use crate::clock::Clock;
@@ -206,7 +206,7 @@ pub(super) fn open<U: NodeRunner>(cfg: &NetConfig, user: U) -> Result<U::Output,
         Backend::Pcap(iface) => open_pcap(cfg, iface, user),
         Backend::Dpdk { eal_args, .. } => open_dpdk(cfg, eal_args, user),
         Backend::Sim(link) => {
-            let port = link.attach(cfg.stack.mac, ustack::phy::sim::SIM_POOL_BUFS);
+            let port = link.attach(cfg.stack.mac, ustack::sim::SIM_POOL_BUFS);
             with_wrappers(cfg, port, user)
         }
     }

@@ -53,7 +53,7 @@ fn open_dpdk_queues(cfg: &NetConfig, queues: usize) -> Result<Vec<ustack_dpdk::D
 
 /// Without DPDK there are no queues to shard over.
 #[cfg(not(feature = "dpdk"))]
-fn open_dpdk_queues(_: &NetConfig, _: usize) -> Result<Vec<ustack::phy::sim::SimPort>, Error> {
+fn open_dpdk_queues(_: &NetConfig, _: usize) -> Result<Vec<ustack::sim::SimPort>, Error> {
     Err(Error::Unsupported(
         "this build has no DPDK backend: rebuild with --features dpdk (needs dpdk-dev)",
     ))

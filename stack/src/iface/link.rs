@@ -14,10 +14,11 @@ use smoltcp::wire::{
     Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet,
 };
 
-use crate::config::Config;
 use crate::error::Error;
-use crate::iface::arp::{ArpCache, Enqueue};
+use crate::iface::arp::{ArpCache, ArpConfig, Enqueue};
+use crate::iface::ipv6_iface::Ipv6Iface;
 use crate::phy::device::{Offloads, RxMeta, Tx, TxOffload};
+use crate::shard::ShardId;
 use crate::stats::{DropReason, Stats};
 use crate::time::Instant;
 use crate::wire::checksum;
@@ -83,18 +84,52 @@ impl IpMeta<'_> {
     }
 }
 
+/// What the layers below the transport are set up with: the part of the
+/// stack's `Config` they read, copied out by the stack, so this layer does
+/// not depend on the whole configuration (and on the transports' settings
+/// it holds).
+#[derive(Debug, Clone)]
+pub(crate) struct LinkConfig {
+    /// Our Ethernet address.
+    pub(crate) mac: EthernetAddress,
+    /// Our IPv4 address and subnet.
+    pub(crate) ip: smoltcp::wire::Ipv4Cidr,
+    /// IPv4 next hop for addresses outside the subnet.
+    pub(crate) gateway: Option<Ipv4Addr>,
+    /// IP MTU.
+    pub(crate) mtu: usize,
+    /// TTL of IPv4 packets we originate.
+    pub(crate) ttl: u8,
+    /// ARP cache limits.
+    pub(crate) arp: ArpConfig,
+    /// ICMP errors per second.
+    pub(crate) icmp_error_rate: u32,
+    /// Resets per second for segments of no connection.
+    pub(crate) rst_rate: u32,
+    /// A gratuitous ARP on the first poll.
+    pub(crate) announce: bool,
+    /// Answer echo requests to a broadcast address.
+    pub(crate) answer_broadcast_ping: bool,
+    /// Software segmentation limit (0: frame by frame).
+    pub(crate) gso_max: usize,
+    /// Key for IPv4 identification.
+    pub(crate) secret: (u64, u64),
+    /// Which of a host's per-queue stacks this is.
+    pub(crate) shard: ShardId,
+}
+
 /// The layers below the transport: configuration, ARP, counters and the
 /// IPv4 transmit path. Kept apart from the socket tables so a transport can
 /// write a segment straight from its own buffers while `Link` emits it.
 #[derive(Debug)]
 pub(crate) struct Link {
-    pub(crate) cfg: Config,
+    pub(crate) cfg: LinkConfig,
     pub(crate) checksum: ChecksumCapabilities,
     /// What the port finishes for us (from its [`crate::phy::device::DeviceCaps`]).
     pub(crate) offloads: Offloads,
     arp: ArpCache,
     /// Our IPv6 addresses and neighbors.
-    pub(crate) ip6: crate::iface::ipv6_iface::Ipv6Iface,
+    pub(crate) ip6: Ipv6Iface,
     pub(crate) stats: Stats,
     /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
     ip_idents: Box<[u16]>,
@@ -117,12 +152,13 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub(crate) fn new(cfg: Config) -> Self {
+    /// The layers below the transport with `cfg`, and IPv6 (addresses,
+    /// neighbors, routers) as `ip6` was set up.
+    pub(crate) fn new(cfg: LinkConfig, ip6: Ipv6Iface) -> Self {
         let secret = cfg.secret;
         Link {
             arp: ArpCache::new(cfg.arp.clone()),
-            ip6: crate::iface::ipv6_iface::Ipv6Iface::new(cfg.mac, &cfg.ipv6, cfg.secret.1)
-                .routing(cfg.accept_ra, cfg.gateway6),
+            ip6,
             icmp_errors: RateLimit::new(cfg.icmp_error_rate),
             rst_limit: RateLimit::new(cfg.rst_rate),
             announced: !cfg.announce,
@@ -808,7 +844,8 @@ mod test {
 
     #[test]
     fn the_subnet_broadcast_is_the_configs() {
-        let link = Link::new(crate::phy::sim::host_config(1));
+        let stack = crate::Stack::new(crate::sim::host_config(1));
+        let link = &stack.link;
         assert_eq!(link.subnet_broadcast(), link.cfg.ip.broadcast());
         assert!(link.subnet_broadcast().is_some());
     }

@@ -4,7 +4,7 @@
 use std::net::SocketAddrV4;
 
 use ustack::node::{App, Control};
-use ustack::phy::sim::host_config;
+use ustack::sim::host_config;
 use ustack::{Instant, Stack};
 use ustack_kit::bulk::BulkSend;
 

@@ -18,7 +18,7 @@ use ustack::phy::device::{Device, DeviceCaps, Offloads, RxChecksum};
 
 use crate::Offload;
 use ustack::node::{App, Control, Node};
-use ustack::phy::sim::host_config;
+use ustack::sim::host_config;
 use ustack::socket::tcp::{ListenHandle, TcpHandle};
 use ustack::{Instant, PoolStats, PortStats, SlabBuf, SlabPool, Stack};
 use ustack_runtime::clock::Clock;

@@ -243,7 +243,7 @@ fn text_frame_is_plain_and_has_every_pane() {
 /// The engine's real snapshot, through the publisher, parsed by utop.
 #[test]
 fn engine_snapshots_parse_with_a_live_connection() {
-    use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+    use ustack::sim::{LinkConfig, SimNet, host_config};
     use ustack_runtime::telemetry::Publisher;
     let mut net = SimNet::new(LinkConfig::default());
     let a = net.add(host_config(1));
@@ -377,7 +377,7 @@ fn readable_at_80_by_24() {
 /// names the QP, its peer, its state and its counters.
 #[test]
 fn rdma_pane_shows_the_engines_rc_queue_pairs() {
-    use ustack::phy::sim::{LinkConfig, SimNet, host_config};
+    use ustack::sim::{LinkConfig, SimNet, host_config};
     use ustack::socket::rc::{Access, Local, RcDest, RcOp, RcQpConfig, RcSendWr};
     use ustack_runtime::telemetry::Publisher;
     let mut net = SimNet::new(LinkConfig::default());

@@ -315,10 +315,9 @@ ustack_rtt_seconds_count{target=\"10.0.0.2\"} 5
         // A real engine snapshot through the converter, as /metrics serves
         // it (the runtime's `StackMetrics` adds its own families: its test
         // checks those).
-        let link = ustack::phy::sim::SimLink::new(Default::default());
-        let port = link.attach(ustack::phy::sim::host_mac(1), 64);
-        let node =
-            ustack::node::Node::new(ustack::Stack::new(ustack::phy::sim::host_config(1)), port);
+        let link = ustack::sim::SimLink::new(Default::default());
+        let port = link.attach(ustack::sim::host_mac(1), 64);
+        let node = ustack::node::Node::new(ustack::Stack::new(ustack::sim::host_config(1)), port);
         let s = node.snapshot(ustack::Instant::ZERO);
         let mut families = vec![crate::metrics::convert::up(true)];
         let line = serde_json::to_value(&s).unwrap();

@@ -85,9 +85,19 @@ pub(crate) struct UdpTable {
     /// a datagram accepted by `send_to` leaves even if the socket closes
     /// before the next poll, as with a kernel socket.
     orphans: Vec<(u16, Datagrams)>,
+    /// Bytes a socket may hold received (`Config::udp_rx_queue_bytes`).
+    rx_cap: usize,
 }
 
 impl UdpTable {
+    /// No sockets; each may hold `rx_cap` bytes received.
+    pub(crate) fn new(rx_cap: usize) -> Self {
+        UdpTable {
+            rx_cap,
+            ..UdpTable::default()
+        }
+    }
+
     fn get_mut(&mut self, h: UdpHandle) -> Result<&mut UdpSocket, Error> {
         self.sockets.get_mut(h).ok_or(Error::InvalidHandle)
     }
@@ -370,7 +380,7 @@ impl UdpTable {
         if dst_port == crate::wire::roce::ROCE_PORT {
             return Ok(Some(data));
         }
-        let cap = link.cfg.udp_rx_queue_bytes;
+        let cap = self.rx_cap;
         let Some(h) = self.lookup(dst_port, SocketAddr::new(meta.src, src_port)) else {
             if meta.src.is_ipv6() {
                 crate::iface::ipv6::send_port_unreachable(link, now, tx, &meta, body);
