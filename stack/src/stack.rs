@@ -12,14 +12,15 @@
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use smoltcp::wire::{EthernetAddress, Icmpv4DstUnreachable, IpProtocol};
+use smoltcp::wire::{EthernetAddress, Icmpv4DstUnreachable, Icmpv4Message, IpProtocol};
 use tracing::trace;
 
 use crate::events::Event;
 use crate::iface::addr::{Addr, AddrRef};
-use crate::iface::frag::Reassembler;
+use crate::iface::frag::{Reassembled, Reassembler};
 use crate::iface::icmp::{IcmpOutcome, PingTable};
 use crate::iface::input::{self, IpIn};
+use crate::iface::ipv6::Icmpv6Error;
 use crate::iface::ipv6_iface::Ipv6Iface;
 use crate::iface::link::{IpMeta, Link, LinkConfig};
 use crate::phy::device::{Received, RxMeta, Tx};
@@ -33,6 +34,11 @@ use crate::time::{Instant, earliest};
 
 pub use crate::config::Config;
 pub use crate::error::Error;
+
+/// How much of a datagram whose reassembly timed out its ICMP error may
+/// quote: what fits IPv6's minimum MTU after the error's headers (IPv4's
+/// quotes 8 bytes of it).
+const FRAG_ERROR_QUOTE: usize = 1184;
 
 /// One instance of the protocol engine.
 #[derive(Debug)]
@@ -294,12 +300,37 @@ impl Stack {
     pub fn poll<T: Tx>(&mut self, now: Instant, tx: &mut T) {
         self.link.poll(now, tx);
         crate::iface::ipv6::poll(&mut self.link, now, tx);
-        self.frags.poll(now);
+        for owed in self.frags.poll(now, FRAG_ERROR_QUOTE) {
+            self.reassembly_timed_out(now, tx, &owed);
+        }
         self.pings.emit(&mut self.link, now, tx);
         self.udp.emit(&mut self.link, now, tx);
         self.tcp.poll(&mut self.link, now, tx);
         self.ud.emit(&mut self.link, now, tx);
         self.rc.poll(&mut self.link, now, tx);
+    }
+
+    /// ICMP time exceeded, fragment reassembly time exceeded (RFC 792 type
+    /// 11 code 1; RFC 8200 §4.5, ICMPv6 type 3 code 1), to the sender of a
+    /// datagram whose first fragment came and whose rest did not in time.
+    fn reassembly_timed_out<T: Tx>(&mut self, now: Instant, tx: &mut T, owed: &Reassembled) {
+        let link = &mut self.link;
+        match (owed.key.src, owed.key.dst) {
+            (IpAddr::V4(to), IpAddr::V4(_)) => {
+                let error = (Icmpv4Message::TimeExceeded, 1);
+                if link.send_error(now, tx, error, to, &owed.header, &owed.payload) {
+                    link.stats.icmp.tx_time_exceeded += 1;
+                }
+            }
+            (IpAddr::V6(to), IpAddr::V6(dst)) => {
+                let error = Icmpv6Error::REASSEMBLY_TIME_EXCEEDED;
+                let (head, tail) = (&owed.header[..], &owed.payload[..]);
+                let sent =
+                    crate::iface::ipv6::send_error(link, now, tx, (to, dst), error, head, tail);
+                link.stats.ipv6.tx_time_exceeded += u64::from(sent);
+            }
+            _ => {}
+        }
     }
 
     /// The next time [`poll`](Self::poll) has work (may be in the past: poll now).
@@ -339,7 +370,7 @@ impl Stack {
 
     /// The UDP sockets: bind, connect, send and receive datagrams.
     pub fn udp(&mut self) -> Udp<'_> {
-        Udp::new(&mut self.udp, self.cfg.udp_tx_queue_bytes)
+        Udp::new(&mut self.udp, self.cfg.udp_tx_queue_bytes, &self.link.ip6)
     }
 
     /// The UDP sockets, read-only: pending datagrams, queued bytes, peek.

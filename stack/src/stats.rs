@@ -440,6 +440,12 @@ stats! {
         counter tx_neighbor_solicits: u64,
         /// Destination unreachable messages sent (port unreachable).
         counter tx_dest_unreachable: u64,
+        /// Time exceeded messages sent (RFC 4443 §3.3 code 1: fragment
+        /// reassembly time exceeded).
+        counter tx_time_exceeded: u64,
+        /// Parameter problem messages sent (RFC 4443 §3.4: an erroneous
+        /// header field, an unrecognized next header or option).
+        counter tx_param_problems: u64,
         /// Packets dropped while waiting for a neighbor (queue full, or
         /// the neighbor never answered).
         counter pending_dropped: u64,
@@ -484,6 +490,9 @@ stats! {
         counter rx_dest_unreachable: u64,
         /// Destination-unreachable messages sent (port or protocol unreachable).
         counter tx_dest_unreachable: u64,
+        /// Time exceeded messages sent: a datagram's fragments did not all
+        /// come within the reassembly timeout (RFC 792 code 1).
+        counter tx_time_exceeded: u64,
         /// Errors not sent because of the ICMP error rate limit.
         counter rate_limited: u64,
     }

@@ -12,93 +12,10 @@ use ustack::iface::ndp::NeighborState;
 use ustack::sim::{host_config, host_mac};
 use ustack::stats::DropReason;
 use ustack::wire::*;
-use ustack::{Config, Instant, RxMeta, Stack, VecTx};
+use ustack::{Instant, RxMeta, Stack, VecTx};
 
-const T0: Instant = Instant::ZERO;
-const GLOBAL: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2);
-const PEER: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 1);
-
-fn peer_mac() -> EthernetAddress {
-    host_mac(2)
-}
-
-fn config() -> Config {
-    let mut cfg = host_config(1);
-    cfg.announce = false;
-    cfg.ipv6 = vec![Ipv6Cidr::new(GLOBAL, 64)];
-    cfg
-}
-
-/// An Ethernet frame carrying `icmp` from `src` to `dst`.
-fn icmpv6_frame(
-    dst_mac: EthernetAddress,
-    src: Ipv6Addr,
-    dst: Ipv6Addr,
-    hop_limit: u8,
-    icmp: &Icmpv6Repr<'_>,
-) -> Vec<u8> {
-    let ip = Ipv6Repr {
-        src_addr: src,
-        dst_addr: dst,
-        next_header: IpProtocol::Icmpv6,
-        payload_len: icmp.buffer_len(),
-        hop_limit,
-    };
-    let mut buf = vec![0u8; ETHERNET_HEADER_LEN + ip.buffer_len() + icmp.buffer_len()];
-    let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-    EthernetRepr {
-        src_addr: peer_mac(),
-        dst_addr: dst_mac,
-        ethertype: EthernetProtocol::Ipv6,
-    }
-    .emit(&mut eth);
-    let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
-    ip.emit(&mut pkt);
-    icmp.emit(
-        &src,
-        &dst,
-        &mut Icmpv6Packet::new_unchecked(pkt.payload_mut()),
-        &smoltcp::phy::ChecksumCapabilities::default(),
-    );
-    buf
-}
-
-/// The one frame the stack sent, as (Ethernet dst, IPv6 src, IPv6 dst,
-/// hop limit, ICMPv6 bytes).
-fn only_reply(tx: &VecTx) -> (EthernetAddress, Ipv6Addr, Ipv6Addr, u8, Vec<u8>) {
-    assert_eq!(tx.frames.len(), 1, "one reply expected: {:?}", tx.frames);
-    let eth = EthernetFrame::new_checked(&tx.frames[0][..]).unwrap();
-    assert_eq!(eth.ethertype(), EthernetProtocol::Ipv6);
-    assert_eq!(eth.src_addr(), host_mac(1));
-    let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
-    assert_eq!(ip.next_header(), IpProtocol::Icmpv6);
-    let icmp = Icmpv6Packet::new_checked(ip.payload()).unwrap();
-    assert!(icmp.verify_checksum(&ip.src_addr(), &ip.dst_addr()));
-    (
-        eth.dst_addr(),
-        ip.src_addr(),
-        ip.dst_addr(),
-        ip.hop_limit(),
-        ip.payload().to_vec(),
-    )
-}
-
-fn receive(s: &mut Stack, frame: &[u8]) -> VecTx {
-    let mut tx = VecTx::new();
-    s.receive(T0, frame, RxMeta::default(), &mut tx);
-    tx
-}
-
-fn drops(s: &Stack, r: DropReason) -> u64 {
-    s.stats().drops.get(r)
-}
-
-fn solicit(target: Ipv6Addr, lladdr: Option<EthernetAddress>) -> Icmpv6Repr<'static> {
-    Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
-        target_addr: target,
-        lladdr: lladdr.map(RawHardwareAddress::from),
-    })
-}
+mod v6util;
+use v6util::*;
 
 fn parse_advert(
     src: Ipv6Addr,
@@ -654,78 +571,6 @@ fn tcp_over_ipv6_syn_options_and_reset() {
 
 // ------------------------------------------- extension headers, fragments
 
-/// A frame from PEER (host 2's MAC) to GLOBAL carrying `chain` (extension
-/// headers, the first of type `first`, their next-header bytes as given)
-/// and then `upper`.
-fn v6_frame(first: IpProtocol, chain: &[u8], upper: &[u8]) -> Vec<u8> {
-    let ip = Ipv6Repr {
-        src_addr: PEER,
-        dst_addr: GLOBAL,
-        next_header: first,
-        payload_len: chain.len() + upper.len(),
-        hop_limit: 64,
-    };
-    let mut buf = vec![0u8; ETHERNET_HEADER_LEN + 40 + chain.len() + upper.len()];
-    let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-    EthernetRepr {
-        src_addr: peer_mac(),
-        dst_addr: host_mac(1),
-        ethertype: EthernetProtocol::Ipv6,
-    }
-    .emit(&mut eth);
-    let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
-    ip.emit(&mut pkt);
-    let p = pkt.payload_mut();
-    p[..chain.len()].copy_from_slice(chain);
-    p[chain.len()..].copy_from_slice(upper);
-    buf
-}
-
-/// A UDP datagram from PEER:4000 to GLOBAL:7 with its IPv6 checksum.
-fn udp6(data: &[u8]) -> Vec<u8> {
-    let mut b = vec![0u8; 8 + data.len()];
-    UdpRepr {
-        src_port: 4000,
-        dst_port: 7,
-    }
-    .emit(
-        &mut UdpPacket::new_unchecked(&mut b[..]),
-        &IpAddress::Ipv6(PEER),
-        &IpAddress::Ipv6(GLOBAL),
-        data.len(),
-        |p| p.copy_from_slice(data),
-        &smoltcp::phy::ChecksumCapabilities::default(),
-    );
-    b
-}
-
-/// An options header (hop-by-hop or destination) whose next header is
-/// `next`, holding `opts` padded to 8 bytes with PadN.
-fn opts_header(next: IpProtocol, opts: &[u8]) -> Vec<u8> {
-    let mut h = vec![u8::from(next), 0];
-    h.extend_from_slice(opts);
-    let pad = (8 - h.len() % 8) % 8;
-    match pad {
-        0 => {}
-        1 => h.push(0),
-        n => {
-            h.extend_from_slice(&[1, (n - 2) as u8]);
-            h.resize(h.len() + n - 2, 0);
-        }
-    }
-    h[1] = (h.len() / 8 - 1) as u8;
-    h
-}
-
-/// A fragment header: next header `next`, `offset` (bytes, a multiple
-/// of 8), more-fragments `more`, identification `id`.
-fn frag_header(next: IpProtocol, offset: usize, more: bool, id: u32) -> Vec<u8> {
-    let mut h = vec![u8::from(next), 0];
-    h.extend_from_slice(&((offset as u16) | u16::from(more)).to_be_bytes());
-    h.extend_from_slice(&id.to_be_bytes());
-    h
-}
-
 /// A stack with a UDP socket on port 7; how many datagrams it got.
 fn udp_host() -> (Stack, ustack::socket::udp::UdpHandle) {
     let mut s = Stack::new(config());
@@ -766,10 +611,18 @@ fn extension_headers_are_walked_to_the_transport() {
 /// What RFC 8200 §4 says to discard, discarded with its reason: an
 /// unknown option of a discarding type, hop-by-hop anywhere but first, a
 /// routing header with segments left, a header cut short, a chain too
-/// long.
+/// long. The first three tell the sender with a parameter problem (RFC
+/// 4443 §3.4) whose code and pointer name the field, as Linux does.
 #[test]
 fn extension_headers_that_must_be_refused() {
     let (mut s, h) = udp_host();
+    // The sender as a neighbor, so errors to it leave at once.
+    let ns = solicit(GLOBAL, Some(peer_mac()));
+    let group = solicited_node(GLOBAL);
+    receive(
+        &mut s,
+        &icmpv6_frame(multicast_mac(group), PEER, group, 255, &ns),
+    );
     let cases: Vec<(IpProtocol, Vec<u8>, DropReason)> = vec![
         (
             IpProtocol::Ipv6Opts,
@@ -812,12 +665,28 @@ fn extension_headers_that_must_be_refused() {
             DropReason::Ipv6BadExtension,
         ),
     ];
-    for (first, chain, reason) in cases {
+    // (code, pointer) of the parameter problem each case owes: option
+    // type 0x80 at byte 42; the byte naming the misplaced hop-by-hop
+    // header (40); the routing type (42); none for the last two.
+    let problems = [Some((2, 42)), Some((1, 40)), Some((0, 42)), None, None];
+    for ((first, chain, reason), problem) in cases.into_iter().zip(problems) {
         let before = drops(&s, reason);
-        let tx = receive(&mut s, &v6_frame(first, &chain, &udp6(b"no")));
+        let frame = v6_frame(first, &chain, &udp6(b"no"));
+        let tx = receive(&mut s, &frame);
         assert_eq!(drops(&s, reason), before + 1, "{reason:?}");
-        assert!(tx.frames.is_empty());
+        match problem {
+            None => assert!(tx.frames.is_empty()),
+            Some((code, pointer)) => {
+                let (mac, src, dst, _, icmp) = only_reply(&tx);
+                assert_eq!((mac, src, dst), (peer_mac(), GLOBAL, PEER));
+                assert_eq!((icmp[0], icmp[1]), (4, code), "{reason:?}");
+                assert_eq!(u32::from_be_bytes(icmp[4..8].try_into().unwrap()), pointer);
+                // The packet quoted from its fixed header on.
+                assert_eq!(&icmp[8..], &frame[ETHERNET_HEADER_LEN..]);
+            }
+        }
     }
+    assert_eq!(s.stats().ipv6.tx_param_problems, 3);
     assert!(got(&mut s, h).is_empty());
 }
 
@@ -1027,20 +896,6 @@ fn router_advert(
     icmpv6_frame(multicast_mac(ALL_NODES), router, ALL_NODES, 255, &ra)
 }
 
-/// Frames polled out of `s` at `now`.
-fn polled_at(s: &mut Stack, now: Instant) -> Vec<Vec<u8>> {
-    let mut tx = VecTx::new();
-    s.poll(now, &mut tx);
-    tx.frames
-}
-
-/// The IPv6 destination and Ethernet destination of `frame`.
-fn v6_dst(frame: &[u8]) -> (EthernetAddress, Ipv6Addr) {
-    let eth = EthernetFrame::new_checked(frame).unwrap();
-    let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
-    (eth.dst_addr(), ip.dst_addr())
-}
-
 /// At start the stack solicits routers (after a random delay of up to a
 /// second, three times 4 s apart, then stops); an advertisement gives it
 /// a default router (off-link packets go to the router's MAC), an
@@ -1065,13 +920,15 @@ fn router_advertisement_gives_a_router_an_address_and_the_mtu() {
     assert_eq!(sent.len(), 3, "three solicitations: {sent:?}");
     assert!(sent[0] <= 1000 && sent[1] - sent[0] >= 4000, "{sent:?}");
     assert_eq!(s.stats().ipv6.tx_router_solicits, 3);
-    // Before any router: an off-link destination has no route.
+    // Before any router: an off-link destination has no route, and
+    // sendto and connect say so at once (Linux: ENETUNREACH).
     let h = s.udp().bind(5000).unwrap();
     let far_ip = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9);
     let far = SocketAddr::new(far_ip.into(), 53);
-    s.udp().send_to(h, far, b"x").unwrap();
+    let no_route = |r: Result<_, ustack::Error>| matches!(r, Err(ustack::Error::NoRoute));
+    assert!(no_route(s.udp().send_to(h, far, b"x")));
+    assert!(no_route(s.tcp().connect(T0, far).map(|_| ())));
     assert!(polled(&mut s).is_empty());
-    assert_eq!(s.stats().ipv6.tx_no_route, 1);
     // The advertisement.
     let prefix = Ipv6Addr::new(0xfd88, 0, 0, 0, 0, 0, 0, 0);
     let ra = router_advert(router_ll(), 1800, Some(1400), Some((prefix, 64, 3600)));
@@ -1104,15 +961,20 @@ fn router_advertisement_gives_a_router_an_address_and_the_mtu() {
         assert!(f.len() - ETHERNET_HEADER_LEN <= 1400);
         assert_eq!(v6_dst(f), (peer_mac(), far_ip));
     }
+    // A connection too: its SYN goes to the router.
+    s.tcp().connect(T0, far).unwrap();
+    let syn = polled(&mut s);
+    assert_eq!(syn.len(), 1);
+    assert_eq!(v6_dst(&syn[0]), (peer_mac(), far_ip));
     // No more solicitations once a router is known.
-    assert!(polled_at(&mut s, T0 + Duration::from_secs(30)).is_empty());
+    let later = polled_at(&mut s, T0 + Duration::from_secs(30));
+    assert!(later.iter().all(|f| v6_dst(f).1 != ALL_ROUTERS));
     // Lifetime 0: no default router any more.
     receive(&mut s, &router_advert(router_ll(), 0, None, None));
     assert_eq!(s.stats().ipv6.routers, 0);
-    let before = s.stats().ipv6.tx_no_route;
-    s.udp().send_to(h, far, b"y").unwrap();
+    assert!(no_route(s.udp().send_to(h, far, b"y")));
+    assert!(no_route(s.tcp().connect(T0, far).map(|_| ())));
     assert!(polled(&mut s).is_empty());
-    assert_eq!(s.stats().ipv6.tx_no_route, before + 1);
     // The address made from the prefix stays until its valid lifetime.
     assert!(s.ipv6_addrs().contains(&slaac));
     polled_at(&mut s, T0 + Duration::from_secs(3601));

@@ -242,8 +242,12 @@ impl Reassembler {
         Ok(())
     }
 
-    /// Drop datagrams older than the timeout.
-    pub fn poll(&mut self, now: Instant) {
+    /// Drop datagrams older than the timeout. Those whose first fragment
+    /// had come come back (its header, and the payload's first bytes as
+    /// far as they arrived in one piece, at most `quote` of them): an ICMP
+    /// time exceeded, "fragment reassembly time exceeded", is owed to
+    /// their senders (RFC 792, RFC 8200 §4.5).
+    pub fn poll(&mut self, now: Instant, quote: usize) -> Vec<Reassembled> {
         let timeout = self.cfg.timeout;
         let expired: Vec<FragKey> = self
             .datagrams
@@ -251,10 +255,24 @@ impl Reassembler {
             .filter(|(_, d)| now >= d.started + timeout)
             .map(|(k, _)| *k)
             .collect();
-        for k in expired {
-            self.remove(&k);
+        let mut owed = Vec::new();
+        for key in expired {
+            if let Some(d) = self.datagrams.get_mut(&key)
+                && !d.header.is_empty()
+                && let Some(&(0, end)) = d.pieces.first()
+            {
+                let payload = d.data[..end.min(quote).min(d.data.len())].to_vec();
+                let header = std::mem::take(&mut d.header);
+                owed.push(Reassembled {
+                    key,
+                    header,
+                    payload,
+                });
+            }
+            self.remove(&key);
             self.timeouts += 1;
         }
+        owed
     }
 
     /// When the oldest incomplete datagram times out ([`poll`](Self::poll)
@@ -386,7 +404,9 @@ mod test {
         }
         assert!(r.mem_hwm <= cfg.mem_cap);
         assert!(!r.is_empty());
-        r.poll(Instant::from_secs(31) + Duration::from_secs(1));
+        // Only fragments at offset 60,000: no first fragment, no error owed.
+        let owed = r.poll(Instant::from_secs(31) + Duration::from_secs(1), 1232);
+        assert!(owed.is_empty());
         assert!(r.is_empty());
         assert_eq!(r.mem(), 0);
         assert!(r.timeouts > 0);
@@ -408,5 +428,34 @@ mod test {
                 .unwrap();
             assert!(r.len() <= 3);
         }
+    }
+
+    #[test]
+    fn an_expired_datagram_with_its_first_fragment_owes_an_error() {
+        let mut r = Reassembler::new(FragConfig::default());
+        let key = |ident| FragKey {
+            src: IpAddr::from([10, 0, 0, 2]),
+            dst: IpAddr::from([10, 0, 0, 1]),
+            ident,
+            protocol: 17,
+        };
+        let t0 = Instant::ZERO;
+        // Datagram 1: the first 16 bytes, then a hole. Datagram 2: only
+        // a later piece.
+        let first: Vec<u8> = (0..16).collect();
+        assert!(r.insert(t0, key(1), 0, true, &H, &first).unwrap().is_none());
+        assert!(
+            r.insert(t0, key(2), 64, true, &H, &[9; 8])
+                .unwrap()
+                .is_none()
+        );
+        assert!(r.poll(t0 + Duration::from_secs(29), 8).is_empty());
+        let owed = r.poll(t0 + Duration::from_secs(30), 8);
+        assert_eq!(owed.len(), 1);
+        assert_eq!(owed[0].key, key(1));
+        assert_eq!(owed[0].header, H.to_vec());
+        assert_eq!(owed[0].payload, first[..8].to_vec());
+        assert!(r.is_empty());
+        assert_eq!(r.timeouts, 2);
     }
 }

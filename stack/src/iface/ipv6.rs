@@ -13,8 +13,12 @@
 //! Duplicate address detection of our own addresses: a probe per address
 //! when the link probes at start, a holder's advertisement recorded.
 //!
-//! What comes next (issue 35): MLD, ICMPv6 errors sent beyond port
-//! unreachable.
+//! Errors we send (RFC 4443 §2.4, rate-limited, never about a packet from
+//! an unspecified source): port unreachable, parameter problem (an
+//! unknown next header, option or routing header, pointing at the byte),
+//! time exceeded when a datagram's fragments do not all come in time.
+//! Packets we originate over TCP and UDP carry a flow label per flow
+//! (RFC 6437).
 
 pub use crate::iface::ipv6_iface::{
     ALL_NODES, ALL_ROUTERS, MAX_PREFIXES, MAX_ROUTERS, link_local, multicast_mac, solicited_node,
@@ -87,68 +91,137 @@ pub(crate) struct TooBig {
 /// a longer chain is dropped (bounded work per packet).
 const MAX_EXTENSION_HEADERS: usize = 8;
 
-/// Walk extension headers (RFC 8200 §4) from `next`, whose header starts
-/// at `at` in `p`: hop-by-hop options only first (`first`), destination
-/// options and a routing header with no segments left passed over, their
-/// options checked ([`options`]). Returns the next header that is not
-/// one of these (the upper layer, or a fragment header) and where it
-/// starts. A routing header with segments left is refused: a host does
-/// not forward (RFC 8200 §4.4; type 0 is deprecated by RFC 5095).
-fn walk(
-    p: &[u8],
-    mut next: IpProtocol,
-    mut at: usize,
-    first: bool,
-) -> Result<(IpProtocol, usize), DropReason> {
-    for i in 0..MAX_EXTENSION_HEADERS {
-        match next {
-            IpProtocol::HopByHop | IpProtocol::Ipv6Opts | IpProtocol::Ipv6Route => {
-                if next == IpProtocol::HopByHop && !(first && i == 0) {
-                    return Err(DropReason::Ipv6BadExtension);
-                }
-                let len = p
-                    .get(at + 1)
-                    .map(|&l| (usize::from(l) + 1) * 8)
-                    .ok_or(DropReason::Ipv6BadExtension)?;
-                let h = p.get(at..at + len).ok_or(DropReason::Ipv6BadExtension)?;
-                if next == IpProtocol::Ipv6Route {
-                    if h[3] != 0 {
-                        return Err(DropReason::Ipv6RoutingHeader);
-                    }
-                } else {
-                    options(&h[2..])?;
-                }
-                next = IpProtocol::from(h[0]);
-                at += len;
-            }
-            _ => return Ok((next, at)),
+/// Where a walk over extension headers ended: the next header that is
+/// none of those it passes over, where it starts, and where the byte
+/// naming it is (what a parameter problem about it points at).
+#[derive(Debug, Clone, Copy)]
+struct Walked {
+    next: IpProtocol,
+    at: usize,
+    named_at: usize,
+}
+
+/// Why a packet's extension headers refused it: the drop, and the
+/// parameter problem owed to its sender, if any, with whether it is owed
+/// even for a packet to a multicast group (RFC 4443 §2.4 (e.3)).
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    reason: DropReason,
+    problem: Option<(Icmpv6Error, bool)>,
+}
+
+impl From<DropReason> for Refused {
+    fn from(reason: DropReason) -> Self {
+        Refused {
+            reason,
+            problem: None,
         }
     }
-    Err(DropReason::Ipv6BadExtension)
+}
+
+/// Walk extension headers (RFC 8200 §4) from `next`, whose header starts
+/// at `at` in `p` and is named by the byte at `named_at`: hop-by-hop
+/// options only first (`first`), destination options and a routing
+/// header with no segments left passed over, their options checked
+/// ([`options`]). Returns the next header that is not one of these (the
+/// upper layer, or a fragment header). A routing header with segments
+/// left is refused: a host does not forward (RFC 8200 §4.4; type 0 is
+/// deprecated by RFC 5095), and its sender is told with a parameter
+/// problem pointing at the routing type, as Linux does.
+fn walk(p: &[u8], mut w: Walked, first: bool) -> Result<Walked, Refused> {
+    for i in 0..MAX_EXTENSION_HEADERS {
+        match w.next {
+            IpProtocol::HopByHop | IpProtocol::Ipv6Opts | IpProtocol::Ipv6Route => {
+                if w.next == IpProtocol::HopByHop && !(first && i == 0) {
+                    return Err(Refused {
+                        reason: DropReason::Ipv6BadExtension,
+                        problem: Some((Icmpv6Error::parameter_problem(1, w.named_at), false)),
+                    });
+                }
+                let len = p
+                    .get(w.at + 1)
+                    .map(|&l| (usize::from(l) + 1) * 8)
+                    .ok_or(DropReason::Ipv6BadExtension)?;
+                let h = p
+                    .get(w.at..w.at + len)
+                    .ok_or(DropReason::Ipv6BadExtension)?;
+                if w.next == IpProtocol::Ipv6Route {
+                    if h[3] != 0 {
+                        return Err(Refused {
+                            reason: DropReason::Ipv6RoutingHeader,
+                            problem: Some((Icmpv6Error::parameter_problem(0, w.at + 2), false)),
+                        });
+                    }
+                } else {
+                    options(&h[2..], w.at + 2)?;
+                }
+                w = Walked {
+                    next: IpProtocol::from(h[0]),
+                    named_at: w.at,
+                    at: w.at + len,
+                };
+            }
+            _ => return Ok(w),
+        }
+    }
+    Err(DropReason::Ipv6BadExtension.into())
 }
 
 /// Check the options of a hop-by-hop or destination options header (RFC
-/// 8200 §4.2): padding skipped, an unknown option whose type's two high
-/// bits are 00 skipped, any other unknown option discards the packet.
-fn options(mut o: &[u8]) -> Result<(), DropReason> {
-    while let Some(&kind) = o.first() {
+/// 8200 §4.2), which start at byte `base` of the packet: padding skipped,
+/// an unknown option whose type's two high bits are 00 skipped, any
+/// other unknown option discards the packet; for 10 and 11 its sender is
+/// told with a parameter problem pointing at the option (for 11 only
+/// when the packet was not sent to a group).
+fn options(o: &[u8], base: usize) -> Result<(), Refused> {
+    let mut pos = 0;
+    while let Some(&kind) = o.get(pos) {
         if kind == 0 {
             // Pad1.
-            o = &o[1..];
+            pos += 1;
             continue;
         }
         let len = o
-            .get(1)
+            .get(pos + 1)
             .map(|&l| usize::from(l))
             .ok_or(DropReason::Ipv6BadExtension)?;
-        let rest = o.get(2 + len..).ok_or(DropReason::Ipv6BadExtension)?;
+        if o.len() < pos + 2 + len {
+            return Err(DropReason::Ipv6BadExtension.into());
+        }
         // PadN (1) is known; everything else is unknown to us.
         if kind != 1 && kind & 0xc0 != 0 {
-            return Err(DropReason::Ipv6BadOption);
+            let problem = Icmpv6Error::parameter_problem(2, base + pos);
+            return Err(Refused {
+                reason: DropReason::Ipv6BadOption,
+                problem: match kind >> 6 {
+                    2 => Some((problem, true)),
+                    3 => Some((problem, false)),
+                    _ => None,
+                },
+            });
         }
-        o = rest;
+        pos += 2 + len;
     }
     Ok(())
+}
+
+/// Drop a packet its headers refused, first sending the parameter
+/// problem owed to its sender (`packet` quoted from its fixed header on).
+fn refuse<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    (src, dst): (Ipv6Addr, Ipv6Addr),
+    packet: &[u8],
+    r: Refused,
+) -> DropReason {
+    if let Some((error, to_groups_too)) = r.problem
+        && (to_groups_too || !dst.is_multicast())
+        && send_error(link, now, tx, (src, dst), error, packet, &[])
+    {
+        link.stats.ipv6.tx_param_problems += 1;
+    }
+    r.reason
 }
 
 /// Validate an IPv6 packet (RFC 8200 §3: version, payload length within
@@ -196,8 +269,15 @@ pub(crate) fn ipv6<'a, T: Tx>(
     link.stats.ipv6.rx_packets += 1;
     link.stats.ipv6.rx_bytes += end as u64;
     let packet = &payload[..end];
-    let (mut next, mut at) = walk(packet, pkt.next_header(), IPV6_HEADER_LEN, true)?;
-    if next == IpProtocol::Ipv6Frag {
+    let start = Walked {
+        next: pkt.next_header(),
+        at: IPV6_HEADER_LEN,
+        named_at: 6,
+    };
+    let mut w =
+        walk(packet, start, true).map_err(|r| refuse(link, now, tx, (src, dst), packet, r))?;
+    if w.next == IpProtocol::Ipv6Frag {
+        let at = w.at;
         let f = packet
             .get(at..at + FRAG_HEADER_LEN)
             .ok_or(DropReason::Ipv6BadExtension)?;
@@ -221,8 +301,18 @@ pub(crate) fn ipv6<'a, T: Tx>(
                 return Ok(V6In::Done);
             };
             link.stats.ipv6.reassembled += 1;
-            // The fragmentable part may open with destination options.
-            let (proto, skip) = walk(&datagram.payload, inner, 0, false)?;
+            // The fragmentable part may open with destination options (no
+            // parameter problem: its offsets are not the packet's).
+            let inner = Walked {
+                next: inner,
+                at: 0,
+                named_at: 0,
+            };
+            let Walked {
+                next: proto,
+                at: skip,
+                ..
+            } = walk(&datagram.payload, inner, false).map_err(|r| r.reason)?;
             datagram.payload.drain(..skip);
             datagram.key.protocol = proto.into();
             return match proto {
@@ -240,10 +330,15 @@ pub(crate) fn ipv6<'a, T: Tx>(
             };
         }
         // An atomic fragment (RFC 6946): the packet as it is.
-        (next, at) = walk(packet, inner, at + FRAG_HEADER_LEN, false)?;
+        let after = Walked {
+            next: inner,
+            at: at + FRAG_HEADER_LEN,
+            named_at: at,
+        };
+        w = walk(packet, after, false).map_err(|r| refuse(link, now, tx, (src, dst), packet, r))?;
     }
-    let body = &packet[at..];
-    match next {
+    let body = &packet[w.at..];
+    match w.next {
         IpProtocol::Icmpv6 => {
             icmpv6(link, now, eth_src, &pkt, body, tx).map(|t| t.map_or(V6In::Done, V6In::TooBig))
         }
@@ -264,7 +359,19 @@ pub(crate) fn ipv6<'a, T: Tx>(
         }
         // No next header (RFC 8200 §4.7): nothing follows.
         IpProtocol::Ipv6NoNxt => Ok(V6In::Done),
-        _ => Err(DropReason::Ipv6UnknownNextHeader),
+        // RFC 8200 §4: a parameter problem, code 1, pointing at the byte
+        // that named the protocol.
+        _ => Err(refuse(
+            link,
+            now,
+            tx,
+            (src, dst),
+            packet,
+            Refused {
+                reason: DropReason::Ipv6UnknownNextHeader,
+                problem: Some((Icmpv6Error::parameter_problem(1, w.named_at), false)),
+            },
+        )),
     }
 }
 
@@ -611,11 +718,19 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
         link.ip6.neighbors.lookup(&hop)
     };
     let mtu = link.ip6.mtu(link.cfg.mtu);
+    let labels = FlowLabels {
+        hash: link.flow_hash(),
+        src,
+        dst,
+        protocol,
+    };
     if IPV6_HEADER_LEN + payload_len <= mtu {
         let len = IPV6_HEADER_LEN + payload_len;
         let build = |ip: &mut [u8]| {
             write_header(ip, src, dst, protocol, payload_len);
             fill(&mut ip[IPV6_HEADER_LEN..]);
+            let label = labels.of(&ip[IPV6_HEADER_LEN..]);
+            set_flow_label(ip, label);
         };
         send_or_hold(link, now, tx, hop, mac, len, build);
         return Ok(());
@@ -627,6 +742,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     }
     let mut body = vec![0u8; payload_len];
     fill(&mut body);
+    let label = labels.of(&body);
     let ident = link.ip6.next_frag_id;
     link.ip6.next_frag_id = ident.wrapping_add(1);
     for (i, piece) in body.chunks(chunk).enumerate() {
@@ -647,6 +763,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
             f[2..4].copy_from_slice(&((offset as u16) | u16::from(more)).to_be_bytes());
             f[4..8].copy_from_slice(&ident.to_be_bytes());
             f[FRAG_HEADER_LEN..].copy_from_slice(piece);
+            set_flow_label(ip, label);
         };
         link.stats.ipv6.tx_fragments += 1;
         send_or_hold(link, now, tx, hop, mac, len, build);
@@ -681,6 +798,49 @@ fn send_or_hold<T: Tx>(
             hold(link, now, tx, dst, packet);
         }
     }
+}
+
+/// Flow labels of the packets we originate (RFC 6437 §3): a keyed hash
+/// of the 5-tuple (addresses, protocol, and the transport's ports, the
+/// first four bytes of a TCP or UDP header), so every packet of one flow
+/// carries one label, labels spread evenly, and no other host can
+/// predict them. Other protocols (ICMPv6) hash without ports. Never 0,
+/// which says "no label".
+struct FlowLabels {
+    hash: foldhash::fast::FixedState,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    protocol: IpProtocol,
+}
+
+impl FlowLabels {
+    /// The label of a packet whose upper-layer bytes start `upper`.
+    fn of(&self, upper: &[u8]) -> u32 {
+        use std::hash::BuildHasher;
+        let ports = match (self.protocol, upper.get(..4)) {
+            (IpProtocol::Tcp | IpProtocol::Udp, Some(p)) => {
+                u32::from_be_bytes([p[0], p[1], p[2], p[3]])
+            }
+            _ => 0,
+        };
+        let h = self.hash.hash_one((
+            self.src.to_bits(),
+            self.dst.to_bits(),
+            u8::from(self.protocol),
+            ports,
+        ));
+        match (h as u32) & 0x000f_ffff {
+            0 => 1,
+            l => l,
+        }
+    }
+}
+
+/// Write `label` into the fixed header at the start of `ip`.
+fn set_flow_label(ip: &mut [u8], label: u32) {
+    let mut w = u32::from_be_bytes([ip[0], ip[1], ip[2], ip[3]]);
+    w = (w & 0xfff0_0000) | label;
+    ip[..4].copy_from_slice(&w.to_be_bytes());
 }
 
 /// A fragment header's bytes (RFC 8200 §4.5).
@@ -784,10 +944,8 @@ pub(crate) fn poll_at(link: &Link) -> Option<Instant> {
 }
 
 /// ICMPv6 destination unreachable, port unreachable (RFC 4443 §3.1)
-/// about a datagram we received: rate-limited with IPv4's errors, never
-/// about a packet to a multicast group; it quotes the fixed header as
-/// received and as much of the datagram (`body`) as keeps the message
-/// within the minimum MTU.
+/// about a datagram we received, never about a packet to a multicast
+/// group ([`send_error`]).
 pub(crate) fn send_port_unreachable<T: Tx>(
     link: &mut Link,
     now: Instant,
@@ -798,36 +956,102 @@ pub(crate) fn send_port_unreachable<T: Tx>(
     let (core::net::IpAddr::V6(src), core::net::IpAddr::V6(dst)) = (meta.src, meta.dst) else {
         return;
     };
-    if meta.broadcast || src.is_unspecified() {
+    if meta.broadcast {
         return;
     }
+    let error = Icmpv6Error::PORT_UNREACHABLE;
+    if send_error(link, now, tx, (src, dst), error, meta.header, body) {
+        link.stats.ipv6.tx_dest_unreachable += 1;
+    }
+}
+
+/// An ICMPv6 error message's type, code and 32-bit parameter (RFC 4443
+/// §3: the pointer of a parameter problem, else 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Icmpv6Error {
+    kind: u8,
+    code: u8,
+    param: u32,
+}
+
+impl Icmpv6Error {
+    /// Destination unreachable, port unreachable (§3.1).
+    const PORT_UNREACHABLE: Self = Icmpv6Error {
+        kind: 1,
+        code: 4,
+        param: 0,
+    };
+    /// Time exceeded, fragment reassembly time exceeded (§3.3).
+    pub(crate) const REASSEMBLY_TIME_EXCEEDED: Self = Icmpv6Error {
+        kind: 3,
+        code: 1,
+        param: 0,
+    };
+
+    /// Parameter problem (§3.4) of `code` (0 erroneous header field, 1
+    /// unrecognized next header, 2 unrecognized option) at byte `pointer`
+    /// of the packet.
+    fn parameter_problem(code: u8, pointer: usize) -> Self {
+        Icmpv6Error {
+            kind: 4,
+            code,
+            param: u32::try_from(pointer).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Send `error` about a packet from `to` to `dst` whose fixed header (and
+/// extension headers) were `head` and whose rest was `tail` (RFC 4443
+/// §2.4): from `dst` when it is one of our unicast addresses, rate-limited
+/// with IPv4's errors, never to an unspecified or multicast source,
+/// quoting as much of the packet as keeps the message within the minimum
+/// MTU. Whether it left.
+pub(crate) fn send_error<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    (to, dst): (Ipv6Addr, Ipv6Addr),
+    error: Icmpv6Error,
+    head: &[u8],
+    tail: &[u8],
+) -> bool {
+    if to.is_unspecified() || to.is_multicast() {
+        return false;
+    }
+    let from = if link.ip6.is_ours(&dst) {
+        Some(dst)
+    } else {
+        link.ip6.source_for(&to)
+    };
+    let Some(from) = from else {
+        return false;
+    };
     if !link.icmp_errors.take(now) {
         link.stats.icmp.rate_limited += 1;
-        return;
+        return false;
     }
     let room = MIN_MTU - IPV6_HEADER_LEN - 8;
-    let head = &meta.header[..meta.header.len().min(room)];
-    let tail = &body[..body.len().min(room - head.len())];
+    let head = &head[..head.len().min(room)];
+    let tail = &tail[..tail.len().min(room - head.len())];
     let quote = head.len() + tail.len();
     let sent = send(
         link,
         now,
         tx,
-        dst,
-        src,
+        from,
+        to,
         IpProtocol::Icmpv6,
         8 + quote,
         |b| {
-            b[0] = 1; // destination unreachable
-            b[1] = 4; // port unreachable
-            b[2..8].fill(0);
+            b[0] = error.kind;
+            b[1] = error.code;
+            b[2..4].fill(0);
+            b[4..8].copy_from_slice(&error.param.to_be_bytes());
             b[8..8 + head.len()].copy_from_slice(head);
             b[8 + head.len()..].copy_from_slice(tail);
-            let c = crate::wire::checksum::compute_ip(dst.into(), src.into(), 58, b);
+            let c = crate::wire::checksum::compute_ip(from.into(), to.into(), 58, b);
             b[2..4].copy_from_slice(&c.to_be_bytes());
         },
     );
-    if sent.is_ok() {
-        link.stats.ipv6.tx_dest_unreachable += 1;
-    }
+    sent.is_ok()
 }

@@ -167,8 +167,11 @@ impl Ipv6Iface {
     /// itself when on-link (link-local, multicast, in the prefix of one of
     /// our configured addresses or of an advertised on-link prefix), else
     /// the configured gateway or the first advertised default router;
-    /// `None`: no route.
+    /// `None`: no route (or IPv6 off).
     pub(crate) fn next_hop(&self, dst: &Ipv6Addr) -> Option<Ipv6Addr> {
+        if !self.enabled() {
+            return None;
+        }
         let on_link = dst.is_unicast_link_local()
             || dst.is_multicast()
             || self.addrs.iter().any(|c| c.contains_addr(dst))

@@ -134,6 +134,8 @@ pub(crate) struct Link {
     /// IPv4 identification counters, one per hash bucket ([`Link::next_ident`]).
     ip_idents: Box<[u16]>,
     ident_hash: foldhash::fast::FixedState,
+    /// Key of IPv6 flow labels ([`Link::flow_hash`]).
+    flow_hash: foldhash::fast::FixedState,
     announced: bool,
     pub(crate) icmp_errors: RateLimit,
     /// Resets for segments that belong to no connection (token bucket).
@@ -169,6 +171,7 @@ impl Link {
             stats: Stats::default(),
             ip_idents: ident_buckets(secret),
             ident_hash: foldhash::fast::FixedState::with_seed(secret.0 ^ secret.1.rotate_left(32)),
+            flow_hash: foldhash::fast::FixedState::with_seed(secret.1 ^ secret.0.rotate_left(17)),
             arp_retry: Vec::new(),
             probe_due: false,
             probing: false,
@@ -365,33 +368,43 @@ impl Link {
         if meta.broadcast {
             return;
         }
-        if !self.icmp_errors.take(now) {
-            self.stats.icmp.rate_limited += 1;
-            return;
-        }
-        let data = &body[..body.len().min(8)];
-        let quote_len = meta.header.len() + data.len();
-        let sent = self.send_ip(
-            now,
-            tx,
-            meta.src_v4(),
-            IpProtocol::Icmp,
-            8 + quote_len,
-            |buf| {
-                let mut p = Icmpv4Packet::new_unchecked(&mut *buf);
-                p.set_msg_type(Icmpv4Message::DstUnreachable);
-                p.set_msg_code(reason.into());
-                // Checksum (filled below) and the unused word.
-                buf[2..8].fill(0);
-                let (hdr, rest) = buf[8..].split_at_mut(meta.header.len());
-                hdr.copy_from_slice(meta.header);
-                rest[..data.len()].copy_from_slice(data);
-                Icmpv4Packet::new_unchecked(buf).fill_checksum();
-            },
-        );
-        if sent.is_ok() {
+        let error = (Icmpv4Message::DstUnreachable, u8::from(reason));
+        if self.send_error(now, tx, error, meta.src_v4(), meta.header, body) {
             self.stats.icmp.tx_dest_unreachable += 1;
         }
+    }
+
+    /// An ICMP error of `(type, code)` to `to` about a datagram whose
+    /// header (options on) was `header` and whose payload starts `body`:
+    /// the header and the payload's first 8 bytes quoted (RFC 792),
+    /// rate-limited. Whether it left.
+    pub(crate) fn send_error<T: Tx>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        (kind, code): (Icmpv4Message, u8),
+        to: Ipv4Addr,
+        header: &[u8],
+        body: &[u8],
+    ) -> bool {
+        if !self.icmp_errors.take(now) {
+            self.stats.icmp.rate_limited += 1;
+            return false;
+        }
+        let data = &body[..body.len().min(8)];
+        let quote_len = header.len() + data.len();
+        let sent = self.send_ip(now, tx, to, IpProtocol::Icmp, 8 + quote_len, |buf| {
+            let mut p = Icmpv4Packet::new_unchecked(&mut *buf);
+            p.set_msg_type(kind);
+            p.set_msg_code(code);
+            // Checksum (filled below) and the unused word.
+            buf[2..8].fill(0);
+            let (hdr, rest) = buf[8..].split_at_mut(header.len());
+            hdr.copy_from_slice(header);
+            rest[..data.len()].copy_from_slice(data);
+            Icmpv4Packet::new_unchecked(buf).fill_checksum();
+        });
+        sent.is_ok()
     }
 
     pub(crate) fn count_tx(&mut self, ok: bool, len: usize) {
@@ -437,6 +450,12 @@ impl Link {
         } else {
             self.cfg.gateway
         }
+    }
+
+    /// The keyed hash of IPv6 flow labels (RFC 6437): from the stack's
+    /// secret, apart from the IPv4 identification's.
+    pub(crate) fn flow_hash(&self) -> foldhash::fast::FixedState {
+        self.flow_hash.clone()
     }
 
     /// The identification of the next datagram to `dst` (RFC 6864, RFC 7739

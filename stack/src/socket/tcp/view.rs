@@ -44,15 +44,18 @@ impl<'a> Tcp<'a> {
     }
 
     /// Our address for a connection to `remote`: the IPv4 one, or the
-    /// IPv6 one of the right scope (`NoRoute` with IPv6 off).
+    /// IPv6 one of the right scope. `NoRoute` with IPv6 off, or when an
+    /// IPv6 destination is neither on-link nor behind a router (Linux's
+    /// ENETUNREACH at connect, rather than a SYN that never leaves).
     fn source_for(&self, remote: &SocketAddr) -> Result<IpAddr, Error> {
         match remote {
             SocketAddr::V4(_) => Ok(IpAddr::V4(self.ip)),
-            SocketAddr::V6(r) => self
+            SocketAddr::V6(r) if self.ip6.next_hop(r.ip()).is_some() => self
                 .ip6
                 .source_for(r.ip())
                 .map(IpAddr::V6)
                 .ok_or(Error::NoRoute),
+            SocketAddr::V6(_) => Err(Error::NoRoute),
         }
     }
 

@@ -5,13 +5,16 @@ use core::net::SocketAddr;
 
 use super::{Family, UdpHandle, UdpReuse, UdpTable};
 use crate::error::Error;
+use crate::iface::ipv6_iface::Ipv6Iface;
 
 /// The UDP sockets of a stack, lent mutably by `stack.udp()`, with the
-/// most bytes a socket queues to send (`Config::udp_tx_queue_bytes`).
+/// most bytes a socket queues to send (`Config::udp_tx_queue_bytes`) and
+/// the IPv6 routes a datagram may take.
 #[derive(Debug)]
 pub struct Udp<'a> {
     table: &'a mut UdpTable,
     tx_cap: usize,
+    ip6: &'a Ipv6Iface,
 }
 
 /// The same, read-only: what `udp_ref()` lends.
@@ -22,8 +25,8 @@ pub struct UdpRef<'a> {
 }
 
 impl<'a> Udp<'a> {
-    pub(crate) fn new(table: &'a mut UdpTable, tx_cap: usize) -> Self {
-        Udp { table, tx_cap }
+    pub(crate) fn new(table: &'a mut UdpTable, tx_cap: usize, ip6: &'a Ipv6Iface) -> Self {
+        Udp { table, tx_cap, ip6 }
     }
 
     /// Bind a socket to `port` (0 picks an ephemeral port); `AddrInUse`
@@ -67,8 +70,15 @@ impl<'a> Udp<'a> {
         dst: impl Into<SocketAddr>,
         data: &[u8],
     ) -> Result<(), Error> {
-        let cap = self.tx_cap;
-        self.table.send_to(h, dst.into(), data, cap)
+        let (cap, dst) = (self.tx_cap, dst.into());
+        // An IPv6 destination with no route is refused now, as Linux's
+        // sendto says ENETUNREACH, rather than dropped at the next poll.
+        if let SocketAddr::V6(d) = dst
+            && self.ip6.next_hop(d.ip()).is_none()
+        {
+            return Err(Error::NoRoute);
+        }
+        self.table.send_to(h, dst, data, cap)
     }
 
     /// Take the next datagram: copies up to `buf.len()` bytes (the rest of a

@@ -1,0 +1,239 @@
+//! The ICMP errors a host owes beyond port unreachable, and IPv6 flow
+//! labels, on raw frames built with smoltcp's wire types: a parameter
+//! problem for an unknown next header (RFC 8200 §4, RFC 4443 §3.4) and
+//! for an unknown option to a group only when its type asks for it (RFC
+//! 4443 §2.4 (e.3)), time exceeded when a datagram's fragments do not all
+//! come in time (IPv4 and IPv6), and one flow label per flow (RFC 6437).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use ustack::iface::ipv6::{ALL_NODES, multicast_mac, solicited_node};
+use ustack::sim::{host_config, host_mac};
+use ustack::wire::*;
+use ustack::{Stack, VecTx};
+
+mod v6util;
+use v6util::*;
+
+/// A stack that knows PEER's MAC (PEER solicited it), so what it sends
+/// PEER leaves at once.
+fn host() -> Stack {
+    let mut s = Stack::new(config());
+    let ns = solicit(GLOBAL, Some(peer_mac()));
+    let group = solicited_node(GLOBAL);
+    receive(
+        &mut s,
+        &icmpv6_frame(multicast_mac(group), PEER, group, 255, &ns),
+    );
+    s
+}
+
+/// (type, code, parameter) of an ICMPv6 message.
+fn head(icmp: &[u8]) -> (u8, u8, u32) {
+    (
+        icmp[0],
+        icmp[1],
+        u32::from_be_bytes(icmp[4..8].try_into().unwrap()),
+    )
+}
+
+/// An upper layer we do not speak gets a parameter problem, code 1,
+/// pointing at the fixed header's next-header byte (6), or at the byte of
+/// the extension header that named it; the packet is quoted.
+#[test]
+fn unknown_next_header_gets_a_parameter_problem() {
+    let mut s = host();
+    let sctp = IpProtocol::from(132);
+    let frame = v6_frame(sctp, &[], &[0u8; 12]);
+    let tx = receive(&mut s, &frame);
+    let (mac, src, dst, _, icmp) = only_reply(&tx);
+    assert_eq!((mac, src, dst), (peer_mac(), GLOBAL, PEER));
+    assert_eq!(head(&icmp), (4, 1, 6));
+    assert_eq!(&icmp[8..], &frame[ETHERNET_HEADER_LEN..]);
+    // After a destination options header at byte 40: its first byte.
+    let chain = opts_header(sctp, &[]);
+    let tx = receive(&mut s, &v6_frame(IpProtocol::Ipv6Opts, &chain, &[0u8; 12]));
+    assert_eq!(head(&only_reply(&tx).4), (4, 1, 40));
+    assert_eq!(s.stats().ipv6.tx_param_problems, 2);
+    // "No next header" is no error.
+    let tx = receive(&mut s, &v6_frame(IpProtocol::Ipv6NoNxt, &[], &[]));
+    assert!(tx.frames.is_empty());
+}
+
+/// A packet sent to a group: an unknown option of type 11 is dropped in
+/// silence, one of type 10 is answered (the only parameter problem owed
+/// for a packet to a group), and an unknown next header is not.
+#[test]
+fn errors_about_packets_to_a_group() {
+    let mut s = host();
+    let to_group = |first: IpProtocol, chain: &[u8], upper: &[u8]| {
+        let mut f = v6_frame(first, chain, upper);
+        let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
+        eth.set_dst_addr(multicast_mac(ALL_NODES));
+        Ipv6Packet::new_unchecked(eth.payload_mut()).set_dst_addr(ALL_NODES);
+        f
+    };
+    let opt11 = opts_header(IpProtocol::Udp, &[0xc0, 0]);
+    assert!(
+        receive(&mut s, &to_group(IpProtocol::Ipv6Opts, &opt11, &[]))
+            .frames
+            .is_empty()
+    );
+    let sctp = IpProtocol::from(132);
+    assert!(
+        receive(&mut s, &to_group(sctp, &[], &[0; 8]))
+            .frames
+            .is_empty()
+    );
+    let opt10 = opts_header(IpProtocol::Udp, &[0x80, 0]);
+    let tx = receive(&mut s, &to_group(IpProtocol::Ipv6Opts, &opt10, &[]));
+    let (_, src, dst, _, icmp) = only_reply(&tx);
+    // From our own address (not the group), to the sender.
+    assert_eq!((src, dst), (GLOBAL, PEER));
+    assert_eq!(head(&icmp), (4, 2, 42));
+}
+
+/// The first fragment of a datagram whose rest never comes: after the
+/// reassembly timeout (30 s), time exceeded code 1 quoting it; a datagram
+/// whose first fragment never came owes nothing.
+#[test]
+fn reassembly_timeout_sends_time_exceeded_over_ipv6() {
+    let mut s = host();
+    let first = [frag_header(IpProtocol::Udp, 0, true, 7), udp6(&[5u8; 64])].concat();
+    let later = [frag_header(IpProtocol::Udp, 512, true, 8), vec![6u8; 64]].concat();
+    for f in [&first, &later] {
+        assert!(
+            receive(&mut s, &v6_frame(IpProtocol::Ipv6Frag, f, &[]))
+                .frames
+                .is_empty()
+        );
+    }
+    assert!(polled_at(&mut s, T0 + Duration::from_secs(29)).is_empty());
+    // What goes to PEER (a router solicitation may leave too).
+    let mut tx = VecTx::new();
+    s.poll(T0 + Duration::from_secs(30), &mut tx);
+    tx.frames.retain(|f| v6_dst(f).1 == PEER);
+    let (_, src, dst, _, icmp) = only_reply(&tx);
+    assert_eq!((src, dst), (GLOBAL, PEER));
+    assert_eq!(head(&icmp), (3, 1, 0));
+    // The fixed header as received, then the first fragment's payload.
+    let quoted = Ipv6Packet::new_unchecked(&icmp[8..48]);
+    assert_eq!((quoted.src_addr(), quoted.dst_addr()), (PEER, GLOBAL));
+    assert_eq!(&icmp[48..], &udp6(&[5u8; 64])[..]);
+    let st = s.stats();
+    assert_eq!((st.ipv6.tx_time_exceeded, st.icmp.tx_time_exceeded), (1, 0));
+}
+
+/// The same over IPv4: type 11 code 1, the header and the first 8 bytes.
+#[test]
+fn reassembly_timeout_sends_time_exceeded_over_ipv4() {
+    let mut cfg = host_config(1);
+    cfg.announce = false;
+    let mut s = Stack::new(cfg);
+    let (me, peer) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+    // The peer asks for our MAC: we learn its own.
+    let arp = ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Request,
+        source_hardware_addr: host_mac(2),
+        source_protocol_addr: peer,
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: me,
+    };
+    let mut frame = vec![0u8; ETHERNET_HEADER_LEN + arp.buffer_len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut frame[..]);
+    eth.set_src_addr(host_mac(2));
+    eth.set_dst_addr(EthernetAddress::BROADCAST);
+    eth.set_ethertype(EthernetProtocol::Arp);
+    arp.emit(&mut ArpPacket::new_unchecked(eth.payload_mut()));
+    receive(&mut s, &frame);
+    // The first fragment of a UDP datagram: 16 bytes, more to come.
+    let ip = Ipv4Repr {
+        src_addr: peer,
+        dst_addr: me,
+        next_header: IpProtocol::Udp,
+        payload_len: 16,
+        hop_limit: 64,
+    };
+    let mut frame = vec![0u8; ETHERNET_HEADER_LEN + 20 + 16];
+    let mut eth = EthernetFrame::new_unchecked(&mut frame[..]);
+    eth.set_src_addr(host_mac(2));
+    eth.set_dst_addr(host_mac(1));
+    eth.set_ethertype(EthernetProtocol::Ipv4);
+    let mut pkt = Ipv4Packet::new_unchecked(eth.payload_mut());
+    ip.emit(&mut pkt, &smoltcp::phy::ChecksumCapabilities::default());
+    pkt.set_ident(99);
+    pkt.set_more_frags(true);
+    pkt.payload_mut()
+        .copy_from_slice(&(0..16).collect::<Vec<u8>>());
+    pkt.fill_checksum();
+    assert!(receive(&mut s, &frame).frames.is_empty());
+    let out = polled_at(&mut s, T0 + Duration::from_secs(30));
+    assert_eq!(out.len(), 1);
+    let eth = EthernetFrame::new_checked(&out[0][..]).unwrap();
+    assert_eq!(eth.dst_addr(), host_mac(2));
+    let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+    assert_eq!((ip.src_addr(), ip.dst_addr()), (me, peer));
+    let icmp = Icmpv4Packet::new_checked(ip.payload()).unwrap();
+    assert!(icmp.verify_checksum());
+    assert_eq!(
+        (icmp.msg_type(), icmp.msg_code()),
+        (Icmpv4Message::TimeExceeded, 1)
+    );
+    let quoted = &ip.payload()[8..];
+    assert_eq!(quoted.len(), 20 + 8);
+    assert_eq!(&quoted[20..], &(0..8).collect::<Vec<u8>>()[..]);
+    assert_eq!(s.stats().icmp.tx_time_exceeded, 1);
+}
+
+/// The flow label of each packet we send (the fixed header's low 20 bits
+/// of its first word).
+fn flow_label(frame: &[u8]) -> u32 {
+    let ip = &frame[ETHERNET_HEADER_LEN..];
+    u32::from_be_bytes([ip[0], ip[1], ip[2], ip[3]]) & 0x000f_ffff
+}
+
+/// One label per flow, never 0 (RFC 6437 §3): every datagram of one UDP
+/// flow, every fragment of one datagram, and a TCP connection's
+/// retransmitted SYN carry their flow's label; another flow has another.
+#[test]
+fn one_flow_label_per_flow() {
+    let mut s = host();
+    let peer = |port| SocketAddr::new(PEER.into(), port);
+    let a = s.udp().bind(5000).unwrap();
+    let b = s.udp().bind(5001).unwrap();
+    s.udp().send_to(a, peer(53), b"one").unwrap();
+    s.udp().send_to(a, peer(53), b"two").unwrap();
+    s.udp().send_to(a, peer(53), &[0u8; 3000]).unwrap();
+    s.udp().send_to(b, peer(53), b"three").unwrap();
+    let out = polled_at(&mut s, T0);
+    assert_eq!(out.len(), 2 + 3 + 1, "two datagrams, three fragments, one");
+    let labels: Vec<u32> = out.iter().map(|f| flow_label(f)).collect();
+    assert!(labels.iter().all(|&l| l != 0), "{labels:?}");
+    assert!(labels[..5].iter().all(|&l| l == labels[0]), "{labels:?}");
+    assert_ne!(labels[5], labels[0]);
+    // TCP: the SYN and its retransmission share one label.
+    s.tcp().connect(T0, peer(80)).unwrap();
+    let to_peer = |mut frames: Vec<Vec<u8>>| {
+        frames.retain(|f| v6_dst(f).1 == PEER);
+        frames
+    };
+    let syn = to_peer(polled_at(&mut s, T0));
+    let again = to_peer(polled_at(&mut s, T0 + Duration::from_secs(3)));
+    assert_eq!((syn.len(), again.len()), (1, 1));
+    assert_eq!(flow_label(&syn[0]), flow_label(&again[0]));
+    assert_ne!(flow_label(&syn[0]), 0);
+    // Another stack (another secret) labels the same flow otherwise.
+    let mut cfg = config();
+    cfg.secret = (1, 2);
+    let mut other = Stack::new(cfg);
+    let ns = solicit(GLOBAL, Some(peer_mac()));
+    let group = solicited_node(GLOBAL);
+    receive(
+        &mut other,
+        &icmpv6_frame(multicast_mac(group), PEER, group, 255, &ns),
+    );
+    let h = other.udp().bind(5000).unwrap();
+    other.udp().send_to(h, peer(53), b"one").unwrap();
+    assert_ne!(flow_label(&polled_at(&mut other, T0)[0]), labels[0]);
+}
