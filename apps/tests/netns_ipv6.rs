@@ -6,7 +6,8 @@
 //! (the echo service; datagrams and pings above the MTU in fragments both
 //! ways) and ICMPv6 port unreachable as Linux reads it; TCP
 //! over IPv6 (8 MiB echoed byte-exact, a closed port refused, stock
-//! `iperf3 -6` both ways against the iperf3 server).
+//! `iperf3 -6` both ways against the iperf3 server); MLDv2 reports that
+//! a snooping bridge learns ustack's groups from.
 //! Needs root; the all-features build runs it.
 #![cfg(feature = "pcap")]
 
@@ -243,6 +244,94 @@ fn a_stack_given_a_taken_ipv6_address_exits_2() {
         line.contains("fd77::1 is already in use") && line.contains(&mac),
         "{err}"
     );
+}
+
+/// MLDv2 as a snooping switch reads it: the Linux host's end sits on a
+/// bridge with multicast snooping, and its port toward ustack floods no
+/// unknown multicast. The bridge learns both of ustack's solicited-node
+/// groups from its reports (the link-local and the configured address),
+/// and Linux resolves and pings ustack across it. (Whether the bridge
+/// would have withheld the solicitations without the groups is not
+/// checked: with no querier established on the segment, a Linux bridge
+/// floods multicast whatever its table says.)
+#[test]
+fn a_snooping_bridge_learns_our_groups_from_mld_reports() {
+    need_root!();
+    let topo = Topo::up("v6m");
+    let lv = topo.linux_if();
+    let run = |args: &[&str]| {
+        let o = topo.linux(args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"]);
+    run(&[
+        "ip",
+        "link",
+        "add",
+        "br0",
+        "type",
+        "bridge",
+        "mcast_snooping",
+        "1",
+        "mcast_mld_version",
+        "2",
+    ]);
+    run(&["ip", "link", "set", &lv, "master", "br0"]);
+    run(&["bridge", "link", "set", "dev", &lv, "mcast_flood", "off"]);
+    run(&["sysctl", "-qw", "net.ipv6.conf.br0.disable_ipv6=0"]);
+    run(&["ip", "link", "set", "br0", "up"]);
+    run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd77::1/64",
+        "dev",
+        "br0",
+        "nodad",
+    ]);
+    let d = Daemon::spawn(&mut topo.bin(
+        env!("CARGO_BIN_EXE_ustack"),
+        &[
+            "run",
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+            "--ip",
+            "fd77::2/64",
+        ],
+    ));
+    // Both groups on ustack's port, learnt from the reports.
+    let port = format!("port {lv} grp");
+    let groups = ["ff02::1:ff4d:2", "ff02::1:ff00:2"];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mdb = loop {
+        let mdb = run(&["bridge", "mdb", "show"]);
+        let learnt = groups
+            .iter()
+            .all(|g| mdb.lines().any(|l| l.contains(&port) && l.contains(g)));
+        if learnt {
+            break mdb;
+        }
+        assert!(Instant::now() < deadline, "groups never learnt:\n{mdb}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        !mdb.contains("grp ff02::1 "),
+        "all-nodes is never reported: {mdb}"
+    );
+    // Linux resolves and pings ustack across the bridge.
+    let ping = topo.linux(&["ping", "-6", "-c", "3", "-i", "0.2", "-W", "2", "fd77::2"]);
+    let text = String::from_utf8_lossy(&ping.stdout);
+    assert!(ping.status.success(), "{text}\n{mdb}");
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
 }
 
 /// `uperf -c` to a Linux `iperf3 -s` over IPv6, both directions: the

@@ -446,6 +446,10 @@ stats! {
         /// Parameter problem messages sent (RFC 4443 §3.4: an erroneous
         /// header field, an unrecognized next header or option).
         counter tx_param_problems: u64,
+        /// MLDv2 reports sent for our solicited-node groups (RFC 3810).
+        counter tx_mld_reports: u64,
+        /// MLD queries received from a router (link-local, hop limit 1).
+        counter rx_mld_queries: u64,
         /// Packets dropped while waiting for a neighbor (queue full, or
         /// the neighbor never answered).
         counter pending_dropped: u64,

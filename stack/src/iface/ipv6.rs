@@ -29,14 +29,15 @@ use core::net::{Ipv6Addr, SocketAddr};
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
     ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress, EthernetProtocol, IPV6_HEADER_LEN,
-    Icmpv6Packet, Icmpv6Repr, IpProtocol, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags, NdiscRepr,
-    RawHardwareAddress,
+    Icmpv6Packet, Icmpv6Repr, IpProtocol, Ipv6Packet, Ipv6Repr, MldRepr, NdiscNeighborFlags,
+    NdiscRepr, RawHardwareAddress,
 };
 
 use crate::error::Error;
 use crate::iface::frag::{FragKey, Reassembled, Reassembler};
 use crate::iface::ipv6_iface::{MIN_MTU, RTR_SOLICITATION_INTERVAL};
 use crate::iface::link::{IpMeta, Link, write_eth};
+use crate::iface::mld;
 use crate::iface::resolve::Enqueue;
 use crate::phy::device::{RxMeta, Tx};
 use crate::stats::DropReason;
@@ -441,6 +442,24 @@ fn icmpv6<T: Tx>(
             Ok(None)
         }
         Icmpv6Repr::Ndisc(nd) => ndisc(link, now, eth_src, ip, nd, body, tx).map(|()| None),
+        Icmpv6Repr::Mld(MldRepr::Query {
+            max_resp_code,
+            mcast_addr,
+            ..
+        }) => {
+            // RFC 3810 §5.1.14: from a link-local source, hop limit 1.
+            if !src.is_unicast_link_local() || ip.hop_limit() != 1 {
+                return Err(DropReason::Icmpv6Unhandled);
+            }
+            link.stats.ipv6.rx_mld_queries += 1;
+            // A general query, or one about a group of ours.
+            let ours = mcast_addr.is_unspecified() || link.ip6.groups().contains(&mcast_addr);
+            if ours {
+                let delay = mld::max_response_delay(max_resp_code);
+                link.ip6.mld.query(now, delay);
+            }
+            Ok(None)
+        }
         Icmpv6Repr::PktTooBig { mtu, header, data } => {
             link.stats.ipv6.rx_packet_too_big += 1;
             // Ours, TCP with no extension header between, and enough of
@@ -628,6 +647,44 @@ fn solicit_routers<T: Tx>(link: &mut Link, tx: &mut T) {
         &rs,
     ) {
         link.stats.ipv6.tx_router_solicits += 1;
+    }
+}
+
+/// An MLDv2 report (RFC 3810 §5.2) of `record` for each of our groups, to
+/// all MLDv2 routers from our link-local address, with hop limit 1 and
+/// a hop-by-hop header holding the router alert option (§5, RFC 2711).
+fn send_mld_report<T: Tx>(link: &mut Link, tx: &mut T, record: u8) {
+    let Some(src) = link.ip6.source_for(&mld::ALL_MLDV2_ROUTERS) else {
+        return;
+    };
+    let groups = link.ip6.groups();
+    let dst = mld::ALL_MLDV2_ROUTERS;
+    let icmp_len = 8 + groups.len() * mld::RECORD_LEN;
+    // Next header ICMPv6, length 0 (8 bytes), router alert "MLD" (type 5,
+    // 2 bytes of 0), PadN of 0 bytes.
+    let hbh = [u8::from(IpProtocol::Icmpv6), 0, 5, 2, 0, 0, 1, 0];
+    let ip = Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: IpProtocol::HopByHop,
+        payload_len: hbh.len() + icmp_len,
+        hop_limit: 1,
+    };
+    let len = ETH_LEN + IPV6_HEADER_LEN + hbh.len() + icmp_len;
+    let me = link.cfg.mac;
+    let sent = tx.send(len, |buf| {
+        write_eth(buf, me, multicast_mac(dst), EthernetProtocol::Ipv6);
+        ip.emit(&mut Ipv6Packet::new_unchecked(&mut buf[ETH_LEN..]));
+        let at = ETH_LEN + IPV6_HEADER_LEN;
+        buf[at..at + hbh.len()].copy_from_slice(&hbh);
+        let icmp = &mut buf[at + hbh.len()..];
+        mld::write_report(icmp, &groups, record);
+        let c = crate::wire::checksum::compute_ip(src.into(), dst.into(), 58, icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    });
+    count(link, sent, len - ETH_LEN);
+    if sent {
+        link.stats.ipv6.tx_mld_reports += 1;
     }
 }
 
@@ -923,6 +980,13 @@ pub(crate) fn poll<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
     link.ip6.retry = retry;
     if std::mem::take(&mut link.ip6.dad_due) {
         probe_addresses(link, tx);
+    }
+    if link.ip6.enabled() {
+        let addrs = mld::fingerprint(link.ip6.addrs());
+        link.ip6.mld.addresses(now, addrs);
+        if let Some(record) = link.ip6.mld.take(now) {
+            send_mld_report(link, tx, record);
+        }
     }
     link.ip6.expire(now);
     if link.ip6.next_solicit.is_none() && link.ip6.wants_routers() {

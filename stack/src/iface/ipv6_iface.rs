@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use smoltcp::wire::{EthernetAddress, Ipv6Cidr};
 
+use crate::iface::mld::Mld;
 use crate::iface::ndp::Neighbors;
 use crate::iface::resolve::{Limits, Resolving};
 use crate::time::Instant;
@@ -101,6 +102,8 @@ pub(crate) struct Ipv6Iface {
     /// The first of our addresses another host was seen holding (it
     /// advertised it: RFC 4862 §5.4.4), and that host's MAC.
     pub(crate) conflict: Option<(Ipv6Addr, EthernetAddress)>,
+    /// MLDv2 reports owed for our solicited-node groups.
+    pub(crate) mld: Mld,
 }
 
 impl Default for Ipv6Iface {
@@ -123,6 +126,7 @@ impl Default for Ipv6Iface {
             first_solicit_delay: Duration::ZERO,
             dad_due: false,
             conflict: None,
+            mld: Mld::new(0),
         }
     }
 }
@@ -142,6 +146,7 @@ impl Ipv6Iface {
             mac,
             next_frag_id: (secret ^ (secret >> 32)) as u32,
             first_solicit_delay: Duration::from_micros(1 + (secret >> 20) % 1_000_000),
+            mld: Mld::new(secret.rotate_left(7)),
             ..Ipv6Iface::default()
         }
     }
@@ -194,17 +199,26 @@ impl Ipv6Iface {
         self.slaac.retain(|a| a.until > now);
     }
 
-    /// When something learnt next expires, or a router solicitation is due.
+    /// When something learnt next expires, or a router solicitation or an
+    /// MLD report is due.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let learnt = (self.routers.iter().map(|r| r.until))
             .chain(self.on_link.iter().map(|p| p.until))
             .chain(self.slaac.iter().map(|a| a.until))
             .min();
-        let solicit = self.solicit_due();
-        match (learnt, solicit) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [learnt, self.solicit_due(), self.mld.due()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The groups we listen to and report (RFC 3810 §6): the
+    /// solicited-node group of each address, once each.
+    pub(crate) fn groups(&self) -> Vec<Ipv6Addr> {
+        let mut groups: Vec<Ipv6Addr> = self.addrs().map(solicited_node).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        groups
     }
 
     /// Whether router solicitations are wanted: IPv6 on, advertisements

@@ -1,17 +1,20 @@
-//! The ICMP errors a host owes beyond port unreachable, and IPv6 flow
-//! labels, on raw frames built with smoltcp's wire types: a parameter
+//! What an IPv6 host owes beyond neighbor discovery, on raw frames built
+//! with smoltcp's wire types: MLDv2 reports for its solicited-node groups
+//! (RFC 3810), unsolicited and in answer to a query; the ICMP errors
+//! beyond port unreachable: a parameter
 //! problem for an unknown next header (RFC 8200 §4, RFC 4443 §3.4) and
 //! for an unknown option to a group only when its type asks for it (RFC
 //! 4443 §2.4 (e.3)), time exceeded when a datagram's fragments do not all
 //! come in time (IPv4 and IPv6), and one flow label per flow (RFC 6437).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use ustack::iface::ipv6::{ALL_NODES, multicast_mac, solicited_node};
+use ustack::iface::ipv6::{ALL_NODES, link_local, multicast_mac, solicited_node};
+use ustack::iface::mld::ALL_MLDV2_ROUTERS;
 use ustack::sim::{host_config, host_mac};
 use ustack::wire::*;
-use ustack::{Stack, VecTx};
+use ustack::{Instant, Stack, VecTx};
 
 mod v6util;
 use v6util::*;
@@ -236,4 +239,120 @@ fn one_flow_label_per_flow() {
     let h = other.udp().bind(5000).unwrap();
     other.udp().send_to(h, peer(53), b"one").unwrap();
     assert_ne!(flow_label(&polled_at(&mut other, T0)[0]), labels[0]);
+}
+
+/// The MLDv2 reports in `frames`: (IPv6 source, record types and groups).
+fn mld_reports(frames: &[Vec<u8>]) -> Vec<(Ipv6Addr, Vec<(u8, Ipv6Addr)>)> {
+    let mut out = Vec::new();
+    for f in frames {
+        let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+        let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
+        if ip.dst_addr() != ALL_MLDV2_ROUTERS {
+            continue;
+        }
+        assert_eq!(eth.dst_addr(), multicast_mac(ALL_MLDV2_ROUTERS));
+        assert_eq!(ip.hop_limit(), 1);
+        assert_eq!(ip.next_header(), IpProtocol::HopByHop);
+        // Hop-by-hop: ICMPv6 next, the router alert option for MLD.
+        let p = ip.payload();
+        assert_eq!(&p[..6], &[58, 0, 5, 2, 0, 0]);
+        let icmp = Icmpv6Packet::new_checked(&p[8..]).unwrap();
+        assert!(icmp.verify_checksum(&ip.src_addr(), &ip.dst_addr()));
+        assert_eq!(u8::from(icmp.msg_type()), 143);
+        let b = &p[8..];
+        let n = usize::from(u16::from_be_bytes([b[6], b[7]]));
+        assert_eq!(b.len(), 8 + 20 * n);
+        let records = (0..n)
+            .map(|i| {
+                let r = &b[8 + 20 * i..8 + 20 * (i + 1)];
+                assert_eq!(&r[1..4], &[0, 0, 0], "no aux data, no sources");
+                (r[0], Ipv6Addr::from(<[u8; 16]>::try_from(&r[4..]).unwrap()))
+            })
+            .collect();
+        out.push((ip.src_addr(), records));
+    }
+    out
+}
+
+/// Poll `s` every 10 ms from `from` for `span`; every frame sent.
+fn run(s: &mut Stack, from: Instant, span: Duration) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let mut t = from;
+    while t <= from + span {
+        frames.extend(polled_at(s, t));
+        t += Duration::from_millis(10);
+    }
+    frames
+}
+
+/// At start: two unsolicited reports (a join of every solicited-node
+/// group, link-local and configured addresses alike), the first within a
+/// second, from the link-local address; never the all-nodes group. A
+/// general query from a router is answered with the state of every group
+/// within its maximum response delay; a query that is not from a
+/// link-local address with hop limit 1 is not.
+#[test]
+fn mld_reports_our_groups_at_start_and_on_query() {
+    let mut s = Stack::new(config());
+    let ll = link_local(host_mac(1));
+    let groups = {
+        let mut g = vec![solicited_node(ll), solicited_node(GLOBAL)];
+        g.sort();
+        g
+    };
+    let joined: Vec<(u8, Ipv6Addr)> = groups.iter().map(|&g| (4, g)).collect();
+    let first = run(&mut s, T0, Duration::from_secs(1));
+    let reports = mld_reports(&first);
+    assert!(!reports.is_empty(), "a report within the first second");
+    let reports = [
+        reports,
+        mld_reports(&run(
+            &mut s,
+            T0 + Duration::from_millis(1010),
+            Duration::from_secs(5),
+        )),
+    ]
+    .concat();
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    for (src, records) in &reports {
+        assert_eq!(*src, ll);
+        assert_eq!(records, &joined);
+    }
+    assert_eq!(s.stats().ipv6.tx_mld_reports, 2);
+    // A general query (to all nodes, from a router's link-local address,
+    // hop limit 1, the answer within 1 s).
+    let router = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0x99);
+    let query = Icmpv6Repr::Mld(smoltcp::wire::MldRepr::Query {
+        max_resp_code: 1000,
+        mcast_addr: Ipv6Addr::UNSPECIFIED,
+        s_flag: false,
+        qrv: 2,
+        qqic: 125,
+        num_srcs: 0,
+        data: &[],
+    });
+    let t = T0 + Duration::from_secs(10);
+    let ignored = icmpv6_frame(multicast_mac(ALL_NODES), router, ALL_NODES, 64, &query);
+    assert!(receive(&mut s, &ignored).frames.is_empty());
+    assert!(mld_reports(&run(&mut s, t, Duration::from_secs(2))).is_empty());
+    assert_eq!(s.stats().ipv6.rx_mld_queries, 0);
+    let frame = icmpv6_frame(multicast_mac(ALL_NODES), router, ALL_NODES, 1, &query);
+    let mut tx = VecTx::new();
+    let t = T0 + Duration::from_secs(20);
+    s.receive(t, &frame, ustack::RxMeta::default(), &mut tx);
+    assert!(tx.frames.is_empty(), "not at once");
+    let answers = mld_reports(&run(&mut s, t, Duration::from_secs(1)));
+    assert_eq!(answers.len(), 1);
+    let state: Vec<(u8, Ipv6Addr)> = groups.iter().map(|&g| (2, g)).collect();
+    assert_eq!(answers[0].1, state);
+    assert_eq!(s.stats().ipv6.rx_mld_queries, 1);
+    // Nothing more until something changes.
+    assert!(
+        mld_reports(&run(
+            &mut s,
+            t + Duration::from_secs(2),
+            Duration::from_secs(5)
+        ))
+        .is_empty()
+    );
 }
