@@ -448,6 +448,9 @@ stats! {
         counter tx_param_problems: u64,
         /// MLDv2 reports sent for our solicited-node groups (RFC 3810).
         counter tx_mld_reports: u64,
+        /// Addresses from advertised prefixes that duplicate address
+        /// detection found held by another host, and that were not used.
+        counter slaac_duplicates: u64,
         /// MLD queries received from a router (link-local, hop limit 1).
         counter rx_mld_queries: u64,
         /// Packets dropped while waiting for a neighbor (queue full, or

@@ -940,13 +940,24 @@ fn router_advertisement_gives_a_router_an_address_and_the_mtu() {
     let st = s.stats().ipv6;
     assert_eq!(
         (st.rx_router_adverts, st.routers, st.slaac_addresses),
-        (1, 1, 1)
+        (1, 1, 0)
     );
     // The prefix and the interface identifier of the link-local address.
     let mut slaac = link_local(host_mac(1)).octets();
     slaac[..8].copy_from_slice(&prefix.octets()[..8]);
     let slaac = Ipv6Addr::from(slaac);
+    // Tentative until duplicate address detection (RFC 4862 §5.4): a
+    // probe from the unspecified address, then a second for a holder.
+    let t = T0 + Duration::from_secs(15);
+    let probes: Vec<_> = polled_at(&mut s, t)
+        .into_iter()
+        .filter(|f| v6_dst(f).1 == solicited_node(slaac))
+        .collect();
+    assert_eq!(probes.len(), 1);
+    assert!(!s.ipv6_addrs().contains(&slaac));
+    polled_at(&mut s, t + Duration::from_secs(1));
     assert!(s.ipv6_addrs().contains(&slaac), "{:?}", s.ipv6_addrs());
+    assert_eq!(s.stats().ipv6.slaac_addresses, 1);
     // The new address answers echo.
     let echo = Icmpv6Repr::EchoRequest {
         ident: 1,
@@ -999,6 +1010,10 @@ fn router_advertisement_flood_is_bounded() {
         let ra = router_advert(Ipv6Addr::from(router), 600, None, Some((prefix, 64, 600)));
         receive(&mut s, &ra);
     }
+    // The addresses clear duplicate address detection (a probe each,
+    // then a second).
+    polled_at(&mut s, T0);
+    polled_at(&mut s, T0 + std::time::Duration::from_secs(1));
     let st = s.stats().ipv6;
     assert_eq!(st.rx_router_adverts, 100);
     assert_eq!(st.routers, MAX_ROUTERS as u64);
@@ -1163,4 +1178,50 @@ fn duplicate_address_detection_of_our_own_finds_the_holder() {
     );
     assert_eq!(s.addr_ref().conflict6(), Some((GLOBAL, peer_mac())));
     assert_eq!(drops(&s, DropReason::NdpConflict), 1);
+}
+
+/// An address made from an advertised prefix that another host holds:
+/// its advertisement in answer to our probe, or its own probe for the
+/// same address, keeps the address from use (RFC 4862 §5.4.3-5); the
+/// stack goes on with its other addresses.
+#[test]
+fn a_slaac_address_another_host_holds_is_not_used() {
+    use std::time::Duration;
+    let prefix = Ipv6Addr::new(0xfd88, 0, 0, 0, 0, 0, 0, 0);
+    let mut slaac = link_local(host_mac(1)).octets();
+    slaac[..8].copy_from_slice(&prefix.octets()[..8]);
+    let slaac = Ipv6Addr::from(slaac);
+    let group = solicited_node(slaac);
+    let holder = |s: &mut Stack| {
+        let na = Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
+            flags: NdiscNeighborFlags::OVERRIDE,
+            target_addr: slaac,
+            lladdr: Some(RawHardwareAddress::from(peer_mac())),
+        });
+        receive(
+            s,
+            &icmpv6_frame(multicast_mac(ALL_NODES), PEER, ALL_NODES, 255, &na),
+        );
+    };
+    let prober = |s: &mut Stack| {
+        let ns = solicit(slaac, None);
+        let f = icmpv6_frame(multicast_mac(group), Ipv6Addr::UNSPECIFIED, group, 255, &ns);
+        receive(s, &f);
+    };
+    let others: [&dyn Fn(&mut Stack); 2] = [&holder, &prober];
+    for other in others {
+        let mut s = Stack::new(config());
+        let ra = router_advert(router_ll(), 1800, None, Some((prefix, 64, 3600)));
+        receive(&mut s, &ra);
+        let t = T0 + Duration::from_secs(2);
+        polled_at(&mut s, t);
+        other(&mut s);
+        polled_at(&mut s, t + Duration::from_secs(2));
+        assert!(!s.ipv6_addrs().contains(&slaac), "{:?}", s.ipv6_addrs());
+        let st = s.stats().ipv6;
+        assert_eq!((st.slaac_duplicates, st.slaac_addresses), (1, 0));
+        // The stack itself carries on: no conflict of its own addresses.
+        assert!(s.addr_ref().conflict6().is_none());
+        assert!(s.ipv6_addrs().contains(&GLOBAL));
+    }
 }

@@ -527,6 +527,18 @@ fn ndisc<T: Tx>(
             if dad && (lladdr.is_some() || !dst.is_multicast()) {
                 return Err(DropReason::NdpInvalid);
             }
+            if link.ip6.is_tentative(&target_addr) {
+                // Another host probes the address we probe (RFC 4862
+                // §5.4.3): it is a duplicate. A solicitation from a host
+                // that uses it is not answered while it is tentative.
+                if dad && eth_src != link.cfg.mac && link.ip6.give_up_tentative(&target_addr) {
+                    link.stats.ipv6.slaac_duplicates += 1;
+                    tracing::warn!(
+                        "{target_addr} (from an advertised prefix) is also probed by {eth_src}: not used (RFC 4862)"
+                    );
+                }
+                return Err(DropReason::NdpConflict);
+            }
             if !link.ip6.is_ours(&target_addr) {
                 return Err(DropReason::NdpNotForUs);
             }
@@ -567,6 +579,16 @@ fn ndisc<T: Tx>(
             let solicited = flags.contains(NdiscNeighborFlags::SOLICITED);
             if target_addr.is_multicast() || (solicited && dst.is_multicast()) {
                 return Err(DropReason::NdpInvalid);
+            }
+            let mac = lladdr.unwrap_or(eth_src);
+            if mac != link.cfg.mac && link.ip6.give_up_tentative(&target_addr) {
+                // A holder answered our probe (RFC 4862 §5.4.4): the
+                // address is not ours to use.
+                link.stats.ipv6.slaac_duplicates += 1;
+                tracing::warn!(
+                    "{target_addr} (from an advertised prefix) is used by {mac}: not used (RFC 4862)"
+                );
+                return Err(DropReason::NdpConflict);
             }
             if link.ip6.is_ours(&target_addr) {
                 // Another host claims our address (RFC 4862 §5.4.4): the
@@ -942,17 +964,48 @@ fn solicit<T: Tx>(link: &mut Link, tx: &mut T, target: Ipv6Addr) {
 fn probe_addresses<T: Tx>(link: &mut Link, tx: &mut T) {
     let addrs: Vec<Ipv6Addr> = link.ip6.addrs().collect();
     for target in addrs {
-        let group = solicited_node(target);
-        let ns = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
-            target_addr: target,
-            lladdr: None,
-        });
-        let any = Ipv6Addr::UNSPECIFIED;
-        if send_icmpv6(link, tx, multicast_mac(group), any, group, 255, &ns) {
-            link.stats.ipv6.tx_dad_probes += 1;
+        probe(link, tx, target);
+    }
+}
+
+/// One duplicate address detection probe for `target`.
+fn probe<T: Tx>(link: &mut Link, tx: &mut T, target: Ipv6Addr) {
+    let group = solicited_node(target);
+    let ns = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+        target_addr: target,
+        lladdr: None,
+    });
+    let any = Ipv6Addr::UNSPECIFIED;
+    if send_icmpv6(link, tx, multicast_mac(group), any, group, 255, &ns) {
+        link.stats.ipv6.tx_dad_probes += 1;
+    }
+}
+
+/// Duplicate address detection of addresses made from advertised
+/// prefixes (RFC 4862 §5.4): a probe each
+/// (`DupAddrDetectTransmits` 1), then `RetransTimer` (1 s) to hear a
+/// holder; an address nobody claimed is ours from then on.
+fn detect_duplicates<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
+    let mut i = 0;
+    while let Some(&(learnt, done)) = link.ip6.tentative.get(i) {
+        match done {
+            None => {
+                probe(link, tx, learnt.what.address());
+                link.ip6.tentative[i].1 = Some(now + DAD_WAIT);
+                i += 1;
+            }
+            Some(t) if t <= now => {
+                link.ip6.tentative.remove(i);
+                link.ip6.slaac.push(learnt);
+            }
+            Some(_) => i += 1,
         }
     }
 }
+
+/// How long a tentative address waits for a holder to answer its probe
+/// (RFC 4861 §10 `RETRANS_TIMER`).
+const DAD_WAIT: core::time::Duration = core::time::Duration::from_secs(1);
 
 /// Packets that waited for `ip` leave now that its address is known.
 fn flush<T: Tx>(link: &mut Link, tx: &mut T, ip: Ipv6Addr) {
@@ -980,6 +1033,9 @@ pub(crate) fn poll<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
     link.ip6.retry = retry;
     if std::mem::take(&mut link.ip6.dad_due) {
         probe_addresses(link, tx);
+    }
+    if !link.ip6.tentative.is_empty() {
+        detect_duplicates(link, now, tx);
     }
     if link.ip6.enabled() {
         let addrs = mld::fingerprint(link.ip6.addrs());

@@ -86,6 +86,11 @@ pub(crate) struct Ipv6Iface {
     pub(crate) on_link: Vec<Learnt<Ipv6Cidr>>,
     /// Addresses made from advertised prefixes (SLAAC).
     pub(crate) slaac: Vec<Learnt<Ipv6Cidr>>,
+    /// Addresses made from advertised prefixes that duplicate address
+    /// detection has not yet cleared (RFC 4862 §5.4): not used, and not
+    /// answered for, until then. Beside each: when its probe's wait ends
+    /// (None: the probe is still to send).
+    pub(crate) tentative: Vec<(Learnt<Ipv6Cidr>, Option<Instant>)>,
     /// The link MTU an advertisement gave (never above the port's).
     pub(crate) mtu: Option<usize>,
     /// Router solicitations sent, and when the next is due (None: not
@@ -120,6 +125,7 @@ impl Default for Ipv6Iface {
             routers: Vec::new(),
             on_link: Vec::new(),
             slaac: Vec::new(),
+            tentative: Vec::new(),
             mtu: None,
             solicits_sent: 0,
             next_solicit: None,
@@ -197,6 +203,7 @@ impl Ipv6Iface {
         self.routers.retain(|r| r.until > now);
         self.on_link.retain(|p| p.until > now);
         self.slaac.retain(|a| a.until > now);
+        self.tentative.retain(|(a, _)| a.until > now);
     }
 
     /// When something learnt next expires, or a router solicitation or an
@@ -205,8 +212,13 @@ impl Ipv6Iface {
         let learnt = (self.routers.iter().map(|r| r.until))
             .chain(self.on_link.iter().map(|p| p.until))
             .chain(self.slaac.iter().map(|a| a.until))
+            .chain(self.tentative.iter().map(|(a, _)| a.until))
             .min();
-        [learnt, self.solicit_due(), self.mld.due()]
+        // A tentative address's probe is due now (None), or its wait ends.
+        let dad = (self.tentative.iter())
+            .map(|(_, done)| done.unwrap_or(Instant::ZERO))
+            .min();
+        [learnt, self.solicit_due(), self.mld.due(), dad]
             .into_iter()
             .flatten()
             .min()
@@ -278,10 +290,33 @@ impl Ipv6Iface {
         self.addrs().any(|m| m == *a)
     }
 
+    /// Whether `a` is one of our addresses still under duplicate address
+    /// detection.
+    pub(crate) fn is_tentative(&self, a: &Ipv6Addr) -> bool {
+        self.tentative.iter().any(|(t, _)| t.what.address() == *a)
+    }
+
+    /// Take tentative address `a` away: another host holds it (RFC 4862
+    /// §5.4.5). Whether it was one.
+    pub(crate) fn give_up_tentative(&mut self, a: &Ipv6Addr) -> bool {
+        let before = self.tentative.len();
+        self.tentative.retain(|(t, _)| t.what.address() != *a);
+        self.tentative.len() != before
+    }
+
+    /// Our addresses and the tentative ones: whose solicited-node groups
+    /// we listen to (a tentative address's, to hear another host's probe).
+    fn listening(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
+        self.addrs()
+            .chain(self.tentative.iter().map(|(t, _)| t.what.address()))
+    }
+
     /// Whether we take packets to `dst`: one of our addresses, all-nodes,
-    /// or the solicited-node group of one of them.
+    /// or the solicited-node group of one of them or of a tentative one.
     pub(crate) fn accepts(&self, dst: &Ipv6Addr) -> bool {
-        *dst == ALL_NODES || self.addrs().any(|m| m == *dst || solicited_node(m) == *dst)
+        *dst == ALL_NODES
+            || self.addrs().any(|m| m == *dst)
+            || self.listening().any(|m| solicited_node(m) == *dst)
     }
 
     /// Whether a frame to the multicast MAC `mac` is for a group we are in
@@ -290,7 +325,7 @@ impl Ipv6Iface {
         self.enabled()
             && (mac == multicast_mac(ALL_NODES)
                 || self
-                    .addrs()
+                    .listening()
                     .any(|m| mac == multicast_mac(solicited_node(m))))
     }
 }

@@ -133,11 +133,15 @@ fn on_link(ip6: &mut Ipv6Iface, now: Instant, cidr: Ipv6Cidr, valid: Duration) -
     0
 }
 
-/// An address made from an advertised /64 (RFC 4862 §5.5.3 d, e).
-/// Returns 1 when the table was full.
+/// An address made from an advertised /64 (RFC 4862 §5.5.3 d, e): a
+/// new one is tentative until duplicate address detection clears it
+/// (§5.4). Returns 1 when the table was full.
 fn autoconf(ip6: &mut Ipv6Iface, now: Instant, prefix: Ipv6Cidr, valid: Duration) -> u64 {
     let addr = Ipv6Cidr::new(ip6.slaac_addr(prefix.address()), 64);
-    if let Some(a) = ip6.slaac.iter_mut().find(|a| a.what == addr) {
+    let known = (ip6.slaac.iter_mut())
+        .chain(ip6.tentative.iter_mut().map(|(a, _)| a))
+        .find(|a| a.what == addr);
+    if let Some(a) = known {
         let remaining = a.until.saturating_duration_since(now);
         if valid > TWO_HOURS || valid > remaining {
             a.until = now + valid;
@@ -149,12 +153,13 @@ fn autoconf(ip6: &mut Ipv6Iface, now: Instant, prefix: Ipv6Cidr, valid: Duration
     if valid.is_zero() || ip6.owns(&addr.address()) {
         return 0;
     }
-    if ip6.slaac.len() >= MAX_PREFIXES {
+    if ip6.slaac.len() + ip6.tentative.len() >= MAX_PREFIXES {
         return 1;
     }
-    ip6.slaac.push(Learnt {
+    let learnt = Learnt {
         what: addr,
         until: now + valid,
-    });
+    };
+    ip6.tentative.push((learnt, None));
     0
 }
