@@ -448,6 +448,9 @@ stats! {
         counter tx_param_problems: u64,
         /// MLDv2 reports sent for our solicited-node groups (RFC 3810).
         counter tx_mld_reports: u64,
+        /// Redirects taken (RFC 4861 §8.3: from the router packets to the
+        /// destination went to).
+        counter rx_redirects: u64,
         /// Addresses from advertised prefixes that duplicate address
         /// detection found held by another host, and that were not used.
         counter slaac_duplicates: u64,

@@ -6,7 +6,6 @@
 
 use std::net::Ipv6Addr;
 
-use smoltcp::wire::{NdiscPrefixInfoFlags, NdiscPrefixInformation, NdiscRouterFlags};
 use ustack::iface::ipv6::{ALL_NODES, ALL_ROUTERS, link_local, multicast_mac, solicited_node};
 use ustack::iface::ndp::NeighborState;
 use ustack::sim::{host_config, host_mac};
@@ -863,39 +862,6 @@ fn udp_sockets_of_two_families_share_a_port() {
 
 // ------------------------------------------------ router discovery, SLAAC
 
-/// The router of these tests: its link-local address (host 2's MAC).
-fn router_ll() -> Ipv6Addr {
-    link_local(peer_mac())
-}
-
-/// A router advertisement from `router` (at the peer's MAC) with
-/// `lifetime` seconds as default router, an MTU, and one prefix.
-fn router_advert(
-    router: Ipv6Addr,
-    lifetime: u64,
-    mtu: Option<u32>,
-    prefix: Option<(Ipv6Addr, u8, u32)>,
-) -> Vec<u8> {
-    use smoltcp::time::Duration as D;
-    let ra = Icmpv6Repr::Ndisc(NdiscRepr::RouterAdvert {
-        hop_limit: 64,
-        flags: NdiscRouterFlags::empty(),
-        router_lifetime: D::from_secs(lifetime),
-        reachable_time: D::from_millis(0),
-        retrans_time: D::from_millis(0),
-        lladdr: Some(RawHardwareAddress::from(peer_mac())),
-        mtu,
-        prefix_info: prefix.map(|(p, len, valid)| NdiscPrefixInformation {
-            prefix_len: len,
-            flags: NdiscPrefixInfoFlags::ON_LINK | NdiscPrefixInfoFlags::ADDRCONF,
-            valid_lifetime: D::from_secs(u64::from(valid)),
-            preferred_lifetime: D::from_secs(u64::from(valid / 2)),
-            prefix: p,
-        }),
-    });
-    icmpv6_frame(multicast_mac(ALL_NODES), router, ALL_NODES, 255, &ra)
-}
-
 /// At start the stack solicits routers (after a random delay of up to a
 /// second, three times 4 s apart, then stops); an advertisement gives it
 /// a default router (off-link packets go to the router's MAC), an
@@ -913,7 +879,7 @@ fn router_advertisement_gives_a_router_an_address_and_the_mtu() {
         let now = T0 + Duration::from_millis(ms);
         for f in polled_at(&mut s, now) {
             let (mac, dst) = v6_dst(&f);
-            // MLD reports are sim_ipv6_errors.rs's to check.
+            // MLD reports are sim_ipv6_host.rs's to check.
             if dst == ustack::iface::mld::ALL_MLDV2_ROUTERS {
                 continue;
             }

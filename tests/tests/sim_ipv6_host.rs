@@ -1,5 +1,6 @@
 //! What an IPv6 host owes beyond neighbor discovery, on raw frames built
-//! with smoltcp's wire types: MLDv2 reports for its solicited-node groups
+//! with smoltcp's wire types: redirects taken from the first-hop router
+//! (RFC 4861 §8); MLDv2 reports for its solicited-node groups
 //! (RFC 3810), unsolicited and in answer to a query; the ICMP errors
 //! beyond port unreachable: a parameter
 //! problem for an unknown next header (RFC 8200 §4, RFC 4443 §3.4) and
@@ -355,4 +356,54 @@ fn mld_reports_our_groups_at_start_and_on_query() {
         ))
         .is_empty()
     );
+}
+
+/// Redirects as a Linux host takes them (RFC 4861 §8): from the router
+/// that packets to a destination go to, a better first hop (its MAC from
+/// the message) or the news that the destination is on-link; one from
+/// any other host is dropped.
+#[test]
+fn redirects_from_the_first_hop_router_are_taken() {
+    let mut s = host();
+    receive(&mut s, &router_advert(router_ll(), 1800, None, None));
+    let far = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9);
+    let h = s.udp().bind(5000).unwrap();
+    let send = |s: &mut Stack| {
+        s.udp()
+            .send_to(h, SocketAddr::new(far.into(), 53), b"x")
+            .unwrap();
+        polled_at(s, T0)
+            .into_iter()
+            .map(|f| v6_dst(&f))
+            .filter(|(_, d)| *d == far || d.segments()[0] == 0xff02)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(send(&mut s), vec![(peer_mac(), far)], "via the router");
+    let better = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0x77);
+    let better_mac = EthernetAddress([0x02, 0, 0, 0, 0, 0x77]);
+    let redirect = |from: Ipv6Addr, target: Ipv6Addr, mac: Option<EthernetAddress>| {
+        let r = Icmpv6Repr::Ndisc(NdiscRepr::Redirect {
+            target_addr: target,
+            dest_addr: far,
+            lladdr: mac.map(RawHardwareAddress::from),
+            redirected_hdr: None,
+        });
+        icmpv6_frame(host_mac(1), from, link_local(host_mac(1)), 255, &r)
+    };
+    // Not from the router: dropped, nothing changes.
+    let stranger = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0x66);
+    receive(&mut s, &redirect(stranger, better, Some(better_mac)));
+    assert_eq!(send(&mut s), vec![(peer_mac(), far)]);
+    assert_eq!(s.stats().ipv6.rx_redirects, 0);
+    // From the router: the better first hop, at the MAC it gave.
+    receive(&mut s, &redirect(router_ll(), better, Some(better_mac)));
+    assert_eq!(send(&mut s), vec![(better_mac, far)]);
+    // From the router now in use (the redirected one): on-link, so the
+    // destination itself is solicited.
+    receive(&mut s, &redirect(better, far, None));
+    assert_eq!(
+        send(&mut s),
+        vec![(multicast_mac(solicited_node(far)), solicited_node(far))]
+    );
+    assert_eq!(s.stats().ipv6.rx_redirects, 2);
 }

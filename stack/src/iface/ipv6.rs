@@ -21,7 +21,8 @@
 //! (RFC 6437).
 
 pub use crate::iface::ipv6_iface::{
-    ALL_NODES, ALL_ROUTERS, MAX_PREFIXES, MAX_ROUTERS, link_local, multicast_mac, solicited_node,
+    ALL_NODES, ALL_ROUTERS, MAX_PREFIXES, MAX_REDIRECTS, MAX_ROUTERS, link_local, multicast_mac,
+    solicited_node,
 };
 
 use core::net::{Ipv6Addr, SocketAddr};
@@ -640,6 +641,24 @@ fn ndisc<T: Tx>(
             if let Some(mac) = lladdr {
                 link.ip6.neighbors.learn(now, src, mac, false, true);
                 flush(link, tx, src);
+            }
+            Ok(())
+        }
+        NdiscRepr::Redirect {
+            target_addr,
+            dest_addr,
+            lladdr,
+            ..
+        } => {
+            // Hosts take redirects as Linux does (`accept_redirects`).
+            let lladdr = mac_of(lladdr)?;
+            if !link.ip6.redirect(now, src, dest_addr, target_addr) {
+                return Err(DropReason::NdpInvalid);
+            }
+            link.stats.ipv6.rx_redirects += 1;
+            if let Some(mac) = lladdr {
+                link.ip6.neighbors.learn(now, target_addr, mac, false, true);
+                flush(link, tx, target_addr);
             }
             Ok(())
         }

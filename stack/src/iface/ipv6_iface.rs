@@ -45,6 +45,12 @@ pub(crate) struct Learnt<T> {
     pub(crate) until: Instant,
 }
 
+/// Most redirected destinations remembered (the oldest gives way).
+pub const MAX_REDIRECTS: usize = 64;
+/// How long a redirect holds: as long as Linux keeps a route it learnt
+/// from one that nothing refreshed (its route cache's 10 minutes).
+pub(crate) const REDIRECT_LIFETIME: Duration = Duration::from_secs(600);
+
 /// All-nodes multicast (RFC 4291 §2.7.1).
 pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 
@@ -86,6 +92,10 @@ pub(crate) struct Ipv6Iface {
     pub(crate) on_link: Vec<Learnt<Ipv6Cidr>>,
     /// Addresses made from advertised prefixes (SLAAC).
     pub(crate) slaac: Vec<Learnt<Ipv6Cidr>>,
+    /// Redirects taken (RFC 4861 §8.3): a destination and the neighbor
+    /// its packets go to instead of the default router (itself when the
+    /// router says it is on-link), until when; at most [`MAX_REDIRECTS`].
+    pub(crate) redirects: Vec<(Ipv6Addr, Learnt<Ipv6Addr>)>,
     /// Addresses made from advertised prefixes that duplicate address
     /// detection has not yet cleared (RFC 4862 §5.4): not used, and not
     /// answered for, until then. Beside each: when its probe's wait ends
@@ -126,6 +136,7 @@ impl Default for Ipv6Iface {
             on_link: Vec::new(),
             slaac: Vec::new(),
             tentative: Vec::new(),
+            redirects: Vec::new(),
             mtu: None,
             solicits_sent: 0,
             next_solicit: None,
@@ -190,7 +201,46 @@ impl Ipv6Iface {
         if on_link {
             return Some(*dst);
         }
+        if let Some((_, r)) = self.redirects.iter().find(|(d, _)| d == dst) {
+            return Some(r.what);
+        }
+        self.default_router()
+    }
+
+    /// The router off-link packets go to: the configured gateway, else
+    /// the first advertised default router.
+    fn default_router(&self) -> Option<Ipv6Addr> {
         self.gateway.or(self.routers.first().map(|r| r.what))
+    }
+
+    /// Take a redirect (RFC 4861 §8.1, §8.3) from `router` for `dest` to
+    /// `target` at `now`: only from the router that packets to `dest` go
+    /// to now, for a unicast destination, to a link-local target or to
+    /// the destination itself (on-link). Whether it was taken.
+    pub(crate) fn redirect(
+        &mut self,
+        now: Instant,
+        router: Ipv6Addr,
+        dest: Ipv6Addr,
+        target: Ipv6Addr,
+    ) -> bool {
+        let valid = router.is_unicast_link_local()
+            && !dest.is_multicast()
+            && (target == dest || target.is_unicast_link_local())
+            && self.next_hop(&dest) == Some(router);
+        if !valid {
+            return false;
+        }
+        let learnt = Learnt {
+            what: target,
+            until: now + REDIRECT_LIFETIME,
+        };
+        self.redirects.retain(|(d, _)| *d != dest);
+        if self.redirects.len() >= MAX_REDIRECTS {
+            self.redirects.remove(0);
+        }
+        self.redirects.push((dest, learnt));
+        true
     }
 
     /// The MTU of the link for IPv6: an advertised one, else the port's.
@@ -204,6 +254,7 @@ impl Ipv6Iface {
         self.on_link.retain(|p| p.until > now);
         self.slaac.retain(|a| a.until > now);
         self.tentative.retain(|(a, _)| a.until > now);
+        self.redirects.retain(|(_, r)| r.until > now);
     }
 
     /// When something learnt next expires, or a router solicitation or an
@@ -213,6 +264,7 @@ impl Ipv6Iface {
             .chain(self.on_link.iter().map(|p| p.until))
             .chain(self.slaac.iter().map(|a| a.until))
             .chain(self.tentative.iter().map(|(a, _)| a.until))
+            .chain(self.redirects.iter().map(|(_, r)| r.until))
             .min();
         // A tentative address's probe is due now (None), or its wait ends.
         let dad = (self.tentative.iter())

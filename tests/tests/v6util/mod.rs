@@ -5,6 +5,8 @@
 
 use std::net::Ipv6Addr;
 
+use smoltcp::wire::{NdiscPrefixInfoFlags, NdiscPrefixInformation, NdiscRouterFlags};
+use ustack::iface::ipv6::{ALL_NODES, link_local, multicast_mac};
 use ustack::sim::{host_config, host_mac};
 use ustack::stats::DropReason;
 use ustack::wire::*;
@@ -180,4 +182,37 @@ pub fn solicit(target: Ipv6Addr, lladdr: Option<EthernetAddress>) -> Icmpv6Repr<
         target_addr: target,
         lladdr: lladdr.map(RawHardwareAddress::from),
     })
+}
+
+/// The router of these tests: its link-local address (host 2's MAC).
+pub fn router_ll() -> Ipv6Addr {
+    link_local(peer_mac())
+}
+
+/// A router advertisement from `router` (at the peer's MAC) with
+/// `lifetime` seconds as default router, an MTU, and one prefix.
+pub fn router_advert(
+    router: Ipv6Addr,
+    lifetime: u64,
+    mtu: Option<u32>,
+    prefix: Option<(Ipv6Addr, u8, u32)>,
+) -> Vec<u8> {
+    use smoltcp::time::Duration as D;
+    let ra = Icmpv6Repr::Ndisc(NdiscRepr::RouterAdvert {
+        hop_limit: 64,
+        flags: NdiscRouterFlags::empty(),
+        router_lifetime: D::from_secs(lifetime),
+        reachable_time: D::from_millis(0),
+        retrans_time: D::from_millis(0),
+        lladdr: Some(RawHardwareAddress::from(peer_mac())),
+        mtu,
+        prefix_info: prefix.map(|(p, len, valid)| NdiscPrefixInformation {
+            prefix_len: len,
+            flags: NdiscPrefixInfoFlags::ON_LINK | NdiscPrefixInfoFlags::ADDRCONF,
+            valid_lifetime: D::from_secs(u64::from(valid)),
+            preferred_lifetime: D::from_secs(u64::from(valid / 2)),
+            prefix: p,
+        }),
+    });
+    icmpv6_frame(multicast_mac(ALL_NODES), router, ALL_NODES, 255, &ra)
 }
