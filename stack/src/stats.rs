@@ -451,6 +451,8 @@ stats! {
         /// Redirects taken (RFC 4861 §8.3: from the router packets to the
         /// destination went to).
         counter rx_redirects: u64,
+        /// Path MTUs lowered by packet too big messages (RFC 8201).
+        counter path_mtus_learnt: u64,
         /// Addresses from advertised prefixes that duplicate address
         /// detection found held by another host, and that were not used.
         counter slaac_duplicates: u64,

@@ -407,3 +407,62 @@ fn redirects_from_the_first_hop_router_are_taken() {
     );
     assert_eq!(s.stats().ipv6.rx_redirects, 2);
 }
+
+/// Packet too big for a UDP flow (RFC 8201): the path MTU to that
+/// destination drops to what the message says (never below 1,280, never
+/// raised by a later message), datagrams there leave in fragments that
+/// fit, other destinations keep the link MTU, and after 10 minutes the
+/// link MTU is tried again.
+#[test]
+fn packet_too_big_lowers_the_path_mtu_for_udp() {
+    let mut s = host();
+    let h = s.udp().bind(5000).unwrap();
+    let sizes = |s: &mut Stack, at: Instant, to: Ipv6Addr| -> Vec<usize> {
+        s.udp()
+            .send_to(h, SocketAddr::new(to.into(), 53), &[1u8; 1400])
+            .unwrap();
+        polled_at(s, at)
+            .into_iter()
+            .filter(|f| v6_dst(f).1 == to)
+            .map(|f| f.len() - ETHERNET_HEADER_LEN)
+            .collect()
+    };
+    assert_eq!(sizes(&mut s, T0, PEER), vec![1448]);
+    let too_big = |mtu: u32| {
+        let header = Ipv6Repr {
+            src_addr: GLOBAL,
+            dst_addr: PEER,
+            next_header: IpProtocol::Udp,
+            payload_len: 1408,
+            hop_limit: 64,
+        };
+        let ptb = Icmpv6Repr::PktTooBig {
+            mtu,
+            header,
+            data: &[0x13, 0x88, 0, 53, 0x05, 0x80, 0, 0],
+        };
+        let router = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 0x99);
+        icmpv6_frame(host_mac(1), router, GLOBAL, 64, &ptb)
+    };
+    receive(&mut s, &too_big(1300));
+    let frags = sizes(&mut s, T0, PEER);
+    assert_eq!(frags.len(), 2, "{frags:?}");
+    assert!(frags.iter().all(|&n| n <= 1300), "{frags:?}");
+    // Below the minimum: 1,280. A larger MTU later: not taken.
+    receive(&mut s, &too_big(600));
+    receive(&mut s, &too_big(1400));
+    let frags = sizes(&mut s, T0, PEER);
+    assert!(frags.iter().all(|&n| n <= 1280), "{frags:?}");
+    assert!(frags.iter().any(|&n| n > 1250), "{frags:?}");
+    assert_eq!(s.stats().ipv6.path_mtus_learnt, 2);
+    // Another destination: the link's MTU.
+    let other = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 3);
+    let ns = solicit(GLOBAL, Some(EthernetAddress([2, 0, 0, 0, 0, 3])));
+    let group = solicited_node(GLOBAL);
+    receive(&mut s, &icmpv6_frame(multicast_mac(group), other, group, 255, &ns));
+    assert_eq!(sizes(&mut s, T0, other), vec![1448]);
+    // Ten minutes on: the link MTU again.
+    let later = T0 + Duration::from_secs(601);
+    polled_at(&mut s, later);
+    assert_eq!(sizes(&mut s, later, PEER), vec![1448]);
+}

@@ -21,8 +21,8 @@
 //! (RFC 6437).
 
 pub use crate::iface::ipv6_iface::{
-    ALL_NODES, ALL_ROUTERS, MAX_PREFIXES, MAX_REDIRECTS, MAX_ROUTERS, link_local, multicast_mac,
-    solicited_node,
+    ALL_NODES, ALL_ROUTERS, MAX_PATH_MTUS, MAX_PREFIXES, MAX_REDIRECTS, MAX_ROUTERS, link_local,
+    multicast_mac, solicited_node,
 };
 
 use core::net::{Ipv6Addr, SocketAddr};
@@ -463,12 +463,22 @@ fn icmpv6<T: Tx>(
         }
         Icmpv6Repr::PktTooBig { mtu, header, data } => {
             link.stats.ipv6.rx_packet_too_big += 1;
-            // Ours, TCP with no extension header between, and enough of
-            // the segment to name its connection and sequence number.
-            if !link.ip6.is_ours(&header.src_addr)
-                || header.next_header != IpProtocol::Tcp
-                || data.len() < 8
+            if !link.ip6.is_ours(&header.src_addr) {
+                return Err(DropReason::Icmpv6Unhandled);
+            }
+            // The path MTU to the destination, for every packet we send
+            // there (UDP's datagrams leave in fragments that fit).
+            let port_mtu = link.cfg.mtu;
+            let size = usize::try_from(mtu).unwrap_or(usize::MAX);
+            if link
+                .ip6
+                .learn_path_mtu(now, header.dst_addr, size, port_mtu)
             {
+                link.stats.ipv6.path_mtus_learnt += 1;
+            }
+            // TCP with no extension header between, and enough of the
+            // segment to name its connection and sequence number.
+            if header.next_header != IpProtocol::Tcp || data.len() < 8 {
                 return Err(DropReason::Icmpv6Unhandled);
             }
             let port = |i: usize| u16::from_be_bytes([data[i], data[i + 1]]);
@@ -815,7 +825,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     } else {
         link.ip6.neighbors.lookup(&hop)
     };
-    let mtu = link.ip6.mtu(link.cfg.mtu);
+    let mtu = link.ip6.path_mtu(&dst, link.cfg.mtu);
     let labels = FlowLabels {
         hash: link.flow_hash(),
         src,

@@ -51,6 +51,12 @@ pub const MAX_REDIRECTS: usize = 64;
 /// from one that nothing refreshed (its route cache's 10 minutes).
 pub(crate) const REDIRECT_LIFETIME: Duration = Duration::from_secs(600);
 
+/// Most destinations whose path MTU is remembered (the oldest gives way).
+pub const MAX_PATH_MTUS: usize = 64;
+/// How long a learnt path MTU holds before the link MTU is tried again
+/// (RFC 8201 §5.3 says at least 5 minutes; Linux's `mtu_expires` is 10).
+pub(crate) const PATH_MTU_LIFETIME: Duration = Duration::from_secs(600);
+
 /// All-nodes multicast (RFC 4291 §2.7.1).
 pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 
@@ -96,6 +102,10 @@ pub(crate) struct Ipv6Iface {
     /// its packets go to instead of the default router (itself when the
     /// router says it is on-link), until when; at most [`MAX_REDIRECTS`].
     pub(crate) redirects: Vec<(Ipv6Addr, Learnt<Ipv6Addr>)>,
+    /// Path MTUs packet too big messages taught (RFC 8201 §5.2), per
+    /// destination, until when (§5.3: then the link MTU is tried again);
+    /// at most [`MAX_PATH_MTUS`].
+    pub(crate) path_mtus: Vec<(Ipv6Addr, Learnt<usize>)>,
     /// Addresses made from advertised prefixes that duplicate address
     /// detection has not yet cleared (RFC 4862 §5.4): not used, and not
     /// answered for, until then. Beside each: when its probe's wait ends
@@ -137,6 +147,7 @@ impl Default for Ipv6Iface {
             slaac: Vec::new(),
             tentative: Vec::new(),
             redirects: Vec::new(),
+            path_mtus: Vec::new(),
             mtu: None,
             solicits_sent: 0,
             next_solicit: None,
@@ -248,6 +259,41 @@ impl Ipv6Iface {
         self.mtu.unwrap_or(port_mtu).min(port_mtu)
     }
 
+    /// The MTU of the path to `dst`: a packet too big's, else the link's.
+    pub(crate) fn path_mtu(&self, dst: &Ipv6Addr, port_mtu: usize) -> usize {
+        let link = self.mtu(port_mtu);
+        match self.path_mtus.iter().find(|(d, _)| d == dst) {
+            Some((_, m)) => m.what.min(link),
+            None => link,
+        }
+    }
+
+    /// A packet too big said the path to `dst` takes `mtu` at `now`: it
+    /// is kept when it lowers what we use (RFC 8201 §4: never below
+    /// IPv6's minimum, never raised by such a message). Whether it did.
+    pub(crate) fn learn_path_mtu(
+        &mut self,
+        now: Instant,
+        dst: Ipv6Addr,
+        mtu: usize,
+        port_mtu: usize,
+    ) -> bool {
+        let mtu = mtu.max(MIN_MTU);
+        if mtu >= self.path_mtu(&dst, port_mtu) {
+            return false;
+        }
+        let learnt = Learnt {
+            what: mtu,
+            until: now + PATH_MTU_LIFETIME,
+        };
+        self.path_mtus.retain(|(d, _)| *d != dst);
+        if self.path_mtus.len() >= MAX_PATH_MTUS {
+            self.path_mtus.remove(0);
+        }
+        self.path_mtus.push((dst, learnt));
+        true
+    }
+
     /// Forget what advertisements taught that expired by `now`.
     pub(crate) fn expire(&mut self, now: Instant) {
         self.routers.retain(|r| r.until > now);
@@ -255,6 +301,7 @@ impl Ipv6Iface {
         self.slaac.retain(|a| a.until > now);
         self.tentative.retain(|(a, _)| a.until > now);
         self.redirects.retain(|(_, r)| r.until > now);
+        self.path_mtus.retain(|(_, m)| m.until > now);
     }
 
     /// When something learnt next expires, or a router solicitation or an
@@ -265,6 +312,7 @@ impl Ipv6Iface {
             .chain(self.slaac.iter().map(|a| a.until))
             .chain(self.tentative.iter().map(|(a, _)| a.until))
             .chain(self.redirects.iter().map(|(_, r)| r.until))
+            .chain(self.path_mtus.iter().map(|(_, m)| m.until))
             .min();
         // A tentative address's probe is due now (None), or its wait ends.
         let dad = (self.tentative.iter())
