@@ -7,7 +7,7 @@
 //! ways) and ICMPv6 port unreachable as Linux reads it; TCP
 //! over IPv6 (8 MiB echoed byte-exact, a closed port refused, stock
 //! `iperf3 -6` both ways against the iperf3 server); MLDv2 reports that
-//! a snooping bridge learns ustack's groups from.
+//! a snooping bridge learns ustack's groups from; `uping` over IPv6.
 //! Needs root; the all-features build runs it.
 #![cfg(feature = "pcap")]
 
@@ -332,6 +332,49 @@ fn a_snooping_bridge_learns_our_groups_from_mld_reports() {
     assert!(ping.status.success(), "{text}\n{mdb}");
     let (code, out, err) = d.stop();
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// `uping` over IPv6 against the Linux kernel: ICMPv6 echo requests from
+/// ustack answered, 4,000-byte ones too (fragmented both ways), with
+/// iputils' lines; `-6` with an IPv4 HOST is refused in one line.
+#[test]
+fn uping_pings_linux_over_ipv6() {
+    need_root!();
+    let topo = Topo::up("v6p");
+    topo.linux_ipv6("fd77::1/64");
+    let uping = |args: &[&str]| {
+        let base = [
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+            "--ip",
+            "fd77::2/64",
+        ];
+        let all: Vec<&str> = base.iter().copied().chain(args.iter().copied()).collect();
+        let mut cmd = topo.bin(env!("CARGO_BIN_EXE_uping"), &all);
+        cmd.output().expect("run uping")
+    };
+    for (size, bytes) in [("56", "64 bytes"), ("4000", "4008 bytes")] {
+        let o = uping(&["-c", "3", "-i", "0.2", "-W", "3", "-s", size, "fd77::1"]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(out.contains("3 packets transmitted, 3 received"), "{out}");
+        assert_eq!(
+            out.matches(&format!("{bytes} from fd77::1: icmp_seq="))
+                .count(),
+            3,
+            "{out}"
+        );
+    }
+    let o = uping(&["-6", "-c", "1", "10.77.0.1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("not an IPv6 address"), "{err}");
 }
 
 /// `uperf -c` to a Linux `iperf3 -s` over IPv6, both directions: the

@@ -2,7 +2,7 @@
 //! the [`PingEngine`] with [`IcmpProbe`], which sends on the stack's ping
 //! sockets.
 
-use core::net::Ipv4Addr;
+use core::net::IpAddr;
 use std::time::Duration;
 
 use ustack::iface::icmp::{PingEvent, PingHandle, PingReply};
@@ -15,8 +15,8 @@ pub use crate::ping_stats::{PingSummary, RttStats, linger};
 /// What to ping and how.
 #[derive(Debug, Clone)]
 pub struct PingerConfig {
-    /// The host to ping.
-    pub dst: Ipv4Addr,
+    /// The host to ping (ICMP or ICMPv6 by its family).
+    pub dst: IpAddr,
     /// ICMP echo identifier (one ping socket per identifier on a stack).
     pub ident: u16,
     /// Requests to send; `None` for no limit.
@@ -34,9 +34,9 @@ pub struct PingerConfig {
 impl PingerConfig {
     /// Ping `dst` as iputils does by default: 56 data bytes once a second
     /// without end, a 1 s wait for the last reply, identifier 0x5553.
-    pub fn new(dst: Ipv4Addr) -> Self {
+    pub fn new(dst: impl Into<IpAddr>) -> Self {
         PingerConfig {
-            dst,
+            dst: dst.into(),
             ident: 0x5553,
             count: None,
             interval: Duration::from_secs(1),
@@ -59,7 +59,7 @@ pub enum PingerEvent {
     /// A destination unreachable about one of our outstanding requests.
     Unreachable {
         /// The host that sent the error.
-        from: Ipv4Addr,
+        from: IpAddr,
         /// The request's sequence number.
         seq: u16,
         /// ICMP code (RFC 792: 1 host, 3 port unreachable, ...).

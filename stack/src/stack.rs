@@ -258,6 +258,7 @@ impl Stack {
                     .tcp
                     .frag_needed(now, local_port, remote.into(), seq, mtu),
             },
+            IpProtocol::Icmpv6 => self.pings.process6(&mut self.link, now, meta, body),
             IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {
                 Some(_) if meta.src.is_ipv6() => Err(DropReason::RoceOverIpv6),
                 None => Ok(()),
@@ -1057,7 +1058,7 @@ mod test {
         assert!(a.stats().ipv4.tx_fragments >= 3);
         match a.ping().recv(h).unwrap() {
             Some(PingEvent::Reply(r)) => {
-                assert_eq!((r.from, r.seq, r.bytes), (PEER_IP, 1, 4008));
+                assert_eq!((r.from, r.seq, r.bytes), (PEER_IP.into(), 1, 4008));
                 assert!(r.rtt().is_some());
             }
             other => panic!("expected a reply, got {other:?}"),

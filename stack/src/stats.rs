@@ -448,6 +448,10 @@ stats! {
         counter tx_param_problems: u64,
         /// MLDv2 reports sent for our solicited-node groups (RFC 3810).
         counter tx_mld_reports: u64,
+        /// Echo requests our ping sockets sent over IPv6.
+        counter tx_echo_requests: u64,
+        /// Echo replies to our ping sockets over IPv6.
+        counter rx_echo_replies: u64,
         /// Redirects taken (RFC 4861 §8.3: from the router packets to the
         /// destination went to).
         counter rx_redirects: u64,

@@ -459,7 +459,10 @@ fn packet_too_big_lowers_the_path_mtu_for_udp() {
     let other = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 3);
     let ns = solicit(GLOBAL, Some(EthernetAddress([2, 0, 0, 0, 0, 3])));
     let group = solicited_node(GLOBAL);
-    receive(&mut s, &icmpv6_frame(multicast_mac(group), other, group, 255, &ns));
+    receive(
+        &mut s,
+        &icmpv6_frame(multicast_mac(group), other, group, 255, &ns),
+    );
     assert_eq!(sizes(&mut s, T0, other), vec![1448]);
     // Ten minutes on: the link MTU again.
     let later = T0 + Duration::from_secs(601);

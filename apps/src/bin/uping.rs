@@ -1,7 +1,7 @@
 //! `uping`: ICMP echo over a ustack instance, with iputils ping's options and output.
 #![forbid(unsafe_code)]
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -103,7 +103,14 @@ struct Cli {
     /// the table is printed at Ctrl-C).
     #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = seconds, requires = "pinglist")]
     duration: f64,
-    /// The host to ping (an IPv4 address).
+    /// Ping over IPv4 only: HOST must be an IPv4 address (iputils' -4).
+    #[arg(short = '4', conflicts_with = "ipv6")]
+    ipv4: bool,
+    /// Ping over IPv6 only: HOST must be an IPv6 address, and the stack
+    /// needs one (`--ip ADDR/LEN`) (iputils' -6).
+    #[arg(short = '6')]
+    ipv6: bool,
+    /// The host to ping: an IPv4 or IPv6 address (ICMP or ICMPv6 echo).
     #[arg(required_unless_present_any = ["pinglist", "listen"])]
     host: Option<String>,
 }
@@ -257,7 +264,10 @@ impl Front {
             return;
         }
         self.arp_failures = failures;
-        let dst = self.pinger.config().dst;
+        // Neighbor discovery failures are not reported this way (yet).
+        let IpAddr::V4(dst) = self.pinger.config().dst else {
+            return;
+        };
         let cfg = stack.config();
         let hop = if cfg.ip.contains_addr(&dst) {
             Some(dst)
@@ -369,7 +379,7 @@ impl App for Front {
 
 struct Run<'a> {
     cli: &'a Cli,
-    dst: Ipv4Addr,
+    dst: IpAddr,
 }
 
 impl NodeRunner for Run<'_> {
@@ -389,10 +399,12 @@ impl NodeRunner for Run<'_> {
         cfg.ident = (std::process::id() & 0xffff) as u16;
         let mut front = Front::new(Pinger::new(cfg), cli.quiet, cli.json);
         if !cli.json {
+            // The size with the ICMP and IP headers, as iputils prints it.
+            let headers = if self.dst.is_ipv6() { 48 } else { 28 };
             ustack_apps::outln!(
                 "PING {dst} ({dst}) {}({}) bytes of data.",
                 cli.size(),
-                cli.size() + 28,
+                cli.size() + headers,
                 dst = self.dst
             );
         }
@@ -433,7 +445,7 @@ impl NodeRunner for Run<'_> {
     }
 }
 
-fn print_summary(dst: Ipv4Addr, s: &PingSummary, elapsed: Duration) {
+fn print_summary(dst: IpAddr, s: &PingSummary, elapsed: Duration) {
     ustack_apps::out!(
         "{}",
         ustack_apps::report::ping_statistics(
@@ -447,7 +459,7 @@ fn print_summary(dst: Ipv4Addr, s: &PingSummary, elapsed: Duration) {
 }
 
 fn json_summary(
-    dst: Ipv4Addr,
+    dst: IpAddr,
     s: &PingSummary,
     elapsed: Duration,
     replies: Vec<serde_json::Value>,
@@ -477,9 +489,27 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
         return rc_pingpong(cli);
     }
     let host = cli.host.as_deref().unwrap_or_default();
-    let dst: Ipv4Addr = host.parse().map_err(|_| {
-        anyhow::anyhow!("{host}: not an IPv4 address (uping does no name resolution)")
+    let any: IpAddr = host.parse().map_err(|_| {
+        anyhow::anyhow!("{host}: not an IP address (uping does no name resolution)")
     })?;
+    if (cli.ipv4 && any.is_ipv6()) || (cli.ipv6 && any.is_ipv4()) {
+        bail!(
+            "{host}: not an {} address (-{})",
+            if cli.ipv4 { "IPv4" } else { "IPv6" },
+            if cli.ipv4 { 4 } else { 6 }
+        );
+    }
+    let dst = match any {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(_) if !cli.pingpong && cli.rdma.is_none() => {
+            return with_node(&cli.net, Run { cli, dst: any });
+        }
+        IpAddr::V6(_) => {
+            bail!(
+                "{host}: --pingpong and --rdma need an IPv4 HOST (RoCEv2 over IPv6 is not built yet)"
+            )
+        }
+    };
     if cli.pingpong {
         let opts = ustack_apps::pingpong::PingpongOpts {
             dst,
@@ -510,7 +540,13 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
         }
         return with_node(&cli.net, ustack_apps::rdma::PingUser(opts));
     }
-    with_node(&cli.net, Run { cli, dst })
+    with_node(
+        &cli.net,
+        Run {
+            cli,
+            dst: dst.into(),
+        },
+    )
 }
 
 /// `--rdma=rc --pingpong`: ibv_rc_pingpong's client (HOST) or server

@@ -55,9 +55,13 @@ impl Prober for Icmp {
         while let Ok(Some(ev)) = stack.ping().recv(sock) {
             match ev {
                 PingEvent::Reply(r) => {
-                    let ok = |id| series.is(id, |s| s.target.addr == r.from);
+                    // The mesh's targets are IPv4 hosts.
+                    let std::net::IpAddr::V4(from) = r.from else {
+                        continue;
+                    };
+                    let ok = |id| series.is(id, |s| s.target.addr == from);
                     let id = self.inflight.take(u64::from(r.seq), ok);
-                    series.settle(id, Probe::Icmp, r.from, || r.rtt().unwrap_or_default());
+                    series.settle(id, Probe::Icmp, from, || r.rtt().unwrap_or_default());
                 }
                 PingEvent::Unreachable { seq, code, .. } => {
                     if let Some(id) = self.inflight.take(u64::from(seq), |_| true)

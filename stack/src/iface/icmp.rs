@@ -7,7 +7,7 @@
 //! iputils ping carries a timeval; the reply brings it back, so no per-request
 //! state is kept and the RTT survives loss and reordering.
 
-use core::net::{Ipv4Addr, SocketAddrV4};
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
@@ -28,13 +28,13 @@ use crate::time::Instant;
 /// An echo reply delivered to the app.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PingReply {
-    /// The replying host (the reply's IPv4 source).
-    pub from: Ipv4Addr,
+    /// The replying host (the reply's source address).
+    pub from: IpAddr,
     /// Echo identifier (RFC 792): the ping socket's.
     pub ident: u16,
     /// Echo sequence number, as sent in the request.
     pub seq: u16,
-    /// The reply's IPv4 TTL as received.
+    /// The reply's TTL (IPv4) or hop limit (IPv6) as received.
     pub ttl: u8,
     /// ICMP message length (8-byte header plus data), as ping prints it.
     pub bytes: usize,
@@ -62,7 +62,7 @@ pub enum PingEvent {
     /// An ICMP destination-unreachable about one of our requests.
     Unreachable {
         /// The host that sent the error (a router or the destination).
-        from: Ipv4Addr,
+        from: IpAddr,
         /// Sequence number of the quoted request.
         seq: u16,
         /// ICMP code (RFC 792: 0 net, 1 host, 2 protocol, 3 port
@@ -73,7 +73,7 @@ pub enum PingEvent {
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PingRequest {
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub seq: u16,
     pub size: usize,
 }
@@ -163,14 +163,9 @@ impl PingTable {
         Ok(h)
     }
 
-    /// Queue an echo request with `size` bytes of data.
-    pub fn send(
-        &mut self,
-        h: PingHandle,
-        dst: Ipv4Addr,
-        seq: u16,
-        size: usize,
-    ) -> Result<(), Error> {
+    /// Queue an echo request with `size` bytes of data to `dst` (ICMP or
+    /// ICMPv6 by its family).
+    pub fn send(&mut self, h: PingHandle, dst: IpAddr, seq: u16, size: usize) -> Result<(), Error> {
         if size > MAX_PING_DATA {
             return Err(Error::TooLarge);
         }
@@ -281,7 +276,7 @@ impl PingTable {
             Icmpv4Message::EchoReply => {
                 let data = pkt.data();
                 let reply = PingReply {
-                    from: meta.src_v4(),
+                    from: meta.src,
                     ident: pkt.echo_ident(),
                     seq: pkt.echo_seq_no(),
                     ttl: meta.ttl,
@@ -335,7 +330,7 @@ impl PingTable {
                     let ident = u16::from_be_bytes([inner[4], inner[5]]);
                     let seq = u16::from_be_bytes([inner[6], inner[7]]);
                     let ev = PingEvent::Unreachable {
-                        from: meta.src_v4(),
+                        from: meta.src,
                         seq,
                         code: pkt.msg_code(),
                     };
@@ -360,7 +355,14 @@ impl PingTable {
             let requests: Vec<_> = sock.tx.drain(..).collect();
             for req in requests {
                 let len = 8 + req.size;
-                let sent = link.send_ip(now, tx, req.dst, IpProtocol::Icmp, len, |buf| {
+                let dst = match req.dst {
+                    IpAddr::V4(dst) => dst,
+                    IpAddr::V6(dst) => {
+                        echo_request6(link, now, tx, dst, ident, req);
+                        continue;
+                    }
+                };
+                let sent = link.send_ip(now, tx, dst, IpProtocol::Icmp, len, |buf| {
                     let mut p = Icmpv4Packet::new_unchecked(buf);
                     p.set_msg_type(Icmpv4Message::EchoRequest);
                     p.set_msg_code(0);
@@ -373,6 +375,75 @@ impl PingTable {
                     link.stats.icmp.tx_echo_requests += 1;
                 }
             }
+        }
+    }
+}
+
+/// An ICMPv6 echo request (RFC 4443 §4.1) from the source the
+/// destination calls for, its data as IPv4's (the send time first).
+fn echo_request6<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    dst: Ipv6Addr,
+    ident: u16,
+    req: PingRequest,
+) {
+    let Some(src) = link.ip6.source_for(&dst) else {
+        link.stats.ipv6.tx_no_route += 1;
+        return;
+    };
+    let len = 8 + req.size;
+    let sent = crate::iface::ipv6::send(link, now, tx, src, dst, IpProtocol::Icmpv6, len, |b| {
+        b[0] = ECHO_REQUEST6;
+        b[1..4].fill(0);
+        b[4..6].copy_from_slice(&ident.to_be_bytes());
+        b[6..8].copy_from_slice(&req.seq.to_be_bytes());
+        fill_echo_data(&mut b[8..], now);
+        let c = crate::wire::checksum::compute_ip(src.into(), dst.into(), 58, b);
+        b[2..4].copy_from_slice(&c.to_be_bytes());
+    });
+    if sent.is_ok() {
+        link.stats.ipv6.tx_echo_requests += 1;
+    }
+}
+
+/// ICMPv6 echo request and reply (RFC 4443 §4).
+const ECHO_REQUEST6: u8 = 128;
+const ECHO_REPLY6: u8 = 129;
+
+impl PingTable {
+    /// An ICMPv6 echo reply for us (the receive path hands up only
+    /// those): to the ping socket its identifier names.
+    pub(crate) fn process6(
+        &mut self,
+        link: &mut Link,
+        now: Instant,
+        meta: IpMeta<'_>,
+        body: &[u8],
+    ) -> Result<(), DropReason> {
+        let (IpAddr::V6(src), IpAddr::V6(dst)) = (meta.src, meta.dst) else {
+            return Err(DropReason::Icmpv6Malformed);
+        };
+        if body.len() < 8 || body[0] != ECHO_REPLY6 || body[1] != 0 {
+            return Err(DropReason::Icmpv6Malformed);
+        }
+        if crate::wire::checksum::compute_ip(src.into(), dst.into(), 58, body) != 0 {
+            return Err(DropReason::Icmpv6BadChecksum);
+        }
+        link.stats.ipv6.rx_echo_replies += 1;
+        let reply = PingReply {
+            from: meta.src,
+            ident: u16::from_be_bytes([body[4], body[5]]),
+            seq: u16::from_be_bytes([body[6], body[7]]),
+            ttl: meta.ttl,
+            bytes: body.len(),
+            sent_at: echo_timestamp(&body[8..]),
+            received_at: meta.rx.at.unwrap_or(now),
+        };
+        match self.deliver(reply.ident, PingEvent::Reply(reply)) {
+            Some(true) => Ok(()),
+            _ => Err(DropReason::Icmpv6Unhandled),
         }
     }
 }

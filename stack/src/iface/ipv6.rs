@@ -44,6 +44,9 @@ use crate::phy::device::{RxMeta, Tx};
 use crate::stats::DropReason;
 use crate::time::Instant;
 
+/// ICMPv6 echo reply (RFC 4443 §4.2).
+const ECHO_REPLY: u8 = 129;
+
 /// Hop limit of the packets we originate.
 const HOP_LIMIT: u8 = 64;
 
@@ -52,7 +55,8 @@ const HOP_LIMIT: u8 = 64;
 pub(crate) enum V6In<'a> {
     /// Nothing left for a transport (ICMPv6 handled, a fragment held).
     Done,
-    /// A TCP or UDP packet, in the frame.
+    /// A TCP or UDP packet, or an echo reply for a ping socket, in the
+    /// frame.
     Datagram {
         /// Its header's facts.
         meta: IpMeta<'a>,
@@ -63,8 +67,9 @@ pub(crate) enum V6In<'a> {
     },
     /// A packet too big message about one of our TCP segments.
     TooBig(TooBig),
-    /// A TCP or UDP datagram joined from fragments (`key.protocol` its
-    /// transport, `payload` from the transport's header on).
+    /// A TCP or UDP datagram or an echo reply joined from fragments
+    /// (`key.protocol` its transport, `payload` from the transport's
+    /// header on).
     Reassembled {
         /// The datagram.
         datagram: Reassembled,
@@ -317,7 +322,14 @@ pub(crate) fn ipv6<'a, T: Tx>(
             } = walk(&datagram.payload, inner, false).map_err(|r| r.reason)?;
             datagram.payload.drain(..skip);
             datagram.key.protocol = proto.into();
+            let echo_reply =
+                proto == IpProtocol::Icmpv6 && datagram.payload.first() == Some(&ECHO_REPLY);
             return match proto {
+                _ if echo_reply => Ok(V6In::Reassembled {
+                    datagram,
+                    multicast: dst.is_multicast(),
+                    rx,
+                }),
                 IpProtocol::Tcp | IpProtocol::Udp => Ok(V6In::Reassembled {
                     datagram,
                     multicast: dst.is_multicast(),
@@ -341,6 +353,19 @@ pub(crate) fn ipv6<'a, T: Tx>(
     }
     let body = &packet[w.at..];
     match w.next {
+        // Echo replies go to the stack's ping sockets.
+        IpProtocol::Icmpv6 if body.first() == Some(&ECHO_REPLY) && !src.is_unspecified() => {
+            let meta = IpMeta {
+                src: src.into(),
+                dst: dst.into(),
+                protocol: IpProtocol::Icmpv6,
+                ttl: pkt.hop_limit(),
+                broadcast: dst.is_multicast(),
+                header: &payload[..IPV6_HEADER_LEN],
+                rx,
+            };
+            Ok(V6In::Datagram { meta, body, packet })
+        }
         IpProtocol::Icmpv6 => {
             icmpv6(link, now, eth_src, &pkt, body, tx).map(|t| t.map_or(V6In::Done, V6In::TooBig))
         }

@@ -2,7 +2,7 @@
 //! echo machinery itself lives with ICMP in [`crate::iface::icmp`]).
 //! `stack.ping()` lends it.
 
-use core::net::Ipv4Addr;
+use core::net::IpAddr;
 
 use crate::error::Error;
 use crate::iface::icmp::PingTable;
@@ -24,15 +24,16 @@ impl<'a> Ping<'a> {
         self.table.open(ident)
     }
 
-    /// Queue an echo request with `size` bytes of data; it leaves on the next poll.
+    /// Queue an echo request with `size` bytes of data to `dst`, ICMP or
+    /// ICMPv6 by its family; it leaves on the next poll.
     pub fn send(
         &mut self,
         h: PingHandle,
-        dst: Ipv4Addr,
+        dst: impl Into<IpAddr>,
         seq: u16,
         size: usize,
     ) -> Result<(), Error> {
-        self.table.send(h, dst, seq, size)
+        self.table.send(h, dst.into(), seq, size)
     }
 
     /// Next reply or error for this socket.
