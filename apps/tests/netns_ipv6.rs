@@ -101,18 +101,7 @@ fn linux_resolves_and_pings_ustack_over_ipv6() {
     let topo = Topo::up("v6");
     let lv = topo.linux_if();
     topo.linux_ipv6("fd77::1/64");
-    let d = Daemon::spawn(&mut topo.bin(
-        env!("CARGO_BIN_EXE_ustack"),
-        &[
-            "run",
-            "--pcap",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-            "--ip",
-            "fd77::2/64",
-        ],
-    ));
+    let d = dual_stack_run(&topo);
     // Ready when it answers: the first pings may be lost while it starts.
     let deadline = Instant::now() + Duration::from_secs(15);
     while !topo
@@ -246,6 +235,22 @@ fn a_stack_given_a_taken_ipv6_address_exits_2() {
     );
 }
 
+/// `ustack run` on the stack's end with 10.77.0.2/24 and fd77::2/64.
+fn dual_stack_run(topo: &Topo) -> Daemon {
+    Daemon::spawn(&mut topo.bin(
+        env!("CARGO_BIN_EXE_ustack"),
+        &[
+            "run",
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+            "--ip",
+            "fd77::2/64",
+        ],
+    ))
+}
+
 /// MLDv2 as a snooping switch reads it: the Linux host's end sits on a
 /// bridge with multicast snooping, and its port toward ustack floods no
 /// unknown multicast. The bridge learns both of ustack's solicited-node
@@ -295,18 +300,7 @@ fn a_snooping_bridge_learns_our_groups_from_mld_reports() {
         "br0",
         "nodad",
     ]);
-    let d = Daemon::spawn(&mut topo.bin(
-        env!("CARGO_BIN_EXE_ustack"),
-        &[
-            "run",
-            "--pcap",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-            "--ip",
-            "fd77::2/64",
-        ],
-    ));
+    let d = dual_stack_run(&topo);
     // Both groups on ustack's port, learnt from the reports.
     let port = format!("port {lv} grp");
     let groups = ["ff02::1:ff4d:2", "ff02::1:ff00:2"];

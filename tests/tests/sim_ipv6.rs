@@ -1060,30 +1060,6 @@ fn packet_too_big_lowers_the_mss_of_the_connection_it_quotes() {
 /// A router beside PEER (its own address, PEER's MAC).
 const PEER_ROUTER: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 0xfe);
 
-/// A frame from `src` (PEER's MAC) to `dst` (host 1's MAC) carrying
-/// `payload` as `next`, hop limit 64.
-fn v6_frame_from(dst: Ipv6Addr, src: Ipv6Addr, next: IpProtocol, payload: &[u8]) -> Vec<u8> {
-    let ip = Ipv6Repr {
-        src_addr: src,
-        dst_addr: dst,
-        next_header: next,
-        payload_len: payload.len(),
-        hop_limit: 64,
-    };
-    let mut buf = vec![0u8; ETHERNET_HEADER_LEN + ip.buffer_len() + payload.len()];
-    let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-    EthernetRepr {
-        src_addr: peer_mac(),
-        dst_addr: host_mac(1),
-        ethertype: EthernetProtocol::Ipv6,
-    }
-    .emit(&mut eth);
-    let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
-    ip.emit(&mut pkt);
-    pkt.payload_mut().copy_from_slice(payload);
-    buf
-}
-
 // ------------------------------------------------- duplicate address detection
 
 /// Probing at start sends a duplicate address detection probe for each

@@ -246,11 +246,7 @@ impl Ipv6Iface {
             what: target,
             until: now + REDIRECT_LIFETIME,
         };
-        self.redirects.retain(|(d, _)| *d != dest);
-        if self.redirects.len() >= MAX_REDIRECTS {
-            self.redirects.remove(0);
-        }
-        self.redirects.push((dest, learnt));
+        remember(&mut self.redirects, MAX_REDIRECTS, dest, learnt);
         true
     }
 
@@ -286,11 +282,7 @@ impl Ipv6Iface {
             what: mtu,
             until: now + PATH_MTU_LIFETIME,
         };
-        self.path_mtus.retain(|(d, _)| *d != dst);
-        if self.path_mtus.len() >= MAX_PATH_MTUS {
-            self.path_mtus.remove(0);
-        }
-        self.path_mtus.push((dst, learnt));
+        remember(&mut self.path_mtus, MAX_PATH_MTUS, dst, learnt);
         true
     }
 
@@ -428,6 +420,22 @@ impl Ipv6Iface {
                     .listening()
                     .any(|m| mac == multicast_mac(solicited_node(m))))
     }
+}
+
+/// Keep what was learnt about `dst` in a per-destination table of at
+/// most `cap` entries: it replaces what was there for `dst`; when full,
+/// the oldest gives way.
+fn remember<T>(
+    table: &mut Vec<(Ipv6Addr, Learnt<T>)>,
+    cap: usize,
+    dst: Ipv6Addr,
+    learnt: Learnt<T>,
+) {
+    table.retain(|(d, _)| *d != dst);
+    if table.len() >= cap {
+        table.remove(0);
+    }
+    table.push((dst, learnt));
 }
 
 /// The link-local address of a MAC (RFC 4291 Appendix A: modified EUI-64).

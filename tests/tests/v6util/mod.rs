@@ -75,27 +75,7 @@ pub fn drops(s: &Stack, r: DropReason) -> u64 {
 /// headers, the first of type `first`, their next-header bytes as given)
 /// and then `upper`.
 pub fn v6_frame(first: IpProtocol, chain: &[u8], upper: &[u8]) -> Vec<u8> {
-    let ip = Ipv6Repr {
-        src_addr: PEER,
-        dst_addr: GLOBAL,
-        next_header: first,
-        payload_len: chain.len() + upper.len(),
-        hop_limit: 64,
-    };
-    let mut buf = vec![0u8; ETHERNET_HEADER_LEN + 40 + chain.len() + upper.len()];
-    let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-    EthernetRepr {
-        src_addr: peer_mac(),
-        dst_addr: host_mac(1),
-        ethertype: EthernetProtocol::Ipv6,
-    }
-    .emit(&mut eth);
-    let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
-    ip.emit(&mut pkt);
-    let p = pkt.payload_mut();
-    p[..chain.len()].copy_from_slice(chain);
-    p[chain.len()..].copy_from_slice(upper);
-    buf
+    v6_frame_from(GLOBAL, PEER, first, &[chain, upper].concat())
 }
 
 /// A UDP datagram from PEER:4000 to GLOBAL:7 with its IPv6 checksum.
@@ -215,4 +195,28 @@ pub fn router_advert(
         }),
     });
     icmpv6_frame(multicast_mac(ALL_NODES), router, ALL_NODES, 255, &ra)
+}
+
+/// A frame from `src` (PEER's MAC) to `dst` (host 1's MAC) carrying
+/// `payload` as `next`, hop limit 64.
+pub fn v6_frame_from(dst: Ipv6Addr, src: Ipv6Addr, next: IpProtocol, payload: &[u8]) -> Vec<u8> {
+    let ip = Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: next,
+        payload_len: payload.len(),
+        hop_limit: 64,
+    };
+    let mut buf = vec![0u8; ETHERNET_HEADER_LEN + ip.buffer_len() + payload.len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
+    EthernetRepr {
+        src_addr: peer_mac(),
+        dst_addr: host_mac(1),
+        ethertype: EthernetProtocol::Ipv6,
+    }
+    .emit(&mut eth);
+    let mut pkt = Ipv6Packet::new_unchecked(eth.payload_mut());
+    ip.emit(&mut pkt);
+    pkt.payload_mut().copy_from_slice(payload);
+    buf
 }
