@@ -345,8 +345,18 @@ pub fn assert_well_formed(frame: &[u8]) {
         }
         EthernetProtocol::Ipv6 => {
             let p = smoltcp::wire::Ipv6Packet::new_checked(f.payload()).expect("ipv6 parses");
-            assert_eq!(p.next_header(), IpProtocol::Icmpv6, "only ICMPv6 is sent");
-            let i = smoltcp::wire::Icmpv6Packet::new_checked(p.payload()).expect("icmpv6 parses");
+            // ICMPv6, or an MLDv2 report behind its 8-byte hop-by-hop
+            // header (router alert).
+            let body = match p.next_header() {
+                IpProtocol::Icmpv6 => p.payload(),
+                IpProtocol::HopByHop => {
+                    let h = p.payload();
+                    assert_eq!(h.get(..2), Some(&[58u8, 0][..]), "hop-by-hop then ICMPv6");
+                    &h[8..]
+                }
+                other => panic!("only ICMPv6 is sent, not {other}"),
+            };
+            let i = smoltcp::wire::Icmpv6Packet::new_checked(body).expect("icmpv6 parses");
             assert!(
                 i.verify_checksum(&p.src_addr(), &p.dst_addr()),
                 "emitted ICMPv6 checksum"
