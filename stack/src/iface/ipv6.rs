@@ -353,8 +353,12 @@ pub(crate) fn ipv6<'a, T: Tx>(
     }
     let body = &packet[w.at..];
     match w.next {
-        // Echo replies go to the stack's ping sockets.
-        IpProtocol::Icmpv6 if body.first() == Some(&ECHO_REPLY) && !src.is_unspecified() => {
+        // Echo replies go to the stack's ping sockets (one claiming our
+        // own source falls to `icmpv6`, which lets only an advertisement
+        // through).
+        IpProtocol::Icmpv6
+            if body.first() == Some(&ECHO_REPLY) && !src.is_unspecified() && !from_ours =>
+        {
             let meta = IpMeta {
                 src: src.into(),
                 dst: dst.into(),
