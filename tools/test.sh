@@ -101,6 +101,10 @@ install_packages() {
 step "system packages"
 install_packages
 
+# CI builds once from a clean clone: incremental state only costs disk.
+export CARGO_INCREMENTAL=0
+step "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free where the build goes"
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
