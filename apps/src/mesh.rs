@@ -32,7 +32,7 @@ mod udp;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
@@ -208,11 +208,19 @@ pub struct Row<'a> {
     pub rtt_ms: Option<[f64; 4]>,
 }
 
+/// The stack's addresses for the `source` label: its IPv4 address and its
+/// IPv6 one (a global address before the link-local one).
+fn sources(stack: &Stack) -> (Ipv4Addr, Option<Ipv6Addr>) {
+    let v6 = stack.ipv6_addrs();
+    let global = v6.iter().find(|a| !a.is_unicast_link_local());
+    (stack.ip(), global.or(v6.first()).copied())
+}
+
 /// The mesh summary table (text).
 pub fn report_table(what: &str, rows: &[Row<'_>], elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
     let sent: u64 = rows.iter().map(|r| r.sent).sum();
-    let targets: HashSet<Ipv4Addr> = rows.iter().map(|r| r.target.addr).collect();
+    let targets: HashSet<IpAddr> = rows.iter().map(|r| r.target.addr).collect();
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -360,7 +368,8 @@ impl MeshPinger {
     }
 
     /// The series of `addr` probed with `probe`.
-    pub fn series(&self, addr: Ipv4Addr, probe: Probe) -> Option<&TargetStats> {
+    pub fn series(&self, addr: impl Into<IpAddr>, probe: Probe) -> Option<&TargetStats> {
+        let addr = addr.into();
         self.stats
             .iter()
             .find(|s| s.target.addr == addr && s.probe == probe)
@@ -389,7 +398,7 @@ impl MeshPinger {
     /// Make the series follow `targets`: new pairs start, gone ones stop
     /// (their series disappear), the rest keep their counters.
     fn set_series(&mut self, targets: &[Target]) -> Vec<TargetStats> {
-        let mut old: HashMap<(Ipv4Addr, Probe), TargetStats> = self
+        let mut old: HashMap<(IpAddr, Probe), TargetStats> = self
             .stats
             .drain(..)
             .map(|s| ((s.target.addr, s.probe), s))
@@ -558,14 +567,15 @@ impl MeshPinger {
         false
     }
 
-    fn publish(&mut self, now: Instant, source: Ipv4Addr, force: bool) {
+    fn publish(&mut self, now: Instant, source: (Ipv4Addr, Option<Ipv6Addr>), force: bool) {
         let Some(m) = &self.metrics else { return };
         if !force && now < self.next_publish {
             return;
         }
         let (stats, targets, reloads) = (&self.stats, self.cfg.targets.len(), self.reloads);
         if m.publish(|s| {
-            s.source = Some(source);
+            s.source = Some(source.0);
+            s.source6 = source.1;
             s.series.clear();
             s.series.extend(stats.iter().map(TargetStats::snapshot));
             s.targets = targets;
@@ -671,7 +681,7 @@ impl App for MeshPinger {
             return Control::Exit;
         }
         if !self.warm_up(now, stack) {
-            self.publish(now, stack.ip(), false);
+            self.publish(now, sources(stack), false);
             return Control::Continue;
         }
         if let Some(rx) = &self.updates
@@ -714,7 +724,7 @@ impl App for MeshPinger {
             // Far behind (a stalled loop): do not send a storm to catch up.
             self.next_send = now;
         }
-        self.publish(now, stack.ip(), false);
+        self.publish(now, sources(stack), false);
         if let Some(end) = self.send_end
             && now >= end
             && (self.all_in() || now >= end + self.cfg.wait)
@@ -722,7 +732,7 @@ impl App for MeshPinger {
             self.expire(Instant::FAR_FUTURE, stack);
             self.finished_at = Some(end.min(now));
             self.close(now, stack);
-            self.publish(now, stack.ip(), true);
+            self.publish(now, sources(stack), true);
             return Control::Exit;
         }
         Control::Continue
@@ -801,7 +811,7 @@ mod test {
         );
         assert_eq!(gone.len(), 2, "tcp of .2 and icmp of .3 stop");
         assert_eq!(m.stats.len(), 2);
-        assert_eq!(m.stats[0].target.addr, Ipv4Addr::new(10, 0, 0, 4));
+        assert_eq!(m.stats[0].target.addr, IpAddr::from([10, 0, 0, 4]));
         assert_eq!(m.stats[1].sent, 5, "a kept series keeps its counters");
         assert_eq!(m.stats[1].target.label.as_deref(), Some("a2"));
         assert!(!m.index.contains_key(&id_b));

@@ -11,7 +11,7 @@
 //!   messages of `-s` bytes (both must match the server's `-n` and `-s`),
 //!   with a timeout per message where the stock tool would hang.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use ustack::socket::ud::{
     WcStatus,
 };
 use ustack::wire::exchange::{
-    DONE, PINGPONG_MSG_LEN, PingpongDest, VERSION_LEN, gid_ipv4, ipv4_gid, parse_version,
+    DONE, PINGPONG_MSG_LEN, PingpongDest, VERSION_LEN, gid_ip, ip_gid, parse_version,
 };
 use ustack::{Instant, Stack};
 use ustack_kit::ud_ping::{UdPingSummary, UdResponder};
@@ -171,9 +171,21 @@ impl PingpongServer {
                     String::from_utf8_lossy(&msg[..msg.len().min(24)])
                 )
             })?;
-            let ip = gid_ipv4(&peer.gid).ok_or(
-                "its GID is not an IPv4 RoCE v2 GID (run ibv_ud_pingpong with -g and the index of one)",
+            let ip = gid_ip(&peer.gid).ok_or(
+                "its GID is zero (run ibv_ud_pingpong with -g and the index of a RoCE v2 GID)",
             )?;
+            // Our GID in the family of the peer's.
+            let me = match ip {
+                IpAddr::V4(_) => IpAddr::V4(stack.ip()),
+                IpAddr::V6(to) => match stack.addr_ref().ipv6_source(to) {
+                    Some(a) => a.into(),
+                    None => {
+                        return Err(format!(
+                            "{ip}: an IPv6 GID, and IPv6 is off here (--ip ADDR/LEN)"
+                        ));
+                    }
+                },
+            };
             if ud.error().is_some() {
                 return Err("the UD responder is not running".into());
             }
@@ -183,7 +195,7 @@ impl PingpongServer {
                 lid: 0,
                 qpn: ud.qpn(),
                 psn: psn(now),
-                gid: ipv4_gid(stack.ip()),
+                gid: ip_gid(me),
             };
             x.conn.send(&ours.to_wire());
             x.conn.poll(stack).map_err(|e| e.to_string())?;
@@ -203,6 +215,15 @@ impl PingpongServer {
     }
 }
 
+/// A GID as ibv_ud_pingpong prints it: `::ffff:a.b.c.d` or the IPv6
+/// address.
+fn gid_text(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("::ffff:{v4}"),
+        IpAddr::V6(v6) => v6.to_string(),
+    }
+}
+
 /// `uping --rdma --pingpong` settings.
 #[derive(Debug, Clone)]
 pub struct PingpongOpts {
@@ -218,6 +239,8 @@ pub struct PingpongOpts {
     pub timeout: Duration,
     /// Print only the summary.
     pub quiet: bool,
+    /// Send from our IPv6 GID (the exchange still goes to `dst`).
+    pub ipv6: bool,
     /// The poll loop's settings (pinning, idle mode, the metrics feed).
     pub lcfg: LoopConfig,
 }
@@ -311,19 +334,29 @@ impl PingpongClient {
         }
         self.our_qpn = stack.ud().qp_num(qp).map_err(|e| e.to_string())?;
         self.qp = Some(qp);
+        let me = if self.o.ipv6 {
+            let v6 = stack.addr_ref().ipv6();
+            let global = v6.iter().find(|a| !a.is_unicast_link_local());
+            let Some(a) = global.or(v6.first()) else {
+                return Err("-6: IPv6 is off here (give --ip an IPv6 ADDR/LEN)".into());
+            };
+            IpAddr::V6(*a)
+        } else {
+            IpAddr::V4(stack.ip())
+        };
         let mut conn = MsgConn::connect(now, stack, SocketAddrV4::new(self.o.dst, self.o.port))
             .map_err(|e| e.to_string())?;
         let ours = PingpongDest {
             lid: 0,
             qpn: self.our_qpn,
             psn: 0,
-            gid: ipv4_gid(stack.ip()),
+            gid: ip_gid(me),
         };
         conn.send(&ours.to_wire());
         self.output.push(format!(
-            "  local address:  LID 0x0000, QPN {:#08x}, PSN 0x000000: GID ::ffff:{}",
+            "  local address:  LID 0x0000, QPN {:#08x}, PSN 0x000000: GID {}",
             self.our_qpn,
-            stack.ip()
+            gid_text(me)
         ));
         self.phase = Phase::Exchange(conn);
         Ok(())
@@ -383,15 +416,19 @@ impl App for PingpongClient {
                                 self.o.dst, self.o.port
                             ));
                         };
-                        let Some(ip) = gid_ipv4(&peer.gid) else {
-                            return self.fail(
-                                "the server's GID is not an IPv4 RoCE v2 GID: start ibv_ud_pingpong with -g and the index of one"
-                                    .into(),
-                            );
+                        let Some(ip) = gid_ip(&peer.gid).filter(|a| a.is_ipv6() == self.o.ipv6)
+                        else {
+                            return self.fail(format!(
+                                "the server's GID is not an {} RoCE v2 GID: start ibv_ud_pingpong with -g and the index of one",
+                                if self.o.ipv6 { "IPv6" } else { "IPv4" }
+                            ));
                         };
                         self.output.push(format!(
-                            "  remote address: LID 0x{:04x}, QPN {:#08x}, PSN {:#08x}, GID ::ffff:{ip}",
-                            peer.lid, peer.qpn, peer.psn
+                            "  remote address: LID 0x{:04x}, QPN {:#08x}, PSN {:#08x}, GID {}",
+                            peer.lid,
+                            peer.qpn,
+                            peer.psn,
+                            gid_text(ip)
                         ));
                         self.peer = Some(UdAddr { ip, qpn: peer.qpn });
                         conn.send(DONE);

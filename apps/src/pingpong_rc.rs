@@ -442,7 +442,7 @@ impl RcPingpong {
             .connect(
                 qp,
                 RcDest {
-                    ip,
+                    ip: ip.into(),
                     qpn: peer.qpn,
                     psn: peer.psn,
                 },

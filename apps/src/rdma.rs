@@ -4,7 +4,7 @@
 //! any backend. `ustack run` hosts the same [`UdResponder`].
 
 use crate::report::ms;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -61,7 +61,7 @@ fn reply_time(d: Duration) -> String {
 /// `uping --rdma` settings.
 #[derive(Debug, Clone)]
 pub struct PingOpts {
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub qpn: u32,
     pub qkey: u32,
     pub count: Option<u64>,
@@ -262,7 +262,10 @@ impl NodeRunner for PingUser {
 #[cfg(feature = "verbs")]
 pub fn verbs_ping(o: &PingOpts) -> Result<ExitCode> {
     use ustack_verbs::{VerbsConfig, VerbsUd};
-    let mut dev = VerbsUd::open(&VerbsConfig::default())?;
+    let mut dev = VerbsUd::open(&VerbsConfig {
+        ipv6: o.dst.is_ipv6(),
+        ..VerbsConfig::default()
+    })?;
     let dst = UdAddr {
         ip: o.dst,
         qpn: o.qpn,
@@ -321,7 +324,7 @@ pub fn verbs_ping(_: &PingOpts) -> Result<ExitCode> {
 /// `uperf -c HOST --rdma` settings.
 #[derive(Debug, Clone)]
 pub struct BwOpts {
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub qpn: u32,
     pub qkey: u32,
     pub iterations: u64,

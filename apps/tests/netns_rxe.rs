@@ -7,7 +7,8 @@
 //! both roles, and `uping --rdma --verbs` on `rxe0`. Counters are reconciled
 //! on both sides (rxe's hw_counters and qkey_viol_cntr, ustack's telemetry),
 //! and the ICRC of every RoCE frame in both captures is recomputed by
-//! `tools/roce-icrc.py` (zlib's CRC-32).
+//! `tools/roce-icrc.py` (zlib's CRC-32). The same over IPv6 GIDs: UD pings,
+//! `ibv_ud_pingpong -g` in both roles.
 //!
 //! One test, one guest boot (the boot is most of its time). Skipped with
 //! the reason where the machine cannot run it (not root, no QEMU, no
@@ -25,6 +26,8 @@ use common::{Daemon, TelemetryTail, telemetry_drop};
 
 const HOST_IP: &str = "10.77.0.2";
 const GUEST_IP: &str = "10.77.0.3";
+const HOST_IP6: &str = "fd77::2";
+const GUEST_IP6: &str = "fd77::3";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -526,22 +529,148 @@ fn rxe_interop() {
     perftest_checks(&ns, &mut g, uperf);
     perftest_rc_checks(&ns, &mut g, uperf);
     rc_pingpong_checks(&ns, &mut g, uping, &dir);
+    let (cap6_run, cap6_ping) = ipv6_checks(&ns, &mut g, ustack, uping, &dir);
 
     // ---- Every RoCE frame of both senders carries a valid ICRC.
-    let t = icrc_check(&[&cap_run, &cap_ping]);
+    let t = icrc_check(&[&cap_run, &cap_ping, &cap6_run, &cap6_ping]);
     eprintln!("ICRC:\n{t}");
-    for sender in [HOST_IP, GUEST_IP] {
+    // IPv6: 150 each way (50 UD pings, 50 ibv_ud_pingpong messages each
+    // way with ustack run, 50 with the stock server).
+    for (sender, least) in [
+        (HOST_IP, 200),
+        (GUEST_IP, 200),
+        (HOST_IP6, 150),
+        (GUEST_IP6, 150),
+    ] {
         let valid = t
             .lines()
             .find(|l| l.starts_with(&format!("{sender}:")))
             .map(|l| count(l, "valid"))
             .unwrap_or(0);
-        assert!(valid >= 200, "{sender}: {t}");
+        assert!(valid >= least, "{sender}: {t}");
     }
     eprintln!(
         "rxe interop: {:.0} s in all",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// RoCEv2 over IPv6 GIDs against rxe, both roles. rxe -> ustack: the
+/// guest's `uping --rdma --verbs` to our IPv6 address (the verbs transport
+/// picks rxe's IPv6 RoCE v2 GID) and stock `ibv_ud_pingpong -g` with that
+/// GID's index against `ustack run`, which answers with its own IPv6 GID.
+/// ustack -> rxe: `uping --rdma --pingpong -6` against the stock server.
+/// rxe's counters on both sides of each run; the captures' ICRCs are
+/// checked by the caller.
+fn ipv6_checks(
+    ns: &Ns,
+    g: &mut Guest,
+    ustack: &str,
+    uping: &str,
+    dir: &Path,
+) -> (PathBuf, PathBuf) {
+    // busybox's ip has no nodad: DAD off for the interface instead.
+    g.ok("echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad");
+    g.ok(&format!("ip -6 addr add {GUEST_IP6}/64 dev eth0"));
+    // rxe adds a GID for the address: its index, once listed as RoCE v2.
+    let full = GUEST_IP6
+        .parse::<std::net::Ipv6Addr>()
+        .unwrap()
+        .segments()
+        .map(|x| format!("{x:04x}"))
+        .join(":");
+    let find = format!(
+        "cd /sys/class/infiniband/rxe0/ports/1 && for i in $(ls gids); do \
+         [ \"$(cat gids/$i)\" = {full} ] && [ \"$(cat gid_attrs/types/$i 2>/dev/null)\" = 'RoCE v2' ] && echo $i; done; true"
+    );
+    let start = Instant::now();
+    let idx = loop {
+        let out = g.ok(&find);
+        if let Some(i) = out.split_whitespace().next() {
+            break i.to_string();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "rxe lists no RoCE v2 GID for {GUEST_IP6}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("rxe's IPv6 RoCE v2 GID: index {idx}");
+    let ip6 = format!("{HOST_IP6}/64");
+
+    // ---- rxe -> ustack over IPv6.
+    let cap_run = dir.join(format!("run6-{}.pcap", std::process::id()));
+    let run = Daemon::spawn(&mut ns.ustack(
+        ustack,
+        &["run"],
+        &["--ip", &ip6, "--capture", cap_run.to_str().unwrap()],
+    ));
+    let (rc, out) = g.sh(&format!("ping -6 -c 3 -W 5 {HOST_IP6}"));
+    assert_eq!(rc, 0, "the guest cannot reach ustack run over IPv6: {out}");
+    let (sent0, rcvd0, _) = g.counters();
+    let out = g.ok(&format!(
+        "uping --rdma --verbs -c 50 -i 0.01 -s 1024 -q {HOST_IP6}"
+    ));
+    eprintln!("guest uping --rdma --verbs over IPv6:\n{out}");
+    assert!(out.contains("50 packets transmitted, 50 received"), "{out}");
+    assert!(out.contains(HOST_IP6), "{out}");
+    let out = g.ok(&format!("ibv_ud_pingpong -g {idx} -n 50 {HOST_IP}"));
+    eprintln!("guest ibv_ud_pingpong -g {idx} (client):\n{out}");
+    assert!(out.contains("50 iters in"), "{out}");
+    assert!(out.contains(&format!("GID {HOST_IP6}")), "{out}");
+    let (sent1, rcvd1, _) = g.counters();
+    assert_eq!(sent1 - sent0, 100, "rxe sent_pkts over IPv6");
+    assert_eq!(rcvd1 - rcvd0, 100, "rxe rcvd_pkts over IPv6");
+    let (code, stdout, stderr) = run.stop();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("50 pings answered"), "{stdout}");
+    assert!(stdout.contains("50 echoed"), "{stdout}");
+    assert!(stdout.contains(&format!("peer {GUEST_IP6}")), "{stdout}");
+
+    // ---- ustack -> rxe over IPv6: the stock server answers.
+    g.ok(&format!(
+        "(ibv_ud_pingpong -g {idx} -n 50 > /tmp/pp6.out 2>&1; echo exit=$? >> /tmp/pp6.out) &"
+    ));
+    let cap_ping = dir.join(format!("ping6-{}.pcap", std::process::id()));
+    let (sent0, rcvd0, _) = g.counters();
+    let o = wait_for_server(|| {
+        ns.ustack(
+            uping,
+            &[],
+            &[
+                "--ip",
+                &ip6,
+                "--capture",
+                cap_ping.to_str().unwrap(),
+                "--rdma",
+                "--pingpong",
+                "-6",
+                "-c",
+                "50",
+                "-q",
+                GUEST_IP,
+            ],
+        )
+        .output()
+        .unwrap()
+    });
+    let t = text(&o);
+    eprintln!("uping --rdma --pingpong -6:\n{t}");
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("50 messages transmitted, 50 received, 0 lost"),
+        "{t}"
+    );
+    assert!(t.contains(&format!("GID {GUEST_IP6}")), "{t}");
+    let out = wait_guest_file(g, "/tmp/pp6.out", "exit=");
+    eprintln!("guest ibv_ud_pingpong -g {idx} (server):\n{out}");
+    assert!(
+        out.contains("50 iters in") && out.contains("exit=0"),
+        "{out}"
+    );
+    let (sent1, rcvd1, _) = g.counters();
+    assert_eq!((sent1 - sent0, rcvd1 - rcvd0), (50, 50));
+    (cap_run, cap_ping)
 }
 
 /// Retries `run` while the guest's server is not listening yet (under

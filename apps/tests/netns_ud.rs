@@ -241,6 +241,90 @@ fn uping_rdma_against_ustack_run_dissected_by_tshark_with_icrc() {
     assert_eq!(checked, 20);
 }
 
+/// The same over IPv6 GIDs: `uping --rdma fd77::2` against `ustack run`
+/// with an IPv6 address; tshark dissects the RoCE frames over IPv6, and
+/// `tools/roce-icrc.py` recomputes every ICRC over IPv6's masks.
+#[test]
+fn uping_rdma_over_ipv6_against_ustack_run() {
+    need_root!();
+    let topo = Topo::up("u6");
+    let cap = temp_pcap();
+    let d = topo.daemon(&[
+        "--ip",
+        "fd77::2/64",
+        "--capture",
+        &cap.display().to_string(),
+    ]);
+    let out = topo.app(
+        env!("CARGO_BIN_EXE_uping"),
+        &[
+            "--ip",
+            "fd77::3/64",
+            "--rdma",
+            "-c",
+            "10",
+            "-i",
+            "0.05",
+            "-W",
+            "2",
+            "fd77::2",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sent_received(&text), (10, 10), "{text}");
+    let lines =
+        regex::Regex::new(r"(?m)^56 bytes from fd77::2 qpn 2: ud_seq=\d+ time=[\d.]+ ms$").unwrap();
+    assert_eq!(lines.find_iter(&text).count(), 10, "{text}");
+    let (code, dout, derr) = d.stop();
+    assert_eq!(code, 0, "{derr}");
+    assert!(dout.contains("rdma ud: qpn 2: 10 pings answered"), "{dout}");
+    let ts = Command::new("tshark")
+        .args(["-r", &cap.display().to_string()])
+        .args(["-d", "udp.port==4791,infiniband", "-Y", "infiniband"])
+        .args(["-T", "fields", "-e", "ipv6.dst", "-e", "udp.checksum"])
+        .args(["-e", "infiniband.bth.opcode", "-e", "infiniband.deth.q_key"])
+        .output()
+        .unwrap();
+    assert!(
+        ts.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ts.stderr)
+    );
+    let rows: Vec<Vec<String>> = String::from_utf8_lossy(&ts.stdout)
+        .lines()
+        .map(|l| l.split('\t').map(str::to_string).collect())
+        .collect();
+    assert_eq!(rows.len(), 20, "{rows:?}");
+    for dst in ["fd77::2", "fd77::3"] {
+        let n = rows.iter().filter(|r| r[0] == dst).count();
+        assert_eq!(n, 10, "to {dst}: {rows:?}");
+    }
+    for r in &rows {
+        assert_eq!(num(&r[1]), 0, "UDP checksum 0: {r:?}");
+        assert_eq!(num(&r[2]), 0x64, "UD SEND_ONLY");
+        assert_eq!(num(&r[3]), 0x1111_1111);
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let icrc = Command::new("python3")
+        .arg(repo.join("tools/roce-icrc.py"))
+        .arg(&*cap)
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&icrc.stdout);
+    assert!(icrc.status.success(), "{t}");
+    for sender in ["fd77::2", "fd77::3"] {
+        assert!(
+            t.contains(&format!("{sender}: 10 valid ICRC, 0 invalid")),
+            "{t}"
+        );
+    }
+}
+
 #[test]
 fn uping_rdma_counts_loss_when_the_daemon_is_impaired() {
     need_root!();

@@ -3,7 +3,7 @@
 //! every probe type (icmp, udp, tcp, ud) against `ustack run`'s services,
 //! the Prometheus families, and a ping list changed while running.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -289,6 +289,79 @@ fn every_probe_type_against_ustack_run_services() {
     );
 
     // The services close their side after the mesh's FIN: no buffer kept.
+    net.run_until(
+        net.now + Duration::from_secs(1),
+        &mut [&mut (), &mut r1, &mut r2],
+        |_| false,
+    );
+    assert_eq!(net.pools_in_use(), baseline, "leaked buffers");
+}
+
+/// A dual-stack mesh: the same four probes to one host by its IPv4
+/// address and to another by its IPv6 one (UD over its IPv6 GID), every
+/// probe answered, and the metrics carry the family and the source of
+/// the target's family.
+#[test]
+fn every_probe_type_over_ipv6_beside_ipv4() {
+    let mut net = SimNet::new(LinkConfig::default());
+    for n in 1..=3u16 {
+        let mut c = host_config(n as u8);
+        c.ipv6 = vec![ustack::wire::Ipv6Cidr::new(
+            Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, n),
+            64,
+        )];
+        net.add(c);
+    }
+    let baseline = net.pools_in_use();
+    let list = "10.0.0.2 four probes=icmp,udp,tcp,ud\n\
+                fd77::3 six probes=icmp,udp,tcp,ud\n";
+    let metrics = Arc::new(MeshMetrics::new());
+    let mut pinger = MeshPinger::new(MeshConfig::new(
+        parse_pinglist(list).unwrap(),
+        2_000.0,
+        Duration::from_secs(2),
+    ))
+    .with_metrics(metrics.clone());
+    let (mut r1, mut r2) = (Responder::new(), Responder::new());
+    net.run_until(
+        Instant::ZERO + Duration::from_secs(12),
+        &mut [&mut pinger, &mut r1, &mut r2],
+        |_| false,
+    );
+    assert!(pinger.done(), "the mesh did not finish");
+    let text = pinger.report();
+    let six: IpAddr = "fd77::3".parse().unwrap();
+    for addr in [IpAddr::from([10, 0, 0, 2]), six] {
+        for probe in [Probe::Icmp, Probe::Udp, Probe::Tcp, Probe::Ud] {
+            let s = pinger.series(addr, probe).unwrap();
+            assert!(s.sent >= 400, "{addr} {probe}: sent {}\n{text}", s.sent);
+            assert_eq!(s.received, s.sent, "{addr} {probe}\n{text}");
+            assert_eq!(s.lost, 0, "{addr} {probe}: {:?}", s.last_error);
+        }
+    }
+    assert!(text.contains("fd77::3"), "{text}");
+    assert_eq!(
+        r2.ud.stats().pongs,
+        pinger.series(six, Probe::Ud).unwrap().sent
+    );
+    let st = net.nodes[2].stack.stats();
+    assert!(st.ipv6.rx_packets > 1_000, "{:?}", st.ipv6);
+    let mut fams = Vec::new();
+    metrics.collect(&mut fams);
+    let sent = family(&fams, "ustack_mesh_probes_sent_total");
+    for x in &sent.samples {
+        let v6 = x.labels.contains(&("target".into(), "fd77::3".into()));
+        let (source, fam) = if v6 {
+            ("fd77::1", "ipv6")
+        } else {
+            ("10.0.0.1", "ipv4")
+        };
+        assert!(
+            x.labels.contains(&("source".into(), source.into())),
+            "{x:?}"
+        );
+        assert!(x.labels.contains(&("family".into(), fam.into())), "{x:?}");
+    }
     net.run_until(
         net.now + Duration::from_secs(1),
         &mut [&mut (), &mut r1, &mut r2],

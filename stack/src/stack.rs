@@ -260,7 +260,6 @@ impl Stack {
             },
             IpProtocol::Icmpv6 => self.pings.process6(&mut self.link, now, meta, body),
             IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {
-                Some(_) if meta.src.is_ipv6() => Err(DropReason::RoceOverIpv6),
                 None => Ok(()),
                 Some(roce) if crate::socket::ud::is_rc(roce) => {
                     let ip = crate::socket::ud::roce_packet(ip, roce)?;

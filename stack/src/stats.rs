@@ -180,8 +180,6 @@ drop_reasons! {
     /// A routing header with segments left: a host does not forward
     /// (RFC 8200 §4.4; type 0 deprecated by RFC 5095).
     Ipv6RoutingHeader => "ipv6_routing_header",
-    /// A RoCEv2 packet over IPv6 (not yet spoken: IPv4 GIDs only).
-    RoceOverIpv6 => "roce_over_ipv6",
     /// ICMPv6 too short or of a malformed layout.
     Icmpv6Malformed => "icmpv6_malformed",
     /// ICMPv6 checksum does not verify.

@@ -341,13 +341,13 @@ fn rc_queue_pairs_from_the_blocking_and_async_fronts() {
     let qb = RcQp::create(b.net(), &cfg).unwrap();
     let (sa, sb) = (qa.status().unwrap(), qb.status().unwrap());
     qa.connect(RcDest {
-        ip: B,
+        ip: B.into(),
         qpn: sb.qpn,
         psn: sb.initial_psn,
     })
     .unwrap();
     qb.connect(RcDest {
-        ip: A,
+        ip: A.into(),
         qpn: sa.qpn,
         psn: sa.initial_psn,
     })

@@ -756,7 +756,7 @@ fn ud_flood_is_dropped_by_reason_and_ud_ping_still_answered() {
     net.add(host_config(2));
     let mut atk = Attacker::attach(&net);
     let mut cfg = UdPingerConfig::new(UdAddr {
-        ip: B,
+        ip: B.into(),
         qpn: RESPONDER_QPN,
     });
     cfg.count = Some(500);

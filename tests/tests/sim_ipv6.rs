@@ -1167,3 +1167,83 @@ fn a_slaac_address_another_host_holds_is_not_used() {
         assert!(s.ipv6_addrs().contains(&GLOBAL));
     }
 }
+
+// ---------------------------------------------------------- RoCEv2 over IPv6
+
+/// A UD SEND to an IPv6 GID: after neighbor discovery it leaves as
+/// `IPv6 (next header UDP) | UDP 4791, checksum 0 | BTH | DETH | ImmDt |
+/// payload | ICRC`, the ICRC over the IPv6 masks; the receiver's
+/// completion names the IPv6 sender and its GRH holds the IPv6 header, as
+/// verbs gives it. A zero UDP checksum is taken only on the RoCEv2 port.
+#[test]
+fn roce_ud_over_ipv6_with_the_ipv6_header_as_grh() {
+    use ustack::socket::ud::{GRH_LEN, QpConfig, SendWr, UdAddr, UdTransport, WcStatus};
+    let (mut a, mut b) = pair();
+    let qa = a.ud().create_qp(&QpConfig::new(0x1111)).unwrap();
+    let mut qc = QpConfig::new(0x1111);
+    qc.qpn = Some(0x77);
+    let qb = b.ud().create_qp(&qc).unwrap();
+    b.ud().post_recv(qb, 9, vec![0; GRH_LEN + 256]).unwrap();
+    let data: Vec<u8> = (0..200u8).collect();
+    let wr = SendWr {
+        wr_id: 1,
+        dest: UdAddr {
+            ip: GLOBAL.into(),
+            qpn: 0x77,
+        },
+        remote_qkey: 0x1111,
+        imm: Some(0xfeed),
+        solicited: false,
+        data: &data,
+    };
+    a.ud().post_send(qa, &wr).unwrap();
+    let ns = polled(&mut a);
+    assert_eq!(ns.len(), 1, "the SEND waits for neighbor discovery");
+    let na = deliver(&ns, &mut b);
+    let sent = deliver(&na, &mut a);
+    assert_eq!(sent.len(), 1);
+    let eth = EthernetFrame::new_checked(&sent[0][..]).unwrap();
+    assert_eq!(eth.ethertype(), EthernetProtocol::Ipv6);
+    let ip6 = eth.payload();
+    let pkt = Ipv6Packet::new_checked(ip6).unwrap();
+    assert_eq!((pkt.src_addr(), pkt.dst_addr()), (PEER, GLOBAL));
+    assert_eq!(pkt.next_header(), IpProtocol::Udp);
+    assert_ne!(pkt.flow_label(), 0, "a flow label per QP pair");
+    let udp = UdpPacket::new_checked(pkt.payload()).unwrap();
+    assert_eq!(udp.dst_port(), ustack::wire::roce::ROCE_PORT);
+    assert_eq!(udp.checksum(), 0);
+    assert!(ustack::wire::roce::icrc_verify(ip6));
+    assert_eq!(deliver(&sent, &mut b), Vec::<Vec<u8>>::new());
+    let mut cq = Vec::new();
+    b.ud().poll_cq(qb, T0, 8, &mut cq).unwrap();
+    assert_eq!(cq.len(), 1);
+    let c = &cq[0];
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(c.imm, Some(0xfeed));
+    assert_eq!(c.payload(), &data[..]);
+    let src = c.src.unwrap();
+    assert_eq!((src.ip, src.qpn), (PEER.into(), a.ud().qp_num(qa).unwrap()));
+    assert_eq!(&c.buf.as_ref().unwrap()[..GRH_LEN], &ip6[..GRH_LEN]);
+    assert_eq!(b.stats().ud.rx_packets, 1);
+    // One bit flipped in the payload: the ICRC catches it.
+    let mut bad = sent[0].clone();
+    let n = bad.len();
+    bad[n - 10] ^= 1;
+    b.ud().post_recv(qb, 10, vec![0; GRH_LEN + 256]).unwrap();
+    deliver(&[bad], &mut b);
+    assert_eq!(drops(&b, DropReason::UdBadIcrc), 1);
+    // Any other UDP port over IPv6 still needs its checksum; port 4791
+    // goes on to the RoCE checks (here: too short for a BTH).
+    let mut h = Stack::new(config());
+    h.udp().bind(7).unwrap();
+    for (port, reason) in [
+        (7u16, DropReason::UdpBadChecksum),
+        (4791, DropReason::UdMalformed),
+    ] {
+        let mut u = udp6(b"plain");
+        u[2..4].copy_from_slice(&port.to_be_bytes());
+        u[6..8].fill(0);
+        receive(&mut h, &v6_frame_from(GLOBAL, PEER, IpProtocol::Udp, &u));
+        assert_eq!(drops(&h, reason), 1, "port {port}");
+    }
+}

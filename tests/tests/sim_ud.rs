@@ -2,7 +2,7 @@
 //! immediate data, completions with source and timestamps, UD ping under
 //! loss, ICRC / Q_Key / QPN / receive-buffer drops, pools back to baseline.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use ustack::VecTx;
@@ -84,7 +84,10 @@ fn ud_sends_with_and_without_immediate_complete_with_source_and_timestamps() {
             .post_recv(qb, 100 + i, vec![0xee; GRH_LEN + 1024])
             .unwrap();
     }
-    let to_b = UdAddr { ip: B, qpn: 77 };
+    let to_b = UdAddr {
+        ip: B.into(),
+        qpn: 77,
+    };
     let small: Vec<u8> = (0..13).collect();
     let big: Vec<u8> = (0..1024u32).map(|i| (i * 31) as u8).collect();
     let a = &mut net.nodes[0].stack;
@@ -122,7 +125,13 @@ fn ud_sends_with_and_without_immediate_complete_with_source_and_timestamps() {
         assert_eq!(c.opcode, WcOpcode::Recv);
         assert_eq!(c.status, WcStatus::Success);
         assert_eq!(c.wr_id, wr_id);
-        assert_eq!(c.src, Some(UdAddr { ip: A, qpn: qpn_a }));
+        assert_eq!(
+            c.src,
+            Some(UdAddr {
+                ip: A.into(),
+                qpn: qpn_a
+            })
+        );
         assert_eq!(c.imm, imm);
         assert_eq!(c.byte_len, GRH_LEN + data.len());
         assert_eq!(c.payload(), &data[..]);
@@ -169,7 +178,7 @@ fn ud_sends_with_and_without_immediate_complete_with_source_and_timestamps() {
 }
 
 fn pinger(count: u64, qpn: u32) -> UdPinger {
-    let mut cfg = UdPingerConfig::new(UdAddr { ip: B, qpn });
+    let mut cfg = UdPingerConfig::new(UdAddr { ip: B.into(), qpn });
     cfg.count = Some(count);
     cfg.interval = Duration::from_millis(1);
     cfg.timeout = Duration::from_millis(100);
@@ -200,10 +209,49 @@ fn ud_ping_clean_link_rtt_is_two_delays() {
     assert_eq!(
         events[0].from,
         UdAddr {
-            ip: B,
+            ip: B.into(),
             qpn: RESPONDER_QPN
         }
     );
+    drain_and_check_pools(&mut net);
+}
+
+/// The UD pinger and responder over IPv6 GIDs: the responder answers
+/// the IPv6 sender, every ping comes back, neighbor discovery costs the
+/// first one as ARP does over IPv4.
+#[test]
+fn ud_ping_over_ipv6_gids() {
+    let a6: Ipv6Addr = "fd77::1".parse().unwrap();
+    let b6: Ipv6Addr = "fd77::2".parse().unwrap();
+    let mut net = SimNet::new(LinkConfig {
+        delay: DELAY,
+        ..LinkConfig::default()
+    });
+    for (n, me) in [(1, a6), (2, b6)] {
+        let mut c = host_config(n);
+        c.ipv6 = vec![ustack::wire::Ipv6Cidr::new(me, 64)];
+        net.add(c);
+    }
+    let mut cfg = UdPingerConfig::new(UdAddr {
+        ip: b6.into(),
+        qpn: RESPONDER_QPN,
+    });
+    cfg.count = Some(100);
+    cfg.interval = Duration::from_millis(1);
+    cfg.timeout = Duration::from_millis(100);
+    let mut p = UdPinger::new(cfg);
+    let mut r = UdResponder::default();
+    net.run_until(Instant::from_secs(30), &mut [&mut p, &mut r], |_| false);
+    assert!(p.finished(net.now));
+    let s = p.summary();
+    assert_eq!((s.transmitted, s.received, s.errors), (100, 100, 0));
+    assert_eq!(r.stats().pings, 100);
+    assert_eq!(s.rtt.min, 2 * DELAY);
+    let events: Vec<_> = p.drain_events().collect();
+    assert_eq!(events[0].from.ip, std::net::IpAddr::from(b6));
+    let (sa, sb) = (net.nodes[0].stack.stats(), net.nodes[1].stack.stats());
+    assert_eq!((sa.ud.tx_packets, sb.ud.rx_packets), (100, 100));
+    assert_eq!((sa.ipv4.tx_packets, sb.ipv4.tx_packets), (0, 0));
     drain_and_check_pools(&mut net);
 }
 
@@ -247,7 +295,7 @@ fn ud_bandwidth_sweep_delivers_everything_on_a_clean_link() {
     assert_eq!(max, 1024);
     let mut cfg = UdBandwidthConfig::new(
         UdAddr {
-            ip: B,
+            ip: B.into(),
             qpn: RESPONDER_QPN,
         },
         max,
@@ -301,7 +349,10 @@ fn bad_icrc_qkey_qpn_opcode_and_missing_buffers_are_counted() {
         .ud()
         .post_recv(qb, 1, vec![0; GRH_LEN + 64])
         .unwrap();
-    let to_b = UdAddr { ip: B, qpn: 9 };
+    let to_b = UdAddr {
+        ip: B.into(),
+        qpn: 9,
+    };
     net.nodes[0]
         .stack
         .ud()
@@ -348,7 +399,15 @@ fn bad_icrc_qkey_qpn_opcode_and_missing_buffers_are_counted() {
     let f = frame_for(
         &mut net,
         qa,
-        &send(UdAddr { ip: B, qpn: 10 }, &data, None, 4),
+        &send(
+            UdAddr {
+                ip: B.into(),
+                qpn: 10,
+            },
+            &data,
+            None,
+            4,
+        ),
     );
     feed_b(&mut net, &f);
     assert_eq!(b(&net, DropReason::UdUnknownQpn), 1);
@@ -431,7 +490,7 @@ fn a_batching_pinger_keeps_its_rate_in_fewer_wakeups() {
             ..LinkConfig::default()
         });
         let mut cfg = UdPingerConfig::new(UdAddr {
-            ip: B,
+            ip: B.into(),
             qpn: RESPONDER_QPN,
         });
         cfg.count = Some(1000);
@@ -488,7 +547,10 @@ fn port_receive_stamps_date_ud_receives_and_echo_replies() {
                 .post_recv(qb, i, vec![0; GRH_LEN + 64])
                 .unwrap();
         }
-        let to_b = UdAddr { ip: B, qpn: 77 };
+        let to_b = UdAddr {
+            ip: B.into(),
+            qpn: 77,
+        };
         // The first SEND resolves B's address.
         net.nodes[0]
             .stack

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ptr;
 
 use rdma_sys::*;
@@ -38,9 +38,12 @@ pub struct VerbsConfig {
     pub device: Option<String>,
     /// Port number (1 when `None`).
     pub port: Option<u8>,
-    /// GID index (it must be an IPv4 RoCE v2 GID); the first IPv4 RoCE v2
-    /// GID when `None`.
+    /// GID index (it must be a RoCE v2 GID); when `None`, the first RoCE
+    /// v2 GID of the family `ipv6` asks for.
     pub gid_index: Option<u8>,
+    /// Send from an IPv6 RoCE v2 GID (a global address before the
+    /// link-local one) instead of an IPv4 one.
+    pub ipv6: bool,
 }
 
 /// Bit that marks a send slot in a verbs wr_id (receive slots have it clear).
@@ -77,7 +80,7 @@ pub struct VerbsUd {
     pd: *mut ibv_pd,
     port: u8,
     gid_index: u8,
-    local_ip: Ipv4Addr,
+    local_ip: IpAddr,
     device: String,
     max_msg: usize,
     /// HCA core clock in kHz (0: unknown).
@@ -86,7 +89,7 @@ pub struct VerbsUd {
     /// the next (apps poll, then post, in one turn of the loop).
     last_now: Instant,
     qps: slotmap::SlotMap<QpHandle, VerbsQp>,
-    ahs: HashMap<Ipv4Addr, *mut ibv_ah>,
+    ahs: HashMap<IpAddr, *mut ibv_ah>,
 }
 
 impl fmt::Debug for VerbsUd {
@@ -137,19 +140,34 @@ struct GidEntry {
     kind: Option<ibv_gid_type>,
 }
 
-/// The GID to send from: an IPv4-mapped entry of type RoCE v2 (UDP 4791).
+/// The sender in a received GRH: over IPv4 RoCEv2 its last 20 bytes are
+/// the IPv4 header (the first 20 undefined), over IPv6 the 40 bytes are the
+/// IPv6 header.
+fn grh_source(grh: &[u8]) -> IpAddr {
+    if grh[20] == 0x45 && grh[29] == 17 {
+        Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]).into()
+    } else {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&grh[8..24]);
+        Ipv6Addr::from(a).into()
+    }
+}
+
+/// The GID to send from: an entry of type RoCE v2 (UDP 4791), IPv4-mapped,
+/// or with `ipv6` an IPv6 address (a global one before the link-local).
 /// ConnectX lists each address twice, RoCE v1 (EtherType 0x8915, which no
 /// RoCEv2 peer sees) first; the type decides, never the order. Entries of
 /// unknown type count only where no entry's type is known (old libraries).
-/// With `want`, that index, refused unless it is an IPv4 RoCE v2 GID.
-fn pick_gid(entries: &[GidEntry], want: Option<u8>) -> Result<(u8, Ipv4Addr), UdError> {
+/// With `want`, that index, refused unless it is a RoCE v2 GID.
+fn pick_gid(entries: &[GidEntry], want: Option<u8>, ipv6: bool) -> Result<(u8, IpAddr), UdError> {
     let typed = entries.iter().any(|e| e.kind.is_some());
     let usable = |e: &GidEntry| {
         let v2 = match e.kind {
             Some(k) => k == IBV_GID_TYPE_ROCE_V2,
             None => !typed,
         };
-        gid_ipv4(&e.raw).filter(|_| v2)
+        let ip = gid_ipv4(&e.raw).map_or_else(|| Ipv6Addr::from(e.raw).into(), IpAddr::V4);
+        v2.then_some(ip)
     };
     if let Some(w) = want {
         let e = entries
@@ -157,15 +175,27 @@ fn pick_gid(entries: &[GidEntry], want: Option<u8>) -> Result<(u8, Ipv4Addr), Ud
             .find(|e| e.index == w)
             .ok_or(UdError::Unsupported("no such GID index on this port"))?;
         return usable(e).map(|ip| (w, ip)).ok_or(UdError::Unsupported(
-            "that GID index is not an IPv4 RoCE v2 GID (RoCE v1 or IPv6)",
+            "that GID index is not a RoCE v2 GID (RoCE v1)",
         ));
     }
-    entries
-        .iter()
-        .find_map(|e| usable(e).map(|ip| (e.index, ip)))
-        .ok_or(UdError::Unsupported(
+    let of_family = |global: bool| {
+        entries.iter().find_map(|e| match usable(e)? {
+            IpAddr::V4(v4) if !ipv6 => Some((e.index, v4.into())),
+            IpAddr::V6(v6) if ipv6 && v6.is_unicast_link_local() != global => {
+                Some((e.index, v6.into()))
+            }
+            _ => None,
+        })
+    };
+    if ipv6 {
+        of_family(true)
+            .or_else(|| of_family(false))
+            .ok_or(UdError::Unsupported("no IPv6 RoCE v2 GID on this port"))
+    } else {
+        of_family(true).ok_or(UdError::Unsupported(
             "no IPv4 RoCE v2 GID on this port: set an IPv4 address on its netdev",
         ))
+    }
 }
 
 /// NIC clock ticks to nanoseconds with the device's clock (`hca_core_clock`,
@@ -231,7 +261,7 @@ impl VerbsUd {
             pd: ptr::null_mut(),
             port: cfg.port.unwrap_or(1),
             gid_index: 0,
-            local_ip: Ipv4Addr::UNSPECIFIED,
+            local_ip: Ipv4Addr::UNSPECIFIED.into(),
             device,
             max_msg: 1024,
             clock_khz: 0,
@@ -286,7 +316,7 @@ impl VerbsUd {
                 kind,
             });
         }
-        let (gi, ip) = pick_gid(&entries, cfg.gid_index)?;
+        let (gi, ip) = pick_gid(&entries, cfg.gid_index, cfg.ipv6)?;
         me.gid_index = gi;
         me.local_ip = ip;
         // SAFETY: all-zero is a valid input and attribute struct.
@@ -302,16 +332,24 @@ impl VerbsUd {
         &self.device
     }
 
-    /// Our address (the IPv4 GID in use).
-    pub fn local_ip(&self) -> Ipv4Addr {
+    /// Our address (the GID in use).
+    pub fn local_ip(&self) -> IpAddr {
         self.local_ip
     }
 
-    fn ah(&mut self, ip: Ipv4Addr) -> Result<*mut ibv_ah, UdError> {
+    fn ah(&mut self, ip: IpAddr) -> Result<*mut ibv_ah, UdError> {
         if let Some(ah) = self.ahs.get(&ip) {
             return Ok(*ah);
         }
-        let raw = ipv4_gid(ip);
+        if ip.is_ipv6() != self.local_ip.is_ipv6() {
+            return Err(UdError::Unsupported(
+                "the peer's address family differs from the GID in use",
+            ));
+        }
+        let raw = match ip {
+            IpAddr::V4(v4) => ipv4_gid(v4),
+            IpAddr::V6(v6) => v6.octets(),
+        };
         let mut attr = ibv_ah_attr {
             grh: ibv_global_route {
                 dgid: ibv_gid { raw },
@@ -414,7 +452,7 @@ impl VerbsUd {
         let n = byte_len.min(buf.len()).min(q.recv_slot);
         buf[..n].copy_from_slice(&q.mem[at..at + n]);
         let src = (n >= GRH_LEN).then(|| UdAddr {
-            ip: Ipv4Addr::new(buf[32], buf[33], buf[34], buf[35]),
+            ip: grh_source(&buf[..GRH_LEN]),
             qpn: src_qp,
         });
         Some(Completion {
@@ -810,21 +848,61 @@ mod test {
             v4(2, 2, Some(IBV_GID_TYPE_ROCE_V1)),
             v4(3, 2, Some(IBV_GID_TYPE_ROCE_V2)),
         ];
-        assert_eq!(pick_gid(&cx, None), Ok((3, Ipv4Addr::new(10, 77, 0, 2))));
+        assert_eq!(
+            pick_gid(&cx, None, false),
+            Ok((3, Ipv4Addr::new(10, 77, 0, 2).into()))
+        );
         // Asking for the v1 entry is refused with the reason.
         assert!(matches!(
-            pick_gid(&cx, Some(2)),
+            pick_gid(&cx, Some(2), false),
             Err(UdError::Unsupported(m)) if m.contains("RoCE v1")
         ));
-        assert_eq!(pick_gid(&cx, Some(3)).unwrap().0, 3);
-        assert!(pick_gid(&cx, Some(9)).is_err());
+        assert_eq!(pick_gid(&cx, Some(3), false).unwrap().0, 3);
+        assert!(pick_gid(&cx, Some(9), false).is_err());
         // rxe: fe80 (v2), then the IPv4 GID (v2).
         let rxe = [fe80_v2, v4(1, 3, Some(IBV_GID_TYPE_ROCE_V2))];
-        assert_eq!(pick_gid(&rxe, None).unwrap().0, 1);
+        assert_eq!(pick_gid(&rxe, None, false).unwrap().0, 1);
         // Only v1: nothing a RoCEv2 peer would see.
-        assert!(pick_gid(&[v4(0, 2, Some(IBV_GID_TYPE_ROCE_V1))], None).is_err());
+        assert!(pick_gid(&[v4(0, 2, Some(IBV_GID_TYPE_ROCE_V1))], None, false).is_err());
         // A library that cannot tell types: the IPv4-mapped entry.
-        assert_eq!(pick_gid(&[v4(4, 2, None)], None).unwrap().0, 4);
+        assert_eq!(pick_gid(&[v4(4, 2, None)], None, false).unwrap().0, 4);
+        // IPv6: the global v2 entry before the link-local one, whatever
+        // the order; without a global one, the link-local v2 entry.
+        let mut global = fe80_v2;
+        global.index = 5;
+        global.raw = "fd77::2".parse::<Ipv6Addr>().unwrap().octets();
+        let mut global_v1 = global;
+        global_v1.index = 4;
+        global_v1.kind = Some(IBV_GID_TYPE_ROCE_V1);
+        let both = [
+            link_local,
+            fe80_v2,
+            v4(3, 2, Some(IBV_GID_TYPE_ROCE_V2)),
+            global_v1,
+            global,
+        ];
+        let fd77: IpAddr = "fd77::2".parse().unwrap();
+        assert_eq!(pick_gid(&both, None, true), Ok((5, fd77)));
+        assert_eq!(pick_gid(&both, None, false).unwrap().0, 3);
+        let fe80: IpAddr = "fe80::1".parse().unwrap();
+        assert_eq!(pick_gid(&rxe, None, true), Ok((1, fe80)));
+        assert!(pick_gid(&[v4(1, 3, Some(IBV_GID_TYPE_ROCE_V2))], None, true).is_err());
+        // An index asked for decides the family.
+        assert_eq!(pick_gid(&both, Some(5), false), Ok((5, fd77)));
+    }
+
+    #[test]
+    fn the_grh_names_the_sender_in_either_family() {
+        let mut grh = [0u8; 40];
+        grh[20] = 0x45;
+        grh[29] = 17;
+        grh[32..36].copy_from_slice(&[10, 77, 0, 1]);
+        assert_eq!(grh_source(&grh), IpAddr::from([10, 77, 0, 1]));
+        let mut grh = [0u8; 40];
+        grh[0] = 0x60;
+        grh[6] = 17;
+        grh[8..24].copy_from_slice(&"fd77::1".parse::<Ipv6Addr>().unwrap().octets());
+        assert_eq!(grh_source(&grh), "fd77::1".parse::<IpAddr>().unwrap());
     }
 
     #[test]

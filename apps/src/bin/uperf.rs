@@ -470,11 +470,13 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    if (cli.rdma.is_some() || cli.perftest)
+    // RC and perftest exchange GIDs over TCP, IPv4 GIDs here; UD takes
+    // either family.
+    if (cli.rdma == Some(RdmaKind::Rc) || cli.perftest)
         && cli.client.is_some_and(|h| rdma_host(h).is_unspecified())
     {
         eprintln!(
-            "uperf: --rdma and --perftest need an IPv4 HOST (RoCEv2 over IPv6 is not built yet)"
+            "uperf: --rdma rc and --perftest need an IPv4 HOST (their GID exchange is IPv4 here; --rdma ud takes IPv6)"
         );
         return ExitCode::from(2);
     }
@@ -490,7 +492,10 @@ fn main() -> ExitCode {
             Some(dst) => with_node(
                 &cli.net,
                 BwUser(BwOpts {
-                    dst: rdma_host(dst),
+                    dst: match dst {
+                        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(dst, IpAddr::V4),
+                        v4 => v4,
+                    },
                     qpn: cli.qpn,
                     qkey: cli.qkey,
                     iterations: cli.iters,

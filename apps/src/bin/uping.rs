@@ -107,7 +107,8 @@ struct Cli {
     #[arg(short = '4', conflicts_with = "ipv6")]
     ipv4: bool,
     /// Ping over IPv6 only: HOST must be an IPv6 address, and the stack
-    /// needs one (`--ip ADDR/LEN`) (iputils' -6).
+    /// needs one (`--ip ADDR/LEN`) (iputils' -6). With `--pingpong`, send
+    /// from our IPv6 GID (HOST, where GIDs are exchanged, stays IPv4).
     #[arg(short = '6')]
     ipv6: bool,
     /// The host to ping: an IPv4 or IPv6 address (ICMP or ICMPv6 echo).
@@ -492,39 +493,19 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
     let any: IpAddr = host.parse().map_err(|_| {
         anyhow::anyhow!("{host}: not an IP address (uping does no name resolution)")
     })?;
-    if (cli.ipv4 && any.is_ipv6()) || (cli.ipv6 && any.is_ipv4()) {
+    // With --pingpong, HOST is where the GIDs are exchanged (over TCP) and
+    // -6 asks for IPv6 GIDs.
+    let family_checked = !cli.pingpong;
+    if family_checked && ((cli.ipv4 && any.is_ipv6()) || (cli.ipv6 && any.is_ipv4())) {
         bail!(
             "{host}: not an {} address (-{})",
             if cli.ipv4 { "IPv4" } else { "IPv6" },
             if cli.ipv4 { 4 } else { 6 }
         );
     }
-    let dst = match any {
-        IpAddr::V4(a) => a,
-        IpAddr::V6(_) if !cli.pingpong && cli.rdma.is_none() => {
-            return with_node(&cli.net, Run { cli, dst: any });
-        }
-        IpAddr::V6(_) => {
-            bail!(
-                "{host}: --pingpong and --rdma need an IPv4 HOST (RoCEv2 over IPv6 is not built yet)"
-            )
-        }
-    };
-    if cli.pingpong {
-        let opts = ustack_apps::pingpong::PingpongOpts {
-            dst,
-            port: cli.port,
-            count: cli.count.unwrap_or(1000),
-            size: cli.size(),
-            timeout: Duration::from_secs_f64(cli.timeout.unwrap_or(10.0).min(5.0)),
-            quiet: cli.quiet,
-            lcfg: cli.net.loop_config(),
-        };
-        return with_node(&cli.net, ustack_apps::pingpong::PingpongUser(opts));
-    }
-    if cli.rdma.is_some() {
+    if cli.rdma.is_some() && !cli.pingpong {
         let opts = ustack_apps::rdma::PingOpts {
-            dst,
+            dst: any,
             qpn: cli.qpn,
             qkey: cli.qkey,
             count: cli.count,
@@ -539,6 +520,28 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
             return ustack_apps::rdma::verbs_ping(&opts);
         }
         return with_node(&cli.net, ustack_apps::rdma::PingUser(opts));
+    }
+    let dst = match any {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(_) if !cli.pingpong => {
+            return with_node(&cli.net, Run { cli, dst: any });
+        }
+        IpAddr::V6(_) => {
+            bail!("{host}: --pingpong exchanges GIDs with an IPv4 HOST (-6 for IPv6 GIDs)")
+        }
+    };
+    if cli.pingpong {
+        let opts = ustack_apps::pingpong::PingpongOpts {
+            dst,
+            port: cli.port,
+            count: cli.count.unwrap_or(1000),
+            size: cli.size(),
+            timeout: Duration::from_secs_f64(cli.timeout.unwrap_or(10.0).min(5.0)),
+            quiet: cli.quiet,
+            ipv6: cli.ipv6,
+            lcfg: cli.net.loop_config(),
+        };
+        return with_node(&cli.net, ustack_apps::pingpong::PingpongUser(opts));
     }
     with_node(
         &cli.net,

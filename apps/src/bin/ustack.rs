@@ -920,7 +920,7 @@ fn demo(args: &DemoArgs) -> Result<ExitCode> {
             .then(|| BulkSend::new(SocketAddrV4::new(b_ip, 5001), args.tcp_mib << 20)),
         ud: {
             let dst = ustack::socket::ud::UdAddr {
-                ip: b_ip,
+                ip: b_ip.into(),
                 qpn: ustack::socket::ud::RESPONDER_QPN,
             };
             let mut c = ustack_kit::ud_ping::UdPingerConfig::new(dst);

@@ -55,10 +55,7 @@ impl Prober for Icmp {
         while let Ok(Some(ev)) = stack.ping().recv(sock) {
             match ev {
                 PingEvent::Reply(r) => {
-                    // The mesh's targets are IPv4 hosts.
-                    let std::net::IpAddr::V4(from) = r.from else {
-                        continue;
-                    };
+                    let from = r.from;
                     let ok = |id| series.is(id, |s| s.target.addr == from);
                     let id = self.inflight.take(u64::from(r.seq), ok);
                     series.settle(id, Probe::Icmp, from, || r.rtt().unwrap_or_default());

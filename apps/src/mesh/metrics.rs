@@ -7,7 +7,7 @@
 //! [`MeshMetrics::collect`] renders the latest one on the metrics
 //! endpoint's thread.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -68,7 +68,7 @@ impl Buckets {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeriesSnapshot {
     /// The target's address.
-    pub target: Ipv4Addr,
+    pub target: IpAddr,
     /// Its label in the ping list (empty when it has none).
     pub name: String,
     /// The probe.
@@ -92,8 +92,10 @@ pub struct SeriesSnapshot {
 /// What the loop publishes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MeshSnapshot {
-    /// This stack's address (the `source` label).
+    /// This stack's IPv4 address (the `source` label of IPv4 targets).
     pub source: Option<Ipv4Addr>,
+    /// This stack's IPv6 address (the `source` label of IPv6 targets).
+    pub source6: Option<Ipv6Addr>,
     /// Every series of the ping list in force.
     pub series: Vec<SeriesSnapshot>,
     /// Targets in the ping list now.
@@ -148,12 +150,18 @@ impl MetricsSource for MeshMetrics {
     fn collect(&self, out: &mut Vec<Family>) {
         let s = self.snapshot();
         let source = s.source.map(|a| a.to_string()).unwrap_or_default();
+        let source6 = s.source6.map(|a| a.to_string()).unwrap_or_default();
         let labels = |x: &SeriesSnapshot| {
+            let (from, family) = match x.target {
+                IpAddr::V4(_) => (&source, "ipv4"),
+                IpAddr::V6(_) => (&source6, "ipv6"),
+            };
             vec![
-                ("source".to_string(), source.clone()),
+                ("source".to_string(), from.clone()),
                 ("target".to_string(), x.target.to_string()),
                 ("target_name".to_string(), x.name.clone()),
                 ("probe".to_string(), x.probe.as_str().to_string()),
+                ("family".to_string(), family.to_string()),
             ]
         };
         let per_series = |f: &dyn Fn(&SeriesSnapshot) -> Option<Value>| -> Vec<Sample> {
@@ -287,7 +295,7 @@ mod test {
 
     fn series(probe: Probe) -> SeriesSnapshot {
         SeriesSnapshot {
-            target: Ipv4Addr::new(10, 0, 0, 2),
+            target: Ipv4Addr::new(10, 0, 0, 2).into(),
             name: "a".into(),
             probe,
             sent: 10,
@@ -331,6 +339,7 @@ mod test {
                 ("target".to_string(), "10.0.0.2".to_string()),
                 ("target_name".to_string(), "a".to_string()),
                 ("probe".to_string(), "tcp".to_string()),
+                ("family".to_string(), "ipv4".to_string()),
             ]
         );
         let connect = get("ustack_mesh_tcp_connect_seconds");
@@ -365,6 +374,37 @@ mod test {
             Value::Number(2.0)
         );
         assert_eq!(get("ustack_mesh_rtt_seconds").kind, Kind::Histogram);
+    }
+
+    #[test]
+    fn ipv6_targets_carry_the_ipv6_source_and_family() {
+        let m = MeshMetrics::new();
+        let mut six = series(Probe::Udp);
+        six.target = "fd77::3".parse().unwrap();
+        assert!(m.publish(|s| {
+            s.source = Some(Ipv4Addr::new(10, 0, 0, 1));
+            s.source6 = Some("fd77::1".parse().unwrap());
+            s.series = vec![series(Probe::Udp), six];
+        }));
+        let mut out = Vec::new();
+        m.collect(&mut out);
+        let sent = out
+            .iter()
+            .find(|f| f.name == "ustack_mesh_probes_sent_total")
+            .unwrap();
+        let label = |i: usize, k: &str| {
+            let l = &sent.samples[i].labels;
+            l.iter().find(|(n, _)| n == k).unwrap().1.clone()
+        };
+        assert_eq!(
+            (label(0, "source"), label(0, "family")),
+            ("10.0.0.1".into(), "ipv4".into())
+        );
+        assert_eq!(
+            (label(1, "source"), label(1, "family")),
+            ("fd77::1".into(), "ipv6".into())
+        );
+        assert_eq!(label(1, "target"), "fd77::3");
     }
 
     #[test]

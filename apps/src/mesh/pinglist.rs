@@ -7,7 +7,7 @@
 //! skipped.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -65,8 +65,8 @@ pub const ECHO_PORT: u16 = 7;
 /// One line of a ping list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    /// The target's address.
-    pub addr: Ipv4Addr,
+    /// The target's address (either family).
+    pub addr: IpAddr,
     /// Its label (the `target_name` label of its metrics).
     pub label: Option<String>,
     /// How it is probed (at least one, no repeats).
@@ -79,9 +79,9 @@ pub struct Target {
 
 impl Target {
     /// A target probed with `probe` only, on the default ports.
-    pub fn new(addr: Ipv4Addr, label: Option<&str>, probe: Probe) -> Target {
+    pub fn new(addr: impl Into<IpAddr>, label: Option<&str>, probe: Probe) -> Target {
         Target {
-            addr,
+            addr: addr.into(),
             label: label.map(str::to_owned),
             probes: vec![probe],
             tcp_port: ECHO_PORT,
@@ -123,9 +123,9 @@ pub fn parse_pinglist_with(text: &str, default: Probe) -> Result<Vec<Target>, Pi
         }
         let mut words = line.split_whitespace();
         let addr_s = words.next().unwrap_or("");
-        let addr: Ipv4Addr = addr_s
+        let addr: IpAddr = addr_s
             .parse()
-            .map_err(|_| bad(format!("'{addr_s}' is not an IPv4 address")))?;
+            .map_err(|_| bad(format!("'{addr_s}' is not an IPv4 or IPv6 address")))?;
         let mut t = Target::new(addr, None, default);
         let mut label: Vec<&str> = Vec::new();
         for w in words {
@@ -320,8 +320,11 @@ mod test {
             parse_pinglist("10.0.0.2\nexample.com\n")
                 .unwrap_err()
                 .to_string(),
-            "line 2: 'example.com' is not an IPv4 address"
+            "line 2: 'example.com' is not an IPv4 or IPv6 address"
         );
+        let v6 = parse_pinglist("fd77::3 six probes=icmp,udp,tcp,ud\n10.0.0.3\n").unwrap();
+        assert_eq!(v6[0].addr, "fd77::3".parse::<IpAddr>().unwrap());
+        assert_eq!(v6[0].probes.len(), 4);
         assert_eq!(parse_pinglist("# nothing\n\n"), Err(PinglistError::Empty));
         assert!(
             parse_pinglist("10.0.0.2\n10.0.0.2 again\n")

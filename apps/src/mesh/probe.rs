@@ -3,7 +3,7 @@
 //! probes in flight ([`InFlight`]) and the UDP/TCP probe message.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use ustack::node::RxWait;
@@ -95,7 +95,7 @@ impl Series<'_> {
         &mut self,
         id: Option<u64>,
         probe: Probe,
-        from: Ipv4Addr,
+        from: IpAddr,
         rtt: impl FnOnce() -> Duration,
     ) {
         match id {

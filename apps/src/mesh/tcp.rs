@@ -5,7 +5,7 @@
 //! timed-out connection (or an echo whose wait ran out) counts its probes
 //! lost, sets the last error and reconnects with back-off.
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use ustack::node::RxWait;
@@ -198,7 +198,7 @@ impl Prober for Tcp {
         let t = &mut s.tcp;
         match t.h {
             None if now >= t.retry_at => {
-                let dst = SocketAddrV4::new(s.target.addr, s.target.tcp_port);
+                let dst = SocketAddr::new(s.target.addr, s.target.tcp_port);
                 s.sent += 1;
                 match stack.tcp().connect(now, dst) {
                     Ok(h) => {

@@ -1,7 +1,7 @@
 //! The mesh's `udp` probe: one UDP socket sending timestamped datagrams
 //! to each target's UDP echo service.
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use ustack::node::RxWait;
 use ustack::socket::udp::UdpHandle;
@@ -58,10 +58,7 @@ impl Prober for Udp {
             let Some((key, ts)) = read_msg(&buf[..n.min(buf.len())]) else {
                 continue;
             };
-            // Mesh targets are IPv4 addresses.
-            let std::net::IpAddr::V4(ip) = from.ip() else {
-                continue;
-            };
+            let ip = from.ip();
             let ok = |id| {
                 series.is(id, |s| {
                     s.target.addr == ip && s.target.udp_port == from.port()
@@ -87,7 +84,7 @@ impl Prober for Udp {
         let key = *ctx.next_key;
         let n = ctx.cfg.size.max(MSG_LEN);
         write_msg(&mut self.buf[..n], key, now);
-        let dst = SocketAddrV4::new(s.target.addr, s.target.udp_port);
+        let dst = SocketAddr::new(s.target.addr, s.target.udp_port);
         match stack.udp().send_to(sock, dst, &self.buf[..n]) {
             Ok(()) => {
                 *ctx.next_key += 1;

@@ -621,7 +621,7 @@ impl Transport for Rc {
                 .connect(
                     qp,
                     RcDest {
-                        ip,
+                        ip: ip.into(),
                         qpn: k.qpn,
                         psn: k.psn,
                     },

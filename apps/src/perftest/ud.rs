@@ -390,7 +390,10 @@ impl Transport for Ud {
         match i {
             0 => {
                 let ip = peer_ip(&k)?;
-                self.report.peer = Some(UdAddr { ip, qpn: k.qpn });
+                self.report.peer = Some(UdAddr {
+                    ip: ip.into(),
+                    qpn: k.qpn,
+                });
                 x.goto(now, Step::Key(1));
             }
             1 => {
@@ -775,7 +778,7 @@ mod test {
     fn summary_lines() {
         let mut r = Report::new(Test::SendBw, false);
         r.peer = Some(UdAddr {
-            ip: Ipv4Addr::new(10, 77, 0, 3),
+            ip: Ipv4Addr::new(10, 77, 0, 3).into(),
             qpn: 0x11,
         });
         r.expected = 1000;

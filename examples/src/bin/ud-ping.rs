@@ -87,7 +87,7 @@ fn seconds(flag: &str, s: f64) -> anyhow::Result<Duration> {
 
 fn run(args: Args) -> anyhow::Result<ExitCode> {
     let dst = UdAddr {
-        ip: args.host,
+        ip: args.host.into(),
         qpn: args.qpn,
     };
     let mut cfg = UdPingerConfig::new(dst);

@@ -59,6 +59,17 @@ impl<'a> AddrRef<'a> {
         self.link.ip6.addrs().collect()
     }
 
+    /// The IPv6 address packets to `dst` leave from (a global address
+    /// matching its prefix, else the first global one, the link-local one
+    /// for link-local destinations); `None` when IPv6 is off.
+    pub fn ipv6_source(&self, dst: Ipv6Addr) -> Option<Ipv6Addr> {
+        self.link
+            .ip6
+            .enabled()
+            .then(|| self.link.ip6.source_for(&dst))
+            .flatten()
+    }
+
     /// The IPv6 neighbor cache at `now`: address, MAC, state.
     pub fn ipv6_neighbours(&self, now: Instant) -> Vec<(Ipv6Addr, EthernetAddress, NeighborState)> {
         self.link.ip6.neighbors.entries(now)

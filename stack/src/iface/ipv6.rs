@@ -838,23 +838,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     payload_len: usize,
     fill: F,
 ) -> Result<(), Error> {
-    if !link.ip6.enabled() || dst.is_unspecified() || link.ip6.owns(&dst) {
-        link.stats.ipv6.tx_no_route += 1;
-        return Err(Error::NoRoute);
-    }
-    if payload_len > usize::from(u16::MAX) {
-        return Err(Error::TooLarge);
-    }
-    let Some(hop) = link.ip6.next_hop(&dst) else {
-        link.stats.ipv6.tx_no_route += 1;
-        return Err(Error::NoRoute);
-    };
-    let mac = if dst.is_multicast() {
-        Some(multicast_mac(dst))
-    } else {
-        link.ip6.neighbors.lookup(&hop)
-    };
-    let mtu = link.ip6.path_mtu(&dst, link.cfg.mtu);
+    let Route { hop, mac, mtu } = route(link, dst, payload_len)?;
     let labels = FlowLabels {
         hash: link.flow_hash(),
         src,
@@ -905,6 +889,81 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
         link.stats.ipv6.tx_fragments += 1;
         send_or_hold(link, now, tx, hop, mac, len, build);
     }
+    Ok(())
+}
+
+/// Where a packet to one destination goes.
+struct Route {
+    /// The next hop: the destination on-link, else the router.
+    hop: Ipv6Addr,
+    /// The next hop's MAC, when known.
+    mac: Option<EthernetAddress>,
+    /// The path MTU to the destination.
+    mtu: usize,
+}
+
+/// The route for a packet of `payload_len` bytes to `dst`: `NoRoute` when
+/// IPv6 is off, `dst` is ours or unspecified or no router is known;
+/// `TooLarge` above IPv6's 64 KiB payload.
+fn route(link: &mut Link, dst: Ipv6Addr, payload_len: usize) -> Result<Route, Error> {
+    if !link.ip6.enabled() || dst.is_unspecified() || link.ip6.owns(&dst) {
+        link.stats.ipv6.tx_no_route += 1;
+        return Err(Error::NoRoute);
+    }
+    if payload_len > usize::from(u16::MAX) {
+        return Err(Error::TooLarge);
+    }
+    let Some(hop) = link.ip6.next_hop(&dst) else {
+        link.stats.ipv6.tx_no_route += 1;
+        return Err(Error::NoRoute);
+    };
+    let mac = if dst.is_multicast() {
+        Some(multicast_mac(dst))
+    } else {
+        link.ip6.neighbors.lookup(&hop)
+    };
+    let mtu = link.ip6.path_mtu(&dst, link.cfg.mtu);
+    Ok(Route { hop, mac, mtu })
+}
+
+/// Send one unfragmented IPv6 packet, from the source address
+/// [`Ipv6Iface::source_for`](crate::iface::ipv6_iface::Ipv6Iface::source_for)
+/// picks for `dst`, whose `fill` sees the whole packet with the header
+/// written (for trailers that cover the header, like RoCEv2's ICRC).
+/// `TooLarge` above the path MTU; otherwise as [`send`].
+pub(crate) fn send_packet<T: Tx, F: FnOnce(&mut [u8])>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    dst: Ipv6Addr,
+    protocol: IpProtocol,
+    payload_len: usize,
+    fill: F,
+) -> Result<(), Error> {
+    let Route { hop, mac, mtu } = route(link, dst, payload_len)?;
+    let len = IPV6_HEADER_LEN + payload_len;
+    if len > mtu {
+        return Err(Error::TooLarge);
+    }
+    let Some(src) = link.ip6.source_for(&dst) else {
+        link.stats.ipv6.tx_no_route += 1;
+        return Err(Error::NoRoute);
+    };
+    let labels = FlowLabels {
+        hash: link.flow_hash(),
+        src,
+        dst,
+        protocol,
+    };
+    let build = |ip: &mut [u8]| {
+        write_header(ip, src, dst, protocol, payload_len);
+        fill(ip);
+        // After `fill`: the label hashes the ports it wrote (RoCEv2's ICRC
+        // masks the label).
+        let label = labels.of(&ip[IPV6_HEADER_LEN..]);
+        set_flow_label(ip, label);
+    };
+    send_or_hold(link, now, tx, hop, mac, len, build);
     Ok(())
 }
 

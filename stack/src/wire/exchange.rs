@@ -16,7 +16,7 @@
 //! Only the formats live here (the engine holds no sockets); the apps speak
 //! them over the stack's own TCP.
 
-use core::net::Ipv4Addr;
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// `ibv_ud_pingpong`'s default TCP port.
 pub const PINGPONG_PORT: u16 = 18515;
@@ -46,6 +46,25 @@ pub fn ipv4_gid(ip: Ipv4Addr) -> [u8; 16] {
 pub fn gid_ipv4(g: &[u8; 16]) -> Option<Ipv4Addr> {
     (g[..10] == [0; 10] && g[10..12] == [0xff, 0xff])
         .then(|| Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+}
+
+/// The GID of an address: IPv4-mapped for IPv4, the address itself for
+/// IPv6 (RoCEv2 GIDs are IPv6 addresses).
+pub fn ip_gid(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => ipv4_gid(v4),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The address of a GID: IPv4 for an IPv4-mapped one, else IPv6; `None`
+/// for the all-zero GID (no address).
+pub fn gid_ip(g: &[u8; 16]) -> Option<IpAddr> {
+    match gid_ipv4(g) {
+        Some(v4) => Some(v4.into()),
+        None if *g == [0; 16] => None,
+        None => Some(Ipv6Addr::from(*g).into()),
+    }
 }
 
 fn hex_field(s: &str) -> Option<u64> {
@@ -249,6 +268,17 @@ mod test {
             None
         );
         assert_eq!(PingpongDest::parse(&[0xff; 52]), None);
+    }
+
+    #[test]
+    fn gids_of_either_family() {
+        let v4: IpAddr = Ipv4Addr::new(10, 77, 0, 2).into();
+        let v6: IpAddr = "fd77::2".parse().unwrap();
+        assert_eq!(ip_gid(v4), ipv4_gid(Ipv4Addr::new(10, 77, 0, 2)));
+        assert_eq!(gid_ip(&ip_gid(v4)), Some(v4));
+        assert_eq!(ip_gid(v6)[..2], [0xfd, 0x77]);
+        assert_eq!(gid_ip(&ip_gid(v6)), Some(v6));
+        assert_eq!(gid_ip(&[0; 16]), None);
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub const DETH_LEN: usize = 8;
 pub const IMM_LEN: usize = 4;
 /// ICRC length.
 pub const ICRC_LEN: usize = 4;
+/// IPv6 header length (RoCEv2 over IPv6 carries no extension header).
+const IPV6_LEN: usize = 40;
 /// The default partition key (full member of the default partition).
 pub const DEFAULT_PKEY: u16 = 0xffff;
 /// Largest QP number (24 bits).
@@ -409,35 +411,52 @@ impl<'a> UdSendRepr<'a> {
     }
 }
 
-/// The ICRC of a RoCEv2 packet. `ip` is the IPv4 packet from its header up
-/// to and including the 4 ICRC bytes at its end (whose value is ignored).
+/// The ICRC of a RoCEv2 packet. `ip` is the IPv4 or IPv6 packet from its
+/// header up to and including the 4 ICRC bytes at its end (whose value is
+/// ignored).
 ///
 /// CRC-32 (the Ethernet polynomial, as `crc32fast`) over 8 bytes of 0xFF
-/// (the masked LRH that RoCE does not have), the IPv4 header with TOS, TTL
-/// and header checksum set to ones, the UDP header with its checksum set to
-/// ones, the BTH with byte 4 (FECN, BECN, reserved) set to ones, then
-/// everything up to the ICRC.
+/// (the masked LRH that RoCE does not have), the IP header with its
+/// variant fields set to ones (IPv4: TOS, TTL and header checksum; IPv6:
+/// traffic class, flow label and hop limit), the UDP header with its
+/// checksum set to ones, the BTH with byte 4 (FECN, BECN, reserved) set to
+/// ones, then everything up to the ICRC (InfiniBand annex A17).
 ///
-/// Returns `None` when `ip` is too short to hold IPv4, UDP, BTH and ICRC.
+/// Returns `None` when `ip` is too short to hold IP, UDP, BTH and ICRC, or
+/// is IPv6 with an extension header before UDP (RoCEv2 carries none: the
+/// GRH is the bare IPv6 header).
 pub fn icrc(ip: &[u8]) -> Option<u32> {
-    let ihl = usize::from(*ip.first()? & 0x0f) * 4;
-    let udp_at = ihl;
+    let first = *ip.first()?;
+    let udp_at = match first >> 4 {
+        4 => usize::from(first & 0x0f) * 4,
+        6 if ip.get(6) == Some(&17) => IPV6_LEN,
+        _ => return None,
+    };
     let bth_at = udp_at + 8;
-    if ihl < 20 || ip.len() < bth_at + BTH_LEN + ICRC_LEN {
+    if udp_at < 20 || ip.len() < bth_at + BTH_LEN + ICRC_LEN {
         return None;
     }
     let end = ip.len() - ICRC_LEN;
     let mut h = crc32fast::Hasher::new();
     h.update(&[0xff; 8]);
-    // IPv4: version/IHL, TOS masked, total length .. flags/offset, TTL
-    // masked, protocol, checksum masked, addresses and options.
-    h.update(&ip[..1]);
-    h.update(&[0xff]);
-    h.update(&ip[2..8]);
-    h.update(&[0xff]);
-    h.update(&ip[9..10]);
-    h.update(&[0xff, 0xff]);
-    h.update(&ip[12..ihl]);
+    if udp_at == IPV6_LEN && first >> 4 == 6 {
+        // IPv6: version kept, traffic class and flow label masked, payload
+        // length and next header, hop limit masked, addresses.
+        h.update(&[first | 0x0f, 0xff, 0xff, 0xff]);
+        h.update(&ip[4..7]);
+        h.update(&[0xff]);
+        h.update(&ip[8..IPV6_LEN]);
+    } else {
+        // IPv4: version/IHL, TOS masked, total length .. flags/offset, TTL
+        // masked, protocol, checksum masked, addresses and options.
+        h.update(&ip[..1]);
+        h.update(&[0xff]);
+        h.update(&ip[2..8]);
+        h.update(&[0xff]);
+        h.update(&ip[9..10]);
+        h.update(&[0xff, 0xff]);
+        h.update(&ip[12..udp_at]);
+    }
     // UDP: ports and length, checksum masked.
     h.update(&ip[udp_at..udp_at + 6]);
     h.update(&[0xff, 0xff]);
@@ -601,6 +620,71 @@ mod test {
         assert!(!icrc_verify(&q));
         assert_eq!(icrc(&p[..30]), None);
         assert!(!icrc_verify(&[]));
+    }
+
+    /// The packet of `ip_packet` over IPv6 (fd00::3 to fd00::4).
+    fn ip6_packet(repr: &UdSendRepr) -> Vec<u8> {
+        let udp_len = 8 + repr.buffer_len();
+        let mut p = vec![0u8; 40 + udp_len];
+        p[0] = 0x66;
+        p[1] = 0xa1;
+        p[2] = 0x23;
+        p[3] = 0x45;
+        p[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        p[6] = 17;
+        p[7] = 64;
+        p[8] = 0xfd;
+        p[23] = 3;
+        p[24] = 0xfd;
+        p[39] = 4;
+        p[40..42].copy_from_slice(&udp_source_port(repr.src_qp, repr.dest_qp).to_be_bytes());
+        p[42..44].copy_from_slice(&ROCE_PORT.to_be_bytes());
+        p[44..46].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        repr.emit(&mut p[48..]);
+        assert!(icrc_fill(&mut p));
+        p
+    }
+
+    #[test]
+    fn icrc_over_ipv6_masks_class_label_and_hop_limit() {
+        let p = ip6_packet(&TEMPL);
+        assert!(icrc_verify(&p));
+        // Masked: traffic class and flow label (the low nibble of byte 0,
+        // bytes 1-3), hop limit (7), UDP checksum (46, 47), BTH byte 4.
+        let masked = [1usize, 2, 3, 7, 46, 47, 48 + 4];
+        for at in masked {
+            let mut q = p.clone();
+            q[at] ^= 0x5a;
+            assert!(icrc_verify(&q), "byte {at} must be masked");
+        }
+        let mut q = p.clone();
+        q[0] ^= 0x0f;
+        assert!(icrc_verify(&q), "the traffic class's high nibble is masked");
+        for at in 0..p.len() - ICRC_LEN {
+            if masked.contains(&at) {
+                continue;
+            }
+            for bit in 0..8 {
+                if at == 0 && bit < 4 {
+                    continue;
+                }
+                let mut q = p.clone();
+                q[at] ^= 1 << bit;
+                assert!(!icrc_verify(&q), "byte {at} bit {bit} must be covered");
+            }
+        }
+        // Written out by hand: the masked copy through crc32fast.
+        let mut m = vec![0xffu8; 8];
+        m.extend_from_slice(&p[..p.len() - 4]);
+        m[8] |= 0x0f;
+        for at in masked {
+            m[8 + at] = 0xff;
+        }
+        assert_eq!(icrc(&p), Some(crc32fast::hash(&m)));
+        // An extension header before UDP is not RoCEv2.
+        let mut q = p.clone();
+        q[6] = 0;
+        assert_eq!(icrc(&q), None);
     }
 
     #[test]

@@ -402,7 +402,7 @@ fn rdma_pane_shows_the_engines_rc_queue_pairs() {
         .connect(
             qa,
             RcDest {
-                ip: ib,
+                ip: ib.into(),
                 qpn: sb.qpn,
                 psn: sb.initial_psn,
             },
@@ -414,7 +414,7 @@ fn rdma_pane_shows_the_engines_rc_queue_pairs() {
         .connect(
             qb,
             RcDest {
-                ip: ia,
+                ip: ia.into(),
                 qpn: sa.qpn,
                 psn: sa.initial_psn,
             },

@@ -35,18 +35,18 @@ use std::hash::Hasher;
 
 use siphasher::sip::SipHasher24;
 use slotmap::SlotMap;
-use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
 
 use crate::error::Error;
 pub use crate::events::RcQpHandle;
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::iface::link::Link;
 use crate::phy::device::Tx;
+use crate::socket::ud::{roce_source, send_roce};
 use crate::stats::DropReason;
 pub use crate::stats::RcQpStats;
 use crate::time::Instant;
 use crate::wire::roce::{
-    self as udwire, BTH_LEN, BthPacket, DEFAULT_PKEY, ICRC_LEN, MAX_QPN, PSN_MASK, ROCE_PORT,
+    self as udwire, BTH_LEN, BthPacket, DEFAULT_PKEY, ICRC_LEN, MAX_QPN, PSN_MASK,
 };
 
 use mr::MrTable;
@@ -288,7 +288,7 @@ impl RcTable {
             .get(&bth.dest_qp())
             .ok_or(DropReason::UdUnknownQpn)?;
         let (qp, _) = self.qps.get_mut(h).ok_or(DropReason::UdUnknownQpn)?;
-        let src = Ipv4Packet::new_unchecked(ip).src_addr();
+        let src = roce_source(ip);
         if qp.dest.is_none_or(|d| d.ip != src) {
             return Err(DropReason::RcWrongPeer);
         }
@@ -346,8 +346,8 @@ impl RcTable {
     }
 }
 
-/// Put one RC packet on the wire: `IPv4 | UDP 4791 | BTH | headers |
-/// payload | pad | ICRC`, DF set.
+/// Put one RC packet on the wire: `IP | UDP 4791 | BTH | headers |
+/// payload | pad | ICRC` (IPv4 with DF set, or IPv6).
 fn send_packet<T: Tx>(
     link: &mut Link,
     now: Instant,
@@ -358,18 +358,9 @@ fn send_packet<T: Tx>(
 ) -> Result<(), Error> {
     let pad = (4 - p.hdrs.payload.len() % 4) % 4;
     let roce_len = BTH_LEN + p.hdrs.buffer_len() + pad + ICRC_LEN;
-    let udp_len = 8 + roce_len;
     let sport = udwire::udp_source_port(src_qpn, dest.qpn);
-    link.send_ip_packet(now, tx, dest.ip, IpProtocol::Udp, udp_len, |ip| {
-        let mut pkt = Ipv4Packet::new_unchecked(&mut *ip);
-        pkt.set_dont_frag(true);
-        pkt.fill_checksum();
-        let udp = &mut ip[IP_LEN..];
-        udp[0..2].copy_from_slice(&sport.to_be_bytes());
-        udp[2..4].copy_from_slice(&ROCE_PORT.to_be_bytes());
-        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-        udp[6..8].fill(0);
-        let mut bth = BthPacket::new_unchecked(&mut udp[8..]);
+    send_roce(link, now, tx, dest.ip, sport, roce_len, |roce| {
+        let mut bth = BthPacket::new_unchecked(roce);
         bth.set_opcode(udwire::Opcode::from(p.opcode as u8));
         bth.set_flags(p.solicited, true, pad as u8);
         bth.set_pkey(DEFAULT_PKEY);
@@ -381,7 +372,6 @@ fn send_packet<T: Tx>(
         let n = p.hdrs.buffer_len();
         p.hdrs.emit(&mut rest[..n]);
         rest[n..n + pad + ICRC_LEN].fill(0);
-        udwire::icrc_fill(ip);
     })
 }
 

@@ -3,7 +3,7 @@
 //! requests ([`RcSendWr`], [`Sge`]), completions ([`Wc`]), errors and
 //! the status utop shows.
 
-use core::net::Ipv4Addr;
+use core::net::IpAddr;
 
 use serde::Serialize;
 
@@ -68,8 +68,8 @@ impl Default for RcQpConfig {
 /// The peer an RC QP is connected to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RcDest {
-    /// The peer's IPv4 address.
-    pub ip: Ipv4Addr,
+    /// The peer's address (its GID: IPv4 for `::ffff:a.b.c.d`, else IPv6).
+    pub ip: IpAddr,
     /// The peer QP's number.
     pub qpn: u32,
     /// The first PSN the peer sends with (what this QP expects first).

@@ -14,18 +14,20 @@
 //!
 //! Receive buffers follow the verbs convention: the first [`GRH_LEN`] (40)
 //! bytes are reserved for the GRH; for RoCEv2 over IPv4 bytes 0-19 are zero
-//! and bytes 20-39 hold the received IPv4 header; the payload starts at byte
-//! 40, and a completion's `byte_len` counts the 40 bytes. Each QP has its
+//! and bytes 20-39 hold the received IPv4 header, over IPv6 the 40 bytes
+//! hold the received IPv6 header; the payload starts at byte 40, and a completion's `byte_len` counts the 40 bytes. Each QP has its
 //! own completion queue (sends and receives), bounded by its work requests.
 
 mod view;
 
 use crate::wire::roce as wire;
 
-use core::net::Ipv4Addr;
+use core::net::IpAddr;
 use std::collections::{HashMap, VecDeque};
 
-use smoltcp::wire::{IPV4_HEADER_LEN as IP_LEN, IpProtocol, Ipv4Packet};
+use smoltcp::wire::{
+    IPV4_HEADER_LEN as IP_LEN, IPV6_HEADER_LEN, IpProtocol, Ipv4Packet, Ipv6Packet,
+};
 
 use slotmap::SlotMap;
 
@@ -51,11 +53,12 @@ const FIRST_DYNAMIC_QPN: u32 = 0x100;
 /// Bytes of IPv4, UDP, BTH, DETH, immediate data and ICRC around a payload.
 pub const ROCE_OVERHEAD: usize = IP_LEN + 8 + BTH_LEN + DETH_LEN + IMM_LEN + ICRC_LEN;
 
-/// A UD peer: an IPv4 address (the GID's IPv4 form) and a QP number.
+/// A UD peer: an IP address (the GID: an IPv4 address for a GID of the
+/// form `::ffff:a.b.c.d`, else the IPv6 address) and a QP number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UdAddr {
-    /// The peer's IPv4 address.
-    pub ip: Ipv4Addr,
+    /// The peer's address.
+    pub ip: IpAddr,
     /// The peer's queue pair number (24 bits).
     pub qpn: u32,
 }
@@ -328,9 +331,15 @@ pub(crate) fn roce_packet<'a>(
     udp_payload: &[u8],
 ) -> Result<&'a [u8], DropReason> {
     let ip = ip.ok_or(DropReason::UdMalformed)?;
-    let ihl = usize::from(ip.first().copied().unwrap_or(0) & 0x0f) * 4;
+    let first = ip.first().copied().unwrap_or(0);
+    let header = match first >> 4 {
+        4 => usize::from(first & 0x0f) * 4,
+        // No extension header may come between IPv6 and UDP (annex A17).
+        6 if ip.get(6) == Some(&17) => IPV6_HEADER_LEN,
+        _ => return Err(DropReason::UdMalformed),
+    };
     let ip = ip
-        .get(..ihl + 8 + udp_payload.len())
+        .get(..header + 8 + udp_payload.len())
         .ok_or(DropReason::UdMalformed)?;
     if udp_payload.len() < BTH_LEN + ICRC_LEN {
         return Err(DropReason::UdMalformed);
@@ -343,6 +352,54 @@ pub(crate) fn roce_packet<'a>(
 
 /// Whether a RoCEv2 datagram's BTH opcode is an RC one (transport bits
 /// 000), for the RC table rather than UD.
+/// The sender of a RoCEv2 packet that [`roce_packet`] took.
+pub(crate) fn roce_source(ip: &[u8]) -> IpAddr {
+    if ip.first().is_some_and(|b| b >> 4 == 6) {
+        Ipv6Packet::new_unchecked(ip).src_addr().into()
+    } else {
+        Ipv4Packet::new_unchecked(ip).src_addr().into()
+    }
+}
+
+/// Put one RoCEv2 packet on the wire to `dst`: the IP header (IPv4 with DF
+/// set, or IPv6 from the source address the destination picks), UDP from
+/// `sport` to 4791 with checksum 0 (as RNICs and rxe send it over either
+/// family; the ICRC covers the packet), `roce_len` bytes that `write`
+/// fills (the BTH on, the ICRC's 4 bytes last), then the ICRC.
+pub(crate) fn send_roce<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    dst: IpAddr,
+    sport: u16,
+    roce_len: usize,
+    write: impl FnOnce(&mut [u8]),
+) -> Result<(), Error> {
+    let udp_len = 8 + roce_len;
+    let finish = |ip: &mut [u8], at: usize| {
+        let udp = &mut ip[at..];
+        udp[0..2].copy_from_slice(&sport.to_be_bytes());
+        udp[2..4].copy_from_slice(&ROCE_PORT.to_be_bytes());
+        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        udp[6..8].fill(0);
+        write(&mut udp[8..]);
+        wire::icrc_fill(ip);
+    };
+    match dst {
+        IpAddr::V4(dst) => link.send_ip_packet(now, tx, dst, IpProtocol::Udp, udp_len, |ip| {
+            let mut p = Ipv4Packet::new_unchecked(&mut *ip);
+            p.set_dont_frag(true);
+            p.fill_checksum();
+            finish(ip, IP_LEN);
+        }),
+        IpAddr::V6(dst) => {
+            crate::iface::ipv6::send_packet(link, now, tx, dst, IpProtocol::Udp, udp_len, |ip| {
+                finish(ip, IPV6_HEADER_LEN)
+            })
+        }
+    }
+}
+
 pub(crate) fn is_rc(udp_payload: &[u8]) -> bool {
     udp_payload.first().is_some_and(|&op| op <= 0x1f)
 }
@@ -381,16 +438,21 @@ impl UdTable {
         }
         let (wr_id, mut buf) = qp.recv.pop_front().ok_or(DropReason::UdNoRecvBuffer)?;
         let src = UdAddr {
-            ip: Ipv4Packet::new_unchecked(ip).src_addr(),
+            ip: roce_source(ip),
             qpn: repr.src_qp,
         };
         let need = GRH_LEN + repr.payload.len();
         let status = if buf.len() < need {
             WcStatus::LocalLengthError
         } else {
-            buf[..GRH_LEN - IP_LEN].fill(0);
-            let hdr = &ip[..IP_LEN];
-            buf[GRH_LEN - IP_LEN..GRH_LEN].copy_from_slice(hdr);
+            // The GRH: the IPv6 header, or the IPv4 header in its last 20
+            // bytes.
+            let hdr = match src.ip {
+                IpAddr::V4(_) => &ip[..IP_LEN],
+                IpAddr::V6(_) => &ip[..IPV6_HEADER_LEN],
+            };
+            buf[..GRH_LEN - hdr.len()].fill(0);
+            buf[GRH_LEN - hdr.len()..GRH_LEN].copy_from_slice(hdr);
             buf[GRH_LEN..need].copy_from_slice(repr.payload);
             WcStatus::Success
         };
@@ -442,20 +504,9 @@ impl UdTable {
                     payload: &wr.data,
                 };
                 let sport = wire::udp_source_port(qp.qpn, wr.dest.qpn);
-                let udp_len = 8 + repr.buffer_len();
-                let sent =
-                    link.send_ip_packet(now, tx, wr.dest.ip, IpProtocol::Udp, udp_len, |ip| {
-                        let mut p = Ipv4Packet::new_unchecked(&mut *ip);
-                        p.set_dont_frag(true);
-                        p.fill_checksum();
-                        let udp = &mut ip[IP_LEN..];
-                        udp[0..2].copy_from_slice(&sport.to_be_bytes());
-                        udp[2..4].copy_from_slice(&ROCE_PORT.to_be_bytes());
-                        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-                        udp[6..8].fill(0);
-                        repr.emit(&mut udp[8..]);
-                        wire::icrc_fill(ip);
-                    });
+                let sent = send_roce(link, now, tx, wr.dest.ip, sport, repr.buffer_len(), |b| {
+                    repr.emit(b);
+                });
                 let status = match sent {
                     Ok(()) => WcStatus::Success,
                     Err(Error::QueueFull) => {

@@ -362,8 +362,11 @@ impl UdpTable {
         if pkt.dst_port() == 0 {
             return Err(DropReason::UdpMalformed);
         }
-        // IPv6 has no datagram without a checksum (RFC 8200 §8.1).
-        let unsummed = pkt.checksum() == 0 && meta.src.is_ipv4();
+        // IPv6 has no datagram without a checksum (RFC 8200 §8.1), but for
+        // RoCEv2: RNICs and rxe send 0 over either family, the ICRC
+        // covering the packet (the tunnel exception of RFC 6935).
+        let roce = pkt.dst_port() == crate::wire::roce::ROCE_PORT;
+        let unsummed = pkt.checksum() == 0 && (meta.src.is_ipv4() || roce);
         if !unsummed
             && !crate::wire::checksum::verifies_ip(
                 meta.src,

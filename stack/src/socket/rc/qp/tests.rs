@@ -45,7 +45,7 @@ fn a_late_ack_during_a_go_back_moves_the_resend_point() {
     let mrs = MrTable::new((1, 2));
     let mut qp = RcQp::new(0x1000, &RcQpConfig::default(), 1024, 100);
     qp.connect(RcDest {
-        ip: core::net::Ipv4Addr::new(10, 0, 0, 2),
+        ip: core::net::Ipv4Addr::new(10, 0, 0, 2).into(),
         qpn: 7,
         psn: 0,
     });
@@ -103,7 +103,7 @@ fn timer_qp() -> (RcQp, MrTable) {
     };
     let mut qp = RcQp::new(0x1000, &cfg, 1024, 100);
     qp.connect(RcDest {
-        ip: core::net::Ipv4Addr::new(10, 0, 0, 2),
+        ip: core::net::Ipv4Addr::new(10, 0, 0, 2).into(),
         qpn: 7,
         psn: 0,
     });
