@@ -350,8 +350,6 @@ pub(crate) fn roce_packet<'a>(
     Ok(ip)
 }
 
-/// Whether a RoCEv2 datagram's BTH opcode is an RC one (transport bits
-/// 000), for the RC table rather than UD.
 /// The sender of a RoCEv2 packet that [`roce_packet`] took.
 pub(crate) fn roce_source(ip: &[u8]) -> IpAddr {
     if ip.first().is_some_and(|b| b >> 4 == 6) {
@@ -400,6 +398,8 @@ pub(crate) fn send_roce<T: Tx>(
     }
 }
 
+/// Whether a RoCEv2 datagram's BTH opcode is an RC one (transport bits
+/// 000), for the RC table rather than UD.
 pub(crate) fn is_rc(udp_payload: &[u8]) -> bool {
     udp_payload.first().is_some_and(|&op| op <= 0x1f)
 }
