@@ -211,9 +211,11 @@ pub struct Row<'a> {
 /// The stack's addresses for the `source` label: its IPv4 address and its
 /// IPv6 one (a global address before the link-local one).
 fn sources(stack: &Stack) -> (Ipv4Addr, Option<Ipv6Addr>) {
-    let v6 = stack.ipv6_addrs();
-    let global = v6.iter().find(|a| !a.is_unicast_link_local());
-    (stack.ip(), global.or(v6.first()).copied())
+    let v6 = match crate::pingpong::our_gid_addr(stack, true, None) {
+        Ok(IpAddr::V6(a)) => Some(a),
+        _ => None,
+    };
+    (stack.ip(), v6)
 }
 
 /// The mesh summary table (text).

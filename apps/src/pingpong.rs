@@ -175,17 +175,7 @@ impl PingpongServer {
                 "its GID is zero (run ibv_ud_pingpong with -g and the index of a RoCE v2 GID)",
             )?;
             // Our GID in the family of the peer's.
-            let me = match ip {
-                IpAddr::V4(_) => IpAddr::V4(stack.ip()),
-                IpAddr::V6(to) => match stack.addr_ref().ipv6_source(to) {
-                    Some(a) => a.into(),
-                    None => {
-                        return Err(format!(
-                            "{ip}: an IPv6 GID, and IPv6 is off here (--ip ADDR/LEN)"
-                        ));
-                    }
-                },
-            };
+            let me = our_gid_addr(stack, ip.is_ipv6(), Some(ip))?;
             if ud.error().is_some() {
                 return Err("the UD responder is not running".into());
             }
@@ -213,6 +203,27 @@ impl PingpongServer {
             Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// Our address to name in a GID: the IPv4 one, or with `v6` an IPv6 one:
+/// the source address toward `to` when the peer is known, else a global
+/// address before the link-local one. An error names the flag to give
+/// when IPv6 is off.
+pub(crate) fn our_gid_addr(stack: &Stack, v6: bool, to: Option<IpAddr>) -> Result<IpAddr, String> {
+    if !v6 {
+        return Ok(stack.ip().into());
+    }
+    let toward = match to {
+        Some(IpAddr::V6(to)) => stack.addr_ref().ipv6_source(to),
+        _ => {
+            let all = stack.addr_ref().ipv6();
+            let global = all.iter().find(|a| !a.is_unicast_link_local());
+            global.or(all.first()).copied()
+        }
+    };
+    toward
+        .map(IpAddr::V6)
+        .ok_or_else(|| "an IPv6 GID needs an IPv6 address here (--ip ADDR/LEN)".to_string())
 }
 
 /// A GID as ibv_ud_pingpong prints it: `::ffff:a.b.c.d` or the IPv6
@@ -334,16 +345,7 @@ impl PingpongClient {
         }
         self.our_qpn = stack.ud().qp_num(qp).map_err(|e| e.to_string())?;
         self.qp = Some(qp);
-        let me = if self.o.ipv6 {
-            let v6 = stack.addr_ref().ipv6();
-            let global = v6.iter().find(|a| !a.is_unicast_link_local());
-            let Some(a) = global.or(v6.first()) else {
-                return Err("-6: IPv6 is off here (give --ip an IPv6 ADDR/LEN)".into());
-            };
-            IpAddr::V6(*a)
-        } else {
-            IpAddr::V4(stack.ip())
-        };
+        let me = our_gid_addr(stack, self.o.ipv6, None)?;
         let mut conn = MsgConn::connect(now, stack, SocketAddrV4::new(self.o.dst, self.o.port))
             .map_err(|e| e.to_string())?;
         let ours = PingpongDest {

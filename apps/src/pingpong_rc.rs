@@ -23,7 +23,7 @@
 //! (a peer that stops answering), each iteration has a timeout and the run
 //! ends with one error line.
 
-use std::net::{Ipv6Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv6Addr, SocketAddrV4};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use ustack::socket::rc::{
     WcStatus,
 };
 use ustack::socket::tcp::ListenHandle;
-use ustack::wire::exchange::{DONE, PINGPONG_MSG_LEN, PingpongDest, gid_ipv4, ipv4_gid};
+use ustack::wire::exchange::{DONE, PINGPONG_MSG_LEN, PingpongDest, gid_ip, ip_gid};
 use ustack::{Instant, Stack};
 use ustack_runtime::LoopConfig;
 
@@ -84,6 +84,9 @@ pub struct RcPingpongOpts {
     pub rx_depth: usize,
     /// How long an iteration may wait for a completion.
     pub timeout: Duration,
+    /// The client sends from our IPv6 GID (a server answers in the family
+    /// of the client's GID).
+    pub ipv6: bool,
     /// The poll loop's settings (pinning, idle mode, the metrics feed).
     pub lcfg: LoopConfig,
 }
@@ -99,6 +102,7 @@ impl RcPingpongOpts {
             mtu: DEFAULT_MTU,
             rx_depth: RX_DEPTH,
             timeout: Duration::from_secs(5),
+            ipv6: false,
             lcfg: LoopConfig::default(),
         }
     }
@@ -350,7 +354,7 @@ impl RcPingpong {
             Role::Client(a) => a.to_string(),
             Role::Server(_) => self
                 .remote
-                .and_then(|d| gid_ipv4(&d.gid))
+                .and_then(|d| gid_ip(&d.gid))
                 .map_or_else(|| "the client".into(), |ip| ip.to_string()),
         }
     }
@@ -402,10 +406,13 @@ impl RcPingpong {
             lid: 0,
             qpn: s.qpn,
             psn: s.initial_psn,
-            gid: ipv4_gid(stack.ip()),
+            gid: ip_gid(crate::pingpong::our_gid_addr(stack, o.ipv6, None)?),
         };
         self.local = Some(local);
-        self.output.push(address_line("local address: ", &local));
+        // A server prints its address once it knows the client's family.
+        if matches!(self.o.role, Role::Client(_)) {
+            self.output.push(address_line("local address: ", &local));
+        }
         match self.o.role {
             Role::Client(to) => {
                 let mut conn = MsgConn::connect(now, stack, to)
@@ -431,18 +438,36 @@ impl RcPingpong {
                 String::from_utf8_lossy(&msg[..msg.len().min(24)])
             )
         })?;
-        self.output.push(address_line("remote address:", &peer));
         self.remote = Some(peer);
-        let ip = gid_ipv4(&peer.gid).ok_or(
-            "the peer's GID is not an IPv4 RoCE v2 GID: run ibv_rc_pingpong with -g and the index of one",
+        let ip = gid_ip(&peer.gid).ok_or(
+            "the peer's GID is zero: run ibv_rc_pingpong with -g and the index of a RoCE v2 GID",
         )?;
+        let local = self.local.as_mut().ok_or("no local address")?;
+        let ours = gid_ip(&local.gid).unwrap_or(IpAddr::V4(stack.ip()));
+        if ours.is_ipv6() != ip.is_ipv6() {
+            if matches!(self.o.role, Role::Client(_)) {
+                return Err(format!(
+                    "the peer's GID is {ip}, ours {ours}: both ends need GIDs of one family (-6, or the peer's -g)"
+                ));
+            }
+            // A server answers in the family of the client's GID.
+            local.gid = ip_gid(crate::pingpong::our_gid_addr(
+                stack,
+                ip.is_ipv6(),
+                Some(ip),
+            )?);
+        }
+        if matches!(self.o.role, Role::Server(_)) {
+            self.output.push(address_line("local address: ", local));
+        }
+        self.output.push(address_line("remote address:", &peer));
         let qp = self.qp.ok_or("no QP")?;
         stack
             .rc()
             .connect(
                 qp,
                 RcDest {
-                    ip: ip.into(),
+                    ip,
                     qpn: peer.qpn,
                     psn: peer.psn,
                 },
@@ -837,7 +862,7 @@ mod test {
             lid: 0,
             qpn: 0x11,
             psn: 0xabcdef,
-            gid: ipv4_gid(Ipv4Addr::new(10, 77, 0, 3)),
+            gid: ip_gid(Ipv4Addr::new(10, 77, 0, 3).into()),
         };
         assert_eq!(
             address_line("local address: ", &d),

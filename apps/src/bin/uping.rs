@@ -572,6 +572,7 @@ fn rc_pingpong(cli: &Cli) -> Result<ExitCode> {
         o.mtu = m;
     }
     o.timeout = Duration::from_secs_f64(cli.timeout.unwrap_or(5.0));
+    o.ipv6 = cli.ipv6;
     o.lcfg = cli.net.loop_config();
     with_node(&cli.net, RcPingpongUser(o))
 }
