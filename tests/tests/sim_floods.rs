@@ -1,4 +1,5 @@
-//! Floods on the sim link: SYN, fragments, ARP and RoCEv2 UD, each sent by
+//! Floods on the sim link: SYN, fragments, ARP, RoCEv2 UD and IPv6 (NS, RA,
+//! fragments, extension-header chains), each sent by
 //! a raw attacker port at a stack that serves a legitimate peer at the same
 //! time. Each test asserts the memory the flood can take stays under its cap
 //! (and prints the high-water mark), that the attack is counted, that the
@@ -848,5 +849,150 @@ fn ud_flood_is_dropped_by_reason_and_ud_ping_still_answered() {
     );
     let a = after.summary();
     assert_eq!((a.transmitted, a.received), (100, 100));
+    check_accounting_and_pools(&mut net, &mut atk);
+}
+
+// ----------------------------------------------------------- IPv6 floods
+
+mod v6util;
+
+/// Every IPv6 flood at once, at the stack on `fd77::2` (host 1) while host
+/// 2 (`fd77::1`) pings it: neighbor solicitations from thousands of
+/// spoofed on-link senders (each teaching a neighbor), router
+/// advertisements from a new router with a new prefix each time, first
+/// fragments of datagrams that never finish, and packets behind chains of
+/// 12 destination options headers. The neighbor cache, the routers, the
+/// SLAAC addresses and the reassembly memory stay at their caps, the
+/// chains are refused by reason, every ping is answered, and every buffer
+/// comes home.
+#[test]
+fn ipv6_floods_of_ns_ra_fragments_and_header_chains_stay_bounded() {
+    use std::net::Ipv6Addr;
+    use ustack::iface::ipv6::{MAX_PREFIXES, MAX_ROUTERS, multicast_mac, solicited_node};
+    use ustack::iface::ndp::MAX_NEIGHBORS;
+    use v6util::{GLOBAL, PEER};
+    const SLICES: usize = 200;
+    const CAP: usize = 256 << 10;
+    let mut net = SimNet::new(LinkConfig {
+        delay: Duration::from_micros(50),
+        queue_frames: 1 << 16,
+        ..LinkConfig::default()
+    });
+    // Node 0 runs the pinger (host 2, the peer); node 1 is the victim
+    // (host 1: the frames of v6util go to its MAC).
+    let mut peer = host_config(2);
+    peer.announce = false;
+    peer.ipv6 = vec![Ipv6Cidr::new(PEER, 64)];
+    net.add(peer);
+    let mut victim = v6util::config();
+    victim.frag.mem_cap = CAP;
+    net.add(victim);
+    let mut atk = Attacker::attach(&net);
+    let mut cfg = PingerConfig::new(GLOBAL);
+    cfg.count = Some(200);
+    cfg.interval = Duration::from_millis(2);
+    cfg.timeout = Duration::from_millis(500);
+    let mut ping = Pinger::new(cfg);
+    let group = solicited_node(GLOBAL);
+    let mut k = 0u32;
+    flood_for(&mut net, &mut [&mut ping], &mut atk, SLICES, |slice| {
+        let mut f = Vec::new();
+        for _ in 0..20 {
+            k += 1;
+            let src = Ipv6Addr::new(0xfd77, 0, 0, 0, 1, 0, (k >> 16) as u16, k as u16);
+            let mac = EthernetAddress([0x02, 0xbb, (k >> 16) as u8, (k >> 8) as u8, k as u8, 1]);
+            let ns = v6util::solicit(GLOBAL, Some(mac));
+            f.push(v6util::icmpv6_frame(
+                multicast_mac(group),
+                src,
+                group,
+                255,
+                &ns,
+            ));
+        }
+        for _ in 0..2 {
+            k += 1;
+            let router = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, (k >> 16) as u16, k as u16);
+            let prefix = Ipv6Addr::new(0xfd00, k as u16, 0, 0, 0, 0, 0, 0);
+            f.push(v6util::router_advert(
+                router,
+                1800,
+                None,
+                Some((prefix, 64, 3600)),
+            ));
+        }
+        for _ in 0..10 {
+            k += 1;
+            let src = Ipv6Addr::new(0xfd77, 0, 0, 0, 2, 0, (k >> 16) as u16, k as u16);
+            let body = [
+                v6util::frag_header(IpProtocol::Udp, 0, true, k),
+                vec![0x55; 1400],
+            ]
+            .concat();
+            f.push(v6util::v6_frame_from(
+                GLOBAL,
+                src,
+                IpProtocol::Ipv6Frag,
+                &body,
+            ));
+        }
+        if slice % 2 == 0 {
+            let mut chain = Vec::new();
+            for i in 0..12 {
+                let next = if i == 11 {
+                    IpProtocol::Udp
+                } else {
+                    IpProtocol::Ipv6Opts
+                };
+                chain.extend(v6util::opts_header(next, &[]));
+            }
+            f.push(v6util::v6_frame(
+                IpProtocol::Ipv6Opts,
+                &chain,
+                &v6util::udp6(b"deep"),
+            ));
+        }
+        f
+    });
+    settle(&mut net, &mut [&mut ping], &mut atk, 5, |_| false);
+    let s = net.nodes[1].stack.stats();
+    let neighbors = net.nodes[1].stack.addr_ref().ipv6_neighbours(net.now).len();
+    eprintln!(
+        "IPv6 floods: {} frames; neighbors {} (gauge {}), routers {}, SLAAC addresses {}, \
+         reassembly hwm {} B, evicted {}, ra_ignored {}, bad extensions {}, pings {}/{}",
+        atk.sent,
+        neighbors,
+        s.ipv6.neighbors,
+        s.ipv6.routers,
+        s.ipv6.slaac_addresses,
+        s.ipv4.reassembly_bytes_hwm,
+        s.ipv4.reassembly_evicted,
+        s.ipv6.ra_ignored,
+        s.drops.get(DropReason::Ipv6BadExtension),
+        ping.summary().received,
+        ping.summary().transmitted,
+    );
+    assert!(s.ipv6.rx_neighbor_solicits >= (SLICES * 20) as u64);
+    assert!(neighbors <= MAX_NEIGHBORS && s.ipv6.neighbors <= MAX_NEIGHBORS as u64);
+    assert!(s.ipv6.rx_router_adverts >= (SLICES * 2) as u64);
+    assert!(s.ipv6.routers <= MAX_ROUTERS as u64 && s.ipv6.routers > 0);
+    assert!(s.ipv6.slaac_addresses <= MAX_PREFIXES as u64);
+    assert!(s.ipv4.reassembly_bytes_hwm <= CAP as u64);
+    assert!(
+        s.ipv4.reassembly_evicted > 0,
+        "no datagram was ever evicted"
+    );
+    assert_eq!(
+        s.drops.get(DropReason::Ipv6BadExtension),
+        (SLICES / 2) as u64,
+        "every chain refused"
+    );
+    assert!(ping.finished(net.now));
+    let p = ping.summary();
+    assert_eq!(
+        (p.transmitted, p.received),
+        (200, 200),
+        "the peer was served"
+    );
     check_accounting_and_pools(&mut net, &mut atk);
 }
