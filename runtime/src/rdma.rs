@@ -18,8 +18,8 @@
 //! let qa = RcQp::create(a.net(), &RcQpConfig::default())?;
 //! let qb = RcQp::create(b.net(), &RcQpConfig::default())?;
 //! let (sa, sb) = (qa.status()?, qb.status()?);
-//! qa.connect(RcDest { ip: Ipv4Addr::new(10, 0, 0, 2), qpn: sb.qpn, psn: sb.initial_psn })?;
-//! qb.connect(RcDest { ip: Ipv4Addr::new(10, 0, 0, 1), qpn: sa.qpn, psn: sa.initial_psn })?;
+//! qa.connect(RcDest { ip: Ipv4Addr::new(10, 0, 0, 2).into(), qpn: sb.qpn, psn: sb.initial_psn })?;
+//! qb.connect(RcDest { ip: Ipv4Addr::new(10, 0, 0, 1).into(), qpn: sa.qpn, psn: sa.initial_psn })?;
 //! // B offers a region; A writes into it.
 //! let mr = MemoryRegion::register(b.net(), 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
 //! let info = mr.info();
