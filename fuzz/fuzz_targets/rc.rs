@@ -292,7 +292,7 @@ impl Fuzz {
             return;
         };
         let dest = RcDest {
-            ip: ip(1 - x),
+            ip: ip(1 - x).into(),
             qpn: peer.qpn,
             psn: psn(&peer),
         };
