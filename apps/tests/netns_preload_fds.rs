@@ -163,6 +163,15 @@ int main(int argc, char **argv) {
            dfd == n ? 1 : 0, kind(dfd), opt(dfd, SO_TYPE));
     closedir(d);
 
+    /* A socket made by a raw system call is the kernel's, which has no
+       route here (the stack's namespace gives the kernel no address). */
+    int k = syscall(SYS_socket, AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(port) };
+    inet_pton(AF_INET, ip, &to.sin_addr);
+    r = sendto(k, "x", 1, 0, (struct sockaddr *)&to, sizeof to);
+    printf(",\"raw_socket_sendto\":\"%s\"", r < 0 && errno == ENETUNREACH ? "ENETUNREACH" : "other");
+    close(k);
+
     printf(",\"echo_after\":%d}\n", echo_ok(ip, port));
     fflush(stdout);
     close(l); close(u);
@@ -191,7 +200,8 @@ fn compile_c(lab: &Lab, name: &str, source: &str) -> PathBuf {
 /// SO_PROTOCOL/SO_ACCEPTCONN, FIONREAD, SIOCOUTQ, FIONBIO), and a socket
 /// closed behind the layer's back never makes its recycled number a
 /// socket: a pipe, a file and a directory given that number work as such
-/// (ENOTSOCK for SO_TYPE, as Linux says), the stack still carries new
+/// (ENOTSOCK for SO_TYPE, as Linux says), a socket made by a raw
+/// `syscall(SYS_socket)` is the kernel's, the stack still carries new
 /// connections, and no descriptor is left in the layer's table.
 #[test]
 fn recycled_numbers_are_never_sockets_and_sockets_look_like_sockets() {
@@ -227,7 +237,7 @@ fn recycled_numbers_are_never_sockets_and_sockets_look_like_sockets() {
         "pipe_so_type": -ENOTSOCK,
         "file_same_number": 1, "file_write": 8, "file_read": "fil", "file_kind": "file",
         "dir_same_number": 1, "dir_kind": "dir", "dir_so_type": -ENOTSOCK,
-        "echo_after": 1,
+        "raw_socket_sendto": "ENETUNREACH", "echo_after": 1,
     });
     for (k, v) in want.as_object().unwrap() {
         assert_eq!(&r[k], v, "{k}: {r}");

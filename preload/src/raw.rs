@@ -10,6 +10,11 @@
 //! the number they return. Everything else goes straight on to the C
 //! library's `syscall` (the layer's own locks reach it through `futex`:
 //! that way takes no lock and looks nothing up).
+//!
+//! `syscall(SYS_socket, ...)` makes a kernel socket, as under Onload: it
+//! is the one way a program under an interposing stack asks for the
+//! kernel's (packetdrill's wire mode keeps its control connection on the
+//! kernel so; a socket made by `socket()` is ustack's).
 
 use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void};
 
@@ -96,8 +101,8 @@ fn on_descriptor(n: c_long) -> bool {
     )
 }
 
-/// The calls the layer takes over: on a ustack socket (or, for `close`,
-/// `close_range` and `socket`, always), the interposed wrapper's result.
+/// The calls the layer takes over: on a ustack socket (or, for `close` and
+/// `close_range`, always), the interposed wrapper's result.
 ///
 /// # Safety
 /// The caller's arguments for system call `n`.
@@ -112,7 +117,6 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
             libc::SYS_close_range => {
                 c_long::from(descriptors::close_range(a1 as c_uint, a2 as c_uint, a3 as c_int))
             }
-            libc::SYS_socket => c_long::from(socket::socket(a1 as c_int, a2 as c_int, a3 as c_int)),
             libc::SYS_epoll_ctl if is_ours(a3) => c_long::from(readiness::epoll_ctl(
                 fd_arg(a1),
                 a2 as c_int,
@@ -266,6 +270,7 @@ unsafe fn made(n: c_long, a: [c_long; 6], r: c_long) {
         | libc::SYS_dup3
         | libc::SYS_accept
         | libc::SYS_accept4
+        | libc::SYS_socket
         | libc::SYS_eventfd
         | libc::SYS_eventfd2
         | libc::SYS_memfd_create
