@@ -359,8 +359,9 @@ impl Stack {
 
     /// The TCP sockets: listen, accept, connect, send, receive, close.
     pub fn tcp(&mut self) -> Tcp<'_> {
-        let (ip, shard) = (self.ip(), self.link.cfg.shard);
-        Tcp::new(&mut self.tcp, ip, &self.link.ip6, shard)
+        let cfg = &self.link.cfg;
+        let (v4, shard) = ((cfg.ip, cfg.gateway), cfg.shard);
+        Tcp::new(&mut self.tcp, v4, &self.link.ip6, shard)
     }
 
     /// The TCP sockets, read-only: status, peek, telemetry.

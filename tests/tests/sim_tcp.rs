@@ -471,3 +471,32 @@ fn checksum_offload_and_tso_are_byte_exact_under_loss_reordering_and_corruption(
         "corrupted frames were caught by the engine's own check"
     );
 }
+
+/// A connect to an IPv4 address off the stack's subnet with no gateway
+/// fails at once with `NoRoute` (Linux's ENETUNREACH) and queues nothing;
+/// with a gateway it opens, as does one on the subnet.
+#[test]
+fn connect_off_subnet_without_a_gateway_has_no_route() {
+    use smoltcp::wire::{EthernetAddress, Ipv4Address, Ipv4Cidr};
+    use std::net::Ipv4Addr;
+    let mac = EthernetAddress([2, 0, 0, 0, 0, 1]);
+    let cidr = Ipv4Cidr::new(Ipv4Address::new(10, 9, 0, 2), 24);
+    let mut s = Stack::new(Config::with_seed(mac, cidr, 7));
+    let far = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 80);
+    let near = SocketAddrV4::new(Ipv4Addr::new(10, 9, 0, 1), 80);
+    let t = Instant::from_micros(0);
+    assert!(matches!(
+        s.tcp().connect(t, far),
+        Err(ustack::Error::NoRoute)
+    ));
+    assert!(matches!(
+        s.tcp().connect_from(t, 4000, far),
+        Err(ustack::Error::NoRoute)
+    ));
+    assert_eq!(s.stats().tcp.active_opens, 0);
+    s.tcp().connect(t, near).expect("on the subnet");
+    let mut cfg = Config::with_seed(mac, cidr, 7);
+    cfg.gateway = Some(Ipv4Addr::new(10, 9, 0, 1));
+    let mut g = Stack::new(cfg);
+    g.tcp().connect(t, far).expect("through the gateway");
+}

@@ -7,6 +7,8 @@ use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use super::{ConnInfo, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable};
+use smoltcp::wire::Ipv4Cidr;
+
 use crate::error::Error;
 use crate::iface::ipv6_iface::Ipv6Iface;
 use crate::shard::ShardId;
@@ -17,7 +19,8 @@ use crate::time::Instant;
 #[derive(Debug)]
 pub struct Tcp<'a> {
     table: &'a mut TcpTable,
-    ip: Ipv4Addr,
+    ip: Ipv4Cidr,
+    gateway: Option<Ipv4Addr>,
     ip6: &'a Ipv6Iface,
     shard: ShardId,
 }
@@ -31,25 +34,30 @@ pub struct TcpRef<'a> {
 impl<'a> Tcp<'a> {
     pub(crate) fn new(
         table: &'a mut TcpTable,
-        ip: Ipv4Addr,
+        (ip, gateway): (Ipv4Cidr, Option<Ipv4Addr>),
         ip6: &'a Ipv6Iface,
         shard: ShardId,
     ) -> Self {
         Tcp {
             table,
             ip,
+            gateway,
             ip6,
             shard,
         }
     }
 
     /// Our address for a connection to `remote`: the IPv4 one, or the
-    /// IPv6 one of the right scope. `NoRoute` with IPv6 off, or when an
-    /// IPv6 destination is neither on-link nor behind a router (Linux's
-    /// ENETUNREACH at connect, rather than a SYN that never leaves).
+    /// IPv6 one of the right scope. `NoRoute` when the destination is
+    /// neither on-link nor behind a gateway or router, or is IPv6 with
+    /// IPv6 off (Linux's ENETUNREACH at connect, rather than a SYN that
+    /// never leaves).
     fn source_for(&self, remote: &SocketAddr) -> Result<IpAddr, Error> {
         match remote {
-            SocketAddr::V4(_) => Ok(IpAddr::V4(self.ip)),
+            SocketAddr::V4(r) if self.ip.contains_addr(r.ip()) || self.gateway.is_some() => {
+                Ok(IpAddr::V4(self.ip.address()))
+            }
+            SocketAddr::V4(_) => Err(Error::NoRoute),
             SocketAddr::V6(r) if self.ip6.next_hop(r.ip()).is_some() => self
                 .ip6
                 .source_for(r.ip())
