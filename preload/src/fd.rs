@@ -23,7 +23,7 @@ use ustack::socket::udp::UdpHandle;
 use crate::real::{Res, real};
 
 /// What a socket is, in the stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Kind {
     /// Created (and perhaps bound), not yet listening or connected.
     Fresh { port: u16 },
@@ -129,6 +129,20 @@ impl Kept {
     }
 }
 
+/// The stack is shared with other processes (this one forked, or was
+/// forked from its owner): an eventfd may be written and drained by any of
+/// them, so a process's own record of it says nothing.
+static SHARED: AtomicBool = AtomicBool::new(false);
+
+/// From now on the eventfds are shared ([`SHARED`]).
+pub fn set_shared() {
+    SHARED.store(true, Ordering::Relaxed);
+}
+
+fn shared() -> bool {
+    SHARED.load(Ordering::Relaxed)
+}
+
 /// One ustack socket, shared by its descriptors.
 #[derive(Debug)]
 pub struct Sock {
@@ -175,9 +189,10 @@ impl Sock {
     }
 
     /// Make the socket's descriptors readable in the kernel (from the loop's
-    /// watcher): one eventfd write until a waiter drains it.
+    /// watcher): one eventfd write until a waiter drains it (each time
+    /// once the stack is shared: the waiter may be another process).
     pub fn notify(&self) {
-        if self.signaled.swap(true, Ordering::AcqRel) {
+        if self.signaled.swap(true, Ordering::AcqRel) && !shared() {
             return;
         }
         let fds = self.fds.lock();
@@ -189,9 +204,10 @@ impl Sock {
         }
     }
 
-    /// Clear the kernel-side notification before checking levels.
+    /// Clear the kernel-side notification before checking levels (each
+    /// time once the stack is shared: another process may have written it).
     pub fn drain(&self) {
-        if !self.signaled.swap(false, Ordering::AcqRel) {
+        if !self.signaled.swap(false, Ordering::AcqRel) && !shared() {
             return;
         }
         let fds = self.fds.lock();
@@ -228,6 +244,39 @@ impl Sock {
         fds.is_empty()
     }
 
+    /// The socket's last descriptor `fd` closes while a process forked
+    /// from this one still holds the socket: move this process's copy of
+    /// the eventfd to a number of the layer's own (the loop's watcher
+    /// writes it, and the other processes wait on the same object), and
+    /// free the program's number. False when `fd` is not the last.
+    pub fn keep_last_fd(&self, fd: RawFd) -> bool {
+        let mut fds = self.fds.lock();
+        if fds.as_slice() != [fd] {
+            return false;
+        }
+        // SAFETY: duplicating an open eventfd onto a free number >= 512.
+        let kept = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, 512) };
+        if kept < 0 {
+            return false;
+        }
+        crate::own::record(kept);
+        fds[0] = kept;
+        // SAFETY: closing the program's number, under the lock `notify` takes.
+        unsafe { (real().close)(fd) };
+        true
+    }
+
+    /// Close every descriptor still naming the socket (a kept one, once
+    /// no process holds the socket any more).
+    pub fn close_kept(&self) {
+        let mut fds = self.fds.lock();
+        for fd in fds.drain(..) {
+            crate::own::forget(fd);
+            // SAFETY: a descriptor of the layer's own, under the lock.
+            unsafe { (real().close)(fd) };
+        }
+    }
+
     /// Close descriptor `fd` in the kernel and forget it; returns whether it
     /// was the socket's last.
     pub fn close_fd(&self, fd: RawFd) -> bool {
@@ -244,6 +293,7 @@ pub fn watcher(sock: &Arc<Sock>) -> ustack_runtime::Watcher {
     let weak: Weak<Sock> = Arc::downgrade(sock);
     Arc::new(move |_: Readiness| {
         if let Some(s) = weak.upgrade() {
+            let _gate = fork_gate();
             s.notify();
         }
     })
@@ -264,6 +314,14 @@ static TABLE: RwLock<Table> = RwLock::new(Vec::new());
 /// it unusable: its updates are single assignments).
 fn read() -> RwLockReadGuard<'static, Table> {
     TABLE.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held by the stack's own threads (the loop's watchers, the share
+/// server) while they touch a socket's locks: `fork` takes the table's
+/// write lock first ([`lock_for_fork`]), so no socket lock is held by one
+/// of them in the child's copy of the memory, where they do not run.
+pub fn fork_gate() -> RwLockReadGuard<'static, Table> {
+    read()
 }
 
 /// The table to change.

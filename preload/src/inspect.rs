@@ -392,12 +392,9 @@ pub fn send_queued(s: &Sock) -> Res<usize> {
     let kind = *s.kind.lock();
     match kind {
         Kind::Stream { .. } => Ok(crate::sock::tcp_info(s).map_or(0, |i| i.send_queued)),
-        Kind::Dgram { handle, .. } => {
-            let st = crate::state::state().ok_or(libc::EBADF)?;
-            st.net
-                .peek_stack(|stack| stack.udp_ref().tx_queued(handle).map_or(0, |q| q.0))
-                .map_err(|_| libc::EIO)
-        }
+        Kind::Dgram { handle, .. } => Ok(crate::share::access()?
+            .udp_tx_queued(handle)?
+            .map_or(0, |q| q.0)),
         // Linux: EINVAL on a listening socket.
         Kind::Listener { .. } => Err(libc::EINVAL),
         Kind::Fresh { .. } | Kind::Closed => Ok(0),

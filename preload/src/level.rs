@@ -4,11 +4,13 @@
 
 use ustack::socket::tcp::State as TcpState;
 
+use ustack::Stack;
+
 use crate::fd::{Kind, Sock};
-use crate::state::net;
+use crate::share::access;
 
 /// What a socket is ready for now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Level {
     pub readable: bool,
     pub writable: bool,
@@ -22,7 +24,7 @@ pub struct Level {
 
 /// The socket's readiness levels, from the stack.
 pub fn level(sock: &Sock) -> Level {
-    let Ok(net) = net() else {
+    let Ok(acc) = access() else {
         return Level {
             err: true,
             hup: true,
@@ -34,8 +36,28 @@ pub fn level(sock: &Sock) -> Level {
         let o = sock.opts.lock();
         (o.pending_error != 0, o.error_reported, o.shut_rd, o.shut_wr)
     };
-    let r = net.peek_stack(|s| match kind {
-        Kind::Fresh { .. } if sock.stream => Level {
+    let r = acc.level_of(kind, sock.stream, reported);
+    let mut l = r.ok().and_then(Result::ok).unwrap_or(Level {
+        err: true,
+        hup: true,
+        ..Level::default()
+    });
+    l.err |= pending_error;
+    if shut_rd && matches!(kind, Kind::Stream { .. } | Kind::Dgram { .. }) {
+        // Linux: a socket shut for reading reads end-of-stream at once
+        // (EPOLLIN | EPOLLRDHUP); shut both ways, EPOLLHUP too.
+        l.readable = true;
+        l.rdhup = true;
+        l.hup |= shut_wr;
+    }
+    l
+}
+
+/// What the stack says of a socket's readiness (before the options kept
+/// here: a pending error, `shutdown`).
+pub fn from_stack(s: &Stack, kind: Kind, stream: bool, reported: bool) -> Level {
+    match kind {
+        Kind::Fresh { .. } if stream => Level {
             // An unconnected TCP socket: Linux says POLLOUT | POLLHUP.
             writable: true,
             hup: true,
@@ -88,19 +110,5 @@ pub fn level(sock: &Sock) -> Level {
             hup: true,
             ..Level::default()
         },
-    });
-    let mut l = r.unwrap_or(Level {
-        err: true,
-        hup: true,
-        ..Level::default()
-    });
-    l.err |= pending_error;
-    if shut_rd && matches!(kind, Kind::Stream { .. } | Kind::Dgram { .. }) {
-        // Linux: a socket shut for reading reads end-of-stream at once
-        // (EPOLLIN | EPOLLRDHUP); shut both ways, EPOLLHUP too.
-        l.readable = true;
-        l.rdhup = true;
-        l.hup |= shut_wr;
     }
-    l
 }

@@ -57,6 +57,7 @@ mod poll;
 mod raw;
 mod real;
 mod report;
+mod share;
 mod sock;
 mod state;
 

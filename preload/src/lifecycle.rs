@@ -152,17 +152,30 @@ pub fn init() {
 /// Whether this process runs the stack or may start it (`USTACK_NET` was
 /// given, and it did not give the stack up at a `fork`).
 pub fn planned() -> bool {
-    state().is_some() || PLAN.get().is_some() && !DETACHED.load(Ordering::Relaxed)
+    state().is_some()
+        || PLAN.get().is_some() && !DETACHED.load(Ordering::Relaxed)
+        || crate::share::is_client()
 }
 
-/// The stack for a new AF_INET socket: this process's, started now when no
-/// other process of the program runs one. The first process to open an
-/// AF_INET socket takes the stack (a shell or wrapper script that opens
-/// none leaves it to the program it starts) and holds it until it exits or
-/// execs; the others' sockets are the kernel's. None: the kernel's.
-pub fn start_for_socket() -> Option<&'static State> {
+/// Whether a new AF_INET socket is ustack's: this process's stack,
+/// started now when no other process of the program runs one, or the
+/// stack of the process this one was forked from (shared). The first
+/// process to open an AF_INET socket takes the stack (a shell or wrapper
+/// script that opens none leaves it to the program it starts) and holds it
+/// until it exits or execs; the sockets of the others (unrelated to it)
+/// are the kernel's. False: the kernel's.
+pub fn start_for_socket() -> bool {
+    start_stack().is_some() || crate::share::is_client()
+}
+
+/// This process's stack, started now when no other process of the
+/// program runs one.
+fn start_stack() -> Option<&'static State> {
     if let Some(s) = state() {
         return Some(s);
+    }
+    if crate::share::is_client() {
+        return None;
     }
     if DETACHED.load(Ordering::Relaxed) {
         if PLAN.get().is_some() {
@@ -290,12 +303,19 @@ fn fork_mode() -> Option<(&'static State, ForkMode)> {
 /// holding no lock; the device and sockets stay as they are), then hold
 /// the descriptor table still.
 extern "C" fn before_fork() {
-    if let Some((s, ForkMode::Child | ForkMode::Each { .. })) = fork_mode() {
-        if !DETACHED.load(Ordering::Relaxed) {
+    match fork_mode() {
+        Some((s, ForkMode::Child | ForkMode::Each { .. })) if !DETACHED.load(Ordering::Relaxed) => {
             if let Some(rt) = s.runtime.lock().as_mut() {
                 let _ = rt.pause();
             }
         }
+        Some((_, ForkMode::Child | ForkMode::Each { .. })) => {}
+        // The default: the child shares the stack (this process's, or the
+        // one this process shares).
+        _ if state().is_some() || crate::share::is_client() => {
+            crate::share::before_fork();
+        }
+        _ => {}
     }
     crate::fd::lock_for_fork();
 }
@@ -307,6 +327,7 @@ extern "C" fn before_fork() {
 /// then on.
 extern "C" fn after_fork_parent() {
     crate::fd::unlock_after_fork();
+    crate::share::after_fork_parent();
     match fork_mode() {
         Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {
             if let Some(rt) = s.runtime.lock().as_mut() {
@@ -358,9 +379,12 @@ extern "C" fn after_fork_child() {
         Some(_) => {
             DETACHED.store(true, Ordering::Relaxed);
             drop_claim();
+            crate::share::after_fork_child();
         }
         // A worker's child runs on the kernel's sockets.
         None if WORKER.get().is_some() => DETACHED.store(true, Ordering::Relaxed),
+        // A client's child is a client too.
+        None if crate::share::is_client() => crate::share::after_fork_child(),
         // No stack was started here: the child may start it.
         None => {}
     }

@@ -70,6 +70,33 @@ pub fn record_since(before: &[RawFd]) {
     LEN.store(n, Ordering::Release);
 }
 
+/// One more descriptor of the stack's, opened after it started (the
+/// channels of the processes that share it).
+pub fn record(fd: RawFd) {
+    let n = LEN.load(Ordering::Acquire);
+    if let Some(slot) = OWN.get(n) {
+        slot.store(fd, Ordering::Relaxed);
+        LEN.store(n + 1, Ordering::Release);
+    }
+}
+
+/// A recorded descriptor closed by the layer: its slot becomes a hole.
+pub fn forget(fd: RawFd) {
+    for a in &OWN[..LEN.load(Ordering::Acquire)] {
+        let _ = a.compare_exchange(fd, -1, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
+/// A client's channel to the stack's owner (-1: none): kept from the
+/// program too.
+static CHANNEL: AtomicI32 = AtomicI32::new(-1);
+
+/// This process is a client now, over `fd` (the parent's recorded
+/// descriptors are not its own any more).
+pub fn set_channel(fd: RawFd) {
+    CHANNEL.store(fd, Ordering::Release);
+}
+
 /// The descriptors kept from the program: the recorded ones while this
 /// process runs the stack (a forked child without it may close its
 /// copies), none otherwise.
@@ -82,12 +109,21 @@ fn kept() -> &'static [AtomicI32] {
 
 /// The descriptors kept from the program, ascending.
 pub fn guarded_all() -> Vec<RawFd> {
-    kept().iter().map(|a| a.load(Ordering::Relaxed)).collect()
+    let mut v: Vec<RawFd> = kept()
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .chain(Some(CHANNEL.load(Ordering::Acquire)))
+        .filter(|&fd| fd >= 0)
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 /// Whether `fd` is kept from the program.
 pub fn guarded(fd: RawFd) -> bool {
-    kept().iter().any(|a| a.load(Ordering::Relaxed) == fd)
+    fd >= 0
+        && (CHANNEL.load(Ordering::Acquire) == fd
+            || kept().iter().any(|a| a.load(Ordering::Relaxed) == fd))
 }
 
 /// Split `first..=last` into the runs that hold none of `skip` (ascending).

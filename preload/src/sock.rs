@@ -14,7 +14,6 @@ use ustack::Error as StackError;
 use ustack::events::SocketRef;
 use ustack::socket::tcp::{ConnError, Family, State as TcpState};
 use ustack::socket::udp::UdpReuse;
-use ustack_runtime::Net;
 
 use std::collections::HashMap;
 use std::sync::Weak;
@@ -25,7 +24,7 @@ use ustack::socket::tcp::ListenHandle;
 use crate::fd::{self, Kind, Sock};
 use crate::level::level;
 use crate::real::{Res, real};
-use crate::state::net;
+use crate::share::{Access, access};
 
 /// The errno for an engine error.
 pub fn errno_of(e: StackError) -> c_int {
@@ -58,7 +57,7 @@ fn first_report(sock: &Sock, e: &StackError) -> bool {
 }
 
 /// Copy `data` into the buffers `bufs`, in order.
-fn scatter(mut data: &[u8], bufs: &mut [&mut [u8]]) {
+pub fn scatter(mut data: &[u8], bufs: &mut [&mut [u8]]) {
     for b in bufs.iter_mut() {
         let n = b.len().min(data.len());
         b[..n].copy_from_slice(&data[..n]);
@@ -67,10 +66,6 @@ fn scatter(mut data: &[u8], bufs: &mut [&mut [u8]]) {
             break;
         }
     }
-}
-
-fn gone(_: std::io::Error) -> c_int {
-    libc::EIO
 }
 
 /// What a blocking call waits for.
@@ -149,8 +144,17 @@ fn wait(sock: &Sock, want: Want, nonblock: bool, timeout_us: i64) -> Res<()> {
 
 /// Watch the socket's stack handle: readiness events make its descriptors
 /// readable in the kernel.
-fn watch(net: &Net, sock: &Arc<Sock>, r: SocketRef) {
-    let _ = net.watch(r, fd::watcher(sock));
+fn watch(acc: Access, sock: &Arc<Sock>, r: SocketRef) {
+    match acc {
+        Access::Local(net) => {
+            let _ = net.watch(r, fd::watcher(sock));
+        }
+        Access::Remote(c) => {
+            if let Some(fd) = sock.any_fd() {
+                c.watch(r, fd);
+            }
+        }
+    }
     // Whatever happened before the watch: let the next wait look.
     sock.notify();
 }
@@ -160,7 +164,7 @@ fn watch(net: &Net, sock: &Arc<Sock>, r: SocketRef) {
 /// `socket(AF_INET or AF_INET6 (v6), SOCK_STREAM | SOCK_DGRAM, ..)`: an
 /// eventfd names it.
 pub fn socket(stream: bool, v6: bool, nonblock: bool, cloexec: bool) -> Res<RawFd> {
-    net()?;
+    access()?;
     let flags = libc::EFD_NONBLOCK | if cloexec { libc::EFD_CLOEXEC } else { 0 };
     // SAFETY: eventfd with valid flags.
     let fd = unsafe { (real().eventfd)(0, flags) };
@@ -172,25 +176,32 @@ pub fn socket(stream: bool, v6: bool, nonblock: bool, cloexec: bool) -> Res<RawF
 }
 
 /// Our address: the stack's (for `INADDR_ANY` and getsockname).
-fn our_ip(net: &Net) -> Ipv4Addr {
-    net.peek_stack(|s| s.ip()).unwrap_or(Ipv4Addr::UNSPECIFIED)
+fn our_ip(acc: Access) -> Ipv4Addr {
+    acc.ip4()
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(Ipv4Addr::UNSPECIFIED)
 }
 
 /// Whether `ip` is one of the stack's addresses.
 pub fn owns(ip: IpAddr) -> bool {
-    net().is_ok_and(|net| net.peek_stack(|s| s.owns(ip)).unwrap_or(false))
+    access().is_ok_and(|acc| acc.owns(ip).ok().and_then(Result::ok).unwrap_or(false))
 }
 
 /// The stack's address a packet from `peer` was sent to (and ours to
 /// it): the IPv4 one, or the IPv6 one of the peer's scope.
 pub fn local_for(peer: IpAddr) -> IpAddr {
-    let Ok(net) = net() else {
+    let Ok(acc) = access() else {
         return peer;
     };
     match peer {
-        IpAddr::V4(_) => our_ip(net).into(),
+        IpAddr::V4(_) => our_ip(acc).into(),
         IpAddr::V6(p) => {
-            let addrs = net.peek_stack(|s| s.ipv6_addrs()).unwrap_or_default();
+            let addrs = acc
+                .ipv6_addrs()
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
             let pick = if p.is_unicast_link_local() {
                 addrs.first()
             } else {
@@ -232,7 +243,7 @@ fn reaches(sock: &Sock, peer: &SocketAddr) -> Res<()> {
     if peer.is_ipv4() && sock.v6 && family(sock) == Family::V6 {
         return Err(libc::ENETUNREACH);
     }
-    let v6_off = || net().is_ok_and(|n| !n.peek_stack(|s| s.ipv6_on()).unwrap_or(false));
+    let v6_off = || access().is_ok_and(|a| !a.ipv6_on().ok().and_then(Result::ok).unwrap_or(false));
     if peer.is_ipv6() && v6_off() {
         return Err(libc::EADDRNOTAVAIL);
     }
@@ -241,7 +252,7 @@ fn reaches(sock: &Sock, peer: &SocketAddr) -> Res<()> {
 
 /// `bind`.
 pub fn bind(sock: &Arc<Sock>, addr: SocketAddr) -> Res<()> {
-    let net = net()?;
+    let acc = access()?;
     let ip = addr.ip();
     if !ip.is_unspecified() && !ip.is_loopback() && !owns(ip) {
         return Err(libc::EADDRNOTAVAIL);
@@ -260,12 +271,8 @@ pub fn bind(sock: &Arc<Sock>, addr: SocketAddr) -> Res<()> {
         return Ok(());
     }
     let (reuse, fam) = (udp_reuse(sock), family(sock));
-    let bound = net
-        .with_stack(|s| {
-            let h = s.udp().bind_family(addr.port(), reuse, fam)?;
-            Ok::<_, StackError>((h, s.udp_ref().local_port(h)?))
-        })
-        .map_err(gone)
+    let bound = acc
+        .udp_bind(addr.port(), reuse, fam)
         .and_then(|r| r.map_err(errno_of));
     let (handle, port) = bound.inspect_err(|_| sock.opts.lock().bound = None)?;
     *kind = Kind::Dgram {
@@ -274,7 +281,7 @@ pub fn bind(sock: &Arc<Sock>, addr: SocketAddr) -> Res<()> {
         peer: None,
     };
     drop(kind);
-    watch(net, sock, SocketRef::Udp(handle));
+    watch(acc, sock, SocketRef::Udp(handle));
     Ok(())
 }
 
@@ -306,6 +313,7 @@ static LISTENING: Mutex<Option<HashMap<(u16, Family), Listening>>> = Mutex::new(
 /// told.
 fn listener_watcher(key: (u16, Family)) -> ustack_runtime::Watcher {
     Arc::new(move |_| {
+        let _gate = fd::fork_gate();
         let socks: Vec<Arc<Sock>> = LISTENING
             .lock()
             .as_ref()
@@ -320,7 +328,7 @@ fn listener_watcher(key: (u16, Family)) -> ustack_runtime::Watcher {
 
 /// Listen on `port` for `sock` in the stack, or join the listener there
 /// when both sides asked for `SO_REUSEPORT`; returns the stack's handle.
-fn listen_on(net: &Net, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<ListenHandle> {
+fn listen_on(acc: Access, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<ListenHandle> {
     let reuse_port = sock.opts.lock().reuse_port;
     let key = (port, family(sock));
     let mut guard = LISTENING.lock();
@@ -332,10 +340,7 @@ fn listen_on(net: &Net, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<List
         l.socks.push(Arc::downgrade(sock));
         return Ok(l.handle);
     }
-    let handle = net
-        .with_stack(|s| s.tcp().listen_family(port, backlog, key.1))
-        .map_err(gone)?
-        .map_err(errno_of)?;
+    let handle = acc.tcp_listen(port, backlog, key.1)?.map_err(errno_of)?;
     map.insert(
         key,
         Listening {
@@ -346,7 +351,12 @@ fn listen_on(net: &Net, sock: &Arc<Sock>, port: u16, backlog: usize) -> Res<List
         },
     );
     drop(guard);
-    let _ = net.watch(SocketRef::Listener(handle), listener_watcher(key));
+    match acc {
+        Access::Local(net) => {
+            let _ = net.watch(SocketRef::Listener(handle), listener_watcher(key));
+        }
+        Access::Remote(_) => watch(acc, sock, SocketRef::Listener(handle)),
+    }
     Ok(handle)
 }
 
@@ -375,7 +385,7 @@ fn leave_listener(sock: &Arc<Sock>, handle: ListenHandle) -> bool {
 /// it (same ports, same backlogs); inherited connections are the master's
 /// and are closed here.
 pub fn reopen_inherited() {
-    let Ok(net) = net() else { return };
+    let Ok(acc) = access() else { return };
     let old = LISTENING.lock().take().unwrap_or_default();
     let mut seen = std::collections::HashSet::new();
     for (_, sock) in fd::all() {
@@ -386,24 +396,23 @@ pub fn reopen_inherited() {
         match *kind {
             Kind::Listener { port, .. } => {
                 let backlog = old.get(&(port, family(&sock))).map_or(128, |l| l.backlog);
-                *kind = match listen_on(net, &sock, port, backlog) {
+                *kind = match listen_on(acc, &sock, port, backlog) {
                     Ok(handle) => Kind::Listener { handle, port },
                     Err(_) => Kind::Closed,
                 };
                 drop(kind);
                 sock.notify();
             }
-            Kind::Dgram { port, peer, .. } => match net.with_stack(|s| {
-                let h = s.udp().bind_family(port, udp_reuse(&sock), family(&sock))?;
-                s.udp().connect(h, peer).map(|()| h)
-            }) {
-                Ok(Ok(handle)) => {
-                    *kind = Kind::Dgram { handle, port, peer };
-                    drop(kind);
-                    watch(net, &sock, SocketRef::Udp(handle));
+            Kind::Dgram { port, peer, .. } => {
+                match acc.udp_rebind(port, udp_reuse(&sock), family(&sock), peer) {
+                    Ok(Ok(handle)) => {
+                        *kind = Kind::Dgram { handle, port, peer };
+                        drop(kind);
+                        watch(acc, &sock, SocketRef::Udp(handle));
+                    }
+                    _ => *kind = Kind::Closed,
                 }
-                _ => *kind = Kind::Closed,
-            },
+            }
             Kind::Stream { .. } => *kind = Kind::Closed,
             Kind::Fresh { .. } | Kind::Closed => {}
         }
@@ -412,7 +421,7 @@ pub fn reopen_inherited() {
 
 /// `listen`.
 pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
-    let net = net()?;
+    let acc = access()?;
     if !sock.stream {
         return Err(libc::EOPNOTSUPP);
     }
@@ -424,47 +433,34 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
     };
     let backlog = usize::try_from(backlog).unwrap_or(0).clamp(1, 4096);
     if port != 0 {
-        let handle = listen_on(net, sock, port, backlog)?;
+        let handle = listen_on(acc, sock, port, backlog)?;
         *kind = Kind::Listener { handle, port };
         drop(kind);
         sock.notify();
         return Ok(());
     }
     let fam = family(sock);
-    let handle = net
-        .with_stack(|s| {
-            // Port 0: the kernel would pick one.
-            (49_152..=u16::MAX)
-                .find_map(|p| s.tcp().listen_family(p, backlog, fam).ok().map(|h| (h, p)))
-                .ok_or(StackError::NoFreePort)
-        })
-        .map_err(gone)?
-        .map_err(errno_of)?;
+    // Port 0: the kernel would pick one.
+    let handle = acc.tcp_listen_any(backlog, fam)?.map_err(errno_of)?;
     *kind = Kind::Listener {
         handle: handle.0,
         port: handle.1,
     };
     drop(kind);
-    watch(net, sock, SocketRef::Listener(handle.0));
+    watch(acc, sock, SocketRef::Listener(handle.0));
     Ok(())
 }
 
 /// `accept4`: the new connection's descriptor and peer.
 pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd, SocketAddr)> {
-    let net = net()?;
+    let acc = access()?;
     let Kind::Listener { handle, .. } = *sock.kind.lock() else {
         return Err(libc::EINVAL);
     };
     let nonblock = sock.nonblocking.load(Ordering::Relaxed);
     let timeout = sock.opts.lock().rcvtimeo_us;
     loop {
-        let got = net
-            .with_stack(|s| {
-                let h = s.tcp().accept(handle)?;
-                Ok::<_, StackError>(h.and_then(|h| Some((h, s.tcp_ref().info(h)?.remote))))
-            })
-            .map_err(gone)?
-            .map_err(errno_of)?;
+        let got = acc.tcp_accept(handle)?.map_err(errno_of)?;
         // The stack's listener takes the socket's family only.
         if let Some((h, peer)) = got {
             let fd = socket(true, sock.v6, nonblock_new, cloexec)?;
@@ -486,7 +482,7 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
             if l.nodelay || l.keepalive || l.user_timeout_ms > 0 {
                 apply_tcp_opts(&new);
             }
-            watch(net, &new, SocketRef::Tcp(h));
+            watch(acc, &new, SocketRef::Tcp(h));
             return Ok((fd, peer));
         }
         wait(sock, Want::Read, nonblock, timeout)?;
@@ -495,10 +491,10 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
 
 /// `connect`.
 pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
-    let net = net()?;
+    let acc = access()?;
     reaches(sock, &remote)?;
     if !sock.stream {
-        return connect_dgram(net, sock, Some(remote));
+        return connect_dgram(acc, sock, Some(remote));
     }
     let nonblock = sock.nonblocking.load(Ordering::Relaxed);
     let handle = {
@@ -509,18 +505,11 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
                     return Err(libc::ECONNREFUSED);
                 }
                 // A port bound first is the connection's local port.
-                let now = net.now();
-                let h = net
-                    .with_stack(|s| match port {
-                        0 => s.tcp().connect(now, remote),
-                        p => s.tcp().connect_from(now, p, remote),
-                    })
-                    .map_err(gone)?
-                    .map_err(|e| match e {
-                        // The 4-tuple is taken: Linux's connect says so.
-                        StackError::AddrInUse => libc::EADDRNOTAVAIL,
-                        e => errno_of(e),
-                    })?;
+                let h = acc.tcp_connect(port, remote)?.map_err(|e| match e {
+                    // The 4-tuple is taken: Linux's connect says so.
+                    StackError::AddrInUse => libc::EADDRNOTAVAIL,
+                    e => errno_of(e),
+                })?;
                 *kind = Kind::Stream {
                     handle: h,
                     connecting: true,
@@ -528,7 +517,7 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
                 drop(kind);
                 // Options set before connect act on the connection now.
                 apply_tcp_opts(sock);
-                watch(net, sock, SocketRef::Tcp(h));
+                watch(acc, sock, SocketRef::Tcp(h));
                 if nonblock {
                     return Err(libc::EINPROGRESS);
                 }
@@ -542,7 +531,7 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
                 if nonblock {
                     // As Linux: 0 once the handshake completed (EISCONN
                     // after that), EALREADY while it is under way.
-                    return match finish_connect(net, sock, handle) {
+                    return match finish_connect(acc, sock, handle) {
                         Err(EAGAIN) => Err(libc::EALREADY),
                         r => r,
                     };
@@ -554,7 +543,7 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
         }
     };
     loop {
-        match finish_connect(net, sock, handle) {
+        match finish_connect(acc, sock, handle) {
             Err(EAGAIN) => {}
             r => return r,
         }
@@ -564,11 +553,8 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
 }
 
 /// Where a pending connect stands: done, failed (its errno), or EAGAIN.
-fn finish_connect(net: &Net, sock: &Sock, handle: ustack::socket::tcp::TcpHandle) -> Res<()> {
-    let st = net
-        .peek_stack(|s| s.tcp_ref().status(handle))
-        .map_err(gone)?
-        .map_err(errno_of)?;
+fn finish_connect(acc: Access, sock: &Sock, handle: ustack::socket::tcp::TcpHandle) -> Res<()> {
+    let st = acc.tcp_status(handle)?.map_err(errno_of)?;
     if let Some(e) = st.error {
         return Err(errno_of(StackError::Tcp(e)));
     }
@@ -587,37 +573,35 @@ fn finish_connect(net: &Net, sock: &Sock, handle: ustack::socket::tcp::TcpHandle
 /// The socket's kind, a pending connect settled first: a non-blocking
 /// connect the program followed with poll (not a second connect) is
 /// connected once the stack says so.
-fn current_kind(net: &Net, sock: &Sock) -> Kind {
+fn current_kind(acc: Access, sock: &Sock) -> Kind {
     let kind = *sock.kind.lock();
     if let Kind::Stream {
         handle,
         connecting: true,
     } = kind
     {
-        let _ = finish_connect(net, sock, handle);
+        let _ = finish_connect(acc, sock, handle);
         return *sock.kind.lock();
     }
     kind
 }
 
 /// A UDP socket's default peer (None: dissolve the association).
-fn connect_dgram(net: &Net, sock: &Arc<Sock>, peer: Option<SocketAddr>) -> Res<()> {
-    ensure_dgram(net, sock)?;
+fn connect_dgram(acc: Access, sock: &Arc<Sock>, peer: Option<SocketAddr>) -> Res<()> {
+    ensure_dgram(acc, sock)?;
     if let Kind::Dgram {
         peer: p, handle, ..
     } = &mut *sock.kind.lock()
     {
         // Only the peer's datagrams from now on, as Linux's lookup does.
-        net.with_stack(|s| s.udp().connect(*handle, peer))
-            .map_err(gone)?
-            .map_err(errno_of)?;
+        acc.udp_connect(*handle, peer)?.map_err(errno_of)?;
         *p = peer;
     }
     Ok(())
 }
 
 /// Bind a fresh UDP socket to an ephemeral port (before its first send).
-fn ensure_dgram(net: &Net, sock: &Arc<Sock>) -> Res<()> {
+fn ensure_dgram(acc: Access, sock: &Arc<Sock>) -> Res<()> {
     if matches!(*sock.kind.lock(), Kind::Dgram { .. }) {
         return Ok(());
     }
@@ -626,7 +610,7 @@ fn ensure_dgram(net: &Net, sock: &Arc<Sock>) -> Res<()> {
         if matches!(*sock.kind.lock(), Kind::Dgram { .. }) {
             Ok(())
         } else {
-            let _ = net;
+            let _ = acc;
             Err(e)
         }
     })
@@ -642,8 +626,8 @@ pub fn take_error(sock: &Sock) -> c_int {
     let Kind::Stream { handle, .. } = *sock.kind.lock() else {
         return 0;
     };
-    let Ok(net) = net() else { return libc::EIO };
-    match net.peek_stack(|s| s.tcp_ref().status(handle)) {
+    let Ok(acc) = access() else { return libc::EIO };
+    match acc.tcp_status(handle) {
         Ok(Ok(st)) => match st.error.map(StackError::Tcp) {
             Some(e) if first_report(sock, &e) => errno_of(e),
             _ => 0,
@@ -675,42 +659,23 @@ pub struct Received {
 
 /// `recv`/`recvfrom`/`read` into the buffers `bufs` (scatter).
 pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<Received> {
-    let net = net()?;
+    let acc = access()?;
     let nonblock = flags.dontwait || sock.nonblocking.load(Ordering::Relaxed);
     let timeout = sock.opts.lock().rcvtimeo_us;
     let want: usize = bufs.iter().map(|b| b.len()).sum();
     loop {
-        let kind = current_kind(net, sock);
+        let kind = current_kind(acc, sock);
         match kind {
             Kind::Stream {
                 handle,
                 connecting: false,
             } => {
                 let r = if flags.peek {
-                    net.peek_stack(|s| {
-                        let mut copy = vec![0; want];
-                        let got = s.tcp_ref().peek(handle, &mut copy)?;
-                        scatter(&copy[..got], bufs);
-                        Ok((got, s.tcp_ref().status(handle).ok()))
-                    })
+                    acc.tcp_peek_into(handle, bufs)
                 } else {
-                    net.with_stack(|s| {
-                        let mut got = 0;
-                        for b in bufs.iter_mut() {
-                            let n = match s.tcp().recv(handle, b) {
-                                Ok(n) => n,
-                                Err(e) if got == 0 => return Err(e),
-                                Err(_) => 0,
-                            };
-                            got += n;
-                            if n < b.len() {
-                                break;
-                            }
-                        }
-                        Ok((got, s.tcp_ref().status(handle).ok()))
-                    })
+                    acc.tcp_recv_into(handle, bufs)
                 };
-                let (got, st) = match r.map_err(gone)? {
+                let (got, st) = match r? {
                     Ok(v) => v,
                     // An error is reported once; then the stream has ended.
                     Err(e) if first_report(sock, &e) => return Err(errno_of(e)),
@@ -787,13 +752,9 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                     Some(b) => b,
                     None => &mut first,
                 };
-                let got = if flags.peek {
-                    net.peek_stack(|s| s.udp_ref().peek_from(handle, buf))
-                } else {
-                    net.with_stack(|s| s.udp().recv_from(handle, buf))
-                }
-                .map_err(gone)?
-                .map_err(errno_of)?;
+                let got = acc
+                    .udp_recv_into(handle, buf, flags.peek)?
+                    .map_err(errno_of)?;
                 // The stack's socket takes the socket's family only.
                 if let Some((full, from)) = got {
                     return Ok(Received {
@@ -820,7 +781,7 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
                 if nonblock {
                     return Err(EAGAIN);
                 }
-                ensure_dgram(net, sock)?;
+                ensure_dgram(acc, sock)?;
                 continue;
             }
             Kind::Closed => return Err(libc::EBADF),
@@ -838,12 +799,12 @@ pub fn send(
     to: Option<SocketAddr>,
     dontwait: bool,
 ) -> Res<usize> {
-    let net = net()?;
+    let acc = access()?;
     let nonblock = dontwait || sock.nonblocking.load(Ordering::Relaxed);
     let timeout = sock.opts.lock().sndtimeo_us;
     let total: usize = bufs.iter().map(|b| b.len()).sum();
     if sock.stream {
-        let handle = match current_kind(net, sock) {
+        let handle = match current_kind(acc, sock) {
             Kind::Stream {
                 handle,
                 connecting: false,
@@ -858,25 +819,7 @@ pub fn send(
         };
         let mut sent = 0;
         loop {
-            let r = net
-                .with_stack(|s| {
-                    let mut n = 0;
-                    let mut skip = sent;
-                    for b in bufs {
-                        if skip >= b.len() {
-                            skip -= b.len();
-                            continue;
-                        }
-                        let k = s.tcp().send(handle, &b[skip..])?;
-                        skip = 0;
-                        n += k;
-                        if k < b.len() {
-                            break;
-                        }
-                    }
-                    Ok(n)
-                })
-                .map_err(gone)?;
+            let r = acc.tcp_send_from(handle, bufs, sent)?;
             match r {
                 Ok(n) => sent += n,
                 // An error is reported once (by a send or a receive); after
@@ -896,7 +839,7 @@ pub fn send(
         }
     }
     // UDP: one datagram of everything.
-    ensure_dgram(net, sock)?;
+    ensure_dgram(acc, sock)?;
     let Kind::Dgram { handle, peer, .. } = *sock.kind.lock() else {
         return Err(libc::EBADF);
     };
@@ -907,9 +850,7 @@ pub fn send(
     reaches(sock, &dst)?;
     let data: Vec<u8> = bufs.concat();
     loop {
-        let r = net
-            .with_stack(|s| s.udp().send_to(handle, dst, &data))
-            .map_err(gone)?;
+        let r = acc.udp_send_to(handle, dst, &data)?;
         match r {
             Ok(()) => return Ok(data.len()),
             Err(StackError::QueueFull) => wait(sock, Want::Write, nonblock, timeout)?,
@@ -920,24 +861,10 @@ pub fn send(
 
 /// Bytes a `FIONREAD` reports: readable bytes, or the next datagram's length.
 pub fn readable_bytes(sock: &Sock) -> Res<usize> {
-    let net = net()?;
+    let acc = access()?;
     Ok(match *sock.kind.lock() {
-        Kind::Stream { handle, .. } => net
-            .peek_stack(|s| {
-                s.tcp_ref()
-                    .status(handle)
-                    .map(|st| st.readable)
-                    .unwrap_or(0)
-            })
-            .map_err(gone)?,
-        Kind::Dgram { handle, .. } => net
-            .peek_stack(|s| {
-                s.udp_ref()
-                    .pending(handle)
-                    .map(|p| p.1.unwrap_or(0))
-                    .unwrap_or(0)
-            })
-            .map_err(gone)?,
+        Kind::Stream { handle, .. } => acc.tcp_status(handle)?.map_or(0, |st| st.readable),
+        Kind::Dgram { handle, .. } => acc.udp_pending(handle)?.map_or(0, |p| p.1.unwrap_or(0)),
         _ => 0,
     })
 }
@@ -947,7 +874,7 @@ pub fn readable_bytes(sock: &Sock) -> Res<usize> {
 /// Linux: data arriving later is still taken, not read). A connected UDP
 /// socket is shut the same way (later sends: EPIPE).
 pub fn shutdown(sock: &Sock, how: c_int) -> Res<()> {
-    let net = net()?;
+    let acc = access()?;
     if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
         return Err(libc::EINVAL);
     }
@@ -957,9 +884,7 @@ pub fn shutdown(sock: &Sock, how: c_int) -> Res<()> {
     match kind {
         Kind::Stream { handle, .. } => {
             if wr {
-                net.with_stack(|s| s.tcp().shutdown(handle))
-                    .map_err(gone)?
-                    .map_err(errno_of)?;
+                acc.tcp_shutdown(handle)?.map_err(errno_of)?;
             }
         }
         Kind::Dgram { peer: Some(_), .. } => {}
@@ -1047,6 +972,11 @@ pub fn close(fd: RawFd) -> bool {
         unsafe { (crate::real::real().close)(fd) };
         return true;
     }
+    if crate::share::server::held_by_clients(&sock) && sock.keep_last_fd(fd) {
+        // A process forked from this one holds it still: it stays open.
+        crate::share::server::keep_for_clients(&sock, *sock.kind.lock());
+        return true;
+    }
     if sock.close_fd(fd) {
         close_in_stack(&sock);
     }
@@ -1056,50 +986,43 @@ pub fn close(fd: RawFd) -> bool {
 /// The socket's last descriptor is gone: close it in the stack (FIN, or
 /// RST with `SO_LINGER` 0; a listener leaves the port).
 pub fn close_in_stack(sock: &Arc<Sock>) {
+    let Ok(acc) = access() else { return };
+    if matches!(acc, Access::Local(_))
+        && crate::share::server::keep_for_clients(sock, *sock.kind.lock())
+    {
+        // A process forked from this one still holds it.
+        return;
+    }
+    if let Some((r, linger0)) = detach(sock) {
+        acc.close_ref(r, linger0);
+    }
+}
+
+/// Mark the socket closed here: the stack handle to close (none for a
+/// listener other sockets share with `SO_REUSEPORT`, which stays theirs)
+/// and whether `SO_LINGER` 0 asks for an abort. Touches the socket's
+/// locks only, never the stack's.
+pub fn detach(sock: &Arc<Sock>) -> Option<(SocketRef, bool)> {
     let kind = std::mem::replace(&mut *sock.kind.lock(), Kind::Closed);
-    let Ok(net) = net() else { return };
-    // A listener other sockets share (SO_REUSEPORT) stays theirs.
     let kind = match kind {
         Kind::Listener { handle, .. } if !leave_listener(sock, handle) => Kind::Closed,
         k => k,
     };
     let linger0 = sock.opts.lock().linger == Some(0);
-    let now = net.now();
-    let _ = net.with_stack(|s| match kind {
-        Kind::Stream { handle, .. } if linger0 => {
-            let _ = s.tcp().abort(handle);
-        }
-        Kind::Stream { handle, .. } => {
-            let _ = s.tcp().close(now, handle);
-        }
-        Kind::Listener { handle, .. } => s.tcp().unlisten(handle),
-        Kind::Dgram { handle, .. } => {
-            let _ = s.udp().close(handle);
-        }
-        Kind::Fresh { .. } | Kind::Closed => {}
-    });
-    let r = match kind {
-        Kind::Stream { handle, .. } => Some(SocketRef::Tcp(handle)),
-        Kind::Listener { handle, .. } => Some(SocketRef::Listener(handle)),
-        Kind::Dgram { handle, .. } => Some(SocketRef::Udp(handle)),
-        _ => None,
-    };
-    if let Some(r) = r {
-        net.unwatch(r);
-    }
+    crate::share::server::socket_ref(kind).map(|r| (r, linger0))
 }
 
 /// Our end: (address, port). A wildcard-bound socket gives the wildcard
 /// of its family, except an `AF_INET` listener or UDP socket, which gives
 /// the stack's address (what programs that ask want to know).
 pub fn local_addr(sock: &Sock) -> Res<SocketAddr> {
-    let net = net()?;
+    let acc = access()?;
     let bound = sock.opts.lock().bound;
     let wild = || {
         bound.unwrap_or(if sock.v6 {
             unspecified(sock)
         } else {
-            our_ip(net).into()
+            our_ip(acc).into()
         })
     };
     Ok(match *sock.kind.lock() {
@@ -1112,24 +1035,29 @@ pub fn local_addr(sock: &Sock) -> Res<SocketAddr> {
             };
             SocketAddr::new(ip, port)
         }
-        Kind::Stream { handle, .. } => net
-            .peek_stack(|s| s.tcp_ref().info(handle).map(|i| i.local))
-            .map_err(gone)?
-            .ok_or(libc::ENOTCONN)?,
+        Kind::Stream { handle, .. } => {
+            acc.tcp_ends(handle)?
+                .ok()
+                .flatten()
+                .ok_or(libc::ENOTCONN)?
+                .0
+        }
         Kind::Closed => return Err(libc::EBADF),
     })
 }
 
 /// The peer's end.
 pub fn peer_addr(sock: &Sock) -> Res<SocketAddr> {
-    let net = net()?;
-    match current_kind(net, sock) {
+    let acc = access()?;
+    match current_kind(acc, sock) {
         Kind::Stream {
             handle,
             connecting: false,
-        } => net
-            .peek_stack(|s| s.tcp_ref().info(handle).map(|i| i.remote))
-            .map_err(gone)?
+        } => acc
+            .tcp_ends(handle)?
+            .ok()
+            .flatten()
+            .map(|e| e.1)
             .ok_or(libc::ENOTCONN),
         Kind::Dgram { peer: Some(p), .. } => Ok(p),
         _ => Err(libc::ENOTCONN),
@@ -1138,24 +1066,16 @@ pub fn peer_addr(sock: &Sock) -> Res<SocketAddr> {
 
 /// Apply TCP_NODELAY / TCP_CORK to the connection (now or once it exists).
 pub fn apply_tcp_opts(sock: &Sock) {
-    let Ok(net) = net() else { return };
+    let Ok(acc) = access() else { return };
     let Kind::Stream { handle, .. } = *sock.kind.lock() else {
         return;
     };
     let o = *sock.opts.lock();
-    let now = net.now();
-    let _ = net.with_stack(|s| {
-        let _ = s.tcp().set_nodelay(handle, o.nodelay);
-        let _ = s.tcp().set_cork(handle, o.cork);
-        let _ = s.tcp().set_keepalive(now, handle, keepalive_of(&o));
-        let _ = s.tcp().set_user_timeout(
-            handle,
-            u64::try_from(o.user_timeout_ms)
-                .ok()
-                .filter(|&ms| ms > 0)
-                .map(Duration::from_millis),
-        );
-    });
+    let user_timeout = u64::try_from(o.user_timeout_ms)
+        .ok()
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis);
+    let _ = acc.tcp_opts(handle, o.nodelay, o.cork, keepalive_of(&o), user_timeout);
 }
 
 /// `SO_KEEPALIVE` with the `TCP_KEEP*` timings (Linux's defaults where
@@ -1179,8 +1099,12 @@ fn keepalive_of(o: &fd::Opts) -> Option<ustack::socket::tcp::KeepAlive> {
 }
 
 /// The connection's state for TCP_INFO.
+/// (None in a process that shares another's stack: the state stays the
+/// owner's.)
 pub fn tcp_info(sock: &Sock) -> Option<ustack::socket::tcp::ConnInfo> {
-    let net = net().ok()?;
+    let Ok(Access::Local(net)) = access() else {
+        return None;
+    };
     let Kind::Stream { handle, .. } = *sock.kind.lock() else {
         return None;
     };

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use ustack_runtime::{Net, Runtime};
 
-use crate::real::Res;
-
 /// Who keeps the stack when the program forks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForkMode {
@@ -76,13 +74,7 @@ pub fn state() -> Option<&'static State> {
 
 /// Whether this process's ustack sockets belong to another process's stack.
 pub fn forked() -> bool {
-    DETACHED.load(Ordering::Relaxed) && WORKER.get().is_none()
-}
-
-/// The running stack's handle, or EBADF (a ustack socket exists only
-/// while this process runs the stack).
-pub fn net() -> Res<&'static Net> {
-    state().map(|s| &s.net).ok_or(libc::EBADF)
+    DETACHED.load(Ordering::Relaxed) && WORKER.get().is_none() && !crate::share::is_client()
 }
 
 /// Run to completion: ask `ready` (which drives the stack once, see

@@ -48,7 +48,7 @@ pub enum Error {
 }
 
 /// Why a connection ended abnormally.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, thiserror::Error)]
 pub enum ConnError {
     /// The peer answered our SYN with a RST (nothing listens there), or
     /// reset the connection before the handshake completed.

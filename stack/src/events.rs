@@ -12,10 +12,11 @@
 //! queues never hold more entries than there are sockets, whether anyone
 //! drains them or not.
 
+use serde::{Deserialize, Serialize};
 use std::ops::{BitOr, BitOrAssign};
 
 /// The socket an [`Event`] is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum SocketRef {
     /// A TCP connection.
     Tcp(TcpHandle),
@@ -113,14 +114,14 @@ impl Pending {
 
 /// A connection handle: a slot and the generation that owned it, so a stale
 /// handle to a reused slot is refused rather than aliasing a new connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TcpHandle {
     pub(crate) slot: u32,
     pub(crate) generation: u32,
 }
 
 /// A listening socket: its port and the family of peers it takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ListenHandle {
     pub(crate) port: u16,
     pub(crate) family: Family,
@@ -142,7 +143,7 @@ impl ListenHandle {
 /// (as an `AF_INET6` socket with `IPV6_V6ONLY` off, Linux's default, and
 /// the engine's), or one. Sockets of families that do not overlap share
 /// a port (an `AF_INET` listener and an `IPV6_V6ONLY` one on port 80).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Family {
     /// IPv4 and IPv6 peers.
     #[default]

@@ -21,7 +21,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         let stream = base == libc::SOCK_STREAM && (protocol == 0 || protocol == libc::IPPROTO_TCP);
         let dgram = base == libc::SOCK_DGRAM && (protocol == 0 || protocol == libc::IPPROTO_UDP);
         // The first such socket of the program starts the stack.
-        if (stream || dgram) && crate::lifecycle::start_for_socket().is_some() {
+        if (stream || dgram) && crate::lifecycle::start_for_socket() {
             let nb = ty & libc::SOCK_NONBLOCK != 0;
             let cx = ty & libc::SOCK_CLOEXEC != 0;
             let v6 = domain == libc::AF_INET6;

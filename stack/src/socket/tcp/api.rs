@@ -11,7 +11,7 @@ use crate::shard::ShardId;
 use crate::time::Instant;
 
 /// What an app polls for: readiness and end of stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TcpStatus {
     /// RFC 9293 state.
     pub state: State,

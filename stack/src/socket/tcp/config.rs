@@ -106,7 +106,7 @@ impl Default for TcpConfig {
 /// empty segment one byte before `SND.UNA`, which draws an ACK) every
 /// `interval`; once `count` probes went unanswered the connection is reset
 /// and fails with `TimedOut`. Off by default, as on Linux (`SO_KEEPALIVE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeepAlive {
     /// Idle time before the first probe (Linux: `TCP_KEEPIDLE`, 7200 s).
     pub idle: Duration,

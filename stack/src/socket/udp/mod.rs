@@ -41,7 +41,7 @@ type Datagrams = VecDeque<(SocketAddr, Vec<u8>)>;
 /// How a UDP socket shares its port with others (`SO_REUSEADDR`,
 /// `SO_REUSEPORT`): a port takes another socket when every socket on it,
 /// and the new one, asked for the same kind of sharing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UdpReuse {
     /// `SO_REUSEADDR`: datagrams go to a connected socket whose peer sent
     /// them, else to the socket bound last.

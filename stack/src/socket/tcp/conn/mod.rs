@@ -44,7 +44,7 @@ use timers::TimerTable;
 use tuning::RcvTune;
 
 /// RFC 9293 connection states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub enum State {
     /// No connection: never opened, or ended (closed, reset, timed out).
     Closed,

@@ -1,0 +1,341 @@
+//! The owner's side: one thread answers every client's channel, and the
+//! count of which sockets the clients hold.
+//!
+//! A socket stays in the stack while the owner or any client holds it. The
+//! owner's close of a socket a client still holds keeps it (and its
+//! watcher) here; the last client's release closes it then. A client whose
+//! channel hangs up (it exited, or was killed) releases everything it held
+//! at once.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ustack::events::SocketRef;
+use ustack_runtime::Net;
+
+use super::chan;
+use super::{Op, WireErr, run_op};
+use crate::fd::{Kind, Sock};
+use crate::real::{Res, errno, real};
+
+/// A socket clients hold.
+#[derive(Debug, Default)]
+struct Held {
+    /// How many clients hold it.
+    clients: usize,
+    /// The owner held it when a client came to hold it (at a fork).
+    owner_had: bool,
+    /// The owner closed its last descriptor meanwhile: its socket, kept
+    /// (its watcher writes the clients' eventfd too: the same object).
+    stash: Option<Arc<Sock>>,
+    /// The owner's copy of the eventfd of a socket a client made (its
+    /// watcher writes it).
+    eventfd: Option<RawFd>,
+}
+
+/// The server's state.
+#[derive(Debug, Default)]
+struct Server {
+    /// The epoll descriptor the thread waits on (-1: not started).
+    epfd: RawFd,
+    /// Each client's channel and the sockets it holds.
+    clients: HashMap<RawFd, HashSet<SocketRef>>,
+    held: HashMap<SocketRef, Held>,
+}
+
+static SERVER: Mutex<Option<Server>> = Mutex::new(None);
+
+fn server() -> std::sync::MutexGuard<'static, Option<Server>> {
+    SERVER.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The stack handle a socket of this kind holds.
+pub fn socket_ref(kind: Kind) -> Option<SocketRef> {
+    match kind {
+        Kind::Stream { handle, .. } => Some(SocketRef::Tcp(handle)),
+        Kind::Listener { handle, .. } => Some(SocketRef::Listener(handle)),
+        Kind::Dgram { handle, .. } => Some(SocketRef::Udp(handle)),
+        Kind::Fresh { .. } | Kind::Closed => None,
+    }
+}
+
+/// Register a forked child's channel (the owner's end `chan`): it holds
+/// every socket the owner holds now. Starts the server at the first fork.
+pub fn add_child(net: &'static Net, chan: RawFd) -> Res<()> {
+    let mine: HashSet<SocketRef> = crate::fd::all()
+        .into_iter()
+        .filter_map(|(_, s)| socket_ref(*s.kind.lock()))
+        .collect();
+    let mut g = server();
+    let srv = g.get_or_insert_with(|| Server {
+        epfd: -1,
+        ..Server::default()
+    });
+    if srv.epfd < 0 {
+        // SAFETY: epoll_create1 with a valid flag.
+        let ep = unsafe { (real().epoll_create1)(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(errno());
+        }
+        srv.epfd = ep;
+        crate::own::record(ep);
+        std::thread::Builder::new()
+            .name("ustack-share".into())
+            .spawn(move || serve(net, ep))
+            .map_err(|_| libc::EAGAIN)?;
+        crate::fd::set_shared();
+    }
+    for r in &mine {
+        let h = srv.held.entry(*r).or_default();
+        h.clients += 1;
+        h.owner_had = true;
+    }
+    add_channel(srv, chan, mine)
+}
+
+/// Watch a new client channel.
+fn add_channel(srv: &mut Server, chan: RawFd, holds: HashSet<SocketRef>) -> Res<()> {
+    crate::own::record(chan);
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+        u64: chan as u64,
+    };
+    // SAFETY: a valid epoll descriptor, channel and event.
+    if unsafe { (real().epoll_ctl)(srv.epfd, libc::EPOLL_CTL_ADD, chan, &mut ev) } < 0 {
+        return Err(errno());
+    }
+    srv.clients.insert(chan, holds);
+    Ok(())
+}
+
+/// Whether a client holds `sock` (the owner's).
+pub fn held_by_clients(sock: &Sock) -> bool {
+    let Some(r) = socket_ref(*sock.kind.lock()) else {
+        return false;
+    };
+    server()
+        .as_ref()
+        .and_then(|s| s.held.get(&r))
+        .is_some_and(|h| h.clients > 0)
+}
+
+/// The owner closes its last descriptor of `sock`: true when a client
+/// still holds it (then it is kept here, open in the stack, until the last
+/// client lets it go).
+pub fn keep_for_clients(sock: &Arc<Sock>, kind: Kind) -> bool {
+    let Some(r) = socket_ref(kind) else {
+        return false;
+    };
+    let mut g = server();
+    let Some(h) = g.as_mut().and_then(|s| s.held.get_mut(&r)) else {
+        return false;
+    };
+    if h.clients == 0 {
+        return false;
+    }
+    h.stash = Some(sock.clone());
+    true
+}
+
+/// What to do once a socket has no holder left.
+enum Closing {
+    /// Close the owner's kept socket as its own close would have.
+    Stashed(Arc<Sock>),
+    /// Close a socket a client made, by its stack handle.
+    Made(SocketRef, bool, Option<RawFd>),
+}
+
+/// A client lets go of `r`: what to close, when it was the last holder
+/// and the owner no longer holds it.
+fn release(srv: &mut Server, r: SocketRef, linger0: bool) -> Option<Closing> {
+    let h = srv.held.get_mut(&r)?;
+    h.clients = h.clients.saturating_sub(1);
+    if h.clients > 0 {
+        return None;
+    }
+    let h = srv.held.remove(&r)?;
+    match (h.stash, h.owner_had) {
+        (Some(s), _) => Some(Closing::Stashed(s)),
+        // The owner still holds it: its own close closes it.
+        (None, true) => None,
+        (None, false) => Some(Closing::Made(r, linger0, h.eventfd)),
+    }
+}
+
+fn close(net: &'static Net, c: Closing) {
+    match c {
+        Closing::Stashed(s) => {
+            // The socket's locks under the fork gate, the stack's outside
+            // it (the loop may wait for the gate while it holds the stack).
+            let detached = {
+                let _gate = crate::fd::fork_gate();
+                crate::sock::detach(&s)
+            };
+            if let Some((r, linger0)) = detached {
+                super::Access::Local(net).close_ref(r, linger0);
+            }
+            let _gate = crate::fd::fork_gate();
+            s.close_kept();
+        }
+        Closing::Made(r, linger0, eventfd) => {
+            super::Access::Local(net).close_ref(r, linger0);
+            if let Some(fd) = eventfd {
+                crate::own::forget(fd);
+                chan::close(fd);
+            }
+        }
+    }
+}
+
+/// A client's channel hung up: it holds nothing any more.
+fn drop_client(net: &'static Net, chan: RawFd) {
+    let closing: Vec<Closing> = {
+        let mut g = server();
+        let Some(srv) = g.as_mut() else { return };
+        let holds = srv.clients.remove(&chan).unwrap_or_default();
+        // SAFETY: removing a descriptor from our epoll set.
+        unsafe { (real().epoll_ctl)(srv.epfd, libc::EPOLL_CTL_DEL, chan, std::ptr::null_mut()) };
+        holds
+            .into_iter()
+            .filter_map(|r| release(srv, r, false))
+            .collect()
+    };
+    crate::own::forget(chan);
+    chan::close(chan);
+    for c in closing {
+        close(net, c);
+    }
+}
+
+/// An eventfd writer for the loop: the owner's copy of a client's socket.
+fn eventfd_watcher(fd: RawFd) -> ustack_runtime::Watcher {
+    Arc::new(move |_| {
+        let one: u64 = 1;
+        // SAFETY: the owner's copy of the eventfd, open until the socket
+        // is released (then unwatched before it closes).
+        unsafe { (real().write)(fd, (&one as *const u64).cast(), 8) };
+    })
+}
+
+/// Answer one call on `chan`: the answer, or None when the client is gone.
+fn answer(net: &'static Net, chan: RawFd, op: Op, fd: Option<RawFd>) -> Vec<u8> {
+    let ok =
+        || postcard::to_stdvec(&Ok::<Result<(), WireErr>, WireErr>(Ok(()))).unwrap_or_default();
+    match op {
+        Op::watch { r } => {
+            if let Some(fd) = fd {
+                crate::own::record(fd);
+                let _ = net.watch(r, eventfd_watcher(fd));
+                let mut g = server();
+                if let Some(srv) = g.as_mut() {
+                    srv.clients.entry(chan).or_default().insert(r);
+                    let h = srv.held.entry(r).or_default();
+                    h.clients += 1;
+                    h.eventfd = Some(fd);
+                }
+            }
+            ok()
+        }
+        Op::release { r, linger0 } => {
+            let c = {
+                let mut g = server();
+                g.as_mut().and_then(|srv| {
+                    let held = srv.clients.get_mut(&chan).is_some_and(|h| h.remove(&r));
+                    if held { release(srv, r, linger0) } else { None }
+                })
+            };
+            if let Some(c) = c {
+                close(net, c);
+            }
+            ok()
+        }
+        Op::fork {} => {
+            if let Some(child) = fd {
+                let mut g = server();
+                if let Some(srv) = g.as_mut() {
+                    let holds = srv.clients.get(&chan).cloned().unwrap_or_default();
+                    for r in &holds {
+                        srv.held.entry(*r).or_default().clients += 1;
+                    }
+                    if add_channel(srv, child, holds).is_err() {
+                        chan::close(child);
+                    }
+                }
+            }
+            ok()
+        }
+        op => {
+            if let Some(x) = fd {
+                chan::close(x);
+            }
+            run_op(net, op).unwrap_or_default()
+        }
+    }
+}
+
+/// The server thread: wait on every channel, answer each call at once.
+fn serve(net: &'static Net, epfd: RawFd) {
+    let mut buf = vec![0u8; chan::MAX_MSG];
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+    loop {
+        // SAFETY: a valid epoll descriptor and event array.
+        let n = unsafe {
+            (real().epoll_pwait)(
+                epfd,
+                events.as_mut_ptr(),
+                events.len() as i32,
+                -1,
+                std::ptr::null(),
+            )
+        };
+        if n < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        for ev in &events[..n as usize] {
+            let ch = ev.u64 as RawFd;
+            let got = chan::recv(ch, &mut buf);
+            let (len, fd) = match got {
+                Ok((len, fd)) if len > 0 => (len, fd),
+                _ => {
+                    drop_client(net, ch);
+                    continue;
+                }
+            };
+            let reply = match postcard::from_bytes::<Op>(&buf[..len]) {
+                Ok(op) => answer(net, ch, op, fd),
+                Err(_) => {
+                    postcard::to_stdvec(&Err::<(), WireErr>(WireErr::Other)).unwrap_or_default()
+                }
+            };
+            if chan::send(ch, &reply, None).is_err() {
+                drop_client(net, ch);
+            }
+        }
+    }
+}
+
+/// In a child just forked from the owner: the server's descriptors are
+/// the owner's; close this copy of them (when no thread of the owner held
+/// the server's state at the fork; else leave them, harmless).
+pub fn forget_after_fork() {
+    let Ok(mut g) = SERVER.try_lock() else {
+        return;
+    };
+    if let Some(srv) = g.take() {
+        for ch in srv.clients.keys() {
+            chan::close(*ch);
+        }
+        for h in srv.held.values() {
+            if let Some(fd) = h.eventfd {
+                chan::close(fd);
+            }
+        }
+        if srv.epfd >= 0 {
+            chan::close(srv.epfd);
+        }
+    }
+}
