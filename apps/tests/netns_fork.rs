@@ -1,0 +1,266 @@
+//! One stack shared by a program and the processes it forks, under
+//! `ustack exec`: a forking server's children serve the connections their
+//! parent accepted, children open sockets of their own on the stack, a
+//! child killed with SIGKILL in the middle of its work leaves the others
+//! running and its connection closed as the kernel would close it, and a
+//! thousand children come and go without a socket or a buffer left behind.
+//! The stack runs as 10.77.0.2, Linux as 10.77.0.1, in namespaces the test
+//! makes and removes. Needs root; the all-features build runs it.
+#![cfg(feature = "pcap")]
+
+#[macro_use]
+mod common;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::lab::*;
+use common::{pools_in_use, telemetry};
+
+/// One test at a time: each loads the machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const PORT: u16 = 7440;
+
+/// A forking TCP server (Python's `socketserver.ForkingMixIn`: the parent
+/// accepts, a child per connection serves it, the parent closes its copy).
+/// A child echoes what it reads until end of stream; one whose first line
+/// is `KILL` sends 50,000 bytes and kills itself with SIGKILL; one whose
+/// first line is `UP HOST PORT` opens a connection of its own to HOST:PORT
+/// and relays both ways. Exits 0 on SIGTERM.
+const SERVER: &str = r#"
+import os, signal, socket, socketserver, sys, threading
+class H(socketserver.BaseRequestHandler):
+    def handle(self):
+        s = self.request
+        first = s.recv(65536)
+        if first.startswith(b"KILL"):
+            s.sendall(b"k" * 50000)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if first.startswith(b"UP "):
+            _, host, port = first.split()[:3]
+            up = socket.create_connection((host.decode(), int(port)))
+            def back():
+                while True:
+                    d = up.recv(65536)
+                    if not d: break
+                    s.sendall(d)
+                s.shutdown(socket.SHUT_WR)
+            t = threading.Thread(target=back); t.start()
+            while True:
+                d = s.recv(65536)
+                if not d: break
+                up.sendall(d)
+            up.shutdown(socket.SHUT_WR); t.join(); up.close()
+            return
+        d = first
+        while d:
+            s.sendall(d)
+            d = s.recv(65536)
+class S(socketserver.ForkingMixIn, socketserver.TCPServer):
+    allow_reuse_address = True
+    request_queue_size = 64
+srv = S(("0.0.0.0", int(sys.argv[1])), H)
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+print("listening", flush=True)
+srv.serve_forever()
+"#;
+
+/// The Linux side: `K` connections at once to HOST:PORT, each sending
+/// `N` random bytes (after an optional first line) and reading the echo;
+/// prints a JSON object: how many came back byte-exact, and for a `KILL`
+/// connection the bytes it got before end of stream and how it ended.
+const CLIENT: &str = r#"
+import json, os, socket, sys, threading
+host, port, n, k, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+out = {"exact": 0, "conns": k}
+lock = threading.Lock()
+def echo(i):
+    data = os.urandom(n)
+    s = socket.create_connection((host, port), timeout=30)
+    got = bytearray()
+    def rd():
+        while len(got) < n:
+            d = s.recv(65536)
+            if not d: break
+            got.extend(d)
+    t = threading.Thread(target=rd); t.start()
+    s.sendall(data); t.join(); s.close()
+    with lock:
+        out["exact"] += data == bytes(got)
+def killed():
+    s = socket.create_connection((host, port), timeout=30)
+    s.sendall(b"KILL\n")
+    got, end = 0, "eof"
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d: break
+            got += len(d)
+    except ConnectionResetError:
+        end = "reset"
+    except socket.timeout:
+        end = "timeout"
+    out["killed_got"], out["killed_end"] = got, end
+ts = [threading.Thread(target=echo, args=(i,)) for i in range(k)]
+if mode == "kill":
+    ts.append(threading.Thread(target=killed))
+[t.start() for t in ts]; [t.join() for t in ts]
+print(json.dumps(out))
+"#;
+
+fn script(lab: &Lab, name: &str, text: &str) -> String {
+    let p = lab.path(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+/// The forking server on ustack, listening.
+fn start_server(lab: &Lab) -> Preloaded {
+    let srv = script(lab, "fork_server.py", SERVER);
+    let server = lab.start(Host::Stack, false, &["python3", &srv, &PORT.to_string()]);
+    lab.wait_port("10.77.0.2", PORT);
+    server
+}
+
+/// Run the Linux client; its JSON answer.
+fn client(lab: &Lab, n: usize, k: usize, mode: &str) -> serde_json::Value {
+    let cli = script(lab, "fork_client.py", CLIENT);
+    let o = lab.linux(&[
+        "timeout",
+        "90",
+        "python3",
+        &cli,
+        "10.77.0.2",
+        &PORT.to_string(),
+        &n.to_string(),
+        &k.to_string(),
+        mode,
+    ]);
+    common::stdout_json("fork client", &o.stdout, &o.stderr)
+}
+
+/// Children of a forking server serve the connections their parent
+/// accepted (8 at once, 1 MiB each way, byte-exact); a child killed with
+/// SIGKILL right after it queued 50,000 bytes leaves its siblings' transfers
+/// whole, and its connection ends as the kernel ends a dead process's (the
+/// 50,000 bytes, then end of stream); the server accepts afterwards, and
+/// stops cleanly with no pool buffer in use.
+#[test]
+fn forked_children_serve_and_a_killed_one_is_closed_as_the_kernel_would() {
+    need_root!();
+    need_program!("python3", "python3");
+    let _turn = serial();
+    let lab = Lab::new("fk", need_preload!());
+    let server = start_server(&lab);
+    let r = client(&lab, 1 << 20, 8, "kill");
+    eprintln!("forked children: {r}");
+    assert_eq!(r["exact"], 8, "{r}");
+    assert_eq!(r["killed_got"], 50_000, "{r}");
+    assert_eq!(r["killed_end"], "eof", "{r}");
+    let r = client(&lab, 100_000, 2, "echo");
+    assert_eq!(r["exact"], 2, "after the kill: {r}");
+    let end = server.stop();
+    end.check(0);
+    let (rx, tx) = end.tcp_bytes();
+    assert!(
+        rx >= 10 * 100_000 && tx >= 8 * (1 << 20) + 50_000,
+        "the stack's TCP totals {rx}/{tx} do not hold the children's traffic"
+    );
+}
+
+/// A child opens a connection of its own on the shared stack (to a Linux
+/// echo server) and relays its client's stream through it, 4 at once,
+/// byte-exact.
+#[test]
+fn forked_children_open_sockets_of_their_own() {
+    need_root!();
+    need_program!("python3", "python3");
+    need_program!("ncat", "ncat");
+    let _turn = serial();
+    let lab = Lab::new("fu", need_preload!());
+    let _echo = lab.linux_daemon(&["ncat", "-l", "-k", "10.77.0.1", "7441", "-e", "/bin/cat"]);
+    let server = start_server(&lab);
+    let relay = r#"
+import os, socket, sys, threading
+res = []
+def one():
+    data = os.urandom(300000)
+    s = socket.create_connection(("10.77.0.2", int(sys.argv[1])), timeout=30)
+    s.sendall(b"UP 10.77.0.1 7441\n")
+    import time; time.sleep(0.3)
+    got = bytearray()
+    def rd():
+        while True:
+            d = s.recv(65536)
+            if not d: break
+            got.extend(d)
+    t = threading.Thread(target=rd); t.start()
+    s.sendall(data); s.shutdown(socket.SHUT_WR); t.join(); s.close()
+    res.append(bytes(got) == data)
+ts = [threading.Thread(target=one) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(sum(res))
+"#;
+    let cli = script(&lab, "relay_client.py", relay);
+    let o = lab.linux(&["timeout", "60", "python3", &cli, &PORT.to_string()]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "4",
+        "relayed through children's own connections: {}",
+        text(&o)
+    );
+    server.stop().check(0);
+}
+
+/// A thousand children come and go (one short connection each): the
+/// stack's connections and pool buffers are back where they were before.
+#[test]
+fn a_thousand_children_leave_nothing_behind() {
+    need_root!();
+    need_program!("python3", "python3");
+    let _turn = serial();
+    let lab = Lab::new("fl", need_preload!());
+    let server = start_server(&lab);
+    let sock = lab.path("ustack-1.sock");
+    let before = telemetry(&sock);
+    let many = r#"
+import socket, sys
+ok = 0
+for i in range(int(sys.argv[2])):
+    s = socket.create_connection(("10.77.0.2", int(sys.argv[1])), timeout=20)
+    s.sendall(b"x" * 100)
+    got = b""
+    while len(got) < 100:
+        d = s.recv(100 - len(got))
+        if not d: break
+        got += d
+    s.close()
+    ok += got == b"x" * 100
+print(ok)
+"#;
+    let cli = script(&lab, "many_client.py", many);
+    let o = lab.linux(&["timeout", "300", "python3", &cli, &PORT.to_string(), "1000"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1000", "{}", text(&o));
+    // The last children's connections close a moment after the client's.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let conns = |s: &serde_json::Value| s["connections_total"].as_u64().unwrap_or(u64::MAX);
+    let mut now = telemetry(&sock);
+    while conns(&now) > conns(&before) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        now = telemetry(&sock);
+    }
+    assert_eq!(
+        conns(&now),
+        conns(&before),
+        "connections before {} and after 1000 children {}",
+        conns(&before),
+        conns(&now)
+    );
+    assert_eq!(pools_in_use(&now), pools_in_use(&before), "pool buffers in use");
+    server.stop().check(0);
+}
