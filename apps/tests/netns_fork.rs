@@ -245,7 +245,12 @@ print(ok)
 "#;
     let cli = script(&lab, "many_client.py", many);
     let o = lab.linux(&["timeout", "300", "python3", &cli, &PORT.to_string(), "1000"]);
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1000", "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "1000",
+        "{}",
+        text(&o)
+    );
     // The last children's connections close a moment after the client's.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let conns = |s: &serde_json::Value| s["connections_total"].as_u64().unwrap_or(u64::MAX);
@@ -261,6 +266,10 @@ print(ok)
         conns(&before),
         conns(&now)
     );
-    assert_eq!(pools_in_use(&now), pools_in_use(&before), "pool buffers in use");
+    assert_eq!(
+        pools_in_use(&now),
+        pools_in_use(&before),
+        "pool buffers in use"
+    );
     server.stop().check(0);
 }
