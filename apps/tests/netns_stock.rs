@@ -81,7 +81,7 @@ const EXPECTED: &[(&str, Verdict)] = &[
     (
         "vsftpd",
         Verdict::Fails(
-            "issue 36: its session process (forked, sharing the stack) breaks off the control connection; not found yet",
+            "issue 36: it makes its session process with a raw clone system call (new network and IPC namespaces), which no fork handler sees; that child's C library still counts the stack's threads, and its setuid fails",
         ),
     ),
     ("postgres", Verdict::Works),
