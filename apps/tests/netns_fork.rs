@@ -180,10 +180,11 @@ fn forked_children_serve_and_a_killed_one_is_closed_as_the_kernel_would() {
 fn forked_children_open_sockets_of_their_own() {
     need_root!();
     need_program!("python3", "python3");
-    need_program!("ncat", "ncat");
     let _turn = serial();
     let lab = Lab::new("fu", need_preload!());
-    let _echo = lab.linux_daemon(&["ncat", "-l", "-k", "10.77.0.1", "7441", "-e", "/bin/cat"]);
+    // Echoes until end of stream, then closes (ncat -e cat may close
+    // before cat wrote the last bytes back).
+    let _echo = lab.linux_echo_peer(7442, 7441);
     let server = start_server(&lab);
     let relay = r#"
 import os, socket, sys, threading
