@@ -79,7 +79,7 @@ family_args() {
   esac
   # The stack's NET flags. ustack takes one IPv4 address always; in the ipv6
   # runs it is one nothing on the link talks to.
-  NET=(--ip $LOCAL/$PREFIX --gw $GW)
+  NET=(--ip $LOCAL/$PREFIX --gw $GW --mtu $MTU)
   [ "$V6" = 1 ] && NET=(--ip 192.168.0.1/16 "${NET[@]}")
   PD_ARGS=(--wire_client --wire_client_dev=pd-wb --wire_server_ip=$CTRL --send_omit_free "${PD_ARGS[@]}")
   [ -n "${PD_TOL_USECS:-}" ] && PD_ARGS+=(--tolerance_usecs="$PD_TOL_USECS")
