@@ -109,8 +109,12 @@ fn add_channel(srv: &mut Server, chan: RawFd, holds: HashSet<SocketRef>) -> Res<
     Ok(())
 }
 
-/// Whether a client holds `sock` (the owner's).
+/// Whether a client holds `sock` (the owner's; false in a client, whose
+/// copy of the server's state is not its own).
 pub fn held_by_clients(sock: &Sock) -> bool {
+    if super::is_client() {
+        return false;
+    }
     let Some(r) = socket_ref(*sock.kind.lock()) else {
         return false;
     };
@@ -124,6 +128,9 @@ pub fn held_by_clients(sock: &Sock) -> bool {
 /// still holds it (then it is kept here, open in the stack, until the last
 /// client lets it go).
 pub fn keep_for_clients(sock: &Arc<Sock>, kind: Kind) -> bool {
+    if super::is_client() {
+        return false;
+    }
     let Some(r) = socket_ref(kind) else {
         return false;
     };
