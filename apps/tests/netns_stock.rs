@@ -72,12 +72,7 @@ const EXPECTED: &[(&str, Verdict)] = &[
     ("dnsmasq", Verdict::Works),
     ("unbound", Verdict::Works),
     // forking servers
-    (
-        "sshd",
-        Verdict::Fails(
-            "issue 36: re-executes itself for each connection, and a program exec'd with an inherited ustack socket does not rejoin the stack yet",
-        ),
-    ),
+    ("sshd", Verdict::Works),
     (
         "vsftpd",
         Verdict::Fails(
@@ -810,7 +805,8 @@ fn ssh_keys(lab: &Lab, addr: &str, port: u16) -> (String, String) {
         format!(
             "Port {port}\nListenAddress {addr}\nHostKey {d}/host\nPidFile {d}/sshd-{port}.pid\n\
              AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPermitRootLogin yes\n\
-             UsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+             UsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+             Subsystem sftp internal-sftp\n"
         ),
     )
     .unwrap();
@@ -1153,8 +1149,12 @@ const SSHD_STACK_PORT: u16 = 2223;
 const FTP_PORT: u16 = 2121;
 const PG_PORT: u16 = 5433;
 
-/// sshd on ustack: a Linux ssh sends the stream to a remote `sha256sum`,
-/// twice (two connections, two forked sessions).
+/// sshd on ustack (a child per connection, which re-executes sshd with
+/// the connection as its standard input and output, and forks its
+/// privilege-separated children): 20 sessions in a row each run a
+/// command, a stream reaches a remote `sha256sum` byte-exact, and scp
+/// copies 64 MiB there and back (SFTP up, the legacy protocol down),
+/// byte-exact.
 fn sshd(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outcome {
     let (conf, key) = ssh_keys(lab, "10.77.0.2", SSHD_STACK_PORT);
     let server = lab.start(
@@ -1163,26 +1163,77 @@ fn sshd(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outcome 
         &["/usr/sbin/sshd", "-D", "-e", "-f", &conf],
     );
     let server = listening(lab, server, SSHD_STACK_PORT)?;
-    for _ in 0..2 {
+    let opts = ssh_opts(&key, SSHD_STACK_PORT).join(" ");
+    for i in 0..20 {
         let o = lab.linux(&[
             "sh",
             "-c",
-            &format!(
-                "timeout 30 ssh {} root@10.77.0.2 sha256sum < {}",
-                ssh_opts(&key, SSHD_STACK_PORT).join(" "),
-                lab.path("www/stream.bin").display()
-            ),
+            &format!("timeout 30 ssh {opts} root@10.77.0.2 echo session-{i}"),
         ]);
         let t = text(&o);
         ensure!(
-            t.split_whitespace().next() == Some(sums["stream.bin"].as_str()),
-            "ssh to sshd on ustack: {}",
+            t.trim() == format!("session-{i}"),
+            "ssh session {i} to sshd on ustack: {}",
             tail(&t)
         );
     }
+    let o = lab.linux(&[
+        "sh",
+        "-c",
+        &format!(
+            "timeout 30 ssh {opts} root@10.77.0.2 sha256sum < {}",
+            lab.path("www/stream.bin").display()
+        ),
+    ]);
+    let t = text(&o);
+    ensure!(
+        t.split_whitespace().next() == Some(sums["stream.bin"].as_str()),
+        "ssh to sshd on ustack: {}",
+        tail(&t)
+    );
+    // scp: 64 MiB up and back down.
+    let big = lab.path("scp-64m.bin");
+    let mut data = vec![0u8; 64 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for chunk in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::write(&big, &data).unwrap();
+    drop(data);
+    let want = sha256(&big);
+    let up = lab.path("scp-up.bin");
+    let down = lab.path("scp-down.bin");
+    let scp = opts.replacen("-p ", "-P ", 1);
+    for (args, got) in [
+        (
+            format!("{scp} {} root@10.77.0.2:{}", big.display(), up.display()),
+            &up,
+        ),
+        (
+            format!(
+                "-O {scp} root@10.77.0.2:{} {}",
+                up.display(),
+                down.display()
+            ),
+            &down,
+        ),
+    ] {
+        let o = lab.linux(&["sh", "-c", &format!("timeout 120 scp {args}")]);
+        ensure!(
+            o.status.success() && got.exists() && sha256(got) == want,
+            "scp of 64 MiB with sshd on ustack: {}",
+            tail(&text(&o))
+        );
+    }
+    for f in [&big, &up, &down] {
+        let _ = std::fs::remove_file(f);
+    }
     stop_clean(server)?;
     Ok(format!(
-        "2 sessions, {STREAM_BYTES} bytes each to a remote sha256sum, byte-exact"
+        "20 sessions running a command, {STREAM_BYTES} bytes to a remote sha256sum and 64 MiB by scp both ways, byte-exact"
     ))
 }
 

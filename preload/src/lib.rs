@@ -19,12 +19,13 @@
 //! - Calls act on the shared stack directly (no copy through a queue);
 //!   a blocking call waits in the kernel on the socket's eventfd, so a
 //!   signal interrupts it with EINTR as it would a kernel socket's.
-//! - `fork` of the process running the stack: the child runs on, on the
-//!   kernel's sockets; the stack, its loop thread, its NIC and every
-//!   inherited ustack socket stay the parent's (in the child they only
-//!   close). `exec` and exit let the stack go: the next process of the
-//!   program to open an AF_INET socket starts it afresh (the claim,
-//!   named after `USTACK_PID`, is held by one process at a time).
+//! - `fork`: parent and child share the stack. The process that started
+//!   it runs it; a child's socket calls reach it over a channel of its
+//!   own (`share`), and a child that execs hands its sockets and channel
+//!   to the new program (`share::exec`). Exit lets the stack go: the next
+//!   process of the program to open an AF_INET socket starts it afresh
+//!   (the claim, named after `USTACK_PID`, is held by one process at a
+//!   time).
 //! - The stack's own descriptors (its NIC's, its telemetry socket) are
 //!   not the program's: `close` of one fails with EBADF, and
 //!   `closefrom`/`close_range` close around them (`own.rs`).
@@ -35,8 +36,8 @@
 //!   (`newfd.rs`), and calls off the data path check the descriptor's
 //!   identity (`fd.rs`). To calls that inspect a descriptor a ustack
 //!   socket is a socket (`inspect.rs`).
-//! - What is left to the kernel (a forked child's sockets) is said once
-//!   on stderr, in a line starting `ustack:`.
+//! - What is left to the kernel is said once on stderr, in a line
+//!   starting `ustack:`.
 //! - An unsupported call or option fails with the errno Linux gives
 //!   (EOPNOTSUPP, ENOPROTOOPT, ENOTTY) and is reported once on stderr.
 //!

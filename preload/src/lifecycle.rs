@@ -138,6 +138,8 @@ pub fn init() {
     if PLAN.set(plan).is_err() {
         return;
     }
+    // Exec'd by a process that shares a stack: this program does too.
+    crate::share::exec::rejoin();
     // SAFETY: registering plain `extern "C" fn()` handlers.
     unsafe {
         libc::atexit(at_exit);

@@ -97,6 +97,8 @@ real_fns! {
     timerfd_create: unsafe extern "C" fn(c_int, c_int) -> c_int;
     signalfd: unsafe extern "C" fn(c_int, *const sigset_t, c_int) -> c_int;
     inotify_init1: unsafe extern "C" fn(c_int) -> c_int;
+    execve: unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+    execvpe: unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
 }
 
 /// The next definition of `name` after this library, or abort: a C library

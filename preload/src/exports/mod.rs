@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod descriptors;
+pub mod exec;
 pub mod io;
 pub mod msg;
 pub mod readiness;

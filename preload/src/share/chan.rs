@@ -26,7 +26,20 @@ pub fn pair() -> Res<(RawFd, RawFd)> {
     if r < 0 {
         return Err(errno());
     }
-    Ok((fds[0], fds[1]))
+    Ok((high(fds[0]), high(fds[1])))
+}
+
+/// Move a channel's end to a number from 512 up (close-on-exec), out of
+/// the way of programs that `dup2` onto small fixed numbers (sshd's
+/// re-exec puts its pipes on 3 to 5); where that fails, keep `fd`.
+fn high(fd: RawFd) -> RawFd {
+    // SAFETY: duplicating a descriptor this process owns.
+    let moved = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, 512) };
+    if moved < 0 {
+        return fd;
+    }
+    close(fd);
+    moved
 }
 
 /// Close a channel's end.
@@ -35,7 +48,27 @@ pub fn close(fd: RawFd) {
     unsafe { (real().close)(fd) };
 }
 
-/// Send one message, with `pass` as `SCM_RIGHTS` when given.
+/// A client's message without a descriptor: a plain `write` (a seqpacket
+/// socket keeps the message whole). sshd's pre-authentication sandbox, a
+/// seccomp filter, lets `read` and `write` through and kills a process
+/// that calls `sendmsg`. Its price: when the owner is gone, a client that
+/// does not ignore `SIGPIPE` dies of it.
+fn write_msg(fd: RawFd, msg: &[u8]) -> Res<()> {
+    loop {
+        // SAFETY: writing our buffer to the channel.
+        let r = unsafe { (real().write)(fd, msg.as_ptr().cast(), msg.len()) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = errno();
+        if e != libc::EINTR {
+            return Err(e);
+        }
+    }
+}
+
+/// Send one message, with `pass` as `SCM_RIGHTS` when given (never a
+/// `SIGPIPE`: the owner answers clients that may be gone).
 pub fn send(fd: RawFd, msg: &[u8], pass: Option<RawFd>) -> Res<()> {
     let mut iov = libc::iovec {
         iov_base: msg.as_ptr() as *mut libc::c_void,
@@ -115,12 +148,24 @@ pub fn recv(fd: RawFd, buf: &mut [u8]) -> Res<(usize, Option<RawFd>)> {
 /// A call: send `msg` (and `pass`), wait for the answer. EPIPE when the
 /// owner is gone.
 pub fn call(fd: RawFd, msg: &[u8], pass: Option<RawFd>) -> Res<Vec<u8>> {
-    send(fd, msg, pass)?;
-    let mut buf = vec![0u8; MAX_MSG];
-    let (n, extra) = recv(fd, &mut buf)?;
-    if let Some(x) = extra {
-        close(x);
+    match pass {
+        Some(_) => send(fd, msg, pass)?,
+        None => write_msg(fd, msg)?,
     }
+    let mut buf = vec![0u8; MAX_MSG];
+    // The owner never passes a descriptor back: a plain `read` (see
+    // `write_msg`).
+    let n = loop {
+        // SAFETY: reading into our buffer.
+        let r = unsafe { (real().read)(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = errno();
+        if e != libc::EINTR {
+            return Err(e);
+        }
+    };
     if n == 0 {
         return Err(libc::EPIPE);
     }

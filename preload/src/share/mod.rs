@@ -24,6 +24,7 @@
 //! sends it ([`Op`]) and the owner's server runs the same body.
 
 pub mod chan;
+pub mod exec;
 pub mod server;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -151,6 +152,9 @@ macro_rules! stack_ops {
             /// The client forks: the new channel's far end comes with the
             /// message, for the child, which holds what the client holds.
             fork {},
+            /// The client exec'd (a new program in the same process, on
+            /// the same channel): it holds `keep` still, and nothing else.
+            exec { keep: Vec<SocketRef> },
         }
 
         impl Access {
@@ -180,7 +184,7 @@ macro_rules! stack_ops {
                         .map_err(|_| WireErr::Other);
                     Some(postcard::to_stdvec(&r).unwrap_or_default())
                 })*
-                Op::watch { .. } | Op::release { .. } | Op::fork {} => None,
+                Op::watch { .. } | Op::release { .. } | Op::fork {} | Op::exec { .. } => None,
             }
         }
     };
@@ -286,6 +290,10 @@ stack_ops! {
 #[derive(Debug)]
 pub struct Client {
     fd: std::os::fd::RawFd,
+    /// The process the channel is this one's in (a child made by `vfork`
+    /// or a raw `clone`, which no fork handler sees, shares its parent's
+    /// memory or a copy of it, but not its channel).
+    pid: u32,
     /// Held for a call: one at a time on the channel.
     chan: Mutex<()>,
 }
@@ -388,10 +396,16 @@ pub fn after_fork_child() {
         // not here): closed without it.
         chan::close(c.fd);
     }
-    crate::own::set_channel(theirs);
+    become_client(theirs);
+}
+
+/// From now on this process is a client of the owner over channel `fd`.
+fn become_client(fd: std::os::fd::RawFd) {
+    crate::own::set_channel(fd);
     crate::fd::set_shared();
     let new = Box::leak(Box::new(Client {
-        fd: theirs,
+        fd,
+        pid: std::process::id(),
         chan: Mutex::new(()),
     }));
     CLIENT.store(new, Ordering::Release);

@@ -272,6 +272,28 @@ fn answer(net: &'static Net, chan: RawFd, op: Op, fd: Option<RawFd>) -> Vec<u8> 
             }
             ok()
         }
+        Op::exec { keep } => {
+            let closing: Vec<Closing> = {
+                let mut g = server();
+                let Some(srv) = g.as_mut() else {
+                    return ok();
+                };
+                let keep: HashSet<SocketRef> = keep.into_iter().collect();
+                let holds = srv.clients.get_mut(&chan).map(std::mem::take);
+                let (kept, gone): (HashSet<SocketRef>, HashSet<SocketRef>) = holds
+                    .unwrap_or_default()
+                    .into_iter()
+                    .partition(|r| keep.contains(r));
+                srv.clients.insert(chan, kept);
+                gone.into_iter()
+                    .filter_map(|r| release(srv, r, false))
+                    .collect()
+            };
+            for c in closing {
+                close(net, c);
+            }
+            ok()
+        }
         op => {
             if let Some(x) = fd {
                 chan::close(x);

@@ -1,0 +1,220 @@
+//! `exec` in a process that shares the stack: the new program rejoins it.
+//!
+//! A forked child that execs (sshd re-executing itself for each
+//! connection, a server running a helper with the connection as its
+//! standard input and output) keeps its descriptors that are not
+//! close-on-exec, ustack sockets among them; its memory, and with it the
+//! layer's table of which numbers are sockets, is gone. So the exec
+//! functions (`execve`, `execv`, `execvp`, `execvpe`) of a client carry
+//! the client over: its channel to the owner stays open across the exec,
+//! and the sockets that survive it (their numbers, kinds, flags and
+//! options) ride in the new program's environment, in `USTACK_SHARE`.
+//! Before its `main`, the new program reads them back into its table,
+//! takes the channel as its own, and tells the owner which sockets it
+//! still holds; those that closed at the exec are let go as a close would.
+//!
+//! The C library's `execl`, `execlp`, `execle` (variadic functions) and
+//! `posix_spawn` call the kernel without passing through the layer: a
+//! program they start does not rejoin (its sockets are closed as the
+//! process's other close-on-exec descriptors are, or left as plain
+//! eventfds).
+
+use std::ffi::CString;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use ustack::events::SocketRef;
+
+use super::{Op, client};
+use crate::fd::{Kind, Opts, Sock};
+use crate::real::real;
+
+/// The environment variable the sockets ride in across an exec.
+pub const ENV: &str = "USTACK_SHARE";
+
+/// A socket carried across an exec.
+#[derive(Debug, Serialize, Deserialize)]
+struct Carried {
+    stream: bool,
+    v6: bool,
+    kind: Kind,
+    nonblocking: bool,
+    /// Its descriptor numbers (each one's kernel descriptor survives the
+    /// exec).
+    fds: Vec<RawFd>,
+    opts: CarriedOpts,
+}
+
+/// The options of a carried socket that the new program can read back
+/// (those the stack applies are in the stack already).
+#[derive(Debug, Serialize, Deserialize)]
+struct CarriedOpts {
+    reuse_addr: bool,
+    reuse_port: bool,
+    keepalive: bool,
+    nodelay: bool,
+    cork: bool,
+    linger: Option<i32>,
+    rcvtimeo_us: i64,
+    sndtimeo_us: i64,
+    shut_rd: bool,
+    shut_wr: bool,
+    v6only: bool,
+    bound: Option<std::net::IpAddr>,
+}
+
+impl CarriedOpts {
+    fn from(o: &Opts) -> Self {
+        CarriedOpts {
+            reuse_addr: o.reuse_addr,
+            reuse_port: o.reuse_port,
+            keepalive: o.keepalive,
+            nodelay: o.nodelay,
+            cork: o.cork,
+            linger: o.linger,
+            rcvtimeo_us: o.rcvtimeo_us,
+            sndtimeo_us: o.sndtimeo_us,
+            shut_rd: o.shut_rd,
+            shut_wr: o.shut_wr,
+            v6only: o.v6only,
+            bound: o.bound,
+        }
+    }
+
+    fn apply(&self, o: &mut Opts) {
+        o.reuse_addr = self.reuse_addr;
+        o.reuse_port = self.reuse_port;
+        o.keepalive = self.keepalive;
+        o.nodelay = self.nodelay;
+        o.cork = self.cork;
+        o.linger = self.linger;
+        o.rcvtimeo_us = self.rcvtimeo_us;
+        o.sndtimeo_us = self.sndtimeo_us;
+        o.shut_rd = self.shut_rd;
+        o.shut_wr = self.shut_wr;
+        o.v6only = self.v6only;
+        o.bound = self.bound;
+    }
+}
+
+/// What crosses the exec: the channel and the surviving sockets.
+#[derive(Debug, Serialize, Deserialize)]
+struct Carry {
+    chan: RawFd,
+    socks: Vec<Carried>,
+}
+
+/// Whether descriptor `fd` closes at exec.
+fn cloexec(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    let f = unsafe { (real().fcntl)(fd, libc::F_GETFD) };
+    f < 0 || f & libc::FD_CLOEXEC != 0
+}
+
+/// Set or clear close-on-exec on `fd`.
+fn set_cloexec(fd: RawFd, on: bool) {
+    let flag = if on { libc::FD_CLOEXEC } else { 0 };
+    // SAFETY: F_SETFD on a descriptor of the layer's own.
+    unsafe { (real().fcntl)(fd, libc::F_SETFD, flag) };
+}
+
+/// An exec is about to run in this process: when it is a client, the
+/// `USTACK_SHARE=...` entry for the new program's environment (its
+/// channel left open across the exec); None otherwise. Call [`failed`]
+/// when the exec returns.
+pub fn prepare() -> Option<CString> {
+    let c = client()?;
+    if c.pid != std::process::id() {
+        // A child made by `vfork` (its parent's memory): the channel is
+        // the parent's, and the new program must not take it.
+        return None;
+    }
+    let mut socks: Vec<(Arc<Sock>, Vec<RawFd>)> = Vec::new();
+    for (fd, s) in crate::fd::all() {
+        if cloexec(fd) {
+            continue;
+        }
+        match socks.iter_mut().find(|(o, _)| Arc::ptr_eq(o, &s)) {
+            Some((_, fds)) => fds.push(fd),
+            None => socks.push((s, vec![fd])),
+        }
+    }
+    let carry = Carry {
+        chan: c.fd,
+        socks: socks
+            .into_iter()
+            .map(|(s, fds)| Carried {
+                stream: s.stream,
+                v6: s.v6,
+                kind: *s.kind.lock(),
+                nonblocking: s.nonblocking.load(std::sync::atomic::Ordering::Relaxed),
+                fds,
+                opts: CarriedOpts::from(&s.opts.lock()),
+            })
+            .collect(),
+    };
+    let bytes = postcard::to_stdvec(&carry).ok()?;
+    let mut entry = format!("{ENV}=");
+    for b in bytes {
+        entry.push_str(&format!("{b:02x}"));
+    }
+    set_cloexec(c.fd, false);
+    CString::new(entry).ok()
+}
+
+/// The exec failed: this program goes on, and its channel closes at a
+/// later exec again.
+pub fn failed() {
+    if let Some(c) = client() {
+        let saved = crate::real::errno();
+        set_cloexec(c.fd, true);
+        crate::real::set_errno(saved);
+    }
+}
+
+/// Before `main`: when this program was exec'd by a client, rejoin its
+/// stack with the sockets it carried (`USTACK_SHARE` is taken out of the
+/// environment). A malformed value is said once and ignored.
+pub fn rejoin() {
+    let Ok(value) = std::env::var(ENV) else {
+        return;
+    };
+    // SAFETY: before `main`, while this is the only thread.
+    unsafe { std::env::remove_var(ENV) };
+    let bytes: Option<Vec<u8>> = (0..value.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(value.get(i..i + 2)?, 16).ok())
+        .collect();
+    let Some(carry) = bytes.and_then(|b| postcard::from_bytes::<Carry>(&b).ok()) else {
+        eprintln!("ustack exec: {ENV} is malformed: this program does not share the stack");
+        return;
+    };
+    if crate::fd::identity(carry.chan).is_none() {
+        eprintln!(
+            "ustack exec: the channel {ENV} names is not open: this program does not share the stack"
+        );
+        return;
+    }
+    set_cloexec(carry.chan, true);
+    super::become_client(carry.chan);
+    let mut keep: Vec<SocketRef> = Vec::new();
+    for c in carry.socks {
+        let Some(&first) = c.fds.first() else {
+            continue;
+        };
+        let sock = Sock::new(c.stream, c.v6, first, c.nonblocking);
+        *sock.kind.lock() = c.kind;
+        c.opts.apply(&mut sock.opts.lock());
+        for &fd in &c.fds[1..] {
+            sock.add_fd(fd);
+        }
+        for &fd in &c.fds {
+            crate::sock::insert(fd, sock.clone());
+        }
+        keep.extend(super::server::socket_ref(c.kind));
+    }
+    if let Some(cl) = client() {
+        let _ = cl.call::<()>(&Op::exec { keep }, None);
+    }
+}
