@@ -106,7 +106,7 @@ fn total_loss_exits_one_and_bad_flags_exit_two() {
 /// `ustack exec`'s own flags refuse bad values with exit status 2 and one
 /// clear error, before any library or program is looked for.
 #[test]
-fn exec_refuses_bad_spin_and_fork_values() {
+fn exec_refuses_bad_spin_fork_and_stack_values() {
     for bad in [
         &["--spin", "x"][..],
         &["--spin", "-1"],
@@ -116,6 +116,9 @@ fn exec_refuses_bad_spin_and_fork_values() {
         &["--fork", "each", "--workers", "0"],
         &["--fork", "each", "--workers", "65"],
         &["--workers", "2"],
+        &["--stack", "two words"],
+        &["--stack", ""],
+        &["--stack", "a/b"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ustack"))
             .args(["exec", "--sim", "--ip", "10.0.0.2/24"])

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::lab::*;
-use common::{pools_in_use, telemetry};
+use common::{no_crash, pools_in_use, telemetry};
 
 /// One test at a time: each loads the machine.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -134,6 +134,11 @@ fn start_server(lab: &Lab) -> Preloaded {
 
 /// Run the Linux client; its JSON answer.
 fn client(lab: &Lab, n: usize, k: usize, mode: &str) -> serde_json::Value {
+    client_at(lab, PORT, n, k, mode)
+}
+
+/// Run the Linux client against `port`; its JSON answer.
+fn client_at(lab: &Lab, port: u16, n: usize, k: usize, mode: &str) -> serde_json::Value {
     let cli = script(lab, "fork_client.py", CLIENT);
     let o = lab.linux(&[
         "timeout",
@@ -141,7 +146,7 @@ fn client(lab: &Lab, n: usize, k: usize, mode: &str) -> serde_json::Value {
         "python3",
         &cli,
         "10.77.0.2",
-        &PORT.to_string(),
+        &port.to_string(),
         &n.to_string(),
         &k.to_string(),
         mode,
@@ -340,4 +345,133 @@ print(ok)
         "pool buffers in use"
     );
     server.stop().check(0);
+}
+
+/// Two processes of one program (a shell starting two servers): the first
+/// to open a socket runs the stack, the other joins it; each serves its
+/// own port (1 MiB echoes, byte-exact).
+#[test]
+fn two_processes_of_one_program_share_the_stack() {
+    need_root!();
+    need_program!("python3", "python3");
+    let _turn = serial();
+    let lab = Lab::new("fj", need_preload!());
+    let srv = script(&lab, "fork_server.py", SERVER);
+    let both = format!(
+        "python3 {srv} {PORT} & A=$!; python3 {srv} {OTHER} & B=$!; \
+         trap 'kill $A $B; wait; exit 0' TERM; wait"
+    );
+    let server = lab.start(Host::Stack, false, &["sh", "-c", &both]);
+    lab.wait_port("10.77.0.2", PORT);
+    lab.wait_port("10.77.0.2", OTHER);
+    let r = client(&lab, 1 << 20, 4, "echo");
+    assert_eq!(r["exact"], 4, "the first server: {r}");
+    let r = client_at(&lab, OTHER, 1 << 20, 4, "echo");
+    assert_eq!(r["exact"], 4, "the second server: {r}");
+    let end = server.stop();
+    end.check(0);
+    assert!(
+        !end.err.contains("runs on the kernel's sockets"),
+        "a process of the program was left on the kernel's sockets: {}",
+        end.err
+    );
+}
+
+/// A second port for a second server.
+const OTHER: u16 = 7443;
+
+/// An nginx configuration in `root`: a master and one worker serving a
+/// 10 kB file on 10.77.0.2:8080.
+fn nginx_conf(root: &std::path::Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(root.join("html")).unwrap();
+    std::fs::write(root.join("html/index.html"), "n".repeat(10_000)).unwrap();
+    let r = root.display();
+    let conf = format!(
+        "daemon off;\nmaster_process on;\nworker_processes 1;\nuser root;\n\
+         pid {r}/nginx.pid;\nerror_log {r}/error.log info;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{ access_log off; client_body_temp_path {r}; proxy_temp_path {r};\n\
+           fastcgi_temp_path {r}; uwsgi_temp_path {r}; scgi_temp_path {r};\n\
+           server {{ listen 10.77.0.2:8080; root {r}/html; }} }}\n"
+    );
+    let path = root.join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    path
+}
+
+/// Two unrelated programs joined to one stack by name (`ustack exec
+/// --stack`): redis-server on 6379 runs it, nginx (a master and a worker)
+/// on 8080 joins; both are served on one address at the same time
+/// (redis-benchmark and ab at once, every request answered), and each
+/// stops cleanly.
+#[test]
+fn unrelated_programs_share_a_named_stack() {
+    need_root!();
+    need_program!("redis-server", "redis-server");
+    need_program!("redis-benchmark", "redis-tools");
+    need_program!("nginx", "nginx-light");
+    need_program!("ab", "apache2-utils");
+    let _turn = serial();
+    let lab = Lab::new("fn", need_preload!());
+    lab.stack.set(Some("redis-nginx"));
+    let dir = lab.path("redis");
+    std::fs::create_dir(&dir).unwrap();
+    let dir_s = dir.display().to_string();
+    let redis = lab.start(
+        Host::Stack,
+        false,
+        &[
+            "redis-server",
+            "--port",
+            "6379",
+            "--bind",
+            "10.77.0.2",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+            &dir_s,
+        ],
+    );
+    lab.wait_port("10.77.0.2", 6379);
+    let root = lab.path("nginx");
+    let conf = nginx_conf(&root);
+    let conf_s = conf.display().to_string();
+    let nginx = lab.start_with(Host::Stack, false, false, &["nginx", "-c", &conf_s]);
+    lab.wait_port("10.77.0.2", 8080);
+    let both = format!(
+        "redis-benchmark -h 10.77.0.2 -p 6379 -n 20000 -c 10 -t set,get -q > {r} 2>&1 & \
+         ab -n 3000 -c 8 http://10.77.0.2:8080/ > {a} 2>&1; wait",
+        r = lab.path("redis-bench.txt").display(),
+        a = lab.path("ab.txt").display()
+    );
+    let o = lab.linux(&["timeout", "120", "sh", "-c", &both]);
+    let bench = std::fs::read_to_string(lab.path("redis-bench.txt")).unwrap_or_default();
+    let ab = std::fs::read_to_string(lab.path("ab.txt")).unwrap_or_default();
+    assert!(o.status.success(), "load: {}", text(&o));
+    for t in ["SET", "GET"] {
+        assert!(
+            bench
+                .split(['\r', '\n'])
+                .any(|l| l.trim().starts_with(t) && l.contains("requests per second")),
+            "redis-benchmark {t}: {bench}"
+        );
+    }
+    assert!(ab.contains("Complete requests:      3000"), "ab: {ab}");
+    assert!(ab.contains("Failed requests:        0"), "ab: {ab}");
+    assert!(!ab.contains("Non-2xx responses"), "ab: {ab}");
+    let got = lab.linux(&["redis-cli", "-h", "10.77.0.2", "set", "k", "shared"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "OK");
+    let nginx_end = nginx.stop();
+    no_crash(&nginx_end.err);
+    let got = lab.linux(&["redis-cli", "-h", "10.77.0.2", "get", "k"]);
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "shared",
+        "redis after nginx left the stack"
+    );
+    redis.stop().check(0);
 }

@@ -24,6 +24,11 @@ pub const ENV: &str = "USTACK_NET";
 /// the stack), so no NIC is driven by two processes.
 pub const OWNER: &str = "USTACK_PID";
 
+/// A stack's name (`ustack exec --stack NAME`): every program started with
+/// the same name shares one stack, run by the first of them to open a
+/// socket.
+pub const STACK_ENV: &str = "USTACK_STACK";
+
 /// Who keeps the stack across `fork` (`USTACK_FORK`: parent, child, or
 /// `each:N`).
 pub const FORK_ENV: &str = "USTACK_FORK";
@@ -127,13 +132,18 @@ pub fn init() {
             id
         }
     };
+    // `ustack exec --stack NAME`: unrelated programs share one stack.
+    let claim = match std::env::var(STACK_ENV) {
+        Ok(name) if !name.is_empty() => format!("ustack-stack-{name}"),
+        _ => format!("ustack-exec-{id}"),
+    };
     let plan = Plan {
         builder,
         fork,
         spin,
         telemetry: args.telemetry.clone(),
         capture: args.capture.clone(),
-        claim: format!("ustack-exec-{id}"),
+        claim,
     };
     if PLAN.set(plan).is_err() {
         return;
@@ -160,12 +170,12 @@ pub fn planned() -> bool {
 }
 
 /// Whether a new AF_INET socket is ustack's: this process's stack,
-/// started now when no other process of the program runs one, or the
-/// stack of the process this one was forked from (shared). The first
+/// started now when no other process runs the program's stack, or the
+/// stack of another process shared (the process this one was forked
+/// from, or the one holding the claim: this one joins it). The first
 /// process to open an AF_INET socket takes the stack (a shell or wrapper
-/// script that opens none leaves it to the program it starts) and holds it
-/// until it exits or execs; the sockets of the others (unrelated to it)
-/// are the kernel's. False: the kernel's.
+/// script that opens none leaves it to the program it starts) and holds
+/// it until it exits. False: the kernel's.
 pub fn start_for_socket() -> bool {
     start_stack().is_some() || crate::share::is_client()
 }
@@ -205,10 +215,13 @@ fn start_stack() -> Option<&'static State> {
     }
     let before = crate::own::open_now();
     let Some(fd) = claim(&plan.claim) else {
-        eprintln!(
-            "ustack exec: process {} runs on the kernel's sockets: another process of the program has the stack",
-            std::process::id()
-        );
+        // Another process runs the stack: share it.
+        if !crate::share::join(&plan.claim) {
+            eprintln!(
+                "ustack exec: process {} runs on the kernel's sockets: another process has the stack and cannot be reached",
+                std::process::id()
+            );
+        }
         return None;
     };
     let runtime = match plan.builder.clone().spawn() {
@@ -227,7 +240,11 @@ fn start_stack() -> Option<&'static State> {
         capture: plan.capture.clone(),
     };
     let _ = STATE.set(started);
-    state()
+    let s = state()?;
+    // Other processes of the program (or of programs joined by name) may
+    // share it.
+    crate::share::server::listen(&s.net, &plan.claim);
+    Some(s)
 }
 
 /// Take the program's claim on the stack: bind the abstract Unix socket

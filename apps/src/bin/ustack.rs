@@ -91,9 +91,28 @@ struct ExecArgs {
     /// file-capability binary. For programs that refuse root (postgres).
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
+    /// Share one stack with the other programs started with the same
+    /// name (several programs on one interface and address, each on its
+    /// own ports): the first of them to open a socket runs the stack, with
+    /// its NET flags; the others join it (their NET flags are checked but
+    /// not used) and reach it over a channel.
+    #[arg(long, value_name = "NAME", value_parser = stack_name)]
+    stack: Option<String>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
     program: Vec<String>,
+}
+
+/// A `--stack` name: 1 to 64 letters, digits, `-`, `_` or `.`.
+fn stack_name(s: &str) -> Result<String, String> {
+    let ok = (1..=64).contains(&s.len())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("1 to 64 letters, digits, '-', '_' or '.'".into())
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -247,13 +266,13 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
     }
     // The same checks the library makes before `main`, with the same words.
     args.net.net_config()?;
-    // The NET words as given (without exec's own --fork, --spin, --workers and --user).
+    // The NET words as given (without exec's own --fork, --spin, --workers, --user and --stack).
     let mut raw: Vec<String> = std::env::args()
         .skip_while(|a| a != "exec")
         .skip(1)
         .take_while(|a| a != "--")
         .collect();
-    for own in ["--fork", "--spin", "--workers", "--user"] {
+    for own in ["--fork", "--spin", "--workers", "--user", "--stack"] {
         while let Some(i) = raw.iter().position(|a| a == own) {
             raw.drain(i..(i + 2).min(raw.len()));
         }
@@ -320,6 +339,7 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
         .env("USTACK_NET", spec)
         .env("USTACK_PID", std::process::id().to_string())
         .env("USTACK_SPIN_US", args.spin.to_string())
+        .env("USTACK_STACK", args.stack.as_deref().unwrap_or(""))
         .env(
             "USTACK_FORK",
             match (args.fork, args.workers) {

@@ -156,6 +156,8 @@ pub struct Lab {
     pub fork_each: std::cell::Cell<Option<u32>>,
     /// IPv6 on too (see [`Lab::ipv6`]).
     pub v6: std::cell::Cell<bool>,
+    /// `ustack exec --stack NAME` for the programs it starts.
+    pub stack: std::cell::Cell<Option<&'static str>>,
 }
 
 impl Lab {
@@ -169,6 +171,7 @@ impl Lab {
             spin: std::cell::Cell::new(None),
             fork_each: std::cell::Cell::new(None),
             v6: std::cell::Cell::new(false),
+            stack: std::cell::Cell::new(None),
         }
     }
 
@@ -217,6 +220,9 @@ impl Lab {
         }
         if let Some(n) = self.fork_each.get() {
             c.args(["--fork", "each", "--workers", &n.to_string()]);
+        }
+        if let Some(name) = self.stack.get() {
+            c.args(["--stack", name]);
         }
         c.arg("--")
             .args(program)

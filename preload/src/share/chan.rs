@@ -32,7 +32,7 @@ pub fn pair() -> Res<(RawFd, RawFd)> {
 /// Move a channel's end to a number from 512 up (close-on-exec), out of
 /// the way of programs that `dup2` onto small fixed numbers (sshd's
 /// re-exec puts its pipes on 3 to 5); where that fails, keep `fd`.
-fn high(fd: RawFd) -> RawFd {
+pub fn high(fd: RawFd) -> RawFd {
     // SAFETY: duplicating a descriptor this process owns.
     let moved = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, 512) };
     if moved < 0 {

@@ -399,6 +399,42 @@ pub fn after_fork_child() {
     become_client(theirs);
 }
 
+/// Join the stack another process runs under the claim `name` (another
+/// process of the program, or of a program joined by `--stack`): true
+/// when this process is its client now. The owner listens a moment after
+/// it takes the claim: a refused connection is tried again for up to 2 s.
+pub fn join(name: &str) -> bool {
+    let (addr, len) = server::join_addr(name);
+    for _ in 0..200 {
+        // SAFETY: the C library's socket.
+        let fd = unsafe {
+            (crate::real::real().socket)(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if fd < 0 {
+            return false;
+        }
+        // SAFETY: `addr` is a sockaddr_un valid for `len` bytes.
+        let r = unsafe {
+            (crate::real::real().connect)(fd, (&addr as *const libc::sockaddr_un).cast(), len)
+        };
+        if r == 0 {
+            become_client(chan::high(fd));
+            return true;
+        }
+        let e = crate::real::errno();
+        chan::close(fd);
+        if e != libc::ECONNREFUSED && e != libc::EAGAIN {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
 /// From now on this process is a client of the owner over channel `fd`.
 fn become_client(fd: std::os::fd::RawFd) {
     crate::own::set_channel(fd);

@@ -60,18 +60,97 @@ pub fn socket_ref(kind: Kind) -> Option<SocketRef> {
     }
 }
 
-/// Register a forked child's channel (the owner's end `chan`): it holds
-/// every socket the owner holds now. Starts the server at the first fork.
-pub fn add_child(net: &'static Net, chan: RawFd) -> Res<()> {
-    let mine: HashSet<SocketRef> = crate::fd::all()
-        .into_iter()
-        .filter_map(|(_, s)| socket_ref(*s.kind.lock()))
-        .collect();
+/// The server's listening socket (-1: none): processes of the program
+/// that find the stack taken, and programs joined to it by name, connect
+/// to it.
+static LISTENER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// The abstract Unix socket address other processes join a stack at
+/// (`name`: the stack's claim).
+pub fn join_addr(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_un is valid; the name is copied in below.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let full = format!("{name}-share");
+    let bytes = full.as_bytes();
+    let n = bytes.len().min(addr.sun_path.len() - 1);
+    for (d, &b) in addr.sun_path[1..=n].iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + n;
+    (addr, len as libc::socklen_t)
+}
+
+/// The owner's stack just started: listen for processes joining it
+/// (a failure leaves them on the kernel's sockets, as before).
+pub fn listen(net: &'static Net, name: &str) {
+    let r = real();
+    // SAFETY: the C library's socket.
+    let fd = unsafe {
+        (r.socket)(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    let (addr, len) = join_addr(name);
+    // SAFETY: `addr` is a sockaddr_un valid for `len` bytes.
+    let bound = unsafe { (r.bind)(fd, (&addr as *const libc::sockaddr_un).cast(), len) } == 0;
+    // SAFETY: listening on our socket.
+    if !bound || unsafe { (r.listen)(fd, 64) } != 0 {
+        chan::close(fd);
+        return;
+    }
+    crate::own::record(fd);
     let mut g = server();
     let srv = g.get_or_insert_with(|| Server {
         epfd: -1,
         ..Server::default()
     });
+    if start(net, srv).is_err() {
+        return;
+    }
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: a valid epoll descriptor, socket and event.
+    if unsafe { (r.epoll_ctl)(srv.epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } == 0 {
+        LISTENER.store(fd, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Accept the processes waiting to join: each a client holding nothing.
+fn accept_joiners(listener: RawFd) {
+    loop {
+        // SAFETY: accepting on our listening socket.
+        let fd = unsafe {
+            (real().accept4)(
+                listener,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return;
+        }
+        let fd = chan::high(fd);
+        let mut g = server();
+        let added = g
+            .as_mut()
+            .is_some_and(|srv| add_channel(srv, fd, HashSet::new()).is_ok());
+        if !added {
+            chan::close(fd);
+        }
+    }
+}
+
+/// Start the server's thread (once).
+fn start(net: &'static Net, srv: &mut Server) -> Res<()> {
     if srv.epfd < 0 {
         // SAFETY: epoll_create1 with a valid flag.
         let ep = unsafe { (real().epoll_create1)(libc::EPOLL_CLOEXEC) };
@@ -84,8 +163,23 @@ pub fn add_child(net: &'static Net, chan: RawFd) -> Res<()> {
             .name("ustack-share".into())
             .spawn(move || serve(net, ep))
             .map_err(|_| libc::EAGAIN)?;
-        crate::fd::set_shared();
     }
+    Ok(())
+}
+
+/// Register a forked child's channel (the owner's end `chan`): it holds
+/// every socket the owner holds now.
+pub fn add_child(net: &'static Net, chan: RawFd) -> Res<()> {
+    let mine: HashSet<SocketRef> = crate::fd::all()
+        .into_iter()
+        .filter_map(|(_, s)| socket_ref(*s.kind.lock()))
+        .collect();
+    let mut g = server();
+    let srv = g.get_or_insert_with(|| Server {
+        epfd: -1,
+        ..Server::default()
+    });
+    start(net, srv)?;
     for r in &mine {
         let h = srv.held.entry(*r).or_default();
         h.clients += 1;
@@ -96,6 +190,9 @@ pub fn add_child(net: &'static Net, chan: RawFd) -> Res<()> {
 
 /// Watch a new client channel.
 fn add_channel(srv: &mut Server, chan: RawFd, holds: HashSet<SocketRef>) -> Res<()> {
+    // A second process on the stack: every eventfd may be another's to
+    // drain from now on.
+    crate::fd::set_shared();
     crate::own::record(chan);
     let mut ev = libc::epoll_event {
         events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
@@ -326,6 +423,10 @@ fn serve(net: &'static Net, epfd: RawFd) {
         }
         for ev in &events[..n as usize] {
             let ch = ev.u64 as RawFd;
+            if ch == LISTENER.load(std::sync::atomic::Ordering::Acquire) {
+                accept_joiners(ch);
+                continue;
+            }
             let got = chan::recv(ch, &mut buf);
             let (len, fd) = match got {
                 Ok((len, fd)) if len > 0 => (len, fd),
@@ -365,6 +466,10 @@ pub fn forget_after_fork() {
         }
         if srv.epfd >= 0 {
             chan::close(srv.epfd);
+        }
+        let l = LISTENER.swap(-1, std::sync::atomic::Ordering::AcqRel);
+        if l >= 0 {
+            chan::close(l);
         }
     }
 }
