@@ -18,6 +18,12 @@ if [ ${#tag} -gt 8 ]; then echo "netns.sh: tag '$tag' is longer than 8 character
 lns="$tag-linux" sns="$tag-stack" lv="$tag-l" sv="$tag-s"
 
 down() {
+  # Processes a test left in its namespaces (a daemon, a keeper) go first:
+  # a namespace lives on while a process is in it.
+  local ns
+  for ns in "$lns" "$sns"; do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  done
   ip netns del "$lns" 2>/dev/null || true
   ip netns del "$sns" 2>/dev/null || true
 }

@@ -381,18 +381,19 @@ fn two_processes_of_one_program_share_the_stack() {
 const OTHER: u16 = 7443;
 
 /// An nginx configuration in `root`: a master and one worker serving a
-/// 10 kB file on 10.77.0.2:8080.
-fn nginx_conf(root: &std::path::Path) -> std::path::PathBuf {
+/// 10 kB file on 10.77.0.2:8080 (in the foreground, or as a daemon).
+fn nginx_conf(root: &std::path::Path, daemon: bool) -> std::path::PathBuf {
     std::fs::create_dir_all(root.join("html")).unwrap();
     std::fs::write(root.join("html/index.html"), "n".repeat(10_000)).unwrap();
     let r = root.display();
     let conf = format!(
-        "daemon off;\nmaster_process on;\nworker_processes 1;\nuser root;\n\
+        "daemon {d};\nmaster_process on;\nworker_processes 1;\nuser root;\n\
          pid {r}/nginx.pid;\nerror_log {r}/error.log info;\n\
          events {{ worker_connections 1024; }}\n\
          http {{ access_log off; client_body_temp_path {r}; proxy_temp_path {r};\n\
            fastcgi_temp_path {r}; uwsgi_temp_path {r}; scgi_temp_path {r};\n\
-           server {{ listen 10.77.0.2:8080; root {r}/html; }} }}\n"
+           server {{ listen 10.77.0.2:8080; root {r}/html; }} }}\n",
+        d = if daemon { "on" } else { "off" }
     );
     let path = root.join("nginx.conf");
     std::fs::write(&path, conf).unwrap();
@@ -438,7 +439,7 @@ fn unrelated_programs_share_a_named_stack() {
     );
     lab.wait_port("10.77.0.2", 6379);
     let root = lab.path("nginx");
-    let conf = nginx_conf(&root);
+    let conf = nginx_conf(&root, false);
     let conf_s = conf.display().to_string();
     let nginx = lab.start_with(Host::Stack, false, false, &["nginx", "-c", &conf_s]);
     lab.wait_port("10.77.0.2", 8080);
@@ -474,4 +475,76 @@ fn unrelated_programs_share_a_named_stack() {
         "redis after nginx left the stack"
     );
     redis.stop().check(0);
+}
+
+/// nginx as a daemon: the process `ustack exec` starts opens the listening
+/// socket and the stack, forks the daemon (which forks its worker) and
+/// exits at once. A keeper runs the stack on for them: the server answers
+/// (ab, every request), and once nginx has quit the keeper is gone too,
+/// with no process left in the namespace.
+#[test]
+fn a_daemon_keeps_the_stack_its_parent_started() {
+    need_root!();
+    need_program!("nginx", "nginx-light");
+    need_program!("ab", "apache2-utils");
+    let _turn = serial();
+    let lab = Lab::new("fd", need_preload!());
+    let root = lab.path("nginx");
+    let conf = nginx_conf(&root, true);
+    let conf_s = conf.display().to_string();
+    let log = std::fs::File::create(lab.path("nginx.out")).unwrap();
+    let (mut cmd, _) = lab.exec(Host::Stack, false, true, &["nginx", "-c", &conf_s]);
+    let status = cmd
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .status()
+        .expect("run nginx");
+    let out = std::fs::read_to_string(lab.path("nginx.out")).unwrap_or_default();
+    assert!(status.success(), "nginx (daemon on): {status}: {out}");
+    no_crash(&out);
+    let ns = lab.topo.ns(Host::Stack.side());
+    let pids = || {
+        let o = std::process::Command::new("ip")
+            .args(["netns", "pids", &ns])
+            .output()
+            .expect("ip netns pids");
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let comms = |p: &[String]| {
+        p.iter()
+            .map(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+    };
+    lab.wait_port("10.77.0.2", 8080);
+    let running = comms(&pids());
+    assert!(
+        running.iter().any(|c| c == "ustack-keeper"),
+        "no keeper runs the stack: {running:?}"
+    );
+    let o = lab.linux(&["ab", "-n", "2000", "-c", "4", "http://10.77.0.2:8080/"]);
+    let ab = text(&o);
+    assert!(ab.contains("Complete requests:      2000"), "ab: {ab}");
+    assert!(ab.contains("Failed requests:        0"), "ab: {ab}");
+    let master = std::fs::read_to_string(root.join("nginx.pid")).unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-QUIT", master.trim()])
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !pids().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let left = pids();
+    assert!(
+        left.is_empty(),
+        "processes left after nginx quit: {:?}",
+        comms(&left)
+    );
 }

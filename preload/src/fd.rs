@@ -414,6 +414,12 @@ pub fn lock_for_fork() {
     HELD_FOR_FORK.with(|h| *h.borrow_mut() = Some(guard));
 }
 
+/// The table held still, for a fork the layer makes itself (at exit,
+/// where thread-locals are gone: the caller keeps the guard).
+pub fn hold() -> RwLockWriteGuard<'static, Table> {
+    write()
+}
+
 /// After `fork`, in parent and child: release what `lock_for_fork` held.
 pub fn unlock_after_fork() {
     HELD_FOR_FORK.with(|h| drop(h.borrow_mut().take()));

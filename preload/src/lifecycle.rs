@@ -296,14 +296,95 @@ fn drop_claim() {
 }
 
 /// At exit: close what the program left open (FIN, or RST for unread
-/// data, as the kernel does), then let the loop send it and stop.
+/// data, as the kernel does), then let the loop send it and stop. When
+/// other processes share the stack, a keeper runs it on for them first
+/// ([`keep_for_clients`]).
 extern "C" fn at_exit() {
     let Some(s) = state() else { return };
     for (fd, _) in crate::fd::all() {
         crate::sock::close(fd);
     }
+    if WORKER.get().is_none() && crate::share::server::has_clients() {
+        keep_for_clients(s);
+    }
     if let Some(rt) = s.runtime.lock().take() {
         let _ = rt.stop();
+    }
+}
+
+/// A fork the layer makes for itself (the keeper): the fork handlers do
+/// nothing.
+static KEEPING: AtomicBool = AtomicBool::new(false);
+
+/// The owner exits while other processes share its stack (a daemon's
+/// parent that opened the sockets, the first of two programs on a named
+/// stack): a copy of it, the keeper, runs the stack on until the last of
+/// them is gone, then closes it and exits; the owner exits at once. The
+/// stack's loop and the share server stop between two iterations, the
+/// process forks holding the descriptor table, and the keeper runs both
+/// again on the copied device, sockets and channels (as `--fork child`
+/// hands a stack over). Returns in the owner (the stack is the keeper's
+/// now: the caller's stop finds nothing), or when the fork failed (the
+/// stack ends here).
+fn keep_for_clients(s: &'static State) {
+    crate::share::server::stop_thread();
+    let mut rt = s.runtime.lock();
+    let Some(runtime) = rt.as_mut() else { return };
+    if runtime.pause().is_err() {
+        return;
+    }
+    KEEPING.store(true, Ordering::Release);
+    let table = crate::fd::hold();
+    // SAFETY: fork in a process whose other threads of the layer are
+    // stopped (the loop paused, the server joined); the child runs only
+    // the layer's code below and leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    drop(table);
+    KEEPING.store(false, Ordering::Release);
+    match pid {
+        0 => {
+            // SAFETY: naming this thread; the name is a static C string.
+            unsafe { libc::prctl(libc::PR_SET_NAME, c"ustack-keeper".as_ptr()) };
+            // The keeper holds no terminal or pipe of the program's (a
+            // shell reading the program's output sees its end): its
+            // standard descriptors read and write /dev/null.
+            let r = real();
+            // SAFETY: the C library's open of a static path, and dup2 of
+            // it onto the standard descriptors (the program's sockets are
+            // closed above, none of them is a ustack socket now).
+            unsafe {
+                let null = (r.open)(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if null >= 0 {
+                    for std_fd in 0..=2 {
+                        (r.dup2)(null, std_fd);
+                    }
+                    if null > 2 {
+                        (r.close)(null);
+                    }
+                }
+            }
+            let ok = runtime.resume().is_ok() && crate::share::server::restart(&s.net).is_ok();
+            if ok {
+                crate::share::server::wait_for_no_clients();
+            }
+            if let Some(r) = rt.take() {
+                let _ = r.stop();
+            }
+            // SAFETY: _exit ends the keeper without the program's exit
+            // handlers (the owner ran them) or a second flush of its stdio.
+            unsafe { libc::_exit(0) }
+        }
+        p if p > 0 => {
+            // The device, the telemetry socket and the sockets are the
+            // keeper's: nothing of them is closed or removed here.
+            runtime.leak_after_fork();
+            if let Some(r) = rt.take() {
+                std::mem::forget(r);
+            }
+        }
+        _ => {
+            let _ = runtime.resume();
+        }
     }
 }
 
@@ -322,6 +403,9 @@ fn fork_mode() -> Option<(&'static State, ForkMode)> {
 /// holding no lock; the device and sockets stay as they are), then hold
 /// the descriptor table still.
 extern "C" fn before_fork() {
+    if KEEPING.load(Ordering::Acquire) {
+        return;
+    }
     match fork_mode() {
         Some((s, ForkMode::Child | ForkMode::Each { .. })) if !DETACHED.load(Ordering::Relaxed) => {
             if let Some(rt) = s.runtime.lock().as_mut() {
@@ -345,6 +429,9 @@ extern "C" fn before_fork() {
 /// its own) at the first fork; its ustack descriptors only close from
 /// then on.
 extern "C" fn after_fork_parent() {
+    if KEEPING.load(Ordering::Acquire) {
+        return;
+    }
     crate::fd::unlock_after_fork();
     crate::share::after_fork_parent();
     match fork_mode() {
@@ -373,6 +460,9 @@ extern "C" fn after_fork_parent() {
 /// stay the parent's; inherited ustack descriptors then only close (their
 /// kernel eventfd), and other calls on them fail (EBADF).
 extern "C" fn after_fork_child() {
+    if KEEPING.load(Ordering::Acquire) {
+        return;
+    }
     crate::fd::unlock_after_fork();
     match fork_mode() {
         Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {

@@ -159,12 +159,86 @@ fn start(net: &'static Net, srv: &mut Server) -> Res<()> {
         }
         srv.epfd = ep;
         crate::own::record(ep);
-        std::thread::Builder::new()
-            .name("ustack-share".into())
-            .spawn(move || serve(net, ep))
-            .map_err(|_| libc::EAGAIN)?;
+        spawn(net, ep)?;
     }
     Ok(())
+}
+
+/// The server's thread, while it runs.
+static THREAD: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
+
+/// An eventfd in the server's epoll set: written to stop its thread.
+static QUIT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Start the server's thread on epoll descriptor `ep`.
+fn spawn(net: &'static Net, ep: RawFd) -> Res<()> {
+    let t = std::thread::Builder::new()
+        .name("ustack-share".into())
+        .spawn(move || serve(net, ep))
+        .map_err(|_| libc::EAGAIN)?;
+    *THREAD.lock().unwrap_or_else(PoisonError::into_inner) = Some(t);
+    Ok(())
+}
+
+/// Whether a process shares this process's stack now.
+pub fn has_clients() -> bool {
+    server().as_ref().is_some_and(|s| !s.clients.is_empty())
+}
+
+/// Stop the server's thread between two calls (it exits holding no lock;
+/// the channels and what they hold stay as they are): before the owner
+/// forks its keeper, which runs it again ([`restart`]).
+pub fn stop_thread() {
+    let Some(t) = THREAD.lock().unwrap_or_else(PoisonError::into_inner).take() else {
+        return;
+    };
+    let epfd = server().as_ref().map_or(-1, |s| s.epfd);
+    // SAFETY: a non-blocking, close-on-exec eventfd of the layer's own.
+    let q = unsafe { (real().eventfd)(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: q as u64,
+    };
+    // SAFETY: adding our eventfd to the server's epoll set.
+    let added = q >= 0 && unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_ADD, q, &mut ev) } == 0;
+    if !added {
+        if q >= 0 {
+            chan::close(q);
+        }
+        // The thread cannot be told: it runs on (and is not copied into
+        // a keeper, which then starts its own).
+        return;
+    }
+    QUIT.store(q, std::sync::atomic::Ordering::Release);
+    let one: u64 = 1;
+    // SAFETY: an 8-byte write to our eventfd.
+    unsafe { (real().write)(q, (&one as *const u64).cast(), 8) };
+    let _ = t.join();
+    // SAFETY: removing our eventfd from the set, then closing it.
+    unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_DEL, q, std::ptr::null_mut()) };
+    QUIT.store(-1, std::sync::atomic::Ordering::Release);
+    chan::close(q);
+}
+
+/// Run the server's thread again (in the keeper, on the channels its
+/// memory and descriptors copied).
+pub fn restart(net: &'static Net) -> Res<()> {
+    let epfd = server().as_ref().map_or(-1, |s| s.epfd);
+    if epfd < 0 {
+        return Err(libc::EBADF);
+    }
+    spawn(net, epfd)
+}
+
+/// Signalled when a client leaves.
+static LEFT: std::sync::Condvar = std::sync::Condvar::new();
+
+/// Wait until no process shares the stack any more.
+pub fn wait_for_no_clients() {
+    let mut g = server();
+    while g.as_ref().is_some_and(|s| !s.clients.is_empty()) {
+        g = LEFT.wait(g).unwrap_or_else(PoisonError::into_inner);
+    }
 }
 
 /// Register a forked child's channel (the owner's end `chan`): it holds
@@ -298,6 +372,7 @@ fn drop_client(net: &'static Net, chan: RawFd) {
         let mut g = server();
         let Some(srv) = g.as_mut() else { return };
         let holds = srv.clients.remove(&chan).unwrap_or_default();
+        LEFT.notify_all();
         // SAFETY: removing a descriptor from our epoll set.
         unsafe { (real().epoll_ctl)(srv.epfd, libc::EPOLL_CTL_DEL, chan, std::ptr::null_mut()) };
         holds
@@ -423,6 +498,9 @@ fn serve(net: &'static Net, epfd: RawFd) {
         }
         for ev in &events[..n as usize] {
             let ch = ev.u64 as RawFd;
+            if ch == QUIT.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
             if ch == LISTENER.load(std::sync::atomic::Ordering::Acquire) {
                 accept_joiners(ch);
                 continue;
