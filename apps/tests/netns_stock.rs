@@ -24,7 +24,8 @@
 //!   OpenBSD nc and ncat through a Linux echo, ssh against sshd, ab against
 //!   nginx, rsync against `rsync --daemon`, dig against dnsmasq;
 //! - DNS servers: dnsmasq (UDP and TCP), unbound;
-//! - servers that fork per connection: sshd, vsftpd, PostgreSQL.
+//! - servers that fork per connection: sshd, Apache's prefork MPM,
+//!   vsftpd, PostgreSQL.
 
 #[macro_use]
 mod common;
@@ -73,6 +74,7 @@ const EXPECTED: &[(&str, Verdict)] = &[
     ("unbound", Verdict::Works),
     // forking servers
     ("sshd", Verdict::Works),
+    ("apache2 prefork", Verdict::Works),
     (
         "vsftpd",
         Verdict::Fails(
@@ -1148,6 +1150,7 @@ fn stock_dns_servers_on_ustack() {
 const SSHD_STACK_PORT: u16 = 2223;
 const FTP_PORT: u16 = 2121;
 const PG_PORT: u16 = 5433;
+const PREFORK_PORT: u16 = 8086;
 
 /// sshd on ustack (a child per connection, which re-executes sshd with
 /// the connection as its standard input and output, and forks its
@@ -1234,6 +1237,76 @@ fn sshd(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outcome 
     stop_clean(server)?;
     Ok(format!(
         "20 sessions running a command, {STREAM_BYTES} bytes to a remote sha256sum and 64 MiB by scp both ways, byte-exact"
+    ))
+}
+
+/// Apache httpd with `mpm_prefork` (8 to 16 children, each accepting on
+/// the listener it inherited): `ab -n 20000 -c 32` with and without
+/// keep-alive, none failed, every request in the access log (written by
+/// the children).
+fn apache2_prefork(lab: &Lab) -> Outcome {
+    let dir = lab.path("prefork");
+    std::fs::create_dir_all(dir.join("www")).unwrap();
+    std::fs::copy(lab.path("www/small.bin"), dir.join("www/small.bin")).unwrap();
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&dir)
+        .status();
+    let conf = dir.join("apache2.conf");
+    let log = dir.join("access.log");
+    let d = dir.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "ServerRoot \"{d}\"\n\
+             ServerName ustack-prefork\n\
+             LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so\n\
+             LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so\n\
+             Listen 10.77.0.2:{PREFORK_PORT}\n\
+             PidFile {d}/apache2.pid\n\
+             DefaultRuntimeDir {d}\n\
+             Mutex file:{d}\n\
+             ErrorLog {d}/error.log\n\
+             LogFormat \"%h %r %>s %B\" short\n\
+             CustomLog {log} short\n\
+             DocumentRoot {d}/www\n\
+             User www-data\n\
+             Group www-data\n\
+             StartServers 8\nMinSpareServers 8\nMaxSpareServers 16\nMaxRequestWorkers 64\n\
+             KeepAlive On\nMaxKeepAliveRequests 1000\n\
+             <Directory {d}/www>\n  Require all granted\n</Directory>\n",
+            log = log.display(),
+        ),
+    )
+    .unwrap();
+    // In a process group of its own: at shutdown the prefork parent
+    // signals its whole group (killpg), which would be the test's.
+    let server = lab.start(
+        Host::Stack,
+        false,
+        &[
+            "setsid",
+            "apache2",
+            "-DFOREGROUND",
+            "-f",
+            &conf.display().to_string(),
+        ],
+    );
+    let server = listening(lab, server, PREFORK_PORT)?;
+    let url = format!("http://10.77.0.2:{PREFORK_PORT}/small.bin");
+    let close = ab(lab, &url, 20_000, 32)?;
+    let o = lab.linux(&[
+        "timeout", "120", "ab", "-q", "-k", "-s", "10", "-n", "20000", "-c", "32", &url,
+    ]);
+    let kept = check_ab(&url, &text(&o), 20_000)?;
+    stop_clean(server)?;
+    let logged = count_lines(&log, "GET /small.bin");
+    ensure!(
+        logged == 40_000,
+        "apache2 (prefork) logged {logged} requests for small.bin, clients made 40000"
+    );
+    Ok(format!(
+        "{close}, then with keep-alive {kept}, each in the access log"
     ))
 }
 
@@ -1372,6 +1445,7 @@ fn stock_forking_servers_on_ustack() {
     let sums = content(&lab);
     let mut v = Verdicts::new("forking server");
     v.run("sshd", "/usr/sbin/sshd", || sshd(&lab, &sums));
+    v.run("apache2 prefork", "apache2", || apache2_prefork(&lab));
     v.run("vsftpd", "vsftpd", || vsftpd(&lab, &sums));
     v.run("postgres", "psql", || postgres(&lab));
     v.assert_all();

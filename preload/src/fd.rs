@@ -218,6 +218,24 @@ impl Sock {
         }
     }
 
+    /// A wait found the socket ready after draining its eventfd: once the
+    /// stack is shared, write it again, so another process waiting on the
+    /// same eventfd (a drain here took the notification from it) wakes and
+    /// looks for itself, as every waiter on a ready kernel socket wakes.
+    /// Not from `epoll_wait`: an edge-triggered set would wake again at
+    /// once.
+    pub fn pass_on(&self) {
+        if !shared() {
+            return;
+        }
+        let fds = self.fds.lock();
+        if let Some(&fd) = fds.first() {
+            let one: u64 = 1;
+            // SAFETY: as in `notify`.
+            unsafe { (real().write)(fd, (&one as *const u64).cast(), 8) };
+        }
+    }
+
     /// One of the descriptors naming this socket (to wait on in the kernel).
     pub fn any_fd(&self) -> Option<RawFd> {
         self.fds.lock().first().copied()

@@ -74,11 +74,16 @@ pub fn poll(fds: &mut [pollfd], timeout: Option<Duration>, sigmask: *const sigse
     let socks: Vec<Option<Arc<Sock>>> = fds.iter().map(|p| fd::get(p.fd)).collect();
     let mut local: Vec<pollfd> = fds.to_vec();
     loop {
-        // Drain, then look.
+        // Drain every socket, then look: a socket named twice in the set
+        // (sshd polls its connection once to read and once to write) is
+        // drained before either look, so an event between them is never
+        // swallowed by the second drain.
+        for s in socks.iter().flatten() {
+            s.drain();
+        }
         let mut ready = 0;
         for (i, s) in socks.iter().enumerate() {
             if let Some(s) = s {
-                s.drain();
                 let r = poll_revents(level(s), fds[i].events);
                 if r != 0 {
                     ready += 1;
@@ -109,7 +114,13 @@ pub fn poll(fds: &mut [pollfd], timeout: Option<Duration>, sigmask: *const sigse
         let mut total = 0;
         for (i, s) in socks.iter().enumerate() {
             fds[i].revents = match s {
-                Some(s) => poll_revents(level(s), fds[i].events),
+                Some(s) => {
+                    let r = poll_revents(level(s), fds[i].events);
+                    if r != 0 {
+                        s.pass_on();
+                    }
+                    r
+                }
                 None => local[i].revents,
             };
             if fds[i].revents != 0 {
@@ -411,11 +422,17 @@ pub unsafe fn wait(
         }
         candidates.sort_unstable();
         candidates.dedup();
+        // Drain all, then look (as in `poll`: two numbers of one socket
+        // in the set must not swallow each other's events).
+        for fd in &candidates {
+            if let Some(e) = ep.ustack.get(fd) {
+                e.sock.drain();
+            }
+        }
         for fd in candidates {
             let Some(e) = ep.ustack.get_mut(&fd) else {
                 continue;
             };
-            e.sock.drain();
             if e.disabled {
                 continue;
             }

@@ -81,9 +81,10 @@ enum Want {
 fn wait(sock: &Sock, want: Want, nonblock: bool, timeout_us: i64) -> Res<()> {
     let deadline =
         (timeout_us > 0).then(|| Instant::now() + Duration::from_micros(timeout_us as u64));
-    loop {
-        // Drain first, then look: an event after the look writes the
-        // eventfd again and the kernel wait below returns at once.
+    // Drain first, then look: an event after the look writes the eventfd
+    // again and the kernel wait below returns at once. What is found
+    // ready is passed on to the other processes waiting on the socket.
+    let look = || {
         sock.drain();
         let l = level(sock);
         let ready = match want {
@@ -91,27 +92,22 @@ fn wait(sock: &Sock, want: Want, nonblock: bool, timeout_us: i64) -> Res<()> {
             Want::Write => l.writable || l.hup || l.err,
         };
         if ready {
+            sock.pass_on();
+        }
+        ready
+    };
+    loop {
+        if look() {
             return Ok(());
         }
         if nonblock {
             // Busy-polling callers drive the stack (run to completion).
             crate::state::drive_once();
-            sock.drain();
-            let l = level(sock);
-            let ready = match want {
-                Want::Read => l.readable || l.hup || l.err,
-                Want::Write => l.writable || l.hup || l.err,
-            };
-            return if ready { Ok(()) } else { Err(EAGAIN) };
+            return if look() { Ok(()) } else { Err(EAGAIN) };
         }
         if crate::state::spin_until(deadline, || {
             crate::state::drive_once();
-            sock.drain();
-            let l = level(sock);
-            match want {
-                Want::Read => l.readable || l.hup || l.err,
-                Want::Write => l.writable || l.hup || l.err,
-            }
+            look()
         }) {
             return Ok(());
         }
