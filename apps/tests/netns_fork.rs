@@ -228,6 +228,80 @@ print(sum(res))
     server.stop().check(0);
 }
 
+/// Who holds what is visible: while a forked child serves a connection,
+/// the stack's telemetry lists the owner and the child (`processes`, with
+/// their socket counts), the connection names the child among its
+/// `holders`, and `utop --once` shows it in the Pids column.
+#[test]
+fn telemetry_and_utop_show_which_process_holds_a_connection() {
+    need_root!();
+    need_program!("python3", "python3");
+    let _turn = serial();
+    let lab = Lab::new("fw", need_preload!());
+    let server = start_server(&lab);
+    let sock = lab.path("ustack-1.sock");
+    // A Linux client that holds its connection open for a while.
+    let hold = "import socket, time\n\
+                s = socket.create_connection(('10.77.0.2', 7440))\n\
+                s.sendall(b'hello'); s.recv(16); time.sleep(8)\n";
+    let mut holder = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.topo.ns("linux"),
+            "python3",
+            "-c",
+            hold,
+        ])
+        .spawn()
+        .expect("start the holding client");
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
+    let mut line = telemetry(&sock);
+    let held = |l: &serde_json::Value| {
+        l["connections"].as_array().and_then(|cs| {
+            cs.iter()
+                .find(|c| {
+                    c["local"] == "10.77.0.2:7440"
+                        && c["holders"].as_array().is_some_and(|h| !h.is_empty())
+                })
+                .cloned()
+        })
+    };
+    while held(&line).is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        line = telemetry(&sock);
+    }
+    let conn = held(&line).unwrap_or_else(|| panic!("no connection with holders: {line}"));
+    let procs = line["processes"].as_array().cloned().unwrap_or_default();
+    assert!(
+        procs.iter().any(|p| p["role"] == "owner"),
+        "processes should list the owner: {procs:?}"
+    );
+    // The child serving the connection (the probe of `wait_port` may have
+    // left another one still exiting).
+    let holders: Vec<u64> = conn["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h.as_u64())
+        .collect();
+    let child = procs
+        .iter()
+        .find(|p| p["role"] == "client" && holders.contains(&p["pid"].as_u64().unwrap_or(0)))
+        .unwrap_or_else(|| panic!("no client in {procs:?} holds the connection ({holders:?})"));
+    assert!(child["sockets"].as_u64().unwrap() >= 1, "{procs:?}");
+    let child = child["pid"].as_u64().unwrap();
+    let (code, out, err) = utop_once(&sock);
+    assert_eq!(code, 0, "utop --once: {out}{err}");
+    assert!(
+        out.contains("Pids") && out.contains(&child.to_string()),
+        "utop --once does not show the child {child} holding the connection: {out}"
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+    server.stop().check(0);
+}
+
 /// A child that execs a program with the connection as its standard input
 /// and output (as inetd and sshd's re-exec do): the new program rejoins
 /// the stack and echoes 1 MiB on each of 4 connections at once,

@@ -95,6 +95,8 @@ pub fn init() {
     // The runtime's notices (offloads, partial checksums) on the
     // program's stderr, as `ustack run` prints them.
     ustack_runtime::set_notice_sink(|msg| eprintln!("ustack: {msg}"));
+    // Which processes hold which sockets, once the stack is shared.
+    ustack_runtime::set_holders_source(crate::share::server::telemetry_holders);
     let builder = match args.builder() {
         Ok(b) => b.app_counters(counters),
         Err(e) => fail(&e.to_string()),

@@ -134,6 +134,7 @@ pub mod telemetry;
 
 pub use clock::Clock;
 pub use notice::set_notice_sink;
+pub use telemetry::{Holder, HoldersSource, set_holders_source};
 
 pub use net::{AppCounters, Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};

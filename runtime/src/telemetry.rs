@@ -150,6 +150,74 @@ struct Line<'a> {
 /// the publisher's thread, never the loop's.
 pub type AppCounters = fn() -> Vec<(&'static str, u64)>;
 
+/// A process holding sockets of a stack that several processes share
+/// (`ustack exec`'s forked children and joined programs).
+#[derive(Debug, Clone, Serialize)]
+pub struct Holder {
+    /// Its process id.
+    pub pid: u32,
+    /// `owner` (it runs the stack) or `client`.
+    pub role: &'static str,
+    /// How many sockets it holds.
+    pub sockets: u64,
+    /// Its TCP connections (local, remote): each connection's `holders`
+    /// in telemetry lists the processes holding it.
+    #[serde(skip)]
+    pub connections: Vec<(std::net::SocketAddr, std::net::SocketAddr)>,
+}
+
+/// Reads which processes hold the stack's sockets; empty while one
+/// process has the stack to itself. Called on the publisher's (or the
+/// metrics endpoint's) thread, never the loop's.
+pub type HoldersSource = fn() -> Vec<Holder>;
+
+static HOLDERS: std::sync::OnceLock<HoldersSource> = std::sync::OnceLock::new();
+
+/// Say where the processes holding this process's stack are read from
+/// (once; the LD_PRELOAD layer does): telemetry lines gain `processes`
+/// (pid, role, sockets) and each connection `holders` (pids), the
+/// metrics `ustack_process_sockets`.
+pub fn set_holders_source(read: HoldersSource) {
+    let _ = HOLDERS.set(read);
+}
+
+/// Add the holders to a telemetry line's value (see [`set_holders_source`]).
+pub(crate) fn add_holders(line: &mut serde_json::Value) {
+    let Some(read) = HOLDERS.get() else { return };
+    let holders = read();
+    if holders.is_empty() {
+        return;
+    }
+    let Some(obj) = line.as_object_mut() else {
+        return;
+    };
+    if let Some(conns) = obj.get_mut("connections").and_then(|c| c.as_array_mut()) {
+        for c in conns {
+            let key = (
+                c.get("local").and_then(|v| v.as_str()).unwrap_or_default(),
+                c.get("remote").and_then(|v| v.as_str()).unwrap_or_default(),
+            );
+            let pids: Vec<u32> = holders
+                .iter()
+                .filter(|h| {
+                    h.connections
+                        .iter()
+                        .any(|(l, r)| l.to_string() == key.0 && r.to_string() == key.1)
+                })
+                .map(|h| h.pid)
+                .collect();
+            if !pids.is_empty() {
+                if let Some(o) = c.as_object_mut() {
+                    o.insert("holders".into(), pids.into());
+                }
+            }
+        }
+    }
+    if let Ok(v) = serde_json::to_value(&holders) {
+        obj.insert("processes".into(), v);
+    }
+}
+
 /// Hands snapshots from the poll loop to the publisher thread.
 #[derive(Debug)]
 pub struct Publisher {
@@ -493,9 +561,10 @@ impl Worker {
     }
 
     fn broadcast(&mut self, s: &Snapshot) {
-        let Some(snapshot) = self.value(s) else {
+        let Some(mut snapshot) = self.value(s) else {
             return;
         };
+        add_holders(&mut snapshot);
         self.seq += 1;
         let line = Line {
             name: &self.name,

@@ -155,6 +155,8 @@ macro_rules! stack_ops {
             /// The client exec'd (a new program in the same process, on
             /// the same channel): it holds `keep` still, and nothing else.
             exec { keep: Vec<SocketRef> },
+            /// The client's process id (for the holders telemetry shows).
+            hello { pid: u32 },
         }
 
         impl Access {
@@ -184,7 +186,11 @@ macro_rules! stack_ops {
                         .map_err(|_| WireErr::Other);
                     Some(postcard::to_stdvec(&r).unwrap_or_default())
                 })*
-                Op::watch { .. } | Op::release { .. } | Op::fork {} | Op::exec { .. } => None,
+                Op::watch { .. }
+                | Op::release { .. }
+                | Op::fork {}
+                | Op::exec { .. }
+                | Op::hello { .. } => None,
             }
         }
     };
@@ -445,6 +451,7 @@ fn become_client(fd: std::os::fd::RawFd) {
         chan: Mutex::new(()),
     }));
     CLIENT.store(new, Ordering::Release);
+    let _ = new.call::<()>(&Op::hello { pid: new.pid }, None);
 }
 
 /// The most data one call carries over a channel.

@@ -41,6 +41,8 @@ struct Server {
     epfd: RawFd,
     /// Each client's channel and the sockets it holds.
     clients: HashMap<RawFd, HashSet<SocketRef>>,
+    /// Each client's process id, as it said ([`Op::hello`]).
+    pids: HashMap<RawFd, u32>,
     held: HashMap<SocketRef, Held>,
 }
 
@@ -178,6 +180,56 @@ fn spawn(net: &'static Net, ep: RawFd) -> Res<()> {
         .map_err(|_| libc::EAGAIN)?;
     *THREAD.lock().unwrap_or_else(PoisonError::into_inner) = Some(t);
     Ok(())
+}
+
+/// The processes holding the stack's sockets: this one (the owner) and
+/// each client, with the stack handles each holds (a client that has not
+/// said its pid yet is left out).
+fn holders() -> Vec<(u32, &'static str, Vec<SocketRef>)> {
+    let mine: HashSet<SocketRef> = crate::fd::all()
+        .into_iter()
+        .filter_map(|(_, s)| socket_ref(*s.kind.lock()))
+        .collect();
+    let mut out = vec![(std::process::id(), "owner", mine.into_iter().collect())];
+    if let Some(srv) = server().as_ref() {
+        for (chan, holds) in &srv.clients {
+            if let Some(&pid) = srv.pids.get(chan) {
+                out.push((pid, "client", holds.iter().copied().collect()));
+            }
+        }
+    }
+    out
+}
+
+/// Telemetry's view of the processes sharing the stack (see
+/// `ustack_runtime::set_holders_source`): none while the owner has it to
+/// itself.
+pub fn telemetry_holders() -> Vec<ustack_runtime::Holder> {
+    if super::is_client() || !has_clients() {
+        return Vec::new();
+    }
+    let Some(s) = crate::state::state() else {
+        return Vec::new();
+    };
+    let all = holders();
+    s.net
+        .peek_stack(|st| {
+            all.into_iter()
+                .map(|(pid, role, refs)| ustack_runtime::Holder {
+                    pid,
+                    role,
+                    sockets: refs.len() as u64,
+                    connections: refs
+                        .iter()
+                        .filter_map(|r| match r {
+                            SocketRef::Tcp(h) => st.tcp_ref().info(*h).map(|i| (i.local, i.remote)),
+                            _ => None,
+                        })
+                        .collect(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Whether a process shares this process's stack now.
@@ -372,6 +424,7 @@ fn drop_client(net: &'static Net, chan: RawFd) {
         let mut g = server();
         let Some(srv) = g.as_mut() else { return };
         let holds = srv.clients.remove(&chan).unwrap_or_default();
+        srv.pids.remove(&chan);
         LEFT.notify_all();
         // SAFETY: removing a descriptor from our epoll set.
         unsafe { (real().epoll_ctl)(srv.epfd, libc::EPOLL_CTL_DEL, chan, std::ptr::null_mut()) };
@@ -441,6 +494,12 @@ fn answer(net: &'static Net, chan: RawFd, op: Op, fd: Option<RawFd>) -> Vec<u8> 
                         chan::close(child);
                     }
                 }
+            }
+            ok()
+        }
+        Op::hello { pid } => {
+            if let Some(srv) = server().as_mut() {
+                srv.pids.insert(chan, pid);
             }
             ok()
         }

@@ -40,6 +40,8 @@ pub struct Frame {
     /// Each core's own figures when the stack runs one shard per core
     /// (`--cores`); the fields above are then the totals.
     pub shards: Vec<ShardFrame>,
+    /// The processes sharing the stack (absent while one process has it).
+    pub processes: Vec<Process>,
 }
 
 /// One core's share of a multi-core stack.
@@ -160,6 +162,21 @@ pub struct Conn {
     pub congestion: String,
     /// The connection's counters.
     pub stats: ConnStats,
+    /// The processes holding it, when several share the stack (forked
+    /// children, joined programs); empty otherwise.
+    pub holders: Vec<u32>,
+}
+
+/// A process holding sockets of a stack that several processes share.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct Process {
+    /// Its process id.
+    pub pid: u32,
+    /// `owner` (it runs the stack) or `client`.
+    pub role: String,
+    /// How many of the stack's sockets it holds.
+    pub sockets: u64,
 }
 
 /// A connection's counters (the ones a reader shows).
@@ -266,6 +283,7 @@ impl Frame {
             && self.connections_total == other.connections_total
             && self.rc_qps == other.rc_qps
             && self.shards == other.shards
+            && self.processes == other.processes
     }
 
     /// Nonzero drop counters by reason, largest first.

@@ -97,6 +97,8 @@ impl Feed {
                 obj.insert("publisher".into(), v);
             }
         }
+        crate::telemetry::add_holders(&mut line);
+        let obj = line.as_object_mut()?;
         if let Some(read) = app {
             let counters: serde_json::Map<String, serde_json::Value> = read()
                 .into_iter()

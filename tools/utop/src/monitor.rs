@@ -142,10 +142,11 @@ pub enum Col {
     OutRate,
     Pps,
     Ooo,
+    Pids,
 }
 
 impl Col {
-    pub const ALL: [Col; 15] = [
+    pub const ALL: [Col; 16] = [
         Col::Local,
         Col::Remote,
         Col::State,
@@ -161,6 +162,7 @@ impl Col {
         Col::OutRate,
         Col::Pps,
         Col::Ooo,
+        Col::Pids,
     ];
 
     pub fn title(self) -> &'static str {
@@ -180,6 +182,7 @@ impl Col {
             Col::OutRate => "TxB/s",
             Col::Pps => "Pkt/s",
             Col::Ooo => "OOO",
+            Col::Pids => "Pids",
         }
     }
 
@@ -190,6 +193,7 @@ impl Col {
             Col::Local | Col::Remote => 21,
             Col::State => 11,
             Col::Srtt => 6,
+            Col::Pids => 13,
             _ => 5,
         }
     }
@@ -199,7 +203,8 @@ impl Col {
     /// addresses, state, RTT and both rates), and the sort column stays.
     pub fn fitting(width: u16, sort: Col) -> Vec<Col> {
         // Dropped in this order.
-        const LEAST_FIRST: [Col; 12] = [
+        const LEAST_FIRST: [Col; 13] = [
+            Col::Pids,
             Col::Ooo,
             Col::Ssthresh,
             Col::Pps,
@@ -246,6 +251,14 @@ impl Col {
             Col::OutRate => human(r.out_bps),
             Col::Pps => human(r.pps),
             Col::Ooo => human(c.ooo_bytes as f64),
+            // The processes holding it (a stack several processes share).
+            Col::Pids if c.holders.is_empty() => "-".into(),
+            Col::Pids => c
+                .holders
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
         }
     }
 
@@ -273,6 +286,7 @@ impl Col {
             Col::OutRate => (r.out_bps, String::new()),
             Col::Pps => (r.pps, String::new()),
             Col::Ooo => n(c.ooo_bytes),
+            Col::Pids => n(u64::from(c.holders.first().copied().unwrap_or(0))),
         }
     }
 }

@@ -171,8 +171,36 @@ pub fn line_families(line: &Value, opts: &Options) -> Vec<Family> {
     }
     connections(&mut f, line, opts.max_connections);
     app(&mut f, line);
+    processes(&mut f, line);
     publisher(&mut f, line);
     f.into_vec()
+}
+
+/// The processes sharing the stack (`processes`: a stack that several
+/// processes share), each with the sockets it holds.
+fn processes(f: &mut Families, line: &Value) {
+    for p in line
+        .get("processes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let (Some(pid), Some(role), Some(n)) = (
+            p.get("pid").and_then(Value::as_u64),
+            p.get("role").and_then(Value::as_str),
+            p.get("sockets").and_then(num),
+        ) else {
+            continue;
+        };
+        let pid = pid.to_string();
+        f.push(
+            "ustack_process_sockets",
+            "Sockets of the stack a process holds (a stack several processes share).",
+            Kind::Gauge,
+            &[("pid", pid.as_str()), ("role", role)],
+            n,
+        );
+    }
 }
 
 /// Add `key="value"` to every sample of `families` that has no `key`
@@ -868,6 +896,23 @@ mod test {
             };
             assert_eq!(find(&f, name).kind, declared, "{name}");
         }
+    }
+
+    #[test]
+    fn processes_sharing_the_stack_are_gauges_by_pid_and_role() {
+        let mut l = line(1);
+        l["processes"] = serde_json::json!([
+            {"pid": 100, "role": "owner", "sockets": 2},
+            {"pid": 101, "role": "client", "sockets": 3},
+        ]);
+        let f = line_families(&l, &Options::default());
+        let p = find(&f, "ustack_process_sockets");
+        assert_eq!(p.kind, Kind::Gauge);
+        assert_eq!(value(p, &[("pid", "100"), ("role", "owner")]), 2.0);
+        assert_eq!(value(p, &[("pid", "101"), ("role", "client")]), 3.0);
+        // A single process: no such family.
+        let f = line_families(&line(1), &Options::default());
+        assert!(!f.iter().any(|x| x.name == "ustack_process_sockets"));
     }
 
     #[test]
