@@ -132,6 +132,25 @@ fn start_server(lab: &Lab) -> Preloaded {
     server
 }
 
+/// The stack's telemetry once its connection count is back at `before`'s
+/// (the last children's connections close a moment after their clients'),
+/// or after 20 s; and how a line counts connections.
+fn settled(
+    sock: &std::path::Path,
+    before: &serde_json::Value,
+) -> (serde_json::Value, fn(&serde_json::Value) -> u64) {
+    fn conns(s: &serde_json::Value) -> u64 {
+        s["connections_total"].as_u64().unwrap_or(u64::MAX)
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut now = telemetry(sock);
+    while conns(&now) > conns(before) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        now = telemetry(sock);
+    }
+    (now, conns)
+}
+
 /// Run the Linux client; its JSON answer.
 fn client(lab: &Lab, n: usize, k: usize, mode: &str) -> serde_json::Value {
     client_at(lab, PORT, n, k, mode)
@@ -349,13 +368,7 @@ print(sum(res))
         "echoed by cat exec'd in forked children: {}",
         text(&o)
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let conns = |s: &serde_json::Value| s["connections_total"].as_u64().unwrap_or(u64::MAX);
-    let mut now = telemetry(&sock);
-    while conns(&now) > conns(&before) && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-        now = telemetry(&sock);
-    }
+    let (now, conns) = settled(&sock, &before);
     assert_eq!(
         conns(&now),
         conns(&before),
@@ -398,14 +411,7 @@ print(ok)
         "{}",
         text(&o)
     );
-    // The last children's connections close a moment after the client's.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let conns = |s: &serde_json::Value| s["connections_total"].as_u64().unwrap_or(u64::MAX);
-    let mut now = telemetry(&sock);
-    while conns(&now) > conns(&before) && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-        now = telemetry(&sock);
-    }
+    let (now, conns) = settled(&sock, &before);
     assert_eq!(
         conns(&now),
         conns(&before),
@@ -489,29 +495,7 @@ fn unrelated_programs_share_a_named_stack() {
     let _turn = serial();
     let lab = Lab::new("fn", need_preload!());
     lab.stack.set(Some("redis-nginx"));
-    let dir = lab.path("redis");
-    std::fs::create_dir(&dir).unwrap();
-    let dir_s = dir.display().to_string();
-    let redis = lab.start(
-        Host::Stack,
-        false,
-        &[
-            "redis-server",
-            "--port",
-            "6379",
-            "--bind",
-            "10.77.0.2",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "no",
-            "--dir",
-            &dir_s,
-        ],
-    );
-    lab.wait_port("10.77.0.2", 6379);
+    let (redis, _) = start_redis(&lab);
     let root = lab.path("nginx");
     let conf = nginx_conf(&root, false);
     let conf_s = conf.display().to_string();

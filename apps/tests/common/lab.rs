@@ -657,3 +657,44 @@ impl Lab {
         peer
     }
 }
+
+/// redis-server without persistence on ustack (its dump directory in the
+/// lab), answering PING.
+pub fn start_redis(lab: &Lab) -> (Preloaded, PathBuf) {
+    let dir = lab.path("redis");
+    std::fs::create_dir(&dir).unwrap();
+    let dir_s = dir.display().to_string();
+    let server = lab.start(
+        Host::Stack,
+        false,
+        &[
+            "redis-server",
+            "--port",
+            "6379",
+            "--bind",
+            "10.77.0.2",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+            &dir_s,
+        ],
+    );
+    lab.wait_arp("10.77.0.2");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !lab
+        .linux(&["redis-cli", "-h", "10.77.0.2", "ping"])
+        .stdout
+        .starts_with(b"PONG")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server never answered PING"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (server, dir)
+}
