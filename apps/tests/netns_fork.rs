@@ -321,6 +321,55 @@ fn telemetry_and_utop_show_which_process_holds_a_connection() {
     server.stop().check(0);
 }
 
+/// A fork made with a raw `syscall(SYS_clone, SIGCHLD, 0)` (as vsftpd
+/// makes its sessions) is a fork to the layer: the child sends and reads
+/// on the connection its parent opened (an echo, byte-exact). One that
+/// asks for a new network namespace is refused with EPERM, said once on
+/// stderr (vsftpd then falls back to fork).
+#[test]
+fn a_raw_clone_is_a_fork_and_new_namespaces_are_refused() {
+    need_root!();
+    need_program!("python3", "python3");
+    let _turn = serial();
+    let lab = Lab::new("fc", need_preload!());
+    let _echo = lab.linux_echo_peer(7444, 7445);
+    let prog = r#"
+import ctypes, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+SYS_clone, SIGCHLD, CLONE_NEWNET = 56, 17, 0x40000000
+s = socket.create_connection(("10.77.0.1", 7445), timeout=10)
+out = {}
+pid = libc.syscall(SYS_clone, ctypes.c_long(SIGCHLD), ctypes.c_long(0))
+if pid == 0:
+    data = os.urandom(100000)
+    s.sendall(data)
+    got = b""
+    while len(got) < len(data):
+        d = s.recv(65536)
+        if not d: break
+        got += d
+    os._exit(0 if got == data else 3)
+_, status = os.waitpid(pid, 0)
+out["child"] = os.waitstatus_to_exitcode(status)
+r = libc.syscall(SYS_clone, ctypes.c_long(SIGCHLD | CLONE_NEWNET), ctypes.c_long(0))
+if r == 0:
+    os._exit(0)
+out["namespaced"] = [r, ctypes.get_errno()]
+print(json.dumps(out), flush=True)
+"#;
+    let script = script(&lab, "raw_clone.py", prog);
+    let end = lab.run(Host::Stack, &["python3", &script]);
+    end.check(0);
+    let v: serde_json::Value = serde_json::from_str(end.out.trim())
+        .unwrap_or_else(|e| panic!("{e}: {}{}", end.out, end.err));
+    assert_eq!(v["child"], 0, "the raw clone's child echo: {v} {}", end.err);
+    assert_eq!(v["namespaced"][0], -1, "{v}");
+    // EPERM.
+    assert_eq!(v["namespaced"][1], 1, "{v}");
+    assert!(end.err.contains("raw clone system call"), "{}", end.err);
+}
+
 /// A child that execs a program with the connection as its standard input
 /// and output (as inetd and sshd's re-exec do): the new program rejoins
 /// the stack and echoes 1 MiB on each of 4 connections at once,

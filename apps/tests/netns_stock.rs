@@ -78,7 +78,7 @@ const EXPECTED: &[(&str, Verdict)] = &[
     (
         "vsftpd",
         Verdict::Fails(
-            "issue 36: it makes its session process with a raw clone system call (new network and IPC namespaces), which no fork handler sees; that child's C library still counts the stack's threads, and its setuid fails",
+            "issue 36: its privileged process passes each data connection to the session process over a Unix socket (SCM_RIGHTS), and a ustack socket received so is not one to the receiver yet (its raw clone with new namespaces is refused, and it falls back to fork, which works)",
         ),
     ),
     ("postgres", Verdict::Works),

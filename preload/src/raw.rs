@@ -101,6 +101,29 @@ fn on_descriptor(n: c_long) -> bool {
     )
 }
 
+/// `syscall(SYS_clone, flags, NULL)`, a fork made without the C library
+/// (vsftpd isolates its sessions so): the child of such a raw clone
+/// keeps the C library's list of the parent's threads, the stack's among
+/// them, which it does not have (its `setuid` then fails), and no fork
+/// handler gives it its channel to the stack. With only a signal in the
+/// flags it is made a `fork` (every fork handler runs); with new
+/// namespaces asked for it is refused with EPERM, as for an unprivileged
+/// process, and said once: programs that ask so fall back to `fork`.
+fn raw_fork(flags: c_long) -> c_long {
+    if flags & !c_long::from(libc::CSIGNAL) != 0 {
+        crate::report::notice("raw-clone", || {
+            format!(
+                "a raw clone system call with flags {flags:#x} is refused (EPERM): the stack's threads cannot be carried into its child (vsftpd then falls back to fork)"
+            )
+        });
+        crate::real::set_errno(libc::EPERM);
+        return -1;
+    }
+    // SAFETY: the C library's fork: its own and the layer's fork handlers
+    // run, as a raw clone's would not.
+    c_long::from(unsafe { libc::fork() })
+}
+
 /// The calls the layer takes over: on a ustack socket (or, for `close` and
 /// `close_range`, always), the interposed wrapper's result.
 ///
@@ -129,6 +152,15 @@ unsafe fn ours(n: c_long, a: [c_long; 6]) -> Option<c_long> {
                 } else {
                     descriptors::dup3(fd_arg(a1), fd_arg(a2), a3 as c_int)
                 })
+            }
+            // A fork-like raw clone (no new stack, not a thread) of a
+            // process on a shared stack.
+            libc::SYS_clone
+                if a2 == 0
+                    && a1 & c_long::from(libc::CLONE_VM | libc::CLONE_THREAD) == 0
+                    && (crate::state::state().is_some() || crate::share::is_client()) =>
+            {
+                raw_fork(a1)
             }
             // Only these look in the table: anything else (`futex` above
             // all, which the table's own lock calls when contended) must
