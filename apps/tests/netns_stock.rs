@@ -235,35 +235,46 @@ fn lighttpd(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outc
     ))
 }
 
-/// apache2 as one process (`-X`, the event MPM) with a configuration of
-/// its own: files byte-exact over keep-alive, 500 HTTP/1.0 requests from
-/// ab, each in its access log.
-fn apache2(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outcome {
-    let conf = lab.path("apache2.conf");
-    let log = lab.path("apache2-access.log");
-    let dir = lab.dir.path().display();
+/// An apache2 configuration in `dir` (written there as `apache2.conf`,
+/// returned): the MPM `mpm` (event, prefork), listening on
+/// 10.77.0.2:`port`, serving `dir/www`, each request logged in `log`,
+/// with `extra` lines.
+fn apache_conf(dir: &Path, mpm: &str, port: u16, log: &Path, extra: &str) -> std::path::PathBuf {
+    let conf = dir.join("apache2.conf");
+    let d = dir.display();
     std::fs::write(
         &conf,
         format!(
-            "ServerRoot \"{dir}\"\n\
+            "ServerRoot \"{d}\"\n\
              ServerName ustack-stock\n\
-             LoadModule mpm_event_module /usr/lib/apache2/modules/mod_mpm_event.so\n\
+             LoadModule mpm_{mpm}_module /usr/lib/apache2/modules/mod_mpm_{mpm}.so\n\
              LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so\n\
-             Listen 10.77.0.2:{APACHE_PORT}\n\
-             PidFile {dir}/apache2.pid\n\
-             DefaultRuntimeDir {dir}\n\
-             Mutex file:{dir}\n\
-             ErrorLog {dir}/apache2-error.log\n\
+             Listen 10.77.0.2:{port}\n\
+             PidFile {d}/apache2.pid\n\
+             DefaultRuntimeDir {d}\n\
+             Mutex file:{d}\n\
+             ErrorLog {d}/apache2-error.log\n\
              LogFormat \"%h %r %>s %B\" short\n\
              CustomLog {log} short\n\
-             DocumentRoot {dir}/www\n\
+             DocumentRoot {d}/www\n\
              User www-data\n\
              Group www-data\n\
-             <Directory {dir}/www>\n  Require all granted\n</Directory>\n",
+             {extra}\
+             <Directory {d}/www>\n  Require all granted\n</Directory>\n",
             log = log.display(),
         ),
     )
     .unwrap();
+    conf
+}
+
+/// apache2 as one process (`-X`, the event MPM) with a configuration of
+/// its own: files byte-exact over keep-alive, 500 HTTP/1.0 requests from
+/// ab, each in its access log.
+fn apache2(lab: &Lab, sums: &std::collections::HashMap<String, String>) -> Outcome {
+    let dir = lab.dir.path();
+    let log = dir.join("apache2-access.log");
+    let conf = apache_conf(dir, "event", APACHE_PORT, &log, "");
     let server = lab.start(
         Host::Stack,
         false,
@@ -1252,33 +1263,15 @@ fn apache2_prefork(lab: &Lab) -> Outcome {
         .args(["-R", "a+rX"])
         .arg(&dir)
         .status();
-    let conf = dir.join("apache2.conf");
     let log = dir.join("access.log");
-    let d = dir.display();
-    std::fs::write(
-        &conf,
-        format!(
-            "ServerRoot \"{d}\"\n\
-             ServerName ustack-prefork\n\
-             LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so\n\
-             LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so\n\
-             Listen 10.77.0.2:{PREFORK_PORT}\n\
-             PidFile {d}/apache2.pid\n\
-             DefaultRuntimeDir {d}\n\
-             Mutex file:{d}\n\
-             ErrorLog {d}/error.log\n\
-             LogFormat \"%h %r %>s %B\" short\n\
-             CustomLog {log} short\n\
-             DocumentRoot {d}/www\n\
-             User www-data\n\
-             Group www-data\n\
-             StartServers 8\nMinSpareServers 8\nMaxSpareServers 16\nMaxRequestWorkers 64\n\
-             KeepAlive On\nMaxKeepAliveRequests 1000\n\
-             <Directory {d}/www>\n  Require all granted\n</Directory>\n",
-            log = log.display(),
-        ),
-    )
-    .unwrap();
+    let conf = apache_conf(
+        &dir,
+        "prefork",
+        PREFORK_PORT,
+        &log,
+        "StartServers 8\nMinSpareServers 8\nMaxSpareServers 16\nMaxRequestWorkers 64\n\
+         KeepAlive On\nMaxKeepAliveRequests 1000\n",
+    );
     // In a process group of its own: at shutdown the prefork parent
     // signals its whole group (killpg), which would be the test's.
     let server = lab.start(
