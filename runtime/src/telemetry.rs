@@ -191,25 +191,32 @@ pub(crate) fn add_holders(line: &mut serde_json::Value) {
     let Some(obj) = line.as_object_mut() else {
         return;
     };
+    // Each connection's holders, by its two addresses as telemetry
+    // writes them: one map, not a search per connection.
+    let mut by_conn: std::collections::HashMap<(String, String), Vec<u32>> =
+        std::collections::HashMap::new();
+    for h in &holders {
+        for (l, r) in &h.connections {
+            by_conn
+                .entry((l.to_string(), r.to_string()))
+                .or_default()
+                .push(h.pid);
+        }
+    }
     if let Some(conns) = obj.get_mut("connections").and_then(|c| c.as_array_mut()) {
         for c in conns {
             let key = (
-                c.get("local").and_then(|v| v.as_str()).unwrap_or_default(),
-                c.get("remote").and_then(|v| v.as_str()).unwrap_or_default(),
+                c.get("local")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string(),
+                c.get("remote")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string(),
             );
-            let pids: Vec<u32> = holders
-                .iter()
-                .filter(|h| {
-                    h.connections
-                        .iter()
-                        .any(|(l, r)| l.to_string() == key.0 && r.to_string() == key.1)
-                })
-                .map(|h| h.pid)
-                .collect();
-            if !pids.is_empty() {
-                if let Some(o) = c.as_object_mut() {
-                    o.insert("holders".into(), pids.into());
-                }
+            if let (Some(pids), Some(o)) = (by_conn.get(&key), c.as_object_mut()) {
+                o.insert("holders".into(), pids.clone().into());
             }
         }
     }
