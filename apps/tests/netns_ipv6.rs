@@ -251,19 +251,12 @@ fn dual_stack_run(topo: &Topo) -> Daemon {
     ))
 }
 
-/// MLDv2 as a snooping switch reads it: the Linux host's end sits on a
-/// bridge with multicast snooping, and its port toward ustack floods no
-/// unknown multicast. The bridge learns both of ustack's solicited-node
-/// groups from its reports (the link-local and the configured address),
-/// and Linux resolves and pings ustack across it. (Whether the bridge
-/// would have withheld the solicitations without the groups is not
-/// checked: with no querier established on the segment, a Linux bridge
-/// floods multicast whatever its table says.)
-#[test]
-fn a_snooping_bridge_learns_our_groups_from_mld_reports() {
-    need_root!();
-    let topo = Topo::up("v6m");
-    let lv = topo.linux_if();
+/// The Linux host's end on a bridge `br0` with multicast snooping that
+/// floods no unknown multicast toward ustack's port, speaking MLD
+/// `version` as a querier (every 2 s, answers within 1 s) with its
+/// counters on; fd77::1/64 on the bridge. What `run` printed is returned
+/// by it.
+fn snooping_bridge(topo: &Topo, version: &str) -> impl Fn(&[&str]) -> String {
     let run = |args: &[&str]| {
         let o = topo.linux(args);
         assert!(
@@ -273,6 +266,7 @@ fn a_snooping_bridge_learns_our_groups_from_mld_reports() {
         );
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
+    let lv = topo.linux_if();
     run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"]);
     run(&[
         "ip",
@@ -284,7 +278,17 @@ fn a_snooping_bridge_learns_our_groups_from_mld_reports() {
         "mcast_snooping",
         "1",
         "mcast_mld_version",
-        "2",
+        version,
+        "mcast_querier",
+        "1",
+        "mcast_stats_enabled",
+        "1",
+        "mcast_query_interval",
+        "200",
+        "mcast_query_response_interval",
+        "100",
+        "mcast_startup_query_interval",
+        "100",
     ]);
     run(&["ip", "link", "set", &lv, "master", "br0"]);
     run(&["bridge", "link", "set", "dev", &lv, "mcast_flood", "off"]);
@@ -300,30 +304,104 @@ fn a_snooping_bridge_learns_our_groups_from_mld_reports() {
         "br0",
         "nodad",
     ]);
-    let d = dual_stack_run(&topo);
-    // Both groups on ustack's port, learnt from the reports.
-    let port = format!("port {lv} grp");
+    run
+}
+
+/// The bridge's table once both of ustack's solicited-node groups (the
+/// link-local and the configured address) are on ustack's port.
+fn groups_learnt(topo: &Topo, run: &dyn Fn(&[&str]) -> String) -> String {
+    let port = format!("port {} grp", topo.linux_if());
     let groups = ["ff02::1:ff4d:2", "ff02::1:ff00:2"];
     let deadline = Instant::now() + Duration::from_secs(15);
-    let mdb = loop {
+    loop {
         let mdb = run(&["bridge", "mdb", "show"]);
         let learnt = groups
             .iter()
             .all(|g| mdb.lines().any(|l| l.contains(&port) && l.contains(g)));
         if learnt {
-            break mdb;
+            return mdb;
         }
         assert!(Instant::now() < deadline, "groups never learnt:\n{mdb}");
         std::thread::sleep(Duration::from_millis(200));
-    };
+    }
+}
+
+/// The MLD reports of `version` (`v1` or `v2`) the bridge counted
+/// received on ustack's port (`ip link xstats`).
+fn reports_received(topo: &Topo, run: &dyn Fn(&[&str]) -> String, version: &str) -> u64 {
+    let xs = run(&[
+        "ip",
+        "link",
+        "xstats",
+        "type",
+        "bridge_slave",
+        "dev",
+        &topo.linux_if(),
+    ]);
+    // "MLD reports:" then "RX: v1 N v2 M".
+    let rx = xs
+        .lines()
+        .skip_while(|l| !l.contains("MLD reports:"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no MLD report counters:\n{xs}"));
+    let words: Vec<&str> = rx.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == version)
+        .unwrap_or_else(|| panic!("{rx}"));
+    words[at + 1].parse().unwrap_or_else(|_| panic!("{rx}"))
+}
+
+/// MLDv2 as a snooping switch reads it: the Linux host's end sits on a
+/// bridge with multicast snooping, and its port toward ustack floods no
+/// unknown multicast. The bridge learns both of ustack's solicited-node
+/// groups from its reports (the link-local and the configured address),
+/// and Linux resolves and pings ustack across it.
+#[test]
+fn a_snooping_bridge_learns_our_groups_from_mld_reports() {
+    need_root!();
+    let topo = Topo::up("v6m");
+    let run = snooping_bridge(&topo, "2");
+    let d = dual_stack_run(&topo);
+    let mdb = groups_learnt(&topo, &run);
     assert!(
         !mdb.contains("grp ff02::1 "),
         "all-nodes is never reported: {mdb}"
     );
+    assert!(reports_received(&topo, &run, "v2") > 0);
     // Linux resolves and pings ustack across the bridge.
     let ping = topo.linux(&["ping", "-6", "-c", "3", "-i", "0.2", "-W", "2", "fd77::2"]);
     let text = String::from_utf8_lossy(&ping.stdout);
     assert!(ping.status.success(), "{text}\n{mdb}");
+    let (code, out, err) = d.stop();
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// A switch that speaks only MLDv1 (RFC 2710; a Linux bridge with
+/// `mcast_mld_version 1` querying every 2 s): its queries are answered
+/// with version 1 reports (RFC 3810 §8.2.1), which the bridge counts on
+/// ustack's port, and it keeps both groups there; Linux pings across it.
+#[test]
+fn an_mldv1_snooping_bridge_gets_version_1_reports() {
+    need_root!();
+    let topo = Topo::up("v6q");
+    let run = snooping_bridge(&topo, "1");
+    let d = dual_stack_run(&topo);
+    groups_learnt(&topo, &run);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while reports_received(&topo, &run, "v1") < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no MLDv1 reports from ustack in answer to the bridge's queries"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ping = topo.linux(&["ping", "-6", "-c", "3", "-i", "0.2", "-W", "2", "fd77::2"]);
+    assert!(
+        ping.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
     let (code, out, err) = d.stop();
     assert_eq!(code, 0, "{out}{err}");
 }

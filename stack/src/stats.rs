@@ -444,8 +444,12 @@ stats! {
         /// Parameter problem messages sent (RFC 4443 §3.4: an erroneous
         /// header field, an unrecognized next header or option).
         counter tx_param_problems: u64,
-        /// MLDv2 reports sent for our solicited-node groups (RFC 3810).
+        /// MLD reports sent for our solicited-node groups (RFC 3810;
+        /// version 1 ones counted here and below).
         counter tx_mld_reports: u64,
+        /// MLDv1 reports sent (RFC 2710), one per group, while an MLDv1
+        /// router was heard in the last 260 s (RFC 3810 §8.2.1).
+        counter tx_mld_v1_reports: u64,
         /// Echo requests our ping sockets sent over IPv6.
         counter tx_echo_requests: u64,
         /// Echo replies to our ping sockets over IPv6.
@@ -460,6 +464,8 @@ stats! {
         counter slaac_duplicates: u64,
         /// MLD queries received from a router (link-local, hop limit 1).
         counter rx_mld_queries: u64,
+        /// Of those, version 1 queries (RFC 2710: 24 bytes).
+        counter rx_mld_v1_queries: u64,
         /// Packets dropped while waiting for a neighbor (queue full, or
         /// the neighbor never answered).
         counter pending_dropped: u64,

@@ -362,6 +362,95 @@ fn mld_reports_our_groups_at_start_and_on_query() {
 /// that packets to a destination go to, a better first hop (its MAC from
 /// the message) or the news that the destination is on-link; one from
 /// any other host is dropped.
+/// The MLDv1 reports in `frames` (RFC 2710: type 131, 24 bytes, to the
+/// group itself, hop limit 1 behind the router alert): their groups.
+fn mld_v1_reports(frames: &[Vec<u8>]) -> Vec<Ipv6Addr> {
+    let mut out = Vec::new();
+    for f in frames {
+        let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+        let ip = Ipv6Packet::new_checked(eth.payload()).unwrap();
+        let p = ip.payload();
+        if ip.next_header() != IpProtocol::HopByHop || p.len() != 8 + 24 || p[8] != 131 {
+            continue;
+        }
+        assert_eq!(&p[..6], &[58, 0, 5, 2, 0, 0]);
+        assert_eq!(ip.hop_limit(), 1);
+        let icmp = &p[8..];
+        assert!(ustack::wire::checksum::verifies_ip(
+            ip.src_addr().into(),
+            ip.dst_addr().into(),
+            58,
+            icmp
+        ));
+        let group = Ipv6Addr::from(<[u8; 16]>::try_from(&icmp[8..24]).unwrap());
+        assert_eq!(ip.dst_addr(), group, "sent to the group itself");
+        assert_eq!(eth.dst_addr(), multicast_mac(group));
+        out.push(group);
+    }
+    out
+}
+
+/// An MLDv1 general query (RFC 2710: 24 bytes) from `router` at hop
+/// limit `hop_limit`, with a 1 s maximum response delay.
+fn mld_v1_query(router: Ipv6Addr, hop_limit: u8) -> Vec<u8> {
+    let mut q = [0u8; 24];
+    q[0] = 130;
+    q[4..6].copy_from_slice(&1000u16.to_be_bytes());
+    let sum = ustack::wire::checksum::compute_ip(router.into(), ALL_NODES.into(), 58, &q);
+    q[2..4].copy_from_slice(&sum.to_be_bytes());
+    let mut f = v6_frame_from(ALL_NODES, router, IpProtocol::Icmpv6, &q);
+    f[..6].copy_from_slice(multicast_mac(ALL_NODES).as_bytes());
+    f[14 + 7] = hop_limit;
+    f
+}
+
+/// A router that speaks only MLDv1 (RFC 3810 §8.2.1): its query (24
+/// bytes) is answered within its delay by one version 1 report per
+/// group, each to the group; so are later changes while it was heard in
+/// the last 260 s, and version 2 comes back after.
+#[test]
+fn an_mldv1_router_is_answered_in_version_1() {
+    let mut s = Stack::new(config());
+    let ll = link_local(host_mac(1));
+    let mut groups = vec![solicited_node(ll), solicited_node(GLOBAL)];
+    groups.sort();
+    // The unsolicited version 2 reports of the start.
+    let start = run(&mut s, T0, Duration::from_secs(3));
+    assert_eq!(mld_reports(&start).len(), 2);
+    assert!(mld_v1_reports(&start).is_empty());
+    let router = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0x99);
+    // Hop limit 64: not a query a router sends; ignored.
+    let t = T0 + Duration::from_secs(10);
+    assert!(receive(&mut s, &mld_v1_query(router, 64)).frames.is_empty());
+    let after = run(&mut s, t, Duration::from_secs(2));
+    assert!(mld_v1_reports(&after).is_empty() && mld_reports(&after).is_empty());
+    assert_eq!(s.stats().ipv6.rx_mld_v1_queries, 0);
+    let t = T0 + Duration::from_secs(20);
+    let mut tx = VecTx::new();
+    s.receive(
+        t,
+        &mld_v1_query(router, 1),
+        ustack::RxMeta::default(),
+        &mut tx,
+    );
+    assert!(tx.frames.is_empty(), "not at once");
+    assert_eq!(s.stats().ipv6.rx_mld_v1_queries, 1);
+    let answered = run(&mut s, t, Duration::from_secs(1));
+    let mut got = mld_v1_reports(&answered);
+    got.sort();
+    assert_eq!(got, groups);
+    assert!(mld_reports(&answered).is_empty(), "no version 2 report");
+    assert_eq!(s.stats().ipv6.tx_mld_v1_reports, 2);
+    // A bad checksum is dropped and answers nothing.
+    let mut bad = mld_v1_query(router, 1);
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert!(receive(&mut s, &bad).frames.is_empty());
+    let after = run(&mut s, t + Duration::from_secs(2), Duration::from_secs(2));
+    assert!(mld_v1_reports(&after).is_empty() && mld_reports(&after).is_empty());
+    assert_eq!(s.stats().ipv6.rx_mld_v1_queries, 1);
+}
+
 #[test]
 fn redirects_from_the_first_hop_router_are_taken() {
     let mut s = host();

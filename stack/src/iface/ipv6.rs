@@ -418,6 +418,9 @@ fn icmpv6<T: Tx>(
     tx: &mut T,
 ) -> Result<Option<TooBig>, DropReason> {
     let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    if body.len() == mld::V1_LEN && body.first() == Some(&mld::QUERY) {
+        return mld_v1_query(link, now, ip, body).map(|()| None);
+    }
     let packet = Icmpv6Packet::new_checked(body).map_err(|_| DropReason::Icmpv6Malformed)?;
     if !packet.verify_checksum(&src, &dst) {
         return Err(DropReason::Icmpv6BadChecksum);
@@ -730,19 +733,93 @@ fn solicit_routers<T: Tx>(link: &mut Link, tx: &mut T) {
     }
 }
 
+/// An MLDv1 query (RFC 2710, 24 bytes, which smoltcp's MLDv2 parser
+/// refuses): from a link-local source with hop limit 1, as a version 2
+/// query must be; a general one, or about a group of ours, is answered,
+/// and either way the host speaks MLDv1 for a while (RFC 3810 §8.2.1).
+fn mld_v1_query(
+    link: &mut Link,
+    now: Instant,
+    ip: &Ipv6Packet<&[u8]>,
+    body: &[u8],
+) -> Result<(), DropReason> {
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    if !crate::wire::checksum::verifies_ip(src.into(), dst.into(), 58, body) {
+        return Err(DropReason::Icmpv6BadChecksum);
+    }
+    let (delay, group) = mld::parse_v1_query(body).ok_or(DropReason::Icmpv6Malformed)?;
+    if !src.is_unicast_link_local() || ip.hop_limit() != 1 {
+        return Err(DropReason::Icmpv6Unhandled);
+    }
+    link.stats.ipv6.rx_mld_queries += 1;
+    link.stats.ipv6.rx_mld_v1_queries += 1;
+    if group.is_unspecified() || link.ip6.groups().contains(&group) {
+        link.ip6.mld.query_v1(now, delay);
+    }
+    Ok(())
+}
+
+/// The reports `report` asks for: version 2 ([`send_mld_v2_report`]) or
+/// one version 1 report per group ([`send_mld_v1_report`]).
+fn send_mld_report<T: Tx>(link: &mut Link, tx: &mut T, report: mld::Report) {
+    match report {
+        mld::Report::V2(record) => send_mld_v2_report(link, tx, record),
+        mld::Report::V1 => {
+            for group in link.ip6.groups() {
+                send_mld_v1_report(link, tx, group);
+            }
+        }
+    }
+}
+
+/// Hop-by-hop options holding the router alert "MLD" (type 5, 2 bytes of
+/// 0; RFC 2711), then PadN of 0 bytes, before an ICMPv6 message.
+const MLD_HOP_BY_HOP: [u8; 8] = [58, 0, 5, 2, 0, 0, 1, 0];
+
+/// An MLDv1 report (RFC 2710 §3) for `group`, sent to the group itself
+/// from our link-local address, with hop limit 1 and the router alert.
+fn send_mld_v1_report<T: Tx>(link: &mut Link, tx: &mut T, group: Ipv6Addr) {
+    let Some(src) = link.ip6.source_for(&group) else {
+        return;
+    };
+    let hbh = MLD_HOP_BY_HOP;
+    let ip = Ipv6Repr {
+        src_addr: src,
+        dst_addr: group,
+        next_header: IpProtocol::HopByHop,
+        payload_len: hbh.len() + mld::V1_LEN,
+        hop_limit: 1,
+    };
+    let len = ETH_LEN + IPV6_HEADER_LEN + hbh.len() + mld::V1_LEN;
+    let me = link.cfg.mac;
+    let sent = tx.send(len, |buf| {
+        write_eth(buf, me, multicast_mac(group), EthernetProtocol::Ipv6);
+        ip.emit(&mut Ipv6Packet::new_unchecked(&mut buf[ETH_LEN..]));
+        let at = ETH_LEN + IPV6_HEADER_LEN;
+        buf[at..at + hbh.len()].copy_from_slice(&hbh);
+        let icmp = &mut buf[at + hbh.len()..];
+        mld::write_v1_report(icmp, group);
+        let c = crate::wire::checksum::compute_ip(src.into(), group.into(), 58, icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    });
+    count(link, sent, len - ETH_LEN);
+    if sent {
+        link.stats.ipv6.tx_mld_reports += 1;
+        link.stats.ipv6.tx_mld_v1_reports += 1;
+    }
+}
+
 /// An MLDv2 report (RFC 3810 §5.2) of `record` for each of our groups, to
 /// all MLDv2 routers from our link-local address, with hop limit 1 and
 /// a hop-by-hop header holding the router alert option (§5, RFC 2711).
-fn send_mld_report<T: Tx>(link: &mut Link, tx: &mut T, record: u8) {
+fn send_mld_v2_report<T: Tx>(link: &mut Link, tx: &mut T, record: u8) {
     let Some(src) = link.ip6.source_for(&mld::ALL_MLDV2_ROUTERS) else {
         return;
     };
     let groups = link.ip6.groups();
     let dst = mld::ALL_MLDV2_ROUTERS;
     let icmp_len = 8 + groups.len() * mld::RECORD_LEN;
-    // Next header ICMPv6, length 0 (8 bytes), router alert "MLD" (type 5,
-    // 2 bytes of 0), PadN of 0 bytes.
-    let hbh = [u8::from(IpProtocol::Icmpv6), 0, 5, 2, 0, 0, 1, 0];
+    let hbh = MLD_HOP_BY_HOP;
     let ip = Ipv6Repr {
         src_addr: src,
         dst_addr: dst,
@@ -1157,8 +1234,8 @@ pub(crate) fn poll<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
     if link.ip6.enabled() {
         let addrs = mld::fingerprint(link.ip6.addrs());
         link.ip6.mld.addresses(now, addrs);
-        if let Some(record) = link.ip6.mld.take(now) {
-            send_mld_report(link, tx, record);
+        if let Some(report) = link.ip6.mld.take(now) {
+            send_mld_report(link, tx, report);
         }
     }
     link.ip6.expire(now);

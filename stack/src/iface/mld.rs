@@ -9,6 +9,12 @@
 //! RFC 4862 §5.4.2); a query is answered with the current state of every
 //! group after a random delay within the query's maximum response delay
 //! (§6.2). A leaf: `ipv6.rs` validates queries and sends the reports.
+//!
+//! A router that speaks only MLDv1 (RFC 2710) is heard too (§8.2.1): its
+//! query (24 bytes where a version 2 query has at least 28) puts the host
+//! in MLDv1 compatibility mode for the Older Version Querier Present
+//! Timeout (§9.12: 260 s with the defaults), in which every report is a
+//! version 1 report, one per group, sent to the group itself.
 
 use core::net::Ipv6Addr;
 use std::hash::BuildHasher;
@@ -28,11 +34,30 @@ const UNSOLICITED_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) const RECORD_LEN: usize = 20;
 /// ICMPv6 type of a version 2 report (§5.2).
 const REPORT_V2: u8 = 143;
+/// ICMPv6 type of a query, of either version (§5.1; RFC 2710 §3).
+pub(crate) const QUERY: u8 = 130;
+/// ICMPv6 type of a version 1 report (RFC 2710 §3).
+const REPORT_V1: u8 = 131;
+/// Bytes of a version 1 query or report (RFC 2710 §3, RFC 3810 §8.1).
+pub(crate) const V1_LEN: usize = 24;
+/// How long a version 1 query keeps the host in compatibility mode
+/// (§9.12: robustness 2 × query interval 125 s + query response
+/// interval 10 s).
+const OLDER_VERSION_QUERIER_PRESENT: Duration = Duration::from_secs(260);
 /// Record types (§5.2.12): the state of a group, as a query's answer,
 /// and a change to it, as an unsolicited report says (EXCLUDE with no
 /// sources: "every source", a plain join).
 pub(crate) const MODE_IS_EXCLUDE: u8 = 2;
 const CHANGE_TO_EXCLUDE: u8 = 4;
+
+/// A report due now: which version, and for version 2 the record type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// A version 2 report with one record of this type per group.
+    V2(u8),
+    /// One version 1 report per group (compatibility mode, §8.2.1).
+    V1,
+}
 
 /// What the host owes the routers.
 #[derive(Debug)]
@@ -50,6 +75,9 @@ pub(crate) struct Mld {
     /// Random delays (§6.1, §6.2) are drawn from the stack's secret.
     secret: u64,
     draws: u64,
+    /// Until when an MLDv1 router was heard: the host speaks version 1
+    /// until then (§8.2.1).
+    v1_until: Option<Instant>,
 }
 
 impl Mld {
@@ -62,6 +90,7 @@ impl Mld {
             answers: false,
             secret,
             draws: 0,
+            v1_until: None,
         }
     }
 
@@ -97,14 +126,26 @@ impl Mld {
         self.due = Some(self.due.map_or(at, |d| d.min(at)));
     }
 
+    /// A version 1 query arrived with `max_delay`: the host speaks MLDv1
+    /// for the next 260 s (§8.2.1), and answers this query in it.
+    pub(crate) fn query_v1(&mut self, now: Instant, max_delay: Duration) {
+        self.v1_until = Some(now + OLDER_VERSION_QUERIER_PRESENT);
+        self.query(now, max_delay);
+    }
+
+    /// Whether the host is in MLDv1 compatibility mode at `now`.
+    pub(crate) fn speaks_v1(&self, now: Instant) -> bool {
+        self.v1_until.is_some_and(|t| now < t)
+    }
+
     /// When the next report is due.
     pub(crate) fn due(&self) -> Option<Instant> {
         self.due
     }
 
-    /// The record type of a report due by `now`, if one is; the next is
-    /// scheduled (an unsolicited report is repeated).
-    pub(crate) fn take(&mut self, now: Instant) -> Option<u8> {
+    /// The report due by `now`, if one is; the next is scheduled (an
+    /// unsolicited report is repeated).
+    pub(crate) fn take(&mut self, now: Instant) -> Option<Report> {
         if self.due.is_none_or(|d| d > now) {
             return None;
         }
@@ -120,7 +161,11 @@ impl Mld {
         } else {
             None
         };
-        Some(record)
+        if self.speaks_v1(now) {
+            Some(Report::V1)
+        } else {
+            Some(Report::V2(record))
+        }
     }
 }
 
@@ -159,6 +204,27 @@ pub(crate) fn write_report(out: &mut [u8], groups: &[Ipv6Addr], record: u8) {
     }
 }
 
+/// A version 1 query's maximum response delay in milliseconds and its
+/// multicast address (unspecified for a general query), if `body` (an
+/// ICMPv6 message whose checksum was verified) is one: type 130 and
+/// exactly 24 bytes (§8.1).
+pub(crate) fn parse_v1_query(body: &[u8]) -> Option<(Duration, Ipv6Addr)> {
+    if body.len() != V1_LEN || body[0] != QUERY {
+        return None;
+    }
+    let ms = u16::from_be_bytes([body[4], body[5]]);
+    let group: [u8; 16] = body[8..24].try_into().ok()?;
+    Some((Duration::from_millis(u64::from(ms)), Ipv6Addr::from(group)))
+}
+
+/// Write a version 1 report (RFC 2710 §3) for `group` into `out` (24
+/// bytes); the checksum is left 0 for the caller.
+pub(crate) fn write_v1_report(out: &mut [u8], group: Ipv6Addr) {
+    out[0] = REPORT_V1;
+    out[1..8].fill(0);
+    out[8..24].copy_from_slice(&group.octets());
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -171,10 +237,10 @@ mod test {
         let first = m.due().unwrap();
         assert!(first > t0 && first <= t0 + Duration::from_secs(1));
         assert_eq!(m.take(t0), None);
-        assert_eq!(m.take(first), Some(CHANGE_TO_EXCLUDE));
+        assert_eq!(m.take(first), Some(Report::V2(CHANGE_TO_EXCLUDE)));
         let second = m.due().unwrap();
         assert!(second > first && second <= first + Duration::from_secs(1));
-        assert_eq!(m.take(second), Some(CHANGE_TO_EXCLUDE));
+        assert_eq!(m.take(second), Some(Report::V2(CHANGE_TO_EXCLUDE)));
         assert_eq!(m.due(), None);
         // The same addresses again: nothing owed.
         m.addresses(second, 5);
@@ -184,8 +250,53 @@ mod test {
         m.query(q, Duration::from_secs(10));
         let due = m.due().unwrap();
         assert!(due > q && due <= q + Duration::from_secs(10));
-        assert_eq!(m.take(due), Some(MODE_IS_EXCLUDE));
+        assert_eq!(m.take(due), Some(Report::V2(MODE_IS_EXCLUDE)));
         assert_eq!(m.due(), None);
+    }
+
+    #[test]
+    fn a_version_1_query_makes_version_1_reports_for_260_s() {
+        let mut m = Mld::new(9);
+        let t0 = Instant::ZERO + Duration::from_secs(3);
+        m.query_v1(t0, Duration::from_secs(1));
+        assert!(m.speaks_v1(t0));
+        let due = m.due().unwrap();
+        assert!(due > t0 && due <= t0 + Duration::from_secs(1));
+        assert_eq!(m.take(due), Some(Report::V1));
+        // A change of addresses within the 260 s: version 1 too.
+        let t1 = t0 + Duration::from_secs(100);
+        m.addresses(t1, 11);
+        for _ in 0..2 {
+            let due = m.due().unwrap();
+            assert_eq!(m.take(due), Some(Report::V1));
+        }
+        assert_eq!(m.due(), None);
+        // After it, version 2 again.
+        let t2 = t0 + Duration::from_secs(261);
+        assert!(!m.speaks_v1(t2));
+        m.addresses(t2, 13);
+        let due = m.due().unwrap();
+        assert_eq!(m.take(due), Some(Report::V2(CHANGE_TO_EXCLUDE)));
+    }
+
+    #[test]
+    fn version_1_queries_parse_and_reports_write() {
+        let mut q = [0u8; V1_LEN];
+        q[0] = QUERY;
+        q[4..6].copy_from_slice(&10_000u16.to_be_bytes());
+        let (delay, group) = parse_v1_query(&q).unwrap();
+        assert_eq!(delay, Duration::from_secs(10));
+        assert!(group.is_unspecified());
+        // A version 2 query (28 bytes) or another type is not one.
+        assert_eq!(parse_v1_query(&[QUERY; 28]), None);
+        q[0] = REPORT_V1;
+        assert_eq!(parse_v1_query(&q), None);
+        let g = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00, 2);
+        let mut r = [0xffu8; V1_LEN];
+        write_v1_report(&mut r, g);
+        assert_eq!(r[0], REPORT_V1);
+        assert_eq!(&r[1..8], &[0; 7]);
+        assert_eq!(&r[8..], &g.octets());
     }
 
     #[test]
