@@ -406,6 +406,80 @@ fn an_mldv1_snooping_bridge_gets_version_1_reports() {
     assert_eq!(code, 0, "{out}{err}");
 }
 
+/// `--slaac` alone (no IPv6 `--ip`): radvd on Linux advertises
+/// fd88::/64, and `ustack run` takes an address from it (the prefix and
+/// its MAC's interface identifier); Linux pings that address and the
+/// link-local one, and the echo service returns 1 MiB over TCP to the
+/// new address byte-exact.
+#[test]
+fn slaac_alone_takes_an_address_from_radvd() {
+    need_root!();
+    need_program!("radvd", "radvd");
+    let topo = Topo::up("v6s");
+    topo.linux_ipv6("fd88::1/64");
+    let lv = topo.linux_if();
+    let fwd = topo.linux(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    assert!(fwd.status.success());
+    let conf = std::env::temp_dir().join(format!("ustack-v6s-{}-radvd.conf", std::process::id()));
+    std::fs::write(
+        &conf,
+        format!(
+            "interface {lv} {{\n  AdvSendAdvert on;\n  MinRtrAdvInterval 3;\n  MaxRtrAdvInterval 4;\n  \
+             prefix fd88::/64 {{ AdvOnLink on; AdvAutonomous on; }};\n}};\n"
+        ),
+    )
+    .unwrap();
+    let pid = conf.with_extension("pid");
+    let radvd = Daemon::spawn(
+        Command::new("ip")
+            .args(["netns", "exec", &topo.ns("linux")])
+            .args(["radvd", "-n", "-m", "stderr", "-C"])
+            .arg(&conf)
+            .arg("-p")
+            .arg(&pid),
+    );
+    let d = Daemon::spawn(&mut topo.bin(
+        env!("CARGO_BIN_EXE_ustack"),
+        &[
+            "run",
+            "--pcap",
+            &topo.stack_if(),
+            "--ip",
+            "10.77.0.2/24",
+            "--slaac",
+        ],
+    ));
+    let slaac = "fd88::75:73ff:fe4d:2";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !topo
+        .linux(&["ping", "-6", "-c", "1", "-W", "1", slaac])
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "{slaac} never answered ping -6");
+    }
+    let ll = format!("{LINK_LOCAL}%{lv}");
+    let ping = topo.linux(&["ping", "-6", "-c", "2", "-i", "0.2", "-W", "2", &ll]);
+    assert!(
+        ping.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
+    let echo = TCP6.replace("fd77::2", slaac).replace("8 << 20", "1 << 20");
+    let tcp = topo.linux(&[common::lab::PYTHON, "-c", &echo]);
+    let out = String::from_utf8_lossy(&tcp.stdout);
+    assert!(
+        out.contains("echo same 1048576"),
+        "{out}{}",
+        String::from_utf8_lossy(&tcp.stderr)
+    );
+    let (code, out, err) = d.stop();
+    let _ = radvd.stop();
+    let _ = std::fs::remove_file(&conf);
+    let _ = std::fs::remove_file(&pid);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
 /// `uping` over IPv6 against the Linux kernel: ICMPv6 echo requests from
 /// ustack answered, 4,000-byte ones too (fragmented both ways), with
 /// iputils' lines; `-6` with an IPv4 HOST is refused in one line.

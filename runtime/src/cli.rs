@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim
-//!        --ip A.B.C.D/LEN [--ip IPV6/LEN]... [--gw ADDR]... [--mac MAC] [--core N | --cores LIST]
+//!        --ip A.B.C.D/LEN [--ip IPV6/LEN]... [--slaac] [--gw ADDR]... [--mac MAC] [--core N | --cores LIST]
 //!        [--telemetry PATH] [--metrics ADDR:PORT] [--capture FILE.pcap]
 //!        [--impair SPEC] [--mtu N]
 //! ```
@@ -61,6 +61,11 @@ pub struct NetArgs {
     /// speaks IPv6 too).
     #[arg(long = "ip", value_name = "ADDR/LEN", value_parser = parse_ip, action = clap::ArgAction::Append)]
     pub ips: Vec<IpCidr>,
+    /// Speak IPv6 with no IPv6 `--ip`: the link-local address made from
+    /// the MAC, and the addresses and default routers that router
+    /// advertisements give (SLAAC).
+    #[arg(long)]
+    pub slaac: bool,
     /// Gateway for addresses outside the subnet: an IPv4 one, an IPv6 one,
     /// or one of each (IPv6 routers also come from router advertisements).
     #[arg(long, value_name = "ADDR", action = clap::ArgAction::Append)]
@@ -312,6 +317,9 @@ impl NetArgs {
         for v6 in self.ipv6() {
             b = b.ipv6(v6.address(), v6.prefix_len());
         }
+        if self.slaac {
+            b = b.slaac();
+        }
         let mut b = b
             .mtu(usize::from(self.mtu))
             .rcvbuf_max(self.rcvbuf_max as usize)
@@ -408,7 +416,10 @@ impl NetArgs {
         if self.ips.is_empty() {
             return "-".into();
         }
-        let all: Vec<String> = self.ips.iter().map(ToString::to_string).collect();
+        let mut all: Vec<String> = self.ips.iter().map(ToString::to_string).collect();
+        if self.slaac {
+            all.push("slaac".into());
+        }
         all.join(" ")
     }
 
@@ -530,6 +541,11 @@ mod test {
         assert!(parse_ip("fd77::2/129").is_err());
         assert!(parse_ip("fd77::zz/64").is_err());
         assert!(parse_ip("fd77::2").is_err());
+        let slaac = Cli::parse_from(["x", "--pcap", "lo", "--ip", "10.0.0.1/24", "--slaac"]);
+        let cfg = slaac.net.builder().unwrap().build().unwrap();
+        assert!(cfg.stack.ipv6_auto && cfg.stack.ipv6.is_empty());
+        assert_eq!(slaac.net.address(), "10.0.0.1/24 slaac");
+        assert!(!cli.net.builder().unwrap().build().unwrap().stack.ipv6_auto);
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub struct Config {
     /// the MAC comes first, and the stack answers neighbor discovery and
     /// ICMPv6 echo for every address here.
     pub ipv6: Vec<Ipv6Cidr>,
+    /// Speak IPv6 even when `ipv6` is empty: the link-local address made
+    /// from the MAC alone, and the addresses router advertisements give
+    /// (SLAAC, RFC 4862) when `accept_ra` is on.
+    pub ipv6_auto: bool,
     /// Next hop for IPv6 destinations off-link (beside the default
     /// routers advertisements give).
     pub gateway6: Option<Ipv6Addr>,
@@ -100,6 +104,7 @@ impl Config {
             ip,
             gateway: None,
             ipv6: Vec::new(),
+            ipv6_auto: false,
             gateway6: None,
             accept_ra: true,
             mtu: 1500,

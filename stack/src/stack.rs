@@ -78,7 +78,8 @@ impl Stack {
             secret,
             shard: cfg.shard,
         };
-        let ip6 = Ipv6Iface::new(cfg.mac, &cfg.ipv6, secret.1).routing(cfg.accept_ra, cfg.gateway6);
+        let ip6 = Ipv6Iface::new(cfg.mac, &cfg.ipv6, cfg.ipv6_auto, secret.1)
+            .routing(cfg.accept_ra, cfg.gateway6);
         Stack {
             frags: Reassembler::new(cfg.frag.clone()),
             link: Link::new(link, ip6),

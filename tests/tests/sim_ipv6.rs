@@ -962,6 +962,65 @@ fn router_advertisement_gives_a_router_an_address_and_the_mtu() {
     assert!(!s.ipv6_addrs().contains(&slaac));
 }
 
+/// SLAAC alone (`ipv6_auto`, no IPv6 address configured): the stack
+/// speaks IPv6 from its link-local address (solicits routers from it,
+/// answers echo to it), and an advertised prefix gives it a global
+/// address that answers too. Without `ipv6_auto` nothing of this
+/// happens: IPv6 is off.
+#[test]
+fn slaac_alone_speaks_ipv6_from_the_link_local_address() {
+    use std::time::Duration;
+    let ll = link_local(host_mac(1));
+    let mut off = config();
+    off.ipv6.clear();
+    let mut cfg = off.clone();
+    cfg.ipv6_auto = true;
+    let mut quiet = Stack::new(off);
+    assert!(!quiet.ipv6_on());
+    assert!(polled_at(&mut quiet, T0 + Duration::from_secs(2)).is_empty());
+    let mut s = Stack::new(cfg);
+    assert!(s.ipv6_on());
+    assert_eq!(s.ipv6_addrs(), vec![ll]);
+    assert!(polled_at(&mut s, T0).is_empty(), "no solicitation at once");
+    let solicits: Vec<Vec<u8>> = polled_at(&mut s, T0 + Duration::from_secs(1))
+        .into_iter()
+        .filter(|f| v6_dst(f).1 == ALL_ROUTERS)
+        .collect();
+    assert_eq!(solicits.len(), 1, "a router solicitation within a second");
+    let echo = Icmpv6Repr::EchoRequest {
+        ident: 1,
+        seq_no: 1,
+        data: b"link-local",
+    };
+    let peer_ll = link_local(peer_mac());
+    let tx = receive(&mut s, &icmpv6_frame(host_mac(1), peer_ll, ll, 64, &echo));
+    let (_, src, dst, _, _) = only_reply(&tx);
+    assert_eq!((src, dst), (ll, peer_ll));
+    // The same echo is not answered with IPv6 off.
+    assert!(
+        receive(
+            &mut quiet,
+            &icmpv6_frame(host_mac(1), peer_ll, ll, 64, &echo)
+        )
+        .frames
+        .is_empty()
+    );
+    let prefix = Ipv6Addr::new(0xfd88, 0, 0, 0, 0, 0, 0, 0);
+    receive(
+        &mut s,
+        &router_advert(router_ll(), 1800, None, Some((prefix, 64, 3600))),
+    );
+    let mut slaac = ll.octets();
+    slaac[..8].copy_from_slice(&prefix.octets()[..8]);
+    let slaac = Ipv6Addr::from(slaac);
+    polled_at(&mut s, T0 + Duration::from_secs(15));
+    polled_at(&mut s, T0 + Duration::from_secs(16));
+    assert_eq!(s.ipv6_addrs(), vec![ll, slaac]);
+    let tx = receive(&mut s, &icmpv6_frame(host_mac(1), PEER, slaac, 64, &echo));
+    let (_, src, dst, _, _) = only_reply(&tx);
+    assert_eq!((src, dst), (slaac, PEER));
+}
+
 /// An advertisement flood from many routers with many prefixes keeps
 /// the tables at their caps (the rest counted as ignored); one from a
 /// global source address, or with an option of length 0, is dropped.

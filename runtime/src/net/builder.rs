@@ -35,6 +35,7 @@ pub struct Builder {
     backend: Option<Backend>,
     ip: Option<(Ipv4Addr, u8)>,
     ipv6: Vec<(Ipv6Addr, u8)>,
+    slaac: bool,
     dpdk_port: Option<(u16, u32)>,
     gateway: Option<Ipv4Addr>,
     gateway6: Option<Ipv6Addr>,
@@ -112,6 +113,14 @@ impl Builder {
     /// that is not loopback.
     pub fn ipv6(mut self, addr: Ipv6Addr, prefix_len: u8) -> Self {
         self.ipv6.push((addr, prefix_len));
+        self
+    }
+
+    /// Speak IPv6 with no address given to [`ipv6`](Self::ipv6): the
+    /// link-local address made from the MAC, and the addresses and
+    /// default routers that router advertisements give (SLAAC, RFC 4862).
+    pub fn slaac(mut self) -> Self {
+        self.slaac = true;
         self
     }
 
@@ -314,6 +323,7 @@ impl Builder {
         for &(addr, prefix) in &self.ipv6 {
             stack.ipv6.push(checked_ipv6(addr, prefix)?);
         }
+        stack.ipv6_auto = self.slaac;
         if self.no_gso {
             stack.gso_max = 0;
         }

@@ -161,9 +161,15 @@ impl Default for Ipv6Iface {
 
 impl Ipv6Iface {
     /// IPv6 with the link-local address made from `mac` and `configured`
-    /// (off when `configured` is empty); fragment IDs start from `secret`.
-    pub(crate) fn new(mac: EthernetAddress, configured: &[Ipv6Cidr], secret: u64) -> Self {
-        if configured.is_empty() {
+    /// (off when `configured` is empty, unless `auto`: the link-local
+    /// address alone); fragment IDs start from `secret`.
+    pub(crate) fn new(
+        mac: EthernetAddress,
+        configured: &[Ipv6Cidr],
+        auto: bool,
+        secret: u64,
+    ) -> Self {
+        if configured.is_empty() && !auto {
             return Ipv6Iface::default();
         }
         let ll = Ipv6Cidr::new(link_local(mac), 64);
