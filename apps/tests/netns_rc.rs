@@ -73,6 +73,9 @@ struct Case {
     /// `--size N`, or `-a` when None.
     size: Option<u64>,
     iters: u64,
+    /// IPv6 GIDs: both stacks get an IPv6 address, the client `--ipv6`
+    /// (the server follows its family).
+    ipv6: bool,
 }
 
 impl Case {
@@ -95,6 +98,15 @@ impl Case {
         a
     }
 
+    /// The `--ip` flags of the server's (`host` 2) or client's (3) stack.
+    fn ips(&self, host: u8) -> Vec<String> {
+        let mut a = vec!["--ip".to_string(), format!("10.77.0.{host}/24")];
+        if self.ipv6 {
+            a.extend(["--ip".to_string(), format!("fd77::{host}/64")]);
+        }
+        a
+    }
+
     fn sizes(&self) -> Vec<u64> {
         match self.size {
             Some(s) => vec![s],
@@ -104,11 +116,12 @@ impl Case {
 
     fn name(&self) -> String {
         format!(
-            "{}_{} {}",
+            "{}_{} {}{}",
             self.op,
             if self.latency { "lat" } else { "bw" },
             self.size
-                .map_or_else(|| "-a".to_string(), |s| format!("{s} B"))
+                .map_or_else(|| "-a".to_string(), |s| format!("{s} B")),
+            if self.ipv6 { " (IPv6 GIDs)" } else { "" }
         )
     }
 }
@@ -118,30 +131,23 @@ fn run_case(topo: &Topo, c: &Case) {
     let args = c.args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = Daemon::new(
-        topo.bin(
-            uperf,
-            &[
-                "--pcap",
-                &topo.stack_if(),
-                "--ip",
-                "10.77.0.2/24",
-                "-s",
-                "-1",
-            ],
-        )
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the uperf server"),
+        topo.bin(uperf, &["--pcap", &topo.stack_if(), "-s", "-1"])
+            .args(c.ips(2))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the uperf server"),
     );
     // The server listens once its stack runs: retry while refused.
     let deadline = Instant::now() + Duration::from_secs(15);
     let client = loop {
         let o = Command::new("ip")
             .args(["netns", "exec", &topo.ns("linux"), uperf])
-            .args(["--pcap", &topo.linux_if(), "--ip", "10.77.0.3/24"])
+            .args(["--pcap", &topo.linux_if()])
+            .args(c.ips(3))
             .args(["-c", "10.77.0.2", "--connect-timeout", "2000"])
+            .args(if c.ipv6 { &["--ipv6"][..] } else { &[] })
             .args(&args)
             .output()
             .expect("run the uperf client");
@@ -182,6 +188,20 @@ fn run_case(topo: &Topo, c: &Case) {
     for t in [&ct, &st] {
         assert!(t.contains("Connection type : RC"), "{name}:\n{t}");
     }
+    // Each side's RC traffic went to the address of the peer's GID.
+    let (to_server, to_client) = if c.ipv6 {
+        ("fd77::2", "fd77::3")
+    } else {
+        ("10.77.0.2", "10.77.0.3")
+    };
+    assert!(
+        ct.contains(&format!("peer {to_server} qpn")),
+        "{name}:\n{ct}"
+    );
+    assert!(
+        st.contains(&format!("peer {to_client} qpn")),
+        "{name}:\n{st}"
+    );
 
     // Counts: what each side moved, and clean QPs on both ends.
     let cs = summary(&ct);
@@ -223,6 +243,7 @@ fn perftest_rc_between_two_ustacks() {
                 latency,
                 size: Some(65536),
                 iters: N,
+                ipv6: false,
             });
         }
     }
@@ -232,19 +253,32 @@ fn perftest_rc_between_two_ustacks() {
         latency: true,
         size: Some(2),
         iters: N,
+        ipv6: false,
     });
     cases.push(Case {
         op: "write",
         latency: false,
         size: Some(1000),
         iters: N,
+        ipv6: false,
     });
+    // IPv6 GIDs (perftest's --ipv6): a bandwidth and a latency test.
+    for (op, latency, size) in [("write", false, 65536), ("send", true, 2)] {
+        cases.push(Case {
+            op,
+            latency,
+            size: Some(size),
+            iters: N,
+            ipv6: true,
+        });
+    }
     for (op, latency) in [("send", false), ("write", true), ("read", false)] {
         cases.push(Case {
             op,
             latency,
             size: None,
             iters: 5,
+            ipv6: false,
         });
     }
     for c in &cases {

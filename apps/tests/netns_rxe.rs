@@ -8,7 +8,8 @@
 //! on both sides (rxe's hw_counters and qkey_viol_cntr, ustack's telemetry),
 //! and the ICRC of every RoCE frame in both captures is recomputed by
 //! `tools/roce-icrc.py` (zlib's CRC-32). The same over IPv6 GIDs: UD pings,
-//! `ibv_ud_pingpong -g` in both roles.
+//! `ibv_ud_pingpong -g`, `ibv_rc_pingpong -g` and perftest's `ib_write_bw`
+//! and `ib_send_lat -c RC -x` (rxe's IPv6 GID) in both roles.
 //!
 //! One test, one guest boot (the boot is most of its time). Skipped with
 //! the reason where the machine cannot run it (not root, no QEMU, no
@@ -529,7 +530,7 @@ fn rxe_interop() {
     perftest_checks(&ns, &mut g, uperf);
     perftest_rc_checks(&ns, &mut g, uperf);
     rc_pingpong_checks(&ns, &mut g, uping, &dir);
-    let (cap6_run, cap6_ping) = ipv6_checks(&ns, &mut g, ustack, uping, &dir);
+    let (cap6_run, cap6_ping) = ipv6_checks(&ns, &mut g, (ustack, uping, uperf), &dir);
 
     // ---- Every RoCE frame of both senders carries a valid ICRC.
     let t = icrc_check(&[&cap_run, &cap_ping, &cap6_run, &cap6_ping]);
@@ -560,13 +561,14 @@ fn rxe_interop() {
 /// picks rxe's IPv6 RoCE v2 GID) and stock `ibv_ud_pingpong -g` with that
 /// GID's index against `ustack run`, which answers with its own IPv6 GID.
 /// ustack -> rxe: `uping --rdma --pingpong -6` against the stock server.
-/// rxe's counters on both sides of each run; the captures' ICRCs are
-/// checked by the caller.
+/// Then RC: `ibv_rc_pingpong -g` and perftest's `ib_write_bw` and
+/// `ib_send_lat` with `-x` that index, both roles (ours `--ipv6` as the
+/// client). rxe's counters on both sides of each run; the captures' ICRCs
+/// are checked by the caller.
 fn ipv6_checks(
     ns: &Ns,
     g: &mut Guest,
-    ustack: &str,
-    uping: &str,
+    (ustack, uping, uperf): (&str, &str, &str),
     dir: &Path,
 ) -> (PathBuf, PathBuf) {
     // busybox's ip has no nodad: DAD off for the interface instead.
@@ -671,6 +673,13 @@ fn ipv6_checks(
     let (sent1, rcvd1, _) = g.counters();
     assert_eq!((sent1 - sent0, rcvd1 - rcvd0), (50, 50));
     rc_pingpong_ipv6(ns, g, uping, dir, &idx);
+    // perftest's RC programs with rxe's IPv6 GID (-x), both roles.
+    for (program, size) in [
+        (("ib_write_bw", "write", false), 4096),
+        (("ib_send_lat", "send", true), 2),
+    ] {
+        perftest_rc_case(ns, g, uperf, program, size, Some(&idx));
+    }
     (cap_run, cap_ping)
 }
 
@@ -1232,8 +1241,6 @@ fn perftest_rc_summary(out: &str) -> RcSummary {
 /// accounted for ([`perftest_rc_recovery`]): each resend of ours follows
 /// an ACK timeout or a NAK, and the two sides' counters agree.
 fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
-    const N: u64 = 200;
-    let n = N.to_string();
     let programs = [
         ("ib_send_bw", "send", false),
         ("ib_write_bw", "write", false),
@@ -1244,72 +1251,103 @@ fn perftest_rc_checks(ns: &Ns, g: &mut Guest, uperf: &str) {
     ];
     for (tool, op, latency) in programs {
         for size in [if latency { 2u64 } else { 64 }, 4096] {
-            let s = size.to_string();
-            let mut ours: Vec<&str> = vec!["--rdma", "rc", "--op", op, "-n", &n, "--size", &s];
-            if latency {
-                ours.push("--latency");
-            }
-            let stock_args = format!("-c RC -x 1 -F -n {N} -s {size}");
-
-            // uperf is the client of the stock server.
-            let before = perftest_rc_rxe_counters(g);
-            g.ok(&format!(
-                "({tool} {stock_args} > /tmp/rcpt.out 2>&1; echo exit=$? >> /tmp/rcpt.out) &"
-            ));
-            let o = wait_for_server(|| {
-                ns.ustack(uperf, &[], &["-c", GUEST_IP])
-                    .args(&ours)
-                    .output()
-                    .unwrap()
-            });
-            let t = text(&o);
-            eprintln!("uperf --rdma rc client vs {tool} -s {size}:\n{t}");
-            let stock = wait_guest_file(g, "/tmp/rcpt.out", "exit=");
-            eprintln!("{tool} server:\n{stock}");
-            assert!(o.status.success(), "{t}\n{stock}");
-            assert!(stock.contains("exit=0"), "{stock}");
-            assert!(perftest_row(&t, size, N).is_some(), "no row: {t}");
-            // The stock server prints a row except ib_read_lat's (idle).
-            if tool != "ib_read_lat" {
-                assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
-            }
-            let summary = perftest_rc_summary(&t);
-            let want = if latency && op != "read" { 2 * N } else { N };
-            assert_eq!(summary.messages, want, "{t}");
-            let after = perftest_rc_rxe_counters(g);
-            let what = format!("uperf client vs {tool} -s {size}");
-            perftest_rc_recovery(&what, &summary, latency, size, &before, &after);
-
-            // uperf is the server of the stock client.
-            let before = perftest_rc_rxe_counters(g);
-            let server = Daemon::spawn(ns.ustack(uperf, &[], &["-s", "-1"]).args(&ours));
-            // The stock latency tools wait forever for a lost message:
-            // bounded by `timeout`, so a hang fails with both sides' output.
-            let what = format!("{tool} -s {size} client vs uperf --rdma rc server");
-            let (stock, code, out, err) = stock_client_vs_server(
-                g,
-                &format!("timeout 60 {tool} {stock_args} {HOST_IP}"),
-                server,
-                &what,
-            );
-            eprintln!("{what}:\n{stock}\n{out}{err}");
-            assert_eq!(code, 0, "{out}{err}\n{stock}");
-            assert!(stock.contains("exit=0"), "{stock}");
-            assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
-            if tool != "ib_read_lat" {
-                assert!(perftest_row(&out, size, N).is_some(), "{out}");
-            }
-            let summary = perftest_rc_summary(&out);
-            let want = match (op, latency) {
-                ("send", false) => N,
-                ("send" | "write", true) => 2 * N,
-                _ => 0,
-            };
-            assert_eq!(summary.messages, want, "{out}");
-            let after = perftest_rc_rxe_counters(g);
-            perftest_rc_recovery(&what, &summary, latency, size, &before, &after);
+            perftest_rc_case(ns, g, uperf, (tool, op, latency), size, None);
         }
     }
+}
+
+/// One perftest RC program (`tool`, our `--op`, latency or not) at
+/// `size` against `uperf --rdma rc`, both roles, 200 messages: as
+/// [`perftest_rc_checks`] says. With `v6` (rxe's IPv6 RoCE v2 GID index),
+/// over IPv6 GIDs: the stock side `-x` that index, ours `--ipv6` as the
+/// client and following the client's family as the server; each side's
+/// QP talks to the other's IPv6 address.
+fn perftest_rc_case(
+    ns: &Ns,
+    g: &mut Guest,
+    uperf: &str,
+    (tool, op, latency): (&str, &str, bool),
+    size: u64,
+    v6: Option<&str>,
+) {
+    const N: u64 = 200;
+    let n = N.to_string();
+    let s = size.to_string();
+    let ip6 = format!("{HOST_IP6}/64");
+    let mut ours: Vec<&str> = vec!["--rdma", "rc", "--op", op, "-n", &n, "--size", &s];
+    if latency {
+        ours.push("--latency");
+    }
+    if v6.is_some() {
+        ours.extend(["--ip", &ip6]);
+    }
+    let gid = v6.unwrap_or("1");
+    let stock_args = format!("-c RC -x {gid} -F -n {N} -s {size}");
+    // Our QP's peer, either role: the guest's address of the GID family.
+    let peer = if v6.is_some() { GUEST_IP6 } else { GUEST_IP };
+    let family = if v6.is_some() { " (IPv6 GIDs)" } else { "" };
+
+    // uperf is the client of the stock server.
+    let before = perftest_rc_rxe_counters(g);
+    g.ok(&format!(
+        "({tool} {stock_args} > /tmp/rcpt.out 2>&1; echo exit=$? >> /tmp/rcpt.out) &"
+    ));
+    let o = wait_for_server(|| {
+        let mut c = ns.ustack(uperf, &[], &["-c", GUEST_IP]);
+        c.args(&ours);
+        if v6.is_some() {
+            c.arg("--ipv6");
+        }
+        c.output().unwrap()
+    });
+    let t = text(&o);
+    eprintln!("uperf --rdma rc client vs {tool} -s {size}{family}:\n{t}");
+    let stock = wait_guest_file(g, "/tmp/rcpt.out", "exit=");
+    eprintln!("{tool} server:\n{stock}");
+    assert!(o.status.success(), "{t}\n{stock}");
+    assert!(stock.contains("exit=0"), "{stock}");
+    assert!(perftest_row(&t, size, N).is_some(), "no row: {t}");
+    assert!(t.contains(&format!("peer {peer} qpn")), "{t}");
+    // The stock server prints a row except ib_read_lat's (idle).
+    if tool != "ib_read_lat" {
+        assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
+    }
+    let summary = perftest_rc_summary(&t);
+    let want = if latency && op != "read" { 2 * N } else { N };
+    assert_eq!(summary.messages, want, "{t}");
+    let after = perftest_rc_rxe_counters(g);
+    let what = format!("uperf client vs {tool} -s {size}{family}");
+    perftest_rc_recovery(&what, &summary, latency, size, &before, &after);
+
+    // uperf is the server of the stock client.
+    let before = perftest_rc_rxe_counters(g);
+    let server = Daemon::spawn(ns.ustack(uperf, &[], &["-s", "-1"]).args(&ours));
+    // The stock latency tools wait forever for a lost message:
+    // bounded by `timeout`, so a hang fails with both sides' output.
+    let what = format!("{tool} -s {size} client vs uperf --rdma rc server{family}");
+    let (stock, code, out, err) = stock_client_vs_server(
+        g,
+        &format!("timeout 60 {tool} {stock_args} {HOST_IP}"),
+        server,
+        &what,
+    );
+    eprintln!("{what}:\n{stock}\n{out}{err}");
+    assert_eq!(code, 0, "{out}{err}\n{stock}");
+    assert!(stock.contains("exit=0"), "{stock}");
+    assert!(perftest_row(&stock, size, N).is_some(), "{stock}");
+    if tool != "ib_read_lat" {
+        assert!(perftest_row(&out, size, N).is_some(), "{out}");
+    }
+    assert!(out.contains(&format!("peer {peer} qpn")), "{out}");
+    let summary = perftest_rc_summary(&out);
+    let want = match (op, latency) {
+        ("send", false) => N,
+        ("send" | "write", true) => 2 * N,
+        _ => 0,
+    };
+    assert_eq!(summary.messages, want, "{out}");
+    let after = perftest_rc_rxe_counters(g);
+    perftest_rc_recovery(&what, &summary, latency, size, &before, &after);
 }
 
 /// What must hold of one perftest RC run against rxe (an emulated peer:

@@ -113,6 +113,11 @@ struct Cli {
     /// without progress.
     #[arg(short = 'W', long = "timeout", value_name = "S", default_value_t = 5.0, value_parser = seconds)]
     timeout: f64,
+    /// With --perftest or --rdma rc: our GID is our IPv6 address (perftest's
+    /// --ipv6; the stock side gives its IPv6 GID's index with -x). A server
+    /// answers in the family of the client's GID without it.
+    #[arg(long = "ipv6")]
+    ipv6_gid: bool,
 }
 
 /// `--rdma`'s transport.
@@ -172,6 +177,7 @@ fn check_flags(cli: &Cli, given: &dyn Fn(&str) -> bool) -> Result<(), String> {
         for (on, flag) in [
             (cli.latency, "--latency"),
             (cli.all, "-a"),
+            (cli.ipv6_gid, "--ipv6"),
             (given("timeout"), "-W"),
         ] {
             if on {
@@ -419,6 +425,7 @@ fn perftest_user(cli: &Cli) -> ustack_apps::perftest::PerftestUser {
     cfg.qkey = cli.qkey;
     cfg.timeout = Duration::from_secs_f64(cli.timeout);
     cfg.connect_timeout = Duration::from_millis(cli.connect_timeout.max(1));
+    cfg.ipv6 = cli.ipv6_gid;
     let role = match cli.client {
         Some(host) => PerftestRole::Client(server_addr(rdma_host(host), cli.port)),
         None => PerftestRole::Server {
@@ -447,6 +454,7 @@ fn rc_user(cli: &Cli) -> ustack_apps::perftest_rc::RcUser {
     cfg.all_sizes = cli.all;
     cfg.timeout = Duration::from_secs_f64(cli.timeout);
     cfg.connect_timeout = Duration::from_millis(cli.connect_timeout.max(1));
+    cfg.ipv6 = cli.ipv6_gid;
     let role = match cli.client {
         Some(host) => RcRole::Client(ustack_apps::perftest::server_addr(
             rdma_host(host),
@@ -470,13 +478,13 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    // RC and perftest exchange GIDs over TCP, IPv4 GIDs here; UD takes
-    // either family.
+    // RC and perftest exchange their keys over IPv4 TCP here (the GIDs in
+    // them may be IPv6: --ipv6); UD takes either family.
     if (cli.rdma == Some(RdmaKind::Rc) || cli.perftest)
         && cli.client.is_some_and(|h| rdma_host(h).is_unspecified())
     {
         eprintln!(
-            "uperf: --rdma rc and --perftest need an IPv4 HOST (their GID exchange is IPv4 here; --rdma ud takes IPv6)"
+            "uperf: --rdma rc and --perftest need an IPv4 HOST (their exchange runs over IPv4 here; --ipv6 makes the GIDs IPv6; --rdma ud takes an IPv6 HOST)"
         );
         return ExitCode::from(2);
     }

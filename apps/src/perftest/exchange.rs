@@ -14,14 +14,14 @@
 //! `ctx_xchg_data_ethernet`). Which step follows a key exchange, a data
 //! phase or a size is the transport's choice.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddrV4};
 use std::time::Duration;
 
 use anyhow::Result;
 use ustack::socket::tcp::State;
 use ustack::wire::exchange::{
-    DONE, KEY_MSG_LEN, KeyMsg, VERSION_LEN, gid_ipv4, mtu_bytes, mtu_enum, mtu_msg, parse_mtu_msg,
-    parse_version, version_msg,
+    DONE, KEY_MSG_LEN, KeyMsg, VERSION_LEN, gid_ip, ip_gid, mtu_bytes, mtu_enum, mtu_msg,
+    parse_mtu_msg, parse_version, version_msg,
 };
 use ustack::{Instant, Stack};
 
@@ -131,13 +131,23 @@ pub(crate) fn parse_peer_key(b: &[u8], what: &str) -> Result<KeyMsg, Fail> {
     })
 }
 
-/// The IPv4 address of a peer's key (its GID must be IPv4-mapped).
-pub(crate) fn peer_ip(k: &KeyMsg) -> Result<Ipv4Addr, Fail> {
-    gid_ipv4(&k.gid).ok_or_else(|| {
-        "Found Incompatibility issue with GID types: the peer's GID is not \
-         IPv4-mapped (run perftest with the IPv4 RoCEv2 GID, e.g. -x 1 on rxe)"
-            .to_string()
-    })
+/// The address of a peer's key: IPv4 for an IPv4-mapped GID, else
+/// IPv6; it must be of the family of ours (`me`), as perftest requires.
+pub(crate) fn peer_ip(k: &KeyMsg, me: &KeyMsg) -> Result<IpAddr, Fail> {
+    let ip = gid_ip(&k.gid).ok_or("the peer's GID is all zeros: it has no RoCEv2 address")?;
+    let ours = gid_ip(&me.gid).is_some_and(|m| m.is_ipv6());
+    if ip.is_ipv6() != ours {
+        let (theirs, mine) = if ours {
+            ("IPv4", "IPv6 (--ipv6)")
+        } else {
+            ("IPv6", "IPv4")
+        };
+        return Err(format!(
+            "Found Incompatibility issue with GID types: the peer's GID is {theirs} and ours {mine}; \
+             give both sides the same family (perftest: -x with the GID index, --ipv6)"
+        ));
+    }
+    Ok(ip)
 }
 
 /// The data phase of one size, as both transports count it; `E` is what
@@ -186,6 +196,9 @@ pub struct Exchange {
     since: Instant,
     /// Our key message (set by the transport's setup).
     pub(crate) me: KeyMsg,
+    /// Our GID is an IPv6 address (`--ipv6`, perftest's flag); a server
+    /// also answers a peer whose first key carries an IPv6 GID with one.
+    ipv6_gid: bool,
     /// Lines to print, in order, not yet taken.
     pub(crate) output: Vec<String>,
     timeouts: Timeouts,
@@ -219,8 +232,32 @@ impl Exchange {
         .map_err(|e| self.oob_fail(&e))
     }
 
-    /// One key exchange: ours for the peer's.
+    /// Our GID: our IPv4 address mapped, or with `--ipv6` our IPv6
+    /// address (a global one before the link-local).
+    pub(crate) fn our_gid(&self, stack: &Stack) -> Result<[u8; 16], Fail> {
+        crate::pingpong::our_gid_addr(stack, self.ipv6_gid, None).map(ip_gid)
+    }
+
+    /// One key exchange: ours for the peer's. A server reads first, so
+    /// its key's GID follows the family of the client's.
     pub(crate) fn key(&mut self, stack: &Stack) -> Result<Option<KeyMsg>, Fail> {
+        if !self.client {
+            let got = self
+                .conn
+                .recv_exact(stack, KEY_MSG_LEN)
+                .map_err(|e| self.oob_fail(&e))?;
+            let Some(b) = got else {
+                return Ok(None);
+            };
+            let k = parse_peer_key(&b, self.step.what())?;
+            let theirs = gid_ip(&k.gid).is_some_and(|ip| ip.is_ipv6());
+            if theirs != self.ipv6_gid {
+                self.ipv6_gid = theirs;
+                self.me.gid = self.our_gid(stack)?;
+            }
+            self.conn.send(&self.me.to_wire());
+            return Ok(Some(k));
+        }
         let mine = self.me.to_wire();
         match self.xchg(stack, &mine, KEY_MSG_LEN)? {
             Some(b) => parse_peer_key(&b, self.step.what()).map(Some),
@@ -302,6 +339,8 @@ pub trait Transport: std::fmt::Debug + Sized {
     fn check(cfg: &Self::Config, stack: &Stack) -> Result<()>;
     /// The exchange's waits.
     fn timeouts(cfg: &Self::Config) -> Timeouts;
+    /// Our GID is IPv6 (`--ipv6`).
+    fn ipv6_gid(cfg: &Self::Config) -> bool;
     /// How long the current step may wait where that is not the exchange
     /// timeout (the peer's data phase, a drain).
     fn step_wait(&self, x: &Exchange) -> Option<Duration>;
@@ -376,6 +415,7 @@ impl<T: Transport> Session<T> {
             wrote: false,
             since: Instant::ZERO,
             me: KeyMsg::default(),
+            ipv6_gid: T::ipv6_gid(&cfg),
             output: Vec::new(),
             timeouts: T::timeouts(&cfg),
             closed_at_close: T::CLOSED_AT_CLOSE,
@@ -581,5 +621,35 @@ impl<T: Transport> Session<T> {
             Step::Finished => {}
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn key(ip: IpAddr) -> KeyMsg {
+        KeyMsg {
+            gid: ip_gid(ip),
+            ..KeyMsg::default()
+        }
+    }
+
+    #[test]
+    fn the_peers_gid_must_be_of_our_family() {
+        let v4: IpAddr = Ipv4Addr::new(10, 77, 0, 3).into();
+        let v6: IpAddr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 3).into();
+        let (me4, me6) = (
+            key(Ipv4Addr::new(10, 77, 0, 2).into()),
+            key(Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2).into()),
+        );
+        assert_eq!(peer_ip(&key(v4), &me4), Ok(v4));
+        assert_eq!(peer_ip(&key(v6), &me6), Ok(v6));
+        let e = peer_ip(&key(v6), &me4).unwrap_err();
+        assert!(e.contains("the peer's GID is IPv6 and ours IPv4"), "{e}");
+        let e = peer_ip(&key(v4), &me6).unwrap_err();
+        assert!(e.contains("the peer's GID is IPv4 and ours IPv6"), "{e}");
+        assert!(peer_ip(&KeyMsg::default(), &me4).is_err());
     }
 }

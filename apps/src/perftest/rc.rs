@@ -42,7 +42,7 @@
 //! Latency is from the gaps between successive posts (halved except for
 //! READ), as `print_report_lat`. Output follows perftest's layout.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -50,7 +50,7 @@ use ustack::socket::rc::{
     Access, Local, MrHandle, MrInfo, RcDest, RcOp, RcQpConfig, RcQpHandle, RcQpStatus, RcSendWr,
     Sge, Wc, WcOpcode, WcStatus,
 };
-use ustack::wire::exchange::{KeyMsg, ipv4_gid};
+use ustack::wire::exchange::KeyMsg;
 use ustack::{Instant, Stack};
 
 use super::app::{Client, PerftestRole, Server, User};
@@ -154,6 +154,9 @@ pub struct RcConfig {
     pub exchange_timeout: Duration,
     /// Longest wait for the TCP connection (client).
     pub connect_timeout: Duration,
+    /// Our GID is our IPv6 address, not our IPv4 one mapped (perftest's
+    /// `--ipv6`; a server follows the client's family anyway).
+    pub ipv6: bool,
 }
 
 impl RcConfig {
@@ -169,6 +172,7 @@ impl RcConfig {
             timeout: Duration::from_secs(5),
             exchange_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            ipv6: false,
         }
     }
 
@@ -302,7 +306,7 @@ pub struct RcReport {
     /// Our role.
     pub client: bool,
     /// The peer's address and QP number.
-    pub peer: Option<(Ipv4Addr, u32)>,
+    pub peer: Option<(IpAddr, u32)>,
     /// The table rows, one per size (a bw server: the client's report).
     pub rows: Vec<Row>,
     /// Data messages this side completed as the requester (SENDs, WRITEs,
@@ -525,6 +529,10 @@ impl Transport for Rc {
         check_config(cfg)
     }
 
+    fn ipv6_gid(cfg: &RcConfig) -> bool {
+        cfg.ipv6
+    }
+
     fn timeouts(cfg: &RcConfig) -> Timeouts {
         Timeouts {
             exchange: cfg.exchange_timeout,
@@ -587,7 +595,7 @@ impl Transport for Rc {
             psn: st.initial_psn,
             rkey: info.rkey,
             vaddr: info.addr + buff as u64,
-            gid: ipv4_gid(stack.ip()),
+            gid: x.our_gid(stack)?,
             srqn: 0,
         };
         let send_server = cfg.op == Op::Send && !self.client;
@@ -614,14 +622,14 @@ impl Transport for Rc {
     ) -> Result<(), Fail> {
         let n = self.cfg.keys();
         if self.peer.is_none() {
-            let ip = peer_ip(&k)?;
+            let ip = peer_ip(&k, &x.me)?;
             let qp = self.qp.ok_or("no queue pair")?;
             stack
                 .rc()
                 .connect(
                     qp,
                     RcDest {
-                        ip: ip.into(),
+                        ip,
                         qpn: k.qpn,
                         psn: k.psn,
                     },
@@ -1185,7 +1193,8 @@ pub fn check_config(cfg: &RcConfig) -> Result<()> {
 #[cfg(test)]
 mod test {
     use super::*;
-    use std::net::SocketAddrV4;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    use ustack::wire::exchange::ipv4_gid;
 
     #[test]
     fn names_titles_and_defaults_like_perftest() {

@@ -21,7 +21,7 @@ use anyhow::Result;
 use ustack::socket::ud::{
     Completion, GRH_LEN, QpConfig, QpHandle, SendWr, UdAddr, UdTransport, WcOpcode, WcStatus,
 };
-use ustack::wire::exchange::{KeyMsg, ipv4_gid};
+use ustack::wire::exchange::KeyMsg;
 use ustack::{Instant, Stack};
 
 use super::app::{Client, Server, User};
@@ -89,6 +89,9 @@ pub struct PerftestConfig {
     pub exchange_timeout: Duration,
     /// Longest wait for the TCP connection (client).
     pub connect_timeout: Duration,
+    /// Our GID is our IPv6 address, not our IPv4 one mapped (perftest's
+    /// `--ipv6`; a server follows the client's family anyway).
+    pub ipv6: bool,
 }
 
 impl PerftestConfig {
@@ -104,6 +107,7 @@ impl PerftestConfig {
             timeout: Duration::from_secs(5),
             exchange_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            ipv6: false,
         }
     }
 
@@ -306,6 +310,10 @@ impl Transport for Ud {
         check_config(cfg, stack.ud_max_msg())
     }
 
+    fn ipv6_gid(cfg: &PerftestConfig) -> bool {
+        cfg.ipv6
+    }
+
     fn timeouts(cfg: &PerftestConfig) -> Timeouts {
         Timeouts {
             exchange: cfg.exchange_timeout,
@@ -368,7 +376,7 @@ impl Transport for Ud {
             psn: 0,
             rkey: 0,
             vaddr: 0,
-            gid: ipv4_gid(stack.ip()),
+            gid: x.our_gid(stack)?,
             srqn: 0,
         };
         x.output.push(banner(&self.cfg, self.client, self.mtu));
@@ -389,11 +397,8 @@ impl Transport for Ud {
     ) -> Result<(), Fail> {
         match i {
             0 => {
-                let ip = peer_ip(&k)?;
-                self.report.peer = Some(UdAddr {
-                    ip: ip.into(),
-                    qpn: k.qpn,
-                });
+                let ip = peer_ip(&k, &x.me)?;
+                self.report.peer = Some(UdAddr { ip, qpn: k.qpn });
                 x.goto(now, Step::Key(1));
             }
             1 => {

@@ -133,6 +133,11 @@ impl ArpCache {
         }
     }
 
+    /// Is a request for `ip` outstanding (packets wait for its answer)?
+    pub(crate) fn asking(&self, ip: Ipv4Addr) -> bool {
+        self.pending.asked(&ip)
+    }
+
     /// Is there an entry (fresh or not) or an outstanding request for `ip`?
     pub fn knows(&self, ip: Ipv4Addr) -> bool {
         self.entries.contains_key(&ip) || self.pending.asked(&ip)

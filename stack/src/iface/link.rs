@@ -443,6 +443,17 @@ impl Link {
         self.count_tx(ok, len);
     }
 
+    /// Whether the next hop toward `dst` is being resolved (ARP or
+    /// neighbor discovery asked, and a packet waits for the answer): a
+    /// sender that can hold its packets (RC's requester, as an RNIC's QP
+    /// waits for its address handle) sends nothing more until it is.
+    pub(crate) fn resolving(&self, dst: IpAddr) -> bool {
+        match dst {
+            IpAddr::V4(d) => self.next_hop(d).is_some_and(|h| self.arp.asking(h)),
+            IpAddr::V6(d) => (self.ip6.next_hop(&d)).is_some_and(|h| self.ip6.pending.asked(&h)),
+        }
+    }
+
     /// The next hop for `dst`, or `None` when there is no route.
     pub(crate) fn next_hop(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
         if self.cfg.ip.contains_addr(&dst) {

@@ -356,6 +356,12 @@ fn send_packet<T: Tx>(
     src_qpn: u32,
     p: &OutPacket<'_>,
 ) -> Result<(), Error> {
+    // One packet waits for the neighbor's address; the rest stay in the
+    // QP until it is known (the queue of packets waiting for a neighbor
+    // is small, and a window dropped there costs a go-back-N).
+    if link.resolving(dest.ip) {
+        return Err(Error::QueueFull);
+    }
     let pad = (4 - p.hdrs.payload.len() % 4) % 4;
     let roce_len = BTH_LEN + p.hdrs.buffer_len() + pad + ICRC_LEN;
     let sport = udwire::udp_source_port(src_qpn, dest.qpn);
