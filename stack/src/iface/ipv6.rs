@@ -1096,11 +1096,17 @@ impl FlowLabels {
             }
             _ => 0,
         };
+        // The addresses folded to a word each before the keyed hash: one
+        // hash of three words per packet (labels need spread, not every
+        // bit of the input).
+        let fold = |a: Ipv6Addr| {
+            let b = a.to_bits();
+            (b as u64) ^ ((b >> 64) as u64).rotate_left(29)
+        };
         let h = self.hash.hash_one((
-            self.src.to_bits(),
-            self.dst.to_bits(),
-            u8::from(self.protocol),
-            ports,
+            fold(self.src),
+            fold(self.dst),
+            (u64::from(u8::from(self.protocol)) << 32) | u64::from(ports),
         ));
         match (h as u32) & 0x000f_ffff {
             0 => 1,

@@ -213,8 +213,8 @@ impl Ipv6Iface {
         }
         let on_link = dst.is_unicast_link_local()
             || dst.is_multicast()
-            || self.addrs.iter().any(|c| c.contains_addr(dst))
-            || self.on_link.iter().any(|p| p.what.contains_addr(dst));
+            || self.addrs.iter().any(|c| in_prefix(c, dst))
+            || self.on_link.iter().any(|p| in_prefix(&p.what, dst));
         if on_link {
             return Some(*dst);
         }
@@ -364,7 +364,7 @@ impl Ipv6Iface {
                 .copied()
                 .chain(self.slaac.iter().map(|a| a.what))
         };
-        let matching = global().find(|c| c.contains_addr(dst));
+        let matching = global().find(|c| in_prefix(c, dst));
         Some(matching.or(global().next()).map_or(ll, |c| c.address()))
     }
 
@@ -385,7 +385,10 @@ impl Ipv6Iface {
     }
 
     pub(crate) fn is_ours(&self, a: &Ipv6Addr) -> bool {
-        self.addrs().any(|m| m == *a)
+        // The tables themselves, not the chained iterator of `addrs`:
+        // this runs for every packet both ways.
+        self.addrs.iter().any(|c| c.address() == *a)
+            || self.slaac.iter().any(|s| s.what.address() == *a)
     }
 
     /// Whether `a` is one of our addresses still under duplicate address
@@ -412,8 +415,8 @@ impl Ipv6Iface {
     /// Whether we take packets to `dst`: one of our addresses, all-nodes,
     /// or the solicited-node group of one of them or of a tentative one.
     pub(crate) fn accepts(&self, dst: &Ipv6Addr) -> bool {
-        *dst == ALL_NODES
-            || self.addrs().any(|m| m == *dst)
+        self.is_ours(dst)
+            || *dst == ALL_NODES
             || self.listening().any(|m| solicited_node(m) == *dst)
     }
 
@@ -425,6 +428,16 @@ impl Ipv6Iface {
                 || self
                     .listening()
                     .any(|m| mac == multicast_mac(solicited_node(m))))
+    }
+}
+
+/// Whether `a` is in the prefix of `c`: smoltcp's `contains_addr` with
+/// one 128-bit compare (it walks the bytes; this runs for every packet
+/// sent).
+fn in_prefix(c: &Ipv6Cidr, a: &Ipv6Addr) -> bool {
+    match u32::from(c.prefix_len()) {
+        0 => true,
+        len => (c.address().to_bits() ^ a.to_bits()) >> (128 - len.min(128)) == 0,
     }
 }
 
@@ -479,4 +492,28 @@ pub fn solicited_node(a: Ipv6Addr) -> Ipv6Addr {
 pub fn multicast_mac(group: Ipv6Addr) -> EthernetAddress {
     let o = group.octets();
     EthernetAddress([0x33, 0x33, o[12], o[13], o[14], o[15]])
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn in_prefix_agrees_with_smoltcp() {
+        let addrs = [
+            Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2),
+            Ipv6Addr::new(0xfd77, 0, 0, 1, 0, 0, 0, 2),
+            Ipv6Addr::new(0xfe80, 0, 0, 0, 0x75, 0x73ff, 0xfe4d, 2),
+            Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0),
+            Ipv6Addr::UNSPECIFIED,
+        ];
+        for len in [0u8, 1, 16, 48, 63, 64, 65, 127, 128] {
+            for p in addrs {
+                let c = Ipv6Cidr::new(p, len);
+                for a in addrs {
+                    assert_eq!(in_prefix(&c, &a), c.contains_addr(&a), "{c} {a}");
+                }
+            }
+        }
+    }
 }

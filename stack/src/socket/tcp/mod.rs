@@ -41,10 +41,25 @@ use crate::time::Instant;
 
 /// The connection's demux key: local port and remote endpoint (the local
 /// address is always the stack's own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FlowKey {
     pub local_port: u16,
     pub remote: SocketAddr,
+}
+
+impl std::hash::Hash for FlowKey {
+    /// The address as 128 bits and both ports as one word: what tells
+    /// flows apart, without `SocketAddrV6`'s flow info and scope (equal
+    /// keys still hash alike) and without building it on the stack per
+    /// segment.
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let ip = match self.remote.ip() {
+            core::net::IpAddr::V4(a) => a.to_ipv6_mapped().to_bits(),
+            core::net::IpAddr::V6(a) => a.to_bits(),
+        };
+        h.write_u128(ip);
+        h.write_u32(u32::from(self.local_port) << 16 | u32::from(self.remote.port()));
+    }
 }
 
 #[derive(Debug)]
