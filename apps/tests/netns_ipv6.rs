@@ -237,18 +237,15 @@ fn a_stack_given_a_taken_ipv6_address_exits_2() {
 
 /// `ustack run` on the stack's end with 10.77.0.2/24 and fd77::2/64.
 fn dual_stack_run(topo: &Topo) -> Daemon {
-    Daemon::spawn(&mut topo.bin(
-        env!("CARGO_BIN_EXE_ustack"),
-        &[
-            "run",
-            "--pcap",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-            "--ip",
-            "fd77::2/64",
-        ],
-    ))
+    ustack_run_with(topo, &["--ip", "fd77::2/64"])
+}
+
+/// `ustack run` on the stack's end with 10.77.0.2/24 and `more` flags.
+fn ustack_run_with(topo: &Topo, more: &[&str]) -> Daemon {
+    let iface = topo.stack_if();
+    let mut args = vec!["run", "--pcap", &iface, "--ip", "10.77.0.2/24"];
+    args.extend_from_slice(more);
+    Daemon::spawn(&mut topo.bin(env!("CARGO_BIN_EXE_ustack"), &args))
 }
 
 /// The Linux host's end on a bridge `br0` with multicast snooping that
@@ -438,17 +435,7 @@ fn slaac_alone_takes_an_address_from_radvd() {
             .arg("-p")
             .arg(&pid),
     );
-    let d = Daemon::spawn(&mut topo.bin(
-        env!("CARGO_BIN_EXE_ustack"),
-        &[
-            "run",
-            "--pcap",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-            "--slaac",
-        ],
-    ));
+    let d = ustack_run_with(&topo, &["--slaac"]);
     let slaac = "fd88::75:73ff:fe4d:2";
     let deadline = Instant::now() + Duration::from_secs(20);
     while !topo

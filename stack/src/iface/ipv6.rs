@@ -777,48 +777,44 @@ fn send_mld_report<T: Tx>(link: &mut Link, tx: &mut T, report: mld::Report) {
 const MLD_HOP_BY_HOP: [u8; 8] = [58, 0, 5, 2, 0, 0, 1, 0];
 
 /// An MLDv1 report (RFC 2710 §3) for `group`, sent to the group itself
-/// from our link-local address, with hop limit 1 and the router alert.
+/// from our link-local address.
 fn send_mld_v1_report<T: Tx>(link: &mut Link, tx: &mut T, group: Ipv6Addr) {
     let Some(src) = link.ip6.source_for(&group) else {
         return;
     };
-    let hbh = MLD_HOP_BY_HOP;
-    let ip = Ipv6Repr {
-        src_addr: src,
-        dst_addr: group,
-        next_header: IpProtocol::HopByHop,
-        payload_len: hbh.len() + mld::V1_LEN,
-        hop_limit: 1,
-    };
-    let len = ETH_LEN + IPV6_HEADER_LEN + hbh.len() + mld::V1_LEN;
-    let me = link.cfg.mac;
-    let sent = tx.send(len, |buf| {
-        write_eth(buf, me, multicast_mac(group), EthernetProtocol::Ipv6);
-        ip.emit(&mut Ipv6Packet::new_unchecked(&mut buf[ETH_LEN..]));
-        let at = ETH_LEN + IPV6_HEADER_LEN;
-        buf[at..at + hbh.len()].copy_from_slice(&hbh);
-        let icmp = &mut buf[at + hbh.len()..];
+    if send_mld(link, tx, src, group, mld::V1_LEN, |icmp| {
         mld::write_v1_report(icmp, group);
-        let c = crate::wire::checksum::compute_ip(src.into(), group.into(), 58, icmp);
-        icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    });
-    count(link, sent, len - ETH_LEN);
-    if sent {
-        link.stats.ipv6.tx_mld_reports += 1;
+    }) {
         link.stats.ipv6.tx_mld_v1_reports += 1;
     }
 }
 
 /// An MLDv2 report (RFC 3810 §5.2) of `record` for each of our groups, to
-/// all MLDv2 routers from our link-local address, with hop limit 1 and
-/// a hop-by-hop header holding the router alert option (§5, RFC 2711).
+/// all MLDv2 routers from our link-local address.
 fn send_mld_v2_report<T: Tx>(link: &mut Link, tx: &mut T, record: u8) {
-    let Some(src) = link.ip6.source_for(&mld::ALL_MLDV2_ROUTERS) else {
+    let dst = mld::ALL_MLDV2_ROUTERS;
+    let Some(src) = link.ip6.source_for(&dst) else {
         return;
     };
     let groups = link.ip6.groups();
-    let dst = mld::ALL_MLDV2_ROUTERS;
     let icmp_len = 8 + groups.len() * mld::RECORD_LEN;
+    send_mld(link, tx, src, dst, icmp_len, |icmp| {
+        mld::write_report(icmp, &groups, record);
+    });
+}
+
+/// An MLD message of `icmp_len` bytes that `write` fills (its checksum
+/// left 0), from `src` to `dst` with hop limit 1 and a hop-by-hop header
+/// holding the router alert option (RFC 3810 §5, RFC 2711); counted as a
+/// report. Whether it was sent.
+fn send_mld<T: Tx>(
+    link: &mut Link,
+    tx: &mut T,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    icmp_len: usize,
+    write: impl FnOnce(&mut [u8]),
+) -> bool {
     let hbh = MLD_HOP_BY_HOP;
     let ip = Ipv6Repr {
         src_addr: src,
@@ -835,7 +831,7 @@ fn send_mld_v2_report<T: Tx>(link: &mut Link, tx: &mut T, record: u8) {
         let at = ETH_LEN + IPV6_HEADER_LEN;
         buf[at..at + hbh.len()].copy_from_slice(&hbh);
         let icmp = &mut buf[at + hbh.len()..];
-        mld::write_report(icmp, &groups, record);
+        write(icmp);
         let c = crate::wire::checksum::compute_ip(src.into(), dst.into(), 58, icmp);
         icmp[2..4].copy_from_slice(&c.to_be_bytes());
     });
@@ -843,6 +839,7 @@ fn send_mld_v2_report<T: Tx>(link: &mut Link, tx: &mut T, record: u8) {
     if sent {
         link.stats.ipv6.tx_mld_reports += 1;
     }
+    sent
 }
 
 /// Write an ICMPv6 message from `src` to `dst` (at `mac`) and send it.
