@@ -246,7 +246,19 @@ fn sockperf_tcp_on_ustack_against_linux_and_itself() {
             "-p",
             SOCKPERF_PORT,
         ]);
-        std::thread::sleep(Duration::from_millis(500));
+        // Listening before a client runs (a fixed wait lost the race on
+        // a loaded machine: "Connection refused").
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let filter = format!("sport = :{SOCKPERF_PORT}");
+        while !String::from_utf8_lossy(&lab.linux(&["ss", "-Hltn", &filter]).stdout)
+            .contains(SOCKPERF_PORT)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the Linux sockperf server never listened"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         d
     };
     let server = linux_server();
