@@ -394,7 +394,7 @@ fn echo_request6<T: Tx>(
         return;
     };
     let len = 8 + req.size;
-    let sent = crate::iface::ipv6::send(link, now, tx, src, dst, IpProtocol::Icmpv6, len, |b| {
+    let sent = crate::iface::ipv6::send(link, now, tx, src, dst, IpProtocol::Icmpv6, 0, len, |b| {
         b[0] = ECHO_REQUEST6;
         b[1..4].fill(0);
         b[4..6].copy_from_slice(&ident.to_be_bytes());

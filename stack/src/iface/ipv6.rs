@@ -459,7 +459,7 @@ fn icmpv6<T: Tx>(
                 send_icmpv6(link, tx, mac, dst, src, HOP_LIMIT, &reply)
             } else {
                 // Above the MTU: in fragments.
-                send(link, now, tx, dst, src, IpProtocol::Icmpv6, len, |b| {
+                send(link, now, tx, dst, src, IpProtocol::Icmpv6, 0, len, |b| {
                     reply.emit(
                         &dst,
                         &src,
@@ -883,7 +883,9 @@ fn write_header(
     dst: Ipv6Addr,
     next: IpProtocol,
     payload_len: usize,
+    label: u32,
 ) {
+    let mut ip = Ipv6Packet::new_unchecked(buf);
     Ipv6Repr {
         src_addr: src,
         dst_addr: dst,
@@ -891,12 +893,14 @@ fn write_header(
         payload_len,
         hop_limit: HOP_LIMIT,
     }
-    .emit(&mut Ipv6Packet::new_unchecked(buf));
+    .emit(&mut ip);
+    ip.set_flow_label(label);
 }
 
 /// Send an IPv6 packet from `src` (one of ours, [`Ipv6Iface::source_for`])
-/// to `dst` carrying `payload_len` bytes of `protocol` that `fill` writes.
-/// It goes to `dst` when on-link, else to the default router
+/// to `dst` carrying `payload_len` bytes of `protocol` that `fill` writes,
+/// whose transport `ports` (source port high, destination low; 0 for a
+/// protocol without) choose its flow label. It goes to `dst` when on-link, else to the default router
 /// ([`Ipv6Iface::next_hop`](crate::iface::ipv6_iface::Ipv6Iface::next_hop);
 /// `NoRoute` without one). A packet above the link MTU leaves in
 /// fragments (RFC 8200 §4.5); one to a neighbor not yet known waits
@@ -909,23 +913,23 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     src: Ipv6Addr,
     dst: Ipv6Addr,
     protocol: IpProtocol,
+    ports: u32,
     payload_len: usize,
     fill: F,
 ) -> Result<(), Error> {
     let Route { hop, mac, mtu } = route(link, dst, payload_len)?;
-    let labels = FlowLabels {
+    let label = FlowLabels {
         hash: link.flow_hash(),
         src,
         dst,
         protocol,
-    };
+    }
+    .of(ports);
     if IPV6_HEADER_LEN + payload_len <= mtu {
         let len = IPV6_HEADER_LEN + payload_len;
         let build = |ip: &mut [u8]| {
-            write_header(ip, src, dst, protocol, payload_len);
+            write_header(ip, src, dst, protocol, payload_len, label);
             fill(&mut ip[IPV6_HEADER_LEN..]);
-            let label = labels.of(&ip[IPV6_HEADER_LEN..]);
-            set_flow_label(ip, label);
         };
         send_or_hold(link, now, tx, hop, mac, len, build);
         return Ok(());
@@ -937,7 +941,6 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     }
     let mut body = vec![0u8; payload_len];
     fill(&mut body);
-    let label = labels.of(&body);
     let ident = link.ip6.next_frag_id;
     link.ip6.next_frag_id = ident.wrapping_add(1);
     for (i, piece) in body.chunks(chunk).enumerate() {
@@ -951,6 +954,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
                 dst,
                 IpProtocol::Ipv6Frag,
                 FRAG_HEADER_LEN + piece.len(),
+                label,
             );
             let f = &mut ip[IPV6_HEADER_LEN..];
             f[0] = protocol.into();
@@ -958,7 +962,6 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
             f[2..4].copy_from_slice(&((offset as u16) | u16::from(more)).to_be_bytes());
             f[4..8].copy_from_slice(&ident.to_be_bytes());
             f[FRAG_HEADER_LEN..].copy_from_slice(piece);
-            set_flow_label(ip, label);
         };
         link.stats.ipv6.tx_fragments += 1;
         send_or_hold(link, now, tx, hop, mac, len, build);
@@ -1030,12 +1033,12 @@ pub(crate) fn send_packet<T: Tx, F: FnOnce(&mut [u8])>(
         protocol,
     };
     let build = |ip: &mut [u8]| {
-        write_header(ip, src, dst, protocol, payload_len);
+        // The label hashes the ports `fill` wrote (RoCEv2's ICRC masks
+        // the label).
+        write_header(ip, src, dst, protocol, payload_len, 0);
         fill(ip);
-        // After `fill`: the label hashes the ports it wrote (RoCEv2's ICRC
-        // masks the label).
-        let label = labels.of(&ip[IPV6_HEADER_LEN..]);
-        set_flow_label(ip, label);
+        let label = labels.of(ports_of(protocol, &ip[IPV6_HEADER_LEN..]));
+        Ipv6Packet::new_unchecked(ip).set_flow_label(label);
     };
     send_or_hold(link, now, tx, hop, mac, len, build);
     Ok(())
@@ -1084,15 +1087,9 @@ struct FlowLabels {
 }
 
 impl FlowLabels {
-    /// The label of a packet whose upper-layer bytes start `upper`.
-    fn of(&self, upper: &[u8]) -> u32 {
+    /// The label of a packet of the flow with transport `ports`.
+    fn of(&self, ports: u32) -> u32 {
         use std::hash::BuildHasher;
-        let ports = match (self.protocol, upper.get(..4)) {
-            (IpProtocol::Tcp | IpProtocol::Udp, Some(p)) => {
-                u32::from_be_bytes([p[0], p[1], p[2], p[3]])
-            }
-            _ => 0,
-        };
         // The addresses folded to a word each before the keyed hash: one
         // hash of three words per packet (labels need spread, not every
         // bit of the input).
@@ -1112,11 +1109,15 @@ impl FlowLabels {
     }
 }
 
-/// Write `label` into the fixed header at the start of `ip`.
-fn set_flow_label(ip: &mut [u8], label: u32) {
-    let mut w = u32::from_be_bytes([ip[0], ip[1], ip[2], ip[3]]);
-    w = (w & 0xfff0_0000) | label;
-    ip[..4].copy_from_slice(&w.to_be_bytes());
+/// The ports of a TCP or UDP header starting `upper` as one word (source
+/// high), 0 for other protocols: what flow labels hash.
+fn ports_of(protocol: IpProtocol, upper: &[u8]) -> u32 {
+    match (protocol, upper.get(..4)) {
+        (IpProtocol::Tcp | IpProtocol::Udp, Some(p)) => {
+            u32::from_be_bytes([p[0], p[1], p[2], p[3]])
+        }
+        _ => 0,
+    }
 }
 
 /// A fragment header's bytes (RFC 8200 §4.5).
@@ -1358,6 +1359,7 @@ pub(crate) fn send_error<T: Tx>(
         from,
         to,
         IpProtocol::Icmpv6,
+        0,
         8 + quote,
         |b| {
             b[0] = error.kind;

@@ -86,7 +86,7 @@ pub fn compute(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, segment: &[u8]) -> u1
 /// (RFC 8200 §8.1: both addresses, the upper-layer length as 32 bits, the
 /// next header). Mixed families (never built here) sum as IPv6 with the
 /// IPv4 one mapped.
-#[inline]
+#[inline(always)]
 pub fn pseudo_header_ip(src: IpAddr, dst: IpAddr, protocol: u8, len: usize) -> u64 {
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => pseudo_header(s, d, protocol, len),
@@ -110,7 +110,7 @@ pub fn pseudo_header_ip(src: IpAddr, dst: IpAddr, protocol: u8, len: usize) -> u
 }
 
 /// [`verifies`] for either family.
-#[inline]
+#[inline(always)]
 pub fn verifies_ip(src: IpAddr, dst: IpAddr, protocol: u8, segment: &[u8]) -> bool {
     fold(sum(
         pseudo_header_ip(src, dst, protocol, segment.len()),
@@ -119,7 +119,7 @@ pub fn verifies_ip(src: IpAddr, dst: IpAddr, protocol: u8, segment: &[u8]) -> bo
 }
 
 /// [`compute`] for either family.
-#[inline]
+#[inline(always)]
 pub fn compute_ip(src: IpAddr, dst: IpAddr, protocol: u8, segment: &[u8]) -> u16 {
     !fold(sum(
         pseudo_header_ip(src, dst, protocol, segment.len()),

@@ -399,10 +399,9 @@ fn emit_frame6<T: Tx>(
     };
     let hdr = header_len(repr);
     let len = hdr + payload_len;
-    crate::iface::ipv6::send(link, now, tx, me6, peer6, IpProtocol::Tcp, len, |buf| {
-        fill_segment(buf, hdr, repr, me, peer, true, payload);
-    })
-    .is_ok()
+    let ports = u32::from(repr.src_port) << 16 | u32::from(repr.dst_port);
+    let fill = |buf: &mut [u8]| fill_segment(buf, hdr, repr, me, peer, true, payload);
+    crate::iface::ipv6::send(link, now, tx, me6, peer6, IpProtocol::Tcp, ports, len, fill).is_ok()
 }
 
 /// Bits of a SYN-cookie SYN-ACK's TSval that carry the peer's options:

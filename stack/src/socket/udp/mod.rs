@@ -480,7 +480,9 @@ fn send_all<T: Tx>(link: &mut Link, now: Instant, tx: &mut T, port: u16, datagra
             }
             IpAddr::V6(to) => match link.ip6.source_for(&to) {
                 Some(from) => {
-                    crate::iface::ipv6::send(link, now, tx, from, to, IpProtocol::Udp, len, |buf| {
+                    let ports = u32::from(repr.src_port) << 16 | u32::from(repr.dst_port);
+                    let udp = IpProtocol::Udp;
+                    crate::iface::ipv6::send(link, now, tx, from, to, udp, ports, len, |buf| {
                         // The checksum always (RFC 8200 §8.1).
                         repr.emit(
                             &mut UdpPacket::new_unchecked(buf),
