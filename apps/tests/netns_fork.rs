@@ -533,6 +533,93 @@ fn two_processes_of_one_program_share_the_stack() {
 /// A second port for a second server.
 const OTHER: u16 = 7443;
 
+/// A server that hands each connection it accepts to another process with
+/// `SCM_RIGHTS` over a Unix socketpair, and closes its own copy; the
+/// receiver echoes it until end of stream. `MODE` says who passes to whom:
+/// `o2c` the parent (which runs the stack) to a forked worker, `c2o` a
+/// forked acceptor to the parent, `c2c` one forked child to another.
+const PASSING: &str = r#"
+import os, signal, socket, sys, threading
+port, mode = int(sys.argv[1]), sys.argv[2]
+lst = socket.socket(); lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+lst.bind(("0.0.0.0", port)); lst.listen(64)
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+def echo(c):
+    while True:
+        d = c.recv(65536)
+        if not d: break
+        c.sendall(d)
+    c.close()
+def receive(u):
+    while True:
+        msg, fds, _, _ = socket.recv_fds(u, 16, 1)
+        if not msg: return
+        for fd in fds:
+            threading.Thread(target=echo, args=(socket.socket(fileno=fd),)).start()
+def give(u):
+    while True:
+        c, _ = lst.accept()
+        socket.send_fds(u, [b"c"], [c.fileno()])
+        c.close()
+kids = []
+def child(f):
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, lambda *x: os._exit(0))
+        f(); os._exit(0)
+    kids.append(pid)
+def stop(*x):
+    for k in kids: os.kill(k, signal.SIGTERM)
+    for k in kids: os.waitpid(k, 0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+if mode == "o2c":
+    child(lambda: receive(b)); print("ready", flush=True); give(a)
+elif mode == "c2o":
+    child(lambda: give(a)); print("ready", flush=True); receive(b)
+else:
+    child(lambda: give(a)); child(lambda: receive(b)); print("ready", flush=True)
+    while True: signal.pause()
+"#;
+
+/// A connection passed between the processes sharing the stack
+/// (`SCM_RIGHTS`) is served by the receiver, whichever way it goes: from
+/// the process running the stack to a child, from a child to it, and
+/// between two children (4 connections at once, 1 MiB echoed each,
+/// byte-exact); afterwards no connection is left open (a pass holds a
+/// socket only until it is received), and the server stops cleanly.
+#[test]
+fn a_connection_passed_with_scm_rights_is_served_by_the_receiver() {
+    need_root!();
+    need_program!("python3", "python3");
+    let _turn = serial();
+    for (i, mode) in ["o2c", "c2o", "c2c"].into_iter().enumerate() {
+        let lab = Lab::new(&format!("fr{i}"), need_preload!());
+        let prog = script(&lab, "passing.py", PASSING);
+        let server = lab.start(
+            Host::Stack,
+            false,
+            &["python3", &prog, &PORT.to_string(), mode],
+        );
+        lab.wait_port("10.77.0.2", PORT);
+        let sock = lab.path("ustack-1.sock");
+        let before = quiet(&sock);
+        let r = client(&lab, 1 << 20, 4, "echo");
+        assert_eq!(r["exact"], 4, "{mode}: connections passed and echoed: {r}");
+        let r = client(&lab, 1 << 16, 4, "echo");
+        assert_eq!(r["exact"], 4, "{mode}: a second round: {r}");
+        let (now, conns) = settled(&sock, &before);
+        assert_eq!(
+            conns(&now),
+            conns(&before),
+            "{mode}: connections left open after the passes"
+        );
+        let end = server.stop();
+        end.check(0);
+        no_crash(&end.err);
+    }
+}
+
 /// An nginx configuration in `root`: a master and one worker serving a
 /// 10 kB file on 10.77.0.2:8080 (in the foreground, or as a daemon).
 fn nginx_conf(root: &std::path::Path, daemon: bool) -> std::path::PathBuf {

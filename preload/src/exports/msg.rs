@@ -197,6 +197,28 @@ unsafe fn sendmsg_ours(s: &Arc<Sock>, m: &msghdr, flags: c_int) -> ssize_t {
     do_send(s.clone(), &bufs, dst, flags)
 }
 
+/// The descriptors a message's `SCM_RIGHTS` control messages pass.
+///
+/// # Safety
+/// `m`'s control buffer is valid for `msg_controllen` bytes.
+unsafe fn passed_fds(m: &msghdr) -> Vec<c_int> {
+    if m.msg_control.is_null() || m.msg_controllen == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the caller's control buffer, valid for its length.
+    let ctl = unsafe { std::slice::from_raw_parts(m.msg_control as *const u8, m.msg_controllen) };
+    let Ok(list) = parse_cmsgs(ctl) else {
+        return Vec::new();
+    };
+    list.into_iter()
+        .filter(|&(level, ty, _)| level == libc::SOL_SOCKET && ty == libc::SCM_RIGHTS)
+        .flat_map(|(_, _, data)| {
+            data.chunks_exact(4)
+                .map(|c| c_int::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        })
+        .collect()
+}
+
 /// `recvmsg(2)`.
 ///
 /// # Safety
@@ -204,8 +226,20 @@ unsafe fn sendmsg_ours(s: &Arc<Sock>, m: &msghdr, flags: c_int) -> ssize_t {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     match ours(fd) {
-        // SAFETY: passing the call on.
-        None => unsafe { (real().recvmsg)(fd, msg, flags) },
+        None => {
+            // SAFETY: passing the call on.
+            let n = unsafe { (real().recvmsg)(fd, msg, flags) };
+            if n >= 0 && !msg.is_null() {
+                // SAFETY: the kernel just filled the caller's msghdr.
+                let passed = unsafe { passed_fds(&*msg) };
+                if !passed.is_empty() {
+                    let saved = crate::real::errno();
+                    crate::share::rights::adopt(&passed);
+                    set_errno(saved);
+                }
+            }
+            n
+        }
         Some(Err(e)) => {
             set_errno(e);
             -1
@@ -228,8 +262,23 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     match ours(fd) {
-        // SAFETY: passing the call on.
-        None => unsafe { (real().sendmsg)(fd, msg, flags) },
+        None => {
+            let lent = if msg.is_null() || crate::fd::is_empty() {
+                Vec::new()
+            } else {
+                // SAFETY: the caller's msghdr, its control buffer valid for
+                // its length.
+                crate::share::rights::lend(&unsafe { passed_fds(&*msg) })
+            };
+            // SAFETY: passing the call on.
+            let n = unsafe { (real().sendmsg)(fd, msg, flags) };
+            if n < 0 && !lent.is_empty() {
+                let saved = crate::real::errno();
+                crate::share::rights::unlend(&lent);
+                set_errno(saved);
+            }
+            n
+        }
         Some(Err(e)) => {
             set_errno(e);
             -1

@@ -33,16 +33,17 @@ use crate::real::real;
 /// The environment variable the sockets ride in across an exec.
 pub const ENV: &str = "USTACK_SHARE";
 
-/// A socket carried across an exec.
+/// A socket carried across an exec (or passed to another process,
+/// [`super::rights`]).
 #[derive(Debug, Serialize, Deserialize)]
-struct Carried {
+pub(crate) struct Carried {
     stream: bool,
     v6: bool,
-    kind: Kind,
+    pub(crate) kind: Kind,
     nonblocking: bool,
     /// Its descriptor numbers (each one's kernel descriptor survives the
-    /// exec).
-    fds: Vec<RawFd>,
+    /// exec; a passed socket's, the receiver's).
+    pub(crate) fds: Vec<RawFd>,
     opts: CarriedOpts,
 }
 
@@ -62,6 +63,36 @@ struct CarriedOpts {
     shut_wr: bool,
     v6only: bool,
     bound: Option<std::net::IpAddr>,
+}
+
+impl Carried {
+    /// What of `s` another program needs to rebuild it, named by `fds`.
+    pub(crate) fn of(s: &Sock, fds: Vec<RawFd>) -> Self {
+        Carried {
+            stream: s.stream,
+            v6: s.v6,
+            kind: *s.kind.lock(),
+            nonblocking: s.nonblocking.load(std::sync::atomic::Ordering::Relaxed),
+            fds,
+            opts: CarriedOpts::from(&s.opts.lock()),
+        }
+    }
+
+    /// The socket rebuilt in this process, its descriptors in the table
+    /// (none: it is not carried); its stack handle.
+    pub(crate) fn install(&self) -> Option<(Arc<Sock>, Option<SocketRef>)> {
+        let &first = self.fds.first()?;
+        let sock = Sock::new(self.stream, self.v6, first, self.nonblocking);
+        *sock.kind.lock() = self.kind;
+        self.opts.apply(&mut sock.opts.lock());
+        for &fd in &self.fds[1..] {
+            sock.add_fd(fd);
+        }
+        for &fd in &self.fds {
+            crate::sock::insert(fd, sock.clone());
+        }
+        Some((sock, super::server::socket_ref(self.kind)))
+    }
 }
 
 impl CarriedOpts {
@@ -144,14 +175,7 @@ pub fn prepare() -> Option<CString> {
         chan: c.fd,
         socks: socks
             .into_iter()
-            .map(|(s, fds)| Carried {
-                stream: s.stream,
-                v6: s.v6,
-                kind: *s.kind.lock(),
-                nonblocking: s.nonblocking.load(std::sync::atomic::Ordering::Relaxed),
-                fds,
-                opts: CarriedOpts::from(&s.opts.lock()),
-            })
+            .map(|(s, fds)| Carried::of(&s, fds))
             .collect(),
     };
     let bytes = postcard::to_stdvec(&carry).ok()?;
@@ -200,19 +224,9 @@ pub fn rejoin() {
     super::become_client(carry.chan);
     let mut keep: Vec<SocketRef> = Vec::new();
     for c in carry.socks {
-        let Some(&first) = c.fds.first() else {
-            continue;
-        };
-        let sock = Sock::new(c.stream, c.v6, first, c.nonblocking);
-        *sock.kind.lock() = c.kind;
-        c.opts.apply(&mut sock.opts.lock());
-        for &fd in &c.fds[1..] {
-            sock.add_fd(fd);
+        if let Some((_, Some(r))) = c.install() {
+            keep.push(r);
         }
-        for &fd in &c.fds {
-            crate::sock::insert(fd, sock.clone());
-        }
-        keep.extend(super::server::socket_ref(c.kind));
     }
     if let Some(cl) = client() {
         let _ = cl.call::<()>(&Op::exec { keep }, None);

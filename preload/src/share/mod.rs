@@ -25,6 +25,7 @@
 
 pub mod chan;
 pub mod exec;
+pub mod rights;
 pub mod server;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -157,6 +158,13 @@ macro_rules! stack_ops {
             exec { keep: Vec<SocketRef> },
             /// The client's process id (for the holders telemetry shows).
             hello { pid: u32 },
+            /// The client passes a socket (`r`, None for one not in the
+            /// stack yet) to another process: it is in flight under its
+            /// eventfd's `id`, rebuilt from `carried` by the receiver.
+            lend { r: Option<SocketRef>, id: u64, carried: Vec<u8> },
+            /// The client received the socket lent under `id` (`undo`:
+            /// its own pass failed): what it was, now the client's.
+            claim { id: u64, undo: bool },
         }
 
         impl Access {
@@ -190,7 +198,9 @@ macro_rules! stack_ops {
                 | Op::release { .. }
                 | Op::fork {}
                 | Op::exec { .. }
-                | Op::hello { .. } => None,
+                | Op::hello { .. }
+                | Op::lend { .. }
+                | Op::claim { .. } => None,
             }
         }
     };

@@ -34,6 +34,18 @@ struct Held {
     eventfd: Option<RawFd>,
 }
 
+/// A socket passed to another process (`SCM_RIGHTS`) and not yet claimed
+/// there ([`super::rights`]): open for it meanwhile.
+#[derive(Debug)]
+struct Flight {
+    /// Its stack handle (None: a socket not in the stack yet).
+    r: Option<SocketRef>,
+    /// What the receiver rebuilds it from (a postcard `Carried`).
+    carried: Vec<u8>,
+    /// Passes not yet claimed.
+    count: usize,
+}
+
 /// The server's state.
 #[derive(Debug, Default)]
 struct Server {
@@ -44,6 +56,8 @@ struct Server {
     /// Each client's process id, as it said ([`Op::hello`]).
     pids: HashMap<RawFd, u32>,
     held: HashMap<SocketRef, Held>,
+    /// Sockets in flight between processes, by their eventfd's id.
+    flights: HashMap<u64, Flight>,
 }
 
 static SERVER: Mutex<Option<Server>> = Mutex::new(None);
@@ -418,6 +432,101 @@ fn close(net: &'static Net, c: Closing) {
     }
 }
 
+/// Put socket `r` in flight under eventfd id `id` (a pass holds it, as
+/// a process would).
+fn lend_in(srv: &mut Server, r: Option<SocketRef>, id: u64, carried: Vec<u8>) {
+    let f = srv.flights.entry(id).or_insert(Flight {
+        r,
+        carried: Vec::new(),
+        count: 0,
+    });
+    f.count += 1;
+    f.carried = carried;
+    if let Some(r) = r {
+        // No entry: only the owner holds it (a client holding a socket
+        // has one).
+        let owners = !srv.held.contains_key(&r);
+        let h = srv.held.entry(r).or_default();
+        h.owner_had |= owners;
+        h.clients += 1;
+    }
+}
+
+/// The owner passes socket `r` to another process under eventfd id `id`
+/// ([`super::rights::lend`]): whether it is in flight.
+pub fn lend(r: Option<SocketRef>, id: u64, carried: Vec<u8>) -> bool {
+    let mut g = server();
+    let Some(srv) = g.as_mut() else {
+        return false;
+    };
+    lend_in(srv, r, id, carried);
+    true
+}
+
+/// Claim the socket in flight under `id` for the client on `chan` (None:
+/// the owner, which then calls [`adopted`]); `undo`: the pass failed,
+/// the socket is no longer in flight. What it was.
+pub fn claim(chan: Option<RawFd>, id: u64, undo: bool) -> Option<Vec<u8>> {
+    let (carried, closing) = {
+        let mut g = server();
+        let srv = g.as_mut()?;
+        let f = srv.flights.get_mut(&id)?;
+        f.count -= 1;
+        let (r, carried) = (f.r, f.carried.clone());
+        if f.count == 0 {
+            srv.flights.remove(&id);
+        }
+        let closing = match (r, chan) {
+            (Some(r), _) if undo => release(srv, r, false),
+            (Some(r), Some(ch)) => {
+                // The pass's hold becomes the client's (one hold each: a
+                // client that holds it already gives the pass's back).
+                let fresh = srv.clients.entry(ch).or_default().insert(r);
+                if fresh { None } else { release(srv, r, false) }
+            }
+            _ => None,
+        };
+        (carried, closing)
+    };
+    if let (Some(c), Some(s)) = (closing, crate::state::state()) {
+        close(&s.net, c);
+    }
+    Some(carried)
+}
+
+/// The owner took back socket `r` (`sock` in its table now): the pass's
+/// hold becomes the owner's, the socket it kept for clients (if it had
+/// closed it) or its copy of a client's eventfd gives way to `sock`.
+pub fn adopted(r: SocketRef, sock: &Arc<Sock>) {
+    let Some(s) = crate::state::state() else {
+        return;
+    };
+    let _ = s.net.watch(r, crate::fd::watcher(sock));
+    let (stash, copy) = {
+        let mut g = server();
+        let Some(srv) = g.as_mut() else { return };
+        let Some(h) = srv.held.get_mut(&r) else {
+            return;
+        };
+        h.owner_had = true;
+        h.clients = h.clients.saturating_sub(1);
+        let taken = (h.stash.take(), h.eventfd.take());
+        if h.clients == 0 {
+            srv.held.remove(&r);
+        }
+        taken
+    };
+    if let Some(old) = stash {
+        let _gate = crate::fd::fork_gate();
+        old.close_kept();
+    }
+    if let Some(fd) = copy {
+        crate::own::forget(fd);
+        chan::close(fd);
+    }
+    sock.notify();
+}
+
 /// A client's channel hung up: it holds nothing any more.
 fn drop_client(net: &'static Net, chan: RawFd) {
     let closing: Vec<Closing> = {
@@ -496,6 +605,17 @@ fn answer(net: &'static Net, chan: RawFd, op: Op, fd: Option<RawFd>) -> Vec<u8> 
                 }
             }
             ok()
+        }
+        Op::lend { r, id, carried } => {
+            if let Some(srv) = server().as_mut() {
+                lend_in(srv, r, id, carried);
+            }
+            ok()
+        }
+        Op::claim { id, undo } => {
+            let got = claim(Some(chan), id, undo);
+            postcard::to_stdvec(&Ok::<Result<Option<Vec<u8>>, WireErr>, WireErr>(Ok(got)))
+                .unwrap_or_default()
         }
         Op::hello { pid } => {
             if let Some(srv) = server().as_mut() {
