@@ -3,8 +3,11 @@
 //! parent accepted, children open sockets of their own on the stack, a
 //! child that execs a program hands it the connection it inherited, a
 //! child killed with SIGKILL in the middle of its work leaves the others
-//! running and its connection closed as the kernel would close it, and a
-//! thousand children come and go without a socket or a buffer left behind.
+//! running and its connection closed as the kernel would close it, a
+//! thousand children come and go without a socket or a buffer left behind,
+//! connections passed between processes with `SCM_RIGHTS` are served by
+//! the receiver, and haproxy's master-worker mode (its master execs
+//! itself) serves across reloads.
 //! The stack runs as 10.77.0.2, Linux as 10.77.0.1, in namespaces the test
 //! makes and removes. Needs root; the all-features build runs it.
 #![cfg(feature = "pcap")]
@@ -764,5 +767,85 @@ fn a_daemon_keeps_the_stack_its_parent_started() {
         left.is_empty(),
         "processes left after nginx quit: {:?}",
         comms(&left)
+    );
+}
+
+/// haproxy in master-worker mode (`-W`, as its systemd unit runs it): the
+/// master opens the listener, forks a worker, then re-executes itself,
+/// so the process running the stack execs. A keeper runs the stack on
+/// and the new master image rejoins it with the listener it kept. Three
+/// reloads (SIGUSR2: the master execs again, a new worker takes the
+/// listening sockets from the old one over `SCM_RIGHTS`, `-x sockpair@`)
+/// each leave it serving (20 requests answered after each); SIGTERM ends
+/// the master, its workers and the keeper.
+#[test]
+fn haproxy_master_worker_serves_across_reloads() {
+    need_root!();
+    need_program!("haproxy", "haproxy");
+    need_program!("curl", "curl");
+    let _turn = serial();
+    let lab = Lab::new("fh", need_preload!());
+    let conf = lab.path("haproxy-mw.cfg");
+    std::fs::write(
+        &conf,
+        "defaults\n  mode http\n  timeout connect 5s\n  timeout client 10s\n  timeout server 10s\n\
+         frontend f\n  bind 10.77.0.2:8095\n  http-request return status 200 content-type text/plain string \"served by haproxy\\n\"\n",
+    )
+    .unwrap();
+    let conf = conf.display().to_string();
+    let server = lab.start(Host::Stack, false, &["haproxy", "-W", "-db", "-f", &conf]);
+    lab.wait_port("10.77.0.2", 8095);
+    let answered = || {
+        (0..20)
+            .filter(|_| {
+                let o = lab.linux(&["curl", "-s", "-m", "5", "http://10.77.0.2:8095/"]);
+                String::from_utf8_lossy(&o.stdout) == "served by haproxy\n"
+            })
+            .count()
+    };
+    assert_eq!(answered(), 20, "requests answered after the start");
+    for reload in 1..=3 {
+        let _ = std::process::Command::new("kill")
+            .args(["-USR2", &server.pid().to_string()])
+            .status();
+        // The new worker is up once the old one has left.
+        let workers = || {
+            let o = std::process::Command::new("pgrep")
+                .args(["-c", "-f", &format!("haproxy -sf .* -f {conf}")])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<u32>()
+                .unwrap_or(0)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while workers() != 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(answered(), 20, "requests answered after reload {reload}");
+    }
+    let end = server.stop();
+    no_crash(&end.err);
+    assert!(
+        !end.err.contains("Loading failure") && !end.err.contains("cannot bind"),
+        "a reload failed: {}",
+        end.err
+    );
+    let left = || {
+        let o = std::process::Command::new("pgrep")
+            .args(["-f", &format!("-f {conf}")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !left().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        left(),
+        "",
+        "processes of haproxy (or its keeper) left after SIGTERM"
     );
 }

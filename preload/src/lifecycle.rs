@@ -71,6 +71,10 @@ static TRIED: AtomicBool = AtomicBool::new(false);
 /// The claim's descriptor in this process (-1: none).
 static CLAIM_FD: AtomicI32 = AtomicI32::new(-1);
 
+/// The process running the stack here (a `vfork` child shares this
+/// memory, not the pid): 0 when none.
+static OWNER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Held while a stack starts (two threads' first sockets at once).
 static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -232,6 +236,7 @@ fn start_stack() -> Option<&'static State> {
     };
     crate::own::record_since(&before);
     CLAIM_FD.store(fd, Ordering::Release);
+    OWNER_PID.store(std::process::id(), Ordering::Release);
     let started = State {
         spin: plan.spin,
         net: runtime.net().clone(),
@@ -345,26 +350,9 @@ fn keep_for_clients(s: &'static State) {
     KEEPING.store(false, Ordering::Release);
     match pid {
         0 => {
-            // SAFETY: naming this thread; the name is a static C string.
-            unsafe { libc::prctl(libc::PR_SET_NAME, c"ustack-keeper".as_ptr()) };
-            // The keeper holds no terminal or pipe of the program's (a
-            // shell reading the program's output sees its end): its
-            // standard descriptors read and write /dev/null.
-            let r = real();
-            // SAFETY: the C library's open of a static path, and dup2 of
-            // it onto the standard descriptors (the program's sockets are
-            // closed above, none of them is a ustack socket now).
-            unsafe {
-                let null = (r.open)(c"/dev/null".as_ptr(), libc::O_RDWR);
-                if null >= 0 {
-                    for std_fd in 0..=2 {
-                        (r.dup2)(null, std_fd);
-                    }
-                    if null > 2 {
-                        (r.close)(null);
-                    }
-                }
-            }
+            // The program's sockets are closed above: none of the
+            // standard descriptors is a ustack socket now.
+            become_keeper();
             let ok = runtime.resume().is_ok() && crate::share::server::restart(&s.net).is_ok();
             if ok {
                 crate::share::server::wait_for_no_clients();
@@ -386,6 +374,177 @@ fn keep_for_clients(s: &'static State) {
         }
         _ => {
             let _ = runtime.resume();
+        }
+    }
+}
+
+/// The process running the stack execs a program that loads the layer
+/// (haproxy's master re-executing itself, a server exec'ing its
+/// successor): the stack cannot live on in the new program's memory, so
+/// a copy of this process, the keeper, runs it on (as when an owner
+/// exits while others share it) and this process becomes its client,
+/// holding every socket it holds, which the exec then carries as a
+/// forked child's exec does (`share::exec`). True when it is a client
+/// now; false leaves the exec as it was (the stack ends with this image).
+pub fn hand_over_for_exec() -> bool {
+    if crate::share::is_client() || WORKER.get().is_some() {
+        return false;
+    }
+    let Some(s) = state() else { return false };
+    if OWNER_PID.load(Ordering::Acquire) != std::process::id() {
+        return false;
+    }
+    let Ok((ours, theirs)) = crate::share::chan::pair() else {
+        return false;
+    };
+    if crate::share::server::add_child(&s.net, ours).is_err() {
+        crate::share::chan::close(ours);
+        crate::share::chan::close(theirs);
+        return false;
+    }
+    crate::share::server::stop_thread();
+    let mut rt = s.runtime.lock();
+    let Some(runtime) = rt.as_mut() else {
+        return false;
+    };
+    if runtime.pause().is_err() {
+        let _ = crate::share::server::restart(&s.net);
+        return false;
+    }
+    // The go-between says through this pipe whether the keeper runs.
+    let mut said = [-1; 2];
+    // SAFETY: pipe2 into our two-descriptor array.
+    if unsafe { libc::pipe2(said.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        let _ = runtime.resume();
+        let _ = crate::share::server::restart(&s.net);
+        crate::share::chan::close(theirs);
+        return false;
+    }
+    KEEPING.store(true, Ordering::Release);
+    let table = crate::fd::hold();
+    // SAFETY: fork in a process whose other threads of the layer are
+    // stopped (the loop paused, the server joined); the child runs only
+    // the layer's code below and leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    drop(table);
+    KEEPING.store(false, Ordering::Release);
+    // The keeper is not the program's child (a master that waits for
+    // every child of its own before it exits, as haproxy's does, would
+    // wait for it while it waits for the master): the child forks it and
+    // exits at once.
+    let made = pid > 0 && {
+        let mut b = [0u8; 1];
+        let got = loop {
+            // SAFETY: reading one byte of our pipe into `b`.
+            let n = unsafe { libc::read(said[0], b.as_mut_ptr().cast(), 1) };
+            if n >= 0 || crate::real::errno() != libc::EINTR {
+                break n;
+            }
+        };
+        // SAFETY: reaping the go-between (ECHILD when the program reaps
+        // its children itself or ignores them: harmless).
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        got == 1 && b[0] == 1
+    };
+    if pid != 0 {
+        // SAFETY: closing our pipe's two ends (the go-between's are its own).
+        unsafe {
+            libc::close(said[0]);
+            libc::close(said[1]);
+        }
+    }
+    match pid {
+        0 => {
+            KEEPING.store(true, Ordering::Release);
+            // SAFETY: a fork in the single thread of the child just made
+            // (the fork handlers off: this fork is the layer's).
+            let keeper = unsafe { libc::fork() };
+            KEEPING.store(false, Ordering::Release);
+            if keeper != 0 {
+                let ok = [u8::from(keeper > 0)];
+                // SAFETY: one byte to the pipe, then leaving the go-between
+                // without the program's exit handlers.
+                unsafe {
+                    libc::write(said[1], ok.as_ptr().cast(), 1);
+                    libc::_exit(0)
+                }
+            }
+            // SAFETY: the keeper's copies of the pipe.
+            unsafe {
+                libc::close(said[0]);
+                libc::close(said[1]);
+            }
+            crate::share::chan::close(theirs);
+            become_keeper();
+            // Nothing of the program's is the keeper's but the sockets
+            // (the exec'd program holds them now: kept here for it).
+            let table: Vec<std::os::fd::RawFd> =
+                crate::fd::all().into_iter().map(|(fd, _)| fd).collect();
+            let foreign: Vec<std::os::fd::RawFd> = std::fs::read_dir("/proc/self/fd")
+                .map(|d| {
+                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            for fd in foreign {
+                if fd > 2 && !crate::own::guarded(fd) && !table.contains(&fd) {
+                    // SAFETY: closing the keeper's copy of a program's descriptor.
+                    unsafe { (real().close)(fd) };
+                }
+            }
+            let ok = runtime.resume().is_ok();
+            for fd in table {
+                crate::sock::close(fd);
+            }
+            if ok && crate::share::server::restart(&s.net).is_ok() {
+                crate::share::server::wait_for_no_clients();
+            }
+            if let Some(r) = rt.take() {
+                let _ = r.stop();
+            }
+            // SAFETY: _exit ends the keeper without the program's exit
+            // handlers or a flush of its stdio.
+            unsafe { libc::_exit(0) }
+        }
+        _ if made => {
+            runtime.leak_after_fork();
+            if let Some(r) = rt.take() {
+                std::mem::forget(r);
+            }
+            drop(rt);
+            DETACHED.store(true, Ordering::Relaxed);
+            OWNER_PID.store(0, Ordering::Release);
+            drop_claim();
+            crate::share::after_hand_over(theirs);
+            true
+        }
+        _ => {
+            let _ = runtime.resume();
+            let _ = crate::share::server::restart(&s.net);
+            crate::share::chan::close(theirs);
+            false
+        }
+    }
+}
+
+/// In a keeper just forked: named so, its standard descriptors on
+/// /dev/null (it holds no terminal or pipe of the program's: a shell
+/// reading the program's output sees its end).
+fn become_keeper() {
+    // SAFETY: naming this thread; the name is a static C string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"ustack-keeper".as_ptr()) };
+    let r = real();
+    // SAFETY: the C library's open of a static path, and dup2 of it onto
+    // the standard descriptors.
+    unsafe {
+        let null = (r.open)(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for std_fd in 0..=2 {
+                (r.dup2)(null, std_fd);
+            }
+            if null > 2 {
+                (r.close)(null);
+            }
         }
     }
 }
@@ -468,6 +627,7 @@ extern "C" fn after_fork_child() {
     crate::fd::unlock_after_fork();
     match fork_mode() {
         Some((s, ForkMode::Child)) if !DETACHED.load(Ordering::Relaxed) => {
+            OWNER_PID.store(std::process::id(), Ordering::Release);
             if let Some(rt) = s.runtime.lock().as_mut() {
                 if let Err(e) = rt.resume() {
                     eprintln!("ustack exec: the forked child cannot run the stack: {e}");

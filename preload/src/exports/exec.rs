@@ -23,7 +23,7 @@ unsafe fn carried(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    if !crate::share::is_client() {
+    if !crate::share::is_client() && crate::state::state().is_none() {
         // SAFETY: the caller's arguments, passed on.
         return unsafe { f(path, argv, envp) };
     }
@@ -47,7 +47,12 @@ unsafe fn carried(
             p = p.add(1);
         }
     }
-    let entry = if preload && net {
+    // The process running the stack hands it to a keeper first (the new
+    // image cannot hold it).
+    let entry = if preload
+        && net
+        && (crate::share::is_client() || crate::lifecycle::hand_over_for_exec())
+    {
         crate::share::exec::prepare()
     } else {
         None

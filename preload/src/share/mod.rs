@@ -415,6 +415,15 @@ pub fn after_fork_child() {
     become_client(theirs);
 }
 
+/// This process handed its stack to a keeper (before an exec,
+/// `lifecycle::hand_over_for_exec`): the server's descriptors here are
+/// the keeper's copies; from now on this process is its client over
+/// `fd`, holding what it held.
+pub fn after_hand_over(fd: std::os::fd::RawFd) {
+    server::forget_after_fork();
+    become_client(fd);
+}
+
 /// Join the stack another process runs under the claim `name` (another
 /// process of the program, or of a program joined by `--stack`): true
 /// when this process is its client now. The owner listens a moment after
