@@ -538,7 +538,8 @@ const OTHER: u16 = 7443;
 
 /// A server that hands each connection it accepts to another process with
 /// `SCM_RIGHTS` over a Unix socketpair, and closes its own copy; the
-/// receiver echoes it until end of stream. `MODE` says who passes to whom:
+/// receiver checks that TCP_INFO says it is established, then echoes it
+/// until end of stream. `MODE` says who passes to whom:
 /// `o2c` the parent (which runs the stack) to a forked worker, `c2o` a
 /// forked acceptor to the parent, `c2c` one forked child to another.
 const PASSING: &str = r#"
@@ -548,6 +549,12 @@ lst = socket.socket(); lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 lst.bind(("0.0.0.0", port)); lst.listen(64)
 a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 def echo(c):
+    # TCP_INFO and TCP_MAXSEG read the connection's state in whichever
+    # process holds it: a receiver that sees it not established echoes
+    # nothing.
+    info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    if info[0] != 1 or c.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG) <= 0:
+        c.close(); return
     while True:
         d = c.recv(65536)
         if not d: break

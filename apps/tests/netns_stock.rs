@@ -75,12 +75,7 @@ const EXPECTED: &[(&str, Verdict)] = &[
     // forking servers
     ("sshd", Verdict::Works),
     ("apache2 prefork", Verdict::Works),
-    (
-        "vsftpd",
-        Verdict::Fails(
-            "issue 36: its privileged process passes each data connection to the session process over a Unix socket (SCM_RIGHTS), and a ustack socket received so is not one to the receiver yet (its raw clone with new namespaces is refused, and it falls back to fork, which works)",
-        ),
-    ),
+    ("vsftpd", Verdict::Works),
     ("postgres", Verdict::Works),
 ];
 

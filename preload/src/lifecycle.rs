@@ -154,6 +154,7 @@ pub fn init() {
     if PLAN.set(plan).is_err() {
         return;
     }
+    crate::share::rights::init();
     // Exec'd by a process that shares a stack: this program does too.
     crate::share::exec::rejoin();
     // SAFETY: registering plain `extern "C" fn()` handlers.

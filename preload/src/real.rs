@@ -78,6 +78,7 @@ real_fns! {
     ppoll: unsafe extern "C" fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t) -> c_int;
     select: unsafe extern "C" fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *mut timeval) -> c_int;
     pselect: unsafe extern "C" fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *const timespec, *const sigset_t) -> c_int;
+    setrlimit: unsafe extern "C" fn(c_uint, *const libc::rlimit) -> c_int;
     epoll_create: unsafe extern "C" fn(c_int) -> c_int;
     epoll_create1: unsafe extern "C" fn(c_int) -> c_int;
     epoll_ctl: unsafe extern "C" fn(c_int, c_int, c_int, *mut epoll_event) -> c_int;

@@ -1094,15 +1094,14 @@ fn keepalive_of(o: &fd::Opts) -> Option<ustack::socket::tcp::KeepAlive> {
     })
 }
 
-/// The connection's state for TCP_INFO.
-/// (None in a process that shares another's stack: the state stays the
-/// owner's.)
+/// The connection's state for TCP_INFO (in a process sharing another's
+/// stack, asked of the owner).
 pub fn tcp_info(sock: &Sock) -> Option<ustack::socket::tcp::ConnInfo> {
-    let Ok(Access::Local(net)) = access() else {
-        return None;
-    };
     let Kind::Stream { handle, .. } = *sock.kind.lock() else {
         return None;
     };
-    net.peek_stack(|s| s.tcp_ref().info(handle)).ok().flatten()
+    match access().ok()? {
+        Access::Local(net) => net.peek_stack(|s| s.tcp_ref().info(handle)).ok().flatten(),
+        remote => remote.tcp_conn_info(handle).ok()?.ok()?.map(Into::into),
+    }
 }

@@ -7,6 +7,7 @@ pub mod args;
 pub mod descriptors;
 pub mod exec;
 pub mod io;
+pub mod limits;
 pub mod msg;
 pub mod readiness;
 pub mod socket;

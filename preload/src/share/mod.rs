@@ -36,7 +36,9 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use ustack::Error as StackError;
 use ustack::events::SocketRef;
-use ustack::socket::tcp::{ConnError, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus};
+use ustack::socket::tcp::{
+    ConnError, ConnInfo, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus,
+};
 use ustack::socket::udp::{UdpHandle, UdpReuse};
 use ustack_runtime::Net;
 
@@ -295,10 +297,99 @@ stack_ops! {
     udp_pending(h: UdpHandle) -> (usize, Option<usize>) = peek |s, now| s.udp_ref().pending(h);
     /// Bytes queued to send, and the queue's size.
     udp_tx_queued(h: UdpHandle) -> (usize, usize) = peek |s, now| s.udp_ref().tx_queued(h);
+    /// A connection's state (TCP_INFO, TCP_MAXSEG, SIOCOUTQ).
+    tcp_conn_info(h: TcpHandle) -> Option<ConnWire> = peek |s, now| {
+        Ok(s.tcp_ref().info(h).map(|i| ConnWire::from(&i)))
+    };
     /// What the stack says of a socket's readiness.
     level_of(kind: Kind, stream: bool, reported: bool) -> Level = peek |s, now| {
         Ok(crate::level::from_stack(s, kind, stream, reported))
     };
+}
+
+/// What of a connection's state crosses a channel (`ConnInfo` less its
+/// congestion control's name and the counters no socket option reads).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ConnWire {
+    local: SocketAddr,
+    remote: SocketAddr,
+    state: ustack::socket::tcp::State,
+    cwnd: usize,
+    ssthresh: usize,
+    snd_wnd: usize,
+    rcv_wnd: usize,
+    srtt_us: Option<u64>,
+    rttvar_us: Option<u64>,
+    rto_us: u64,
+    in_flight: usize,
+    send_queued: usize,
+    recv_queued: usize,
+    ooo_bytes: usize,
+    mss: usize,
+    /// segs_in, segs_out, bytes_in, bytes_out, retransmits.
+    counts: [u64; 5],
+}
+
+impl From<&ConnInfo> for ConnWire {
+    fn from(i: &ConnInfo) -> Self {
+        let c = &i.stats;
+        ConnWire {
+            local: i.local,
+            remote: i.remote,
+            state: i.state,
+            cwnd: i.cwnd,
+            ssthresh: i.ssthresh,
+            snd_wnd: i.snd_wnd,
+            rcv_wnd: i.rcv_wnd,
+            srtt_us: i.srtt_us,
+            rttvar_us: i.rttvar_us,
+            rto_us: i.rto_us,
+            in_flight: i.in_flight,
+            send_queued: i.send_queued,
+            recv_queued: i.recv_queued,
+            ooo_bytes: i.ooo_bytes,
+            mss: i.mss,
+            counts: [
+                c.segs_in,
+                c.segs_out,
+                c.bytes_in,
+                c.bytes_out,
+                c.retransmits,
+            ],
+        }
+    }
+}
+
+impl From<ConnWire> for ConnInfo {
+    fn from(w: ConnWire) -> Self {
+        let [segs_in, segs_out, bytes_in, bytes_out, retransmits] = w.counts;
+        ConnInfo {
+            local: w.local,
+            remote: w.remote,
+            state: w.state,
+            cwnd: w.cwnd,
+            ssthresh: w.ssthresh,
+            snd_wnd: w.snd_wnd,
+            rcv_wnd: w.rcv_wnd,
+            srtt_us: w.srtt_us,
+            rttvar_us: w.rttvar_us,
+            rto_us: w.rto_us,
+            in_flight: w.in_flight,
+            send_queued: w.send_queued,
+            recv_queued: w.recv_queued,
+            ooo_bytes: w.ooo_bytes,
+            mss: w.mss,
+            congestion: "",
+            stats: ustack::stats::ConnStats {
+                segs_in,
+                segs_out,
+                bytes_in,
+                bytes_out,
+                retransmits,
+                ..Default::default()
+            },
+        }
+    }
 }
 
 /// A client's channel to the owner: one call at a time (a call never

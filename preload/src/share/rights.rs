@@ -14,15 +14,61 @@
 //! layer, or a message never read) stays open in the stack, as a kernel
 //! socket does while a descriptor to it sits in a Unix socket's queue.
 
+use std::ffi::CString;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::exec::Carried;
 use super::{Op, client, server};
+use crate::real::real;
+
+/// A descriptor of `/proc` kept from before `main` (-1: none): a program
+/// that chroots (vsftpd's session process) still reads its descriptors'
+/// `fdinfo` through it.
+static PROC: AtomicI32 = AtomicI32::new(-1);
+
+/// Before `main`, in a program on the stack: keep a descriptor of `/proc`.
+pub fn init() {
+    // SAFETY: the C library's open of a static path.
+    let fd = unsafe {
+        (real().open)(
+            c"/proc".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            0,
+        )
+    };
+    if fd >= 0 {
+        crate::own::record(fd);
+        PROC.store(fd, Ordering::Release);
+    }
+}
 
 /// The kernel's id of eventfd `fd` (None: not an eventfd, or a kernel
 /// without the field).
 pub fn eventfd_id(fd: RawFd) -> Option<u64> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    let r = real();
+    let proc = PROC.load(Ordering::Acquire);
+    let rel = CString::new(format!("{}/fdinfo/{fd}", std::process::id())).ok()?;
+    let flags = libc::O_RDONLY | libc::O_CLOEXEC;
+    let f = if proc >= 0 {
+        // SAFETY: opening a path under our /proc descriptor.
+        unsafe { (r.openat)(proc, rel.as_ptr(), flags, 0) }
+    } else {
+        let abs = CString::new(format!("/proc/{}", rel.to_str().ok()?)).ok()?;
+        // SAFETY: the C library's open of our path.
+        unsafe { (r.open)(abs.as_ptr(), flags, 0) }
+    };
+    if f < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 512];
+    // SAFETY: reading into our buffer, then closing our descriptor.
+    let n = unsafe {
+        let n = (r.read)(f, buf.as_mut_ptr().cast(), buf.len());
+        (r.close)(f);
+        n
+    };
+    let info = std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?).ok()?;
     info.lines()
         .find_map(|l| l.strip_prefix("eventfd-id:"))
         .and_then(|v| v.trim().parse().ok())
@@ -39,7 +85,7 @@ pub fn lend(fds: &[RawFd]) -> Vec<u64> {
         };
         let Some(id) = eventfd_id(fd) else {
             crate::report::notice("pass-socket", || {
-                "a ustack socket passed with SCM_RIGHTS cannot be named (this kernel's eventfds have no id): the receiver gets a plain eventfd".to_string()
+                "a ustack socket passed with SCM_RIGHTS cannot be named (no eventfd id: a kernel before 6.0, or no /proc): the receiver gets a plain eventfd".to_string()
             });
             continue;
         };
