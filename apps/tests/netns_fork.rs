@@ -45,6 +45,13 @@ class H(socketserver.BaseRequestHandler):
         if first.startswith(b"KILL"):
             s.sendall(b"k" * 50000)
             os.kill(os.getpid(), signal.SIGKILL)
+        if first.startswith(b"EXECL"):
+            # The C library's variadic execl (more arguments than
+            # registers): sh, then cat, serve the connection.
+            s.sendall(b"ready\n")
+            os.dup2(s.fileno(), 0); os.dup2(s.fileno(), 1)
+            import ctypes
+            ctypes.CDLL(None).execl(b"/bin/sh", b"sh", b"-c", b"exec cat", b"sh", b"a", b"b", b"c", b"d", None)
         if first.startswith(b"EXEC"):
             s.sendall(b"ready\n")
             os.dup2(s.fileno(), 0); os.dup2(s.fileno(), 1)
@@ -414,7 +421,7 @@ res = []
 def one():
     data = os.urandom(1 << 20)
     s = socket.create_connection(("10.77.0.2", int(sys.argv[1])), timeout=30)
-    s.sendall(b"EXEC\n")
+    s.sendall(sys.argv[2].encode() + b"\n")
     hello = b""
     while not hello.endswith(b"\n"):
         d = s.recv(1)
@@ -434,13 +441,15 @@ ts = [threading.Thread(target=one) for _ in range(4)]
 print(sum(res))
 "#;
     let cli = script(&lab, "exec_client.py", execd);
-    let o = lab.linux(&["timeout", "90", "python3", &cli, &PORT.to_string()]);
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout).trim(),
-        "4",
-        "echoed by cat exec'd in forked children: {}",
-        text(&o)
-    );
+    for how in ["EXEC", "EXECL"] {
+        let o = lab.linux(&["timeout", "90", "python3", &cli, &PORT.to_string(), how]);
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            "4",
+            "echoed by cat exec'd in forked children ({how}): {}",
+            text(&o)
+        );
+    }
     let (now, conns) = settled(&sock, &before);
     assert_eq!(
         conns(&now),

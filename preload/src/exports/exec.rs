@@ -119,3 +119,97 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
     // SAFETY: the caller's arguments; `environ` is the C library's.
     unsafe { carried(real().execvpe, file, argv, environ) }
 }
+
+// The variadic `execl`, `execlp` and `execle` (the C library's call the
+// kernel without passing through `execve` above): an assembly entry per
+// function (a naked function) lays the register arguments out next to
+// those the caller passed on the stack, so the list (`arg0, ..., NULL`,
+// and for `execle` the environment after it) is one array in memory, and
+// hands it to [`ustack_execl_list`]. x86-64 System V only: elsewhere the
+// C library's own functions stay (and carry nothing).
+#[cfg(target_arch = "x86_64")]
+macro_rules! execl_entry {
+    ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// A C call (variadic: the list ends with a null pointer).
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(no_mangle)]
+        #[unsafe(naked)]
+        pub unsafe extern "C" fn $name(path: *const c_char, arg0: *const c_char) -> c_int {
+            core::arch::naked_asm!(
+                // The return address out of the way; the five register
+                // arguments after `path` pushed so that they sit just
+                // below the caller's stack arguments: one array from
+                // `arg0` on.
+                "pop r11",
+                "push r9",
+                "push r8",
+                "push rcx",
+                "push rdx",
+                "push rsi",
+                "push rbx",
+                "mov rbx, r11",
+                // The stack is aligned to 16 here (8 mod 16 at entry,
+                // +8 -40 -8).
+                "lea rsi, [rsp + 8]",
+                concat!("mov edx, ", $kind),
+                "call {list}",
+                // Only a failed exec returns: the stack put back as it came.
+                "mov r11, rbx",
+                "pop rbx",
+                "add rsp, 40",
+                "push r11",
+                "ret",
+                list = sym ustack_execl_list,
+            )
+        }
+    };
+}
+
+execl_entry!(
+    /// `execl(3)`: `execv` on the list.
+    execl,
+    "0"
+);
+execl_entry!(
+    /// `execlp(3)`: `execvp` on the list.
+    execlp,
+    "1"
+);
+execl_entry!(
+    /// `execle(3)`: `execve` on the list and the environment after it.
+    execle,
+    "2"
+);
+
+/// The list of an `execl` (`kind` 0), `execlp` (1) or `execle` (2) call,
+/// as one array: `execv`, `execvp` or `execve` on it.
+///
+/// # Safety
+/// `args` is a NULL-terminated array of C strings, for `execle` followed
+/// by the environment pointer, as the caller of the variadic function
+/// passed them.
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn ustack_execl_list(
+    path: *const c_char,
+    args: *const *const c_char,
+    kind: c_int,
+) -> c_int {
+    // SAFETY: as the caller says.
+    unsafe {
+        match kind {
+            0 => execv(path, args),
+            1 => execvp(path, args),
+            _ => {
+                let mut end = args;
+                while !(*end).is_null() {
+                    end = end.add(1);
+                }
+                let envp = *end.add(1) as *const *const c_char;
+                execve(path, args, envp)
+            }
+        }
+    }
+}

@@ -13,10 +13,11 @@
 //! takes the channel as its own, and tells the owner which sockets it
 //! still holds; those that closed at the exec are let go as a close would.
 //!
-//! The C library's `execl`, `execlp`, `execle` (variadic functions) and
-//! `posix_spawn` call the kernel without passing through the layer: a
-//! program they start does not rejoin (its sockets are closed as the
-//! process's other close-on-exec descriptors are, or left as plain
+//! The variadic `execl`, `execlp` and `execle` are the layer's too (an
+//! assembly entry turns the list into an array, `exports::exec`). The C
+//! library's `posix_spawn` calls the kernel without passing through the
+//! layer: a program it starts does not rejoin (its sockets are closed as
+//! the process's other close-on-exec descriptors are, or left as plain
 //! eventfds).
 
 use std::ffi::CString;
