@@ -52,6 +52,14 @@ class H(socketserver.BaseRequestHandler):
             os.dup2(s.fileno(), 0); os.dup2(s.fileno(), 1)
             import ctypes
             ctypes.CDLL(None).execl(b"/bin/sh", b"sh", b"-c", b"exec cat", b"sh", b"a", b"b", b"c", b"d", None)
+        if first.startswith(b"SPAWN"):
+            # posix_spawn with the connection as the new program's
+            # standard input and output (file actions), then this
+            # child waits for it and leaves without a shutdown.
+            s.sendall(b"ready\n")
+            fa = [(os.POSIX_SPAWN_DUP2, s.fileno(), 0), (os.POSIX_SPAWN_DUP2, s.fileno(), 1)]
+            pid = os.posix_spawn("/bin/sh", ["sh", "-c", "exec cat"], os.environ, file_actions=fa)
+            s.close(); os.waitpid(pid, 0); os._exit(0)
         if first.startswith(b"EXEC"):
             s.sendall(b"ready\n")
             os.dup2(s.fileno(), 0); os.dup2(s.fileno(), 1)
@@ -401,7 +409,8 @@ print(json.dumps(out), flush=True)
     assert!(end.err.contains("raw clone system call"), "{}", end.err);
 }
 
-/// A child that execs a program with the connection as its standard input
+/// A child that execs a program (by `execv`, by the variadic `execl`, or
+/// starts one by `posix_spawn`) with the connection as its standard input
 /// and output (as inetd and sshd's re-exec do): the new program rejoins
 /// the stack and echoes 1 MiB on each of 4 connections at once,
 /// byte-exact; when it exits, the connection ends (the parent closed its
@@ -441,7 +450,7 @@ ts = [threading.Thread(target=one) for _ in range(4)]
 print(sum(res))
 "#;
     let cli = script(&lab, "exec_client.py", execd);
-    for how in ["EXEC", "EXECL"] {
+    for how in ["EXEC", "EXECL", "SPAWN"] {
         let o = lab.linux(&["timeout", "90", "python3", &cli, &PORT.to_string(), how]);
         assert_eq!(
             String::from_utf8_lossy(&o.stdout).trim(),
@@ -864,4 +873,39 @@ fn haproxy_master_worker_serves_across_reloads() {
         "",
         "processes of haproxy (or its keeper) left after SIGTERM"
     );
+}
+
+/// The process running the stack starts a program with `posix_spawn`,
+/// the connection it accepted as that program's standard input and
+/// output (file actions), and closes its own copy: `cat` rejoins the
+/// stack and echoes 1 MiB byte-exact, three times in a row.
+#[test]
+fn a_program_the_owner_posix_spawns_serves_the_connection() {
+    need_root!();
+    need_program!("python3", "python3");
+    let _turn = serial();
+    let lab = Lab::new("fp", need_preload!());
+    let owner = r#"
+import os, socket, sys
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("0.0.0.0", int(sys.argv[1]))); l.listen(8)
+while True:
+    c, _ = l.accept()
+    fa = [(os.POSIX_SPAWN_DUP2, c.fileno(), 0), (os.POSIX_SPAWN_DUP2, c.fileno(), 1)]
+    pid = os.posix_spawn("/bin/cat", ["cat"], os.environ, file_actions=fa)
+    c.close()
+    os.waitpid(pid, 0)
+"#;
+    let prog = script(&lab, "spawner.py", owner);
+    let server = lab.start(Host::Stack, false, &["python3", &prog, &PORT.to_string()]);
+    lab.wait_port("10.77.0.2", PORT);
+    for round in 0..3 {
+        let r = client(&lab, 1 << 20, 1, "echo");
+        assert_eq!(
+            r["exact"], 1,
+            "round {round}: echoed by the spawned cat: {r}"
+        );
+    }
+    let end = server.stop();
+    no_crash(&end.err);
 }

@@ -100,6 +100,8 @@ real_fns! {
     inotify_init1: unsafe extern "C" fn(c_int) -> c_int;
     execve: unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
     execvpe: unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+    posix_spawn: unsafe extern "C" fn(*mut libc::pid_t, *const c_char, *const libc::posix_spawn_file_actions_t, *const libc::posix_spawnattr_t, *const *mut c_char, *const *mut c_char) -> c_int;
+    posix_spawnp: unsafe extern "C" fn(*mut libc::pid_t, *const c_char, *const libc::posix_spawn_file_actions_t, *const libc::posix_spawnattr_t, *const *mut c_char, *const *mut c_char) -> c_int;
 }
 
 /// The next definition of `name` after this library, or abort: a C library

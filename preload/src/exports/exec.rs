@@ -72,6 +72,106 @@ unsafe fn carried(
     r
 }
 
+/// `posix_spawn(3)` or `posix_spawnp(3)` (the C library's `f`): from a
+/// process on the stack, of a program that loads the layer, with a
+/// channel of its own and `USTACK_SHARE` in its environment, so it
+/// rejoins the stack with the sockets it inherits.
+///
+/// # Safety
+/// The arguments as `posix_spawn(3)` takes them.
+unsafe fn spawned(
+    f: unsafe extern "C" fn(
+        *mut libc::pid_t,
+        *const c_char,
+        *const libc::posix_spawn_file_actions_t,
+        *const libc::posix_spawnattr_t,
+        *const *mut c_char,
+        *const *mut c_char,
+    ) -> c_int,
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let on_stack = crate::share::is_client() || crate::state::state().is_some();
+    if !on_stack || crate::fd::is_empty() || envp.is_null() {
+        // SAFETY: the caller's arguments, passed on.
+        return unsafe { f(pid, path, actions, attr, argv, envp) };
+    }
+    let prefix = format!("{}=", crate::share::exec::ENV);
+    let mut env: Vec<*mut c_char> = Vec::new();
+    let (mut preload, mut net) = (false, false);
+    let mut p = envp;
+    // SAFETY: `envp` is a NULL-terminated array of C strings.
+    unsafe {
+        while !(*p).is_null() {
+            let s = std::ffi::CStr::from_ptr(*p).to_bytes();
+            if let Some(v) = s.strip_prefix(b"LD_PRELOAD=") {
+                preload |= v.windows(16).any(|w| w == b"ustack_preload.s");
+            }
+            net |= s.starts_with(b"USTACK_NET=");
+            if !s.starts_with(prefix.as_bytes()) {
+                env.push(*p);
+            }
+            p = p.add(1);
+        }
+    }
+    let prepared = if preload && net {
+        crate::share::exec::prepare_spawn()
+    } else {
+        None
+    };
+    let Some((entry, theirs)) = prepared else {
+        // SAFETY: the caller's arguments, passed on.
+        return unsafe { f(pid, path, actions, attr, argv, envp) };
+    };
+    env.push(entry.as_ptr().cast_mut());
+    env.push(std::ptr::null_mut());
+    // SAFETY: the caller's arguments; `env` a NULL-terminated array of C
+    // strings alive for the call.
+    let r = unsafe { f(pid, path, actions, attr, argv, env.as_ptr()) };
+    // The new process has its copy (or, failed, none: the owner sees the
+    // channel hang up and lets go of what it counted).
+    crate::share::chan::close(theirs);
+    r
+}
+
+/// `posix_spawn(3)`.
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { spawned(real().posix_spawn, pid, path, actions, attr, argv, envp) }
+}
+
+/// `posix_spawnp(3)`.
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { spawned(real().posix_spawnp, pid, file, actions, attr, argv, envp) }
+}
+
 /// `execve(2)`.
 ///
 /// # Safety

@@ -14,11 +14,9 @@
 //! still holds; those that closed at the exec are let go as a close would.
 //!
 //! The variadic `execl`, `execlp` and `execle` are the layer's too (an
-//! assembly entry turns the list into an array, `exports::exec`). The C
-//! library's `posix_spawn` calls the kernel without passing through the
-//! layer: a program it starts does not rejoin (its sockets are closed as
-//! the process's other close-on-exec descriptors are, or left as plain
-//! eventfds).
+//! assembly entry turns the list into an array, `exports::exec`), and so
+//! is `posix_spawn` ([`prepare_spawn`]: the sockets are named by their
+//! eventfds' ids, since its file actions renumber descriptors).
 
 use std::ffi::CString;
 use std::os::fd::RawFd;
@@ -45,6 +43,9 @@ pub(crate) struct Carried {
     /// Its descriptor numbers (each one's kernel descriptor survives the
     /// exec; a passed socket's, the receiver's).
     pub(crate) fds: Vec<RawFd>,
+    /// Its eventfd's id, for a program started by `posix_spawn`, which
+    /// finds its descriptors by it (their numbers are the file actions').
+    pub(crate) id: Option<u64>,
     opts: CarriedOpts,
 }
 
@@ -75,6 +76,7 @@ impl Carried {
             kind: *s.kind.lock(),
             nonblocking: s.nonblocking.load(std::sync::atomic::Ordering::Relaxed),
             fds,
+            id: None,
             opts: CarriedOpts::from(&s.opts.lock()),
         }
     }
@@ -179,13 +181,82 @@ pub fn prepare() -> Option<CString> {
             .map(|(s, fds)| Carried::of(&s, fds))
             .collect(),
     };
-    let bytes = postcard::to_stdvec(&carry).ok()?;
+    let entry = encode(&postcard::to_stdvec(&carry).ok()?)?;
+    set_cloexec(c.fd, false);
+    Some(entry)
+}
+
+/// A `posix_spawn` in a process on the stack, of a program that loads
+/// the layer: the `USTACK_SHARE=...` entry for its environment, and the
+/// end of the new channel it inherits (the caller closes this process's
+/// copy after the spawn). The owner counts the new process as a child
+/// holding what this one holds; every socket is listed by its eventfd's
+/// id, and the new program keeps those its file actions and
+/// close-on-exec flags leave it (the owner lets go of the rest when it
+/// says so, `Op::exec`).
+pub fn prepare_spawn() -> Option<(CString, RawFd)> {
+    let (ours, theirs) = super::chan::pair().ok()?;
+    let registered = if let Some(s) = crate::state::state() {
+        super::server::add_child(&s.net, ours).is_ok()
+    } else if let Some(c) = client() {
+        let ok = c.call::<()>(&Op::fork {}, Some(ours)).is_ok();
+        super::chan::close(ours);
+        ok
+    } else {
+        false
+    };
+    if !registered {
+        super::chan::close(ours);
+        super::chan::close(theirs);
+        return None;
+    }
+    let mut socks: Vec<Arc<Sock>> = Vec::new();
+    for (_, s) in crate::fd::all() {
+        if !socks.iter().any(|o| Arc::ptr_eq(o, &s)) {
+            socks.push(s);
+        }
+    }
+    let carry = Carry {
+        chan: theirs,
+        socks: socks
+            .iter()
+            .filter_map(|s| {
+                let id = super::rights::eventfd_id(s.any_fd()?)?;
+                let mut c = Carried::of(s, Vec::new());
+                c.id = Some(id);
+                Some(c)
+            })
+            .collect(),
+    };
+    let entry = postcard::to_stdvec(&carry).ok().and_then(|b| encode(&b));
+    let Some(entry) = entry else {
+        super::chan::close(theirs);
+        return None;
+    };
+    set_cloexec(theirs, false);
+    Some((entry, theirs))
+}
+
+/// The `USTACK_SHARE=...` entry for `bytes`.
+fn encode(bytes: &[u8]) -> Option<CString> {
     let mut entry = format!("{ENV}=");
     for b in bytes {
         entry.push_str(&format!("{b:02x}"));
     }
-    set_cloexec(c.fd, false);
     CString::new(entry).ok()
+}
+
+/// This process's descriptors naming the eventfd of id `id`.
+fn fds_of(id: u64) -> Vec<RawFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let mut fds: Vec<RawFd> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd| super::rights::eventfd_id(fd) == Some(id))
+        .collect();
+    fds.sort_unstable();
+    fds
 }
 
 /// The exec failed: this program goes on, and its channel closes at a
@@ -224,7 +295,10 @@ pub fn rejoin() {
     set_cloexec(carry.chan, true);
     super::become_client(carry.chan);
     let mut keep: Vec<SocketRef> = Vec::new();
-    for c in carry.socks {
+    for mut c in carry.socks {
+        if let (true, Some(id)) = (c.fds.is_empty(), c.id) {
+            c.fds = fds_of(id);
+        }
         if let Some((_, Some(r))) = c.install() {
             keep.push(r);
         }
