@@ -11,6 +11,34 @@ unsafe extern "C" {
     static mut environ: *const *const c_char;
 }
 
+/// The entries of environment `envp` without any `USTACK_SHARE` (a new
+/// one goes in), and whether a program started with it loads this
+/// library with the NET flags (only then can it rejoin the stack).
+///
+/// # Safety
+/// `envp` is a NULL-terminated array of C strings, or null.
+unsafe fn scan_env(envp: *const *const c_char) -> (Vec<*const c_char>, bool) {
+    let prefix = format!("{}=", crate::share::exec::ENV);
+    let mut env = Vec::new();
+    let (mut preload, mut net) = (false, false);
+    let mut p = envp;
+    // SAFETY: as the caller says.
+    unsafe {
+        while !p.is_null() && !(*p).is_null() {
+            let s = std::ffi::CStr::from_ptr(*p).to_bytes();
+            if let Some(v) = s.strip_prefix(b"LD_PRELOAD=") {
+                preload |= v.windows(16).any(|w| w == b"ustack_preload.s");
+            }
+            net |= s.starts_with(b"USTACK_NET=");
+            if !s.starts_with(prefix.as_bytes()) {
+                env.push(*p);
+            }
+            p = p.add(1);
+        }
+    }
+    (env, preload && net)
+}
+
 /// The C library's exec function `f`, on `envp` with `USTACK_SHARE` set
 /// when this process shares the stack (any such entry the caller passed
 /// is left out).
@@ -27,32 +55,11 @@ unsafe fn carried(
         // SAFETY: the caller's arguments, passed on.
         return unsafe { f(path, argv, envp) };
     }
-    let prefix = format!("{}=", crate::share::exec::ENV);
-    let mut env: Vec<*const c_char> = Vec::new();
-    // Whether the new program loads this library with the NET flags:
-    // only then can it rejoin the stack.
-    let (mut preload, mut net) = (false, false);
-    let mut p = envp;
-    // SAFETY: `envp` is a NULL-terminated array of C strings (or null).
-    unsafe {
-        while !p.is_null() && !(*p).is_null() {
-            let s = std::ffi::CStr::from_ptr(*p).to_bytes();
-            if let Some(v) = s.strip_prefix(b"LD_PRELOAD=") {
-                preload |= v.windows(16).any(|w| w == b"ustack_preload.s");
-            }
-            net |= s.starts_with(b"USTACK_NET=");
-            if !s.starts_with(prefix.as_bytes()) {
-                env.push(*p);
-            }
-            p = p.add(1);
-        }
-    }
+    // SAFETY: `envp` as the caller says.
+    let (mut env, loads) = unsafe { scan_env(envp) };
     // The process running the stack hands it to a keeper first (the new
     // image cannot hold it).
-    let entry = if preload
-        && net
-        && (crate::share::is_client() || crate::lifecycle::hand_over_for_exec())
-    {
+    let entry = if loads && (crate::share::is_client() || crate::lifecycle::hand_over_for_exec()) {
         crate::share::exec::prepare()
     } else {
         None
@@ -100,25 +107,9 @@ unsafe fn spawned(
         // SAFETY: the caller's arguments, passed on.
         return unsafe { f(pid, path, actions, attr, argv, envp) };
     }
-    let prefix = format!("{}=", crate::share::exec::ENV);
-    let mut env: Vec<*mut c_char> = Vec::new();
-    let (mut preload, mut net) = (false, false);
-    let mut p = envp;
-    // SAFETY: `envp` is a NULL-terminated array of C strings.
-    unsafe {
-        while !(*p).is_null() {
-            let s = std::ffi::CStr::from_ptr(*p).to_bytes();
-            if let Some(v) = s.strip_prefix(b"LD_PRELOAD=") {
-                preload |= v.windows(16).any(|w| w == b"ustack_preload.s");
-            }
-            net |= s.starts_with(b"USTACK_NET=");
-            if !s.starts_with(prefix.as_bytes()) {
-                env.push(*p);
-            }
-            p = p.add(1);
-        }
-    }
-    let prepared = if preload && net {
+    // SAFETY: `envp` as the caller says.
+    let (mut env, loads) = unsafe { scan_env(envp.cast()) };
+    let prepared = if loads {
         crate::share::exec::prepare_spawn()
     } else {
         None
@@ -127,11 +118,11 @@ unsafe fn spawned(
         // SAFETY: the caller's arguments, passed on.
         return unsafe { f(pid, path, actions, attr, argv, envp) };
     };
-    env.push(entry.as_ptr().cast_mut());
-    env.push(std::ptr::null_mut());
+    env.push(entry.as_ptr());
+    env.push(std::ptr::null());
     // SAFETY: the caller's arguments; `env` a NULL-terminated array of C
-    // strings alive for the call.
-    let r = unsafe { f(pid, path, actions, attr, argv, env.as_ptr()) };
+    // strings alive for the call (the C library does not write them).
+    let r = unsafe { f(pid, path, actions, attr, argv, env.as_ptr().cast()) };
     // The new process has its copy (or, failed, none: the owner sees the
     // channel hang up and lets go of what it counted).
     crate::share::chan::close(theirs);
