@@ -59,6 +59,7 @@ mod raw;
 mod real;
 mod report;
 mod share;
+mod signals;
 mod sock;
 mod state;
 

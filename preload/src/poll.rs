@@ -105,6 +105,11 @@ pub fn poll(fds: &mut [pollfd], timeout: Option<Duration>, sigmask: *const sigse
             timespec_left(deadline)
         };
         let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+        let held = crate::signals::wait_mask();
+        let sigmask = match (&held, sigmask.is_null()) {
+            (Some(m), true) => m as *const libc::sigset_t,
+            _ => sigmask,
+        };
         // SAFETY: `local` is a valid array of pollfd of its length; `tsp`
         // is null or points at a live timespec.
         let n = unsafe { (real().ppoll)(local.as_mut_ptr(), local.len() as _, tsp, sigmask) };
@@ -403,6 +408,11 @@ pub unsafe fn wait(
                 Some(d) => c_int::try_from(d.saturating_duration_since(Instant::now()).as_millis())
                     .unwrap_or(c_int::MAX),
             }
+        };
+        let held = crate::signals::wait_mask();
+        let sigmask = match (&held, sigmask.is_null()) {
+            (Some(m), true) => m as *const libc::sigset_t,
+            _ => sigmask,
         };
         // SAFETY: `kbuf` holds `max` events.
         let n = unsafe { (real().epoll_pwait)(epfd, kbuf.as_mut_ptr(), max as c_int, ms, sigmask) };

@@ -130,12 +130,51 @@ fn wait(sock: &Sock, want: Want, nonblock: bool, timeout_us: i64) -> Res<()> {
             revents: 0,
         };
         sock.sleeps.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: one valid pollfd; the C library's poll, not the layer's.
-        let n = unsafe { (real().poll)(&mut p, 1, ms) };
-        if n < 0 && crate::real::errno() == EINTR {
+        let n = match crate::signals::wait_mask() {
+            // Inside a held call: the wait takes the program's mask.
+            Some(mask) => {
+                let ts = (ms >= 0).then(|| libc::timespec {
+                    tv_sec: libc::time_t::from(ms / 1000),
+                    tv_nsec: libc::c_long::from(ms % 1000) * 1_000_000,
+                });
+                let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+                // SAFETY: one valid pollfd, a live timespec or null, the
+                // program's mask; the C library's ppoll.
+                unsafe { (real().ppoll)(&mut p, 1, tsp, &mask) }
+            }
+            // SAFETY: one valid pollfd; the C library's poll, not the layer's.
+            None => unsafe { (real().poll)(&mut p, 1, ms) },
+        };
+        // A handler ran: the call goes on as the kernel's would after a
+        // handler installed with SA_RESTART, unless the socket has a
+        // timeout (signal(7): then never restarted).
+        if n < 0 && crate::real::errno() == EINTR && (deadline.is_some() || !restarting()) {
             return Err(EINTR);
         }
     }
+}
+
+/// Whether a signal that interrupted a wait had a handler installed with
+/// SA_RESTART. Which signal it was is not known here: true when every
+/// signal with a handler has the flag (a program sets it on all of its
+/// handlers or on none, as a rule); signals left to their default or
+/// ignored interrupt nothing.
+fn restarting() -> bool {
+    (1..=64).all(|sig| {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            return true;
+        }
+        // SAFETY: an all-zero sigaction is valid; sigaction with a null
+        // new action only reads the current one into `old`.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            return true;
+        }
+        old.sa_sigaction == libc::SIG_DFL
+            || old.sa_sigaction == libc::SIG_IGN
+            || old.sa_flags & libc::SA_RESTART != 0
+    })
 }
 
 /// Watch the socket's stack handle: readiness events make its descriptors

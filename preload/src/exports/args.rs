@@ -56,6 +56,7 @@ pub(super) fn ret<T: Into<i64>>(r: Res<T>) -> i64 {
 /// Run `f`, turning a panic (a bug here) into EIO rather than an abort
 /// of the program.
 pub(super) fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    let _held = crate::signals::Held::new();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {

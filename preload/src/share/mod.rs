@@ -414,9 +414,15 @@ impl Client {
         fd: Option<std::os::fd::RawFd>,
     ) -> Res<Result<T, StackError>> {
         let msg = postcard::to_stdvec(op).map_err(|_| libc::EINVAL)?;
+        // Signals wait for the end of the call (the owner answers at
+        // once): a handler that makes a socket call of its own would
+        // otherwise come back in here, on a channel that is mid-call.
+        let blocked = crate::signals::Held::new();
         let turn = self.chan.lock();
-        let reply = chan::call(self.fd, &msg, fd)?;
+        let reply = chan::call(self.fd, &msg, fd);
         drop(turn);
+        drop(blocked);
+        let reply = reply?;
         let r: Result<Result<T, WireErr>, WireErr> =
             postcard::from_bytes(&reply).map_err(|_| libc::EIO)?;
         match r {
