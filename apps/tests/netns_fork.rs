@@ -998,17 +998,7 @@ fn a_signal_handler_in_a_child_makes_socket_calls_mid_call() {
     need_program!("cc", "gcc");
     let _turn = serial();
     let lab = Lab::new("fs", need_preload!());
-    let src = lab.path("alarmed.c");
-    let bin = lab.path("alarmed");
-    std::fs::write(&src, ALARMED_C).unwrap();
-    let o = std::process::Command::new("cc")
-        .arg("-O1")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(o.status.success(), "cc alarmed: {}", text(&o));
+    let bin = lab.compile_c("alarmed", ALARMED_C);
     let _peer = lab.linux_echo_peer(7461, 7462);
     let started = lab.start(
         Host::Stack,

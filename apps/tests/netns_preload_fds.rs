@@ -10,7 +10,6 @@
 #[macro_use]
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -179,22 +178,6 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// Compile a C program (`cc`) into the lab's directory.
-fn compile_c(lab: &Lab, name: &str, source: &str) -> PathBuf {
-    let src = lab.path(&format!("{name}.c"));
-    let bin = lab.path(name);
-    std::fs::write(&src, source).unwrap();
-    let o = Command::new("cc")
-        .arg("-O1")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(o.status.success(), "cc {name}: {}", text(&o));
-    bin
-}
-
 /// A ustack socket looks like a socket to every call that inspects a
 /// descriptor (fstat, statx, /proc/self/fd, SO_TYPE/SO_DOMAIN/
 /// SO_PROTOCOL/SO_ACCEPTCONN, FIONREAD, SIOCOUTQ, FIONBIO), and a socket
@@ -209,7 +192,7 @@ fn recycled_numbers_are_never_sockets_and_sockets_look_like_sockets() {
     need_program!("cc", "gcc");
     let _turn = serial();
     let lab = Lab::new("qi", need_preload!());
-    let bin = compile_c(&lab, "identity", IDENTITY_C);
+    let bin = lab.compile_c("identity", IDENTITY_C);
     let peer = lab.linux_echo_peer(7301, 7302);
     let file = lab.path("recycled.txt");
     let end = lab.run(
@@ -520,8 +503,7 @@ fn a_forked_child_shares_the_stack_and_go_is_refused() {
 
     // A Go program (a C program given Go's build-ID note section) is
     // refused before it runs; the same program without the note runs.
-    let plain = compile_c(
-        &lab,
+    let plain = lab.compile_c(
         "hello",
         "#include <stdio.h>\nint main(void) { puts(\"ran\"); return 0; }\n",
     );

@@ -264,6 +264,22 @@ impl Lab {
         self.start(host, false, program).wait()
     }
 
+    /// Compile a C program (`cc`) into the lab's directory: its path.
+    pub fn compile_c(&self, name: &str, source: &str) -> PathBuf {
+        let src = self.path(&format!("{name}.c"));
+        let bin = self.path(name);
+        std::fs::write(&src, source).unwrap();
+        let o = Command::new("cc")
+            .arg("-O1")
+            .arg("-o")
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .expect("run cc");
+        assert!(o.status.success(), "cc {name}: {}", text(&o));
+        bin
+    }
+
     /// A command on the Linux host (the kernel's sockets).
     pub fn linux(&self, args: &[&str]) -> Output {
         self.topo.linux(args)
