@@ -726,8 +726,10 @@ fn unrelated_programs_share_a_named_stack() {
 /// nginx as a daemon: the process `ustack exec` starts opens the listening
 /// socket and the stack, forks the daemon (which forks its worker) and
 /// exits at once. A keeper runs the stack on for them: the server answers
-/// (ab, every request), and once nginx has quit the keeper is gone too,
-/// with no process left in the namespace.
+/// (ab, every request); a binary upgrade (SIGUSR2, then SIGQUIT to the old
+/// master) leaves the new master serving on the inherited listener; and
+/// once nginx has quit the keeper is gone too, with no process left in
+/// the namespace.
 #[test]
 fn a_daemon_keeps_the_stack_its_parent_started() {
     need_root!();
@@ -739,7 +741,13 @@ fn a_daemon_keeps_the_stack_its_parent_started() {
     let conf = nginx_conf(&root, true);
     let conf_s = conf.display().to_string();
     let log = std::fs::File::create(lab.path("nginx.out")).unwrap();
-    let (mut cmd, _) = lab.exec(Host::Stack, false, true, &["nginx", "-c", &conf_s]);
+    // By its full path: a binary upgrade executes the master's argv[0].
+    let o = std::process::Command::new("sh")
+        .args(["-c", "command -v nginx"])
+        .output()
+        .expect("sh");
+    let nginx = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let (mut cmd, _) = lab.exec(Host::Stack, false, true, &[&nginx, "-c", &conf_s]);
     let status = cmd
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -775,14 +783,47 @@ fn a_daemon_keeps_the_stack_its_parent_started() {
         running.iter().any(|c| c == "ustack-keeper"),
         "no keeper runs the stack: {running:?}"
     );
-    let o = lab.linux(&["ab", "-n", "2000", "-c", "4", "http://10.77.0.2:8080/"]);
-    let ab = text(&o);
-    assert!(ab.contains("Complete requests:      2000"), "ab: {ab}");
-    assert!(ab.contains("Failed requests:        0"), "ab: {ab}");
-    let master = std::fs::read_to_string(root.join("nginx.pid")).unwrap();
-    let _ = std::process::Command::new("kill")
-        .args(["-QUIT", master.trim()])
-        .status();
+    let ab = |when: &str| {
+        let o = lab.linux(&["ab", "-n", "2000", "-c", "4", "http://10.77.0.2:8080/"]);
+        let ab = text(&o);
+        assert!(
+            ab.contains("Complete requests:      2000"),
+            "ab {when}: {ab}"
+        );
+        assert!(ab.contains("Failed requests:        0"), "ab {when}: {ab}");
+    };
+    ab("after the start");
+    let kill = |sig: &str, pid: &str| {
+        let _ = std::process::Command::new("kill")
+            .args([sig, pid.trim()])
+            .status();
+    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !done() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let log = std::fs::read_to_string(root.join("error.log")).unwrap_or_default();
+        assert!(done(), "{what}: nginx's log: {log}");
+    };
+    // The binary upgrade: SIGUSR2 makes the master (a client of the
+    // keeper) fork and exec a new nginx, whose environment nginx cleans
+    // (the layer's entries go back in), with the listener inherited; the
+    // old master then quits and the new one serves.
+    let old = std::fs::read_to_string(root.join("nginx.pid")).unwrap();
+    kill("-USR2", &old);
+    let oldbin = root.join("nginx.pid.oldbin");
+    let new_pid = || std::fs::read_to_string(root.join("nginx.pid")).unwrap_or_default();
+    wait_for("a new master after SIGUSR2", &|| {
+        oldbin.exists() && !new_pid().trim().is_empty() && new_pid() != old
+    });
+    kill("-QUIT", &old);
+    wait_for("the old master's exit", &|| {
+        !std::path::Path::new(&format!("/proc/{}", old.trim())).exists()
+    });
+    ab("after the binary upgrade");
+    let master = new_pid();
+    kill("-QUIT", &master);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !pids().is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));

@@ -155,6 +155,7 @@ pub fn init() {
         return;
     }
     crate::share::rights::init();
+    crate::share::exec::keep_layer_env();
     // Exec'd by a process that shares a stack: this program does too.
     crate::share::exec::rejoin();
     // SAFETY: registering plain `extern "C" fn()` handlers.

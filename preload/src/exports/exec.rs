@@ -56,7 +56,39 @@ unsafe fn carried(
         return unsafe { f(path, argv, envp) };
     }
     // SAFETY: `envp` as the caller says.
-    let (mut env, loads) = unsafe { scan_env(envp) };
+    let (mut env, mut loads) = unsafe { scan_env(envp) };
+    // A cleaned environment, while sockets would go with the exec: the
+    // layer's entries go back in (they would be dead otherwise).
+    let restored = if loads || !crate::share::exec::carries_sockets() {
+        Vec::new()
+    } else {
+        // SAFETY: `env` holds the caller's C strings.
+        let names: Vec<&[u8]> = env
+            .iter()
+            .map(|&p| unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
+            .collect();
+        crate::share::exec::missing_layer_env(&names)
+    };
+    if !restored.is_empty() {
+        let dropped: Vec<&[u8]> = restored
+            .iter()
+            .map(|r| {
+                r.as_bytes()
+                    .split(|&b| b == b'=')
+                    .next()
+                    .unwrap_or_default()
+            })
+            .collect();
+        // SAFETY: as above.
+        env.retain(|&p| {
+            let e = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+            !dropped
+                .iter()
+                .any(|d| e.starts_with(d) && e.get(d.len()) == Some(&b'='))
+        });
+        env.extend(restored.iter().map(|r| r.as_ptr()));
+        loads = true;
+    }
     // The process running the stack hands it to a keeper first (the new
     // image cannot hold it).
     let entry = if loads && (crate::share::is_client() || crate::lifecycle::hand_over_for_exec()) {

@@ -32,6 +32,65 @@ use crate::real::real;
 /// The environment variable the sockets ride in across an exec.
 pub const ENV: &str = "USTACK_SHARE";
 
+/// The layer's own environment entries as the program started with them
+/// (`LD_PRELOAD` and the `USTACK_*` flags), kept before `main`: a program
+/// that hands its children a cleaned environment (nginx keeps only what
+/// its `env` directives name) still starts them on the stack when they
+/// inherit its sockets.
+static LAYER_ENV: std::sync::OnceLock<Vec<CString>> = std::sync::OnceLock::new();
+
+/// Before `main`: keep the layer's entries of this program's environment.
+pub fn keep_layer_env() {
+    let kept = std::env::vars_os()
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            k == "LD_PRELOAD" || (k.starts_with("USTACK_") && k != ENV)
+        })
+        .filter_map(|(k, v)| {
+            let mut e = k.into_encoded_bytes();
+            e.push(b'=');
+            e.extend_from_slice(v.as_encoded_bytes());
+            CString::new(e).ok()
+        })
+        .collect();
+    let _ = LAYER_ENV.set(kept);
+}
+
+/// The layer's entries that `names` (the keys of the new program's
+/// environment) lack; an `LD_PRELOAD` of other libraries gets ours first.
+/// For an exec that carries sockets into a program whose environment
+/// would not load the layer.
+pub fn missing_layer_env(env: &[&[u8]]) -> Vec<CString> {
+    let Some(kept) = LAYER_ENV.get() else {
+        return Vec::new();
+    };
+    let key = |e: &[u8]| e.split(|&b| b == b'=').next().unwrap_or_default().to_vec();
+    kept.iter()
+        .filter_map(|k| {
+            let name = key(k.as_bytes());
+            match env.iter().find(|e| key(e) == name) {
+                None => Some(k.clone()),
+                Some(theirs) if name == b"LD_PRELOAD" => {
+                    let ours = &k.as_bytes()[name.len() + 1..];
+                    let mut e = k.as_bytes().to_vec();
+                    e.push(b':');
+                    e.extend_from_slice(&theirs[name.len() + 1..]);
+                    (!theirs.windows(ours.len()).any(|w| w == ours))
+                        .then(|| CString::new(e).ok())
+                        .flatten()
+                }
+                Some(_) => None,
+            }
+        })
+        .collect()
+}
+
+/// Whether a ustack socket of this process survives an exec (one of its
+/// descriptors is not close-on-exec).
+pub fn carries_sockets() -> bool {
+    crate::fd::all().into_iter().any(|(fd, _)| !cloexec(fd))
+}
+
 /// A socket carried across an exec (or passed to another process,
 /// [`super::rights`]).
 #[derive(Debug, Serialize, Deserialize)]
