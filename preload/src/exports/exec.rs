@@ -62,9 +62,9 @@ unsafe fn carried(
     let restored = if loads || !crate::share::exec::carries_sockets() {
         Vec::new()
     } else {
-        // SAFETY: `env` holds the caller's C strings.
         let names: Vec<&[u8]> = env
             .iter()
+            // SAFETY: `env` holds the caller's C strings.
             .map(|&p| unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
             .collect();
         crate::share::exec::missing_layer_env(&names)
@@ -79,8 +79,8 @@ unsafe fn carried(
                     .unwrap_or_default()
             })
             .collect();
-        // SAFETY: as above.
         env.retain(|&p| {
+            // SAFETY: `env` holds the caller's C strings.
             let e = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
             !dropped
                 .iter()
