@@ -7,7 +7,9 @@
 //! thousand children come and go without a socket or a buffer left behind,
 //! connections passed between processes with `SCM_RIGHTS` are served by
 //! the receiver, and haproxy's master-worker mode (its master execs
-//! itself) serves across reloads.
+//! itself) serves across reloads, and C stdio streams (`fdopen`, and
+//! `stdin`/`stdout` of a program exec'd on a connection) read and write
+//! ustack sockets.
 //! The stack runs as 10.77.0.2, Linux as 10.77.0.1, in namespaces the test
 //! makes and removes. Needs root; the all-features build runs it.
 #![cfg(feature = "pcap")]
@@ -1055,4 +1057,179 @@ fn a_signal_handler_in_a_child_makes_socket_calls_mid_call() {
         end.out,
         end.err
     );
+}
+
+/// A pre-forked Perl server whose workers fork per connection; the
+/// grandchild points STDIN and STDOUT at the connection and execs
+/// `sha256sum`, which reads and writes them through C stdio (as inetd
+/// services do).
+const PERL_PREFORK: &str = r#"
+use strict; use IO::Socket::INET;
+my $l = IO::Socket::INET->new(LocalAddr=>'10.77.0.2', LocalPort=>$ARGV[0], Listen=>16,
+    ReuseAddr=>1, Proto=>'tcp') or die "listen: $!";
+my @kids;
+for my $i (1..3) {
+  my $pid = fork(); die "fork: $!" unless defined $pid;
+  if ($pid == 0) {
+    while (1) {
+      my $c = $l->accept or next;
+      my $pid2 = fork();
+      if ($pid2 == 0) {
+        open(STDIN, '<&', $c) or die "dup in: $!";
+        open(STDOUT, '>&', $c) or die "dup out: $!";
+        close $c; close $l;
+        exec('sha256sum') or die "exec: $!";
+      }
+      close $c; waitpid($pid2, 0);
+    }
+  }
+  push @kids, $pid;
+}
+$SIG{TERM} = sub { kill 'TERM', @kids; exit 0 };
+waitpid($_, 0) for @kids;
+"#;
+
+/// Uses C stdio on connections: even ones through `fdopen` (reading and
+/// writing streams, `fileno` checked), odd ones in a forked child that
+/// `dup2`s the connection onto 0 and 1 and then uses `stdin` and
+/// `stdout`. Each line comes back upper-cased; `N` connections, then
+/// exit.
+const STDIO_C: &str = r#"
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static int serve(FILE *in, FILE *out) {
+    char line[4096]; long n = 0;
+    while (fgets(line, sizeof line, in)) {
+        for (char *p = line; *p; p++) *p = toupper((unsigned char)*p);
+        if (fputs(line, out) == EOF) return 1;
+        n++;
+    }
+    fprintf(out, "lines %ld\n", n);
+    return fflush(out) == EOF || ferror(in);
+}
+int main(int argc, char **argv) {
+    int port = atoi(argv[1]), conns = atoi(argv[2]), bad = 0, one = 1;
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 8)) { perror("listen"); return 2; }
+    for (int i = 0; i < conns; i++) {
+        int c = accept(l, NULL, NULL);
+        if (c < 0) { perror("accept"); return 2; }
+        if (i % 2 == 0) {
+            FILE *in = fdopen(c, "r"), *out = fdopen(dup(c), "w");
+            if (!in || !out || fileno(in) != c) { fprintf(stderr, "fdopen\n"); return 3; }
+            bad |= serve(in, out);
+            fclose(in); fclose(out);
+        } else {
+            pid_t p = fork();
+            if (p == 0) {
+                if (dup2(c, 0) != 0 || dup2(c, 1) != 1) _exit(4);
+                close(c); close(l);
+                int r = serve(stdin, stdout);
+                if (fileno(stdin) != 0 || fileno(stdout) != 1) r = 5;
+                exit(r);
+            }
+            close(c);
+            int st = 0; waitpid(p, &st, 0);
+            bad |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+        }
+    }
+    printf("%s\n", bad ? "failed" : "served");
+    return bad;
+}
+"#;
+
+/// Sends each connection `n` bytes (lines or random data) with the
+/// write side shut after, reads to the end, and prints how many answers
+/// matched.
+const STDIO_CLIENT: &str = r#"
+import hashlib, os, socket, sys, threading, time
+port, conns, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+ok = []
+def one():
+    if mode == "lines":
+        data = b"".join(os.urandom(1 + i % 300).hex().encode() + b"\n" for i in range(3000))
+        want = data.upper() + b"lines 3000\n"
+    else:
+        data = os.urandom(1 << 20)
+        want = hashlib.sha256(data).hexdigest().encode() + b"  -\n"
+    for _ in range(150):
+        try:
+            s = socket.create_connection(("10.77.0.2", port), timeout=30)
+            break
+        except ConnectionRefusedError:
+            time.sleep(0.1)
+    got = bytearray()
+    def rd():
+        while True:
+            d = s.recv(65536)
+            if not d: break
+            got.extend(d)
+    t = threading.Thread(target=rd); t.start()
+    s.sendall(data); s.shutdown(socket.SHUT_WR); t.join(); s.close()
+    ok.append(bytes(got) == want)
+    if bytes(got) != want:
+        print("mismatch", len(got), len(want), bytes(got[:80]), file=sys.stderr)
+for _ in range(conns // 2 if mode == "lines" else 1):
+    ts = [threading.Thread(target=one) for _ in range(2 if mode == "lines" else conns)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+print(sum(ok))
+"#;
+
+#[test]
+fn c_stdio_reads_and_writes_ustack_sockets() {
+    need_root!();
+    need_program!("cc", "gcc");
+    need_program!("perl", "perl");
+    need_program!("python3", "python3");
+    let _turn = serial();
+    let lab = Lab::new("fi", need_preload!());
+    let cli = script(&lab, "stdio_client.py", STDIO_CLIENT);
+
+    // fdopen, and dup2 onto the standard descriptors in a forked child.
+    let bin = lab.compile_c("stdio_server", STDIO_C);
+    let server = lab.start(
+        Host::Stack,
+        false,
+        &[&bin.display().to_string(), "7471", "6"],
+    );
+    lab.wait_arp("10.77.0.2");
+    let o = lab.linux(&["timeout", "60", "python3", &cli, "7471", "6", "lines"]);
+    let end = server.wait_within(Duration::from_secs(30));
+    no_crash(&end.err);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "6",
+        "lines upper-cased through fdopen and dup2'd stdio: {}\nserver: {:?} {}",
+        text(&o),
+        end.out,
+        end.err
+    );
+    assert!(
+        end.out.contains("served") && end.code == 0,
+        "the stdio server: code {:?}, out {:?}, err {}",
+        end.code,
+        end.out,
+        end.err
+    );
+
+    // An exec'd program whose standard descriptors are the connection.
+    let pl = script(&lab, "prefork.pl", PERL_PREFORK);
+    let server = lab.start(Host::Stack, false, &["perl", &pl, "7472"]);
+    lab.wait_port("10.77.0.2", 7472);
+    let o = lab.linux(&["timeout", "90", "python3", &cli, "7472", "4", "sha"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "4",
+        "sha256sum exec'd on the connection by a pre-forked worker: {}",
+        text(&o)
+    );
+    server.stop();
 }

@@ -62,6 +62,7 @@ mod share;
 mod signals;
 mod sock;
 mod state;
+mod stdio;
 
 /// Run [`lifecycle::init`] when the library is loaded, before the program's `main`.
 #[used]

@@ -310,6 +310,7 @@ fn drop_claim() {
 /// ([`keep_for_clients`]).
 extern "C" fn at_exit() {
     let Some(s) = state() else { return };
+    crate::stdio::flush_all();
     for (fd, _) in crate::fd::all() {
         crate::sock::close(fd);
     }

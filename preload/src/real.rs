@@ -68,6 +68,7 @@ real_fns! {
     dup: unsafe extern "C" fn(c_int) -> c_int;
     dup2: unsafe extern "C" fn(c_int, c_int) -> c_int;
     dup3: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
+    fdopen: unsafe extern "C" fn(c_int, *const c_char) -> *mut libc::FILE;
     fcntl: unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
     ioctl: unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int;
     getsockname: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;

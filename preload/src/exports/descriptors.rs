@@ -1,7 +1,7 @@
 //! Calls on descriptors: `close`, `close_range`, `closefrom`, the `dup`
 //! family, `fcntl` and `ioctl`.
 
-use std::ffi::{c_int, c_long, c_uint, c_ulong, c_void};
+use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -162,7 +162,13 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: the kernel's dup3.
     let r = unsafe { (real().dup3)(old, new, flags) };
     match ours_checked(old) {
-        Some(Ok(s)) => adopt_dup(&s, r),
+        Some(Ok(s)) => {
+            let r = adopt_dup(&s, r);
+            if r >= 0 {
+                crate::stdio::standard_became_socket(r);
+            }
+            r
+        }
         _ => {
             sock::fresh(r);
             r
@@ -182,6 +188,21 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     }
     // SAFETY: as dup3 without flags.
     unsafe { dup3(old, new, 0) }
+}
+
+/// `fdopen(3)`: a stream on a ustack socket reads and writes it
+/// through the layer (`stdio`); other descriptors' go to the C library.
+///
+/// # Safety
+/// A C call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
+    match ours_checked(fd) {
+        // SAFETY: the caller's mode string.
+        Some(Ok(_)) if !mode.is_null() => unsafe { crate::stdio::open(fd, mode) },
+        // SAFETY: passing the call on.
+        _ => unsafe { crate::stdio::real_fdopen(fd, mode) },
+    }
 }
 
 /// `fcntl(2)` (the third argument as a word: every command we see takes

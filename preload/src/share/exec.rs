@@ -362,6 +362,11 @@ pub fn rejoin() {
             keep.push(r);
         }
     }
+    for fd in 0..=2 {
+        if crate::fd::get(fd).is_some() {
+            crate::stdio::standard_became_socket(fd);
+        }
+    }
     if let Some(cl) = client() {
         let _ = cl.call::<()>(&Op::exec { keep }, None);
     }
