@@ -1267,3 +1267,96 @@ fn socket_options_match_the_readme_table() {
         "{got}"
     );
 }
+
+/// Reads `TCP_INFO` with the system's `linux/tcp.h` layout after echoing
+/// 200,000 bytes: the byte counts, windows, options and window scales
+/// must be where the header puts them.
+const TCP_INFO_C: &str = r#"
+#include <arpa/inet.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+    inet_pton(AF_INET, argv[1], &a.sin_addr);
+    if (connect(s, (struct sockaddr *)&a, sizeof a)) { perror("connect"); return 2; }
+    static char buf[200000];
+    memset(buf, 'x', sizeof buf);
+    long sent = 0, got = 0;
+    while (sent < (long)sizeof buf) {
+        ssize_t n = write(s, buf + sent, sizeof buf - sent);
+        if (n <= 0) { perror("write"); return 2; }
+        sent += n;
+    }
+    static char in[65536];
+    while (got < sent) {
+        ssize_t n = read(s, in, sizeof in);
+        if (n <= 0) { perror("read"); return 2; }
+        got += n;
+    }
+    /* tcpi_rcv_wnd follows tcpi_snd_wnd (Linux 6.2 on; older headers end
+       at tcpi_snd_wnd). */
+    union { struct tcp_info ti; char raw[512]; } u;
+    struct tcp_info ti;
+    socklen_t len = sizeof u;
+    memset(&u, 0xff, sizeof u);
+    if (getsockopt(s, IPPROTO_TCP, TCP_INFO, &u, &len)) { perror("TCP_INFO"); return 2; }
+    ti = u.ti;
+    unsigned rcv_wnd;
+    memcpy(&rcv_wnd, (char *)&u.ti.tcpi_snd_wnd + 4, 4);
+    printf("{\"len\": %u, \"state\": %u, \"options\": %u, \"snd_wscale\": %u, \"rcv_wscale\": %u, "
+           "\"bytes_acked\": %llu, \"bytes_sent\": %llu, \"bytes_received\": %llu, "
+           "\"snd_wnd\": %u, \"rcv_wnd\": %u, \"snd_mss\": %u, \"ca_state\": %u}\n",
+           len, ti.tcpi_state, ti.tcpi_options, ti.tcpi_snd_wscale, ti.tcpi_rcv_wscale,
+           (unsigned long long)ti.tcpi_bytes_acked, (unsigned long long)ti.tcpi_bytes_sent,
+           (unsigned long long)ti.tcpi_bytes_received, ti.tcpi_snd_wnd, rcv_wnd,
+           ti.tcpi_snd_mss, ti.tcpi_ca_state);
+    close(s);
+    return 0;
+}
+"#;
+
+/// `TCP_INFO` in the kernel's layout, read through the system header:
+/// before, `tcpi_bytes_sent`, `tcpi_snd_wnd` and `tcpi_rcv_wnd` sat 8
+/// and 4 bytes early (an older draft of the struct), and the options
+/// and window scales were 0.
+#[test]
+fn tcp_info_has_the_kernel_layout() {
+    need_root!();
+    need_program!("cc", "gcc");
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let lab = Lab::new("ti", need_preload!());
+    let bin = lab.compile_c("tcp_info", TCP_INFO_C);
+    let peer = lab.linux_echo_peer(7521, 7522);
+    let end = lab
+        .start(
+            Host::Stack,
+            false,
+            &[&bin.display().to_string(), "10.77.0.1", "7522"],
+        )
+        .wait();
+    drop(peer);
+    end.check(0);
+    let got = stdout_json("TCP_INFO", end.out.as_bytes(), end.err.as_bytes());
+    let n = |k: &str| got[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(n("state"), 1, "ESTABLISHED: {got}");
+    assert_eq!(n("bytes_acked"), 200_000, "{got}");
+    assert_eq!(n("bytes_received"), 200_000, "{got}");
+    assert!(
+        n("bytes_sent") >= 200_000 && n("bytes_sent") < 300_000,
+        "{got}"
+    );
+    assert!(n("snd_wnd") > 0 && n("snd_wnd") < 1 << 30, "{got}");
+    assert!(n("rcv_wnd") > 0 && n("rcv_wnd") < 1 << 30, "{got}");
+    assert_eq!(n("options") & 7, 7, "timestamps, SACK, window scale: {got}");
+    assert!(n("snd_wscale") > 0 && n("rcv_wscale") > 0, "{got}");
+    assert_eq!(n("snd_mss"), 1448, "{got}");
+    assert_eq!(n("ca_state"), 0, "{got}");
+    assert_eq!(n("len"), 280, "Linux 6.18's size: {got}");
+}

@@ -63,6 +63,7 @@ mod signals;
 mod sock;
 mod state;
 mod stdio;
+mod sysctl;
 
 /// Run [`lifecycle::init`] when the library is loaded, before the program's `main`.
 #[used]

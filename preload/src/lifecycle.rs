@@ -102,7 +102,7 @@ pub fn init() {
     // Which processes hold which sockets, once the stack is shared.
     ustack_runtime::set_holders_source(crate::share::server::telemetry_holders);
     let builder = match args.builder() {
-        Ok(b) => b.app_counters(counters),
+        Ok(b) => b.app_counters(counters).configure(crate::sysctl::apply),
         Err(e) => fail(&e.to_string()),
     };
     if let Some(iface) = &args.pcap {

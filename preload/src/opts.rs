@@ -95,7 +95,7 @@ const RULES: &[(c_int, c_int, Rule)] = &[
     (SOL, 50, Rule::Refused(libc::ENOPROTOOPT)),  // SO_ATTACH_BPF
     (SOL, 51, Rule::Refused(libc::ENOPROTOOPT)),  // SO_ATTACH_REUSEPORT_CBPF
     (SOL, 52, Rule::Refused(libc::ENOPROTOOPT)),  // SO_ATTACH_REUSEPORT_EBPF
-    (SOL, 55, Rule::Refused(libc::ENOPROTOOPT)),  // SO_MEMINFO
+    (SOL, 55, Rule::GetOnly { value: 0 }),        // SO_MEMINFO (by name)
     (SOL, 56, Rule::GetOnly { value: 0 }),        // SO_INCOMING_NAPI_ID
     (SOL, 57, Rule::Refused(libc::ENOPROTOOPT)),  // SO_COOKIE
     (SOL, 59, Rule::Refused(libc::ENOPROTOOPT)),  // SO_PEERGROUPS
@@ -164,7 +164,7 @@ const RULES: &[(c_int, c_int, Rule)] = &[
     (TCP, 23, kept(0)),                           // TCP_FASTOPEN
     (TCP, 24, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_TIMESTAMP
     (TCP, 25, kept(-1)),                          // TCP_NOTSENT_LOWAT
-    (TCP, 26, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_CC_INFO
+    (TCP, 26, Rule::GetOnly { value: 0 }),        // TCP_CC_INFO (by name)
     (TCP, 27, kept(0)),                           // TCP_SAVE_SYN
     (TCP, 28, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_SAVED_SYN
     (TCP, 29, Rule::Refused(libc::EPERM)),        // TCP_REPAIR_WINDOW
@@ -512,7 +512,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
             // The connection's MSS; before one, what was set or Linux's 536.
             let set = o.kept.get(level, name).filter(|&v| v > 0);
-            let mss = sock::tcp_info(s).map_or(set.unwrap_or(536), |i| i.mss as c_int);
+            let mss = sock::tcp_info(s).map_or(set.unwrap_or(536), |i| mss_cache(&i) as c_int);
             put(mss)
         }
         (TCP, libc::TCP_USER_TIMEOUT) => put(o.user_timeout_ms),
@@ -569,15 +569,58 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
                 Err(libc::ENOTCONN)
             }
         }
+        (libc::IPPROTO_TCP, 26) if s.stream => {
+            // TCP_CC_INFO: Linux's cubic and reno have no extra congestion
+            // information, so it answers with none (length 0), as here.
+            Ok(Vec::new())
+        }
+        (libc::SOL_SOCKET, 55) => {
+            // SO_MEMINFO (`SK_MEMINFO_*`, nine u32s): receive and send
+            // buffer sizes as SO_RCVBUF/SO_SNDBUF report them, and the
+            // bytes queued to read and to send; the kernel's accounting
+            // (forward allocations, option memory, backlog) is not
+            // ustack's.
+            let info = sock::tcp_info(s);
+            let rcvbuf = if o.rcvbuf > 0 {
+                o.rcvbuf * 2
+            } else {
+                256 << 10
+            };
+            let sndbuf = if o.sndbuf > 0 {
+                o.sndbuf * 2
+            } else {
+                256 << 10
+            };
+            let queued = info.as_ref().map_or(0, |i| i.send_queued) as u32;
+            let unread = info.as_ref().map_or(0, |i| i.recv_queued) as u32;
+            let mem: [u32; 9] = [
+                unread,
+                rcvbuf as u32,
+                queued,
+                sndbuf as u32,
+                0,
+                queued,
+                0,
+                0,
+                0,
+            ];
+            Ok(mem.iter().flat_map(|v| v.to_ne_bytes()).collect())
+        }
         (libc::IPPROTO_TCP, libc::TCP_INFO) => {
             let mut t = TcpInfo::default();
             if let Some(i) = sock::tcp_info(s) {
                 let mss = i.mss.max(1);
                 t.tcpi_state = linux_state(i.state);
+                t.tcpi_ca_state = if i.recovering { 3 } else { 0 };
+                let wscale = i.wscale != (0, 0);
+                t.tcpi_options =
+                    u8::from(i.timestamps) | u8::from(i.sack) << 1 | u8::from(wscale) << 2;
+                t.tcpi_wscales = (i.wscale.0 & 0xf) | (i.wscale.1 & 0xf) << 4;
+                t.tcpi_reordering = 3;
                 t.tcpi_rto = i.rto_us as u32;
-                t.tcpi_snd_mss = i.mss as u32;
-                t.tcpi_rcv_mss = i.mss as u32;
-                t.tcpi_advmss = i.mss as u32;
+                t.tcpi_snd_mss = mss_cache(&i) as u32;
+                t.tcpi_rcv_mss = mss_cache(&i) as u32;
+                t.tcpi_advmss = mss_cache(&i) as u32;
                 t.tcpi_pmtu = (i.mss + 40) as u32;
                 t.tcpi_unacked = (i.in_flight / mss) as u32;
                 t.tcpi_rtt = i.srtt_us.unwrap_or(0) as u32;
@@ -616,12 +659,26 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
     }
 }
 
-/// Linux's `struct tcp_info` as far as programs read it (through
-/// `tcpi_rcv_wnd`, 232 bytes; the kernel's is longer and callers pass
-/// their own size, which `getsockopt` honours).
+/// The payload a full segment carries, as Linux's `mss_cache`
+/// (`TCP_MAXSEG`, `tcpi_snd_mss`): the MSS less the timestamps option's
+/// 12 bytes when the connection uses it.
+fn mss_cache(i: &ustack::socket::tcp::ConnInfo) -> usize {
+    i.mss - if i.timestamps { 12 } else { 0 }
+}
+
+/// Linux's `struct tcp_info` (`linux/tcp.h`; 280 bytes as of Linux
+/// 6.18, through the accurate-ECN counters: callers pass their own size,
+/// which `getsockopt` honours, so an older program's shorter struct gets
+/// its prefix). Fields ustack has no counterpart for are 0.
 #[derive(Debug, Default)]
 struct TcpInfo {
     tcpi_state: u8,
+    /// `TCP_CA_Open` 0, `TCP_CA_Recovery` 3.
+    tcpi_ca_state: u8,
+    /// `TCPI_OPT_TIMESTAMPS` 1, `TCPI_OPT_SACK` 2, `TCPI_OPT_WSCALE` 4.
+    tcpi_options: u8,
+    /// `tcpi_snd_wscale:4, tcpi_rcv_wscale:4` in one byte.
+    tcpi_wscales: u8,
     tcpi_rto: u32,
     tcpi_snd_mss: u32,
     tcpi_rcv_mss: u32,
@@ -632,6 +689,7 @@ struct TcpInfo {
     tcpi_snd_ssthresh: u32,
     tcpi_snd_cwnd: u32,
     tcpi_advmss: u32,
+    tcpi_reordering: u32,
     tcpi_rcv_space: u32,
     tcpi_total_retrans: u32,
     tcpi_bytes_acked: u64,
@@ -644,10 +702,13 @@ struct TcpInfo {
     tcpi_rcv_wnd: u32,
 }
 
+/// The size of [`TcpInfo::bytes`].
+const TCP_INFO_LEN: usize = 280;
+
 impl TcpInfo {
     /// The bytes in the kernel's layout (offsets from `linux/tcp.h`).
     fn bytes(&self) -> Vec<u8> {
-        let mut b = vec![0u8; 232];
+        let mut b = vec![0u8; TCP_INFO_LEN];
         let mut put32 = |off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_ne_bytes());
         put32(8, self.tcpi_rto);
         put32(16, self.tcpi_snd_mss);
@@ -659,18 +720,22 @@ impl TcpInfo {
         put32(76, self.tcpi_snd_ssthresh);
         put32(80, self.tcpi_snd_cwnd);
         put32(84, self.tcpi_advmss);
+        put32(88, self.tcpi_reordering);
         put32(96, self.tcpi_rcv_space);
         put32(100, self.tcpi_total_retrans);
         put32(136, self.tcpi_segs_out);
         put32(140, self.tcpi_segs_in);
         put32(144, self.tcpi_notsent_bytes);
-        put32(224, self.tcpi_snd_wnd);
-        put32(228, self.tcpi_rcv_wnd);
+        put32(228, self.tcpi_snd_wnd);
+        put32(232, self.tcpi_rcv_wnd);
         let mut put64 = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
         put64(120, self.tcpi_bytes_acked);
         put64(128, self.tcpi_bytes_received);
-        put64(192, self.tcpi_bytes_sent);
+        put64(200, self.tcpi_bytes_sent);
         b[0] = self.tcpi_state;
+        b[1] = self.tcpi_ca_state;
+        b[5] = self.tcpi_options;
+        b[6] = self.tcpi_wscales;
         b
     }
 }

@@ -328,6 +328,9 @@ pub struct ConnWire {
     mss: usize,
     /// segs_in, segs_out, bytes_in, bytes_out, retransmits.
     counts: [u64; 5],
+    /// Timestamps, SACK, in recovery.
+    flags: [bool; 3],
+    wscale: (u8, u8),
 }
 
 impl From<&ConnInfo> for ConnWire {
@@ -356,6 +359,8 @@ impl From<&ConnInfo> for ConnWire {
                 c.bytes_out,
                 c.retransmits,
             ],
+            flags: [i.timestamps, i.sack, i.recovering],
+            wscale: i.wscale,
         }
     }
 }
@@ -363,6 +368,7 @@ impl From<&ConnInfo> for ConnWire {
 impl From<ConnWire> for ConnInfo {
     fn from(w: ConnWire) -> Self {
         let [segs_in, segs_out, bytes_in, bytes_out, retransmits] = w.counts;
+        let [timestamps, sack, recovering] = w.flags;
         ConnInfo {
             local: w.local,
             remote: w.remote,
@@ -380,6 +386,10 @@ impl From<ConnWire> for ConnInfo {
             ooo_bytes: w.ooo_bytes,
             mss: w.mss,
             congestion: "",
+            timestamps,
+            sack,
+            wscale: w.wscale,
+            recovering,
             stats: ustack::stats::ConnStats {
                 segs_in,
                 segs_out,

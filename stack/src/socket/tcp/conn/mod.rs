@@ -139,6 +139,15 @@ pub struct ConnInfo {
     pub mss: usize,
     /// Congestion control in use (`"newreno"` or `"cubic"`).
     pub congestion: &'static str,
+    /// Timestamps (RFC 7323) in use on the connection.
+    pub timestamps: bool,
+    /// SACK (RFC 2018) in use on the connection.
+    pub sack: bool,
+    /// Window scale shifts (ours to send, ours to receive); (0, 0) without
+    /// window scaling.
+    pub wscale: (u8, u8),
+    /// In fast recovery (RFC 6675 / 6582) now.
+    pub recovering: bool,
     /// The connection's counters.
     pub stats: ConnStats,
 }
@@ -499,6 +508,10 @@ impl TcpConn {
             ooo_bytes: self.rcv.buf.ooo_bytes(),
             mss: self.snd.mss,
             congestion: self.rec.cc.name(),
+            timestamps: self.opts.ts_enabled,
+            sack: self.opts.sack_enabled,
+            wscale: (self.snd.wscale, self.rcv.wscale),
+            recovering: self.rec.in_recovery,
             stats: self.stats.clone(),
         }
     }
