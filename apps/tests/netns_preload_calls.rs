@@ -1324,7 +1324,8 @@ int main(int argc, char **argv) {
 /// `TCP_INFO` in the kernel's layout, read through the system header:
 /// before, `tcpi_bytes_sent`, `tcpi_snd_wnd` and `tcpi_rcv_wnd` sat 8
 /// and 4 bytes early (an older draft of the struct), and the options
-/// and window scales were 0.
+/// and window scales were 0. Then with `net.ipv4.tcp_timestamps=0` and
+/// `tcp_sack=0` in the stack's namespace: neither is used.
 #[test]
 fn tcp_info_has_the_kernel_layout() {
     need_root!();
@@ -1334,16 +1335,18 @@ fn tcp_info_has_the_kernel_layout() {
     let lab = Lab::new("ti", need_preload!());
     let bin = lab.compile_c("tcp_info", TCP_INFO_C);
     let peer = lab.linux_echo_peer(7521, 7522);
-    let end = lab
-        .start(
-            Host::Stack,
-            false,
-            &[&bin.display().to_string(), "10.77.0.1", "7522"],
-        )
-        .wait();
-    drop(peer);
-    end.check(0);
-    let got = stdout_json("TCP_INFO", end.out.as_bytes(), end.err.as_bytes());
+    let run = || {
+        let end = lab
+            .start(
+                Host::Stack,
+                false,
+                &[&bin.display().to_string(), "10.77.0.1", "7522"],
+            )
+            .wait();
+        end.check(0);
+        stdout_json("TCP_INFO", end.out.as_bytes(), end.err.as_bytes())
+    };
+    let got = run();
     let n = |k: &str| got[k].as_u64().unwrap_or(u64::MAX);
     assert_eq!(n("state"), 1, "ESTABLISHED: {got}");
     assert_eq!(n("bytes_acked"), 200_000, "{got}");
@@ -1359,4 +1362,20 @@ fn tcp_info_has_the_kernel_layout() {
     assert_eq!(n("snd_mss"), 1448, "{got}");
     assert_eq!(n("ca_state"), 0, "{got}");
     assert_eq!(n("len"), 280, "Linux 6.18's size: {got}");
+
+    // The namespace's sysctls turn timestamps and SACK off for the stack
+    // too (the kernel's sockets there would go without them).
+    let ns = lab.topo.ns("stack");
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns, "sysctl", "-q", "-w"])
+        .args(["net.ipv4.tcp_timestamps=0", "net.ipv4.tcp_sack=0"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "sysctl: {}", text(&o));
+    let got = run();
+    drop(peer);
+    let n = |k: &str| got[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(n("options") & 7, 4, "window scale only: {got}");
+    assert_eq!(n("snd_mss"), 1460, "no timestamps option: {got}");
+    assert_eq!(n("bytes_acked"), 200_000, "{got}");
 }
