@@ -395,9 +395,21 @@ impl TcpConn {
                 self.owed.ack_now = true;
             } else {
                 self.owed.unacked_segs += 1;
+                let idle = self
+                    .owed
+                    .last_data
+                    .is_none_or(|t| now - t > self.rec.rtt.rto());
+                if idle {
+                    let q = self.rcv.buf.window() / (2 * self.snd.mss.max(1));
+                    self.owed.quick_acks = self.owed.quick_acks.max(q.clamp(2, 16) as u32);
+                }
+                self.owed.last_data = Some(now);
+                let quick = self.owed.quick_acks > 0 && !self.owed.pingpong;
                 match self.cfg.delayed_ack {
                     Some(d)
-                        if self.owed.unacked_segs < 2 && seg.payload.len() < 2 * self.snd.mss =>
+                        if !quick
+                            && self.owed.unacked_segs < 2
+                            && seg.payload.len() < 2 * self.snd.mss =>
                     {
                         self.timers.get_or_set(Timer::DelayedAck, now + d);
                     }

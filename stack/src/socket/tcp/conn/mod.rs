@@ -283,6 +283,18 @@ struct Owed {
     dupacks_owed: u32,
     /// Full-size segments received since our last ACK (ACK every second one).
     unacked_segs: u32,
+    /// Quick-ACK mode, as Linux's: in-order segments still to be ACKed at
+    /// once. Set when the first data arrives and again after an idle RTO,
+    /// to min(16, window / 2 MSS) (at least 2), so the peer's slow start
+    /// is not held back by delayed ACKs; each ACK sent uses one.
+    quick_acks: u32,
+    /// When in-order data last arrived.
+    last_data: Option<Instant>,
+    /// Interactive (Linux's "pingpong"): we sent data within the
+    /// delayed-ACK time of receiving some, so ACKs wait to ride on the
+    /// replies, quick-ACK mode or not; a delayed ACK that had to fire
+    /// ends it.
+    pingpong: bool,
     send_syn: bool,
     rst_pending: Option<(Seq, Option<Seq>)>,
     probe_pending: bool,
@@ -366,6 +378,9 @@ impl TcpConn {
                 ack_now: false,
                 dupacks_owed: 0,
                 unacked_segs: 0,
+                quick_acks: 0,
+                last_data: None,
+                pingpong: false,
                 send_syn: true,
                 rst_pending: None,
                 probe_pending: false,

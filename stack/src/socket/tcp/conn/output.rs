@@ -52,7 +52,19 @@ impl TcpConn {
         self.owed.ack_now = self.owed.dupacks_owed > 0;
         self.timers.stop(Timer::DelayedAck);
         self.owed.unacked_segs = 0;
+        self.owed.quick_acks = self.owed.quick_acks.saturating_sub(1);
         self.stats.segs_out += 1;
+    }
+
+    /// A segment with new data left at `now`: a reply within the
+    /// delayed-ACK time of the peer's data makes the connection
+    /// interactive (see `Owed::pingpong`).
+    fn sent_data(&mut self, now: Instant) {
+        if let (Some(t), Some(d)) = (self.owed.last_data, self.cfg.delayed_ack) {
+            if now - t < d {
+                self.owed.pingpong = true;
+            }
+        }
     }
 
     /// A segment from [`poll_transmit`](Self::poll_transmit) left as
@@ -282,6 +294,9 @@ impl TcpConn {
         }
         if self.live.unacked_since.is_none() {
             self.live.unacked_since = Some(now);
+        }
+        if !retransmit {
+            self.sent_data(now);
         }
         self.sent_ack(&seg);
         Some(seg)

@@ -721,6 +721,16 @@ fn delayed_ack_acks_every_second_segment_or_on_timer() {
         ..TcpConfig::default()
     };
     let (mut c, mut s, now) = established(cfg(), dcfg);
+    // Quick-ACK mode first: the opening segments are ACKed one by one.
+    for _ in 0..16 {
+        c.send(&[7u8; 1460]);
+        for w in drain(&mut c, now) {
+            s.on_segment(now, &w.seg());
+        }
+        for a in drain(&mut s, now) {
+            c.on_segment(now, &a.seg());
+        }
+    }
     c.send(&[7u8; 1460]);
     for w in drain(&mut c, now) {
         s.on_segment(now, &w.seg());
@@ -736,6 +746,48 @@ fn delayed_ack_acks_every_second_segment_or_on_timer() {
         s.on_segment(now2, &w.seg());
     }
     assert_eq!(drain(&mut s, now2).len(), 1);
+}
+
+#[test]
+fn quick_ack_mode_acks_the_first_segments_at_once_and_again_after_idle() {
+    let dcfg = TcpConfig {
+        delayed_ack: Some(Duration::from_millis(40)),
+        ..TcpConfig::default()
+    };
+    let (mut c, mut s, now) = established(cfg(), dcfg);
+    let acks = |c: &mut TcpConn, s: &mut TcpConn, now: Instant, len: usize| {
+        c.send(&vec![1u8; len]);
+        for w in drain(c, now) {
+            s.on_segment(now, &w.seg());
+        }
+        let a = drain(s, now);
+        for seg in &a {
+            c.on_segment(now, &seg.seg());
+        }
+        a.len()
+    };
+    // min(16, window / 2 MSS): each of the first 16 small segments gets
+    // its ACK at once (Linux's quick-ACK mode), the 17th waits.
+    for i in 0..16 {
+        assert_eq!(acks(&mut c, &mut s, now, 100), 1, "segment {i}");
+    }
+    assert_eq!(acks(&mut c, &mut s, now, 100), 0, "delayed after 16");
+    let later = now + Duration::from_millis(40);
+    assert_eq!(drain(&mut s, later).len(), 1, "the delayed ACK");
+    // After an idle period longer than the RTO, quick-ACK mode again.
+    let idle = later + Duration::from_secs(5);
+    assert_eq!(acks(&mut c, &mut s, idle, 100), 1, "after idle");
+    // A reply within the delayed-ACK time makes the connection
+    // interactive: the next request's ACK waits to ride on a reply.
+    let t = idle + Duration::from_millis(1);
+    s.send(b"reply");
+    for seg in drain(&mut s, t) {
+        c.on_segment(t, &seg.seg());
+    }
+    for seg in drain(&mut c, t) {
+        s.on_segment(t, &seg.seg());
+    }
+    assert_eq!(acks(&mut c, &mut s, t, 100), 0, "interactive: delayed");
 }
 
 #[test]

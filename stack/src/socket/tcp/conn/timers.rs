@@ -204,6 +204,8 @@ impl TcpConn {
         if self.timers.expired(Timer::DelayedAck, now) {
             self.timers.stop(Timer::DelayedAck);
             self.owed.ack_now = true;
+            // No reply carried the ACK in time: not interactive after all.
+            self.owed.pingpong = false;
         }
         if self.timers.expired(Timer::Persist, now) {
             self.timers.stop(Timer::Persist);
