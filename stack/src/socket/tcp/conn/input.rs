@@ -244,7 +244,21 @@ impl TcpConn {
             self.snd.buf.consume(data_acked);
             self.snd.data_start += data_acked;
             self.stats.bytes_out += data_acked as u64;
+            let sacked_before = self.rec.scoreboard.sacked_bytes();
             self.rec.scoreboard.advance(ack);
+            // What this ACK delivered, as Linux counts it for the window's
+            // growth: bytes SACKed earlier, or (without SACK) the segments
+            // duplicate ACKs already reported, were delivered then; the
+            // cumulative ACK that covers them adds only the rest (at least
+            // one segment without SACK: the hole it acknowledges).
+            let delivered = if self.opts.sack_enabled {
+                acked.saturating_sub(sacked_before - self.rec.scoreboard.sacked_bytes())
+            } else {
+                let seg = self.max_payload();
+                acked
+                    .saturating_sub(self.rec.dupacks * seg)
+                    .max(acked.min(seg))
+            };
             self.sample_rtt(now, ack);
             self.rec.retries = 0;
             // The peer made progress: the user timeout counts from here.
@@ -259,8 +273,8 @@ impl TcpConn {
                     // NewReno partial ACK (RFC 6582): retransmit the next hole now.
                     self.rec.high_rxt = self.snd.una;
                 }
-            } else if cwnd_limited {
-                self.rec.cc.on_ack(now, acked, self.rec.rtt.srtt());
+            } else if cwnd_limited && delivered > 0 {
+                self.rec.cc.on_ack(now, delivered, self.rec.rtt.srtt());
             }
             if self.snd.max.diff(self.snd.una) > 0 {
                 self.timers.set(Timer::Rto, now + self.rec.rtt.rto());

@@ -303,7 +303,8 @@ impl TcpConn {
     }
 
     /// Bytes counted against cwnd: RFC 6675 pipe with SACK, else the flight
-    /// (inflated by duplicate ACKs during NewReno fast recovery).
+    /// less what duplicate ACKs report delivered (NewReno fast recovery's
+    /// inflation, limited transmit before it).
     pub(super) fn flight_estimate(&self) -> usize {
         if self.opts.sack_enabled && !self.rec.scoreboard.is_empty() {
             return self.rec.scoreboard.pipe(
@@ -318,7 +319,11 @@ impl TcpConn {
         if self.rec.in_recovery {
             flight.saturating_sub(self.rec.dupacks.saturating_sub(DUP_THRESH) * self.snd.mss)
         } else {
-            flight
+            // Limited transmit (RFC 3042): each of the first two duplicate
+            // ACKs lets one new segment out (the segment it reports has
+            // left the network), the window itself unchanged. With SACK
+            // the pipe above does the same from the blocks.
+            flight.saturating_sub(self.rec.dupacks.min(DUP_THRESH - 1) * self.max_payload())
         }
     }
 

@@ -959,3 +959,88 @@ proptest::proptest! {
         proptest::prop_assert_eq!(segment_acceptable(seq, len, rcv_nxt, wnd), model);
     }
 }
+
+/// One small exchange, so the sender has seen the receiver's scaled
+/// window (the SYN's is unscaled): an ACK that changes the window is a
+/// window update, never a duplicate ACK (RFC 5681 2).
+fn settle_window(c: &mut TcpConn, s: &mut TcpConn, now: Instant) {
+    c.send(b"x");
+    for w in drain(c, now) {
+        s.on_segment(now, &w.seg());
+    }
+    for a in drain(s, now) {
+        c.on_segment(now, &a.seg());
+    }
+    assert_eq!(read_all(s), b"x");
+}
+
+#[test]
+fn limited_transmit_sends_a_new_segment_on_each_of_the_first_two_dupacks() {
+    let nosack = TcpConfig {
+        sack: false,
+        ..cfg()
+    };
+    let (mut c, mut s, now) = established(nosack.clone(), nosack);
+    settle_window(&mut c, &mut s, now);
+    c.send(&[3u8; 40 * 1460]);
+    let flight = drain(&mut c, now);
+    assert!(flight.len() >= 4, "an initial window of several segments");
+    let first_seq = flight[0].out.hdr.seq;
+    // The first segment is lost; each later one draws a duplicate ACK.
+    let mut dupacks = Vec::new();
+    for w in &flight[1..4] {
+        s.on_segment(now, &w.seg());
+        dupacks.extend(drain(&mut s, now));
+    }
+    assert_eq!(
+        dupacks.len(),
+        3,
+        "one duplicate ACK per out-of-order segment"
+    );
+    let highest = flight.last().unwrap().out.hdr.seq;
+    for (i, d) in dupacks[..2].iter().enumerate() {
+        c.on_segment(now, &d.seg());
+        let out = drain(&mut c, now);
+        assert_eq!(out.len(), 1, "dupack {}: one new segment", i + 1);
+        assert!(
+            out[0].out.hdr.seq.diff(highest) > 0,
+            "new data, not a retransmission"
+        );
+    }
+    // The third enters fast retransmit: the lost segment goes again.
+    c.on_segment(now, &dupacks[2].seg());
+    let out = drain(&mut c, now);
+    assert_eq!(out.first().map(|w| w.out.hdr.seq), Some(first_seq));
+}
+
+#[test]
+fn a_cumulative_ack_grows_the_window_only_by_what_dupacks_had_not_reported() {
+    let nosack = TcpConfig {
+        sack: false,
+        ..cfg()
+    };
+    let (mut c, mut s, now) = established(nosack.clone(), nosack);
+    settle_window(&mut c, &mut s, now);
+    c.send(&[3u8; 40 * 1460]);
+    let flight = drain(&mut c, now);
+    // Segments 1 and 2 arrive before 0: two duplicate ACKs, then the
+    // hole fills and one ACK covers all three.
+    let mut acks = Vec::new();
+    for i in [1, 2, 0] {
+        s.on_segment(now, &flight[i].seg());
+        acks.extend(drain(&mut s, now));
+    }
+    let cwnd_before = c.rec.cc.cwnd();
+    for a in &acks {
+        c.on_segment(now, &a.seg());
+    }
+    // Slow start adds the hole's segment only: the two others were
+    // reported delivered by the duplicate ACKs (which, as in Linux, do
+    // not grow the window), so the cumulative ACK does not count them
+    // again.
+    assert_eq!(
+        c.rec.cc.cwnd(),
+        cwnd_before + flight[0].payload.len(),
+        "only the hole's segment"
+    );
+}
