@@ -59,7 +59,9 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           # tools/rxe-guest.sh; the guest's kernel comes from `apt-get download`)
           qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers perftest
           # Prometheus and promtool: metrics, alert rules, the mesh scrape test (tools/prometheus/)
-          prometheus)
+          prometheus
+          # packetdrill's build and wire topology (tools/conformance/run.sh, the regression set)
+          bison flex patch make iptables)
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -125,6 +127,22 @@ cargo build --workspace --all-features --release --locked
 
 step "tests: unit, property, sim and CLI (all features)"
 cargo test --workspace --all-features --locked --no-fail-fast
+
+step "packetdrill regression set: the scripts ustack passes (tools/conformance/regression.txt)"
+pd_src=${PD_SRC:-$(cd .. && pwd)/shared/tools/packetdrill}
+if [ "$(id -u)" -ne 0 ]; then
+  skip "packetdrill regression set: needs root (network namespaces)"
+elif [ ! -x "$pd_src/setup.sh" ]; then
+  skip "packetdrill regression set: no packetdrill harness at $pd_src (set PD_SRC)"
+else
+  # Each listed script runs once more if it fails (timing noise); a
+  # second failure fails the step.
+  if ! PD_SRC="$pd_src" PD_FAMILIES=ipv4 PD_MODES=ustack-lenient \
+      PD_LIST=tools/conformance/regression.txt tools/conformance/run.sh; then
+    echo "packetdrill regression set failed (logs in \${TMPDIR:-/tmp}/ustack-packetdrill/results)"
+    exit 1
+  fi
+fi
 
 step "README command: cargo run --release --bin ustack -- demo"
 cargo run --release --locked --bin ustack -- demo --duration 2 --no-tui >/dev/null

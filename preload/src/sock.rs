@@ -827,12 +827,15 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
 }
 
 /// `send`/`sendto`/`write` from the buffers `bufs` (gather); returns the
-/// bytes taken. A blocking stream send takes everything (or fails).
+/// bytes taken. A blocking stream send takes everything (or fails). With
+/// `eor` (`MSG_EOR`), a stream send that took everything ends a record
+/// there: later data never shares a segment with it, as on Linux.
 pub fn send(
     sock: &Arc<Sock>,
     bufs: &[&[u8]],
     to: Option<SocketAddr>,
     dontwait: bool,
+    eor: bool,
 ) -> Res<usize> {
     let acc = access()?;
     let nonblock = dontwait || sock.nonblocking.load(Ordering::Relaxed);
@@ -862,6 +865,9 @@ pub fn send(
                 Err(e) if sent == 0 && first_report(sock, &e) => return Err(errno_of(e)),
                 Err(_) if sent == 0 => return Err(libc::EPIPE),
                 Err(_) => return Ok(sent),
+            }
+            if sent == total && eor {
+                acc.tcp_end_record(handle)?.map_err(errno_of)?;
             }
             if sent == total || (nonblock && sent > 0) {
                 return Ok(sent);

@@ -51,7 +51,8 @@ pub(super) fn do_send(
     to: Option<SocketAddr>,
     flags: c_int,
 ) -> ssize_t {
-    match sock::send(&s, bufs, to, flags & libc::MSG_DONTWAIT != 0) {
+    let eor = flags & libc::MSG_EOR != 0;
+    match sock::send(&s, bufs, to, flags & libc::MSG_DONTWAIT != 0, eor) {
         Ok(n) => n as ssize_t,
         Err(e) => {
             if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
@@ -437,7 +438,7 @@ unsafe fn sendfile_ustack(
             break;
         }
         let n = n as usize;
-        let sent = match sock::send(s, &[&buf[..n]], None, false) {
+        let sent = match sock::send(s, &[&buf[..n]], None, false, false) {
             Ok(k) => k,
             Err(e) => {
                 if offset.is_null() {

@@ -271,6 +271,8 @@ stack_ops! {
     };
     /// Queue bytes to send: how many fit.
     tcp_send(h: TcpHandle, data: Vec<u8>) -> usize = with |s, now| s.tcp().send(h, &data);
+    /// End a record after what is queued (`MSG_EOR`).
+    tcp_end_record(h: TcpHandle) -> () = with |s, now| s.tcp().end_record(h);
     /// Shut the sending side (FIN).
     tcp_shutdown(h: TcpHandle) -> () = with |s, now| s.tcp().shutdown(h);
     /// Apply a connection's options.

@@ -326,6 +326,14 @@ impl TcpTable {
         Ok(())
     }
 
+    /// End a record after the bytes queued so far (`MSG_EOR`): no
+    /// segment carries bytes from both sides of it.
+    pub fn end_record(&mut self, h: TcpHandle) -> Result<(), Error> {
+        self.conn_mut(h)?.end_record();
+        self.mark_dirty(h.slot);
+        Ok(())
+    }
+
     /// `TCP_CORK` on or off; uncorking sends what was held.
     pub fn set_cork(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
         self.conn_mut(h)?.set_cork(on);

@@ -209,6 +209,12 @@ impl<'a> Tcp<'a> {
         self.table.set_cork(h, on)
     }
 
+    /// End a record after the bytes queued so far (`MSG_EOR`): no
+    /// segment, new or retransmitted, carries bytes from both sides.
+    pub fn end_record(&mut self, h: TcpHandle) -> Result<(), Error> {
+        self.table.end_record(h)
+    }
+
     /// Reset the connection (RST) and release the handle.
     pub fn abort(&mut self, h: TcpHandle) -> Result<(), Error> {
         self.table.abort(h)

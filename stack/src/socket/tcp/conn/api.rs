@@ -105,6 +105,21 @@ impl TcpConn {
         (self.snd.buf.capacity() / 4).clamp(1, 64 << 10)
     }
 
+    /// End a record (`MSG_EOR`) after the bytes queued so far: the
+    /// segment holding the record's last byte ends there, new or
+    /// retransmitted. At most 1024 records wait unacknowledged (the
+    /// oldest mark is dropped past that).
+    pub fn end_record(&mut self) {
+        let end = self.snd.data_start + self.snd.buf.len();
+        if self.snd.buf.is_empty() || self.snd.records.back() == Some(&end) {
+            return;
+        }
+        if self.snd.records.len() >= 1024 {
+            self.snd.records.pop_front();
+        }
+        self.snd.records.push_back(end);
+    }
+
     /// Queue bytes to send; returns how many were taken.
     pub fn send(&mut self, data: &[u8]) -> usize {
         if self.send_capacity() == 0 {

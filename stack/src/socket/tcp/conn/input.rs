@@ -243,6 +243,14 @@ impl TcpConn {
             let data_acked = ack.since(self.snd.data_start).min(self.snd.buf.len());
             self.snd.buf.consume(data_acked);
             self.snd.data_start += data_acked;
+            while self
+                .snd
+                .records
+                .front()
+                .is_some_and(|e| e.diff(self.snd.data_start) <= 0)
+            {
+                self.snd.records.pop_front();
+            }
             self.stats.bytes_out += data_acked as u64;
             let sacked_before = self.rec.scoreboard.sacked_bytes();
             self.rec.scoreboard.advance(ack);

@@ -207,6 +207,10 @@ struct SendSpace {
     fin_queued: bool,
     /// TCP_CORK: hold partial segments of new data.
     corked: bool,
+    /// Ends of records (`MSG_EOR`): sequence numbers just past a record's
+    /// last byte, in order. No segment, new or retransmitted, carries
+    /// bytes from both sides of one (Linux never merges across them).
+    records: std::collections::VecDeque<Seq>,
     /// MSS for segments we send.
     mss: usize,
     /// Largest IP packet the port cuts into frames (TSO); 0 without.
@@ -332,6 +336,7 @@ impl TcpConn {
                 buf: SendBuffer::new(cfg.send_buffer),
                 fin_queued: false,
                 corked: false,
+                records: std::collections::VecDeque::new(),
                 mss,
                 tso_max: 0,
             },

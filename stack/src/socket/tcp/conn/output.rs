@@ -3,6 +3,7 @@
 
 use super::timers::Timer;
 use super::{DUP_THRESH, Header, Outgoing, State, TcpConn};
+use crate::socket::tcp::seq::Seq;
 use crate::time::Instant;
 
 impl TcpConn {
@@ -204,7 +205,12 @@ impl TcpConn {
             max_payload
         };
         let mut len = unsent.min(tso_cap).min(usable_wnd).min(usable_cwnd);
-        if len > max_payload {
+        let record_end = self.record_end_after(self.snd.nxt);
+        let ends_record = record_end.is_some_and(|e| e.since(self.snd.nxt) <= len);
+        if let Some(e) = record_end.filter(|_| ends_record) {
+            len = e.since(self.snd.nxt);
+        }
+        if len > max_payload && !ends_record {
             // Whole frames only: a short tail is left to the next call,
             // which applies SWS avoidance, cork and Nagle to it as to any
             // short segment (Linux's tcp_mss_split_point), so a burst cut
@@ -224,7 +230,13 @@ impl TcpConn {
             }
             return None;
         }
-        if len > 0 && len < max_payload && len < unsent && !forced && len < self.snd.max_wnd / 2 {
+        if len > 0
+            && len < max_payload
+            && len < unsent
+            && !forced
+            && !ends_record
+            && len < self.snd.max_wnd / 2
+        {
             // Sender SWS avoidance: wait for a full segment, or for the
             // override timer when nothing is in flight to clock us.
             if !self.timers.is_set(Timer::Persist) && !self.timers.is_set(Timer::Rto) {
@@ -233,8 +245,13 @@ impl TcpConn {
             return None;
         }
         let new_data = self.snd.nxt == self.snd.max;
+        // A short segment that ends a record with more data queued behind
+        // it is not the tail Nagle and cork wait on (Linux applies them to
+        // the last buffer of the queue only).
+        let tail = !(ends_record && len < unsent);
         if len > 0
             && len < max_payload
+            && tail
             && self.snd.corked
             && !forced
             && new_data
@@ -245,6 +262,7 @@ impl TcpConn {
         }
         if len > 0
             && len < max_payload
+            && tail
             && self.cfg.nagle
             && !forced
             && self.snd.max.diff(self.snd.una) > 0
@@ -302,6 +320,11 @@ impl TcpConn {
         Some(seg)
     }
 
+    /// The first record end (`MSG_EOR`) beyond `seq`.
+    pub(super) fn record_end_after(&self, seq: Seq) -> Option<Seq> {
+        self.snd.records.iter().copied().find(|e| e.diff(seq) > 0)
+    }
+
     /// Bytes counted against cwnd: RFC 6675 pipe with SACK, else the flight
     /// less what duplicate ACKs report delivered (NewReno fast recovery's
     /// inflation, limited transmit before it).
@@ -355,7 +378,10 @@ impl TcpConn {
             (self.snd.una, self.snd.mss)
         };
         let data_end = self.snd.data_start + self.snd.buf.len();
-        let len = len.min(data_end.since(start)).min(self.max_payload());
+        let mut len = len.min(data_end.since(start)).min(self.max_payload());
+        if let Some(e) = self.record_end_after(start) {
+            len = len.min(e.since(start));
+        }
         let fin = self.snd.fin_queued && start + len == data_end && self.snd.max.diff(data_end) > 0;
         if len == 0 && !fin {
             self.rec.high_rxt = start + 1;

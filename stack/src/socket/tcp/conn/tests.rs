@@ -1044,3 +1044,37 @@ fn a_cumulative_ack_grows_the_window_only_by_what_dupacks_had_not_reported() {
         "only the hole's segment"
     );
 }
+
+#[test]
+fn record_ends_are_segment_boundaries_new_and_retransmitted() {
+    let (mut c, mut s, now) = established(cfg(), cfg());
+    settle_window(&mut c, &mut s, now);
+    c.send(&[1u8; 3000]);
+    for _ in 0..5 {
+        c.send(&[2u8; 400]);
+        c.end_record();
+    }
+    c.send(&[3u8; 3000]);
+    let first = drain(&mut c, now);
+    let lens: Vec<usize> = first.iter().map(|w| w.payload.len()).collect();
+    let max = c.max_payload();
+    // Full segments up to the first record end, which ends a short one;
+    // each 400-byte record then leaves alone (short segments with more
+    // queued behind them, which Nagle does not hold); then the rest,
+    // whose short tail Nagle holds while data is in flight.
+    let mut want = vec![max, max, 3400 - 2 * max];
+    want.extend([400; 4]);
+    want.extend([max, max]);
+    assert_eq!(lens, want);
+    // The first two arrive, the rest are lost: the retransmission after
+    // the timeout stops at the record end too.
+    for w in &first[..2] {
+        s.on_segment(now, &w.seg());
+    }
+    for a in drain(&mut s, now) {
+        c.on_segment(now, &a.seg());
+    }
+    let at = c.poll_at().expect("retransmission timer");
+    let again = drain(&mut c, at);
+    assert_eq!(again.first().map(|w| w.payload.len()), Some(3400 - 2 * max));
+}
