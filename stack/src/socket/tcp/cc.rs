@@ -6,8 +6,9 @@
 //! the window is and reacts to ACKs, losses and timeouts.
 //!
 //! Both controllers share slow start with appropriate byte counting (RFC 3465,
-//! L = 2 MSS, so a delayed-ACK receiver still doubles the window per round
-//! trip) and start from the RFC 6928 initial window.
+//! every byte an ACK delivered, without the limit L, as Linux: delayed and
+//! stretch ACKs still double the window per round trip) and start from the
+//! RFC 6928 initial window.
 
 use std::time::Duration;
 
@@ -104,10 +105,6 @@ const UNLIMITED: usize = usize::MAX >> 4;
 /// arithmetic far from overflow.
 const MAX_MSS: usize = u16::MAX as usize;
 
-/// L of RFC 3465: at most this many segments of one ACK count toward
-/// slow-start growth.
-const ABC_LIMIT_SEGMENTS: usize = 2;
-
 /// Window state and arithmetic shared by both controllers.
 #[derive(Debug, Clone)]
 struct Window {
@@ -148,12 +145,15 @@ impl Window {
         self.cut = false;
     }
 
-    /// Slow start: cwnd += min(acked, L), not past ssthresh. Returns the
-    /// bytes of this ACK left over for congestion avoidance once cwnd
-    /// reaches ssthresh (zero while still in slow start).
+    /// Slow start: cwnd += the bytes this ACK delivered, not past
+    /// ssthresh (appropriate byte counting, RFC 3465, without its limit L
+    /// on one ACK, as Linux since 3.x: a stretch ACK, from a receiver's
+    /// GRO or a lost ACK, would otherwise slow the doubling down). Returns
+    /// the bytes left over for congestion avoidance once cwnd reaches
+    /// ssthresh (zero while still in slow start).
     fn slow_start(&mut self, acked: usize) -> usize {
         let room = self.ssthresh.saturating_sub(self.cwnd);
-        let inc = acked.min(ABC_LIMIT_SEGMENTS * self.mss);
+        let inc = acked;
         if inc < room {
             self.cwnd += inc;
             0
@@ -542,9 +542,9 @@ mod test {
     #[test]
     fn slow_start_doubles_per_round_trip() {
         for alg in [Algorithm::NewReno, Algorithm::Cubic] {
-            // One ACK per segment, and one per two segments (delayed ACKs):
-            // with L = 2 MSS both double the window.
-            for per_ack in [MSS, 2 * MSS] {
+            // One ACK per segment, per two segments (delayed ACKs) and per
+            // five (stretch ACKs): each doubles the window.
+            for per_ack in [MSS, 2 * MSS, 5 * MSS] {
                 let mut cc = new_controller(alg, MSS);
                 let mut now = Instant::ZERO;
                 let mut expect = cc.cwnd();
@@ -559,11 +559,13 @@ mod test {
     }
 
     #[test]
-    fn slow_start_counts_at_most_two_segments_per_ack() {
-        let mut cc = NewReno::new(MSS);
-        let w0 = cc.cwnd();
-        cc.on_ack(Instant::ZERO, 5 * MSS, None);
-        assert_eq!(cc.cwnd(), w0 + 2 * MSS);
+    fn slow_start_counts_every_segment_a_stretch_ack_covers() {
+        for alg in [Algorithm::NewReno, Algorithm::Cubic] {
+            let mut cc = new_controller(alg, MSS);
+            let w0 = cc.cwnd();
+            cc.on_ack(Instant::ZERO, 5 * MSS, None);
+            assert_eq!(cc.cwnd(), w0 + 5 * MSS, "{alg}");
+        }
     }
 
     #[test]

@@ -646,7 +646,13 @@ fn loss_triggers_fast_retransmit_and_cwnd_reduction() {
                 sent += c.send(&msg[sent..]);
             }
             assert!(sent < msg.len());
-            let before = c.cwnd();
+            // NewReno reduces from the flight at the loss (RFC 5681: the
+            // window, or the send buffer when slow start grew the window
+            // past it), CUBIC from the window (RFC 9438).
+            let before = match alg {
+                Algorithm::NewReno => c.cwnd().min(cfg().send_buffer),
+                Algorithm::Cubic => c.cwnd(),
+            };
             let mut dropped = false;
             run(
                 &mut c,
