@@ -26,6 +26,8 @@
 #                status is 1 when any still fails: the regression set,
 #                tools/conformance/regression.txt, runs so in tools/test.sh
 #   PD_REPORT    write the report (CONFORMANCE.md's tables) to this file
+#   PD_REPORT_ONLY=1  run nothing: the summary and report from the results
+#                already in PD_OUT (after editing reasons.tsv)
 #   PD_TIMEOUT   seconds per script (20)
 #   PD_TOL_USECS packetdrill --tolerance_usecs
 #   PD_USTACK_ARGS extra `ustack exec` flags
@@ -243,7 +245,7 @@ case " $MODES " in *" ustack"*)
   "$USTACK" exec --help >/dev/null 2>&1 || die "$USTACK exec --help fails";;
 esac
 
-rm -rf "$OUT"; mkdir -p "$OUT"
+[ -n "${PD_REPORT_ONLY:-}" ] || { rm -rf "$OUT"; mkdir -p "$OUT"; }
 # The scripts' common/defaults.sh adds a qdisc to tun0 (packetdrill's local
 # mode); here the test link is pd-wb, and a failing backtick command would
 # fail the script. Scripts that name tun0 get pd-wb.
@@ -252,20 +254,29 @@ sed -i 's#^tc qdisc add dev tun0 root pfifo#tc qdisc replace dev ${PD_WIRE_DEV:-
   "$TESTS/common/defaults.sh"
 grep -rl --include='*.pkt' tun0 "$TESTS/tcp" | xargs -r sed -i 's/\btun0\b/pd-wb/g'
 
-for f in $FAMILIES; do for m in $MODES; do run_mode "$m" "$f"; done; done
+if [ -n "${PD_REPORT_ONLY:-}" ]; then
+  # Tables from the results of an earlier run (reasons edited since).
+  for f in $FAMILIES; do for m in $MODES; do
+    [ -f "$OUT/$m-$f.tsv" ] || die "no results for $m $f in $OUT (run without PD_REPORT_ONLY first)"
+  done; done
+else
+  for f in $FAMILIES; do for m in $MODES; do run_mode "$m" "$f"; done; done
+fi
 
 # ---------------------------------------------------------------- summary
 count() { [ -f "$OUT/$1.count" ] && cut -d' ' -f"$2" "$OUT/$1.count" || echo 0; }
+# The directories of a family's runs, and "passed/total" of one in a run.
+dirs_of() { for m in $MODES; do cut -f1 "$OUT/$m-$1.tsv"; done | cut -d/ -f1 | sort -u; }
+dir_count() { # dir_count DIR RUN
+  awk -F'\t' -v d="$1" '{split($1,a,"/"); if (a[1]==d) { n++; if ($2=="PASS") p++ } } END{print (p+0) "/" (n+0)}' "$OUT/$2.tsv"
+}
 {
   for f in $FAMILIES; do
     echo "== $f"
     printf '%-22s' directory; for m in $MODES; do printf ' %14s' "$m"; done; echo
-    dirs=$(for m in $MODES; do cut -f1 "$OUT/$m-$f.tsv"; done | cut -d/ -f1 | sort -u)
-    for d in $dirs; do
+    for d in $(dirs_of "$f"); do
       printf '%-22s' "$d"
-      for m in $MODES; do
-        awk -F'\t' -v d="$d" '{split($1,a,"/"); if (a[1]==d) { n++; if ($2=="PASS") p++ } } END{printf " %14s", (p+0) "/" (n+0)}' "$OUT/$m-$f.tsv"
-      done
+      for m in $MODES; do printf ' %14s' "$(dir_count "$d" "$m-$f")"; done
       echo
     done
     for m in $MODES; do echo "$m $f: $(count $m-$f 1)/$(count $m-$f 2) passed in $(count $m-$f 3) s"; done
@@ -296,12 +307,9 @@ if [ -n "$REPORT" ]; then
       echo
       printf '| directory |'; for m in $MODES; do printf ' %s |' "$m"; done; echo
       printf '|---|'; for m in $MODES; do printf -- '---|'; done; echo
-      dirs=$(for m in $MODES; do cut -f1 "$OUT/$m-$f.tsv"; done | cut -d/ -f1 | sort -u)
-      for d in $dirs; do
+      for d in $(dirs_of "$f"); do
         printf '| %s |' "$d"
-        for m in $MODES; do
-          awk -F'\t' -v d="$d" '{split($1,a,"/"); if (a[1]==d) { n++; if ($2=="PASS") p++ } } END{printf " %s |", (p+0) "/" (n+0)}' "$OUT/$m-$f.tsv"
-        done
+        for m in $MODES; do printf ' %s |' "$(dir_count "$d" "$m-$f")"; done
         echo
       done
       printf '| **all** |'; for m in $MODES; do printf ' **%s/%s** |' "$(count $m-$f 1)" "$(count $m-$f 2)"; done; echo

@@ -980,8 +980,9 @@ fn settle_window(c: &mut TcpConn, s: &mut TcpConn, now: Instant) {
     assert_eq!(read_all(s), b"x");
 }
 
-#[test]
-fn limited_transmit_sends_a_new_segment_on_each_of_the_first_two_dupacks() {
+/// A connection without SACK, its window settled, and the first flight
+/// of a long send.
+fn nosack_flight() -> (TcpConn, TcpConn, Instant, Vec<Wire>) {
     let nosack = TcpConfig {
         sack: false,
         ..cfg()
@@ -990,6 +991,12 @@ fn limited_transmit_sends_a_new_segment_on_each_of_the_first_two_dupacks() {
     settle_window(&mut c, &mut s, now);
     c.send(&[3u8; 40 * 1460]);
     let flight = drain(&mut c, now);
+    (c, s, now, flight)
+}
+
+#[test]
+fn limited_transmit_sends_a_new_segment_on_each_of_the_first_two_dupacks() {
+    let (mut c, mut s, now, flight) = nosack_flight();
     assert!(flight.len() >= 4, "an initial window of several segments");
     let first_seq = flight[0].out.hdr.seq;
     // The first segment is lost; each later one draws a duplicate ACK.
@@ -1021,14 +1028,7 @@ fn limited_transmit_sends_a_new_segment_on_each_of_the_first_two_dupacks() {
 
 #[test]
 fn a_cumulative_ack_grows_the_window_only_by_what_dupacks_had_not_reported() {
-    let nosack = TcpConfig {
-        sack: false,
-        ..cfg()
-    };
-    let (mut c, mut s, now) = established(nosack.clone(), nosack);
-    settle_window(&mut c, &mut s, now);
-    c.send(&[3u8; 40 * 1460]);
-    let flight = drain(&mut c, now);
+    let (mut c, mut s, now, flight) = nosack_flight();
     // Segments 1 and 2 arrive before 0: two duplicate ACKs, then the
     // hole fills and one ACK covers all three.
     let mut acks = Vec::new();
