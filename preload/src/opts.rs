@@ -161,7 +161,7 @@ const RULES: &[(c_int, c_int, Rule)] = &[
     (TCP, 20, Rule::Refused(libc::EPERM)),        // TCP_REPAIR_QUEUE
     (TCP, 21, Rule::Refused(libc::EPERM)),        // TCP_QUEUE_SEQ
     (TCP, 22, Rule::Refused(libc::EPERM)),        // TCP_REPAIR_OPTIONS
-    (TCP, 23, kept(0)),                           // TCP_FASTOPEN
+    (TCP, 23, kept(0)),                           // TCP_FASTOPEN (acted on in `set`)
     (TCP, 24, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_TIMESTAMP
     (TCP, 25, kept(-1)),                          // TCP_NOTSENT_LOWAT
     (TCP, 26, Rule::GetOnly { value: 0 }),        // TCP_CC_INFO (by name)
@@ -328,6 +328,16 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
             o.user_timeout_ms = v;
             drop(o);
             sock::apply_tcp_opts(s);
+        }
+        (TCP, libc::TCP_FASTOPEN) => {
+            // The Fast Open queue's length (RFC 7413; 0 turns it off).
+            let v = int(val)?;
+            if v < 0 {
+                return Err(libc::EINVAL);
+            }
+            drop(o);
+            sock::set_fast_open(s, v)?;
+            s.opts.lock().kept.set(level, name, v)?;
         }
         (TCP, libc::TCP_MAXSEG) => {
             // Linux's bounds (TCP_MIN_MSS .. MAX_TCP_WINDOW; 0: the default).
@@ -512,7 +522,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
             // The connection's MSS; before one, what was set or Linux's 536.
             let set = o.kept.get(level, name).filter(|&v| v > 0);
-            let mss = sock::tcp_info(s).map_or(set.unwrap_or(536), |i| mss_cache(&i) as c_int);
+            let mss = sock::tcp_info(s).map_or(set.unwrap_or(536), |i| i.max_payload as c_int);
             put(mss)
         }
         (TCP, libc::TCP_USER_TIMEOUT) => put(o.user_timeout_ms),
@@ -613,14 +623,16 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
                 t.tcpi_state = linux_state(i.state);
                 t.tcpi_ca_state = if i.recovering { 3 } else { 0 };
                 let wscale = i.wscale != (0, 0);
-                t.tcpi_options =
-                    u8::from(i.timestamps) | u8::from(i.sack) << 1 | u8::from(wscale) << 2;
+                t.tcpi_options = u8::from(i.timestamps)
+                    | u8::from(i.sack) << 1
+                    | u8::from(wscale) << 2
+                    | u8::from(i.syn_data) << 5;
                 t.tcpi_wscales = (i.wscale.0 & 0xf) | (i.wscale.1 & 0xf) << 4;
                 t.tcpi_reordering = 3;
                 t.tcpi_rto = i.rto_us as u32;
-                t.tcpi_snd_mss = mss_cache(&i) as u32;
-                t.tcpi_rcv_mss = mss_cache(&i) as u32;
-                t.tcpi_advmss = mss_cache(&i) as u32;
+                t.tcpi_snd_mss = i.max_payload as u32;
+                t.tcpi_rcv_mss = i.max_payload as u32;
+                t.tcpi_advmss = i.max_payload as u32;
                 t.tcpi_pmtu = (i.mss + 40) as u32;
                 t.tcpi_unacked = (i.in_flight / mss) as u32;
                 t.tcpi_rtt = i.srtt_us.unwrap_or(0) as u32;
@@ -659,13 +671,6 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
     }
 }
 
-/// The payload a full segment carries, as Linux's `mss_cache`
-/// (`TCP_MAXSEG`, `tcpi_snd_mss`): the MSS less the timestamps option's
-/// 12 bytes when the connection uses it.
-fn mss_cache(i: &ustack::socket::tcp::ConnInfo) -> usize {
-    i.mss - if i.timestamps { 12 } else { 0 }
-}
-
 /// Linux's `struct tcp_info` (`linux/tcp.h`; 280 bytes as of Linux
 /// 6.18, through the accurate-ECN counters: callers pass their own size,
 /// which `getsockopt` honours, so an older program's shorter struct gets
@@ -675,7 +680,8 @@ struct TcpInfo {
     tcpi_state: u8,
     /// `TCP_CA_Open` 0, `TCP_CA_Recovery` 3.
     tcpi_ca_state: u8,
-    /// `TCPI_OPT_TIMESTAMPS` 1, `TCPI_OPT_SACK` 2, `TCPI_OPT_WSCALE` 4.
+    /// `TCPI_OPT_TIMESTAMPS` 1, `TCPI_OPT_SACK` 2, `TCPI_OPT_WSCALE` 4,
+    /// `TCPI_OPT_SYN_DATA` 32.
     tcpi_options: u8,
     /// `tcpi_snd_wscale:4, tcpi_rcv_wscale:4` in one byte.
     tcpi_wscales: u8,

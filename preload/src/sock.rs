@@ -467,10 +467,20 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
         _ => return Err(libc::EINVAL),
     };
     let backlog = usize::try_from(backlog).unwrap_or(0).clamp(1, 4096);
+    let fast_open = fast_open_queue(
+        sock.opts
+            .lock()
+            .kept
+            .get(libc::IPPROTO_TCP, libc::TCP_FASTOPEN),
+        backlog,
+    );
     if port != 0 {
         let handle = listen_on(acc, sock, port, backlog)?;
         *kind = Kind::Listener { handle, port };
         drop(kind);
+        if fast_open > 0 {
+            acc.tcp_fast_open(handle, fast_open)?.map_err(errno_of)?;
+        }
         sock.notify();
         return Ok(());
     }
@@ -482,8 +492,41 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
         port: handle.1,
     };
     drop(kind);
+    if fast_open > 0 {
+        acc.tcp_fast_open(handle.0, fast_open)?.map_err(errno_of)?;
+    }
     watch(acc, sock, SocketRef::Listener(handle.0));
     Ok(())
+}
+
+/// TCP Fast Open's queue for a listener, by Linux's rules: none unless
+/// `tcp_fastopen` has the server bit; the `TCP_FASTOPEN` value when one
+/// was set; else the backlog when `tcp_fastopen` turns it on for every
+/// listener.
+fn fast_open_queue(set: Option<c_int>, backlog: usize) -> usize {
+    let flags = crate::sysctl::fast_open_flags();
+    if flags & crate::sysctl::FASTOPEN_SERVER == 0 {
+        return 0;
+    }
+    match set {
+        Some(v) => usize::try_from(v).unwrap_or(0),
+        None if flags & crate::sysctl::FASTOPEN_SERVER_ALWAYS != 0 => backlog,
+        None => 0,
+    }
+}
+
+/// `TCP_FASTOPEN` set to `queue` on a socket: EINVAL on a connection (as
+/// Linux: only a fresh socket or a listener takes it); a listener's queue
+/// changes now.
+pub fn set_fast_open(sock: &Sock, queue: c_int) -> Res<()> {
+    match *sock.kind.lock() {
+        Kind::Fresh { .. } => Ok(()),
+        Kind::Listener { handle, .. } => {
+            let q = fast_open_queue(Some(queue), 0);
+            access()?.tcp_fast_open(handle, q)?.map_err(errno_of)
+        }
+        _ => Err(libc::EINVAL),
+    }
 }
 
 /// `accept4`: the new connection's descriptor and peer.

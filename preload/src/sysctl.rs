@@ -8,6 +8,8 @@
 //! | `tcp_timestamps` 0 | no timestamps option (RFC 7323) in SYNs |
 //! | `tcp_sack` 0 | no SACK-permitted in SYNs |
 //! | `tcp_window_scaling` 0 | no window scale option |
+//! | `tcp_fastopen` 0x2, 0x200, 0x400 | Fast Open server (RFC 7413): on for listeners, data without a cookie, on for every listener without `TCP_FASTOPEN` |
+//! | `tcp_fastopen_key` | the Fast Open cookie secret (so cookies are the host's) |
 //!
 //! A file that cannot be read leaves the setting as it was.
 
@@ -33,5 +35,61 @@ pub fn apply(c: &mut Config) {
     }
     if read("tcp_window_scaling") == Some(0) {
         c.tcp.window_scaling = false;
+    }
+    c.tcp.fast_open_no_cookie = fast_open_flags() & FASTOPEN_SERVER_NO_COOKIE != 0;
+    if let Some(key) = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen_key")
+        .ok()
+        .and_then(|k| fast_open_key(&k))
+    {
+        c.tcp.fast_open_key = Some(key);
+    }
+}
+
+/// `tcp_fastopen`'s server bit: listeners may take data in SYNs.
+pub const FASTOPEN_SERVER: i64 = 0x2;
+/// `tcp_fastopen`'s bit for data in SYNs without a cookie.
+pub const FASTOPEN_SERVER_NO_COOKIE: i64 = 0x200;
+/// `tcp_fastopen`'s bit for Fast Open on every listener, its queue the
+/// backlog, without the `TCP_FASTOPEN` option.
+pub const FASTOPEN_SERVER_ALWAYS: i64 = 0x400;
+
+/// `net.ipv4.tcp_fastopen` (Linux's default 1: the client side only).
+pub fn fast_open_flags() -> i64 {
+    read("tcp_fastopen").unwrap_or(1)
+}
+
+/// The SipHash key of `tcp_fastopen_key`'s text (`w0-w1-w2-w3` in hex,
+/// perhaps followed by `,` and a backup key): the words in little-endian
+/// order, two to a key half, as Linux keys its cookies.
+fn fast_open_key(text: &str) -> Option<(u64, u64)> {
+    let primary = text.trim().split(',').next()?;
+    let words: Vec<u32> = primary
+        .split('-')
+        .map(|w| u32::from_str_radix(w, 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [w0, w1, w2, w3] = words[..] else {
+        return None;
+    };
+    let half = |lo: u32, hi: u32| u64::from(hi) << 32 | u64::from(lo);
+    Some((half(w0, w1), half(w2, w3)))
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn fast_open_key_reads_linuxs_text() {
+        assert_eq!(
+            fast_open_key("a1a1a1a1-b2b2b2b2-c3c3c3c3-d4d4d4d4\n"),
+            Some((0xb2b2_b2b2_a1a1_a1a1, 0xd4d4_d4d4_c3c3_c3c3))
+        );
+        assert_eq!(
+            fast_open_key("00000001-00000002-00000003-00000004,ffffffff-0-0-0"),
+            Some((0x2_0000_0001, 0x4_0000_0003))
+        );
+        assert_eq!(fast_open_key("a1-b2-c3"), None);
+        assert_eq!(fast_open_key("zz-0-0-0"), None);
     }
 }

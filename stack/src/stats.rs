@@ -626,6 +626,12 @@ stats! {
         counter syn_cookies_failed: u64,
         /// SYNs that found their listener's backlog full (answered with a cookie).
         counter listen_overflows: u64,
+        /// Connections TCP Fast Open (RFC 7413) opened from a SYN, with
+        /// its data taken.
+        counter fast_open_accepted: u64,
+        /// SYN-ACKs giving a client a Fast Open cookie (it asked for one,
+        /// or sent one that did not verify).
+        counter fast_open_cookies_sent: u64,
         /// Well-formed segments received, whatever became of them.
         counter segs_in: u64,
         /// Segments emitted onto the link (each frame of a segment the stack

@@ -239,6 +239,8 @@ stack_ops! {
             .find_map(|p| s.tcp().listen_family(p, backlog, fam).ok().map(|h| (h, p)))
             .ok_or(StackError::NoFreePort)
     };
+    /// TCP Fast Open's queue on a listener (0: off).
+    tcp_fast_open(l: ListenHandle, queue: usize) -> () = with |s, now| s.tcp().set_fast_open(l, queue);
     /// The next connection on a listener, and its peer.
     tcp_accept(l: ListenHandle) -> Option<(TcpHandle, SocketAddr)> = with |s, now| {
         let h = s.tcp().accept(l)?;
@@ -330,9 +332,10 @@ pub struct ConnWire {
     mss: usize,
     /// segs_in, segs_out, bytes_in, bytes_out, retransmits.
     counts: [u64; 5],
-    /// Timestamps, SACK, in recovery.
-    flags: [bool; 3],
+    /// Timestamps, SACK, in recovery, data taken from the SYN.
+    flags: [bool; 4],
     wscale: (u8, u8),
+    max_payload: usize,
 }
 
 impl From<&ConnInfo> for ConnWire {
@@ -361,8 +364,9 @@ impl From<&ConnInfo> for ConnWire {
                 c.bytes_out,
                 c.retransmits,
             ],
-            flags: [i.timestamps, i.sack, i.recovering],
+            flags: [i.timestamps, i.sack, i.recovering, i.syn_data],
             wscale: i.wscale,
+            max_payload: i.max_payload,
         }
     }
 }
@@ -370,7 +374,7 @@ impl From<&ConnInfo> for ConnWire {
 impl From<ConnWire> for ConnInfo {
     fn from(w: ConnWire) -> Self {
         let [segs_in, segs_out, bytes_in, bytes_out, retransmits] = w.counts;
-        let [timestamps, sack, recovering] = w.flags;
+        let [timestamps, sack, recovering, syn_data] = w.flags;
         ConnInfo {
             local: w.local,
             remote: w.remote,
@@ -392,6 +396,8 @@ impl From<ConnWire> for ConnInfo {
             sack,
             wscale: w.wscale,
             recovering,
+            max_payload: w.max_payload,
+            syn_data,
             stats: ustack::stats::ConnStats {
                 segs_in,
                 segs_out,

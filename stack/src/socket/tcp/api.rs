@@ -63,10 +63,19 @@ impl TcpTable {
                 backlog: backlog.max(1),
                 ready: Default::default(),
                 embryonic: 0,
+                fast_open: 0,
+                fast_open_pending: 0,
                 events: Pending::default(),
             },
         );
         Ok(handle)
+    }
+
+    /// Fast Open's queue length on a listener ([`super::Tcp::set_fast_open`]).
+    pub fn set_fast_open(&mut self, l: ListenHandle, queue: usize) -> Result<(), Error> {
+        let lst = self.listeners.get_mut(&l).ok_or(Error::InvalidHandle)?;
+        lst.fast_open = queue;
+        Ok(())
     }
 
     /// Stop listening; connections already accepted are unaffected. Those

@@ -61,6 +61,15 @@ pub struct TcpConfig {
     /// Out-of-order bytes held across all connections of a stack; beyond it
     /// the connection that grew the total drops its out-of-order data.
     pub max_ooo_total: usize,
+    /// The secret TCP Fast Open cookies (RFC 7413) are made with, as
+    /// SipHash-2-4's two key halves (Linux's `tcp_fastopen_key` words
+    /// 0-1 and 2-3, each pair read as one little-endian 64-bit number);
+    /// `None` draws one from the stack's seed. Fast Open is on per
+    /// listener ([`crate::socket::tcp::Tcp::set_fast_open`]).
+    pub fast_open_key: Option<(u64, u64)>,
+    /// Listeners with Fast Open on take data from SYNs that carry no
+    /// valid cookie too (Linux's `tcp_fastopen` bit 0x200).
+    pub fast_open_no_cookie: bool,
 }
 
 impl TcpConfig {
@@ -97,6 +106,8 @@ impl Default for TcpConfig {
             max_ooo_ranges: 32,
             challenge_ack_limit: 100,
             max_ooo_total: 64 << 20,
+            fast_open_key: None,
+            fast_open_no_cookie: false,
         }
     }
 }

@@ -8,7 +8,7 @@ use smoltcp::wire::{IpAddress, IpProtocol, TcpControl, TcpPacket, TcpRepr, TcpTi
 use super::conn::{State, TcpConn};
 use super::segment::{Header, Outgoing, Segment};
 use super::time_wait::TwAnswer;
-use super::{FlowKey, ListenHandle, Seq, TcpTable, local};
+use super::{FlowKey, ListenHandle, Seq, TcpTable, fastopen, local};
 use crate::events::Readiness;
 use crate::iface::link::{IpMeta, Link};
 use crate::phy::device::{Received, RxChecksum, RxRole, Tx};
@@ -252,6 +252,10 @@ fn emit<T: Tx>(
         payload: &[],
     };
     let (me, peer) = (local.ip(), remote.ip());
+    if let Some((cookie, exp)) = out.fast_open {
+        let (opt, n) = fastopen::option_bytes(cookie, exp);
+        return usize::from(emit_with_option(link, now, tx, me, peer, &repr, &opt[..n]));
+    }
     // IPv6 segments are cut here: the port's TSO is set up for IPv4.
     if out.tso_segsz > 0 && (link.offloads.tso_max == 0 || peer.is_ipv6()) {
         let mut sent = 0;
@@ -381,6 +385,72 @@ fn fill_segment(
     TcpPacket::new_unchecked(buf).set_checksum(c);
 }
 
+/// A segment without payload whose header carries, after `repr`'s
+/// options, one that `TcpRepr` has no field for (`extra`: a SYN-ACK's
+/// Fast Open cookie), NOP-padded to 4-byte boundaries. Its checksum is
+/// always ours. False when it did not fit or go out.
+fn emit_with_option<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    tx: &mut T,
+    me: IpAddr,
+    peer: IpAddr,
+    repr: &TcpRepr<'_>,
+    extra: &[u8],
+) -> bool {
+    const FIXED: usize = 20;
+    let base = repr.header_len();
+    let mut scratch = [0u8; 60];
+    let Some(head) = scratch.get_mut(..base) else {
+        return false;
+    };
+    let (src, dst) = (IpAddress::from(me), IpAddress::from(peer));
+    repr.emit(
+        &mut TcpPacket::new_unchecked(&mut *head),
+        &src,
+        &dst,
+        &ChecksumCapabilities::ignored(),
+    );
+    // smoltcp pads its options with end-of-list: they end where the list does.
+    let mut used = FIXED;
+    while used < base && head[used] != 0 {
+        used += if head[used] == 1 {
+            1
+        } else {
+            usize::from(head.get(used + 1).copied().unwrap_or(0)).max(2)
+        };
+    }
+    // The option starts on a 4-byte boundary and NOPs pad it to one, as
+    // Linux lays its options out (and sizes its SYN-ACKs).
+    let at = used.next_multiple_of(4);
+    let hdr = (at + extra.len()).next_multiple_of(4);
+    if hdr > scratch.len() || used > base {
+        return false;
+    }
+    let write = |buf: &mut [u8]| {
+        buf[..used].copy_from_slice(&scratch[..used]);
+        buf[used..at].fill(1);
+        buf[at..at + extra.len()].copy_from_slice(extra);
+        buf[at + extra.len()..hdr].fill(1);
+        let mut pkt = TcpPacket::new_unchecked(&mut *buf);
+        pkt.set_header_len(hdr as u8);
+        pkt.set_checksum(0);
+        let c = crate::wire::checksum::compute_ip(me, peer, 6, buf);
+        TcpPacket::new_unchecked(buf).set_checksum(c);
+    };
+    match (me, peer) {
+        (IpAddr::V4(_), IpAddr::V4(p)) => link
+            .send_ip(now, tx, p, IpProtocol::Tcp, hdr, write)
+            .is_ok(),
+        (IpAddr::V6(m), IpAddr::V6(p)) => {
+            let ports = u32::from(repr.src_port) << 16 | u32::from(repr.dst_port);
+            crate::iface::ipv6::send(link, now, tx, m, p, IpProtocol::Tcp, ports, hdr, write)
+                .is_ok()
+        }
+        _ => false,
+    }
+}
+
 /// [`emit_frame`] over IPv6 (or a mixed pair, which no connection has:
 /// dropped): the checksum always ours (RFC 8200 §8.1), no port offloads.
 #[allow(clippy::too_many_arguments)]
@@ -432,6 +502,25 @@ fn cookie_options(tsecr: u32) -> (Option<u8>, bool) {
     let w = tsecr & COOKIE_NO_WSCALE;
     let wscale = (w != COOKIE_NO_WSCALE).then_some(w as u8);
     (wscale, tsecr & COOKIE_SACK != 0)
+}
+
+/// What a listener takes from a SYN beyond its [`Segment`].
+struct SynExtras<'a> {
+    /// The ISN must be beyond this (a new incarnation from TIME-WAIT).
+    isn_floor: Option<Seq>,
+    /// The SYN's Fast Open option.
+    fast_open: Option<fastopen::FastOpenOption<'a>>,
+}
+
+/// A listener's Fast Open answer to a SYN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FastOpen {
+    /// The ordinary handshake.
+    No,
+    /// The ordinary handshake; the SYN-ACK gives the client its cookie.
+    Offer([u8; fastopen::COOKIE_LEN], bool),
+    /// A connection now, with the SYN's data.
+    Open,
 }
 
 impl TcpTable {
@@ -522,7 +611,13 @@ impl TcpTable {
         }
         let me = local(meta.dst, dst_port);
         if let (Some(l), false) = (listener, seg.hdr.rst) {
-            return (self.listen_input(link, now, tx, l, me, remote, &seg, isn_floor))
+            let syn = SynExtras {
+                isn_floor,
+                fast_open: (seg.hdr.syn && seg.hdr.ack.is_none())
+                    .then(|| fastopen::find(pkt.options()))
+                    .flatten(),
+            };
+            return (self.listen_input(link, now, tx, l, me, remote, &seg, syn))
                 .map(|()| Received::Taken);
         }
         if !seg.hdr.rst {
@@ -591,6 +686,13 @@ impl TcpTable {
         if seg.hdr.rst && after == State::Closed {
             tcp.stats.resets_received += 1;
         }
+        if after != State::SynReceived {
+            if let Some(l) = s.fast_open_of.take() {
+                if let Some(l) = tcp.listeners.get_mut(&l) {
+                    l.fast_open_pending = l.fast_open_pending.saturating_sub(1);
+                }
+            }
+        }
         if before != after
             && matches!(
                 after,
@@ -622,12 +724,13 @@ impl TcpTable {
         me: SocketAddr,
         remote: SocketAddr,
         seg: &Segment<'_>,
-        isn_floor: Option<Seq>,
+        syn: SynExtras<'_>,
     ) -> Result<(), DropReason> {
         let Some(l) = self.listeners.get(&listener) else {
             return Err(DropReason::TcpNoSocket);
         };
         let full = l.ready.len() + l.embryonic >= l.backlog;
+        let fast_open_room = l.fast_open > l.fast_open_pending;
         if seg.hdr.syn && seg.hdr.ack.is_none() {
             if full {
                 // Backlog full: answer statelessly with a SYN cookie.
@@ -669,13 +772,51 @@ impl TcpTable {
                 }
                 return Ok(());
             }
-            let iss = match (self.isn(now, me, remote), isn_floor) {
+            let iss = match (self.isn(now, me, remote), syn.isn_floor) {
                 (isn, Some(floor)) if isn.diff(floor) < 0 => floor,
                 (isn, _) => isn,
             };
-            let mut conn = TcpConn::accept(self.cfg_for(&remote), me, remote, iss, seg);
+            let cfg = self.cfg_for(&remote);
+            let fast_open = match syn.fast_open {
+                _ if !fast_open_room => FastOpen::No,
+                None if seg.payload.is_empty() => FastOpen::No,
+                _ if cfg.fast_open_no_cookie => FastOpen::Open,
+                None => FastOpen::No,
+                Some(o) => {
+                    let valid = fastopen::cookie(self.fast_open_key, remote.ip(), me.ip());
+                    if o.cookie == valid {
+                        FastOpen::Open
+                    } else {
+                        // A request (empty), or a cookie we did not make
+                        // (or made under another key): the right one goes
+                        // back and the SYN's data is not taken.
+                        self.stats.fast_open_cookies_sent += 1;
+                        FastOpen::Offer(valid, o.exp)
+                    }
+                }
+            };
+            let mut conn = match fast_open {
+                FastOpen::Open => TcpConn::accept_fast_open(cfg, me, remote, iss, seg),
+                _ => TcpConn::accept(cfg, me, remote, iss, seg),
+            };
+            if let FastOpen::Offer(cookie, exp) = fast_open {
+                conn.offer_fast_open_cookie(cookie, exp);
+            }
             conn.set_ts_offset(self.ts_offset(me, remote));
             let slot = self.insert_passive(conn, listener);
+            if fast_open == FastOpen::Open {
+                // Ready for `accept` now, with the SYN's data to read.
+                self.stats.fast_open_accepted += 1;
+                let s = &mut self.slots[slot as usize];
+                s.embryonic = false;
+                s.fast_open_of = Some(listener);
+                if let Some(l) = self.listeners.get_mut(&listener) {
+                    l.embryonic = l.embryonic.saturating_sub(1);
+                    l.fast_open_pending += 1;
+                    l.ready.push_back(slot);
+                }
+                self.raise_listener(listener);
+            }
             self.schedule(slot);
             return Ok(());
         }

@@ -11,6 +11,7 @@ pub mod buffer;
 pub mod cc;
 pub mod config;
 pub mod conn;
+pub mod fastopen;
 mod io;
 pub mod rtt;
 pub mod scoreboard;
@@ -76,6 +77,9 @@ pub(crate) struct Slot {
     pub dirty: bool,
     /// Counted in its listener's embryonic (SYN-RECEIVED) total.
     pub embryonic: bool,
+    /// A Fast Open connection still in SYN-RECEIVED: counted in the
+    /// `fast_open_pending` of the listener in `fast_open_of`.
+    pub fast_open_of: Option<ListenHandle>,
     /// Readiness events not yet drained (kept across reuse of the slot
     /// while it sits in the event queue, so it is queued once).
     pub events: Pending,
@@ -88,6 +92,12 @@ pub(crate) struct Listener {
     pub ready: VecDeque<u32>,
     /// Connections in SYN-RECEIVED.
     pub embryonic: usize,
+    /// TCP Fast Open (RFC 7413): how many connections opened by data in
+    /// their SYN may wait for their handshake to finish at once (Linux's
+    /// `TCP_FASTOPEN` queue length); 0 is off.
+    pub fast_open: usize,
+    /// Fast Open connections still in SYN-RECEIVED.
+    pub fast_open_pending: usize,
     /// Readiness events not yet drained.
     pub events: Pending,
 }
@@ -111,6 +121,8 @@ pub(crate) struct TcpTable {
     pub dirty: VecDeque<u32>,
     pub next_port: u16,
     secret: (u64, u64),
+    /// The Fast Open cookie secret ([`TcpConfig::fast_open_key`]).
+    pub(crate) fast_open_key: (u64, u64),
     pub stats: TcpStats,
     /// Counters of connections already reaped.
     pub closed_totals: conn::ConnStats,
@@ -129,7 +141,16 @@ const EPHEMERAL_FIRST: u16 = 49_152;
 
 impl TcpTable {
     pub fn new(cfg: TcpConfig, secret: (u64, u64)) -> Self {
+        let fast_open_key = cfg.fast_open_key.unwrap_or_else(|| {
+            let half = |label: u64| {
+                let mut h = SipHasher24::new_with_keys(secret.0, secret.1);
+                h.write_u64(label);
+                h.finish()
+            };
+            (half(0x7466_6f6b_6579_3030), half(0x7466_6f6b_6579_3031))
+        });
         TcpTable {
+            fast_open_key,
             cfg,
             slots: Vec::new(),
             free: Vec::new(),
@@ -259,6 +280,7 @@ impl TcpTable {
             timer: None,
             dirty: false,
             embryonic: listener.is_some(),
+            fast_open_of: None,
             events: Pending::default(),
         };
         let idx = match self.free.pop() {
@@ -369,6 +391,11 @@ impl TcpTable {
             }
             if let Some(tw) = tw {
                 self.time_wait.insert(key, tw);
+            }
+        }
+        if let Some(l) = s.fast_open_of.take() {
+            if let Some(lst) = self.listeners.get_mut(&l) {
+                lst.fast_open_pending = lst.fast_open_pending.saturating_sub(1);
             }
         }
         if let Some(l) = s.listener.take() {

@@ -68,6 +68,9 @@ pub struct Outgoing {
     /// For a segment the port is to cut (TSO): the payload bytes of each
     /// frame. 0 for a segment that leaves as one frame.
     pub tso_segsz: usize,
+    /// A SYN-ACK's TCP Fast Open cookie (RFC 7413), and whether it goes
+    /// in the experimental option (kind 254) rather than kind 34.
+    pub fast_open: Option<([u8; 8], bool)>,
 }
 
 impl From<Header> for Outgoing {
@@ -78,6 +81,7 @@ impl From<Header> for Outgoing {
             payload_offset: 0,
             payload_len: 0,
             tso_segsz: 0,
+            fast_open: None,
         }
     }
 }

@@ -86,6 +86,19 @@ impl<'a> Tcp<'a> {
         self.table.listen(port, backlog, family)
     }
 
+    /// TCP Fast Open (RFC 7413) on a listener: a SYN with a valid cookie
+    /// (or with data and none, under [`TcpConfig::fast_open_no_cookie`])
+    /// opens a connection that [`accept`](Tcp::accept) hands out at once
+    /// with the SYN's data to read, and a SYN asking for a cookie gets
+    /// one; at most `queue` such connections may wait for their handshake
+    /// to finish (beyond, SYNs open connections the usual way). 0 turns
+    /// it off.
+    ///
+    /// [`TcpConfig::fast_open_no_cookie`]: crate::socket::tcp::TcpConfig::fast_open_no_cookie
+    pub fn set_fast_open(&mut self, l: ListenHandle, queue: usize) -> Result<(), Error> {
+        self.table.set_fast_open(l, queue)
+    }
+
     /// Stop listening: new SYNs to the port get a reset, and connections
     /// not yet accepted are reset; accepted ones are unaffected.
     pub fn unlisten(&mut self, l: ListenHandle) {

@@ -173,7 +173,8 @@ impl TcpConn {
     /// `fin_wait2_timeout` with a RST.
     pub fn release(&mut self, now: Instant) {
         self.orphaned = true;
-        if self.rcv.buf.readable() > 0 && self.state.synchronized() {
+        let handed_out = self.state.synchronized() || self.fast_open_pending();
+        if self.rcv.buf.readable() > 0 && handed_out {
             self.reset_orphan(None);
             return;
         }
@@ -192,8 +193,9 @@ impl TcpConn {
 
     /// Abort: send RST (if synchronized) and close at once.
     pub fn abort(&mut self) {
+        // With the ACK flag, as Linux's active resets carry it.
         if self.state.synchronized() || self.state == State::SynReceived {
-            self.owed.rst_pending = Some((self.snd.nxt, None));
+            self.owed.rst_pending = Some((self.snd.nxt, Some(self.rcv.nxt)));
         }
         self.error = Some(ConnError::Aborted);
         self.state = State::Closed;

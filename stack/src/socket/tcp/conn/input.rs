@@ -148,11 +148,13 @@ impl TcpConn {
         if seg.hdr.rst {
             // RFC 5961 §3: only an exact match resets; in-window gets a challenge.
             if seg.hdr.seq == self.rcv.nxt {
-                self.error = Some(if self.state == State::SynReceived {
-                    ConnError::Refused
-                } else {
-                    ConnError::Reset
-                });
+                self.error = Some(
+                    if self.state == State::SynReceived && !self.fast_open.child {
+                        ConnError::Refused
+                    } else {
+                        ConnError::Reset
+                    },
+                );
                 self.state = State::Closed;
                 self.clear_timers();
             } else {

@@ -32,6 +32,7 @@ use super::buffer::{RecvBuffer, SendBuffer};
 use super::cc::{CongestionControl, new_controller};
 use super::config::MAX_WSCALE;
 pub use super::config::{KeepAlive, TcpConfig};
+use super::fastopen;
 use super::rtt::RttEstimator;
 use super::scoreboard::Scoreboard;
 pub use super::segment::{Header, Outgoing, Segment};
@@ -148,6 +149,13 @@ pub struct ConnInfo {
     pub wscale: (u8, u8),
     /// In fast recovery (RFC 6675 / 6582) now.
     pub recovering: bool,
+    /// The most payload one segment of ours carries: the MSS less the
+    /// options every segment bears (timestamps), bytes (Linux's
+    /// `mss_cache`).
+    pub max_payload: usize,
+    /// Opened by TCP Fast Open with data in the SYN, which was accepted
+    /// (RFC 7413; Linux's `TCPI_OPT_SYN_DATA`).
+    pub syn_data: bool,
     /// The connection's counters.
     pub stats: ConnStats,
 }
@@ -184,7 +192,22 @@ pub struct TcpConn {
     live: Liveness,
     /// What to send next.
     owed: Owed,
+    /// TCP Fast Open (RFC 7413) on the server side.
+    fast_open: FastOpenConn,
     stats: ConnStats,
+}
+
+/// A passive connection's Fast Open state.
+#[derive(Debug, Default)]
+struct FastOpenConn {
+    /// The cookie our SYN-ACK gives the client, and whether in the
+    /// experimental option.
+    synack_cookie: Option<([u8; fastopen::COOKIE_LEN], bool)>,
+    /// Opened by Fast Open: handed to the app in SYN-RECEIVED, where it
+    /// may send data before the handshake completes.
+    child: bool,
+    /// The SYN's data was taken.
+    syn_data: bool,
 }
 
 /// The send sequence space (RFC 9293 3.3.1) and what feeds it.
@@ -393,6 +416,7 @@ impl TcpConn {
                 challenge_second: 0,
                 sack_scratch: Vec::with_capacity(3),
             },
+            fast_open: FastOpenConn::default(),
             stats: ConnStats::default(),
             cfg,
         }
@@ -420,6 +444,37 @@ impl TcpConn {
         c.snd.max_wnd = c.snd.wnd;
         c.snd.wl1 = syn.hdr.seq;
         c
+    }
+
+    /// Passive open by TCP Fast Open (RFC 7413): the SYN's data is taken
+    /// (and acknowledged by the SYN-ACK), and the connection may be handed
+    /// to the app now, in SYN-RECEIVED.
+    pub fn accept_fast_open(
+        cfg: TcpConfig,
+        local: SocketAddr,
+        remote: SocketAddr,
+        iss: Seq,
+        syn: &Segment<'_>,
+    ) -> Self {
+        let mut c = Self::accept(cfg, local, remote, iss, syn);
+        let out = c.rcv.buf.write_at(0, syn.payload);
+        c.rcv.nxt += out.advanced;
+        c.rcv.adv = c.rcv.nxt;
+        c.stats.bytes_in += out.advanced as u64;
+        c.fast_open.child = true;
+        c.fast_open.syn_data = out.advanced > 0;
+        c
+    }
+
+    /// Our SYN-ACK gives the client a Fast Open cookie (it asked for one,
+    /// or sent one that is not valid), in the experimental option if `exp`.
+    pub fn offer_fast_open_cookie(&mut self, cookie: [u8; fastopen::COOKIE_LEN], exp: bool) {
+        self.fast_open.synack_cookie = Some((cookie, exp));
+    }
+
+    /// Opened by Fast Open and still in SYN-RECEIVED.
+    pub fn fast_open_pending(&self) -> bool {
+        self.fast_open.child && self.state == State::SynReceived
     }
 
     fn take_syn_options(&mut self, syn: &Segment<'_>) {
@@ -532,6 +587,8 @@ impl TcpConn {
             sack: self.opts.sack_enabled,
             wscale: (self.snd.wscale, self.rcv.wscale),
             recovering: self.rec.in_recovery,
+            max_payload: self.max_payload(),
+            syn_data: self.fast_open.syn_data,
             stats: self.stats.clone(),
         }
     }

@@ -93,6 +93,11 @@ impl TcpConn {
                 if let Some(seg) = self.transmit_syn(now) {
                     return Some(seg);
                 }
+                // Fast Open (RFC 7413 3): the server may send data before
+                // the handshake completes, once its SYN-ACK is out.
+                if self.fast_open.child {
+                    return self.transmit_established(now);
+                }
                 // Simultaneous open: acknowledge the peer's SYN-ACK.
                 if self.owed.ack_now {
                     let seg = self.base_segment(now);
@@ -103,6 +108,11 @@ impl TcpConn {
             }
             _ => {}
         }
+        self.transmit_established(now)
+    }
+
+    /// What a synchronized connection sends: data, probes, an ACK.
+    fn transmit_established(&mut self, now: Instant) -> Option<Outgoing> {
         if let Some(seg) = self.transmit_data(now) {
             return Some(seg);
         }
@@ -158,6 +168,8 @@ impl TcpConn {
         if synack {
             self.rcv.adv = self.rcv.nxt + usize::from(seg.hdr.window);
         }
+        let mut seg = seg;
+        seg.fast_open = self.fast_open.synack_cookie.filter(|_| synack);
         self.snd.nxt = self.snd.iss + 1;
         if self.snd.max.diff(self.snd.nxt) < 0 {
             self.snd.max = self.snd.nxt;
@@ -265,7 +277,9 @@ impl TcpConn {
             && tail
             && self.cfg.nagle
             && !forced
-            && self.snd.max.diff(self.snd.una) > 0
+            // Data in flight (not a SYN: a Fast Open server's first
+            // answer does not wait for its SYN-ACK to be acknowledged).
+            && self.snd.max.diff(self.snd.data_start) > 0
             && new_data
             && !self.snd.fin_queued
         {
