@@ -167,6 +167,8 @@ pub struct Sock {
     /// The inode number `fstat` reports for it (unique per socket, as
     /// sockfs gives each socket its own).
     pub ino: u64,
+    /// `MSG_ZEROCOPY` sends and their completions (the error queue).
+    pub zc: Mutex<crate::zerocopy::ZeroCopy>,
 }
 
 impl Sock {
@@ -185,6 +187,7 @@ impl Sock {
             fds: Mutex::new(vec![fd]),
             signaled: AtomicBool::new(false),
             sleeps: AtomicI64::new(0),
+            zc: Mutex::new(crate::zerocopy::ZeroCopy::default()),
         })
     }
 

@@ -43,6 +43,9 @@ pub fn level(sock: &Sock) -> Level {
         ..Level::default()
     });
     l.err |= pending_error;
+    // Zero-copy completions wait on the error queue (EPOLLERR, as Linux).
+    crate::sock::zerocopy_refresh(sock);
+    l.err |= sock.zc.lock().pending();
     if shut_rd && matches!(kind, Kind::Stream { .. } | Kind::Dgram { .. }) {
         // Linux: a socket shut for reading reads end-of-stream at once
         // (EPOLLIN | EPOLLRDHUP); shut both ways, EPOLLHUP too.

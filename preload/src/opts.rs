@@ -99,7 +99,6 @@ const RULES: &[(c_int, c_int, Rule)] = &[
     (SOL, 56, Rule::GetOnly { value: 0 }),        // SO_INCOMING_NAPI_ID
     (SOL, 57, Rule::Refused(libc::ENOPROTOOPT)),  // SO_COOKIE
     (SOL, 59, Rule::Refused(libc::ENOPROTOOPT)),  // SO_PEERGROUPS
-    (SOL, 60, Rule::Refused(libc::EOPNOTSUPP)),   // SO_ZEROCOPY
     (SOL, 61, Rule::Refused(libc::ENOPROTOOPT)),  // SO_TXTIME
     (SOL, 62, kept(0)),                           // SO_BINDTOIFINDEX
     (SOL, 69, kept(0)),                           // SO_PREFER_BUSY_POLL
@@ -264,6 +263,14 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
     match (level, name) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => o.reuse_addr = int(val)? != 0,
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => o.reuse_port = int(val)? != 0,
+        (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => {
+            // Linux takes 0 or 1 (crate::zerocopy: completions of copies).
+            let v = int(val)?;
+            if !(0..=1).contains(&v) {
+                return Err(libc::EINVAL);
+            }
+            s.zc.lock().on = v == 1;
+        }
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => {
             o.keepalive = int(val)? != 0;
             drop(o);
@@ -479,6 +486,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         }
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => put(b(o.reuse_addr)),
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => put(b(o.reuse_port)),
+        (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => put(b(s.zc.lock().on)),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => put(b(o.keepalive)),
         (libc::SOL_SOCKET, libc::SO_SNDBUF | 32) => {
             // Linux reports twice what was set (bookkeeping room); the

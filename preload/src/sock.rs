@@ -560,6 +560,8 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
             if l.nodelay || l.keepalive || l.user_timeout_ms > 0 {
                 apply_tcp_opts(&new);
             }
+            // And SO_ZEROCOPY (a socket flag the kernel clones).
+            new.zc.lock().on = sock.zc.lock().on;
             watch(acc, &new, SocketRef::Tcp(h));
             return Ok((fd, peer));
         }
@@ -896,7 +898,8 @@ pub fn send(
                 handle
             }
             Kind::Closed => return Err(libc::EBADF),
-            _ => return Err(libc::ENOTCONN),
+            // Linux's TCP says EPIPE (not ENOTCONN) before a connection.
+            _ => return Err(libc::EPIPE),
         };
         let mut sent = 0;
         loop {
@@ -941,6 +944,44 @@ pub fn send(
             Err(e) => return Err(errno_of(e)),
         }
     }
+}
+
+/// A send of `n` bytes with `MSG_ZEROCOPY` went into the stack: on a
+/// socket with `SO_ZEROCOPY`, it gets its number and waits for the
+/// connection's acknowledgment of its last byte (a datagram is done).
+pub fn zerocopy_sent(sock: &Sock, n: usize) {
+    if n == 0 || !sock.zc.lock().on {
+        return;
+    }
+    let end = if sock.stream {
+        // Every byte written so far: acknowledged plus still queued.
+        match tcp_info(sock) {
+            Some(i) => Some(i.stats.bytes_out + i.send_queued as u64),
+            None => return,
+        }
+    } else {
+        None
+    };
+    sock.zc.lock().sent(end);
+}
+
+/// Zero-copy sends the peer acknowledged since the last look become
+/// completions (all of them once the connection is gone).
+pub fn zerocopy_refresh(sock: &Sock) {
+    if !sock.zc.lock().waiting() {
+        return;
+    }
+    let (acked, ended) = match tcp_info(sock) {
+        Some(i) => (
+            i.stats.bytes_out,
+            matches!(
+                i.state,
+                ustack::socket::tcp::State::Closed | ustack::socket::tcp::State::TimeWait
+            ),
+        ),
+        None => (0, true),
+    };
+    sock.zc.lock().acked(acked, ended);
 }
 
 /// Bytes a `FIONREAD` reports: readable bytes, or the next datagram's length.

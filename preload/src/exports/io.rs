@@ -53,7 +53,12 @@ pub(super) fn do_send(
 ) -> ssize_t {
     let eor = flags & libc::MSG_EOR != 0;
     match sock::send(&s, bufs, to, flags & libc::MSG_DONTWAIT != 0, eor) {
-        Ok(n) => n as ssize_t,
+        Ok(n) => {
+            if flags & libc::MSG_ZEROCOPY != 0 {
+                sock::zerocopy_sent(&s, n);
+            }
+            n as ssize_t
+        }
         Err(e) => {
             if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
                 // SAFETY: raising a signal on this thread, as the kernel would.

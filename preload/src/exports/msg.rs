@@ -26,10 +26,8 @@ use crate::sock::{self, RecvFlags};
 /// for their lengths.
 unsafe fn recvmsg_ours(s: &Arc<Sock>, m: &mut msghdr, flags: c_int) -> ssize_t {
     if flags & libc::MSG_ERRQUEUE != 0 {
-        // No ICMP errors are queued (IP_RECVERR is kept, not acted on):
-        // Linux says EAGAIN for an empty error queue.
-        set_errno(libc::EAGAIN);
-        return -1;
+        // SAFETY: the caller's msghdr.
+        return unsafe { recv_error_queue(s, m) };
     }
     // SAFETY: its iovecs.
     let mut v = match unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) } {
@@ -130,6 +128,48 @@ unsafe fn recvmsg_ours(s: &Arc<Sock>, m: &mut msghdr, flags: c_int) -> ssize_t {
     } else {
         (n as usize).min(room) as ssize_t
     }
+}
+
+/// `recvmsg(MSG_ERRQUEUE)`: the oldest zero-copy completion, as Linux
+/// gives it (no data, one `IP_RECVERR` or `IPV6_RECVERR` control message
+/// with the `sock_extended_err`); EAGAIN when the queue is empty (no ICMP
+/// errors are queued: `IP_RECVERR` is kept, not acted on).
+///
+/// # Safety
+/// `m` is the caller's msghdr: its name and control buffers valid for
+/// their lengths.
+unsafe fn recv_error_queue(s: &Arc<Sock>, m: &mut msghdr) -> ssize_t {
+    sock::zerocopy_refresh(s);
+    let Some(err) = s.zc.lock().take() else {
+        set_errno(libc::EAGAIN);
+        return -1;
+    };
+    // The extended error, then the offender's address (none here: zeroed,
+    // a sockaddr_in or sockaddr_in6 as the socket's family).
+    let (level, kind, offender) = if s.v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR, 28)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_RECVERR, 16)
+    };
+    let mut data = err.to_vec();
+    data.resize(err.len() + offender, 0);
+    let room = if m.msg_control.is_null() {
+        0
+    } else {
+        m.msg_controllen
+    };
+    let (ctl, truncated) = cmsgs(&[(level, kind, &data[..])], room);
+    if !ctl.is_empty() {
+        // SAFETY: the caller's control buffer holds `msg_controllen` bytes,
+        // and `ctl` is no longer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ctl.as_ptr(), m.msg_control.cast::<u8>(), ctl.len())
+        };
+    }
+    m.msg_controllen = ctl.len();
+    m.msg_namelen = 0;
+    m.msg_flags = libc::MSG_ERRQUEUE | if truncated { libc::MSG_CTRUNC } else { 0 };
+    0
 }
 
 /// A `sendmsg` on a ustack socket. An `IP_PKTINFO` control message may
