@@ -353,6 +353,8 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
                 return Err(libc::EINVAL);
             }
             o.kept.set(level, name, v)?;
+            drop(o);
+            sock::apply_max_segment(s)?;
         }
         (TCP, libc::TCP_CONGESTION) => {
             // The stack's two algorithms; Linux says ENOENT for others.

@@ -481,6 +481,7 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
         if fast_open > 0 {
             acc.tcp_fast_open(handle, fast_open)?.map_err(errno_of)?;
         }
+        apply_max_segment(sock)?;
         sock.notify();
         return Ok(());
     }
@@ -495,8 +496,33 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
     if fast_open > 0 {
         acc.tcp_fast_open(handle.0, fast_open)?.map_err(errno_of)?;
     }
+    apply_max_segment(sock)?;
     watch(acc, sock, SocketRef::Listener(handle.0));
     Ok(())
+}
+
+/// The `TCP_MAXSEG` a program set (0, unset, is the path's).
+fn max_segment(sock: &Sock) -> Option<usize> {
+    let v = sock
+        .opts
+        .lock()
+        .kept
+        .get(libc::IPPROTO_TCP, libc::TCP_MAXSEG)?;
+    usize::try_from(v).ok().filter(|&v| v > 0)
+}
+
+/// `TCP_MAXSEG` set: a connection's or a listener's segments shrink to
+/// it now (before `connect` or `listen`, it is applied there).
+pub fn apply_max_segment(sock: &Sock) -> Res<()> {
+    let Some(mss) = max_segment(sock) else {
+        return Ok(());
+    };
+    let r = match *sock.kind.lock() {
+        Kind::Stream { handle, .. } => access()?.tcp_max_segment(handle, mss)?,
+        Kind::Listener { handle, .. } => access()?.tcp_listener_max_segment(handle, mss)?,
+        _ => return Ok(()),
+    };
+    r.map_err(errno_of)
 }
 
 /// TCP Fast Open's queue for a listener, by Linux's rules: none unless
@@ -585,11 +611,13 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
                     return Err(libc::ECONNREFUSED);
                 }
                 // A port bound first is the connection's local port.
-                let h = acc.tcp_connect(port, remote)?.map_err(|e| match e {
-                    // The 4-tuple is taken: Linux's connect says so.
-                    StackError::AddrInUse => libc::EADDRNOTAVAIL,
-                    e => errno_of(e),
-                })?;
+                let h = acc
+                    .tcp_connect(port, remote, max_segment(sock))?
+                    .map_err(|e| match e {
+                        // The 4-tuple is taken: Linux's connect says so.
+                        StackError::AddrInUse => libc::EADDRNOTAVAIL,
+                        e => errno_of(e),
+                    })?;
                 *kind = Kind::Stream {
                     handle: h,
                     connecting: true,

@@ -914,3 +914,57 @@ fn echo_reply_carries_the_record_route_with_our_address() {
     );
     assert_eq!(ipv4_of(&out[0]).header_len(), 20);
 }
+
+/// `TCP_MAXSEG` (packetdrill's `mss-setsockopt-tcp_maxseg-*`): a
+/// listener's SYN-ACK and a connection's SYN announce the lowered MSS,
+/// and the connection's segments keep to it although the peer offers
+/// more. Before, the option was kept without effect.
+#[test]
+fn tcp_maxseg_lowers_the_mss_announced_and_sent() {
+    let mut s = stack();
+    let l = s.tcp().listen(80, 8).unwrap();
+    s.tcp().set_listener_max_segment(l, 1100).unwrap();
+    let out = feed(
+        &mut s,
+        T0,
+        &tcp_frame(&Seg {
+            control: TcpControl::Syn,
+            ..Seg::default()
+        }),
+    );
+    let synack = segments(&out)[0];
+    assert_eq!(synack.max_seg_size, Some(1100), "{synack:?}");
+    let iss = synack.seq_number.0 as u32;
+    feed(
+        &mut s,
+        T0,
+        &tcp_frame(&Seg {
+            seq: 1001,
+            ack: Some(iss + 1),
+            ..Seg::default()
+        }),
+    );
+    let h = s.tcp().accept(l).unwrap().unwrap();
+    assert_eq!(
+        s.tcp_ref().info(h).unwrap().mss,
+        1100,
+        "the peer offered 1460"
+    );
+    s.tcp().send(h, &[7; 5000]).unwrap();
+    let out = feed(&mut s, T0, &[]);
+    let sizes: Vec<usize> = segments(&out).iter().map(|r| r.payload.len()).collect();
+    assert!(
+        !sizes.is_empty() && sizes.iter().all(|&n| n <= 1100),
+        "{sizes:?}"
+    );
+
+    // Active open: set before the first poll, the SYN announces it.
+    let mut s = stack();
+    let h = s
+        .tcp()
+        .connect(T0, std::net::SocketAddr::from((PEER, 9000)))
+        .unwrap();
+    s.tcp().set_max_segment(h, 1000).unwrap();
+    let out = feed(&mut s, T0, &[]);
+    assert_eq!(segments(&out)[0].max_seg_size, Some(1000));
+}

@@ -247,10 +247,21 @@ stack_ops! {
         Ok(h.and_then(|h| Some((h, s.tcp_ref().info(h)?.remote))))
     };
     /// Open a connection (from `port`, or an ephemeral one for 0).
-    tcp_connect(port: u16, remote: SocketAddr) -> TcpHandle = with |s, now| match port {
-        0 => s.tcp().connect(now, remote),
-        p => s.tcp().connect_from(now, p, remote),
+    tcp_connect(port: u16, remote: SocketAddr, mss: Option<usize>) -> TcpHandle = with |s, now| {
+        let h = match port {
+            0 => s.tcp().connect(now, remote),
+            p => s.tcp().connect_from(now, p, remote),
+        }?;
+        // TCP_MAXSEG set before: the SYN (not yet sent) announces it.
+        if let Some(m) = mss {
+            s.tcp().set_max_segment(h, m)?;
+        }
+        Ok(h)
     };
+    /// TCP_MAXSEG on a connection.
+    tcp_max_segment(h: TcpHandle, mss: usize) -> () = with |s, now| s.tcp().set_max_segment(h, mss);
+    /// TCP_MAXSEG on a listener.
+    tcp_listener_max_segment(l: ListenHandle, mss: usize) -> () = with |s, now| s.tcp().set_listener_max_segment(l, mss);
     /// A connection's status.
     tcp_status(h: TcpHandle) -> TcpStatus = peek |s, now| s.tcp_ref().status(h);
     /// A connection's two ends.

@@ -65,6 +65,7 @@ impl TcpTable {
                 embryonic: 0,
                 fast_open: 0,
                 fast_open_pending: 0,
+                max_segment: None,
                 events: Pending::default(),
             },
         );
@@ -301,6 +302,20 @@ impl TcpTable {
         self.conn_mut(h)?.release(now);
         self.slots[h.slot as usize].released = true;
         self.mark_dirty(h.slot);
+        Ok(())
+    }
+
+    /// `TCP_MAXSEG` on a connection ([`super::Tcp::set_max_segment`]).
+    pub fn set_max_segment(&mut self, h: TcpHandle, mss: usize) -> Result<(), Error> {
+        self.conn_mut(h)?.clamp_mss(mss);
+        self.mark_dirty(h.slot);
+        Ok(())
+    }
+
+    /// `TCP_MAXSEG` on a listener ([`super::Tcp::set_listener_max_segment`]).
+    pub fn set_listener_max_segment(&mut self, l: ListenHandle, mss: usize) -> Result<(), Error> {
+        let lst = self.listeners.get_mut(&l).ok_or(Error::InvalidHandle)?;
+        lst.max_segment = Some(mss);
         Ok(())
     }
 

@@ -731,6 +731,7 @@ impl TcpTable {
         };
         let full = l.ready.len() + l.embryonic >= l.backlog;
         let fast_open_room = l.fast_open > l.fast_open_pending;
+        let max_segment = l.max_segment;
         if seg.hdr.syn && seg.hdr.ack.is_none() {
             if full {
                 // Backlog full: answer statelessly with a SYN cookie.
@@ -776,7 +777,10 @@ impl TcpTable {
                 (isn, Some(floor)) if isn.diff(floor) < 0 => floor,
                 (isn, _) => isn,
             };
-            let cfg = self.cfg_for(&remote);
+            let mut cfg = self.cfg_for(&remote);
+            if let Some(m) = max_segment {
+                cfg.mss = cfg.mss.min(m);
+            }
             let fast_open = match syn.fast_open {
                 _ if !fast_open_room => FastOpen::No,
                 None if seg.payload.is_empty() => FastOpen::No,

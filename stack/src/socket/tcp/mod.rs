@@ -98,6 +98,8 @@ pub(crate) struct Listener {
     pub fast_open: usize,
     /// Fast Open connections still in SYN-RECEIVED.
     pub fast_open_pending: usize,
+    /// `TCP_MAXSEG`: its connections' MSS is at most this.
+    pub max_segment: Option<usize>,
     /// Readiness events not yet drained.
     pub events: Pending,
 }

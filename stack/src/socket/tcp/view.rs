@@ -187,6 +187,20 @@ impl<'a> Tcp<'a> {
         self.table.close(now, h)
     }
 
+    /// `TCP_MAXSEG`: segments of at most `mss` bytes (of payload and
+    /// options) both ways: the MSS option our SYN announces (set it before
+    /// the first poll after [`connect`](Tcp::connect)) and the largest
+    /// segment we send. It only lowers what the path and the peer allow.
+    pub fn set_max_segment(&mut self, h: TcpHandle, mss: usize) -> Result<(), Error> {
+        self.table.set_max_segment(h, mss)
+    }
+
+    /// `TCP_MAXSEG` on a listener: its connections announce and send
+    /// segments of at most `mss` bytes ([`set_max_segment`](Tcp::set_max_segment)).
+    pub fn set_listener_max_segment(&mut self, l: ListenHandle, mss: usize) -> Result<(), Error> {
+        self.table.set_listener_max_segment(l, mss)
+    }
+
     /// `TCP_NODELAY`: with `on`, small segments leave at once instead of
     /// waiting for the previous one's acknowledgment (Nagle off).
     pub fn set_nodelay(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {

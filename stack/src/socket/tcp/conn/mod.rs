@@ -500,6 +500,17 @@ impl TcpConn {
         }
     }
 
+    /// `TCP_MAXSEG`: announce (if our SYN is still to go) and send
+    /// segments of at most `mss` bytes; never raises what was agreed.
+    pub fn clamp_mss(&mut self, mss: usize) {
+        let mss = mss.max(64);
+        self.cfg.mss = self.cfg.mss.min(mss);
+        if self.snd.mss > mss {
+            self.snd.mss = mss;
+            self.rec.cc.set_mss(mss);
+        }
+    }
+
     /// The final ACK of a SYN-cookie handshake arrived: the connection is
     /// established without ever having been in SYN-RECEIVED here.
     pub fn cookie_established(&mut self) {
