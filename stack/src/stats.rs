@@ -740,6 +740,10 @@ stats! {
         counter fast_retransmits: u64,
         /// Retransmission timer expiries (RFC 6298 5.4-5.6).
         counter timeouts: u64,
+        /// Tail loss probes sent (RFC 8985 7): new data or the last
+        /// segment again, two round trips after the last send went
+        /// unanswered, so a lost tail is repaired without a timeout.
+        counter tail_loss_probes: u64,
         /// Duplicate ACKs received (RFC 5681 §2 definition).
         counter dup_acks: u64,
         /// Persist timer expiries that forced a zero-window probe (RFC 9293 3.8.6.1).

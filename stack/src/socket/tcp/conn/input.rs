@@ -229,6 +229,7 @@ impl TcpConn {
                     .add(self.snd.una, self.snd.max, &blocks[..n]);
             }
         }
+        self.on_ack_after_tail_probe(now, seg, ack, newly_sacked);
         if ack.diff(self.snd.una) > 0 {
             let acked = ack.since(self.snd.una);
             // Grow the window only while it limits the sender (RFC 7661):
@@ -288,8 +289,9 @@ impl TcpConn {
             }
             if self.snd.max.diff(self.snd.una) > 0 {
                 self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
+                self.arm_tail_probe(now);
             } else {
-                self.timers.stop(Timer::Rto);
+                self.timers.stop_all(&[Timer::Rto, Timer::Tlp]);
             }
             self.on_fin_acked(now);
         } else if ack == self.snd.una
@@ -332,7 +334,37 @@ impl TcpConn {
         }
     }
 
+    /// An ACK while a tail loss probe is out (RFC 8985 7.4, as Linux's
+    /// `tcp_process_tlp_ack`): once it covers the probe, a probe that
+    /// was a retransmission repaired a loss, unless a D-SACK says the
+    /// original arrived too, and the window is reduced once; a duplicate
+    /// ACK that reports nothing new says both arrived.
+    fn on_ack_after_tail_probe(
+        &mut self,
+        now: Instant,
+        seg: &Segment<'_>,
+        ack: Seq,
+        sacked: usize,
+    ) {
+        let Some(high) = self.rec.tlp.high else {
+            return;
+        };
+        // RFC 2883: a first SACK block below the cumulative ACK is a D-SACK.
+        let dsack = seg.hdr.sack[0].is_some_and(|(_, end)| end.diff(ack) <= 0);
+        if ack.diff(high) >= 0 {
+            self.rec.tlp.high = None;
+            if self.rec.tlp.retrans && !dsack {
+                self.rec.cc.on_congestion(now, self.in_flight());
+                self.rec.cc.on_recovery_end(now);
+            }
+        } else if ack == self.snd.una && sacked == 0 && seg.payload.is_empty() {
+            self.rec.tlp.high = None;
+        }
+    }
+
     pub(super) fn enter_recovery(&mut self, now: Instant) {
+        self.rec.tlp = Default::default();
+        self.timers.stop(Timer::Tlp);
         self.rec.in_recovery = true;
         self.rec.recovery_point = self.snd.max;
         self.rec.high_rxt = self.snd.una;

@@ -93,6 +93,7 @@ impl ConnStats {
         self.bytes_out += o.bytes_out;
         self.retransmits += o.retransmits;
         self.fast_retransmits += o.fast_retransmits;
+        self.tail_loss_probes += o.tail_loss_probes;
         self.timeouts += o.timeouts;
         self.dup_acks += o.dup_acks;
         self.zero_window_probes += o.zero_window_probes;
@@ -278,6 +279,21 @@ struct Recovery {
     recovery_point: Seq,
     high_rxt: Seq,
     retries: u32,
+    /// Tail loss probe (RFC 8985 7).
+    tlp: TailProbe,
+}
+
+/// The tail loss probe's state (RFC 8985 7).
+#[derive(Debug, Default)]
+struct TailProbe {
+    /// The probe timer expired: a probe is owed.
+    owed: bool,
+    /// A probe is out: `SND.NXT` when it left (Linux's `tlp_high_seq`).
+    high: Option<Seq>,
+    /// The probe sent was a retransmission (not new data).
+    retrans: bool,
+    /// A probe is being built: new data may leave past the congestion window.
+    building: bool,
 }
 
 /// Keepalive (RFC 1122 4.2.3.6) and the user timeout (RFC 5482): their
@@ -389,6 +405,7 @@ impl TcpConn {
                 recovery_point: iss,
                 high_rxt: iss,
                 retries: 0,
+                tlp: TailProbe::default(),
             },
             timers: TimerTable::default(),
             persist_backoff: 0,

@@ -113,6 +113,11 @@ impl TcpConn {
 
     /// What a synchronized connection sends: data, probes, an ACK.
     fn transmit_established(&mut self, now: Instant) -> Option<Outgoing> {
+        if std::mem::take(&mut self.rec.tlp.owed) {
+            if let Some(seg) = self.transmit_tail_probe(now) {
+                return Some(seg);
+            }
+        }
         if let Some(seg) = self.transmit_data(now) {
             return Some(seg);
         }
@@ -182,6 +187,51 @@ impl TcpConn {
         Some(seg)
     }
 
+    /// The tail loss probe (RFC 8985 7.3): one segment of new data if the
+    /// peer's window takes it (past the congestion window), else the last
+    /// segment sent, again. The RTO restarts from it.
+    fn transmit_tail_probe(&mut self, now: Instant) -> Option<Outgoing> {
+        let was_new = self.snd.nxt == self.snd.max;
+        self.rec.tlp.building = true;
+        let new = self.transmit_data(now);
+        self.rec.tlp.building = false;
+        let (seg, retrans) = match new {
+            Some(seg) => (seg, !was_new),
+            None => (self.retransmit_last(now)?, true),
+        };
+        self.rec.tlp.high = Some(self.snd.nxt);
+        self.rec.tlp.retrans = retrans;
+        self.stats.tail_loss_probes += 1;
+        self.timers.stop(Timer::Tlp);
+        self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
+        Some(seg)
+    }
+
+    /// The last segment sent (its last `max_payload` bytes, and the FIN
+    /// if it carried one), sent again.
+    fn retransmit_last(&mut self, now: Instant) -> Option<Outgoing> {
+        let data_end = self.snd.data_start + self.snd.buf.len();
+        let fin = self.snd.fin_queued && self.snd.max == data_end + 1;
+        let end = if fin { data_end } else { self.snd.max };
+        let len = end
+            .since(self.snd.una.max(self.snd.data_start))
+            .min(self.max_payload());
+        if len == 0 && !fin {
+            return None;
+        }
+        let start = end - len;
+        let mut seg = self.base_segment(now);
+        seg.hdr.seq = start;
+        seg.payload_offset = start.since(self.snd.data_start);
+        seg.payload_len = len;
+        seg.hdr.fin = fin;
+        self.stats.retransmits += 1;
+        // Karn: no RTT sample across a retransmission.
+        self.rec.rtt_probe = None;
+        self.sent_ack(&seg);
+        Some(seg)
+    }
+
     /// Data (new or retransmitted) and FIN.
     pub(super) fn transmit_data(&mut self, now: Instant) -> Option<Outgoing> {
         let data_end = self.snd.data_start + self.snd.buf.len();
@@ -206,8 +256,13 @@ impl TcpConn {
             return None;
         }
         let usable_wnd = wnd_edge.since(self.snd.nxt);
-        let usable_cwnd = cwnd.saturating_sub(flight);
         let max_payload = self.max_payload();
+        let probing = self.rec.tlp.building;
+        let mut usable_cwnd = cwnd.saturating_sub(flight);
+        if probing {
+            // A tail probe of new data: one segment, whatever the window.
+            usable_cwnd = max_payload;
+        }
         // With TSO, new data leaves in segments of whole frames the port
         // cuts (a retransmission stays one frame).
         let tso_cap = if self.snd.tso_max > 0 && self.snd.nxt == self.snd.max {
@@ -231,7 +286,7 @@ impl TcpConn {
         }
         // A persist expiry forces one segment past SWS avoidance and Nagle
         // (RFC 9293 3.8.6.2.1 override timeout).
-        let forced = self.owed.probe_pending && len > 0;
+        let forced = (self.owed.probe_pending || probing) && len > 0;
         if unsent > 0 && len == 0 {
             if usable_wnd == 0
                 && !self.timers.is_set(Timer::Persist)
@@ -329,6 +384,9 @@ impl TcpConn {
         }
         if !retransmit {
             self.sent_data(now);
+            if !probing {
+                self.arm_tail_probe(now);
+            }
         }
         self.sent_ack(&seg);
         Some(seg)

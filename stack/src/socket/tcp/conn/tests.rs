@@ -1,4 +1,5 @@
 use super::super::cc::Algorithm;
+use super::timers::Timer;
 use super::*;
 use core::net::{IpAddr, Ipv4Addr};
 
@@ -1080,7 +1081,91 @@ fn record_ends_are_segment_boundaries_new_and_retransmitted() {
     for a in drain(&mut s, now) {
         c.on_segment(now, &a.seg());
     }
-    let at = c.poll_at().expect("retransmission timer");
+    // (At the RTO: the tail probe before it would send the held tail.)
+    let at = c.timers.get(Timer::Rto).expect("retransmission timer");
     let again = drain(&mut c, at);
     assert_eq!(again.first().map(|w| w.payload.len()), Some(3400 - 2 * max));
+}
+
+/// Deliver `from`'s segments to `to` half an RTT later, and `to`'s
+/// answers back to `from` after another half.
+fn exchange(from: &mut TcpConn, to: &mut TcpConn, segs: &[Wire], at: Instant, rtt: Duration) {
+    for w in segs {
+        to.on_segment(at + rtt / 2, &w.seg());
+    }
+    for a in drain(to, at + rtt / 2) {
+        from.on_segment(at + rtt, &a.seg());
+    }
+}
+
+/// A lost last segment (RFC 8985 7): the tail loss probe sends it again
+/// before the retransmission timeout would; the ACK it draws completes
+/// the transfer without a timeout (the window stays open, reduced once,
+/// not collapsed to one segment). Before, the tail waited for the RTO.
+#[test]
+fn a_lost_tail_is_probed_before_the_timeout() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    let rtt = Duration::from_millis(100);
+    // Three exchanges at a 100 ms round trip: the RTT is known.
+    for _ in 0..3 {
+        c.send(b"x");
+        let w = drain(&mut c, now);
+        exchange(&mut c, &mut s, &w, now, rtt);
+        now += rtt;
+    }
+    read_all(&mut s);
+    let max = c.max_payload();
+    c.send(&vec![7u8; 4 * max]);
+    let flight = drain(&mut c, now);
+    assert_eq!(flight.len(), 4);
+    let sent_at = now;
+    // The first three arrive; the last is lost.
+    exchange(&mut c, &mut s, &flight[..3], now, rtt);
+    now += rtt;
+    let rto = c.timers.get(Timer::Rto).expect("RTO armed");
+    let pto = c.timers.get(Timer::Tlp).expect("probe timer armed");
+    assert!(pto <= rto, "the probe comes first: {pto:?} vs {rto:?}");
+    let cwnd = c.rec.cc.cwnd();
+    let probe = drain(&mut c, pto);
+    assert_eq!(probe.len(), 1, "one probe");
+    assert_eq!(
+        probe[0].out.hdr.seq, flight[3].out.hdr.seq,
+        "the last segment again"
+    );
+    assert_eq!(c.stats().tail_loss_probes, 1);
+    exchange(&mut c, &mut s, &probe, pto, rtt);
+    assert_eq!(c.in_flight(), 0, "repaired by the probe");
+    assert_eq!(c.stats().timeouts, 0);
+    assert!(
+        c.rec.cc.cwnd() < cwnd && c.rec.cc.cwnd() > 2 * max,
+        "reduced once"
+    );
+    assert_eq!(read_all(&mut s).len(), 4 * max);
+    assert!(
+        pto - sent_at < Duration::from_millis(450),
+        "{:?}",
+        pto - sent_at
+    );
+    let _ = now;
+}
+
+/// Without loss, the probe timer is restarted by every ACK and never
+/// fires: no probe, nothing sent twice.
+#[test]
+fn no_probe_while_acks_keep_coming() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    let rtt = Duration::from_millis(10);
+    c.send(&vec![1u8; 200_000]);
+    for _ in 0..200 {
+        let w = drain(&mut c, now);
+        if w.is_empty() && c.in_flight() == 0 {
+            break;
+        }
+        exchange(&mut c, &mut s, &w, now, rtt);
+        now += rtt;
+        read_all(&mut s);
+    }
+    assert_eq!(c.in_flight(), 0);
+    assert_eq!(c.stats().tail_loss_probes, 0);
+    assert_eq!(c.stats().retransmits, 0);
 }

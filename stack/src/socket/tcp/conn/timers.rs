@@ -31,11 +31,20 @@ pub(super) enum Timer {
     TimeWait,
     /// An orphaned connection in FIN-WAIT-2 gives up on the peer's FIN.
     FinWait2,
+    /// Tail loss probe (RFC 8985 7.2): the probe timeout, before the RTO.
+    Tlp,
 }
 
 impl Timer {
-    const COUNT: usize = 5;
+    const COUNT: usize = 6;
 }
+
+/// Added to twice the smoothed RTT for a probe timeout: a floor for the
+/// timer's granularity, and when a single segment is in flight, the
+/// worst-case delayed ACK the peer may hold its answer for (RFC 8985
+/// 7.2's WCDelAckT, Linux's 200 ms).
+const PTO_SLACK: Duration = Duration::from_millis(2);
+const PTO_DELAYED_ACK: Duration = Duration::from_millis(200);
 
 /// One optional deadline per [`Timer`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,7 +104,36 @@ impl TcpConn {
             Timer::Persist,
             Timer::DelayedAck,
             Timer::FinWait2,
+            Timer::Tlp,
         ]);
+    }
+
+    /// (Re)start the probe timeout (RFC 8985 7.2) after new data left or
+    /// an ACK advanced: with SACK, data in flight, no recovery and no
+    /// probe out, at twice the smoothed RTT (plus a delayed ACK's worth
+    /// for a single segment), or at the RTO if that comes first: the
+    /// probe then goes instead of the timeout's retransmission.
+    pub(super) fn arm_tail_probe(&mut self, now: Instant) {
+        self.timers.stop(Timer::Tlp);
+        let flight = self.snd.max.since(self.snd.una);
+        let eligible = self.opts.sack_enabled
+            && matches!(self.state, State::Established | State::CloseWait)
+            && !self.rec.in_recovery
+            && self.rec.tlp.high.is_none()
+            && flight > 0;
+        let (true, Some(srtt)) = (eligible, self.rec.rtt.srtt()) else {
+            return;
+        };
+        let slack = if flight <= self.max_payload() {
+            PTO_DELAYED_ACK
+        } else {
+            PTO_SLACK
+        };
+        let mut at = now + srtt * 2 + slack;
+        if let Some(rto) = self.timers.get(Timer::Rto) {
+            at = at.min(rto);
+        }
+        self.timers.set(Timer::Tlp, at);
     }
 
     pub(super) fn arm_fin_wait2(&mut self, now: Instant) {
@@ -213,6 +251,14 @@ impl TcpConn {
             self.stats.zero_window_probes += 1;
             self.persist_backoff = (self.persist_backoff + 1).min(16);
         }
+        if self.timers.expired(Timer::Tlp, now) {
+            self.timers.stop(Timer::Tlp);
+            if !self.rec.in_recovery && self.snd.max.diff(self.snd.una) > 0 {
+                // The probe goes; the RTO counts from it.
+                self.rec.tlp.owed = true;
+                self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
+            }
+        }
         if self.timers.expired(Timer::Rto, now) {
             self.on_rto(now);
         }
@@ -240,6 +286,9 @@ impl TcpConn {
         }
         self.rec.rtt.backoff();
         self.rec.rtt_probe = None;
+        // The timeout takes over from any tail probe.
+        self.rec.tlp = Default::default();
+        self.timers.stop(Timer::Tlp);
         match self.state {
             State::SynSent | State::SynReceived => {
                 self.snd.nxt = self.snd.iss;
@@ -268,6 +317,7 @@ mod test {
         Timer::DelayedAck,
         Timer::TimeWait,
         Timer::FinWait2,
+        Timer::Tlp,
     ];
 
     #[test]
@@ -293,6 +343,8 @@ mod test {
                 Some(Instant::from_millis(100 - 10 * i as u64))
             );
         }
+        assert_eq!(t.next(), Some(Instant::from_millis(50)));
+        t.stop(Timer::Tlp);
         assert_eq!(t.next(), Some(Instant::from_millis(60)));
         t.stop(Timer::FinWait2);
         assert_eq!(t.next(), Some(Instant::from_millis(70)));
