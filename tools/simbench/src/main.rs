@@ -4,6 +4,8 @@
 //!   an in-memory lossless link (ustack on its sim link, smoltcp on a frame
 //!   queue of our own), with N other connections open beside the flow;
 //! - `memory`: resident memory per idle established connection;
+//! - `transfers`: completion times of short transfers under random loss
+//!   (virtual time on the impaired sim link), tail loss probes on or off;
 //! - `rr-server` / `rr-client`: a Linux-kernel TCP request/response pair
 //!   (std::net), the Linux peer of the 64-byte RR row.
 //!
@@ -12,6 +14,7 @@
 
 mod rr;
 mod smol;
+mod transfers;
 mod ustack_side;
 
 use std::process::ExitCode;
@@ -85,6 +88,28 @@ enum Cmd {
         /// instruction counts; timings still come from the wall clock).
         #[arg(long)]
         virtual_clock_ns: Option<u64>,
+    },
+    /// Short transfers under random loss (ustack, virtual time): their
+    /// completion times' p50/p99 and the goodput they add up to.
+    Transfers {
+        /// Frames lost at random, percent, each direction.
+        #[arg(long, default_value_t = 1.0)]
+        loss: f64,
+        /// Round-trip time, milliseconds.
+        #[arg(long, default_value_t = 10)]
+        rtt_ms: u64,
+        /// Bytes per transfer (K, M suffixes).
+        #[arg(long, default_value = "64K", value_parser = size)]
+        size: u64,
+        /// Transfers, one after another on one connection.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// Turn tail loss probes (RFC 8985) off: the behaviour before them.
+        #[arg(long)]
+        no_tlp: bool,
+        /// Seed of the losses.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
     /// Resident memory per idle established TCP connection (ustack).
     Memory {
@@ -218,6 +243,27 @@ fn run(cli: Cli) -> Result<()> {
                 }
             };
             print_goodput(stack, idle, &g);
+        }
+        Cmd::Transfers {
+            loss,
+            rtt_ms,
+            size,
+            count,
+            no_tlp,
+            seed,
+        } => {
+            if !(0.0..100.0).contains(&loss) {
+                bail!("--loss {loss}: a percentage below 100");
+            }
+            let v = transfers::run(transfers::Spec {
+                loss: loss / 100.0,
+                rtt: std::time::Duration::from_millis(rtt_ms),
+                size: usize::try_from(size)?,
+                count,
+                tlp: !no_tlp,
+                seed,
+            })?;
+            println!("{v}");
         }
         Cmd::Memory { conns, buffer } => {
             let v = ustack_side::memory(conns, usize::try_from(buffer)?)?;

@@ -70,6 +70,10 @@ pub struct TcpConfig {
     /// Listeners with Fast Open on take data from SYNs that carry no
     /// valid cookie too (Linux's `tcp_fastopen` bit 0x200).
     pub fast_open_no_cookie: bool,
+    /// Tail loss probes (RFC 8985 7) on SACK connections: a lost last
+    /// segment is sent again about two round trips after it left rather
+    /// than at the retransmission timeout.
+    pub tail_loss_probe: bool,
 }
 
 impl TcpConfig {
@@ -108,6 +112,7 @@ impl Default for TcpConfig {
             max_ooo_total: 64 << 20,
             fast_open_key: None,
             fast_open_no_cookie: false,
+            tail_loss_probe: true,
         }
     }
 }

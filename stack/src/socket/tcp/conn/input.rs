@@ -357,6 +357,19 @@ impl TcpConn {
                 self.rec.cc.on_congestion(now, self.in_flight());
                 self.rec.cc.on_recovery_end(now);
             }
+        } else if seg
+            .hdr
+            .sack
+            .iter()
+            .flatten()
+            .any(|&(_, end)| end.diff(high) >= 0)
+        {
+            // The probe (the last data) arrived, what is below it did not:
+            // sent a round trip and more before the probe, it is lost (RFC
+            // 8985 6.2's rule for the segments sent before one delivered).
+            if !self.rec.in_recovery && ack.diff(high) < 0 {
+                self.enter_recovery(now);
+            }
         } else if ack == self.snd.una && sacked == 0 && seg.payload.is_empty() {
             self.rec.tlp.high = None;
         }

@@ -848,9 +848,11 @@ fn nodelay_and_cork_per_connection() {
 
 #[test]
 fn nagle_does_not_hold_a_lost_small_tail_after_rto() {
+    // (The timeout's path: no tail loss probe to repair it first.)
     let (mut c, mut s, mut now) = established(
         TcpConfig {
             nagle: true,
+            tail_loss_probe: false,
             ..cfg()
         },
         cfg(),
@@ -1054,7 +1056,12 @@ fn a_cumulative_ack_grows_the_window_only_by_what_dupacks_had_not_reported() {
 
 #[test]
 fn record_ends_are_segment_boundaries_new_and_retransmitted() {
-    let (mut c, mut s, now) = established(cfg(), cfg());
+    // (The timeout's retransmission: no tail loss probe before it.)
+    let no_tlp = TcpConfig {
+        tail_loss_probe: false,
+        ..cfg()
+    };
+    let (mut c, mut s, now) = established(no_tlp, cfg());
     settle_window(&mut c, &mut s, now);
     c.send(&[1u8; 3000]);
     for _ in 0..5 {
@@ -1081,8 +1088,7 @@ fn record_ends_are_segment_boundaries_new_and_retransmitted() {
     for a in drain(&mut s, now) {
         c.on_segment(now, &a.seg());
     }
-    // (At the RTO: the tail probe before it would send the held tail.)
-    let at = c.timers.get(Timer::Rto).expect("retransmission timer");
+    let at = c.poll_at().expect("retransmission timer");
     let again = drain(&mut c, at);
     assert_eq!(again.first().map(|w| w.payload.len()), Some(3400 - 2 * max));
 }
@@ -1168,4 +1174,51 @@ fn no_probe_while_acks_keep_coming() {
     assert_eq!(c.in_flight(), 0);
     assert_eq!(c.stats().tail_loss_probes, 0);
     assert_eq!(c.stats().retransmits, 0);
+}
+
+/// A hole below a tail probe the peer got (RFC 8985 6.2): the ACK that
+/// SACKs the probe shows the segment before it lost, and it is sent again
+/// at once (fast recovery), not at the RTO.
+#[test]
+fn a_sacked_probe_marks_the_hole_below_it_lost() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    let rtt = Duration::from_millis(100);
+    for _ in 0..3 {
+        c.send(b"x");
+        let w = drain(&mut c, now);
+        exchange(&mut c, &mut s, &w, now, rtt);
+        now += rtt;
+    }
+    read_all(&mut s);
+    let max = c.max_payload();
+    c.send(&vec![9u8; 4 * max]);
+    let flight = drain(&mut c, now);
+    // The third is lost: the fourth draws one SACK (below the dupack threshold).
+    for i in [0, 1, 3] {
+        s.on_segment(now + rtt / 2, &flight[i].seg());
+    }
+    for a in drain(&mut s, now + rtt / 2) {
+        c.on_segment(now + rtt, &a.seg());
+    }
+    now += rtt;
+    let pto = c.timers.get(Timer::Tlp).expect("probe timer armed");
+    let probe = drain(&mut c, pto);
+    assert_eq!(probe[0].out.hdr.seq, flight[3].out.hdr.seq);
+    // The probe's ACK SACKs it again: the third goes at once.
+    s.on_segment(pto + rtt / 2, &probe[0].seg());
+    let acks = drain(&mut s, pto + rtt / 2);
+    let mut again = Vec::new();
+    for a in acks {
+        c.on_segment(pto + rtt, &a.seg());
+        again.extend(drain(&mut c, pto + rtt));
+    }
+    assert_eq!(
+        again.first().map(|w| w.out.hdr.seq),
+        Some(flight[2].out.hdr.seq),
+        "{again:?}"
+    );
+    assert_eq!(c.stats().timeouts, 0);
+    exchange(&mut c, &mut s, &again, pto + rtt, rtt);
+    assert_eq!(c.in_flight(), 0);
+    assert_eq!(read_all(&mut s).len(), 4 * max);
 }

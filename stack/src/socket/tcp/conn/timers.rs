@@ -116,7 +116,8 @@ impl TcpConn {
     pub(super) fn arm_tail_probe(&mut self, now: Instant) {
         self.timers.stop(Timer::Tlp);
         let flight = self.snd.max.since(self.snd.una);
-        let eligible = self.opts.sack_enabled
+        let eligible = self.cfg.tail_loss_probe
+            && self.opts.sack_enabled
             && matches!(self.state, State::Established | State::CloseWait)
             && !self.rec.in_recovery
             && self.rec.tlp.high.is_none()
