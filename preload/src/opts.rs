@@ -490,24 +490,8 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => put(b(o.reuse_port)),
         (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => put(b(s.zc.lock().on)),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => put(b(o.keepalive)),
-        (libc::SOL_SOCKET, libc::SO_SNDBUF | 32) => {
-            // Linux reports twice what was set (bookkeeping room); the
-            // default is the stack's send buffer.
-            let v = if o.sndbuf > 0 {
-                o.sndbuf * 2
-            } else {
-                256 << 10
-            };
-            put(v)
-        }
-        (libc::SOL_SOCKET, libc::SO_RCVBUF | 33) => {
-            let v = if o.rcvbuf > 0 {
-                o.rcvbuf * 2
-            } else {
-                256 << 10
-            };
-            put(v)
-        }
+        (libc::SOL_SOCKET, libc::SO_SNDBUF | 32) => put(reported_buffer(o.sndbuf)),
+        (libc::SOL_SOCKET, libc::SO_RCVBUF | 33) => put(reported_buffer(o.rcvbuf)),
         (libc::SOL_SOCKET, libc::SO_LINGER) => {
             let mut v = b(o.linger.is_some()).to_ne_bytes().to_vec();
             v.extend_from_slice(&o.linger.unwrap_or(0).to_ne_bytes());
@@ -601,16 +585,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             // (forward allocations, option memory, backlog) is not
             // ustack's.
             let info = sock::tcp_info(s);
-            let rcvbuf = if o.rcvbuf > 0 {
-                o.rcvbuf * 2
-            } else {
-                256 << 10
-            };
-            let sndbuf = if o.sndbuf > 0 {
-                o.sndbuf * 2
-            } else {
-                256 << 10
-            };
+            let (rcvbuf, sndbuf) = (reported_buffer(o.rcvbuf), reported_buffer(o.sndbuf));
             let queued = info.as_ref().map_or(0, |i| i.send_queued) as u32;
             let unread = info.as_ref().map_or(0, |i| i.recv_queued) as u32;
             let mem: [u32; 9] = [
@@ -678,6 +653,16 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
                 Err(libc::ENOPROTOOPT)
             }
         },
+    }
+}
+
+/// A buffer size as `SO_SNDBUF`/`SO_RCVBUF` report it: Linux gives
+/// twice what was set (bookkeeping room); unset, the stack's 256 KiB.
+fn reported_buffer(set: c_int) -> c_int {
+    if set > 0 {
+        set.saturating_mul(2)
+    } else {
+        256 << 10
     }
 }
 

@@ -40,6 +40,9 @@ pub fn errno_of(e: StackError) -> c_int {
         StackError::Tcp(ConnError::Reset) => libc::ECONNRESET,
         StackError::Tcp(ConnError::TimedOut) => libc::ETIMEDOUT,
         StackError::Tcp(ConnError::Aborted) => libc::ECONNABORTED,
+        StackError::Tcp(ConnError::NetUnreachable) => libc::ENETUNREACH,
+        StackError::Tcp(ConnError::HostUnreachable) => libc::EHOSTUNREACH,
+        StackError::Tcp(ConnError::ProtocolError) => libc::EPROTO,
         // No POSIX socket carries RDMA verbs.
         StackError::Ud(_) | StackError::Rc(_) => libc::EOPNOTSUPP,
     }

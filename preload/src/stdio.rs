@@ -23,8 +23,6 @@ use std::ffi::{c_char, c_int, c_void};
 
 use libc::{FILE, size_t, ssize_t};
 
-use crate::real::real;
-
 /// glibc's `cookie_io_functions_t`.
 #[repr(C)]
 struct CookieIo {
@@ -157,14 +155,4 @@ fn is_cookie_on(f: *mut FILE, fd: c_int) -> bool {
 pub fn flush_all() {
     // SAFETY: fflush(NULL) flushes every open output stream.
     unsafe { fflush(std::ptr::null_mut()) };
-}
-
-/// `fdopen` through the C library, for descriptors that are not ustack
-/// sockets.
-///
-/// # Safety
-/// `mode` is a C string.
-pub unsafe fn real_fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
-    // SAFETY: passing the call on.
-    unsafe { (real().fdopen)(fd, mode) }
 }

@@ -349,6 +349,9 @@ pub fn io_error(e: StackError) -> io::Error {
         StackError::Tcp(ConnError::Reset) => io::ErrorKind::ConnectionReset,
         StackError::Tcp(ConnError::TimedOut) => io::ErrorKind::TimedOut,
         StackError::Tcp(ConnError::Aborted) => io::ErrorKind::ConnectionAborted,
+        StackError::Tcp(ConnError::NetUnreachable) => io::ErrorKind::NetworkUnreachable,
+        StackError::Tcp(ConnError::HostUnreachable) => io::ErrorKind::HostUnreachable,
+        StackError::Tcp(ConnError::ProtocolError) => io::ErrorKind::Other,
         StackError::Rc(RcError::QueueFull) | StackError::Ud(UdError::QueueFull) => {
             io::ErrorKind::WouldBlock
         }

@@ -67,6 +67,19 @@ pub enum ConnError {
     /// after close (RFC 1122 4.2.2.13), and a RST went out.
     #[error("connection aborted")]
     Aborted,
+    /// An ICMP error said the network cannot be reached (net
+    /// unreachable), ending a connection being opened, or reported when
+    /// retransmissions then ran out (RFC 1122 4.2.3.9, RFC 5461).
+    #[error("network is unreachable")]
+    NetUnreachable,
+    /// An ICMP error said the host cannot be reached (host unreachable,
+    /// administratively prohibited, time exceeded), as `NetUnreachable`.
+    #[error("no route to host")]
+    HostUnreachable,
+    /// An ICMP parameter problem or protocol unreachable about our
+    /// segments, as `NetUnreachable`.
+    #[error("protocol error")]
+    ProtocolError,
 }
 
 /// Errors of the UD API.

@@ -258,6 +258,12 @@ impl Stack {
                 } => self
                     .tcp
                     .frag_needed(now, local_port, remote.into(), seq, mtu),
+                IcmpOutcome::TcpError {
+                    local_port,
+                    remote,
+                    seq,
+                    error,
+                } => self.tcp.icmp_error(local_port, remote.into(), seq, error),
             },
             IpProtocol::Icmpv6 => self.pings.process6(&mut self.link, now, meta, body),
             IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {

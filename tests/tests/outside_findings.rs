@@ -968,3 +968,107 @@ fn tcp_maxseg_lowers_the_mss_announced_and_sent() {
     let out = feed(&mut s, T0, &[]);
     assert_eq!(segments(&out)[0].max_seg_size, Some(1000));
 }
+
+/// An ICMP destination unreachable (code 1, host) from the path,
+/// quoting our segment `quoted` (its TCP bytes, from our address to
+/// the peer's).
+fn host_unreachable(quoted: &[u8]) -> Vec<u8> {
+    let header = Ipv4Repr {
+        src_addr: US,
+        dst_addr: PEER,
+        next_header: IpProtocol::Tcp,
+        payload_len: quoted.len(),
+        hop_limit: 64,
+    };
+    let repr = Icmpv4Repr::DstUnreachable {
+        reason: Icmpv4DstUnreachable::HostUnreachable,
+        header,
+        data: &quoted[..8],
+    };
+    let mut b = vec![0u8; repr.buffer_len()];
+    repr.emit(
+        &mut Icmpv4Packet::new_unchecked(&mut b[..]),
+        &ChecksumCapabilities::default(),
+    );
+    frame(Hdr::of(IpProtocol::Icmp), &b)
+}
+
+/// The TCP bytes of the first TCP segment among `frames`.
+fn tcp_bytes(frames: &[Vec<u8>]) -> Vec<u8> {
+    let f = frames
+        .iter()
+        .find(|f| ipv4_of(f).next_header() == IpProtocol::Tcp)
+        .expect("a TCP segment");
+    ipv4_of(f).payload().to_vec()
+}
+
+/// ICMP errors about our TCP segments (packetdrill's
+/// `fastopen/server/icmp-baseline`, RFC 5461), as Linux takes them: a
+/// half-open passive connection is dropped (its final ACK then meets a
+/// reset), an active open fails with "no route to host" at once instead
+/// of retrying for minutes, an established connection keeps going, and
+/// a quote of a sequence number not in flight is ignored. Before, only
+/// fragmentation-needed was acted on.
+#[test]
+fn icmp_unreachable_ends_handshakes_not_connections() {
+    // Passive: SYN, SYN-ACK, then the path says the peer is unreachable.
+    let mut s = stack();
+    let l = s.tcp().listen(80, 8).unwrap();
+    let out = feed(
+        &mut s,
+        T0,
+        &tcp_frame(&Seg {
+            control: TcpControl::Syn,
+            ..Seg::default()
+        }),
+    );
+    let synack = tcp_bytes(&out);
+    let iss = segments(&out)[0].seq_number.0 as u32;
+    feed(&mut s, T0, &host_unreachable(&synack));
+    assert_eq!(
+        s.stats().tcp.connections,
+        0,
+        "the half-open connection is gone"
+    );
+    let out = feed(
+        &mut s,
+        T0,
+        &tcp_frame(&Seg {
+            seq: 1001,
+            ack: Some(iss + 1),
+            ..Seg::default()
+        }),
+    );
+    assert_eq!(segments(&out)[0].control, TcpControl::Rst);
+    assert_eq!(s.tcp().accept(l).unwrap(), None);
+
+    // Active: the SYN is unreachable.
+    let mut s = stack();
+    let h = s
+        .tcp()
+        .connect(T0, std::net::SocketAddr::from((PEER, 9000)))
+        .unwrap();
+    let syn = tcp_bytes(&feed(&mut s, T0, &[]));
+    let mut wrong = syn.clone();
+    wrong[4] ^= 0x80; // a sequence number never sent: ignored
+    feed(&mut s, T0, &host_unreachable(&wrong));
+    assert_eq!(s.tcp_ref().status(h).unwrap().state, State::SynSent);
+    feed(&mut s, T0, &host_unreachable(&syn));
+    let st = s.tcp_ref().status(h).unwrap();
+    assert_eq!(
+        (st.state, st.error),
+        (
+            State::Closed,
+            Some(ustack::socket::tcp::ConnError::HostUnreachable)
+        )
+    );
+
+    // Established: a soft error, the connection carries on.
+    let mut s = stack();
+    let (h, _) = accepted(&mut s);
+    s.tcp().send(h, b"data").unwrap();
+    let data = tcp_bytes(&feed(&mut s, T0, &[]));
+    feed(&mut s, T0, &host_unreachable(&data));
+    let st = s.tcp_ref().status(h).unwrap();
+    assert_eq!((st.state, st.error), (State::Established, None));
+}

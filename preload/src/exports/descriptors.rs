@@ -201,7 +201,7 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FI
         // SAFETY: the caller's mode string.
         Some(Ok(_)) if !mode.is_null() => unsafe { crate::stdio::open(fd, mode) },
         // SAFETY: passing the call on.
-        _ => unsafe { crate::stdio::real_fdopen(fd, mode) },
+        _ => unsafe { (real().fdopen)(fd, mode) },
     }
 }
 

@@ -17,7 +17,7 @@ use smoltcp::wire::{
     IpProtocol, Ipv4Packet,
 };
 
-use crate::error::Error;
+use crate::error::{ConnError, Error};
 pub use crate::events::PingHandle;
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::iface::link::{IpMeta, Link};
@@ -224,6 +224,44 @@ pub(crate) enum IcmpOutcome {
         seq: u32,
         mtu: u16,
     },
+    /// Another error about one of our TCP segments (unreachable, time
+    /// exceeded, parameter problem): what it means for a connection.
+    TcpError {
+        local_port: u16,
+        remote: SocketAddrV4,
+        seq: u32,
+        error: ConnError,
+    },
+}
+
+/// The connection error an ICMP destination unreachable `code` means
+/// (Linux's `icmp_err_convert`, in the errors a connection has); port
+/// unreachable is a refusal.
+fn unreachable_error(code: u8) -> ConnError {
+    match code {
+        0 | 6 | 9 | 11 => ConnError::NetUnreachable,
+        2 => ConnError::ProtocolError,
+        3 => ConnError::Refused,
+        _ => ConnError::HostUnreachable,
+    }
+}
+
+/// The TCP segment an ICMP error quotes (`data`: our IPv4 header and at
+/// least 8 bytes after it), when it is one of ours: local port, peer
+/// and sequence number.
+fn quoted_tcp(link: &Link, data: &[u8]) -> Option<(u16, SocketAddrV4, u32)> {
+    if data.len() < IP_LEN {
+        return None;
+    }
+    let quoted = Ipv4Packet::new_unchecked(data);
+    let inner = data.get(usize::from(quoted.header_len())..)?;
+    if quoted.next_header() != IpProtocol::Tcp || inner.len() < 8 || quoted.src_addr() != link.ip()
+    {
+        return None;
+    }
+    let remote = SocketAddrV4::new(quoted.dst_addr(), u16::from_be_bytes([inner[2], inner[3]]));
+    let seq = u32::from_be_bytes([inner[4], inner[5], inner[6], inner[7]]);
+    Some((u16::from_be_bytes([inner[0], inner[1]]), remote, seq))
 }
 
 impl PingTable {
@@ -323,6 +361,14 @@ impl PingTable {
                         mtu,
                     });
                 }
+                if let Some((local_port, remote, seq)) = quoted_tcp(link, data) {
+                    return Ok(IcmpOutcome::TcpError {
+                        local_port,
+                        remote,
+                        seq,
+                        error: unreachable_error(pkt.msg_code()),
+                    });
+                }
                 if quoted.next_header() == IpProtocol::Icmp
                     && inner.len() >= 8
                     && inner[0] == u8::from(Icmpv4Message::EchoRequest)
@@ -339,6 +385,21 @@ impl PingTable {
                     }
                 }
                 Err(DropReason::IcmpUnhandled)
+            }
+            Icmpv4Message::TimeExceeded | Icmpv4Message::ParamProblem => {
+                let (local_port, remote, seq) =
+                    quoted_tcp(link, pkt.data()).ok_or(DropReason::IcmpUnhandled)?;
+                let error = if pkt.msg_type() == Icmpv4Message::TimeExceeded {
+                    ConnError::HostUnreachable
+                } else {
+                    ConnError::ProtocolError
+                };
+                Ok(IcmpOutcome::TcpError {
+                    local_port,
+                    remote,
+                    seq,
+                    error,
+                })
             }
             _ => Err(DropReason::IcmpUnhandled),
         }

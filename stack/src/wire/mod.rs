@@ -18,9 +18,9 @@ pub mod roce;
 pub use smoltcp::phy::ChecksumCapabilities;
 pub use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, ETHERNET_HEADER_LEN, EthernetAddress, EthernetFrame,
-    EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN, IPV6_HEADER_LEN, Icmpv4Message, Icmpv4Packet,
-    Icmpv4Repr, Icmpv6Packet, Icmpv6Repr, IpAddress, IpCidr, IpProtocol, Ipv4Address, Ipv4Cidr,
-    Ipv4Packet, Ipv4Repr, Ipv6Cidr, Ipv6Packet, Ipv6Repr, NdiscNeighborFlags, NdiscRepr,
-    RawHardwareAddress, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber, TcpTimestampRepr,
-    UDP_HEADER_LEN, UdpPacket, UdpRepr,
+    EthernetProtocol, EthernetRepr, IPV4_HEADER_LEN, IPV6_HEADER_LEN, Icmpv4DstUnreachable,
+    Icmpv4Message, Icmpv4Packet, Icmpv4Repr, Icmpv6Packet, Icmpv6Repr, IpAddress, IpCidr,
+    IpProtocol, Ipv4Address, Ipv4Cidr, Ipv4Packet, Ipv4Repr, Ipv6Cidr, Ipv6Packet, Ipv6Repr,
+    NdiscNeighborFlags, NdiscRepr, RawHardwareAddress, TcpControl, TcpPacket, TcpRepr,
+    TcpSeqNumber, TcpTimestampRepr, UDP_HEADER_LEN, UdpPacket, UdpRepr,
 };

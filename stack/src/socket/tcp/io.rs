@@ -651,6 +651,35 @@ impl TcpTable {
         Ok(())
     }
 
+    /// An ICMP error (unreachable, time exceeded, parameter problem)
+    /// quoting one of our segments, `seq` its sequence number: what it
+    /// does to the connection is [`TcpConn::on_icmp_error`]'s.
+    pub(crate) fn icmp_error(
+        &mut self,
+        local_port: u16,
+        remote: SocketAddr,
+        seq: u32,
+        error: crate::error::ConnError,
+    ) -> Result<(), DropReason> {
+        let key = FlowKey { local_port, remote };
+        let slot = *self.flows.get(&key).ok_or(DropReason::IcmpUnhandled)?;
+        let s = self
+            .slots
+            .get_mut(slot as usize)
+            .ok_or(DropReason::IcmpUnhandled)?;
+        let conn = s.conn.as_mut().ok_or(DropReason::IcmpUnhandled)?;
+        let before = conn.state();
+        if !conn.on_icmp_error(Seq(seq), error) {
+            return Err(DropReason::IcmpUnhandled);
+        }
+        if before != State::Closed && conn.state() == State::Closed {
+            let r = Readiness::CLOSED | Readiness::ERROR;
+            self.raise(slot, r);
+        }
+        self.mark_dirty(slot);
+        Ok(())
+    }
+
     fn deliver(&mut self, now: Instant, slot: u32, seg: &Segment<'_>) {
         let tcp = self;
         let Some(s) = tcp.slots.get_mut(slot as usize) else {

@@ -513,6 +513,38 @@ impl TcpConn {
         }
     }
 
+    /// An ICMP error quoting our segment `seq` (RFC 1122 4.2.3.9, RFC
+    /// 5461, as Linux's `tcp_v4_err`): a handshake in progress ends with
+    /// `error` (a half-open passive one silently, as Linux drops its
+    /// request, for the errors that say the peer is out of reach); an
+    /// established connection keeps going and reports `error` instead of
+    /// a plain timeout if its retransmissions run out. A sequence number
+    /// we have not sent unacknowledged is ignored (RFC 5927 5.1): false.
+    pub fn on_icmp_error(&mut self, seq: Seq, error: ConnError) -> bool {
+        let in_flight = seq.diff(self.snd.una) >= 0 && seq.diff(self.snd.max) < 0;
+        if !in_flight {
+            return false;
+        }
+        match self.state {
+            State::SynReceived if !self.fast_open.child => {
+                // Linux drops a request on unreachable, time exceeded or
+                // parameter problem; a refusal (port unreachable) waits.
+                if error == ConnError::Refused {
+                    return true;
+                }
+                self.state = State::Closed;
+                self.clear_timers();
+            }
+            State::SynSent | State::SynReceived => {
+                self.error = Some(error);
+                self.state = State::Closed;
+                self.clear_timers();
+            }
+            _ => self.soft_error = Some(error),
+        }
+        true
+    }
+
     /// ICMP fragmentation-needed quoting our segment `seq` with next-hop
     /// `mtu` (RFC 1191): lower the MSS to fit it and send what is in flight
     /// again in segments of the new size; not a congestion signal, so the

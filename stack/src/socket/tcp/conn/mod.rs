@@ -195,6 +195,10 @@ pub struct TcpConn {
     owed: Owed,
     /// TCP Fast Open (RFC 7413) on the server side.
     fast_open: FastOpenConn,
+    /// The last ICMP error about the connection while it was synchronized
+    /// (a soft error, RFC 1122 4.2.3.9): the error it ends with if its
+    /// retransmissions run out.
+    soft_error: Option<ConnError>,
     stats: ConnStats,
 }
 
@@ -434,6 +438,7 @@ impl TcpConn {
                 sack_scratch: Vec::with_capacity(3),
             },
             fast_open: FastOpenConn::default(),
+            soft_error: None,
             stats: ConnStats::default(),
             cfg,
         }

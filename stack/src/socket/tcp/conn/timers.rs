@@ -277,7 +277,8 @@ impl TcpConn {
         // A user timeout replaces the count (it ends the connection itself).
         let counted = self.live.user_timeout.is_none() || !self.state.synchronized();
         if counted && self.rec.retries > limit {
-            self.error = Some(ConnError::TimedOut);
+            // Linux: the soft error an ICMP message left, else a timeout.
+            self.error = Some(self.soft_error.unwrap_or(ConnError::TimedOut));
             if self.state.synchronized() {
                 self.owed.rst_pending = Some((self.snd.nxt, Some(self.rcv.nxt)));
             }
