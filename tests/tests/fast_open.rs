@@ -120,6 +120,14 @@ struct Sent {
     payload: Vec<u8>,
 }
 
+/// A stack listening on port 80 with Fast Open on (a queue of 8).
+fn fast_open_server() -> (Stack, ustack::socket::tcp::ListenHandle) {
+    let mut s = stack();
+    let l = s.tcp().listen(80, 8).unwrap();
+    s.tcp().set_fast_open(l, 8).unwrap();
+    (s, l)
+}
+
 fn valid_cookie() -> Vec<u8> {
     fastopen::cookie(KEY, IpAddr::V4(PEER), IpAddr::V4(US)).to_vec()
 }
@@ -138,9 +146,7 @@ fn fo_exp(cookie: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_cookie_request_gets_linuxs_cookie_in_the_form_asked() {
-    let mut s = stack();
-    let l = s.tcp().listen(80, 8).unwrap();
-    s.tcp().set_fast_open(l, 8).unwrap();
+    let (mut s, l) = fast_open_server();
     for (port, opt, exp) in [(40_000, fo(&[]), false), (40_001, fo_exp(&[]), true)] {
         let out = feed(&mut s, &segment(port, true, PEER_ISN, None, &opt, &[]));
         let synack = &out[0];
@@ -163,9 +169,7 @@ fn a_cookie_request_gets_linuxs_cookie_in_the_form_asked() {
 
 #[test]
 fn syn_data_with_a_valid_cookie_is_accepted_at_once() {
-    let mut s = stack();
-    let l = s.tcp().listen(80, 8).unwrap();
-    s.tcp().set_fast_open(l, 8).unwrap();
+    let (mut s, l) = fast_open_server();
     let out = feed(
         &mut s,
         &segment(
@@ -213,9 +217,7 @@ fn syn_data_with_a_valid_cookie_is_accepted_at_once() {
 
 #[test]
 fn a_wrong_cookie_gets_the_right_one_and_the_data_waits() {
-    let mut s = stack();
-    let l = s.tcp().listen(80, 8).unwrap();
-    s.tcp().set_fast_open(l, 8).unwrap();
+    let (mut s, l) = fast_open_server();
     let mut wrong = valid_cookie();
     wrong[0] ^= 1;
     let out = feed(
@@ -304,9 +306,7 @@ fn without_a_cookie_data_is_taken_only_when_configured() {
 /// hands it out, its data readable, then the reset (as Linux).
 #[test]
 fn a_reset_before_accept_leaves_the_data_and_says_reset() {
-    let mut s = stack();
-    let l = s.tcp().listen(80, 8).unwrap();
-    s.tcp().set_fast_open(l, 8).unwrap();
+    let (mut s, l) = fast_open_server();
     let out = feed(
         &mut s,
         &segment(

@@ -1104,15 +1104,10 @@ fn exchange(from: &mut TcpConn, to: &mut TcpConn, segs: &[Wire], at: Instant, rt
     }
 }
 
-/// A lost last segment (RFC 8985 7): the tail loss probe sends it again
-/// before the retransmission timeout would; the ACK it draws completes
-/// the transfer without a timeout (the window stays open, reduced once,
-/// not collapsed to one segment). Before, the tail waited for the RTO.
-#[test]
-fn a_lost_tail_is_probed_before_the_timeout() {
+/// An established pair whose client has measured `rtt` (three
+/// exchanges), and the time after them.
+fn established_at_rtt(rtt: Duration) -> (TcpConn, TcpConn, Instant) {
     let (mut c, mut s, mut now) = established(cfg(), cfg());
-    let rtt = Duration::from_millis(100);
-    // Three exchanges at a 100 ms round trip: the RTT is known.
     for _ in 0..3 {
         c.send(b"x");
         let w = drain(&mut c, now);
@@ -1120,6 +1115,17 @@ fn a_lost_tail_is_probed_before_the_timeout() {
         now += rtt;
     }
     read_all(&mut s);
+    (c, s, now)
+}
+
+/// A lost last segment (RFC 8985 7): the tail loss probe sends it again
+/// before the retransmission timeout would; the ACK it draws completes
+/// the transfer without a timeout (the window stays open, reduced once,
+/// not collapsed to one segment). Before, the tail waited for the RTO.
+#[test]
+fn a_lost_tail_is_probed_before_the_timeout() {
+    let rtt = Duration::from_millis(100);
+    let (mut c, mut s, mut now) = established_at_rtt(rtt);
     let max = c.max_payload();
     c.send(&vec![7u8; 4 * max]);
     let flight = drain(&mut c, now);
@@ -1181,15 +1187,8 @@ fn no_probe_while_acks_keep_coming() {
 /// at once (fast recovery), not at the RTO.
 #[test]
 fn a_sacked_probe_marks_the_hole_below_it_lost() {
-    let (mut c, mut s, mut now) = established(cfg(), cfg());
     let rtt = Duration::from_millis(100);
-    for _ in 0..3 {
-        c.send(b"x");
-        let w = drain(&mut c, now);
-        exchange(&mut c, &mut s, &w, now, rtt);
-        now += rtt;
-    }
-    read_all(&mut s);
+    let (mut c, mut s, mut now) = established_at_rtt(rtt);
     let max = c.max_payload();
     c.send(&vec![9u8; 4 * max]);
     let flight = drain(&mut c, now);
