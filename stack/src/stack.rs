@@ -263,7 +263,7 @@ impl Stack {
                     remote,
                     seq,
                     error,
-                } => self.tcp.icmp_error(local_port, remote.into(), seq, error),
+                } => (self.tcp).icmp_error(now, local_port, remote.into(), seq, error),
             },
             IpProtocol::Icmpv6 => self.pings.process6(&mut self.link, now, meta, body),
             IpProtocol::Udp => match self.udp.process(&mut self.link, now, meta, body, tx)? {

@@ -1024,22 +1024,19 @@ fn icmp_unreachable_ends_handshakes_not_connections() {
     );
     let synack = tcp_bytes(&out);
     let iss = segments(&out)[0].seq_number.0 as u32;
-    feed(&mut s, T0, &host_unreachable(&synack));
-    assert_eq!(
-        s.stats().tcp.connections,
-        0,
-        "the half-open connection is gone"
-    );
-    let out = feed(
-        &mut s,
-        T0,
-        &tcp_frame(&Seg {
-            seq: 1001,
-            ack: Some(iss + 1),
-            ..Seg::default()
-        }),
-    );
-    assert_eq!(segments(&out)[0].control, TcpControl::Rst);
+    // The error and the final ACK right behind it, in one burst (no poll
+    // between them).
+    let mut tx = VecTx::new();
+    s.receive(T0, &host_unreachable(&synack), ustack::RxMeta::default(), &mut tx);
+    assert_eq!(s.stats().tcp.connections, 0, "the half-open connection is gone");
+    let ack = tcp_frame(&Seg {
+        seq: 1001,
+        ack: Some(iss + 1),
+        ..Seg::default()
+    });
+    s.receive(T0, &ack, ustack::RxMeta::default(), &mut tx);
+    s.poll(T0, &mut tx);
+    assert_eq!(segments(&tx.frames)[0].control, TcpControl::Rst);
     assert_eq!(s.tcp().accept(l).unwrap(), None);
 
     // Active: the SYN is unreachable.

@@ -656,6 +656,7 @@ impl TcpTable {
     /// does to the connection is [`TcpConn::on_icmp_error`]'s.
     pub(crate) fn icmp_error(
         &mut self,
+        now: Instant,
         local_port: u16,
         remote: SocketAddr,
         seq: u32,
@@ -675,6 +676,9 @@ impl TcpTable {
         if before != State::Closed && conn.state() == State::Closed {
             let r = Readiness::CLOSED | Readiness::ERROR;
             self.raise(slot, r);
+            // A dropped half-open connection goes now: a segment right
+            // behind the error (its final ACK) meets no connection.
+            self.reap(now, slot);
         }
         self.mark_dirty(slot);
         Ok(())
