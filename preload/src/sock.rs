@@ -985,6 +985,14 @@ pub fn zerocopy_sent(sock: &Sock, n: usize) {
         return;
     }
     let end = if sock.stream {
+        // Hear of every ACK from now on: each may complete sends (an
+        // edge-triggered epoll waits for one).
+        if let (Kind::Stream { handle, .. }, false) = (*sock.kind.lock(), sock.zc.lock().waiting())
+        {
+            if let Ok(acc) = access() {
+                let _ = acc.tcp_ack_events(handle);
+            }
+        }
         // Every byte written so far: acknowledged plus still queued.
         match tcp_info(sock) {
             Some(i) => Some(i.stats.bytes_out + i.send_queued as u64),

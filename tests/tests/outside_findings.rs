@@ -1027,8 +1027,17 @@ fn icmp_unreachable_ends_handshakes_not_connections() {
     // The error and the final ACK right behind it, in one burst (no poll
     // between them).
     let mut tx = VecTx::new();
-    s.receive(T0, &host_unreachable(&synack), ustack::RxMeta::default(), &mut tx);
-    assert_eq!(s.stats().tcp.connections, 0, "the half-open connection is gone");
+    s.receive(
+        T0,
+        &host_unreachable(&synack),
+        ustack::RxMeta::default(),
+        &mut tx,
+    );
+    assert_eq!(
+        s.stats().tcp.connections,
+        0,
+        "the half-open connection is gone"
+    );
     let ack = tcp_frame(&Seg {
         seq: 1001,
         ack: Some(iss + 1),
@@ -1068,4 +1077,37 @@ fn icmp_unreachable_ends_handshakes_not_connections() {
     feed(&mut s, T0, &host_unreachable(&data));
     let st = s.tcp_ref().status(h).unwrap();
     assert_eq!((st.state, st.error), (State::Established, None));
+}
+
+/// `set_ack_events` (what the layer's `MSG_ZEROCOPY` completions wait
+/// on, packetdrill's `zerocopy/epoll_edge`): an ACK of a few bytes, far
+/// from the send buffer's low-water mark, raises WRITABLE only when it
+/// was asked for.
+#[test]
+fn ack_events_report_every_acknowledgment_when_asked() {
+    for asked in [false, true] {
+        let mut s = stack();
+        let (h, iss) = accepted(&mut s);
+        s.tcp().set_ack_events(h, asked).unwrap();
+        s.tcp().send(h, b"0123456789").unwrap();
+        feed(&mut s, T0, &[]);
+        let mut events = Vec::new();
+        s.drain_events(&mut events);
+        events.clear();
+        feed(
+            &mut s,
+            T0,
+            &tcp_frame(&Seg {
+                seq: 1001,
+                ack: Some(iss + 11),
+                ..Seg::default()
+            }),
+        );
+        s.drain_events(&mut events);
+        let writable = events.iter().any(|e| {
+            e.socket == ustack::events::SocketRef::Tcp(h)
+                && e.readiness.contains(ustack::events::Readiness::WRITABLE)
+        });
+        assert_eq!(writable, asked, "{events:?}");
+    }
 }

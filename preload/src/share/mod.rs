@@ -258,6 +258,8 @@ stack_ops! {
         }
         Ok(h)
     };
+    /// An event on every acknowledgment (zero-copy completions).
+    tcp_ack_events(h: TcpHandle) -> () = with |s, now| s.tcp().set_ack_events(h, true);
     /// TCP_MAXSEG on a connection.
     tcp_max_segment(h: TcpHandle, mss: usize) -> () = with |s, now| s.tcp().set_max_segment(h, mss);
     /// TCP_MAXSEG on a listener.

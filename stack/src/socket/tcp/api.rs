@@ -305,6 +305,12 @@ impl TcpTable {
         Ok(())
     }
 
+    /// Events for every acknowledgment ([`super::Tcp::set_ack_events`]).
+    pub fn set_ack_events(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
+        self.conn_mut(h)?.set_ack_events(on);
+        Ok(())
+    }
+
     /// `TCP_MAXSEG` on a connection ([`super::Tcp::set_max_segment`]).
     pub fn set_max_segment(&mut self, h: TcpHandle, mss: usize) -> Result<(), Error> {
         self.conn_mut(h)?.clamp_mss(mss);

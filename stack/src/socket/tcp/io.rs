@@ -693,9 +693,15 @@ impl TcpTable {
         let levels = Levels::of(conn);
         let before = conn.state();
         let ooo_before = conn.ooo_bytes();
+        let queued_before = conn.send_queued();
         conn.on_segment(now, seg);
         let after = conn.state();
-        let changed = levels.changes(Levels::of(conn), conn.send_low_water());
+        let mut changed = levels.changes(Levels::of(conn), conn.send_low_water());
+        if conn.ack_events() && conn.send_queued() < queued_before {
+            // The app asked to hear of every acknowledgment (its zero-copy
+            // sends complete with them).
+            changed |= Readiness::WRITABLE;
+        }
         tcp.ooo_total = (tcp.ooo_total + conn.ooo_bytes()).saturating_sub(ooo_before);
         if tcp.ooo_total > tcp.cfg.max_ooo_total {
             // Memory pressure: this connection gives its out-of-order data back.

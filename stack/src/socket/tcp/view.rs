@@ -187,6 +187,14 @@ impl<'a> Tcp<'a> {
         self.table.close(now, h)
     }
 
+    /// A WRITABLE event on every ACK that frees send-buffer space, not
+    /// only once the free space climbs past the low-water mark: for an
+    /// app that follows what the peer acknowledged (the LD_PRELOAD
+    /// layer's `MSG_ZEROCOPY` completions).
+    pub fn set_ack_events(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
+        self.table.set_ack_events(h, on)
+    }
+
     /// `TCP_MAXSEG`: segments of at most `mss` bytes (of payload and
     /// options) both ways: the MSS option our SYN announces (set it before
     /// the first poll after [`connect`](Tcp::connect)) and the largest

@@ -195,6 +195,9 @@ pub struct TcpConn {
     owed: Owed,
     /// TCP Fast Open (RFC 7413) on the server side.
     fast_open: FastOpenConn,
+    /// Raise WRITABLE on every ACK that frees send-buffer space, not only
+    /// past the low-water mark ([`TcpConn::set_ack_events`]).
+    ack_events: bool,
     /// The last ICMP error about the connection while it was synchronized
     /// (a soft error, RFC 1122 4.2.3.9): the error it ends with if its
     /// retransmissions run out.
@@ -439,6 +442,7 @@ impl TcpConn {
             },
             fast_open: FastOpenConn::default(),
             soft_error: None,
+            ack_events: false,
             stats: ConnStats::default(),
             cfg,
         }
@@ -520,6 +524,19 @@ impl TcpConn {
         } else {
             self.opts.ts_enabled = false;
         }
+    }
+
+    /// Tell the app of every ACK that frees send-buffer space (a WRITABLE
+    /// event each time), for an app that tracks what the peer has
+    /// acknowledged (Linux's `MSG_ZEROCOPY` completions), not only when
+    /// the free space climbs past the low-water mark.
+    pub fn set_ack_events(&mut self, on: bool) {
+        self.ack_events = on;
+    }
+
+    /// Whether [`set_ack_events`](Self::set_ack_events) is on.
+    pub fn ack_events(&self) -> bool {
+        self.ack_events
     }
 
     /// `TCP_MAXSEG`: announce (if our SYN is still to go) and send
