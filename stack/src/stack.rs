@@ -226,9 +226,11 @@ impl Stack {
     ) -> Result<Received, DropReason> {
         match input::ethernet(&mut self.link, &mut self.frags, now, frame, rx, tx)? {
             IpIn::Done => Ok(Received::Taken),
-            IpIn::TooBig(t) => (self.tcp)
-                .frag_needed(now, t.local_port, t.remote, t.seq, t.mtu)
-                .map(|()| Received::Taken),
+            IpIn::TooBig(t) => match t.error {
+                Some(e) => (self.tcp).icmp_error(now, t.local_port, t.remote, t.seq, e),
+                None => (self.tcp).frag_needed(now, t.local_port, t.remote, t.seq, t.mtu),
+            }
+            .map(|()| Received::Taken),
             IpIn::Datagram { meta, body, packet } => {
                 self.process_transport(now, meta, body, Some(packet), tx)
             }

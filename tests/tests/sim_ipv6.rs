@@ -1116,6 +1116,54 @@ fn packet_too_big_lowers_the_mss_of_the_connection_it_quotes() {
     }
 }
 
+/// ICMPv6 errors about a connection's segments (RFC 4443, RFC 5461, as
+/// Linux): a destination unreachable (address unreachable) quoting the
+/// SYN of a connect in progress ends it with "no route to host" at once;
+/// one quoting a sequence number not in flight is ignored. Before, only
+/// packet too big was acted on.
+#[test]
+fn icmpv6_unreachable_ends_a_connect() {
+    let (mut a, mut b) = pair();
+    // A first connection resolves the peer; the second one's SYN is quoted.
+    b.tcp().listen(80, 4).unwrap();
+    a.tcp().connect(T0, (GLOBAL, 80)).unwrap();
+    settle(&mut a, &mut b);
+    let c = a.tcp().connect(T0, (GLOBAL, 81)).unwrap();
+    let out = polled(&mut a);
+    let syn = out
+        .iter()
+        .find(|f| f.get(ETHERNET_HEADER_LEN + 6) == Some(&6))
+        .expect("the SYN")
+        .clone();
+    let packet = &syn[ETHERNET_HEADER_LEN..];
+    // Type 1 (destination unreachable), code 3 (address unreachable).
+    let unreachable = |quoted: &[u8]| {
+        let mut b = vec![1u8, 3, 0, 0, 0, 0, 0, 0];
+        b.extend_from_slice(quoted);
+        let mut frame = v6_frame_from(PEER, PEER_ROUTER, IpProtocol::Icmpv6, &b);
+        let at = ETHERNET_HEADER_LEN + IPV6_HEADER_LEN;
+        Icmpv6Packet::new_unchecked(&mut frame[at..]).fill_checksum(&PEER_ROUTER, &PEER);
+        frame
+    };
+    let mut stale = packet.to_vec();
+    let seq = u32::from_be_bytes(stale[44..48].try_into().unwrap());
+    stale[44..48].copy_from_slice(&seq.wrapping_sub(100_000).to_be_bytes());
+    receive(&mut a, &unreachable(&stale));
+    assert_eq!(
+        a.tcp_ref().status(c).unwrap().state,
+        ustack::socket::tcp::State::SynSent
+    );
+    receive(&mut a, &unreachable(packet));
+    let st = a.tcp_ref().status(c).unwrap();
+    assert_eq!(
+        (st.state, st.error),
+        (
+            ustack::socket::tcp::State::Closed,
+            Some(ustack::socket::tcp::ConnError::HostUnreachable)
+        )
+    );
+}
+
 /// A router beside PEER (its own address, PEER's MAC).
 const PEER_ROUTER: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 0xfe);
 

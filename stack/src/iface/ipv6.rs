@@ -30,11 +30,11 @@ use core::net::{Ipv6Addr, SocketAddr};
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
     ETHERNET_HEADER_LEN as ETH_LEN, EthernetAddress, EthernetProtocol, IPV6_HEADER_LEN,
-    Icmpv6Packet, Icmpv6Repr, IpProtocol, Ipv6Packet, Ipv6Repr, MldRepr, NdiscNeighborFlags,
-    NdiscRepr, RawHardwareAddress,
+    Icmpv6DstUnreachable, Icmpv6Packet, Icmpv6Repr, IpProtocol, Ipv6Packet, Ipv6Repr, MldRepr,
+    NdiscNeighborFlags, NdiscRepr, RawHardwareAddress,
 };
 
-use crate::error::Error;
+use crate::error::{ConnError, Error};
 use crate::iface::frag::{FragKey, Reassembled, Reassembler};
 use crate::iface::ipv6_iface::{MIN_MTU, RTR_SOLICITATION_INTERVAL};
 use crate::iface::link::{IpMeta, Link, write_eth};
@@ -92,6 +92,28 @@ pub(crate) struct TooBig {
     pub(crate) seq: u32,
     /// The path MTU, at least IPv6's minimum of 1,280 (RFC 8201 §4).
     pub(crate) mtu: u16,
+    /// Not a packet too big but another error about the segment
+    /// (unreachable, time exceeded, parameter problem): what it means
+    /// for the connection (`mtu` is then 0).
+    pub(crate) error: Option<ConnError>,
+}
+
+/// The TCP segment an ICMPv6 error quotes (`header`, then `data` from the
+/// TCP header on), when it is ours: its port, peer and sequence number.
+fn quoted_tcp(link: &Link, header: &Ipv6Repr, data: &[u8]) -> Option<(u16, SocketAddr, u32)> {
+    if !link.ip6.is_ours(&header.src_addr)
+        || header.next_header != IpProtocol::Tcp
+        || data.len() < 8
+    {
+        return None;
+    }
+    let port = |i: usize| u16::from_be_bytes([data[i], data[i + 1]]);
+    let seq = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
+    Some((
+        port(0),
+        SocketAddr::new(header.dst_addr.into(), port(2)),
+        seq,
+    ))
 }
 
 /// Most extension headers a packet may carry before its upper layer:
@@ -520,10 +542,50 @@ fn icmpv6<T: Tx>(
                 seq: u32::from_be_bytes([data[4], data[5], data[6], data[7]]),
                 // RFC 8201 §4: never below IPv6's minimum link MTU.
                 mtu: u16::try_from(mtu.max(MIN_MTU as u32)).unwrap_or(u16::MAX),
+                error: None,
             }))
+        }
+        // RFC 4443 3.1, 3.3, 3.4 about one of our TCP segments (Linux's
+        // `icmpv6_err_convert`, in the errors a connection has).
+        Icmpv6Repr::DstUnreachable {
+            reason,
+            header,
+            data,
+        } => {
+            let error = match reason {
+                Icmpv6DstUnreachable::NoRoute => ConnError::NetUnreachable,
+                Icmpv6DstUnreachable::PortUnreachable => ConnError::Refused,
+                _ => ConnError::HostUnreachable,
+            };
+            tcp_error(link, &header, data, error)
+        }
+        Icmpv6Repr::TimeExceeded { header, data, .. } => {
+            tcp_error(link, &header, data, ConnError::HostUnreachable)
+        }
+        Icmpv6Repr::ParamProblem { header, data, .. } => {
+            tcp_error(link, &header, data, ConnError::ProtocolError)
         }
         _ => Err(DropReason::Icmpv6Unhandled),
     }
+}
+
+/// An ICMPv6 error other than packet too big about one of our TCP
+/// segments, for TCP.
+fn tcp_error(
+    link: &Link,
+    header: &Ipv6Repr,
+    data: &[u8],
+    error: ConnError,
+) -> Result<Option<TooBig>, DropReason> {
+    let (local_port, remote, seq) =
+        quoted_tcp(link, header, data).ok_or(DropReason::Icmpv6Unhandled)?;
+    Ok(Some(TooBig {
+        local_port,
+        remote,
+        seq,
+        mtu: 0,
+        error: Some(error),
+    }))
 }
 
 /// Neighbor discovery (RFC 4861 §7.1: hop limit 255, code 0; §7.2).
