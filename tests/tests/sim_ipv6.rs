@@ -1090,19 +1090,9 @@ fn packet_too_big_lowers_the_mss_of_the_connection_it_quotes() {
     let packet = &first[ETHERNET_HEADER_LEN..];
     assert_eq!(packet.len(), 1500);
     // A router on the way says 1,280 bytes (or less: 1,280 is the floor).
-    let too_big = |mtu: u32, quoted: &[u8]| {
-        let mut b = vec![2u8, 0, 0, 0];
-        b.extend_from_slice(&mtu.to_be_bytes());
-        b.extend_from_slice(&quoted[..quoted.len().min(1232)]);
-        let mut frame = v6_frame_from(PEER, PEER_ROUTER, IpProtocol::Icmpv6, &b);
-        let at = ETHERNET_HEADER_LEN + IPV6_HEADER_LEN;
-        Icmpv6Packet::new_unchecked(&mut frame[at..]).fill_checksum(&PEER_ROUTER, &PEER);
-        frame
-    };
+    let too_big = |mtu: u32, quoted: &[u8]| router_error(2, 0, mtu, quoted);
     // A sequence number not in flight: ignored.
-    let mut stale = packet.to_vec();
-    let seq = u32::from_be_bytes(stale[44..48].try_into().unwrap());
-    stale[44..48].copy_from_slice(&seq.wrapping_sub(100_000).to_be_bytes());
+    let stale = not_in_flight(packet);
     receive(&mut a, &too_big(1000, &stale));
     assert_eq!(a.tcp_ref().info(c).unwrap().mss, 1440);
     receive(&mut a, &too_big(1000, packet));
@@ -1137,17 +1127,8 @@ fn icmpv6_unreachable_ends_a_connect() {
         .clone();
     let packet = &syn[ETHERNET_HEADER_LEN..];
     // Type 1 (destination unreachable), code 3 (address unreachable).
-    let unreachable = |quoted: &[u8]| {
-        let mut b = vec![1u8, 3, 0, 0, 0, 0, 0, 0];
-        b.extend_from_slice(quoted);
-        let mut frame = v6_frame_from(PEER, PEER_ROUTER, IpProtocol::Icmpv6, &b);
-        let at = ETHERNET_HEADER_LEN + IPV6_HEADER_LEN;
-        Icmpv6Packet::new_unchecked(&mut frame[at..]).fill_checksum(&PEER_ROUTER, &PEER);
-        frame
-    };
-    let mut stale = packet.to_vec();
-    let seq = u32::from_be_bytes(stale[44..48].try_into().unwrap());
-    stale[44..48].copy_from_slice(&seq.wrapping_sub(100_000).to_be_bytes());
+    let unreachable = |quoted: &[u8]| router_error(1, 3, 0, quoted);
+    let stale = not_in_flight(packet);
     receive(&mut a, &unreachable(&stale));
     assert_eq!(
         a.tcp_ref().status(c).unwrap().state,
@@ -1162,6 +1143,28 @@ fn icmpv6_unreachable_ends_a_connect() {
             Some(ustack::socket::tcp::ConnError::HostUnreachable)
         )
     );
+}
+
+/// An ICMPv6 error of `kind` and `code` from PEER_ROUTER to PEER, its
+/// second word `word` (packet too big: the MTU), quoting `quoted` (as
+/// much as the minimum MTU holds).
+fn router_error(kind: u8, code: u8, word: u32, quoted: &[u8]) -> Vec<u8> {
+    let mut b = vec![kind, code, 0, 0];
+    b.extend_from_slice(&word.to_be_bytes());
+    b.extend_from_slice(&quoted[..quoted.len().min(1232)]);
+    let mut frame = v6_frame_from(PEER, PEER_ROUTER, IpProtocol::Icmpv6, &b);
+    let at = ETHERNET_HEADER_LEN + IPV6_HEADER_LEN;
+    Icmpv6Packet::new_unchecked(&mut frame[at..]).fill_checksum(&PEER_ROUTER, &PEER);
+    frame
+}
+
+/// The IPv6 TCP `packet` with a sequence number far from what is in
+/// flight.
+fn not_in_flight(packet: &[u8]) -> Vec<u8> {
+    let mut stale = packet.to_vec();
+    let seq = u32::from_be_bytes(stale[44..48].try_into().unwrap());
+    stale[44..48].copy_from_slice(&seq.wrapping_sub(100_000).to_be_bytes());
+    stale
 }
 
 /// A router beside PEER (its own address, PEER's MAC).

@@ -725,13 +725,11 @@ impl TcpTable {
         if seg.hdr.rst && after == State::Closed {
             tcp.stats.resets_received += 1;
         }
-        if after != State::SynReceived {
-            if let Some(l) = s.fast_open_of.take() {
-                if let Some(l) = tcp.listeners.get_mut(&l) {
-                    l.fast_open_pending = l.fast_open_pending.saturating_sub(1);
-                }
-            }
-        }
+        let handshake_over = if after != State::SynReceived {
+            s.fast_open_of.take()
+        } else {
+            None
+        };
         if before != after
             && matches!(
                 after,
@@ -749,6 +747,7 @@ impl TcpTable {
                 }
             }
         }
+        tcp.leave_fast_open_queue(handshake_over);
         tcp.raise(slot, changed);
         tcp.mark_dirty(slot);
     }
@@ -846,20 +845,12 @@ impl TcpTable {
                 conn.offer_fast_open_cookie(cookie, exp);
             }
             conn.set_ts_offset(self.ts_offset(me, remote));
-            let slot = self.insert_passive(conn, listener);
-            if fast_open == FastOpen::Open {
-                // Ready for `accept` now, with the SYN's data to read.
+            let open = fast_open == FastOpen::Open;
+            if open {
                 self.stats.fast_open_accepted += 1;
-                let s = &mut self.slots[slot as usize];
-                s.embryonic = false;
-                s.fast_open_of = Some(listener);
-                if let Some(l) = self.listeners.get_mut(&listener) {
-                    l.embryonic = l.embryonic.saturating_sub(1);
-                    l.fast_open_pending += 1;
-                    l.ready.push_back(slot);
-                }
-                self.raise_listener(listener);
             }
+            // Fast Open: ready for `accept` now, with the SYN's data to read.
+            let slot = self.insert_passive(conn, listener, open);
             self.schedule(slot);
             return Ok(());
         }
@@ -895,7 +886,7 @@ impl TcpTable {
                 let mut conn = TcpConn::accept(self.cfg_for(&remote), me, remote, ack - 1, &syn);
                 conn.set_ts_offset(self.ts_offset(me, remote));
                 conn.cookie_established();
-                let slot = self.insert_passive(conn, listener);
+                let slot = self.insert_passive(conn, listener, false);
                 self.deliver(now, slot, seg);
                 return Ok(());
             }

@@ -313,16 +313,39 @@ impl TcpTable {
     }
 
     /// Store a connection opened through the listener `l`; it counts in
-    /// the backlog until it is established.
-    pub fn insert_passive(&mut self, conn: TcpConn, l: ListenHandle) -> u32 {
+    /// the backlog until it is established. One Fast Open opened
+    /// (`fast_open`) is ready for `accept` at once instead, and counts in
+    /// the listener's Fast Open queue until its handshake ends.
+    pub fn insert_passive(&mut self, conn: TcpConn, l: ListenHandle, fast_open: bool) -> u32 {
         let slot = self.insert(conn, Some(l));
-        if let Some(l) = self.listeners.get_mut(&l) {
-            l.embryonic += 1;
-            let held = (l.ready.len() + l.embryonic) as u64;
+        if fast_open {
+            let s = &mut self.slots[slot as usize];
+            s.embryonic = false;
+            s.fast_open_of = Some(l);
+        }
+        if let Some(lst) = self.listeners.get_mut(&l) {
+            if fast_open {
+                lst.fast_open_pending += 1;
+                lst.ready.push_back(slot);
+            } else {
+                lst.embryonic += 1;
+            }
+            let held = (lst.ready.len() + lst.embryonic) as u64;
             self.stats.backlog_hwm = self.stats.backlog_hwm.max(held);
+        }
+        if fast_open {
+            self.raise_listener(l);
         }
         self.stats.passive_opens += 1;
         slot
+    }
+
+    /// A Fast Open connection's handshake ended, or it went: its
+    /// listener's Fast Open queue has room again.
+    pub(crate) fn leave_fast_open_queue(&mut self, l: Option<ListenHandle>) {
+        if let Some(lst) = l.and_then(|l| self.listeners.get_mut(&l)) {
+            lst.fast_open_pending = lst.fast_open_pending.saturating_sub(1);
+        }
     }
 
     pub fn mark_dirty(&mut self, slot: u32) {
@@ -395,11 +418,9 @@ impl TcpTable {
                 self.time_wait.insert(key, tw);
             }
         }
-        if let Some(l) = s.fast_open_of.take() {
-            if let Some(lst) = self.listeners.get_mut(&l) {
-                lst.fast_open_pending = lst.fast_open_pending.saturating_sub(1);
-            }
-        }
+        let fast_open_of = s.fast_open_of.take();
+        self.leave_fast_open_queue(fast_open_of);
+        let s = &mut self.slots[slot as usize];
         if let Some(l) = s.listener.take() {
             if let Some(lst) = self.listeners.get_mut(&l) {
                 if s.embryonic {

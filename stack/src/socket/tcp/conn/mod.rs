@@ -299,8 +299,6 @@ struct TailProbe {
     high: Option<Seq>,
     /// The probe sent was a retransmission (not new data).
     retrans: bool,
-    /// A probe is being built: new data may leave past the congestion window.
-    building: bool,
 }
 
 /// Keepalive (RFC 1122 4.2.3.6) and the user timeout (RFC 5482): their

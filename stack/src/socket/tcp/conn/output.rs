@@ -118,7 +118,7 @@ impl TcpConn {
                 return Some(seg);
             }
         }
-        if let Some(seg) = self.transmit_data(now) {
+        if let Some(seg) = self.transmit_data(now, false) {
             return Some(seg);
         }
         if self.owed.probe_pending {
@@ -192,10 +192,7 @@ impl TcpConn {
     /// segment sent, again. The RTO restarts from it.
     fn transmit_tail_probe(&mut self, now: Instant) -> Option<Outgoing> {
         let was_new = self.snd.nxt == self.snd.max;
-        self.rec.tlp.building = true;
-        let new = self.transmit_data(now);
-        self.rec.tlp.building = false;
-        let (seg, retrans) = match new {
+        let (seg, retrans) = match self.transmit_data(now, true) {
             Some(seg) => (seg, !was_new),
             None => (self.retransmit_last(now)?, true),
         };
@@ -232,8 +229,9 @@ impl TcpConn {
         Some(seg)
     }
 
-    /// Data (new or retransmitted) and FIN.
-    pub(super) fn transmit_data(&mut self, now: Instant) -> Option<Outgoing> {
+    /// Data (new or retransmitted) and FIN; as a tail loss probe
+    /// (`probing`), one segment past the congestion window.
+    pub(super) fn transmit_data(&mut self, now: Instant, probing: bool) -> Option<Outgoing> {
         let data_end = self.snd.data_start + self.snd.buf.len();
         // Loss recovery: retransmit holes first.
         if self.rec.in_recovery {
@@ -257,7 +255,6 @@ impl TcpConn {
         }
         let usable_wnd = wnd_edge.since(self.snd.nxt);
         let max_payload = self.max_payload();
-        let probing = self.rec.tlp.building;
         let mut usable_cwnd = cwnd.saturating_sub(flight);
         if probing {
             // A tail probe of new data: one segment, whatever the window.
