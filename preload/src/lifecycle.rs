@@ -105,9 +105,14 @@ pub fn init() {
         Ok(b) => b.app_counters(counters).configure(crate::sysctl::apply),
         Err(e) => fail(&e.to_string()),
     };
-    if let Some(iface) = &args.pcap {
-        if !std::path::Path::new("/sys/class/net").join(iface).exists() {
-            fail(&format!("--pcap {iface}: no such network interface"));
+    for (flag, iface) in [
+        ("--pcap", args.pcap.as_ref()),
+        ("--xdp", args.xdp.as_ref().map(|x| &x.0)),
+    ] {
+        if let Some(iface) = iface {
+            if !std::path::Path::new("/sys/class/net").join(iface).exists() {
+                fail(&format!("{flag} {iface}: no such network interface"));
+            }
         }
     }
     let fork = match std::env::var(FORK_ENV).as_deref() {

@@ -27,12 +27,20 @@ use ustack::wire::{EthernetAddress, IpCidr, Ipv4Cidr, Ipv6Cidr};
 use crate::net::{Builder, ConfigError, Error, NetConfig};
 use crate::poll::LoopConfig;
 
-/// `NET := --pcap IFACE | --dpdk "EAL ARGS" | --sim`, plus addressing.
+/// `NET := --pcap IFACE | --xdp IFACE[:QUEUE] | --dpdk "EAL ARGS" | --sim`,
+/// plus addressing.
 #[derive(clap::Args, Debug, Clone)]
 pub struct NetArgs {
     /// Run on this interface through libpcap (the stack takes its own MAC and IP).
-    #[arg(long, value_name = "IFACE", conflicts_with_all = ["dpdk", "sim"])]
+    #[arg(long, value_name = "IFACE", conflicts_with_all = ["dpdk", "sim", "xdp"])]
     pub pcap: Option<String>,
+    /// Run on this interface through AF_XDP (queue 0 unless `:QUEUE`): an
+    /// XDP program steers the stack's frames to it and leaves every other
+    /// frame to the kernel, which keeps the interface and its addresses.
+    // Hidden from --help in builds without the `xdp` feature, as --dpdk.
+    #[arg(long, value_name = "IFACE[:QUEUE]", value_parser = parse_xdp,
+          conflicts_with_all = ["dpdk", "sim"], hide = !cfg!(feature = "xdp"))]
+    pub xdp: Option<(String, u32)>,
     /// Run on a DPDK port (0 unless --dpdk-port) with these EAL arguments,
     /// e.g. "--no-huge -m 256 --no-pci --vdev=net_af_packet0,iface=eth1".
     // Hidden from --help in builds without the `dpdk` feature (where it
@@ -137,6 +145,22 @@ pub struct NetArgs {
 pub fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     s.parse()
         .map_err(|_| format!("'{s}' is not ADDR:PORT (for example 0.0.0.0:9464 or 127.0.0.1:9464)"))
+}
+
+/// `IFACE` or `IFACE:QUEUE` of `--xdp`.
+pub fn parse_xdp(s: &str) -> Result<(String, u32), String> {
+    let (iface, queue) = match s.rsplit_once(':') {
+        Some((i, q)) => (
+            i,
+            q.parse::<u32>()
+                .map_err(|_| format!("'{q}' is not a queue number (IFACE or IFACE:QUEUE)"))?,
+        ),
+        None => (s, 0),
+    };
+    if iface.is_empty() || iface.len() > 15 || iface.contains('/') {
+        return Err(format!("'{iface}' is not an interface name"));
+    }
+    Ok((iface.to_string(), queue))
 }
 
 /// `A.B.C.D/LEN` or an IPv6 `ADDR/LEN`.
@@ -327,9 +351,10 @@ impl NetArgs {
             .offloads(!self.no_offloads)
             .software_tso(self.tso)
             .gso(!self.no_gso);
-        b = match (&self.pcap, &self.dpdk) {
-            (Some(iface), _) => b.pcap(iface),
-            (_, Some(eal)) => b.dpdk(eal).dpdk_port(self.dpdk_port, self.dpdk_mbufs),
+        b = match (&self.pcap, &self.xdp, &self.dpdk) {
+            (Some(iface), _, _) => b.pcap(iface),
+            (_, Some((iface, queue)), _) => b.xdp(iface, *queue),
+            (_, _, Some(eal)) => b.dpdk(eal).dpdk_port(self.dpdk_port, self.dpdk_mbufs),
             _ if self.sim => {
                 return Err(Error::Usage(
                     "--sim needs a peer on the same link: run `ustack demo`, which puts two stacks on the simulated link".into(),
@@ -337,7 +362,8 @@ impl NetArgs {
             }
             _ => {
                 return Err(Error::Usage(
-                    "choose a backend: --pcap IFACE, --dpdk \"EAL ARGS\" or --sim".into(),
+                    "choose a backend: --pcap IFACE, --xdp IFACE, --dpdk \"EAL ARGS\" or --sim"
+                        .into(),
                 ));
             }
         };
@@ -425,9 +451,10 @@ impl NetArgs {
 
     /// A short description of the backend for log lines.
     pub fn describe(&self) -> String {
-        match (&self.pcap, &self.dpdk) {
-            (Some(i), _) => format!("pcap {i}"),
-            (_, Some(a)) => format!("dpdk \"{a}\""),
+        match (&self.pcap, &self.xdp, &self.dpdk) {
+            (Some(i), _, _) => format!("pcap {i}"),
+            (_, Some((i, q)), _) => format!("xdp {i}:{q}"),
+            (_, _, Some(a)) => format!("dpdk \"{a}\""),
             _ => "sim".into(),
         }
     }

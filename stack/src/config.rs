@@ -79,6 +79,11 @@ pub struct Config {
 pub const DEFAULT_GSO_MAX: usize = 65_535;
 
 impl Config {
+    /// The link-local IPv6 address the stack makes from its MAC (RFC 4862).
+    pub fn link_local(&self) -> Ipv6Addr {
+        crate::iface::ipv6_iface::link_local(self.mac)
+    }
+
     /// Defaults for a host with address `ip` on a subnet, MTU 1500, and a
     /// random secret for ISNs, SYN cookies and IPv4 IDs (RFC 6528: each
     /// stack its own, unpredictable).

@@ -333,7 +333,14 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
             c.args(rest).env("LD_PRELOAD", preload);
             c
         }
-        Some(user) => as_user(user, program, rest, &preload)?,
+        Some(user) => {
+            let caps = if args.net.xdp.is_some() {
+                XDP_USER_CAPS
+            } else {
+                USER_CAPS
+            };
+            as_user(user, program, rest, &preload, caps)?
+        }
     };
     let err = cmd
         .env("USTACK_NET", spec)
@@ -365,7 +372,11 @@ fn exec(args: &ExecArgs) -> Result<ExitCode> {
 /// interface's offload settings).
 const USER_CAPS: &str = "+net_raw,+net_admin";
 
-/// `setpriv` starting `program` as `user` with [`USER_CAPS`] ambient, the
+/// [`USER_CAPS`] for AF_XDP: also loading the XDP program (CAP_BPF) and
+/// registering the UMEM beyond the locked-memory limit (CAP_IPC_LOCK).
+const XDP_USER_CAPS: &str = "+net_raw,+net_admin,+bpf,+ipc_lock";
+
+/// `setpriv` starting `program` as `user` with `caps` ambient, the
 /// preload library given to the program alone (through `env`, so neither
 /// setpriv nor env loads it). Ambient capabilities survive the uid change
 /// and the exec of a binary without file capabilities, and leave the
@@ -376,6 +387,7 @@ fn as_user(
     program: &str,
     rest: &[String],
     preload: &std::ffi::OsStr,
+    caps: &str,
 ) -> Result<std::process::Command> {
     // `env` would take a first word with `=` for a variable.
     if program.contains('=') {
@@ -415,8 +427,8 @@ fn as_user(
     assign.push(preload);
     let mut c = std::process::Command::new("setpriv");
     c.args(&who)
-        .arg(format!("--inh-caps={USER_CAPS}"))
-        .arg(format!("--ambient-caps={USER_CAPS}"))
+        .arg(format!("--inh-caps={caps}"))
+        .arg(format!("--ambient-caps={caps}"))
         .args(["--", "env"])
         .arg(assign)
         .arg(program)

@@ -3,3 +3,5 @@
 pub mod offload;
 #[cfg(feature = "pcap")]
 pub mod pcap;
+#[cfg(feature = "xdp")]
+pub mod xdp;

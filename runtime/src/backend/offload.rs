@@ -22,9 +22,106 @@
 //!   programs under `ustack exec`, and one that reaps every child on
 //!   SIGCHLD (ncat) took the child's status from us (or we its).
 
+use ustack::phy::device::PortStats;
 pub use ustack::phy::offload::{
     complete_checksum, is_partial_checksum, l4_checksum_ok, split_aggregate,
 };
+use ustack::phy::pool::{PacketBuf, Pool, SlabBuf, SlabPool};
+use ustack::time::Instant;
+
+/// A frame the kernel handed a port (pcap, AF_XDP), put in `out` as the
+/// engine takes it: copied into a buffer of `pool` stamped `at`; an
+/// aggregate larger than the MTU cut back into segments (if its checksum
+/// is one the kernel left); a partial checksum completed when
+/// `accept_partial`. Counted in `stats`. Returns the frames pushed and
+/// whether a partial checksum was left as it came (for the port's notice).
+pub(crate) fn deliver(
+    data: &[u8],
+    at: Instant,
+    mtu: usize,
+    accept_partial: bool,
+    pool: &mut SlabPool,
+    stats: &mut PortStats,
+    out: &mut Vec<SlabBuf>,
+) -> (usize, bool) {
+    if data.len() > mtu + 14 {
+        // Merged by the kernel (GRO, or a local sender's TSO).
+        let whole = is_partial_checksum(data) || l4_checksum_ok(data);
+        let before = out.len();
+        let cut = whole
+            .then(|| {
+                split_aggregate(data, mtu, |seg| {
+                    let Some(mut buf) = pool.alloc() else {
+                        stats.rx_nombuf += 1;
+                        return;
+                    };
+                    if buf.set_len(seg.len()) {
+                        buf.as_mut().copy_from_slice(seg);
+                        buf.set_rx_timestamp(at);
+                        stats.rx_packets += 1;
+                        stats.rx_bytes += seg.len() as u64;
+                        out.push(buf);
+                    }
+                })
+            })
+            .flatten();
+        return match cut {
+            Some(_) => {
+                stats.rx_gro_frames += 1;
+                (out.len() - before, false)
+            }
+            None => {
+                stats.rx_oversize += 1;
+                (0, false)
+            }
+        };
+    }
+    let Some(mut buf) = pool.alloc() else {
+        stats.rx_nombuf += 1;
+        return (0, false);
+    };
+    if !buf.set_len(data.len()) {
+        stats.rx_oversize += 1;
+        return (0, false);
+    }
+    buf.as_mut().copy_from_slice(data);
+    buf.set_rx_timestamp(at);
+    let mut left = false;
+    if is_partial_checksum(data) {
+        stats.rx_partial_checksum += 1;
+        if accept_partial {
+            complete_checksum(buf.as_mut());
+        } else {
+            left = true;
+        }
+    }
+    stats.rx_packets += 1;
+    stats.rx_bytes += data.len() as u64;
+    out.push(buf);
+    (1, left)
+}
+
+/// The notice for partial checksums a port drops (see [`deliver`]).
+pub(crate) fn partial_checksum_notice(port: &str, iface: &str) -> String {
+    format!(
+        "{port} on {iface}: TCP/UDP frames arrive with partial checksums (the sender's \
+         checksum offload) and are dropped: turn it off where they come from \
+         (`ethtool -K IF tx off` on the sending interface{}) or run with \
+         --accept-partial-checksum",
+        veth_peer_hint(iface)
+    )
+}
+
+/// For a veth: which interface its peer is (`iflink`), for a message.
+fn veth_peer_hint(iface: &str) -> String {
+    let read = |f: &str| std::fs::read_to_string(format!("/sys/class/net/{iface}/{f}"));
+    match (read("iflink"), read("ifindex")) {
+        (Ok(link), Ok(index)) if link.trim() != index.trim() => {
+            format!(": the peer of {iface}, ifindex {}", link.trim())
+        }
+        _ => String::new(),
+    }
+}
 
 /// The interface offloads that change the frames a capture sees, by the
 /// kernel's feature names (`ethtool -k` shows them as

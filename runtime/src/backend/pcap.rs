@@ -115,17 +115,6 @@ fn link_up(iface: &str) -> Result<(), PcapError> {
     Ok(())
 }
 
-/// For a veth: which interface its peer is (`iflink`), for a message.
-fn veth_peer_hint(iface: &str) -> String {
-    let read = |f: &str| std::fs::read_to_string(format!("/sys/class/net/{iface}/{f}"));
-    match (read("iflink"), read("ifindex")) {
-        (Ok(link), Ok(index)) if link.trim() != index.trim() => {
-            format!(": the peer of {iface}, ifindex {}", link.trim())
-        }
-        _ => String::new(),
-    }
-}
-
 impl core::fmt::Debug for PcapPort {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("PcapPort")
@@ -323,70 +312,20 @@ impl Device for PcapPort {
                     break;
                 }
             };
-            let data: &[u8] = pkt.data;
             let at = arrival(now, &mut wall, pkt.header);
-            if data.len() > self.mtu + 14 {
-                // Merged by the kernel (GRO, or a local sender's TSO): cut
-                // back into segments that fit, if its checksum is one the
-                // kernel left (verified, or the pseudo-header sum).
-                let whole = offload::is_partial_checksum(data) || offload::l4_checksum_ok(data);
-                let before = out.len();
-                let (stats, pool) = (&mut self.stats, &mut self.pool);
-                let cut = whole
-                    .then(|| {
-                        offload::split_aggregate(data, self.mtu, |seg| {
-                            let Some(mut buf) = pool.alloc() else {
-                                stats.rx_nombuf += 1;
-                                return;
-                            };
-                            if buf.set_len(seg.len()) {
-                                buf.as_mut().copy_from_slice(seg);
-                                buf.set_rx_timestamp(at);
-                                stats.rx_packets += 1;
-                                stats.rx_bytes += seg.len() as u64;
-                                out.push(buf);
-                            }
-                        })
-                    })
-                    .flatten();
-                match cut {
-                    Some(_) => {
-                        self.stats.rx_gro_frames += 1;
-                        n += out.len() - before;
-                    }
-                    None => self.stats.rx_oversize += 1,
-                }
-                continue;
+            let (pushed, partial_left) = offload::deliver(
+                pkt.data,
+                at,
+                self.mtu,
+                self.accept_partial,
+                &mut self.pool,
+                &mut self.stats,
+                out,
+            );
+            n += pushed;
+            if partial_left && !std::mem::replace(&mut self.told_partial, true) {
+                crate::notice::notice(&offload::partial_checksum_notice("pcap", &self.iface));
             }
-            let Some(mut buf) = self.pool.alloc() else {
-                self.stats.rx_nombuf += 1;
-                continue;
-            };
-            if !buf.set_len(data.len()) {
-                self.stats.rx_oversize += 1;
-                continue;
-            }
-            buf.as_mut().copy_from_slice(data);
-            buf.set_rx_timestamp(at);
-            if offload::is_partial_checksum(data) {
-                self.stats.rx_partial_checksum += 1;
-                if self.accept_partial {
-                    offload::complete_checksum(buf.as_mut());
-                } else if !std::mem::replace(&mut self.told_partial, true) {
-                    crate::notice::notice(&format!(
-                        "pcap on {}: TCP/UDP frames arrive with partial checksums (the sender's \
-                         checksum offload) and are dropped: turn it off where they come from \
-                         (`ethtool -K IF tx off` on the sending interface{}) or run with \
-                         --accept-partial-checksum",
-                        self.iface,
-                        veth_peer_hint(&self.iface)
-                    ));
-                }
-            }
-            self.stats.rx_packets += 1;
-            self.stats.rx_bytes += data.len() as u64;
-            out.push(buf);
-            n += 1;
         }
         n
     }

@@ -92,6 +92,15 @@ impl Builder {
         self
     }
 
+    /// Run on queue `queue` of this interface through AF_XDP.
+    pub fn xdp(mut self, iface: impl Into<String>, queue: u32) -> Self {
+        self.backend = Some(Backend::Xdp {
+            iface: iface.into(),
+            queue,
+        });
+        self
+    }
+
     /// Run on a port of this in-process simulated link.
     pub fn sim(mut self, link: &SimLink) -> Self {
         self.backend = Some(Backend::Sim(link.clone()));
@@ -301,7 +310,7 @@ impl Builder {
             return Err(ConfigError::MacNotUnicast(mac).into());
         }
         match (&mut backend, self.dpdk_port) {
-            (Backend::Pcap(iface), _) if iface.is_empty() => {
+            (Backend::Pcap(iface) | Backend::Xdp { iface, .. }, _) if iface.is_empty() => {
                 return Err(ConfigError::NoInterface.into());
             }
             (_, Some((_, 0))) => return Err(ConfigError::NoMbufs.into()),
@@ -550,7 +559,7 @@ fn check_user_input(
             return Err(ConfigError::NoSuchCpu { cpu, allowed: have });
         }
     }
-    if let Backend::Pcap(iface) = backend {
+    if let Backend::Pcap(iface) | Backend::Xdp { iface, .. } = backend {
         let path = format!("/sys/class/net/{iface}/mtu");
         if let Some(link_mtu) = std::fs::read_to_string(&path)
             .ok()

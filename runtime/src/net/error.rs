@@ -157,6 +157,10 @@ pub enum Error {
     #[cfg(feature = "pcap")]
     #[error(transparent)]
     Pcap(#[from] crate::backend::pcap::PcapError),
+    /// The AF_XDP socket or its XDP program could not be set up.
+    #[cfg(feature = "xdp")]
+    #[error(transparent)]
+    Xdp(#[from] ustack_xdp::XdpError),
     /// The DPDK EAL or port could not be set up.
     #[cfg(feature = "dpdk")]
     #[error(transparent)]

@@ -46,6 +46,15 @@ pub enum Backend {
         /// Mbufs in the port's pool.
         mbufs: u32,
     },
+    /// A queue of a network interface through AF_XDP (feature `xdp`): an
+    /// XDP program steers the stack's frames to it, the kernel keeps the
+    /// rest.
+    Xdp {
+        /// The interface.
+        iface: String,
+        /// Its queue.
+        queue: u32,
+    },
     /// A port on an in-process simulated link (tests, examples, the demo):
     /// stacks attached to the same [`SimLink`] reach each other.
     Sim(SimLink),
@@ -128,6 +137,7 @@ impl NetConfig {
         match &self.backend {
             Backend::Pcap(i) => format!("pcap {i}"),
             Backend::Dpdk { eal_args, .. } => format!("dpdk \"{eal_args}\""),
+            Backend::Xdp { iface, queue } => format!("xdp {iface}:{queue}"),
             Backend::Sim(_) => "sim".into(),
         }
     }

@@ -205,6 +205,7 @@ pub(super) fn open<U: NodeRunner>(cfg: &NetConfig, user: U) -> Result<U::Output,
     match &cfg.backend {
         Backend::Pcap(iface) => open_pcap(cfg, iface, user),
         Backend::Dpdk { eal_args, .. } => open_dpdk(cfg, eal_args, user),
+        Backend::Xdp { iface, queue } => open_xdp(cfg, iface, *queue, user),
         Backend::Sim(link) => {
             let port = link.attach(cfg.stack.mac, ustack::sim::SIM_POOL_BUFS);
             with_wrappers(cfg, port, user)
@@ -288,6 +289,38 @@ fn open_pcap<U: NodeRunner>(cfg: &NetConfig, iface: &str, user: U) -> Result<U::
 fn open_pcap<U: NodeRunner>(_: &NetConfig, _: &str, _: U) -> Result<U::Output, U::Error> {
     Err(Error::Unsupported(
         "this build has no pcap backend: rebuild with `--features pcap` (needs libpcap-dev)",
+    )
+    .into())
+}
+
+#[cfg(feature = "xdp")]
+fn open_xdp<U: NodeRunner>(
+    cfg: &NetConfig,
+    iface: &str,
+    queue: u32,
+    user: U,
+) -> Result<U::Output, U::Error> {
+    use crate::backend::xdp::{XdpPort, XdpPortConfig};
+    let s = &cfg.stack;
+    let mut addrs = vec![std::net::IpAddr::V4(s.ip.address())];
+    addrs.extend(s.ipv6.iter().map(|c| std::net::IpAddr::V6(c.address())));
+    addrs.push(std::net::IpAddr::V6(s.link_local()));
+    let port = XdpPort::open(&XdpPortConfig {
+        iface: iface.to_string(),
+        queue,
+        mac: s.mac,
+        addrs,
+        mtu: s.mtu,
+        accept_partial: cfg.accept_partial_checksum,
+    })
+    .map_err(Error::from)?;
+    with_wrappers(cfg, port, user)
+}
+
+#[cfg(not(feature = "xdp"))]
+fn open_xdp<U: NodeRunner>(_: &NetConfig, _: &str, _: u32, _: U) -> Result<U::Output, U::Error> {
+    Err(Error::Unsupported(
+        "this build has no AF_XDP backend: rebuild with `--features xdp` (needs clang and libbpf-dev)",
     )
     .into())
 }
