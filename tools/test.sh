@@ -39,6 +39,8 @@ skip() {
 }
 
 PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-config
+          # the AF_XDP backend's XDP program (xdp/bpf/steer.c), compiled at build time
+          clang libbpf-dev
           iperf3 tshark python3-scapy iproute2 iputils-ping arping netcat-openbsd ethtool nmap
           # stock programs run on ustack under LD_PRELOAD (apps/tests/netns_preload.rs)
           python3 sockperf redis-server redis-tools memcached libmemcached-tools nginx-light wrk curl
@@ -127,6 +129,9 @@ cargo build --workspace --all-features --release --locked
 
 step "tests: unit, property, sim and CLI (all features)"
 cargo test --workspace --all-features --locked --no-fail-fast
+
+step "the stock-program suite once more, over AF_XDP (USTACK_TEST_BACKEND=xdp)"
+USTACK_TEST_BACKEND=xdp cargo test --all-features --locked -p ustack-apps --test netns_stock
 
 step "packetdrill regression set: the scripts ustack passes (tools/conformance/regression.txt)"
 pd_src=${PD_SRC:-$(cd .. && pwd)/shared/tools/packetdrill}

@@ -1371,19 +1371,28 @@ fn postgres(lab: &Lab) -> Outcome {
     let mut rules = std::fs::read_to_string(&hba).unwrap_or_default();
     rules.push_str("host all all 10.77.0.0/24 trust\n");
     std::fs::write(&hba, rules).unwrap();
+    // postgres refuses root; its stack needs the backend's rights (AF_XDP
+    // also loads a program and registers locked memory).
+    let caps = match common::backend_flag() {
+        "--xdp" => "+net_raw,+net_admin,+bpf,+ipc_lock",
+        _ => "+net_raw,+net_admin",
+    };
+    let (inh, ambient) = (
+        format!("--inh-caps={caps}"),
+        format!("--ambient-caps={caps}"),
+    );
     // No telemetry: the postgres user may not make a socket in the lab.
     let server = lab.start_with(
         Host::Stack,
         false,
         false,
         &[
-            // postgres refuses root; its stack needs the pcap rights.
             "setpriv",
             "--reuid=postgres",
             "--regid=postgres",
             "--init-groups",
-            "--inh-caps=+net_raw,+net_admin",
-            "--ambient-caps=+net_raw,+net_admin",
+            &inh,
+            &ambient,
             "--",
             &bin.join("postgres").display().to_string(),
             "-D",

@@ -48,6 +48,14 @@ pub enum XdpError {
         "'{0}' already has an XDP program attached (another stack, or `ip link set dev {0} xdp off` to remove it)"
     )]
     Busy(String),
+    /// Another AF_XDP socket is bound to the queue.
+    #[error("queue {queue} of '{iface}' is taken by another AF_XDP socket (another stack on it?)")]
+    QueueBusy {
+        /// The interface.
+        iface: String,
+        /// The queue.
+        queue: u32,
+    },
     /// The MTU asks for frames larger than a UMEM frame holds.
     #[error("MTU {mtu} is above what AF_XDP carries here ({max})")]
     Mtu {

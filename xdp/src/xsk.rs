@@ -260,7 +260,13 @@ impl Xsk {
             fill.commit();
             debug_assert_eq!(n, ring);
         }
-        umem.bind(&user).map_err(|e| errno(iface, "bind", e))?;
+        umem.bind(&user).map_err(|e| match e.get_raw().abs() {
+            libc::EBUSY => XdpError::QueueBusy {
+                iface: iface.to_string(),
+                queue: cfg.queue,
+            },
+            _ => errno(iface, "bind", e),
+        })?;
         let zero_copy = zero_copy(rx.as_raw_fd());
         Ok(Xsk {
             rx,

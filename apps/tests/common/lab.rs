@@ -204,7 +204,7 @@ impl Lab {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.topo.ns(host.side())])
             .arg(env!("CARGO_BIN_EXE_ustack"))
-            .args(["exec", "--pcap", &host.iface(&self.topo)])
+            .args(["exec", super::backend_flag(), &host.iface(&self.topo)])
             .args(["--ip", &format!("{}/24", host.ip())]);
         if self.v6.get() {
             c.args(["--ip", host.ip6()]);

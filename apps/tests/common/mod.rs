@@ -353,14 +353,33 @@ macro_rules! need_program {
     };
 }
 
+/// The NET flag of the backend the tests' stacks run on: `--pcap`, or
+/// `--xdp` with `USTACK_TEST_BACKEND=xdp` (tools/test.sh runs the
+/// stock-program suite once more that way).
+#[allow(dead_code)]
+pub fn backend_flag() -> &'static str {
+    match std::env::var("USTACK_TEST_BACKEND").as_deref() {
+        Ok("xdp") => "--xdp",
+        Ok("pcap") | Ok("") | Err(_) => "--pcap",
+        Ok(other) => panic!("USTACK_TEST_BACKEND={other}: say pcap or xdp"),
+    }
+}
+
 impl Topo {
     /// `ustack run --pcap TAG-s --ip 10.77.0.2/24 EXTRA` in the stack
-    /// namespace, returned once it answers ARP.
+    /// namespace (`--xdp` as [`backend_flag`] says), returned once it
+    /// answers ARP.
     pub fn ustack_run(&self, extra: &[&str]) -> Daemon {
         let child = self
             .bin(
                 env!("CARGO_BIN_EXE_ustack"),
-                &["run", "--pcap", &self.stack_if(), "--ip", "10.77.0.2/24"],
+                &[
+                    "run",
+                    backend_flag(),
+                    &self.stack_if(),
+                    "--ip",
+                    "10.77.0.2/24",
+                ],
             )
             .args(extra)
             .stdout(std::process::Stdio::piped())
