@@ -17,13 +17,14 @@ pub fn counters(name: &str, s: &Snapshot) -> String {
     let _ = writeln!(out, "{name}:");
     let _ = writeln!(
         out,
-        "  port   rx {} pkts {} B  tx {} pkts {} B  missed {}  nombuf {}",
+        "  port   rx {} pkts {} B  tx {} pkts {} B  missed {}  nombuf {}  tx errors {}",
         s.port.rx_packets,
         s.port.rx_bytes,
         s.port.tx_packets,
         s.port.tx_bytes,
         s.port.rx_missed,
-        s.port.rx_nombuf
+        s.port.rx_nombuf,
+        s.port.tx_errors
     );
     let o = s.offloads;
     if o.tx_tcp_checksum || o.rx_checksum || o.tso_max > 0 {

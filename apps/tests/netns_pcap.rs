@@ -12,7 +12,6 @@ use common::*;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ustack_kit::bulk::fill_pattern;
 
 impl Topo {
     /// A ustack command in the stack namespace.
@@ -137,79 +136,11 @@ fn linux_ping_and_arping_are_answered_and_counters_agree() {
     assert!(ustack_rx >= 20 + 3, "{out}");
 }
 
-/// 64 MiB from a Linux client through ustack's echo and back, byte-exact,
-/// then 64 MiB from a ustack client to a Linux server.
+/// 64 MiB each way with Linux over pcap (see [`Topo::tcp_both_ways`]).
 fn tcp_both_ways(short: &str, impair: &[&str]) {
     let topo = Topo::up(short);
     let d = topo.daemon_with(impair);
-    const BYTES: usize = 64 << 20;
-    let (input, data) = random_file(BYTES);
-    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let shell = format!(
-        "nc -N -w 30 10.77.0.2 7 < {} > {}",
-        input.display(),
-        output.display()
-    );
-    let nc = topo.linux(&["sh", "-c", &shell]);
-    assert!(
-        nc.status.success(),
-        "nc: {}",
-        String::from_utf8_lossy(&nc.stderr)
-    );
-    let echoed = std::fs::read(&output).unwrap();
-    assert_eq!(echoed.len(), BYTES);
-    assert!(echoed == data, "echo differs from what was sent");
-    let (code, out, err) = d.stop();
-    assert_eq!(code, 0, "{out}{err}");
-    assert!(
-        out.contains(&format!("tcp services: {BYTES} bytes in, {BYTES} echoed")),
-        "{out}"
-    );
-
-    // ustack client -> Linux server.
-    let received = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let server = Command::new("ip")
-        .args(["netns", "exec", &topo.ns("linux"), "sh", "-c"])
-        .arg(format!(
-            "nc -l -N -w 60 10.77.0.1 5001 > {}",
-            received.display()
-        ))
-        .spawn()
-        .expect("nc -l");
-    let mut server = scopeguard(server);
-    std::thread::sleep(Duration::from_millis(300));
-    let send = topo
-        .ustack(&[
-            "send",
-            "--pcap",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-            "--to",
-            "10.77.0.1:5001",
-            "--bytes",
-            &BYTES.to_string(),
-        ])
-        .args(impair)
-        .output()
-        .expect("ustack send");
-    let text = String::from_utf8_lossy(&send.stdout);
-    assert!(
-        send.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&send.stderr)
-    );
-    let status = server.0.take().unwrap().wait().unwrap();
-    assert!(status.success());
-    let got = std::fs::read(&received).unwrap();
-    let mut want = vec![0u8; BYTES];
-    fill_pattern(0, &mut want);
-    assert_eq!(got.len(), BYTES);
-    assert!(got == want, "bytes at the Linux server differ");
-    assert!(
-        text.contains(&format!("crc32 {:08x}", crc32fast::hash(&want))),
-        "{text}"
-    );
+    let _ = topo.tcp_both_ways(d, "--pcap", impair);
 }
 
 /// Kills a child on drop unless taken.

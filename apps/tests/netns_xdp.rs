@@ -15,8 +15,6 @@ use common::*;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ustack_kit::bulk::fill_pattern;
-
 impl Topo {
     /// A ustack command in the stack namespace.
     fn ustack(&self, args: &[&str]) -> Command {
@@ -132,64 +130,20 @@ fn tcp_64_mib_both_ways_byte_exact() {
     need_root!();
     let topo = Topo::up("xt");
     let d = topo.xdp_daemon();
-    const BYTES: usize = 64 << 20;
-    let (input, data) = random_file(BYTES);
-    let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let shell = format!(
-        "nc -N -w 30 10.77.0.2 7 < {} > {}",
-        input.display(),
-        output.display()
-    );
-    let nc = topo.linux(&["sh", "-c", &shell]);
-    assert!(nc.status.success(), "nc: {}", text(&nc));
-    let echoed = std::fs::read(&output).unwrap();
-    assert_eq!(echoed.len(), BYTES);
-    assert!(echoed == data, "echo differs from what was sent");
-    let (code, out, err) = d.stop();
-    assert_eq!(code, 0, "{out}{err}");
+    let out = topo.tcp_both_ways(d, "--xdp", &[]);
+    // On a clean link nothing is lost on the way: no frame refused by the
+    // transmit ring (a reservation that saw the ring full when it was not
+    // once dropped frames and cost 200 ms timeouts), none missed on
+    // receive, nothing retransmitted.
+    let port = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("port"))
+        .unwrap_or_else(|| panic!("no port line: {out}"));
     assert!(
-        out.contains(&format!("tcp services: {BYTES} bytes in, {BYTES} echoed")),
-        "{out}"
+        port.contains("missed 0") && port.contains("tx errors 0"),
+        "{port}"
     );
-
-    // ustack client -> Linux server.
-    let received = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let server = Daemon::spawn(
-        Command::new("ip")
-            .args(["netns", "exec", &topo.ns("linux"), "sh", "-c"])
-            .arg(format!(
-                "nc -l -N -w 60 10.77.0.1 5001 > {}",
-                received.display()
-            )),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let send = topo
-        .ustack(&[
-            "send",
-            "--xdp",
-            &topo.stack_if(),
-            "--ip",
-            "10.77.0.2/24",
-            "--to",
-            "10.77.0.1:5001",
-            "--bytes",
-            &BYTES.to_string(),
-        ])
-        .output()
-        .expect("ustack send");
-    assert!(send.status.success(), "{}", text(&send));
-    let (code, _, err) = server.wait();
-    assert_eq!(code, 0, "nc -l: {err}");
-    let got = std::fs::read(&received).unwrap();
-    let mut want = vec![0u8; BYTES];
-    fill_pattern(0, &mut want);
-    assert_eq!(got.len(), BYTES);
-    assert!(got == want, "bytes at the Linux server differ");
-    assert!(
-        text(&send).contains(&format!("crc32 {:08x}", crc32fast::hash(&want))),
-        "{}",
-        text(&send)
-    );
+    assert!(out.contains("retransmits 0"), "{out}");
 }
 
 #[test]

@@ -220,6 +220,9 @@ pub struct Port<D: Device> {
     events: Vec<Event>,
     /// The device's offloads, read once.
     offloads: crate::phy::device::Offloads,
+    /// Frames the device refused on transmit (a full ring), dropped here:
+    /// counted in the port's `tx_errors`, so no frame goes unsaid.
+    tx_refused: u64,
 }
 
 impl<D: Device + std::fmt::Debug> std::fmt::Debug for Port<D> {
@@ -242,7 +245,16 @@ impl<D: Device> Port<D> {
             rx: Vec::with_capacity(BURST),
             txq: Vec::with_capacity(BURST),
             events: Vec::new(),
+            tx_refused: 0,
         }
+    }
+
+    /// The device's counters, with the frames it refused on transmit in
+    /// `tx_errors`.
+    pub fn port_stats(&self) -> crate::phy::device::PortStats {
+        let mut s = self.dev.port_stats();
+        s.tx_errors += self.tx_refused;
+        s
     }
 
     /// The device back (after a start-up phase driven on a port of its
@@ -323,11 +335,9 @@ impl<D: Device> Port<D> {
         let exit = app.poll(now, stack) == Control::Exit;
         stack.poll(now, &mut tx);
         tx.flush();
-        StepReport {
-            rx,
-            tx: tx.sent,
-            exit,
-        }
+        let (sent, refused) = (tx.sent, tx.refused);
+        self.tx_refused += refused;
+        StepReport { rx, tx: sent, exit }
     }
 
     /// The readiness events the last [`step`](Self::step) handed the app
@@ -364,7 +374,7 @@ impl<D: Device> Port<D> {
                 stats: s.stats,
             }),
             stack: stats,
-            port: self.dev.port_stats(),
+            port: self.port_stats(),
             offloads: self.offloads,
             pools,
         }

@@ -40,6 +40,10 @@ impl XskConfig {
     }
 }
 
+/// `sendto` calls at most per transmit burst (see [`Xsk::transmit`]): 64
+/// batches of 32 frames cover a full ring of 2048.
+const MAX_KICKS: usize = 64;
+
 /// The kernel's room before a received frame in its UMEM frame.
 const XDP_PACKET_HEADROOM: usize = 256;
 
@@ -311,9 +315,15 @@ impl Xsk {
     pub fn receive(&mut self, max: usize, mut f: impl FnMut(&[u8])) -> usize {
         let mask = !(u64::from(self.frame_size) - 1);
         let mut n = 0;
-        {
-            let mut rx = self.rx.receive(max.min(u32::MAX as usize) as u32);
+        // A look at the ring may see only part of what is there (the
+        // kernel's producer index is read again only when the cached view
+        // is used up): look until `max` or nothing more.
+        let mut seen = 0;
+        while seen < max {
+            let mut rx = self.rx.receive((max - seen).min(u32::MAX as usize) as u32);
+            let before = seen;
             while let Some(XdpDesc { addr, len, .. }) = rx.read() {
+                seen += 1;
                 if let Some(frame) = self.area.bytes(addr, len as usize) {
                     f(frame);
                     n += 1;
@@ -321,11 +331,17 @@ impl Xsk {
                 self.refill.push(addr & mask);
             }
             rx.release();
+            if seen == before {
+                break;
+            }
         }
-        if !self.refill.is_empty() {
+        while !self.refill.is_empty() {
             let mut fill = self.device.fill(self.refill.len() as u32);
             let put = fill.insert(self.refill.iter().copied()) as usize;
             fill.commit();
+            if put == 0 {
+                break;
+            }
             self.refill.drain(..put);
         }
         if self.device.needs_wakeup() {
@@ -336,13 +352,20 @@ impl Xsk {
         n
     }
 
-    /// Take back the frames the kernel has sent.
+    /// Take back the frames the kernel has sent (as for reservations, a
+    /// look may see only part of what is there: look until nothing is).
     fn reap(&mut self) {
-        let mut done = self.device.complete(u32::MAX);
-        while let Some(addr) = done.read() {
-            self.free.push(addr);
+        loop {
+            let mut done = self.device.complete(u32::MAX);
+            let before = self.free.len();
+            while let Some(addr) = done.read() {
+                self.free.push(addr);
+            }
+            done.release();
+            if self.free.len() == before {
+                return;
+            }
         }
-        done.release();
     }
 
     /// Queue frames from the front of `frames` for transmit, removing those
@@ -376,12 +399,19 @@ impl Xsk {
             });
             taken += 1;
         }
-        let queued = {
-            let mut tx = self.tx.transmit(descs.len() as u32);
-            let n = tx.insert(descs.iter().copied()) as usize;
+        // A reservation may give fewer slots than the ring has free (it
+        // reads the kernel's consumer index only when its cached view is
+        // exhausted): ask again until all are in or none fit.
+        let mut queued = 0;
+        while queued < descs.len() {
+            let mut tx = self.tx.transmit((descs.len() - queued) as u32);
+            let n = tx.insert(descs[queued..].iter().copied()) as usize;
             tx.commit();
-            n
-        };
+            if n == 0 {
+                break;
+            }
+            queued += n;
+        }
         // Descriptors the ring had no room for: their frames are free again,
         // and their packets stay with the caller.
         let mut kept = 0;
@@ -391,11 +421,22 @@ impl Xsk {
         }
         let sent = taken - kept;
         frames.drain(..sent);
-        if queued > 0 && self.tx.needs_wakeup() {
+        self.kick();
+        queued
+    }
+
+    /// Have the kernel send what waits in the transmit ring. In copy mode
+    /// one `sendto` sends at most a small batch (32 frames in Linux 6.x),
+    /// so it is repeated while descriptors wait, a few times at most: a
+    /// frame left in the ring would wait for the next burst.
+    fn kick(&mut self) {
+        for _ in 0..MAX_KICKS {
+            if self.tx.pending() == 0 || !self.tx.needs_wakeup() {
+                return;
+            }
             self.tx.wake();
             self.tx_wakeups += 1;
         }
-        queued
     }
 
     /// Frames queued for transmit that the kernel has not sent yet (half

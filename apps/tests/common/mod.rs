@@ -260,6 +260,85 @@ impl Drop for Daemon {
 }
 
 impl Topo {
+    /// 64 MiB from a Linux client through the echo service of `d` (a
+    /// `ustack run` on this topology) and back, byte-exact; then, with `d`
+    /// stopped, 64 MiB from `ustack send NET_FLAG TAG-s` (and `extra`) to
+    /// a Linux `nc -l`, checked by content and by the CRC-32 it prints.
+    /// Returns what `d` printed at exit (its counters).
+    #[allow(dead_code)]
+    pub fn tcp_both_ways(&self, d: Daemon, net_flag: &str, extra: &[&str]) -> String {
+        const BYTES: usize = 64 << 20;
+        let (input, data) = random_file(BYTES);
+        let output = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+        let shell = format!(
+            "nc -N -w 30 10.77.0.2 7 < {} > {}",
+            input.display(),
+            output.display()
+        );
+        let nc = self.linux(&["sh", "-c", &shell]);
+        assert!(
+            nc.status.success(),
+            "nc: {}",
+            String::from_utf8_lossy(&nc.stderr)
+        );
+        let echoed = std::fs::read(&output).unwrap();
+        assert_eq!(echoed.len(), BYTES);
+        assert!(echoed == data, "echo differs from what was sent");
+        let (code, out, err) = d.stop();
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(
+            out.contains(&format!("tcp services: {BYTES} bytes in, {BYTES} echoed")),
+            "{out}"
+        );
+        // ustack client -> Linux server.
+        let received = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+        let server = Daemon::spawn(
+            Command::new("ip")
+                .args(["netns", "exec", &self.ns("linux"), "sh", "-c"])
+                .arg(format!(
+                    "nc -l -N -w 60 10.77.0.1 5001 > {}",
+                    received.display()
+                )),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let send = self
+            .bin(
+                env!("CARGO_BIN_EXE_ustack"),
+                &[
+                    "send",
+                    net_flag,
+                    &self.stack_if(),
+                    "--ip",
+                    "10.77.0.2/24",
+                    "--to",
+                    "10.77.0.1:5001",
+                    "--bytes",
+                    &BYTES.to_string(),
+                ],
+            )
+            .args(extra)
+            .output()
+            .expect("ustack send");
+        let text = String::from_utf8_lossy(&send.stdout);
+        assert!(
+            send.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&send.stderr)
+        );
+        let (code, _, err) = server.wait();
+        assert_eq!(code, 0, "nc -l: {err}");
+        let got = std::fs::read(&received).unwrap();
+        let mut want = vec![0u8; BYTES];
+        fill_pattern(0, &mut want);
+        assert_eq!(got.len(), BYTES);
+        assert!(got == want, "bytes at the Linux server differ");
+        assert!(
+            text.contains(&format!("crc32 {:08x}", crc32fast::hash(&want))),
+            "{text}"
+        );
+        out
+    }
+
     /// A stock `iperf3 -s -1 -J` on the Linux side (10.77.0.1), given half
     /// a second to listen; it exits by itself after one test.
     pub fn linux_iperf3_server(&self) -> Daemon {

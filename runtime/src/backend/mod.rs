@@ -5,3 +5,22 @@ pub mod offload;
 pub mod pcap;
 #[cfg(feature = "xdp")]
 pub mod xdp;
+
+/// Wait at most `timeout` for `fd` (a port's receive descriptor) to be
+/// readable. An error state (the interface went away) is not a wake-up:
+/// `false`, and the caller sleeps; the next receive reports it.
+#[cfg(any(feature = "pcap", feature = "xdp"))]
+pub(crate) fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: std::time::Duration) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let ts = Timespec {
+        tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
+        tv_nsec: timeout.subsec_nanos().into(),
+    };
+    match rustix::event::poll(&mut fds, Some(&ts)) {
+        Ok(_) => !fds[0]
+            .revents()
+            .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL),
+        Err(_) => false,
+    }
+}

@@ -12,7 +12,6 @@ use std::os::fd::AsFd;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ::pcap::{Active, Capture, Direction, Linktype, Packet, PacketHeader, Savefile};
-use rustix::event::{PollFd, PollFlags, Timespec};
 use smoltcp::wire::EthernetAddress;
 
 use ustack::phy::device::{Device, DeviceCaps, PortStats};
@@ -398,19 +397,7 @@ impl Device for PcapPort {
         }
         // libpcap's descriptor (the packet socket) is readable once a frame
         // is in its ring.
-        let mut fds = [PollFd::new(&self.cap, PollFlags::IN)];
-        let ts = Timespec {
-            tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
-            tv_nsec: timeout.subsec_nanos().into(),
-        };
-        match rustix::event::poll(&mut fds, Some(&ts)) {
-            // An error state (the interface went away) is not a wake-up:
-            // the caller sleeps and the next receive reports it.
-            Ok(_) => !fds[0]
-                .revents()
-                .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL),
-            Err(_) => false,
-        }
+        super::wait_readable(self.cap.as_fd(), timeout)
     }
 
     fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {

@@ -11,7 +11,6 @@
 //! copy each way as over pcap; zero-copy, where the driver has it, is the
 //! kernel's side (the NIC writes into the UMEM).
 
-use rustix::event::{PollFd, PollFlags, Timespec};
 use smoltcp::wire::EthernetAddress;
 
 use ustack::phy::device::{Device, DeviceCaps, PortStats};
@@ -207,17 +206,7 @@ impl Device for XdpPort {
     }
 
     fn wait_rx(&mut self, timeout: std::time::Duration) -> bool {
-        let mut fds = [PollFd::new(&self.xsk, PollFlags::IN)];
-        let ts = Timespec {
-            tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
-            tv_nsec: timeout.subsec_nanos().into(),
-        };
-        match rustix::event::poll(&mut fds, Some(&ts)) {
-            Ok(_) => !fds[0]
-                .revents()
-                .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL),
-            Err(_) => false,
-        }
+        super::wait_readable(self.xsk.fd(), timeout)
     }
 
     fn rx_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {

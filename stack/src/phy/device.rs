@@ -258,6 +258,8 @@ pub struct DeviceTx<'a, D: Device> {
     pub dropped: u64,
     /// Frames the port accepted for transmission.
     pub sent: u64,
+    /// Frames the port refused (a full ring), dropped: also in `dropped`.
+    pub refused: u64,
 }
 
 impl<'a, D: Device> DeviceTx<'a, D> {
@@ -272,6 +274,7 @@ impl<'a, D: Device> DeviceTx<'a, D> {
             burst: burst.max(1),
             dropped: 0,
             sent: 0,
+            refused: 0,
         }
     }
 
@@ -283,6 +286,7 @@ impl<'a, D: Device> DeviceTx<'a, D> {
         }
         self.sent += self.dev.tx_burst(self.now, self.queue) as u64;
         self.dropped += self.queue.len() as u64;
+        self.refused += self.queue.len() as u64;
         self.queue.clear();
     }
 }
