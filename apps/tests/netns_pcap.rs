@@ -12,7 +12,6 @@ use common::*;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-
 impl Topo {
     /// A ustack command in the stack namespace.
     fn ustack(&self, args: &[&str]) -> Command {

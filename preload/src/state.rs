@@ -94,6 +94,9 @@ pub fn spin_until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) ->
             return true;
         }
         if Instant::now() >= until {
+            // The caller now waits in the kernel: the loop's thread takes
+            // the stack back at once.
+            s.net.stop_driving();
             return false;
         }
     }

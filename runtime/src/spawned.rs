@@ -237,7 +237,7 @@ const DRIVING: u64 = 200;
 
 impl Shared {
     /// Whether a caller drove the stack in the last [`DRIVING`] µs.
-    fn driving(&self) -> bool {
+    pub(crate) fn driving(&self) -> bool {
         let at = self.driven_at.load(Ordering::Relaxed);
         at != 0 && since_start().saturating_sub(at) < DRIVING
     }
@@ -828,6 +828,19 @@ impl Net {
             });
         s.drivers.fetch_sub(1, Ordering::SeqCst);
         ran
+    }
+
+    /// A caller that drove the stack ([`drive`](Self::drive)) is about to
+    /// wait elsewhere (in the kernel): the loop's thread, which stays out
+    /// of a driving caller's way with long sleeps, takes over now.
+    pub fn stop_driving(&self) {
+        let s = &self.shared;
+        if s.driven_at.swap(0, Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Some(t) = s.loop_thread.lock().as_ref() {
+            t.unpark();
+        }
     }
 }
 
