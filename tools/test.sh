@@ -122,7 +122,7 @@ step "rustdoc: cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked -p ustack -p ustack-runtime --all-features
 
 step "build: default features (pure Rust)"
-cargo build --workspace --locked --exclude ustack-verbs --exclude dpdk-sys --exclude ustack-dpdk
+cargo build --workspace --locked --exclude ustack-verbs --exclude dpdk-sys --exclude ustack-dpdk --exclude ustack-xdp
 
 step "build: all features, release"
 cargo build --workspace --all-features --release --locked
