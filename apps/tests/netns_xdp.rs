@@ -12,7 +12,7 @@
 mod common;
 use common::*;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 impl Topo {
@@ -23,21 +23,7 @@ impl Topo {
 
     /// `ustack run --xdp TAG-s --ip 10.77.0.2/24`, once it answers ARP.
     fn xdp_daemon(&self) -> Daemon {
-        let child = self
-            .ustack(&["run", "--xdp", &self.stack_if(), "--ip", "10.77.0.2/24"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start ustack run");
-        let d = Daemon::new(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.arping_once() {
-            assert!(
-                Instant::now() < deadline,
-                "ustack run --xdp did not come up"
-            );
-        }
-        d
+        self.ustack_run_on("--xdp", &[])
     }
 
     /// `ip link show` of the stack's interface, in its namespace.

@@ -449,16 +449,16 @@ impl Topo {
     /// namespace (`--xdp` as [`backend_flag`] says), returned once it
     /// answers ARP.
     pub fn ustack_run(&self, extra: &[&str]) -> Daemon {
+        self.ustack_run_on(backend_flag(), extra)
+    }
+
+    /// [`ustack_run`](Self::ustack_run) on the backend `net_flag` names
+    /// (`--pcap`, `--xdp`).
+    pub fn ustack_run_on(&self, net_flag: &str, extra: &[&str]) -> Daemon {
         let child = self
             .bin(
                 env!("CARGO_BIN_EXE_ustack"),
-                &[
-                    "run",
-                    backend_flag(),
-                    &self.stack_if(),
-                    "--ip",
-                    "10.77.0.2/24",
-                ],
+                &["run", net_flag, &self.stack_if(), "--ip", "10.77.0.2/24"],
             )
             .args(extra)
             .stdout(std::process::Stdio::piped())

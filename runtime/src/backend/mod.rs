@@ -24,3 +24,27 @@ pub(crate) fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: std::time:
         Err(_) => false,
     }
 }
+
+/// Why an interface cannot carry frames (see [`link_up`]).
+#[cfg(any(feature = "pcap", feature = "xdp"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkDown {
+    /// No interface has the name (any more).
+    Gone,
+    /// It exists and is administratively down.
+    Down,
+}
+
+/// Whether `iface` exists and is administratively up (IFF_UP in sysfs):
+/// libpcap and AF_XDP do not report an interface going down, they just
+/// stop delivering.
+#[cfg(any(feature = "pcap", feature = "xdp"))]
+pub(crate) fn link_up(iface: &str) -> Result<(), LinkDown> {
+    let flags = std::fs::read_to_string(format!("/sys/class/net/{iface}/flags"))
+        .map_err(|_| LinkDown::Gone)?;
+    let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap_or(1);
+    if flags & 1 == 0 {
+        return Err(LinkDown::Down);
+    }
+    Ok(())
+}

@@ -102,16 +102,12 @@ fn send_failure(msg: &str) -> SendFailure {
 /// interface going down; it just stops delivering).
 const LINK_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Whether `iface` exists and is administratively up (IFF_UP in sysfs).
+/// Whether `iface` exists and is up, as a [`PcapError`].
 fn link_up(iface: &str) -> Result<(), PcapError> {
-    let path = format!("/sys/class/net/{iface}/flags");
-    let flags = std::fs::read_to_string(&path)
-        .map_err(|_| PcapError::NoSuchInterface(iface.to_string()))?;
-    let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap_or(1);
-    if flags & 1 == 0 {
-        return Err(PcapError::Down(iface.to_string()));
-    }
-    Ok(())
+    super::link_up(iface).map_err(|e| match e {
+        super::LinkDown::Gone => PcapError::NoSuchInterface(iface.to_string()),
+        super::LinkDown::Down => PcapError::Down(iface.to_string()),
+    })
 }
 
 impl core::fmt::Debug for PcapPort {

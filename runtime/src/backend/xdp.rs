@@ -128,15 +128,12 @@ impl XdpPort {
     }
 }
 
-/// Whether `iface` still exists and is up.
+/// Whether `iface` still exists and is up, as the port's failure.
 fn link_up(iface: &str) -> Result<(), String> {
-    let flags = std::fs::read_to_string(format!("/sys/class/net/{iface}/flags"))
-        .map_err(|_| format!("interface '{iface}' is gone"))?;
-    let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap_or(1);
-    if flags & 1 == 0 {
-        return Err(format!("interface '{iface}' is down"));
-    }
-    Ok(())
+    super::link_up(iface).map_err(|e| match e {
+        super::LinkDown::Gone => format!("interface '{iface}' is gone"),
+        super::LinkDown::Down => format!("interface '{iface}' is down"),
+    })
 }
 
 impl Device for XdpPort {
