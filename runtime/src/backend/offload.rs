@@ -22,13 +22,17 @@
 //!   programs under `ustack exec`, and one that reaps every child on
 //!   SIGCHLD (ncat) took the child's status from us (or we its).
 
-use ustack::phy::device::PortStats;
 pub use ustack::phy::offload::{
     complete_checksum, is_partial_checksum, l4_checksum_ok, split_aggregate,
 };
-use ustack::phy::pool::{PacketBuf, Pool, SlabBuf, SlabPool};
-use ustack::time::Instant;
+#[cfg(any(feature = "pcap", feature = "xdp"))]
+use ustack::{
+    phy::device::PortStats,
+    phy::pool::{PacketBuf, Pool, SlabBuf, SlabPool},
+    time::Instant,
+};
 
+#[cfg(any(feature = "pcap", feature = "xdp"))]
 /// A frame the kernel handed a port (pcap, AF_XDP), put in `out` as the
 /// engine takes it: copied into a buffer of `pool` stamped `at`; an
 /// aggregate larger than the MTU cut back into segments (if its checksum
@@ -101,6 +105,7 @@ pub(crate) fn deliver(
     (1, left)
 }
 
+#[cfg(any(feature = "pcap", feature = "xdp"))]
 /// The notice for partial checksums a port drops (see [`deliver`]).
 pub(crate) fn partial_checksum_notice(port: &str, iface: &str) -> String {
     format!(
@@ -112,6 +117,7 @@ pub(crate) fn partial_checksum_notice(port: &str, iface: &str) -> String {
     )
 }
 
+#[cfg(any(feature = "pcap", feature = "xdp"))]
 /// For a veth: which interface its peer is (`iflink`), for a message.
 fn veth_peer_hint(iface: &str) -> String {
     let read = |f: &str| std::fs::read_to_string(format!("/sys/class/net/{iface}/{f}"));
