@@ -10,8 +10,9 @@
 //!
 //! # From a builder to a running stack
 //!
-//! [`Builder`] reads like the command line (`--pcap IFACE | --dpdk "EAL
-//! ARGS" | --sim`, `--ip`, `--gw`, `--mac`, `--core`, `--telemetry`,
+//! [`Builder`] reads like the command line (`--pcap IFACE | --xdp
+//! IFACE[:QUEUE] | --dpdk "EAL ARGS" | --sim`, `--ip`, `--gw`, `--mac`,
+//! `--core`, `--telemetry`,
 //! `--capture`) and [`build`](Builder::build)s a typed [`NetConfig`]: the
 //! [`Backend`], the engine's [`ustack::Config`] and the loop's settings.
 //! Then either:
@@ -26,7 +27,10 @@
 //!
 //! Backends: [`Backend::Sim`] (an in-process [`ustack::sim::SimLink`]: no
 //! root, no NIC), [`Backend::Pcap`] (feature `pcap`: any interface through
-//! libpcap, the stack taking its own MAC and address), [`Backend::Dpdk`]
+//! libpcap, the stack taking its own MAC and address), [`Backend::Xdp`]
+//! (feature `xdp`: a queue of an interface through AF_XDP, an XDP program
+//! sending the stack's frames to it and the rest to the kernel),
+//! [`Backend::Dpdk`]
 //! (feature `dpdk`: a DPDK port, busy-polled on a pinned core). A capture
 //! file ([`Builder::capture`], feature `pcap`) and impairments
 //! ([`Builder::impair`]) wrap any of them. Lower down,
