@@ -20,7 +20,7 @@ mod xsk;
 
 pub use member::UnicastMembership;
 pub use steer::{Steering, SteeringMode};
-pub use xsk::{Xsk, XskConfig, XskStats};
+pub use xsk::{Sent, Xsk, XskConfig, XskStats};
 
 /// What can go wrong opening or running AF_XDP.
 #[derive(Debug, thiserror::Error)]

@@ -61,8 +61,17 @@ pub struct XskStats {
     pub tx_invalid: u64,
     /// Wake-ups sent to the kernel for transmit (`sendto`).
     pub tx_wakeups: u64,
-    /// Frames too long for a UMEM frame, not sent.
-    pub tx_oversize: u64,
+}
+
+/// What one [`Xsk::transmit`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Frames queued for the kernel.
+    pub frames: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Frames too long for a UMEM frame: dropped.
+    pub oversize: usize,
 }
 
 /// Anonymous, page-aligned memory for the UMEM, unmapped on drop.
@@ -157,12 +166,13 @@ pub struct Xsk {
     free: Vec<u64>,
     /// Received frames copied out, to go back to the fill ring.
     refill: Vec<u64>,
+    /// A transmit burst's descriptors (kept to spare an allocation a burst).
+    descs: Vec<XdpDesc>,
     frame_size: u32,
     zero_copy: bool,
     iface: String,
     queue: u32,
     tx_wakeups: u64,
-    tx_oversize: u64,
     area: Area,
 }
 
@@ -285,8 +295,8 @@ impl Xsk {
             zero_copy,
             iface: iface.to_string(),
             queue: cfg.queue,
+            descs: Vec::with_capacity(ring as usize),
             tx_wakeups: 0,
-            tx_oversize: 0,
             area,
         })
     }
@@ -295,11 +305,6 @@ impl Xsk {
     /// into the UMEM) rather than copying frames in and out.
     pub fn zero_copy(&self) -> bool {
         self.zero_copy
-    }
-
-    /// The interface's queue this socket is bound to.
-    pub fn queue(&self) -> u32 {
-        self.queue
     }
 
     /// The socket's descriptor: readable when frames wait in the receive
@@ -369,60 +374,56 @@ impl Xsk {
     }
 
     /// Queue frames from the front of `frames` for transmit, removing those
-    /// queued, and tell the kernel. Frames left in `frames` found no room
-    /// (no free UMEM frame or a full ring). Returns how many were queued;
-    /// a frame too long for a UMEM frame is dropped and counted.
-    pub fn transmit<B: AsRef<[u8]>>(&mut self, frames: &mut Vec<B>) -> usize {
+    /// queued (and those too long for a UMEM frame, dropped), and tell the
+    /// kernel. Frames left in `frames` found no free UMEM frame.
+    pub fn transmit<B: AsRef<[u8]>>(&mut self, frames: &mut Vec<B>) -> Sent {
         self.reap();
         let max = self.frame_size as usize;
-        let mut descs = Vec::with_capacity(frames.len().min(self.free.len()));
+        let mut sent = Sent::default();
         let mut taken = 0;
+        self.descs.clear();
         for frame in frames.iter() {
             let bytes = frame.as_ref();
             if bytes.len() > max {
-                self.tx_oversize += 1;
+                sent.oversize += 1;
                 taken += 1;
                 continue;
             }
             let Some(addr) = self.free.pop() else { break };
-            match self.area.bytes_mut(addr, bytes.len()) {
-                Some(dst) => dst.copy_from_slice(bytes),
-                None => {
-                    self.free.push(addr);
-                    break;
-                }
-            }
-            descs.push(XdpDesc {
+            let Some(dst) = self.area.bytes_mut(addr, bytes.len()) else {
+                self.free.push(addr);
+                break;
+            };
+            dst.copy_from_slice(bytes);
+            self.descs.push(XdpDesc {
                 addr,
                 len: bytes.len() as u32,
                 options: 0,
             });
+            sent.bytes += bytes.len() as u64;
             taken += 1;
         }
-        // A reservation may give fewer slots than the ring has free (it
-        // reads the kernel's consumer index only when its cached view is
-        // exhausted): ask again until all are in or none fit.
-        let mut queued = 0;
-        while queued < descs.len() {
-            let mut tx = self.tx.transmit((descs.len() - queued) as u32);
-            let n = tx.insert(descs[queued..].iter().copied()) as usize;
+        // The ring has a slot for every transmit frame of the UMEM, so one
+        // is free for each frame taken from `free`; but a reservation may
+        // see fewer (it reads the kernel's consumer index only when its
+        // cached view is used up): ask again until all are in.
+        while sent.frames < self.descs.len() {
+            let mut tx = self.tx.transmit((self.descs.len() - sent.frames) as u32);
+            let n = tx.insert(self.descs[sent.frames..].iter().copied()) as usize;
             tx.commit();
             if n == 0 {
                 break;
             }
-            queued += n;
+            sent.frames += n;
         }
-        // Descriptors the ring had no room for: their frames are free again,
-        // and their packets stay with the caller.
-        let mut kept = 0;
-        for d in &descs[queued..] {
-            self.free.push(d.addr);
-            kept += 1;
-        }
-        let sent = taken - kept;
-        frames.drain(..sent);
+        debug_assert_eq!(
+            sent.frames,
+            self.descs.len(),
+            "a transmit frame without a ring slot"
+        );
+        frames.drain(..taken);
         self.kick();
-        queued
+        sent
     }
 
     /// Have the kernel send what waits in the transmit ring. In copy mode
@@ -439,12 +440,6 @@ impl Xsk {
         }
     }
 
-    /// Frames queued for transmit that the kernel has not sent yet (half
-    /// the UMEM is for transmit).
-    pub fn tx_in_flight(&self) -> usize {
-        (self.area.len / self.frame_size as usize / 2).saturating_sub(self.free.len())
-    }
-
     /// The socket's counters.
     pub fn stats(&self) -> XskStats {
         let k = self.device.statistics_v2().ok();
@@ -454,7 +449,6 @@ impl Xsk {
             rx_fill_ring_empty: k.as_ref().map_or(0, |s| s.rx_fill_ring_empty_descs),
             tx_invalid: k.as_ref().map_or(0, |s| s.tx_invalid_descs),
             tx_wakeups: self.tx_wakeups,
-            tx_oversize: self.tx_oversize,
         }
     }
 }

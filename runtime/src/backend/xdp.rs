@@ -48,7 +48,7 @@ pub struct XdpPortConfig {
 /// An interface driven through AF_XDP.
 pub struct XdpPort {
     // The program is detached before the socket closes (field order).
-    steering: Steering,
+    _steering: Steering,
     xsk: Xsk,
     _member: Option<UnicastMembership>,
     iface: String,
@@ -103,7 +103,7 @@ impl XdpPort {
             if own_mac { "own" } else { "the interface's" }
         );
         Ok(XdpPort {
-            steering,
+            _steering: steering,
             xsk,
             _member: member,
             iface: iface.to_string(),
@@ -115,16 +115,6 @@ impl XdpPort {
             failed: None,
             next_link_check: Instant::ZERO,
         })
-    }
-
-    /// Whether the program runs in the driver (native) or generically.
-    pub fn steering_mode(&self) -> SteeringMode {
-        self.steering.mode()
-    }
-
-    /// Whether the socket runs zero-copy.
-    pub fn zero_copy(&self) -> bool {
-        self.xsk.zero_copy()
     }
 }
 
@@ -171,15 +161,11 @@ impl Device for XdpPort {
     }
 
     fn tx_burst(&mut self, _: Instant, pkts: &mut Vec<SlabBuf>) -> usize {
-        let bytes: u64 = pkts.iter().map(|p| p.as_ref().len() as u64).sum();
-        let before = pkts.len();
         let sent = self.xsk.transmit(pkts);
-        let left: u64 = pkts.iter().map(|p| p.as_ref().len() as u64).sum();
-        self.stats.tx_packets += sent as u64;
-        self.stats.tx_bytes += bytes - left;
-        // Frames dropped as too long left `pkts` without being queued.
-        self.stats.tx_errors += (before - pkts.len() - sent) as u64;
-        sent
+        self.stats.tx_packets += sent.frames as u64;
+        self.stats.tx_bytes += sent.bytes;
+        self.stats.tx_errors += sent.oversize as u64;
+        sent.frames
     }
 
     fn alloc_tx(&mut self) -> Option<SlabBuf> {
