@@ -1,8 +1,10 @@
 //! TCP send and receive rings.
 //!
-//! Both rings are allocated at construction; no per-segment call allocates.
-//! Only receive-window autotuning grows a [`RecvBuffer`]
-//! ([`RecvBuffer::grow`]), a few times in a connection's life. [`SendBuffer`] holds what the app wrote until
+//! Both rings have a fixed capacity (autotuning raises a [`RecvBuffer`]'s,
+//! [`RecvBuffer::grow`]) and take memory as data passes: nothing until the
+//! first byte, then a few KiB doubling up to the capacity, so a segment
+//! allocates only while a ring is still growing, a few times in a
+//! connection's life. [`SendBuffer`] holds what the app wrote until
 //! the peer acknowledges it; [`RecvBuffer`] holds what arrived until the app
 //! reads it, including out-of-order data, which sits at its final position in
 //! the same ring (so filling the hole in front of it makes it readable with no
@@ -14,7 +16,26 @@
 
 use crate::wire::checksum;
 
-/// A fixed byte ring addressed by logical position from its start (`head`).
+/// Bytes a ring allocates when it is first written (or more, if the first
+/// write is larger); it then doubles as data needs, up to its capacity.
+/// Tests use a small one so that their small buffers grow too.
+#[cfg(not(test))]
+const FIRST_ALLOCATION: usize = 4096;
+#[cfg(test)]
+const FIRST_ALLOCATION: usize = 16;
+
+/// A byte ring of fixed logical capacity addressed by logical position from
+/// its start (`head`).
+///
+/// The memory behind it is allocated as data arrives, not up front: a
+/// connection that carries a 100-byte request and its reply touches 4 KiB,
+/// not the hundreds of kilobytes its window allows (zeroing those was most
+/// of the cost of a short connection). The allocation starts at
+/// [`FIRST_ALLOCATION`] bytes and doubles, up to the capacity, when a
+/// write reaches past it; growing lays the held bytes out from the
+/// allocation's first byte again. Invariant: every byte written lies at a
+/// logical position below the allocation's length, so positions wrap at
+/// that length, which equals the capacity once fully grown.
 ///
 /// Every method clamps: bytes that would fall outside `[0, capacity)` are not
 /// copied.
@@ -22,39 +43,67 @@ use crate::wire::checksum;
 struct Ring {
     buf: Box<[u8]>,
     head: usize,
+    cap: usize,
 }
 
 impl Ring {
     fn new(capacity: usize) -> Self {
         Ring {
-            buf: vec![0; capacity].into_boxed_slice(),
+            buf: Box::default(),
             head: 0,
+            cap: capacity,
         }
     }
 
     fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Bytes allocated now (at most the capacity).
+    fn allocated(&self) -> usize {
         self.buf.len()
     }
 
-    /// Physical index of logical position `pos` (`pos < capacity`).
+    /// Physical index of logical position `pos` (`pos < allocated`).
     fn index(&self, pos: usize) -> usize {
-        let cap = self.buf.len();
-        // head < cap and pos < cap: the sum cannot overflow (a slice is at
+        let len = self.buf.len();
+        // head < len and pos < len: the sum cannot overflow (a slice is at
         // most isize::MAX bytes).
         let i = self.head + pos;
-        if i >= cap { i - cap } else { i }
+        if i >= len { i - len } else { i }
+    }
+
+    /// Make logical positions `..end` writable (`end <= capacity`):
+    /// allocate at least double (a power of two, or the capacity), held
+    /// bytes moved to the new allocation's start.
+    fn reserve(&mut self, end: usize) {
+        let have = self.buf.len();
+        if end <= have {
+            return;
+        }
+        let want = end
+            .max(have * 2)
+            .max(FIRST_ALLOCATION)
+            .checked_next_power_of_two()
+            .unwrap_or(self.cap)
+            .min(self.cap);
+        let mut buf = vec![0; want].into_boxed_slice();
+        self.read(0, &mut buf[..have]);
+        self.buf = buf;
+        self.head = 0;
     }
 
     /// Copy `src` to logical positions `pos..`; what would run past the
     /// capacity is not copied. Returns bytes copied.
     fn write(&mut self, pos: usize, src: &[u8]) -> usize {
-        let cap = self.buf.len();
-        if pos >= cap {
+        if pos >= self.cap {
             return 0;
         }
-        let n = src.len().min(cap - pos);
+        let n = src.len().min(self.cap - pos);
+        self.reserve(pos + n);
+        let len = self.buf.len();
         let at = self.index(pos);
-        let first = n.min(cap - at);
+        let first = n.min(len - at);
         let (a, b) = src[..n].split_at(first);
         self.buf[at..at + first].copy_from_slice(a);
         self.buf[..b.len()].copy_from_slice(b);
@@ -62,15 +111,16 @@ impl Ring {
     }
 
     /// Copy logical positions `pos..` into `dst`; what would run past the
-    /// capacity is not copied. Returns bytes copied.
+    /// allocation (bytes never written) is not copied. Returns bytes
+    /// copied.
     fn read(&self, pos: usize, dst: &mut [u8]) -> usize {
-        let cap = self.buf.len();
-        if pos >= cap {
+        let len = self.buf.len();
+        if pos >= len {
             return 0;
         }
-        let n = dst.len().min(cap - pos);
+        let n = dst.len().min(len - pos);
         let at = self.index(pos);
-        let first = n.min(cap - at);
+        let first = n.min(len - at);
         let (a, b) = dst[..n].split_at_mut(first);
         a.copy_from_slice(&self.buf[at..at + first]);
         let rest = b.len();
@@ -84,13 +134,13 @@ impl Ring {
     /// source beats summing the bytes just written (they are still on
     /// their way to the cache).
     fn read_summed(&self, pos: usize, dst: &mut [u8]) -> (usize, u64) {
-        let cap = self.buf.len();
-        if pos >= cap {
+        let len = self.buf.len();
+        if pos >= len {
             return (0, 0);
         }
-        let n = dst.len().min(cap - pos);
+        let n = dst.len().min(len - pos);
         let at = self.index(pos);
-        let first = n.min(cap - at);
+        let first = n.min(len - at);
         let (a, b) = dst[..n].split_at_mut(first);
         let src_a = &self.buf[at..at + first];
         let mut acc = checksum::sum(0, src_a);
@@ -111,47 +161,52 @@ impl Ring {
     }
 
     /// The bytes at logical positions `pos..pos + max` that lie in one
-    /// piece (up to where the ring wraps, or its capacity).
+    /// piece (up to where the ring wraps, or its allocation ends).
     fn chunk(&self, pos: usize, max: usize) -> &[u8] {
-        let cap = self.buf.len();
-        if pos >= cap {
+        let len = self.buf.len();
+        if pos >= len {
             return &[];
         }
         let at = self.index(pos);
-        let n = max.min(cap - pos).min(cap - at);
+        let n = max.min(len - pos).min(len - at);
         &self.buf[at..at + n]
     }
 
-    /// [`chunk`](Self::chunk), writable.
+    /// [`chunk`](Self::chunk), writable, for bytes about to be written:
+    /// the allocation grows (at most doubling) when `pos..pos + max`
+    /// reaches past it, so the piece may be shorter than `max` even when
+    /// the capacity has room; the rest comes in the next call.
     fn chunk_mut(&mut self, pos: usize, max: usize) -> &mut [u8] {
-        let cap = self.buf.len();
-        if pos >= cap {
+        if pos >= self.cap {
+            return &mut [];
+        }
+        let max = max.min(self.cap - pos);
+        if max > 0 {
+            let have = self.buf.len().max(FIRST_ALLOCATION);
+            self.reserve(pos + max.min(have));
+        }
+        let len = self.buf.len();
+        if pos >= len {
             return &mut [];
         }
         let at = self.index(pos);
-        let n = max.min(cap - pos).min(cap - at);
+        let n = max.min(len - pos).min(len - at);
         &mut self.buf[at..at + n]
     }
 
-    /// A larger ring holding the same logical bytes (head back at 0).
+    /// Raise the capacity to `capacity` (never lowered); memory follows
+    /// when data needs it.
     fn grow(&mut self, capacity: usize) {
-        if capacity <= self.capacity() {
-            return;
-        }
-        let mut buf = vec![0; capacity].into_boxed_slice();
-        let old = self.capacity();
-        self.read(0, &mut buf[..old]);
-        self.buf = buf;
-        self.head = 0;
+        self.cap = self.cap.max(capacity);
     }
 
-    /// Move the start forward by `n` bytes (`n <= capacity`).
+    /// Move the start forward by `n` bytes (`n <= allocated`).
     fn advance(&mut self, n: usize) {
-        let cap = self.buf.len();
-        if cap == 0 {
+        let len = self.buf.len();
+        if len == 0 {
             return;
         }
-        self.head = self.index(n.min(cap) % cap);
+        self.head = self.index(n.min(len) % len);
     }
 
     /// Start again at the ring's first byte: only when it holds nothing.
@@ -174,7 +229,8 @@ pub struct SendBuffer {
 }
 
 impl SendBuffer {
-    /// An empty buffer of `capacity` bytes, allocated now and never resized.
+    /// An empty buffer of `capacity` bytes (memory is allocated as bytes
+    /// are written, up to the capacity).
     pub fn new(capacity: usize) -> Self {
         SendBuffer {
             ring: Ring::new(capacity),
@@ -185,6 +241,12 @@ impl SendBuffer {
     /// Bytes the buffer can hold.
     pub fn capacity(&self) -> usize {
         self.ring.capacity()
+    }
+
+    /// Bytes of memory behind the buffer now (grows with use, up to the
+    /// capacity).
+    pub fn allocated(&self) -> usize {
+        self.ring.allocated()
     }
 
     /// Bytes held (sent-unacked plus unsent).
@@ -306,7 +368,8 @@ pub struct RecvBuffer {
 
 impl RecvBuffer {
     /// An empty buffer of `capacity` bytes holding at most `max_ranges`
-    /// out-of-order ranges; both are allocated now and never resized.
+    /// out-of-order ranges (memory for the bytes is allocated as they
+    /// arrive, up to the capacity; the range list now).
     ///
     /// `max_ranges` is clamped to `capacity / 2`, the most disjoint,
     /// non-adjacent ranges a window of that size can hold. With
@@ -326,6 +389,12 @@ impl RecvBuffer {
     /// Bytes the buffer can hold.
     pub fn capacity(&self) -> usize {
         self.ring.capacity()
+    }
+
+    /// Bytes of memory behind the buffer now (grows with use, up to the
+    /// capacity).
+    pub fn allocated(&self) -> usize {
+        self.ring.allocated()
     }
 
     /// Contiguous bytes ready for the app.
@@ -851,6 +920,44 @@ mod test {
         assert_eq!(v, vec![(190, 205), (390, 400)]);
     }
 
+    #[test]
+    fn memory_follows_the_bytes_not_the_capacity() {
+        let mut s = SendBuffer::new(256 << 10);
+        let mut r = RecvBuffer::new(256 << 10, 4);
+        assert_eq!((s.allocated(), r.allocated()), (0, 0));
+        assert_eq!(s.write(&[7; 100]), 100);
+        assert_eq!(r.write_at(0, &[7; 100]).advanced, 100);
+        assert_eq!(s.allocated(), FIRST_ALLOCATION.max(100).next_power_of_two());
+        assert_eq!(r.allocated(), s.allocated());
+        // Autotuning raises the capacity; memory waits for data.
+        r.grow(4 << 20);
+        assert_eq!(r.capacity(), 4 << 20);
+        assert_eq!(r.allocated(), FIRST_ALLOCATION.max(100).next_power_of_two());
+        // An out-of-order byte far into the window needs memory up to it.
+        assert_eq!(r.write_at(100_000, &[9]).accepted, 1);
+        assert!(r.allocated() > 100_100 && r.allocated() <= 4 << 20);
+        // Growth keeps the held bytes, wrapped or not.
+        let mut out = [0u8; 100];
+        assert_eq!(r.read(&mut out), 100);
+        assert_eq!(out, [7; 100]);
+        let d = stream(300 << 10);
+        let mut s = SendBuffer::new(256 << 10);
+        let mut taken = s.write(&d[..1000]);
+        s.consume(900);
+        let mut acked = 900;
+        while taken < d.len() && s.free() > 0 {
+            taken += s.write(&d[taken..(taken + 5000).min(d.len())]);
+        }
+        assert_eq!(s.allocated(), 256 << 10);
+        let mut back = vec![0u8; s.len()];
+        assert_eq!(s.read_at(0, &mut back), s.len());
+        assert_eq!(&back[..], &d[acked..taken]);
+        acked += 1;
+        s.consume(1);
+        assert_eq!(s.read_at(0, &mut back[..10]), 10);
+        assert_eq!(&back[..10], &d[acked..acked + 10]);
+    }
+
     proptest! {
         #[test]
         fn recv_yields_exactly_the_stream_prefix(
@@ -927,7 +1034,7 @@ mod test {
 
         #[test]
         fn send_matches_a_vecdeque_model(
-            ops in proptest::collection::vec((0u8..3, 0usize..300), 1..150),
+            ops in proptest::collection::vec((0u8..4, 0usize..300), 1..150),
         ) {
             let mut s = SendBuffer::new(256);
             let mut model = VecDeque::new();
@@ -948,6 +1055,20 @@ mod test {
                     1 => {
                         s.consume(n);
                         model.drain(..n.min(model.len()));
+                    }
+                    2 => {
+                        // Zero-copy: as much of n bytes as the piece takes.
+                        let (w, ()) = s.write_with(|b| {
+                            let w = b.len().min(n);
+                            for x in &mut b[..w] {
+                                k = k.wrapping_add(1);
+                                *x = k;
+                                model.push_back(k);
+                            }
+                            (w, ())
+                        });
+                        prop_assert!(w <= 256 - (model.len() - w));
+                        prop_assert!(s.allocated() <= 256);
                     }
                     _ => {
                         let off = n % 270;

@@ -601,10 +601,19 @@ impl TcpConn {
         self.snd.mss
     }
 
-    /// Bytes one connection with `cfg` occupies: the struct, its two rings
-    /// and its congestion controller (the demux entry and timer slot aside).
-    pub fn memory_estimate(cfg: &TcpConfig) -> usize {
-        std::mem::size_of::<TcpConn>() + cfg.send_buffer + cfg.recv_buffer + 128
+    /// Bytes one idle connection with `cfg` occupies: the struct and its
+    /// congestion controller (the demux entry and timer slot aside). Its
+    /// rings take memory only as data passes: see
+    /// [`memory_bound`](Self::memory_bound).
+    pub fn memory_estimate(_cfg: &TcpConfig) -> usize {
+        std::mem::size_of::<TcpConn>() + 128
+    }
+
+    /// The most one connection with `cfg` can occupy: the idle estimate
+    /// plus both rings at their largest (the receive ring as far as
+    /// autotuning may grow it).
+    pub fn memory_bound(cfg: &TcpConfig) -> usize {
+        Self::memory_estimate(cfg) + cfg.send_buffer + cfg.recv_buffer.max(cfg.recv_buffer_max)
     }
 
     /// Bytes in flight (sent, not yet acknowledged).
