@@ -244,6 +244,9 @@ fn start_stack() -> Option<&'static State> {
     crate::own::record_since(&before);
     CLAIM_FD.store(fd, Ordering::Release);
     OWNER_PID.store(std::process::id(), Ordering::Release);
+    // Run to completion (a spin time): socket calls that give the stack
+    // work run its iteration themselves.
+    runtime.net().set_callers_drive(!plan.spin.is_zero());
     let started = State {
         spin: plan.spin,
         net: runtime.net().clone(),
@@ -689,6 +692,7 @@ fn start_worker(master: &State, index: usize, workers: usize) -> Result<(), Stri
     let runtime = b.spawn().map_err(|e| e.to_string())?;
     crate::own::record_since(&before);
     let net = runtime.net().clone();
+    net.set_callers_drive(!master.spin.is_zero());
     let state = State {
         spin: master.spin,
         net,

@@ -110,9 +110,17 @@ pub fn poll(fds: &mut [pollfd], timeout: Option<Duration>, sigmask: *const sigse
             (Some(m), true) => m as *const libc::sigset_t,
             _ => sigmask,
         };
-        // SAFETY: `local` is a valid array of pollfd of its length; `tsp`
-        // is null or points at a live timespec.
-        let n = unsafe { (real().ppoll)(local.as_mut_ptr(), local.len() as _, tsp, sigmask) };
+        let driven = if immediate || socks.iter().all(Option::is_none) {
+            None
+        } else {
+            crate::state::wait_driving(&mut local, deadline, sigmask)
+        };
+        let n = match driven {
+            Some(n) => n,
+            // SAFETY: `local` is a valid array of pollfd of its length;
+            // `tsp` is null or points at a live timespec.
+            None => unsafe { (real().ppoll)(local.as_mut_ptr(), local.len() as _, tsp, sigmask) },
+        };
         if n < 0 {
             return -1;
         }
@@ -414,6 +422,21 @@ pub unsafe fn wait(
             (Some(m), true) => m as *const libc::sigset_t,
             _ => sigmask,
         };
+        // Waiting: on the device too, driving the stack, until the epoll
+        // set has events (then collected without waiting).
+        let mut ms = ms;
+        if ms != 0 && !ep.lock().ustack.is_empty() {
+            let mut p = [libc::pollfd {
+                fd: epfd,
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            match crate::state::wait_driving(&mut p, deadline, sigmask) {
+                Some(n) if n < 0 => return Some(-1),
+                Some(_) => ms = 0,
+                None => {}
+            }
+        }
         // SAFETY: `kbuf` holds `max` events.
         let n = unsafe { (real().epoll_pwait)(epfd, kbuf.as_mut_ptr(), max as c_int, ms, sigmask) };
         if n < 0 {

@@ -133,20 +133,26 @@ fn wait(sock: &Sock, want: Want, nonblock: bool, timeout_us: i64) -> Res<()> {
             revents: 0,
         };
         sock.sleeps.fetch_add(1, Ordering::Relaxed);
-        let n = match crate::signals::wait_mask() {
-            // Inside a held call: the wait takes the program's mask.
-            Some(mask) => {
-                let ts = (ms >= 0).then(|| libc::timespec {
-                    tv_sec: libc::time_t::from(ms / 1000),
-                    tv_nsec: libc::c_long::from(ms % 1000) * 1_000_000,
-                });
-                let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
-                // SAFETY: one valid pollfd, a live timespec or null, the
-                // program's mask; the C library's ppoll.
-                unsafe { (real().ppoll)(&mut p, 1, tsp, &mask) }
-            }
-            // SAFETY: one valid pollfd; the C library's poll, not the layer's.
-            None => unsafe { (real().poll)(&mut p, 1, ms) },
+        let held = crate::signals::wait_mask();
+        let mask = held.as_ref().map_or(std::ptr::null(), |m| m as *const _);
+        let n = match crate::state::wait_driving(std::slice::from_mut(&mut p), deadline, mask) {
+            // Waited on the device too, driving the stack.
+            Some(n) => n,
+            None => match held {
+                // Inside a held call: the wait takes the program's mask.
+                Some(mask) => {
+                    let ts = (ms >= 0).then(|| libc::timespec {
+                        tv_sec: libc::time_t::from(ms / 1000),
+                        tv_nsec: libc::c_long::from(ms % 1000) * 1_000_000,
+                    });
+                    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+                    // SAFETY: one valid pollfd, a live timespec or null, the
+                    // program's mask; the C library's ppoll.
+                    unsafe { (real().ppoll)(&mut p, 1, tsp, &mask) }
+                }
+                // SAFETY: one valid pollfd; the C library's poll, not the layer's.
+                None => unsafe { (real().poll)(&mut p, 1, ms) },
+            },
         };
         // A handler ran: the call goes on as the kernel's would after a
         // handler installed with SA_RESTART, unless the socket has a

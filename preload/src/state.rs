@@ -79,9 +79,10 @@ pub fn forked() -> bool {
 
 /// Run to completion: ask `ready` (which drives the stack once, see
 /// [`drive_once`], and looks) until it says yes, for at most the spin time
-/// and not past `deadline`; true when it became ready. A caller sleeps in
-/// the kernel only when this gives up, and the stack's own thread polls
-/// meanwhile.
+/// and not past `deadline`; true when it became ready. A caller sleeps
+/// only when this gives up, on the device too when it can
+/// ([`wait_driving`]), else in the kernel alone while the stack's own
+/// thread polls.
 pub fn spin_until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> bool {
     let Some(s) = state() else { return false };
     if s.spin.is_zero() {
@@ -94,10 +95,91 @@ pub fn spin_until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) ->
             return true;
         }
         if Instant::now() >= until {
-            // The caller now waits in the kernel: the loop's thread takes
-            // the stack back at once.
-            s.net.stop_driving();
+            // The caller now waits: on the device too ([`wait_driving`]),
+            // or in the kernel alone, the loop's thread taking the stack
+            // back at once.
             return false;
+        }
+    }
+}
+
+/// Run to completion while the caller sleeps: after [`spin_until`] gave
+/// up, wait as `ppoll(fds, deadline, sigmask)` would, but with the
+/// stack's device and wake-up descriptors in the same poll, running the
+/// stack's iterations on this thread when frames come or a timer is due
+/// ([`Net::device_waiter`]), until one of `fds` has events (written back
+/// in their `revents`, as `ppoll` does), the deadline passes, or a signal
+/// interrupts. Returns what `ppoll` would (-1 with errno set). A
+/// single-threaded server then wakes once per burst of frames on its own
+/// thread, instead of the stack's thread waking first and then waking it.
+///
+/// `None` without a spin time, or when another thread already waits on
+/// the device, or the device has no descriptor: the caller waits in the
+/// kernel as before, and the stack's thread drives the stack meanwhile.
+pub fn wait_driving(
+    fds: &mut [libc::pollfd],
+    deadline: Option<Instant>,
+    sigmask: *const libc::sigset_t,
+) -> Option<libc::c_int> {
+    use std::os::fd::AsRawFd;
+    let s = state()?;
+    if s.spin.is_zero() {
+        return None;
+    }
+    let Some(mut w) = s.net.device_waiter() else {
+        s.net.stop_driving();
+        return None;
+    };
+    let n = fds.len();
+    let mut all: Vec<libc::pollfd> = Vec::with_capacity(n + 2);
+    all.extend_from_slice(fds);
+    for fd in w.fds() {
+        all.push(libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    loop {
+        let Some(mut sleep) = w.turn() else {
+            drop(w);
+            s.net.stop_driving();
+            return None;
+        };
+        if let Some(d) = deadline {
+            sleep = sleep.min(d.saturating_duration_since(Instant::now()));
+        }
+        let asleep = !sleep.is_zero() && w.sleep();
+        if !asleep {
+            sleep = Duration::ZERO;
+        }
+        let ts = libc::timespec {
+            tv_sec: sleep.as_secs().try_into().unwrap_or(libc::time_t::MAX),
+            tv_nsec: sleep.subsec_nanos().into(),
+        };
+        for p in &mut all {
+            p.revents = 0;
+        }
+        // SAFETY: `all` is a valid array of pollfd of its length, `ts` a
+        // live timespec, `sigmask` null or the caller's live mask; the C
+        // library's ppoll, not the layer's.
+        let r =
+            unsafe { (crate::real::real().ppoll)(all.as_mut_ptr(), all.len() as _, &ts, sigmask) };
+        let errno = crate::real::errno();
+        if asleep {
+            w.woke(all[n + 1].revents & libc::POLLIN != 0);
+        }
+        if r < 0 {
+            drop(w);
+            crate::real::set_errno(errno);
+            return Some(-1);
+        }
+        let ready = all[..n].iter().filter(|p| p.revents != 0).count();
+        if ready > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            for (f, a) in fds.iter_mut().zip(&all) {
+                f.revents = a.revents;
+            }
+            return Some(ready as libc::c_int);
         }
     }
 }

@@ -142,7 +142,7 @@ pub use telemetry::{Holder, HoldersSource, set_holders_source};
 
 pub use net::{AppCounters, Backend, Builder, Error, NetConfig};
 pub use poll::{IdleMode, LoopConfig, RunError, pin_to_core, run};
-pub use spawned::{Net, Runtime, Watcher, io_error};
+pub use spawned::{DeviceWaiter, Net, Runtime, Watcher, io_error};
 
 /// The README's Rust examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -704,6 +704,8 @@ mod test {
             arrivals: AtomicUsize,
             /// Frames sent.
             sent: AtomicUsize,
+            /// The thread that read the last "frame".
+            reader: parking_lot::Mutex<Option<std::thread::ThreadId>>,
         }
 
         /// A sim port whose `wait_rx` counts its calls and sleeps out the
@@ -725,6 +727,7 @@ mod test {
                 self.seen.bursts.fetch_add(1, Ordering::SeqCst);
                 if let Some(fd) = &self.rx {
                     if rustix::io::read(fd, &mut [0u8; 8]).is_ok() {
+                        *self.seen.reader.lock() = Some(std::thread::current().id());
                         self.seen.arrivals.fetch_add(1, Ordering::SeqCst);
                     }
                 }
@@ -882,6 +885,106 @@ mod test {
             until("the loop reads the frame", || {
                 seen.arrivals.load(Ordering::SeqCst) == 1
             });
+            rt.stop().unwrap();
+        }
+
+        /// A caller that waits on the device (run to completion while it
+        /// blocks) reads the frames itself, on its own thread, woken by
+        /// the device's descriptor; a socket call from another thread
+        /// wakes it through the wake-up descriptor and its frame leaves
+        /// from the waiter's iteration. One waiter at a time; when it
+        /// goes, the loop's thread takes the device back.
+        #[test]
+        fn a_caller_waiting_on_the_device_runs_the_stack() {
+            use rustix::event::{PollFd, PollFlags, Timespec};
+            let (node, seen, frame) = node_with_fd();
+            let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
+            let net = rt.net().clone();
+            let h = net.with_stack(|s| s.udp().bind(4000)).unwrap().unwrap();
+            asleep(&net);
+            let mut w = net.device_waiter().expect("the device has a descriptor");
+            assert!(net.device_waiter().is_none(), "one waiter at a time");
+            // The waiter's poll: `None` when work came since its last
+            // iteration (it must not sleep), else which descriptors woke it.
+            let poll = |w: &mut crate::DeviceWaiter<'_>, sleep: Duration| -> Option<[bool; 2]> {
+                if !w.sleep() {
+                    return None;
+                }
+                let [dev, wake] = w.fds();
+                let mut fds = [
+                    PollFd::new(&dev, PollFlags::IN),
+                    PollFd::new(&wake, PollFlags::IN),
+                ];
+                let ts = Timespec {
+                    tv_sec: sleep.as_secs() as i64,
+                    tv_nsec: sleep.subsec_nanos().into(),
+                };
+                rustix::event::poll(&mut fds, Some(&ts)).unwrap();
+                let r = fds.map(|f| f.revents().contains(PollFlags::IN));
+                w.woke(r[1]);
+                Some(r)
+            };
+            // The loop's thread may still finish an iteration it began.
+            let mut sleep = Duration::ZERO;
+            until("the waiter gets an iteration", || {
+                sleep = w.turn().expect("the loop runs");
+                !sleep.is_zero()
+            });
+            assert_eq!(sleep, MAX_DEVICE_WAIT, "an idle stack sleeps long");
+            rustix::io::write(&frame, &1u64.to_ne_bytes()).unwrap();
+            assert_eq!(
+                poll(&mut w, sleep),
+                Some([true, false]),
+                "the frame wakes the waiter"
+            );
+            w.turn().unwrap();
+            assert_eq!(seen.arrivals.load(Ordering::SeqCst), 1);
+            assert_eq!(*seen.reader.lock(), Some(std::thread::current().id()));
+            let sent = seen.sent.load(Ordering::SeqCst);
+            let caller = net.clone();
+            std::thread::spawn(move || {
+                let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 9), 9);
+                caller
+                    .with_stack(|s| s.udp().send_to(h, dst, b"wake up"))
+                    .unwrap()
+                    .unwrap();
+            })
+            .join()
+            .unwrap();
+            // Given before the waiter slept: it does not sleep.
+            assert_eq!(poll(&mut w, Duration::from_secs(3600)), None);
+            w.turn().unwrap();
+            assert!(
+                seen.sent.load(Ordering::SeqCst) > sent,
+                "the waiter sent the frame"
+            );
+            // Given while it sleeps: the wake-up ends its sleep.
+            let sent = seen.sent.load(Ordering::SeqCst);
+            let caller = net.clone();
+            let t = std::thread::spawn(move || {
+                until("the waiter sleeps", || {
+                    caller.shared.wake.asleep.load(Ordering::SeqCst)
+                });
+                let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 8), 9);
+                caller
+                    .with_stack(|s| s.udp().send_to(h, dst, b"wake up"))
+                    .unwrap()
+                    .unwrap();
+            });
+            assert_eq!(poll(&mut w, Duration::from_secs(3600)), Some([false, true]));
+            t.join().unwrap();
+            w.turn().unwrap();
+            assert!(
+                seen.sent.load(Ordering::SeqCst) > sent,
+                "the waiter sent the frame"
+            );
+            drop(w);
+            net.stop_driving();
+            rustix::io::write(&frame, &1u64.to_ne_bytes()).unwrap();
+            until("the loop's thread reads the frame", || {
+                seen.arrivals.load(Ordering::SeqCst) == 2
+            });
+            assert_ne!(*seen.reader.lock(), Some(std::thread::current().id()));
             rt.stop().unwrap();
         }
 

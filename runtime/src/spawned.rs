@@ -126,6 +126,15 @@ pub(crate) struct Shared {
     driven_at: AtomicU64,
     /// How the fronts wake a loop asleep on its device.
     pub(crate) wake: Wake,
+    /// A duplicate of the device's descriptor for callers that wait on
+    /// it ([`Net::device_waiter`]); `None` on a device without one.
+    device_fd: Option<OwnedFd>,
+    /// A caller waits on the device and runs the iterations
+    /// ([`DeviceWaiter`]): the loop's thread stays out of its way.
+    waiter: AtomicBool,
+    /// Socket calls that give the stack work run an iteration on the
+    /// caller's thread ([`Net::set_callers_drive`]).
+    callers_drive: AtomicBool,
 }
 
 /// The wake-up of a loop that sleeps on its device's descriptor: an
@@ -276,10 +285,19 @@ impl Net {
     }
 
     /// Wake the loop: always asleep on its device (it may sleep there up
-    /// to its next timer), from its back-off unless a caller drives the
+    /// to its next timer; so is a caller waiting there, see
+    /// [`DeviceWaiter`]), from its back-off unless a caller drives the
     /// stack (`always`: even then; to stop or pause it).
     fn wake_loop(&self, always: bool) {
-        if self.shared.wake.notify() {
+        // Run to completion: the caller's thread sends what its call
+        // queued, unless another thread is in an iteration now.
+        if !always
+            && self.shared.callers_drive.load(Ordering::Relaxed)
+            && self.turn_here().is_some()
+        {
+            return;
+        }
+        if self.shared.wake.notify() && !always {
             return;
         }
         // A caller drives the stack (run to completion): it sends what was
@@ -441,7 +459,7 @@ impl<A: Send + 'static> Runtime<A> {
         let exit = t.join().map_err(|_| crate::Error::Panicked);
         // No caller is left inside `Net::drive` (see there), so nobody
         // holds the core while the process forks.
-        while shared.drivers.load(Ordering::SeqCst) != 0 {
+        while shared.drivers.load(Ordering::SeqCst) != 0 || shared.waiter.load(Ordering::SeqCst) {
             std::thread::yield_now();
         }
         match exit? {
@@ -546,7 +564,10 @@ where
         driver,
         drivers: AtomicUsize::new(0),
         driven_at: AtomicU64::new(0),
+        device_fd: rx.as_ref().and_then(|fd| fd.try_clone().ok()),
         wake,
+        waiter: AtomicBool::new(false),
+        callers_drive: AtomicBool::new(false),
     });
     let net = Net {
         shared: shared.clone(),
@@ -753,6 +774,9 @@ trait Drive: Send {
     /// Run one iteration; with `stopping`, also say whether output is
     /// still to leave.
     fn turn(&mut self, shared: &Shared, stopping: bool) -> Turn;
+    /// Whether the device can be waited on now (its descriptor says when
+    /// frames come; pcap's held-back frames are work of its own).
+    fn waitable(&self) -> bool;
 }
 
 impl<D, A> Drive for Core<D, A>
@@ -788,6 +812,10 @@ where
             stopping,
         )
     }
+
+    fn waitable(&self) -> bool {
+        self.port.dev.rx_fd().is_some()
+    }
 }
 
 impl<D: Device, A> Core<D, A> {
@@ -813,19 +841,40 @@ impl Net {
     /// Never blocks; does nothing once the loop has stopped or while it is
     /// paused.
     pub fn drive(&self) -> bool {
+        self.turn_here().unwrap_or(false)
+    }
+
+    /// Run to completion in every socket call: a call that gives the
+    /// stack work (data to send, a window to open, a connection to open
+    /// or close) runs an iteration on the caller's thread, as
+    /// [`drive`](Self::drive) does, instead of waking the loop's thread
+    /// (when no other thread is in one). On a CPU shared by the program
+    /// and the loop's thread that saves a context switch per call that
+    /// sends; the cost is an iteration per such call. The loop's thread
+    /// still runs when callers go quiet. Off by default; the LD_PRELOAD
+    /// layer turns it on with its spin time.
+    pub fn set_callers_drive(&self, on: bool) {
+        self.shared.callers_drive.store(on, Ordering::Relaxed);
+    }
+
+    /// One iteration on this thread if no other thread runs one: whether
+    /// it had work, or `None` when it did not run.
+    fn turn_here(&self) -> Option<bool> {
         let s = &self.shared;
         // Counted in before looking at `pause`; `Runtime::pause` sets
         // `pause` before it waits for the count to fall to zero, so after
         // the pause no caller holds or takes the core (SeqCst both sides).
         s.drivers.fetch_add(1, Ordering::SeqCst);
-        let ran = !s.pause.load(Ordering::SeqCst)
-            && !s.gone.load(Ordering::Acquire)
-            && s.driver.try_lock().is_some_and(|mut core| {
+        let ran = if s.pause.load(Ordering::SeqCst) || s.gone.load(Ordering::Acquire) {
+            None
+        } else {
+            s.driver.try_lock().and_then(|mut core| {
                 // Checked again under the core's lock: the loop's thread
                 // ends holding it.
                 s.driven_at.store(since_start().max(1), Ordering::Relaxed);
-                !s.gone.load(Ordering::Acquire) && core.turn(s, false).busy
-            });
+                (!s.gone.load(Ordering::Acquire)).then(|| core.turn(s, false).busy)
+            })
+        };
         s.drivers.fetch_sub(1, Ordering::SeqCst);
         ran
     }
@@ -835,12 +884,144 @@ impl Net {
     /// of a driving caller's way with long sleeps, takes over now.
     pub fn stop_driving(&self) {
         let s = &self.shared;
-        if s.driven_at.swap(0, Ordering::Relaxed) == 0 {
+        if s.waiter.load(Ordering::SeqCst) || s.driven_at.swap(0, Ordering::Relaxed) == 0 {
             return;
         }
         if let Some(t) = s.loop_thread.lock().as_ref() {
             t.unpark();
         }
+    }
+}
+
+impl Net {
+    /// Become the thread that waits on the device while it blocks (run to
+    /// completion when a caller sleeps): a caller about to wait in the
+    /// kernel polls its own descriptors together with
+    /// [`DeviceWaiter::fds`] and runs the iterations itself
+    /// ([`DeviceWaiter::turn`]) when frames come or a timer is due, so a
+    /// single-threaded server wakes once per burst of frames, on its own
+    /// thread, instead of the loop's thread waking first and waking it
+    /// (two context switches a request on a shared CPU). The loop's thread
+    /// stays out of the way meanwhile and for a moment after (see
+    /// [`DRIVEN_SLEEP`](crate::poll::DRIVEN_SLEEP)).
+    ///
+    /// `None` when the device has no descriptor, another thread already
+    /// waits on it, or the loop pauses or has ended: the caller waits as
+    /// before (after [`stop_driving`](Self::stop_driving)).
+    pub fn device_waiter(&self) -> Option<DeviceWaiter<'_>> {
+        let s = &self.shared;
+        let fd = s.device_fd.as_ref()?;
+        let wake = s.wake.fd.as_ref()?;
+        if s.pause.load(Ordering::SeqCst) || s.gone.load(Ordering::Acquire) {
+            return None;
+        }
+        if s.waiter.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        Some(DeviceWaiter {
+            net: self,
+            fds: [fd.as_fd(), wake.as_fd()],
+            asleep: false,
+        })
+    }
+}
+
+/// The waiting caller's hold on the device ([`Net::device_waiter`]);
+/// dropping it hands the device back to the loop's thread (which looks
+/// again within [`DRIVEN_SLEEP`](crate::poll::DRIVEN_SLEEP), or at once
+/// when a front wakes it).
+#[derive(Debug)]
+pub struct DeviceWaiter<'a> {
+    net: &'a Net,
+    fds: [BorrowedFd<'a>; 2],
+    asleep: bool,
+}
+
+impl DeviceWaiter<'_> {
+    /// What to poll (for reading) beside the caller's own descriptors:
+    /// the device's, and the wake-up a front writes when it gives the
+    /// stack work from another thread.
+    pub fn fds(&self) -> [BorrowedFd<'_>; 2] {
+        self.fds
+    }
+
+    /// Run one iteration on this thread. Returns how long the caller may
+    /// sleep in its poll before the next (zero: at once: frames moved, the
+    /// device holds frames of its own, or the loop's thread is in an
+    /// iteration), or `None` when the caller must stop waiting here: the
+    /// loop pauses or ended, or the device failed (the caller then waits
+    /// as before; the loop's thread takes the device back).
+    pub fn turn(&mut self) -> Option<Duration> {
+        let s = &self.net.shared;
+        s.drivers.fetch_add(1, Ordering::SeqCst);
+        let r = if s.pause.load(Ordering::SeqCst) || s.gone.load(Ordering::Acquire) {
+            None
+        } else {
+            match s.driver.try_lock() {
+                None => Some(Duration::ZERO),
+                Some(mut core) if !s.gone.load(Ordering::Acquire) => {
+                    s.driven_at.store(since_start().max(1), Ordering::Relaxed);
+                    s.wake.begin_turn();
+                    let t = core.turn(s, false);
+                    if t.failure.is_some() || t.done {
+                        None
+                    } else if t.busy || !core.waitable() {
+                        Some(Duration::ZERO)
+                    } else {
+                        let until = t.wake_at.unwrap_or(t.now + crate::poll::MAX_DEVICE_WAIT);
+                        Some(
+                            until
+                                .saturating_duration_since(t.now)
+                                .min(crate::poll::MAX_DEVICE_WAIT),
+                        )
+                    }
+                }
+                Some(_) => None,
+            }
+        };
+        s.drivers.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    /// About to sleep in the poll: from now on a front that gives the
+    /// stack work writes the wake-up. `false` if work came since the last
+    /// [`turn`](Self::turn): do not sleep (poll with no timeout).
+    pub fn sleep(&mut self) -> bool {
+        let w = &self.net.shared.wake;
+        w.asleep.store(true, Ordering::SeqCst);
+        if w.pending.swap(false, Ordering::SeqCst) {
+            w.asleep.store(false, Ordering::SeqCst);
+            return false;
+        }
+        self.asleep = true;
+        true
+    }
+
+    /// Back from the poll ([`sleep`](Self::sleep) said yes): `woken`
+    /// when the wake-up's descriptor was readable (it is emptied).
+    pub fn woke(&mut self, woken: bool) {
+        let w = &self.net.shared.wake;
+        self.asleep = false;
+        w.asleep.store(false, Ordering::SeqCst);
+        if woken {
+            w.woken.fetch_add(1, Ordering::Relaxed);
+            if let Some(fd) = &w.fd {
+                let _ = rustix::io::read(fd, &mut [0u8; 8]);
+            }
+        }
+    }
+}
+
+impl Drop for DeviceWaiter<'_> {
+    fn drop(&mut self) {
+        let s = &self.net.shared;
+        if self.asleep {
+            s.wake.asleep.store(false, Ordering::SeqCst);
+        }
+        // The caller goes back to the program, which likely makes its
+        // next socket call soon: the loop's thread is not woken for it.
+        s.driven_at.store(since_start().max(1), Ordering::Relaxed);
+        s.waiter.store(false, Ordering::SeqCst);
     }
 }
 
@@ -872,8 +1053,15 @@ where
     fn turn(&mut self, stopping: bool) -> Option<Turn> {
         let pause = self.shared.pause.load(Ordering::Acquire);
         let mut c = match self.core.try_lock() {
-            // A caller drove it a moment ago: stay out of its way.
-            Some(_) if !stopping && self.shared.driving() && !pause => return None,
+            // A caller drove it a moment ago, or waits on the device and
+            // drives it when frames come: stay out of its way.
+            Some(_)
+                if !stopping
+                    && !pause
+                    && (self.shared.driving() || self.shared.waiter.load(Ordering::SeqCst)) =>
+            {
+                return None;
+            }
             Some(c) => c,
             // A caller drives the stack now: it runs the iterations.
             None if !stopping && !pause => return None,
