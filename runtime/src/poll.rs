@@ -823,6 +823,24 @@ mod test {
 
         const IDLE: Duration = Duration::from_millis(200);
 
+        /// A spawned runtime on a port with a descriptor (and that
+        /// descriptor, to make frames arrive), a UDP socket bound on port
+        /// 4000, the loop asleep on the device.
+        fn asleep_with_udp() -> (
+            crate::Runtime,
+            crate::Net,
+            Arc<Seen>,
+            OwnedFd,
+            ustack::socket::udp::UdpHandle,
+        ) {
+            let (node, seen, frame) = node_with_fd();
+            let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
+            let net = rt.net().clone();
+            let h = net.with_stack(|s| s.udp().bind(4000)).unwrap().unwrap();
+            asleep(&net);
+            (rt, net, seen, frame, h)
+        }
+
         #[test]
         fn in_loop_app() {
             let (mut node, seen) = node();
@@ -897,13 +915,17 @@ mod test {
         #[test]
         fn a_caller_waiting_on_the_device_runs_the_stack() {
             use rustix::event::{PollFd, PollFlags, Timespec};
-            let (node, seen, frame) = node_with_fd();
-            let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
-            let net = rt.net().clone();
-            let h = net.with_stack(|s| s.udp().bind(4000)).unwrap().unwrap();
-            asleep(&net);
+            let (rt, net, seen, frame, h) = asleep_with_udp();
             let mut w = net.device_waiter().expect("the device has a descriptor");
-            assert!(net.device_waiter().is_none(), "one waiter at a time");
+            let other = net.clone();
+            let taken = std::thread::spawn(move || other.device_waiter().is_none());
+            assert!(taken.join().unwrap(), "one waiter at a time");
+            // The same thread again (a signal handler during the wait):
+            // it waits, nested, and the outer wait keeps the role.
+            drop(net.device_waiter().expect("nested"));
+            let other = net.clone();
+            let taken = std::thread::spawn(move || other.device_waiter().is_none());
+            assert!(taken.join().unwrap(), "still one waiter");
             // The waiter's poll: `None` when work came since its last
             // iteration (it must not sleep), else which descriptors woke it.
             let poll = |w: &mut crate::DeviceWaiter<'_>, sleep: Duration| -> Option<[bool; 2]> {
@@ -988,6 +1010,25 @@ mod test {
             rt.stop().unwrap();
         }
 
+        /// With callers driving (run to completion under exec), a socket
+        /// call that gives the stack work while the loop's thread sleeps
+        /// on the device runs the iteration itself: its frame leaves
+        /// before the call returns, and the loop's thread is not woken.
+        #[test]
+        fn a_socket_call_of_a_driving_caller_sends_without_waking_the_loop() {
+            let (rt, net, seen, _frame, h) = asleep_with_udp();
+            net.set_callers_drive(true);
+            let woken = net.shared.wake.woken.load(Ordering::SeqCst);
+            let sent = seen.sent.load(Ordering::SeqCst);
+            let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 7), 9);
+            net.with_stack(|s| s.udp().send_to(h, dst, b"now"))
+                .unwrap()
+                .unwrap();
+            assert!(seen.sent.load(Ordering::SeqCst) > sent, "sent in the call");
+            assert_eq!(net.shared.wake.woken.load(Ordering::SeqCst), woken);
+            rt.stop().unwrap();
+        }
+
         #[test]
         fn spawned_runtime_on_a_port_without_a_descriptor_backs_off() {
             let (node, seen) = node();
@@ -1006,10 +1047,7 @@ mod test {
         /// the loop's hour-long wait would end, through the eventfd.
         #[test]
         fn a_socket_call_wakes_a_spawned_loop_asleep_on_the_device() {
-            let (node, seen, _frame) = node_with_fd();
-            let rt = crate::spawned::spawn(node, (), sleepy(), None, None).unwrap();
-            let net = rt.net().clone();
-            let h = net.with_stack(|s| s.udp().bind(4000)).unwrap().unwrap();
+            let (rt, net, seen, _frame, h) = asleep_with_udp();
             for i in 1..=3u8 {
                 asleep(&net);
                 let (sent, woken) = (

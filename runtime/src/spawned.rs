@@ -129,9 +129,10 @@ pub(crate) struct Shared {
     /// A duplicate of the device's descriptor for callers that wait on
     /// it ([`Net::device_waiter`]); `None` on a device without one.
     device_fd: Option<OwnedFd>,
-    /// A caller waits on the device and runs the iterations
-    /// ([`DeviceWaiter`]): the loop's thread stays out of its way.
-    waiter: AtomicBool,
+    /// The thread that waits on the device and runs the iterations
+    /// ([`DeviceWaiter`]; a [`thread_tag`], 0: none): the loop's thread
+    /// stays out of its way.
+    waiter: AtomicU64,
     /// Socket calls that give the stack work run an iteration on the
     /// caller's thread ([`Net::set_callers_drive`]).
     callers_drive: AtomicBool,
@@ -240,6 +241,22 @@ fn since_start() -> u64 {
         .as_micros() as u64
 }
 
+/// A caller drove the stack (or is about to): the loop's thread stays
+/// out of its way for [`DRIVING`] µs.
+fn mark_driven(s: &Shared) {
+    s.driven_at.store(since_start().max(1), Ordering::Relaxed);
+}
+
+/// A number for this thread, unique in the process and never 0 (which
+/// of the threads waits on the device).
+fn thread_tag() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TAG: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TAG.with(|t| *t)
+}
+
 /// How recently a caller must have driven the stack for the loop's thread
 /// to stay out of its way.
 const DRIVING: u64 = 200;
@@ -289,13 +306,17 @@ impl Net {
     /// [`DeviceWaiter`]), from its back-off unless a caller drives the
     /// stack (`always`: even then; to stop or pause it).
     fn wake_loop(&self, always: bool) {
-        // Run to completion: the caller's thread sends what its call
-        // queued, unless another thread is in an iteration now.
-        if !always
-            && self.shared.callers_drive.load(Ordering::Relaxed)
-            && self.turn_here().is_some()
-        {
-            return;
+        if !always && self.shared.callers_drive.load(Ordering::Relaxed) {
+            // Run to completion: the caller is busy with the stack and
+            // drives it at its next wait; the loop's thread stays out.
+            // If a thread sleeps on the device (the loop's, or a waiting
+            // caller), this thread runs the iteration instead of waking
+            // it (a context switch on a shared CPU), unless another
+            // thread is in one now.
+            mark_driven(&self.shared);
+            if !self.shared.wake.asleep.load(Ordering::SeqCst) || self.turn_here().is_some() {
+                return;
+            }
         }
         if self.shared.wake.notify() && !always {
             return;
@@ -459,7 +480,13 @@ impl<A: Send + 'static> Runtime<A> {
         let exit = t.join().map_err(|_| crate::Error::Panicked);
         // No caller is left inside `Net::drive` (see there), so nobody
         // holds the core while the process forks.
-        while shared.drivers.load(Ordering::SeqCst) != 0 || shared.waiter.load(Ordering::SeqCst) {
+        // Nor a waiter on the device, unless this very thread is it (a
+        // signal handler that forks while its thread waits).
+        let me = thread_tag();
+        let waits = |w: u64| w != 0 && w != me;
+        while shared.drivers.load(Ordering::SeqCst) != 0
+            || waits(shared.waiter.load(Ordering::SeqCst))
+        {
             std::thread::yield_now();
         }
         match exit? {
@@ -566,7 +593,7 @@ where
         driven_at: AtomicU64::new(0),
         device_fd: rx.as_ref().and_then(|fd| fd.try_clone().ok()),
         wake,
-        waiter: AtomicBool::new(false),
+        waiter: AtomicU64::new(0),
         callers_drive: AtomicBool::new(false),
     });
     let net = Net {
@@ -846,13 +873,15 @@ impl Net {
 
     /// Run to completion in every socket call: a call that gives the
     /// stack work (data to send, a window to open, a connection to open
-    /// or close) runs an iteration on the caller's thread, as
-    /// [`drive`](Self::drive) does, instead of waking the loop's thread
-    /// (when no other thread is in one). On a CPU shared by the program
-    /// and the loop's thread that saves a context switch per call that
-    /// sends; the cost is an iteration per such call. The loop's thread
-    /// still runs when callers go quiet. Off by default; the LD_PRELOAD
-    /// layer turns it on with its spin time.
+    /// or close) never wakes the loop's thread. The caller counts as
+    /// driving the stack (it drives it at its next wait, and the loop's
+    /// thread stays out of its way meanwhile: it looks again within
+    /// [`DRIVEN_SLEEP`](crate::poll::DRIVEN_SLEEP)); and if a thread
+    /// sleeps on the device, the caller runs the iteration itself, as
+    /// [`drive`](Self::drive) does, when no other thread is in one. On a
+    /// CPU shared by the program and the loop's thread that saves a
+    /// context switch per call. Off by default; the LD_PRELOAD layer
+    /// turns it on with its spin time.
     pub fn set_callers_drive(&self, on: bool) {
         self.shared.callers_drive.store(on, Ordering::Relaxed);
     }
@@ -884,7 +913,7 @@ impl Net {
     /// of a driving caller's way with long sleeps, takes over now.
     pub fn stop_driving(&self) {
         let s = &self.shared;
-        if s.waiter.load(Ordering::SeqCst) || s.driven_at.swap(0, Ordering::Relaxed) == 0 {
+        if s.waiter.load(Ordering::SeqCst) != 0 || s.driven_at.swap(0, Ordering::Relaxed) == 0 {
             return;
         }
         if let Some(t) = s.loop_thread.lock().as_ref() {
@@ -907,7 +936,9 @@ impl Net {
     ///
     /// `None` when the device has no descriptor, another thread already
     /// waits on it, or the loop pauses or has ended: the caller waits as
-    /// before (after [`stop_driving`](Self::stop_driving)).
+    /// before (after [`stop_driving`](Self::stop_driving)). A thread
+    /// that waits already (a signal handler's call during its wait) waits
+    /// again, the outer wait suspended meanwhile.
     pub fn device_waiter(&self) -> Option<DeviceWaiter<'_>> {
         let s = &self.shared;
         let fd = s.device_fd.as_ref()?;
@@ -915,13 +946,23 @@ impl Net {
         if s.pause.load(Ordering::SeqCst) || s.gone.load(Ordering::Acquire) {
             return None;
         }
-        if s.waiter.swap(true, Ordering::SeqCst) {
-            return None;
-        }
+        let me = thread_tag();
+        let nested = match s
+            .waiter
+            .compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => false,
+            // This thread waits already, and a signal handler that runs
+            // during its wait waits again: the outer wait is suspended,
+            // so the inner one is the waiter until it returns.
+            Err(w) if w == me => true,
+            Err(_) => return None,
+        };
         Some(DeviceWaiter {
             net: self,
             fds: [fd.as_fd(), wake.as_fd()],
             asleep: false,
+            nested,
         })
     }
 }
@@ -935,6 +976,9 @@ pub struct DeviceWaiter<'a> {
     net: &'a Net,
     fds: [BorrowedFd<'a>; 2],
     asleep: bool,
+    /// Taken inside a wait of the same thread (a signal handler's call):
+    /// the outer wait keeps the role.
+    nested: bool,
 }
 
 impl DeviceWaiter<'_> {
@@ -1018,10 +1062,13 @@ impl Drop for DeviceWaiter<'_> {
         if self.asleep {
             s.wake.asleep.store(false, Ordering::SeqCst);
         }
+        if self.nested {
+            return;
+        }
         // The caller goes back to the program, which likely makes its
         // next socket call soon: the loop's thread is not woken for it.
         s.driven_at.store(since_start().max(1), Ordering::Relaxed);
-        s.waiter.store(false, Ordering::SeqCst);
+        s.waiter.store(0, Ordering::SeqCst);
     }
 }
 
@@ -1058,7 +1105,8 @@ where
             Some(_)
                 if !stopping
                     && !pause
-                    && (self.shared.driving() || self.shared.waiter.load(Ordering::SeqCst)) =>
+                    && (self.shared.driving()
+                        || self.shared.waiter.load(Ordering::SeqCst) != 0) =>
             {
                 return None;
             }
