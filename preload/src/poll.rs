@@ -110,7 +110,12 @@ pub fn poll(fds: &mut [pollfd], timeout: Option<Duration>, sigmask: *const sigse
             (Some(m), true) => m as *const libc::sigset_t,
             _ => sigmask,
         };
-        let driven = if immediate || socks.iter().all(Option::is_none) {
+        let driven = if immediate {
+            None
+        } else if socks.iter().all(Option::is_none) {
+            // Only the kernel's descriptors: the stack's thread takes the
+            // stack back while this thread sleeps.
+            crate::state::stop_driving();
             None
         } else {
             crate::state::wait_driving(&mut local, deadline, sigmask)

@@ -103,6 +103,14 @@ pub fn spin_until(deadline: Option<Instant>, mut ready: impl FnMut() -> bool) ->
     }
 }
 
+/// The caller is about to sleep in the kernel on descriptors that are
+/// not the stack's: the stack's thread takes the stack back at once.
+pub fn stop_driving() {
+    if let Some(s) = state() {
+        s.net.stop_driving();
+    }
+}
+
 /// Run to completion while the caller sleeps: after [`spin_until`] gave
 /// up, wait as `ppoll(fds, deadline, sigmask)` would, but with the
 /// stack's device and wake-up descriptors in the same poll, running the

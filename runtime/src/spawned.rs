@@ -133,8 +133,8 @@ pub(crate) struct Shared {
     /// ([`DeviceWaiter`]; a [`thread_tag`], 0: none): the loop's thread
     /// stays out of its way.
     waiter: AtomicU64,
-    /// Socket calls that give the stack work run an iteration on the
-    /// caller's thread ([`Net::set_callers_drive`]).
+    /// Socket calls that give the stack work never wake the loop's
+    /// thread ([`Net::set_callers_drive`]).
     callers_drive: AtomicBool,
 }
 
@@ -241,12 +241,6 @@ fn since_start() -> u64 {
         .as_micros() as u64
 }
 
-/// A caller drove the stack (or is about to): the loop's thread stays
-/// out of its way for [`DRIVING`] µs.
-fn mark_driven(s: &Shared) {
-    s.driven_at.store(since_start().max(1), Ordering::Relaxed);
-}
-
 /// A number for this thread, unique in the process and never 0 (which
 /// of the threads waits on the device).
 fn thread_tag() -> u64 {
@@ -307,14 +301,13 @@ impl Net {
     /// stack (`always`: even then; to stop or pause it).
     fn wake_loop(&self, always: bool) {
         if !always && self.shared.callers_drive.load(Ordering::Relaxed) {
-            // Run to completion: the caller is busy with the stack and
-            // drives it at its next wait; the loop's thread stays out.
-            // If a thread sleeps on the device (the loop's, or a waiting
-            // caller), this thread runs the iteration instead of waking
-            // it (a context switch on a shared CPU), unless another
-            // thread is in one now.
-            mark_driven(&self.shared);
-            if !self.shared.wake.asleep.load(Ordering::SeqCst) || self.turn_here().is_some() {
+            // Run to completion. A caller drove the stack a moment ago
+            // and nobody sleeps on the device: it sends this at its next
+            // turn. Otherwise this thread runs the iteration instead of
+            // waking a thread (a context switch on a shared CPU), unless
+            // another thread is in one now.
+            let asleep = self.shared.wake.asleep.load(Ordering::SeqCst);
+            if !asleep && self.shared.driving() || self.turn_here().is_some() {
                 return;
             }
         }
@@ -873,15 +866,15 @@ impl Net {
 
     /// Run to completion in every socket call: a call that gives the
     /// stack work (data to send, a window to open, a connection to open
-    /// or close) never wakes the loop's thread. The caller counts as
-    /// driving the stack (it drives it at its next wait, and the loop's
-    /// thread stays out of its way meanwhile: it looks again within
-    /// [`DRIVEN_SLEEP`](crate::poll::DRIVEN_SLEEP)); and if a thread
-    /// sleeps on the device, the caller runs the iteration itself, as
-    /// [`drive`](Self::drive) does, when no other thread is in one. On a
-    /// CPU shared by the program and the loop's thread that saves a
-    /// context switch per call. Off by default; the LD_PRELOAD layer
-    /// turns it on with its spin time.
+    /// or close) does not wake the loop's thread. If a caller drove the
+    /// stack in the last 200 µs and no thread sleeps on the device, that
+    /// caller sends the work at its next turn; otherwise this caller runs
+    /// the iteration itself, as [`drive`](Self::drive) does (which keeps
+    /// the loop's thread away for the next 200 µs), unless another thread
+    /// is in one. On a CPU shared by the program and the loop's thread
+    /// that saves a context switch per call, at the cost of at most an
+    /// iteration per 200 µs of a busy caller. Off by default; the
+    /// LD_PRELOAD layer turns it on with its spin time.
     pub fn set_callers_drive(&self, on: bool) {
         self.shared.callers_drive.store(on, Ordering::Relaxed);
     }
