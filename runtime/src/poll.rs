@@ -823,6 +823,21 @@ mod test {
 
         const IDLE: Duration = Duration::from_millis(200);
 
+        /// A datagram to 10.0.0.`host` sent on `h` by a socket call on
+        /// another thread (which has ended when this returns).
+        fn send_from_another_thread(net: &crate::Net, h: ustack::socket::udp::UdpHandle, host: u8) {
+            let caller = net.clone();
+            std::thread::spawn(move || {
+                let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, host), 9);
+                caller
+                    .with_stack(|s| s.udp().send_to(h, dst, b"wake up"))
+                    .unwrap()
+                    .unwrap();
+            })
+            .join()
+            .unwrap();
+        }
+
         /// A spawned runtime on a port with a descriptor (and that
         /// descriptor, to make frames arrive), a UDP socket bound on port
         /// 4000, the loop asleep on the device.
@@ -963,16 +978,7 @@ mod test {
             assert_eq!(seen.arrivals.load(Ordering::SeqCst), 1);
             assert_eq!(*seen.reader.lock(), Some(std::thread::current().id()));
             let sent = seen.sent.load(Ordering::SeqCst);
-            let caller = net.clone();
-            std::thread::spawn(move || {
-                let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 9), 9);
-                caller
-                    .with_stack(|s| s.udp().send_to(h, dst, b"wake up"))
-                    .unwrap()
-                    .unwrap();
-            })
-            .join()
-            .unwrap();
+            send_from_another_thread(&net, h, 9);
             // Given before the waiter slept: it does not sleep.
             assert_eq!(poll(&mut w, Duration::from_secs(3600)), None);
             w.turn().unwrap();
@@ -1054,16 +1060,7 @@ mod test {
                     seen.sent.load(Ordering::SeqCst),
                     net.shared.wake.woken.load(Ordering::SeqCst),
                 );
-                let caller = net.clone();
-                std::thread::spawn(move || {
-                    let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10 + i), 9);
-                    caller
-                        .with_stack(|s| s.udp().send_to(h, dst, b"wake up"))
-                        .unwrap()
-                        .unwrap();
-                })
-                .join()
-                .unwrap();
+                send_from_another_thread(&net, h, 10 + i);
                 until("the call's frame leaves", || {
                     seen.sent.load(Ordering::SeqCst) > sent
                 });

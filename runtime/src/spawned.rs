@@ -198,7 +198,7 @@ impl Wake {
     /// writes the eventfd, or `timeout` passes; no lock is held. Whether
     /// the loop should run again now (`false` on an error state of the
     /// device's descriptor, as [`Device::wait_rx`]: the loop backs off).
-    fn wait(&self, rx: BorrowedFd<'_>, timeout: Duration) -> bool {
+    fn wait(&self, rx: BorrowedFd<'_>, timeout: Duration, waiter: &AtomicU64) -> bool {
         let Some(fd) = &self.fd else {
             return false;
         };
@@ -219,7 +219,10 @@ impl Wake {
         let r = rustix::event::poll(&mut fds, Some(&ts));
         self.asleep.store(false, Ordering::SeqCst);
         let woken = fds[1].revents().contains(PollFlags::IN);
-        if woken {
+        // A caller that took the device while this thread slept here
+        // sleeps on the same eventfd: the wake-up is its to take (this
+        // thread stays out of its way), so it is left unread.
+        if woken && waiter.load(Ordering::SeqCst) == 0 {
             self.woken.fetch_add(1, Ordering::Relaxed);
             let _ = rustix::io::read(fd, &mut [0u8; 8]);
         }
@@ -1139,7 +1142,7 @@ where
             // The device has work of its own (pcap's held-back frames).
             return true;
         }
-        self.shared.wake.wait(rx, timeout)
+        self.shared.wake.wait(rx, timeout, &self.shared.waiter)
     }
 
     fn max_device_wait(&self) -> Duration {
