@@ -244,6 +244,16 @@ fn since_start() -> u64 {
         .as_micros() as u64
 }
 
+/// What an iteration tried on a caller's thread came to.
+enum Here {
+    /// It ran: its turn, and whether the device can be waited on now.
+    Ran(Turn, bool),
+    /// Another thread is in an iteration.
+    Busy,
+    /// The loop pauses or has ended.
+    Closed,
+}
+
 /// A number for this thread, unique in the process and never 0 (which
 /// of the threads waits on the device).
 fn thread_tag() -> u64 {
@@ -885,23 +895,38 @@ impl Net {
     /// One iteration on this thread if no other thread runs one: whether
     /// it had work, or `None` when it did not run.
     fn turn_here(&self) -> Option<bool> {
+        match self.iterate_here() {
+            Here::Ran(t, _) => Some(t.busy),
+            Here::Busy | Here::Closed => None,
+        }
+    }
+
+    /// One iteration on this thread, for a caller that drives or waits on
+    /// the device: its turn and whether the device can be waited on now.
+    fn iterate_here(&self) -> Here {
         let s = &self.shared;
         // Counted in before looking at `pause`; `Runtime::pause` sets
         // `pause` before it waits for the count to fall to zero, so after
         // the pause no caller holds or takes the core (SeqCst both sides).
         s.drivers.fetch_add(1, Ordering::SeqCst);
-        let ran = if s.pause.load(Ordering::SeqCst) || s.gone.load(Ordering::Acquire) {
-            None
+        let here = if s.pause.load(Ordering::SeqCst) || s.gone.load(Ordering::Acquire) {
+            Here::Closed
         } else {
-            s.driver.try_lock().and_then(|mut core| {
+            match s.driver.try_lock() {
+                None => Here::Busy,
                 // Checked again under the core's lock: the loop's thread
                 // ends holding it.
-                s.driven_at.store(since_start().max(1), Ordering::Relaxed);
-                (!s.gone.load(Ordering::Acquire)).then(|| core.turn(s, false).busy)
-            })
+                Some(_) if s.gone.load(Ordering::Acquire) => Here::Closed,
+                Some(mut core) => {
+                    s.driven_at.store(since_start().max(1), Ordering::Relaxed);
+                    s.wake.begin_turn();
+                    let t = core.turn(s, false);
+                    Here::Ran(t, core.waitable())
+                }
+            }
         };
         s.drivers.fetch_sub(1, Ordering::SeqCst);
-        ran
+        here
     }
 
     /// A caller that drove the stack ([`drive`](Self::drive)) is about to
@@ -992,35 +1017,20 @@ impl DeviceWaiter<'_> {
     /// loop pauses or ended, or the device failed (the caller then waits
     /// as before; the loop's thread takes the device back).
     pub fn turn(&mut self) -> Option<Duration> {
-        let s = &self.net.shared;
-        s.drivers.fetch_add(1, Ordering::SeqCst);
-        let r = if s.pause.load(Ordering::SeqCst) || s.gone.load(Ordering::Acquire) {
-            None
-        } else {
-            match s.driver.try_lock() {
-                None => Some(Duration::ZERO),
-                Some(mut core) if !s.gone.load(Ordering::Acquire) => {
-                    s.driven_at.store(since_start().max(1), Ordering::Relaxed);
-                    s.wake.begin_turn();
-                    let t = core.turn(s, false);
-                    if t.failure.is_some() || t.done {
-                        None
-                    } else if t.busy || !core.waitable() {
-                        Some(Duration::ZERO)
-                    } else {
-                        let until = t.wake_at.unwrap_or(t.now + crate::poll::MAX_DEVICE_WAIT);
-                        Some(
-                            until
-                                .saturating_duration_since(t.now)
-                                .min(crate::poll::MAX_DEVICE_WAIT),
-                        )
-                    }
-                }
-                Some(_) => None,
+        match self.net.iterate_here() {
+            Here::Busy => Some(Duration::ZERO),
+            Here::Closed => None,
+            Here::Ran(t, _) if t.failure.is_some() || t.done => None,
+            Here::Ran(t, waitable) if t.busy || !waitable => Some(Duration::ZERO),
+            Here::Ran(t, _) => {
+                let until = t.wake_at.unwrap_or(t.now + crate::poll::MAX_DEVICE_WAIT);
+                Some(
+                    until
+                        .saturating_duration_since(t.now)
+                        .min(crate::poll::MAX_DEVICE_WAIT),
+                )
             }
-        };
-        s.drivers.fetch_sub(1, Ordering::SeqCst);
-        r
+        }
     }
 
     /// About to sleep in the poll: from now on a front that gives the
