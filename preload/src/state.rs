@@ -200,7 +200,10 @@ pub fn wait_driving(
 pub fn drive_once() {
     if let Some(s) = state() {
         if !s.spin.is_zero() {
-            s.net.drive();
+            // An iteration on another thread (the loop's, handling the
+            // frame this caller looks for) is let finish first: 100 µs is
+            // far above one iteration and below any caller's patience.
+            s.net.drive_settled(Duration::from_micros(100));
         }
     }
 }

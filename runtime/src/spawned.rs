@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Waker};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
@@ -143,17 +143,23 @@ pub(crate) struct Shared {
 /// it work only while it sleeps there (a write is a system call; a
 /// socket call on a busy loop costs two atomics).
 ///
-/// No wake-up is lost: the loop says it sleeps (`asleep`) before it looks
-/// at `pending` for the last time, a front says it has work (`pending`)
-/// before it looks at `asleep` (both sequentially consistent), so either
-/// the loop sees the work or the front sees the sleeper and writes.
+/// No wake-up is lost: a sleeper counts itself in (`sleepers`) before it
+/// looks at `pending` for the last time, a front says it has work
+/// (`pending`) before it looks at `sleepers` (both sequentially
+/// consistent), so either the sleeper sees the work or the front sees the
+/// sleeper and writes. Two may sleep at once (the loop's thread, still in
+/// its poll, and a caller that took the device meanwhile): a count, not a
+/// flag, so one waking does not hide the other.
 #[derive(Debug, Default)]
 pub(crate) struct Wake {
     /// The eventfd; `None` on a device without a descriptor (the loop
     /// sleeps in its back-off and is unparked).
     fd: Option<OwnedFd>,
-    /// The loop is in (or about to enter) its poll.
-    pub(crate) asleep: AtomicBool,
+    /// Threads in (or about to enter) a poll on the eventfd.
+    sleepers: AtomicU32,
+    /// The eventfd was written and no sleeper has emptied it yet: one
+    /// write wakes every sleeper.
+    signalled: AtomicBool,
     /// A front gave the loop work since the loop's last iteration began.
     pending: AtomicBool,
     /// Waits a front's work ended (the eventfd) or cut short (work given
@@ -181,11 +187,44 @@ impl Wake {
         let Some(fd) = &self.fd else {
             return false;
         };
-        if !self.asleep.load(Ordering::SeqCst) || !self.asleep.swap(false, Ordering::SeqCst) {
+        if !self.asleep() {
             return false;
         }
-        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        if !self.signalled.swap(true, Ordering::SeqCst) {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
         true
+    }
+
+    /// Whether a thread sleeps (or is about to) on the eventfd.
+    pub(crate) fn asleep(&self) -> bool {
+        self.sleepers.load(Ordering::SeqCst) > 0
+    }
+
+    /// About to sleep on the eventfd: `false` if work came meanwhile (do
+    /// not sleep; not counted in).
+    fn enter_sleep(&self) -> bool {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        if self.pending.swap(false, Ordering::SeqCst) {
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Back from a sleep [`enter_sleep`](Self::enter_sleep) allowed.
+    fn leave_sleep(&self) {
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A sleeper saw the eventfd readable and takes the wake-up: empty it
+    /// (a later front writes again).
+    fn take_wakeup(&self) {
+        self.woken.fetch_add(1, Ordering::Relaxed);
+        self.signalled.store(false, Ordering::SeqCst);
+        if let Some(fd) = &self.fd {
+            let _ = rustix::io::read(fd, &mut [0u8; 8]);
+        }
     }
 
     /// The loop is about to run an iteration: the work given so far is
@@ -202,9 +241,7 @@ impl Wake {
         let Some(fd) = &self.fd else {
             return false;
         };
-        self.asleep.store(true, Ordering::SeqCst);
-        if self.pending.swap(false, Ordering::SeqCst) {
-            self.asleep.store(false, Ordering::SeqCst);
+        if !self.enter_sleep() {
             self.woken.fetch_add(1, Ordering::Relaxed);
             return true;
         }
@@ -217,14 +254,13 @@ impl Wake {
             tv_nsec: timeout.subsec_nanos().into(),
         };
         let r = rustix::event::poll(&mut fds, Some(&ts));
-        self.asleep.store(false, Ordering::SeqCst);
+        self.leave_sleep();
         let woken = fds[1].revents().contains(PollFlags::IN);
         // A caller that took the device while this thread slept here
         // sleeps on the same eventfd: the wake-up is its to take (this
         // thread stays out of its way), so it is left unread.
         if woken && waiter.load(Ordering::SeqCst) == 0 {
-            self.woken.fetch_add(1, Ordering::Relaxed);
-            let _ = rustix::io::read(fd, &mut [0u8; 8]);
+            self.take_wakeup();
         }
         woken
             || r.is_ok()
@@ -319,7 +355,7 @@ impl Net {
             // turn. Otherwise this thread runs the iteration instead of
             // waking a thread (a context switch on a shared CPU), unless
             // another thread is in one now.
-            let asleep = self.shared.wake.asleep.load(Ordering::SeqCst);
+            let asleep = self.shared.wake.asleep();
             if !asleep && self.shared.driving() || self.turn_here().is_some() {
                 return;
             }
@@ -877,6 +913,25 @@ impl Net {
         self.turn_here().unwrap_or(false)
     }
 
+    /// [`drive`](Self::drive) for a caller that looks once without
+    /// waiting (a non-blocking receive, `epoll_wait` with timeout 0): if
+    /// another thread is in an iteration (the loop's thread handling the
+    /// frame the caller waits for), try again until it ends, for at most
+    /// `wait`, so the look sees what that iteration brought. Spins, never
+    /// blocks on the lock (a signal handler may interrupt the thread in
+    /// the iteration).
+    pub fn drive_settled(&self, wait: Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        loop {
+            match self.iterate_here() {
+                Here::Ran(t, _) => return t.busy,
+                Here::Closed => return false,
+                Here::Busy if t0.elapsed() >= wait => return false,
+                Here::Busy => std::thread::yield_now(),
+            }
+        }
+    }
+
     /// Run to completion in every socket call: a call that gives the
     /// stack work (data to send, a window to open, a connection to open
     /// or close) does not wake the loop's thread. If a caller drove the
@@ -1037,10 +1092,7 @@ impl DeviceWaiter<'_> {
     /// stack work writes the wake-up. `false` if work came since the last
     /// [`turn`](Self::turn): do not sleep (poll with no timeout).
     pub fn sleep(&mut self) -> bool {
-        let w = &self.net.shared.wake;
-        w.asleep.store(true, Ordering::SeqCst);
-        if w.pending.swap(false, Ordering::SeqCst) {
-            w.asleep.store(false, Ordering::SeqCst);
+        if !self.net.shared.wake.enter_sleep() {
             return false;
         }
         self.asleep = true;
@@ -1051,13 +1103,11 @@ impl DeviceWaiter<'_> {
     /// when the wake-up's descriptor was readable (it is emptied).
     pub fn woke(&mut self, woken: bool) {
         let w = &self.net.shared.wake;
-        self.asleep = false;
-        w.asleep.store(false, Ordering::SeqCst);
+        if std::mem::take(&mut self.asleep) {
+            w.leave_sleep();
+        }
         if woken {
-            w.woken.fetch_add(1, Ordering::Relaxed);
-            if let Some(fd) = &w.fd {
-                let _ = rustix::io::read(fd, &mut [0u8; 8]);
-            }
+            w.take_wakeup();
         }
     }
 }
@@ -1066,7 +1116,7 @@ impl Drop for DeviceWaiter<'_> {
     fn drop(&mut self) {
         let s = &self.net.shared;
         if self.asleep {
-            s.wake.asleep.store(false, Ordering::SeqCst);
+            s.wake.leave_sleep();
         }
         if self.nested {
             return;

@@ -139,6 +139,10 @@ unsafe fn recvmsg_ours(s: &Arc<Sock>, m: &mut msghdr, flags: c_int) -> ssize_t {
 /// `m` is the caller's msghdr: its name and control buffers valid for
 /// their lengths.
 unsafe fn recv_error_queue(s: &Arc<Sock>, m: &mut msghdr) -> ssize_t {
+    // Run to completion, as a non-blocking receive: ACKs that came a
+    // moment ago complete sends (and two completions that are both due
+    // are reported as one range, as Linux's would be).
+    crate::state::drive_once();
     sock::zerocopy_refresh(s);
     let Some(err) = s.zc.lock().take() else {
         set_errno(libc::EAGAIN);
