@@ -634,6 +634,13 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
                 t.tcpi_rcv_wnd = i.rcv_wnd as u32;
                 t.tcpi_rcv_space = i.rcv_wnd as u32;
                 t.tcpi_notsent_bytes = i.send_queued.saturating_sub(i.in_flight) as u32;
+                if let Some(c) = sock::tcp_times(s) {
+                    t.tcpi_last_data_sent = c.last_data_sent_ms;
+                    t.tcpi_last_data_recv = c.last_data_recv_ms;
+                    t.tcpi_last_ack_recv = c.last_ack_recv_ms;
+                    t.tcpi_busy_time = c.busy_us;
+                    t.tcpi_rwnd_limited = c.rwnd_limited_us;
+                }
             } else if matches!(*s.kind.lock(), Kind::Listener { .. }) {
                 t.tcpi_state = linux_state(State::Listen);
             } else {
@@ -682,6 +689,15 @@ struct TcpInfo {
     tcpi_wscales: u8,
     tcpi_rto: u32,
     tcpi_snd_mss: u32,
+    /// Milliseconds since new data last left, data last came, an ACK
+    /// last came (`tcpi_last_ack_sent` is 0 on Linux too).
+    tcpi_last_data_sent: u32,
+    tcpi_last_data_recv: u32,
+    tcpi_last_ack_recv: u32,
+    /// Microseconds sending, and of them limited by the peer's window
+    /// (`tcpi_sndbuf_limited` is not timed: 0).
+    tcpi_busy_time: u64,
+    tcpi_rwnd_limited: u64,
     tcpi_rcv_mss: u32,
     tcpi_unacked: u32,
     tcpi_pmtu: u32,
@@ -715,6 +731,9 @@ impl TcpInfo {
         put32(16, self.tcpi_snd_mss);
         put32(20, self.tcpi_rcv_mss);
         put32(24, self.tcpi_unacked);
+        put32(44, self.tcpi_last_data_sent);
+        put32(52, self.tcpi_last_data_recv);
+        put32(56, self.tcpi_last_ack_recv);
         put32(60, self.tcpi_pmtu);
         put32(68, self.tcpi_rtt);
         put32(72, self.tcpi_rttvar);
@@ -732,6 +751,8 @@ impl TcpInfo {
         let mut put64 = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
         put64(120, self.tcpi_bytes_acked);
         put64(128, self.tcpi_bytes_received);
+        put64(168, self.tcpi_busy_time);
+        put64(176, self.tcpi_rwnd_limited);
         put64(200, self.tcpi_bytes_sent);
         b[0] = self.tcpi_state;
         b[1] = self.tcpi_ca_state;

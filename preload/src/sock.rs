@@ -1268,6 +1268,16 @@ fn keepalive_of(o: &fd::Opts) -> Option<ustack::socket::tcp::KeepAlive> {
     })
 }
 
+/// When the connection last sent and received, and how long it spent
+/// sending, for TCP_INFO (in a process sharing another's stack, asked of
+/// the owner, on its clock).
+pub fn tcp_times(sock: &Sock) -> Option<ustack::socket::tcp::ConnTimes> {
+    let Kind::Stream { handle, .. } = *sock.kind.lock() else {
+        return None;
+    };
+    access().ok()?.tcp_conn_times(handle).ok()?.ok()?
+}
+
 /// The connection's state for TCP_INFO (in a process sharing another's
 /// stack, asked of the owner).
 pub fn tcp_info(sock: &Sock) -> Option<ustack::socket::tcp::ConnInfo> {

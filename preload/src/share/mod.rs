@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use ustack::Error as StackError;
 use ustack::events::SocketRef;
 use ustack::socket::tcp::{
-    ConnError, ConnInfo, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus,
+    ConnError, ConnInfo, ConnTimes, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus,
 };
 use ustack::socket::udp::{UdpHandle, UdpReuse};
 use ustack_runtime::Net;
@@ -119,7 +119,8 @@ fn gone(_: std::io::Error) -> libc::c_int {
 }
 
 /// Run `$body` on the stack of `$net`, with `$s` the stack (`&mut` for
-/// `with`, `&` for `peek`) and `$now` the loop's time.
+/// `with`, `&` for `peek` and `peek_timed`) and `$now` the loop's time
+/// (none for `peek`).
 macro_rules! on_stack {
     (with, $net:expr, $s:ident, $now:ident, $body:expr) => {{
         let $now = $net.now();
@@ -130,6 +131,11 @@ macro_rules! on_stack {
         // A look needs no time: no clock read on the readiness path.
         let $now = ();
         let _ = $now;
+        $net.peek_stack(|$s| $body)
+    }};
+    (peek_timed, $net:expr, $s:ident, $now:ident, $body:expr) => {{
+        // A look that reports ages: the loop's time, read once.
+        let $now = $net.now();
         $net.peek_stack(|$s| $body)
     }};
 }
@@ -317,6 +323,11 @@ stack_ops! {
     /// A connection's state (TCP_INFO, TCP_MAXSEG, SIOCOUTQ).
     tcp_conn_info(h: TcpHandle) -> Option<ConnWire> = peek |s, now| {
         Ok(s.tcp_ref().info(h).map(|i| ConnWire::from(&i)))
+    };
+    /// When a connection last sent and received, and how long it spent
+    /// sending (TCP_INFO), on the owner's clock.
+    tcp_conn_times(h: TcpHandle) -> Option<ConnTimes> = peek_timed |s, now| {
+        Ok(s.tcp_ref().times(h, now))
     };
     /// What the stack says of a socket's readiness.
     level_of(kind: Kind, stream: bool, reported: bool) -> Level = peek |s, now| {

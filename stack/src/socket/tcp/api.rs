@@ -3,7 +3,7 @@
 
 use core::net::{IpAddr, SocketAddr};
 
-use super::conn::{ConnInfo, KeepAlive, State, TcpConn};
+use super::conn::{ConnInfo, ConnTimes, KeepAlive, State, TcpConn};
 use super::{Family, ListenHandle, Listener, TcpHandle, TcpTable, local};
 use crate::error::{ConnError, Error};
 use crate::events::Pending;
@@ -274,6 +274,12 @@ impl TcpTable {
     /// Telemetry view of one connection.
     pub fn info(&self, h: TcpHandle) -> Option<ConnInfo> {
         self.get(h).map(TcpConn::info)
+    }
+
+    /// When one connection last sent and received, and how long it spent
+    /// sending, as of `now` ([`TcpConn::times`]).
+    pub fn times(&self, h: TcpHandle, now: Instant) -> Option<ConnTimes> {
+        self.get(h).map(|c| c.times(now))
     }
 
     /// Telemetry view of every connection.

@@ -6,7 +6,7 @@
 use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use super::{ConnInfo, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable};
+use super::{ConnInfo, ConnTimes, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable};
 use smoltcp::wire::Ipv4Cidr;
 
 use crate::error::Error;
@@ -280,6 +280,11 @@ impl<'a> TcpRef<'a> {
     /// Telemetry view of one connection.
     pub fn info(&self, h: TcpHandle) -> Option<ConnInfo> {
         self.table.info(h)
+    }
+    /// When one connection last sent and received, and how long it spent
+    /// sending, as of `now` (Linux's `tcp_info` times).
+    pub fn times(&self, h: TcpHandle, now: Instant) -> Option<ConnTimes> {
+        self.table.times(h, now)
     }
     /// Telemetry view of every connection.
     pub fn connections(&self) -> impl Iterator<Item = ConnInfo> + 'a {

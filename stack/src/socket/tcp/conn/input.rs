@@ -3,7 +3,7 @@
 //! FIN in order.
 
 use super::timers::Timer;
-use super::{DUP_THRESH, Segment, State, TcpConn};
+use super::{DUP_THRESH, Limit, Segment, State, TcpConn};
 use crate::error::ConnError;
 use crate::socket::tcp::seq::Seq;
 use crate::time::Instant;
@@ -72,6 +72,7 @@ impl TcpConn {
                 State::Established
             };
             self.rec.retries = 0;
+            self.chrono.established(now);
             self.timers.stop(Timer::Rto);
             self.owed.ack_now = true;
         } else {
@@ -173,6 +174,7 @@ impl TcpConn {
         if self.state == State::SynReceived {
             if ack.diff(self.snd.una) > 0 && ack.diff(self.snd.max) <= 0 {
                 self.state = State::Established;
+                self.chrono.established(now);
                 self.snd.wnd = usize::from(seg.hdr.window) << self.snd.wscale;
                 self.snd.max_wnd = self.snd.wnd;
                 self.snd.wl1 = seg.hdr.seq;
@@ -294,6 +296,12 @@ impl TcpConn {
                 self.timers.stop_all(&[Timer::Rto, Timer::Tlp]);
             }
             self.on_fin_acked(now);
+            self.chrono.ack_recv = Some(now);
+            // All acknowledged and nothing queued: idle.
+            if data_acked > 0 {
+                let drained = self.drained();
+                self.chrono.stop(now, Limit::Busy, drained);
+            }
         } else if ack == self.snd.una
             && seg.payload.is_empty()
             && !seg.hdr.fin
@@ -452,6 +460,9 @@ impl TcpConn {
             }
             self.stats.bytes_in += out.advanced as u64;
             self.rcv.nxt += out.advanced;
+            if !data.is_empty() {
+                self.chrono.data_recv = Some(now);
+            }
             if out.advanced > 0 {
                 self.autotune(now);
             }

@@ -11,10 +11,11 @@
 //! liveness and what is owed to the peer), opening and accessors;
 //! `input` processes arriving segments (RFC 9293 3.10.7), `output` decides
 //! what to send, `timers` holds the `TimerTable` and what expiry
-//! does, `api` the app-facing calls, and `tuning` receive-buffer autotuning
-//! and the window we advertise.
+//! does, `api` the app-facing calls, `tuning` receive-buffer autotuning
+//! and the window we advertise, and `chrono` the times `tcp_info` reports.
 
 mod api;
+mod chrono;
 mod input;
 mod output;
 mod timers;
@@ -40,6 +41,8 @@ use super::seq::Seq;
 use crate::error::ConnError;
 pub use crate::stats::ConnStats;
 use crate::time::Instant;
+pub use chrono::ConnTimes;
+use chrono::{Chrono, Limit};
 pub use input::segment_acceptable;
 use timers::TimerTable;
 use tuning::RcvTune;
@@ -198,6 +201,8 @@ pub struct TcpConn {
     /// Raise WRITABLE on every ACK that frees send-buffer space, not only
     /// past the low-water mark ([`TcpConn::set_ack_events`]).
     ack_events: bool,
+    /// When it last sent and received, and what held the sender back.
+    chrono: Chrono,
     /// The last ICMP error about the connection while it was synchronized
     /// (a soft error, RFC 1122 4.2.3.9): the error it ends with if its
     /// retransmissions run out.
@@ -441,6 +446,7 @@ impl TcpConn {
             fast_open: FastOpenConn::default(),
             soft_error: None,
             ack_events: false,
+            chrono: Chrono::default(),
             stats: ConnStats::default(),
             cfg,
         }
@@ -648,6 +654,17 @@ impl TcpConn {
             syn_data: self.fast_open.syn_data,
             stats: self.stats.clone(),
         }
+    }
+
+    /// When the connection last sent and received, and how long it spent
+    /// sending, as of `now` (Linux's `tcp_info` times).
+    pub fn times(&self, now: Instant) -> ConnTimes {
+        self.chrono.at(now)
+    }
+
+    /// Nothing queued to send and nothing unacknowledged.
+    fn drained(&self) -> bool {
+        self.snd.buf.is_empty() && self.snd.max.diff(self.snd.una) <= 0
     }
 
     fn tsval(&self, now: Instant) -> u32 {

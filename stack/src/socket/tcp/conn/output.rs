@@ -2,7 +2,7 @@
 //! recovery) within the windows, Nagle and cork, probes, ACKs and resets.
 
 use super::timers::Timer;
-use super::{DUP_THRESH, Header, Outgoing, State, TcpConn};
+use super::{DUP_THRESH, Header, Limit, Outgoing, State, TcpConn};
 use crate::socket::tcp::seq::Seq;
 use crate::time::Instant;
 
@@ -284,6 +284,11 @@ impl TcpConn {
         // A persist expiry forces one segment past SWS avoidance and Nagle
         // (RFC 9293 3.8.6.2.1 override timeout).
         let forced = (self.owed.probe_pending || probing) && len > 0;
+        // The peer's window, not the congestion window, keeps new data
+        // back (Linux's `is_rwnd_limited`, timed for `tcp_info`).
+        if usable_wnd < unsent.min(max_payload) && usable_cwnd > usable_wnd {
+            self.chrono.start(now, Limit::Rwnd);
+        }
         if unsent > 0 && len == 0 {
             if usable_wnd == 0
                 && !self.timers.is_set(Timer::Persist)
@@ -380,6 +385,11 @@ impl TcpConn {
             self.live.unacked_since = Some(now);
         }
         if !retransmit {
+            self.chrono.data_sent = Some(now);
+            self.chrono.start(now, Limit::Busy);
+            if len == unsent.min(max_payload) {
+                self.chrono.stop(now, Limit::Rwnd, false);
+            }
             self.sent_data(now);
             if !probing {
                 self.arm_tail_probe(now);
