@@ -374,8 +374,13 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
         }
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
             o.nodelay = int(val)? != 0;
+            let push = o.nodelay;
             drop(o);
             sock::apply_tcp_opts(s);
+            if push {
+                // As Linux: what cork or Nagle held leaves now.
+                sock::push(s);
+            }
         }
         (libc::IPPROTO_TCP, libc::TCP_CORK) => {
             o.cork = int(val)? != 0;

@@ -911,13 +911,16 @@ pub fn recv(sock: &Arc<Sock>, bufs: &mut [&mut [u8]], flags: RecvFlags) -> Res<R
 /// `send`/`sendto`/`write` from the buffers `bufs` (gather); returns the
 /// bytes taken. A blocking stream send takes everything (or fails). With
 /// `eor` (`MSG_EOR`), a stream send that took everything ends a record
-/// there: later data never shares a segment with it, as on Linux.
+/// there: later data never shares a segment with it, as on Linux. With
+/// `more` (`MSG_MORE`) the stack holds a stream's partial tail, as a
+/// cork until the next send without it or the next ACK.
 pub fn send(
     sock: &Arc<Sock>,
     bufs: &[&[u8]],
     to: Option<SocketAddr>,
     dontwait: bool,
     eor: bool,
+    more: bool,
 ) -> Res<usize> {
     let acc = access()?;
     let nonblock = dontwait || sock.nonblocking.load(Ordering::Relaxed);
@@ -940,7 +943,7 @@ pub fn send(
         };
         let mut sent = 0;
         loop {
-            let r = acc.tcp_send_from(handle, bufs, sent)?;
+            let r = acc.tcp_send_from(handle, bufs, sent, more)?;
             match r {
                 Ok(n) => sent += n,
                 // An error is reported once (by a send or a receive); after
@@ -1231,6 +1234,14 @@ pub fn peer_addr(sock: &Sock) -> Res<SocketAddr> {
             .ok_or(libc::ENOTCONN),
         Kind::Dgram { peer: Some(p), .. } => Ok(p),
         _ => Err(libc::ENOTCONN),
+    }
+}
+
+/// Send what the connection holds now, past cork and Nagle (setting
+/// `TCP_NODELAY`).
+pub fn push(sock: &Sock) {
+    if let (Kind::Stream { handle, .. }, Ok(acc)) = (*sock.kind.lock(), access()) {
+        let _ = acc.tcp_push(handle);
     }
 }
 

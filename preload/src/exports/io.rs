@@ -52,7 +52,8 @@ pub(super) fn do_send(
     flags: c_int,
 ) -> ssize_t {
     let eor = flags & libc::MSG_EOR != 0;
-    match sock::send(&s, bufs, to, flags & libc::MSG_DONTWAIT != 0, eor) {
+    let more = flags & libc::MSG_MORE != 0;
+    match sock::send(&s, bufs, to, flags & libc::MSG_DONTWAIT != 0, eor, more) {
         Ok(n) => {
             if flags & libc::MSG_ZEROCOPY != 0 {
                 sock::zerocopy_sent(&s, n);
@@ -327,6 +328,18 @@ pub unsafe extern "C" fn sendto(
                 return -1;
             }
             if s.stream && flags & libc::MSG_FASTOPEN != 0 && !to.is_null() {
+                // An AF_UNSPEC address is refused with EOPNOTSUPP, as
+                // Linux's tcp_sendmsg_fastopen does (a shorter one than
+                // its family field: EINVAL).
+                if (tolen as usize) < std::mem::size_of::<libc::sa_family_t>() {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+                // SAFETY: the caller's address, at least its family long.
+                if c_int::from(unsafe { (*to).sa_family }) == libc::AF_UNSPEC {
+                    set_errno(libc::EOPNOTSUPP);
+                    return -1;
+                }
                 // No TCP Fast Open yet: connect, then send as usual (what
                 // Linux does without a cookie: a plain handshake first; a
                 // non-blocking socket gets EINPROGRESS and sends later).
@@ -443,7 +456,7 @@ unsafe fn sendfile_ustack(
             break;
         }
         let n = n as usize;
-        let sent = match sock::send(s, &[&buf[..n]], None, false, false) {
+        let sent = match sock::send(s, &[&buf[..n]], None, false, false, false) {
             Ok(k) => k,
             Err(e) => {
                 if offset.is_null() {

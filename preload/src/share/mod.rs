@@ -290,8 +290,14 @@ stack_ops! {
         buf.truncate(got);
         Ok((buf, s.tcp_ref().status(h).ok()))
     };
-    /// Queue bytes to send: how many fit.
-    tcp_send(h: TcpHandle, data: Vec<u8>) -> usize = with |s, now| s.tcp().send(h, &data);
+    /// Queue bytes to send: how many fit; with `more` (`MSG_MORE`) the
+    /// tail is held.
+    tcp_send(h: TcpHandle, data: Vec<u8>, more: bool) -> usize = with |s, now| {
+        s.tcp().set_more(h, more)?;
+        s.tcp().send(h, &data)
+    };
+    /// Send what is queued now past cork and Nagle (`TCP_NODELAY` set).
+    tcp_push(h: TcpHandle) -> () = with |s, now| s.tcp().push(h);
     /// End a record after what is queued (`MSG_EOR`).
     tcp_end_record(h: TcpHandle) -> () = with |s, now| s.tcp().end_record(h);
     /// Shut the sending side (FIN).
@@ -671,16 +677,19 @@ impl Access {
         }))
     }
 
-    /// Queue the bytes of `bufs` after the first `skip`: how many fit.
+    /// Queue the bytes of `bufs` after the first `skip`: how many fit;
+    /// with `more` (`MSG_MORE`) the stack holds the tail.
     pub fn tcp_send_from(
         self,
         h: TcpHandle,
         bufs: &[&[u8]],
         skip: usize,
+        more: bool,
     ) -> Res<Result<usize, StackError>> {
         match self {
             Access::Local(net) => net
                 .with_stack(|s| {
+                    s.tcp().set_more(h, more)?;
                     let mut n = 0;
                     let mut skip = skip;
                     for b in bufs {
@@ -714,7 +723,7 @@ impl Access {
                         break;
                     }
                 }
-                self.tcp_send(h, data)
+                self.tcp_send(h, data, more)
             }
         }
     }

@@ -377,6 +377,21 @@ impl TcpTable {
         Ok(())
     }
 
+    /// Send what is queued now, once, past cork and Nagle
+    /// ([`TcpConn::push`]).
+    pub fn push(&mut self, h: TcpHandle) -> Result<(), Error> {
+        self.conn_mut(h)?.push();
+        self.mark_dirty(h.slot);
+        Ok(())
+    }
+
+    /// `MSG_MORE` on a send or off; off sends what was held.
+    pub fn set_more(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
+        self.conn_mut(h)?.set_more(on);
+        self.mark_dirty(h.slot);
+        Ok(())
+    }
+
     /// Reset the connection (RST) and release the handle.
     pub fn abort(&mut self, h: TcpHandle) -> Result<(), Error> {
         self.conn_mut(h)?.abort();

@@ -238,6 +238,18 @@ impl<'a> Tcp<'a> {
         self.table.set_user_timeout(h, timeout)
     }
 
+    /// Send what is queued now, once, past cork, `MSG_MORE` and Nagle
+    /// (setting `TCP_NODELAY` does so on Linux).
+    pub fn push(&mut self, h: TcpHandle) -> Result<(), Error> {
+        self.table.push(h)
+    }
+
+    /// `MSG_MORE`: while on (the last send said more follows), its tail
+    /// is held as under `TCP_CORK`; turning it off sends it.
+    pub fn set_more(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
+        self.table.set_more(h, on)
+    }
+
     /// `TCP_CORK`: while on, only full-sized segments leave; turning it
     /// off sends what was held.
     pub fn set_cork(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {

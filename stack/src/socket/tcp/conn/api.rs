@@ -87,6 +87,20 @@ impl TcpConn {
         self.snd.corked = on;
     }
 
+    /// `MSG_MORE`: the app says more data follows this send, so its tail
+    /// is held as under [`set_cork`](Self::set_cork) until a send
+    /// without it (`false`) or the persist timer (as Linux, at most an
+    /// RTO).
+    pub fn set_more(&mut self, on: bool) {
+        self.snd.more = on;
+    }
+
+    /// Send what is queued now, once, past cork, `MSG_MORE` and Nagle
+    /// (what setting `TCP_NODELAY` does on Linux, corked or not).
+    pub fn push(&mut self) {
+        self.snd.push = true;
+    }
+
     /// Whether the connection is corked.
     pub fn corked(&self) -> bool {
         self.snd.corked

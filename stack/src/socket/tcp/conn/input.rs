@@ -297,6 +297,9 @@ impl TcpConn {
             }
             self.on_fin_acked(now);
             self.chrono.ack_recv = Some(now);
+            // `MSG_MORE` holds a tail only until the next ACK (Linux
+            // applies it when the send pushes, not when an ACK does).
+            self.snd.more = false;
             // All acknowledged and nothing queued: idle.
             if data_acked > 0 {
                 let drained = self.drained();

@@ -243,6 +243,12 @@ struct SendSpace {
     fin_queued: bool,
     /// TCP_CORK: hold partial segments of new data.
     corked: bool,
+    /// `MSG_MORE` on the last send: its tail is held as under TCP_CORK
+    /// until a send without it or the next ACK.
+    more: bool,
+    /// Send what is queued now, past cork and Nagle, once (setting
+    /// `TCP_NODELAY`: Linux's `TCP_NAGLE_PUSH`).
+    push: bool,
     /// Ends of records (`MSG_EOR`): sequence numbers just past a record's
     /// last byte, in order. No segment, new or retransmitted, carries
     /// bytes from both sides of one (Linux never merges across them).
@@ -385,6 +391,8 @@ impl TcpConn {
                 buf: SendBuffer::new(cfg.send_buffer),
                 fin_queued: false,
                 corked: false,
+                more: false,
+                push: false,
                 records: std::collections::VecDeque::new(),
                 mss,
                 tso_max: 0,

@@ -251,6 +251,7 @@ impl TcpConn {
             && self.snd.nxt.diff(data_end) >= 0
             && self.snd.nxt.diff(data_end + 1) < 0;
         if unsent == 0 && !fin_due {
+            self.snd.push = false;
             return None;
         }
         let usable_wnd = wnd_edge.since(self.snd.nxt);
@@ -321,18 +322,26 @@ impl TcpConn {
         if len > 0
             && len < max_payload
             && tail
-            && self.snd.corked
+            && (self.snd.corked || self.snd.more)
+            && !self.snd.push
             && !forced
             && new_data
             && !self.snd.fin_queued
         {
-            // TCP_CORK: only full segments until the app uncorks.
+            // TCP_CORK (or `MSG_MORE`): only full segments until the app
+            // uncorks; with nothing in flight to clock it, the persist
+            // timer sends the tail (Linux's 200 ms ceiling on a cork: its
+            // probe timer, an RTO).
+            if !self.timers.is_set(Timer::Persist) && !self.timers.is_set(Timer::Rto) {
+                self.arm_persist(now);
+            }
             return None;
         }
         if len > 0
             && len < max_payload
             && tail
             && self.cfg.nagle
+            && !self.snd.push
             && !forced
             // Data in flight (not a SYN: a Fast Open server's first
             // answer does not wait for its SYN-ACK to be acknowledged).

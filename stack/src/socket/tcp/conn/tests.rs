@@ -847,6 +847,48 @@ fn nodelay_and_cork_per_connection() {
 }
 
 #[test]
+fn msg_more_holds_a_tail_until_push_or_the_timer() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    c.set_nagle(false);
+    // MSG_MORE: the small write waits, though Nagle is off.
+    c.set_more(true);
+    c.send(b"abc");
+    assert!(drain(&mut c, now).is_empty(), "held by MSG_MORE");
+    // Setting TCP_NODELAY pushes it (Linux's TCP_NAGLE_PUSH), once.
+    c.push();
+    let sent = drain(&mut c, now);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].payload, b"abc");
+    let rtt = Duration::from_millis(10);
+    exchange(&mut c, &mut s, &sent, now, rtt);
+    now += rtt;
+    assert_eq!(c.info().in_flight, 0);
+    c.set_cork(true);
+    c.send(b"de");
+    assert!(drain(&mut c, now).is_empty(), "the push was used up");
+    // With nothing in flight to clock it, the persist timer sends a
+    // held tail (Linux's 200 ms ceiling on a cork).
+    let at = c.poll_at().expect("a timer for the held tail");
+    assert!(at - now <= Duration::from_secs(1), "{:?}", at - now);
+    let late = drain(&mut c, at);
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!(late[0].payload, b"de");
+    // MSG_MORE lasts until the next ACK, as Linux's.
+    c.set_cork(false);
+    exchange(&mut c, &mut s, &late, at, rtt);
+    now = at + rtt;
+    c.set_more(true);
+    c.send(b"f");
+    assert!(drain(&mut c, now).is_empty());
+    c.send(&[7u8; 4000]);
+    let full = drain(&mut c, now);
+    assert!(!full.is_empty());
+    exchange(&mut c, &mut s, &full, now, rtt);
+    let rest = drain(&mut c, now + rtt);
+    assert_eq!(rest.len(), 1, "the ACK let the held tail go");
+}
+
+#[test]
 fn nagle_does_not_hold_a_lost_small_tail_after_rto() {
     // (The timeout's path: no tail loss probe to repair it first.)
     let (mut c, mut s, mut now) = established(
