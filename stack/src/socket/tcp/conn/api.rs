@@ -197,9 +197,16 @@ impl TcpConn {
     }
 
     /// Reset an orphaned connection that lost data; `ack` is the offending
-    /// segment's acknowledgment (the peer's next expected sequence number).
+    /// segment's acknowledgment (the peer's next expected sequence number):
+    /// the reset answers that segment as RFC 9293 3.10.7.1 forms one,
+    /// `<SEQ=SEG.ACK><CTL=RST>` without the ACK flag (Linux's, from the
+    /// segment). Without one (the app closed with unread data), an active
+    /// reset with the ACK flag, as Linux's.
     pub(super) fn reset_orphan(&mut self, ack: Option<Seq>) {
-        self.owed.rst_pending = Some((ack.unwrap_or(self.snd.nxt), Some(self.rcv.nxt)));
+        self.owed.rst_pending = Some(match ack {
+            Some(ack) => (ack, None),
+            None => (self.snd.nxt, Some(self.rcv.nxt)),
+        });
         self.error = Some(ConnError::Aborted);
         self.state = State::Closed;
         self.clear_timers();

@@ -889,6 +889,29 @@ fn msg_more_holds_a_tail_until_push_or_the_timer() {
 }
 
 #[test]
+fn data_for_a_closed_socket_draws_a_reset_formed_from_it() {
+    let (mut c, mut s, now) = established(cfg(), cfg());
+    // The app closes: FIN, and nobody reads any more.
+    c.release(now);
+    let fin = drain(&mut c, now);
+    assert!(fin.iter().any(|w| w.out.hdr.fin));
+    // The peer sends data before it sees the FIN.
+    s.send(b"late");
+    let data: Vec<Wire> = drain(&mut s, now)
+        .into_iter()
+        .filter(|w| !w.payload.is_empty())
+        .collect();
+    assert_eq!(data.len(), 1);
+    c.on_segment(now, &data[0].seg());
+    let rst = drain(&mut c, now);
+    assert_eq!(rst.len(), 1, "{rst:?}");
+    // RFC 9293 3.10.7.1: <SEQ=SEG.ACK><CTL=RST>, no ACK flag (Linux's).
+    assert!(rst[0].out.hdr.rst);
+    assert_eq!(rst[0].out.hdr.ack, None);
+    assert_eq!(Some(rst[0].out.hdr.seq), data[0].out.hdr.ack);
+}
+
+#[test]
 fn nagle_does_not_hold_a_lost_small_tail_after_rto() {
     // (The timeout's path: no tail loss probe to repair it first.)
     let (mut c, mut s, mut now) = established(

@@ -118,7 +118,16 @@ impl TcpConn {
         let flight = self.snd.max.since(self.snd.una);
         let eligible = self.cfg.tail_loss_probe
             && self.opts.sack_enabled
-            && matches!(self.state, State::Established | State::CloseWait)
+            // A FIN in flight too (after a close), as Linux: a lost FIN
+            // is probed like a lost last segment.
+            && matches!(
+                self.state,
+                State::Established
+                    | State::CloseWait
+                    | State::FinWait1
+                    | State::Closing
+                    | State::LastAck
+            )
             && !self.rec.in_recovery
             && self.rec.tlp.high.is_none()
             && flight > 0;
