@@ -608,7 +608,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         }
         (libc::IPPROTO_TCP, libc::TCP_INFO) => {
             let mut t = TcpInfo::default();
-            if let Some(i) = sock::tcp_info(s) {
+            if let Some((i, c)) = sock::tcp_info_timed(s) {
                 let mss = i.mss.max(1);
                 t.tcpi_state = linux_state(i.state);
                 t.tcpi_ca_state = if i.recovering { 3 } else { 0 };
@@ -639,13 +639,11 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
                 t.tcpi_rcv_wnd = i.rcv_wnd as u32;
                 t.tcpi_rcv_space = i.rcv_wnd as u32;
                 t.tcpi_notsent_bytes = i.send_queued.saturating_sub(i.in_flight) as u32;
-                if let Some(c) = sock::tcp_times(s) {
-                    t.tcpi_last_data_sent = c.last_data_sent_ms;
-                    t.tcpi_last_data_recv = c.last_data_recv_ms;
-                    t.tcpi_last_ack_recv = c.last_ack_recv_ms;
-                    t.tcpi_busy_time = c.busy_us;
-                    t.tcpi_rwnd_limited = c.rwnd_limited_us;
-                }
+                t.tcpi_last_data_sent = c.last_data_sent_ms;
+                t.tcpi_last_data_recv = c.last_data_recv_ms;
+                t.tcpi_last_ack_recv = c.last_ack_recv_ms;
+                t.tcpi_busy_time = c.busy_us;
+                t.tcpi_rwnd_limited = c.rwnd_limited_us;
             } else if matches!(*s.kind.lock(), Kind::Listener { .. }) {
                 t.tcpi_state = linux_state(State::Listen);
             } else {

@@ -1279,14 +1279,24 @@ fn keepalive_of(o: &fd::Opts) -> Option<ustack::socket::tcp::KeepAlive> {
     })
 }
 
-/// When the connection last sent and received, and how long it spent
-/// sending, for TCP_INFO (in a process sharing another's stack, asked of
-/// the owner, on its clock).
-pub fn tcp_times(sock: &Sock) -> Option<ustack::socket::tcp::ConnTimes> {
+/// The connection's state and its times for TCP_INFO, in one call to
+/// the stack (in a process sharing another's stack, asked of the owner,
+/// on its clock).
+pub fn tcp_info_timed(
+    sock: &Sock,
+) -> Option<(
+    ustack::socket::tcp::ConnInfo,
+    ustack::socket::tcp::ConnTimes,
+)> {
     let Kind::Stream { handle, .. } = *sock.kind.lock() else {
         return None;
     };
-    access().ok()?.tcp_conn_times(handle).ok()?.ok()?
+    access()
+        .ok()?
+        .tcp_conn_info_timed(handle)
+        .ok()?
+        .ok()?
+        .map(|(w, t)| (w.into(), t))
 }
 
 /// The connection's state for TCP_INFO (in a process sharing another's

@@ -330,10 +330,12 @@ stack_ops! {
     tcp_conn_info(h: TcpHandle) -> Option<ConnWire> = peek |s, now| {
         Ok(s.tcp_ref().info(h).map(|i| ConnWire::from(&i)))
     };
-    /// When a connection last sent and received, and how long it spent
-    /// sending (TCP_INFO), on the owner's clock.
-    tcp_conn_times(h: TcpHandle) -> Option<ConnTimes> = peek_timed |s, now| {
-        Ok(s.tcp_ref().times(h, now))
+    /// A connection's state with its times (TCP_INFO: one call, as a
+    /// signal handler may make it every few hundred microseconds), on
+    /// the owner's clock.
+    tcp_conn_info_timed(h: TcpHandle) -> Option<(ConnWire, ConnTimes)> = peek_timed |s, now| {
+        let tcp = s.tcp_ref();
+        Ok(tcp.info(h).zip(tcp.times(h, now)).map(|(i, t)| (ConnWire::from(&i), t)))
     };
     /// What the stack says of a socket's readiness.
     level_of(kind: Kind, stream: bool, reported: bool) -> Level = peek |s, now| {
