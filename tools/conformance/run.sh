@@ -30,6 +30,8 @@
 #                already in PD_OUT (after editing reasons.tsv)
 #   PD_TIMEOUT   seconds per script (20)
 #   PD_TOL_USECS packetdrill --tolerance_usecs
+#   PD_RETRY_TOL_USECS with PD_LIST, the tolerance of the second try of a
+#                script whose first failed on timing (20000)
 #   PD_USTACK_ARGS extra `ustack exec` flags
 #   PD_SRC       the shared harness (default ../shared/tools/packetdrill)
 #   PD_WORK      where build/ goes (default $TMPDIR/ustack-packetdrill)
@@ -197,16 +199,17 @@ run_mode() { # run_mode MODE FAMILY
     local dir base log rc err st tries=1
     dir=$(dirname "$rel"); base=$(basename "$rel")
     log="$OUT/$run/${rel//\//__}.log"
+    local again=()
     [ -n "$LIST" ] && tries=2
     for try in $(seq $tries); do
       client_up "$mode"
       if [ "$mode" != linux ]; then
         (cd "$TESTS/tcp/$dir" && PD_WIRE_DEV=pd-wb PACKETDRILL_WIRE_CLIENT_NO_NETCFG=1 \
           timeout -k 3 "$TIMEOUT" ip netns exec $NB "$USTACK" exec --pcap pd-wb --mac $MAC_B \
-            "${NET[@]}" $USTACK_ARGS -- "$PD" "${PD_ARGS[@]}" "$base") >"$log" 2>&1 </dev/null
+            "${NET[@]}" $USTACK_ARGS -- "$PD" "${PD_ARGS[@]}" "${again[@]}" "$base") >"$log" 2>&1 </dev/null
       else
         (cd "$TESTS/tcp/$dir" && PD_WIRE_DEV=pd-wb LD_PRELOAD="$WORK/build/cc_shim.so" PD_TCP_CC=cubic \
-          timeout -k 3 "$TIMEOUT" ip netns exec $NB "$PD" "${PD_ARGS[@]}" "$base") >"$log" 2>&1 </dev/null
+          timeout -k 3 "$TIMEOUT" ip netns exec $NB "$PD" "${PD_ARGS[@]}" "${again[@]}" "$base") >"$log" 2>&1 </dev/null
       fi
       rc=$?
       client_down
@@ -215,7 +218,17 @@ run_mode() { # run_mode MODE FAMILY
         start_server "$mode" "$fam"
       fi
       [ $rc -eq 0 ] && break
-      [ $try -lt $tries ] && printf '[%s] again   %s (%s)\n' "$run" "$rel" "$(first_error "$log" | head -c 120)"
+      # A second try after a timing error (a call or packet a few ms
+      # late on a loaded machine; the default tolerance is packetdrill's
+      # 4 ms) allows PD_RETRY_TOL_USECS: what the regression set guards is
+      # the behaviour, and timing is noise on shared machines. The
+      # Linux-vs-ustack report runs without it.
+      if [ $try -lt $tries ]; then
+        first_error "$log" | grep -q "timing error" &&
+          again=(--tolerance_usecs="${PD_RETRY_TOL_USECS:-20000}")
+        printf '[%s] again   %s (%s)%s\n' "$run" "$rel" "$(first_error "$log" | head -c 120)" \
+          "${again:+ with ${again[*]}}"
+      fi
     done
     total=$((total + 1))
     if [ $rc -eq 0 ]; then
