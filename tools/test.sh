@@ -60,8 +60,9 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           # the soft-RoCE guest and the stock RDMA tools (apps/tests/netns_rxe.rs,
           # tools/rxe-guest.sh; the guest's kernel comes from `apt-get download`)
           qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers perftest
-          # Prometheus and promtool: metrics, alert rules, the mesh scrape test (tools/prometheus/)
-          prometheus
+          # Prometheus and promtool: metrics, alert rules, the mesh scrape test (tools/prometheus/);
+          # headless Chromium draws the mesh page in the same test
+          prometheus chromium
           # packetdrill's build and wire topology (tools/conformance/run.sh, the regression set)
           bison flex patch make iptables)
 

@@ -26,8 +26,14 @@
 //! tcp probe gets answers and agent A's `ustack_tcp_retransmits_total`
 //! moved.
 //!
-//! Needs root, the `pcap` feature, `prometheus` and `curl`, and a `uping`
-//! with `--metrics`; skips with the reason otherwise.
+//! Then headless Chromium loads agent A's mesh page (`/` of its metrics
+//! endpoint) naming agent B as a second agent: the rendered DOM has both
+//! sources' rows, the missing target red from both, the Linux host's cell
+//! not red with a p99 under a second, the tcp matrix, a detail panel with
+//! the distribution; the screenshot has the cells' red and green.
+//!
+//! Needs root, the `pcap` feature, `prometheus`, `curl` and `chromium`,
+//! and a `uping` with `--metrics`; skips with the reason otherwise.
 #![cfg(feature = "pcap")]
 
 #[macro_use]
@@ -426,6 +432,7 @@ fn prometheus_scrapes_the_mesh_agents() {
     need_root!();
     need_program!("prometheus", "prometheus");
     need_program!("curl", "curl");
+    need_program!("chromium", "chromium");
     if let Some(why) = uping_lacks_metrics() {
         ustack_test_skip::skip_test!(
             "{why} (the metrics endpoint and mesh probes are not in this build)"
@@ -558,6 +565,10 @@ fn prometheus_scrapes_the_mesh_agents() {
         |s| s.len() == 2,
     );
 
+    // The mesh page, in a real browser: agent A's endpoint serves it, and
+    // it reads agent B's metrics across origins (the management link).
+    browser_draws_the_mesh(&mesh);
+
     // Everything stops cleanly, without a panic.
     let mut mesh = mesh;
     for p in mesh.procs.iter_mut() {
@@ -565,5 +576,135 @@ fn prometheus_scrapes_the_mesh_agents() {
         let out = p.output();
         assert!(exited, "{} ignored SIGTERM:\n{out}", p.name);
         no_crash(&out);
+    }
+}
+
+/// The attributes of every `<td class="cell ...">` of the page's matrices.
+fn cells(dom: &str) -> Vec<BTreeMap<String, String>> {
+    let attr = regex::Regex::new(r#"([a-z0-9-]+)="([^"]*)""#).unwrap();
+    dom.split("<td ")
+        .skip(1)
+        .filter_map(|td| {
+            let head = &td[..td.find('>')?];
+            let a: BTreeMap<String, String> = attr
+                .captures_iter(head)
+                .map(|c| (c[1].to_string(), c[2].to_string()))
+                .collect();
+            a.contains_key("data-key").then_some(a)
+        })
+        .collect()
+}
+
+/// Headless Chromium in the Linux namespace: `--dump-dom` after the page's
+/// script ran (virtual time: its refreshes come without waiting), or a
+/// screenshot into `shot`.
+fn chromium(mesh: &Mesh, url: &str, shot: Option<&Path>) -> String {
+    let profile = mesh.dir.path().join("chromium");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &mesh.linux_ns()])
+        .args(["timeout", "-k", "5", "90", "chromium", "--headless", "--no-sandbox"])
+        .args(["--disable-gpu", "--hide-scrollbars", "--window-size=1100,900"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--virtual-time-budget=7000");
+    match shot {
+        Some(f) => cmd.arg(format!("--screenshot={}", f.display())),
+        None => cmd.arg("--dump-dom"),
+    };
+    let out = cmd.arg(url).output().expect("run chromium");
+    if !out.status.success() {
+        mesh.fail(&format!(
+            "chromium {url}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn browser_draws_the_mesh(mesh: &Mesh) {
+    let url = "http://127.0.0.1:9464/?agents=10.77.1.2:9464&refresh=1";
+    let dom = chromium(mesh, url, None);
+    let fail = |what: &str| -> ! { mesh.fail(&format!("mesh page: {what}\n--- DOM ---\n{dom}")) };
+    let status = regex::Regex::new(r#"<div id="status" ([^>]*)>"#)
+        .unwrap()
+        .captures(&dom)
+        .map(|c| c[1].to_string())
+        .unwrap_or_else(|| fail("no status line"));
+    for want in ["data-agents=\"2\"", "data-failed=\"0\""] {
+        if !status.contains(want) {
+            fail(&format!("status {status}: want {want}"));
+        }
+    }
+    let fetches: u32 = regex::Regex::new(r#"data-fetches="(\d+)""#)
+        .unwrap()
+        .captures(&status)
+        .and_then(|c| c[1].parse().ok())
+        .unwrap_or(0);
+    if fetches < 2 {
+        fail(&format!("refreshed live: {fetches} looks"));
+    }
+    let cells = cells(&dom);
+    let cell = |src: &str, dst: &str, probe: &str| {
+        cells
+            .iter()
+            .find(|c| {
+                c.get("data-source").map(String::as_str) == Some(src)
+                    && c.get("data-target").map(String::as_str) == Some(dst)
+                    && c.get("data-probe").map(String::as_str) == Some(probe)
+            })
+            .unwrap_or_else(|| fail(&format!("no cell {src} -> {dst} ({probe})")))
+    };
+    let get = |c: &BTreeMap<String, String>, k: &str| c.get(k).cloned().unwrap_or_default();
+    for src in ["10.77.0.3", "10.77.0.2"] {
+        let c = cell(src, UNREACHABLE, "icmp");
+        if get(c, "data-state") != "bad" || get(c, "data-loss") != "1" {
+            fail(&format!("{src} -> {UNREACHABLE} must be red at 100 % loss: {c:?}"));
+        }
+    }
+    let c = cell("10.77.0.2", "10.77.0.1", "icmp");
+    let p99: f64 = get(c, "data-p99").parse().unwrap_or(f64::NAN);
+    if get(c, "data-state") == "bad" || !(p99 > 0.0 && p99 <= 1.0) {
+        fail(&format!("10.77.0.2 -> 10.77.0.1 answered, p99 under 1 s: {c:?}"));
+    }
+    let c = cell("10.77.0.3", "10.77.0.5", "tcp");
+    if get(c, "data-sent").parse::<u64>().unwrap_or(0) == 0 {
+        fail(&format!("the tcp probe's cell has probes: {c:?}"));
+    }
+    if !dom.contains("<div id=\"detail\"") || !dom.contains("RTT distribution") {
+        fail("no detail panel");
+    }
+    eprintln!(
+        "mesh page: {} cells, {fetches} refreshes, status {status}",
+        cells.len()
+    );
+
+    // The screenshot: the cells' own colours are there (the legend's
+    // swatches are 10 x 10 pixels; a cell is about 64 x 34).
+    let shot = mesh.dir.path().join("mesh.png");
+    chromium(mesh, url, Some(&shot));
+    let file = std::fs::File::open(&shot).unwrap_or_else(|e| fail(&format!("no screenshot: {e}")));
+    let mut png = png::Decoder::new(std::io::BufReader::new(file))
+        .read_info()
+        .unwrap_or_else(|e| fail(&format!("screenshot is not a PNG: {e}")));
+    let mut buf = vec![0; png.output_buffer_size().unwrap_or(0)];
+    let info = png
+        .next_frame(&mut buf)
+        .unwrap_or_else(|e| fail(&format!("screenshot: {e}")));
+    let step = info.color_type.samples();
+    let count = |rgb: [u8; 3]| {
+        buf[..info.buffer_size()]
+            .chunks(step)
+            .filter(|p| p.len() >= 3 && p[..3] == rgb)
+            .count()
+    };
+    let (red, green) = (count([0xd7, 0x30, 0x27]), count([0x1a, 0x98, 0x50]));
+    eprintln!(
+        "mesh page screenshot {}x{}: {red} red pixels, {green} green",
+        info.width, info.height
+    );
+    if red < 1000 || green < 1000 {
+        fail(&format!(
+            "the screenshot must show red and green cells: {red} red, {green} green pixels"
+        ));
     }
 }

@@ -5,8 +5,9 @@
 //!
 //! Requests are parsed with `httparse` (hyper's parser) over a bounded
 //! buffer; the rest is small enough to keep here, where every limit is
-//! ours to set: `GET`/`HEAD /metrics` is the scrape, `/` a page pointing
-//! at it, any other path 404, any other method 405, a request `httparse`
+//! ours to set: `GET`/`HEAD /metrics` is the scrape (readable from any
+//! origin: CORS `*`), `/` the mesh page (`page.html`: the source x target
+//! matrices drawn in the browser from `/metrics`), any other path 404, any other method 405, a request `httparse`
 //! refuses 400, a request head over [`Limits::max_header_bytes`] (or with
 //! more than 64 header fields) 431, a client that has not sent its request
 //! within [`Limits::timeout`] 408. Each connection serves one request and
@@ -326,7 +327,16 @@ fn read_head(r: &mut impl Read, max: usize, deadline: Instant) -> Head {
     }
 }
 
-const INDEX: &str = "<!DOCTYPE html>\n<html><head><title>ustack metrics</title></head>\n<body><h1>ustack</h1><p>Prometheus metrics: <a href=\"/metrics\">/metrics</a></p></body></html>\n";
+/// The page at `/`: the mesh's source x target matrices, drawn in the
+/// browser from this endpoint's `/metrics` and those of the agents named
+/// in its query string (`?agents=host:port,...`); one self-contained file,
+/// nothing else fetched.
+const INDEX: &str = include_str!("page.html");
+
+/// `/metrics` may be read by a page from another origin (the mesh page of
+/// another agent): the metrics are read-only and public on the management
+/// network anyway.
+const CORS: (&str, &str) = ("Access-Control-Allow-Origin", "*");
 
 fn serve(stream: &mut TcpStream, state: &State) {
     let limits = state.limits;
@@ -383,7 +393,7 @@ fn serve(stream: &mut TcpStream, state: &State) {
                 Ok(body) => respond_until(
                     stream,
                     (200, "OK"),
-                    &[("Content-Type", super::text::CONTENT_TYPE)],
+                    &[("Content-Type", super::text::CONTENT_TYPE), CORS],
                     &body,
                     head,
                     write_deadline,
@@ -511,6 +521,10 @@ mod test {
             text.contains("Content-Type: text/plain; version=0.0.4"),
             "{text}"
         );
+        assert!(
+            text.contains("Access-Control-Allow-Origin: *\r\n"),
+            "{text}"
+        );
         assert!(text.contains("\r\n\r\n# HELP ustack_test_total A test counter.\n# TYPE ustack_test_total counter\nustack_test_total{stack=\"t\"} 7\n"), "{text}");
         // A query string is not part of the path.
         assert_eq!(exchange(a, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").0, 200);
@@ -520,6 +534,8 @@ mod test {
         let (code, text) = exchange(a, b"GET / HTTP/1.1\r\n\r\n");
         assert_eq!(code, 200);
         assert!(text.contains("href=\"/metrics\""), "{text}");
+        assert!(text.contains("<title>ustack mesh</title>"), "{text}");
+        assert!(text.contains("text/html"), "{text}");
         assert_eq!(exchange(a, b"GET /nope HTTP/1.1\r\n\r\n").0, 404);
         let (code, text) = exchange(a, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
         assert_eq!(code, 405);
