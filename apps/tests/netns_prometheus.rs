@@ -602,8 +602,20 @@ fn chromium(mesh: &Mesh, url: &str, shot: Option<&Path>) -> String {
     let profile = mesh.dir.path().join("chromium");
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &mesh.linux_ns()])
-        .args(["timeout", "-k", "5", "90", "chromium", "--headless", "--no-sandbox"])
-        .args(["--disable-gpu", "--hide-scrollbars", "--window-size=1100,900"])
+        .args([
+            "timeout",
+            "-k",
+            "5",
+            "90",
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+        ])
+        .args([
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1100,900",
+        ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg("--virtual-time-budget=7000");
     match shot {
@@ -658,13 +670,17 @@ fn browser_draws_the_mesh(mesh: &Mesh) {
     for src in ["10.77.0.3", "10.77.0.2"] {
         let c = cell(src, UNREACHABLE, "icmp");
         if get(c, "data-state") != "bad" || get(c, "data-loss") != "1" {
-            fail(&format!("{src} -> {UNREACHABLE} must be red at 100 % loss: {c:?}"));
+            fail(&format!(
+                "{src} -> {UNREACHABLE} must be red at 100 % loss: {c:?}"
+            ));
         }
     }
     let c = cell("10.77.0.2", "10.77.0.1", "icmp");
     let p99: f64 = get(c, "data-p99").parse().unwrap_or(f64::NAN);
     if get(c, "data-state") == "bad" || !(p99 > 0.0 && p99 <= 1.0) {
-        fail(&format!("10.77.0.2 -> 10.77.0.1 answered, p99 under 1 s: {c:?}"));
+        fail(&format!(
+            "10.77.0.2 -> 10.77.0.1 answered, p99 under 1 s: {c:?}"
+        ));
     }
     let c = cell("10.77.0.3", "10.77.0.5", "tcp");
     if get(c, "data-sent").parse::<u64>().unwrap_or(0) == 0 {

@@ -203,6 +203,7 @@ impl Fuzz {
             max_rd_atomic: 1 + usize::from((c2 >> 2) & 3),
             max_dest_rd_atomic: 1 + usize::from((c2 >> 4) & 3),
             window: [1024, 4, 16, 64][usize::from(c2 & 3)],
+            traffic_class: c1 & 7,
         };
         let link = LinkConfig {
             delay: Duration::from_micros(20),

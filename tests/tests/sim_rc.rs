@@ -911,3 +911,59 @@ fn atomics_need_8_aligned_bytes_and_remote_atomic_access() {
     assert!(p.b().rc_ref().mr(ro).unwrap().iter().all(|&b| b == 0));
     p.drain();
 }
+
+/// An RC QP's traffic class (`RcQpConfig::traffic_class`) marks every
+/// packet it sends, requests and acknowledgements alike (the IPv4 TOS
+/// byte); the ICRC masks it, so the operation completes.
+#[test]
+fn an_rc_qps_traffic_class_marks_its_packets() {
+    const TCLASS: u8 = 0x6a;
+    let cfg = RcQpConfig {
+        traffic_class: TCLASS,
+        ..RcQpConfig::default()
+    };
+    let mut p = pair(LinkConfig::default(), &cfg, 4096);
+    let (qa, qb, ma, mb) = (p.qa, p.qb, p.ma, p.mb);
+    let rs = sge(p.b(), mb, 0, 4096);
+    p.b().rc().post_recv(qb, 1, rs).unwrap();
+    p.a().rc().mr_mut(ma).unwrap()[..100].copy_from_slice(&[7; 100]);
+    let local = sge(p.a(), ma, 0, 100);
+    p.a()
+        .rc()
+        .post_send(qa, &wr(1, RcOp::Send, Local::Sge(local)))
+        .unwrap();
+    let (wa, wb) = p.run(1, 1, 10);
+    assert_eq!(
+        (wa[0].status, wb[0].status),
+        (WcStatus::Success, WcStatus::Success)
+    );
+    // The next request, as A puts it on the wire.
+    let rs = sge(p.b(), mb, 0, 4096);
+    p.b().rc().post_recv(qb, 2, rs).unwrap();
+    p.a()
+        .rc()
+        .post_send(qa, &wr(2, RcOp::Send, Local::Sge(local)))
+        .unwrap();
+    let now = p.net.now;
+    let mut tx = VecTx::new();
+    p.a().poll(now, &mut tx);
+    assert!(!tx.frames.is_empty());
+    for f in &tx.frames {
+        assert_eq!(u16::from_be_bytes([f[12], f[13]]), 0x0800);
+        assert_eq!(f[15], TCLASS, "the TOS byte of A's request");
+    }
+    // B takes it (ICRC good) and its acknowledgement is marked too.
+    let mut back = VecTx::new();
+    for f in &tx.frames {
+        p.b().receive(now, f, ustack::RxMeta::default(), &mut back);
+    }
+    p.b().poll(now, &mut back);
+    assert!(!back.frames.is_empty(), "B acknowledges");
+    for f in &back.frames {
+        assert_eq!(f[15], TCLASS, "the TOS byte of B's acknowledgement");
+    }
+    let mut wc = Vec::new();
+    p.b().rc().poll_cq(qb, 8, &mut wc).unwrap();
+    assert_eq!(wc.len(), 1);
+    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 100));
+}

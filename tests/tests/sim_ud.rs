@@ -618,3 +618,79 @@ fn port_receive_stamps_date_ud_receives_and_echo_replies() {
         drain_and_check_pools(&mut net);
     }
 }
+
+/// The traffic class of a QP (`QpConfig::traffic_class`, verbs' GRH
+/// traffic class) is on the wire: the IPv4 TOS byte or the IPv6 traffic
+/// class; the ICRC masks it, so the peer takes the datagram.
+#[test]
+fn a_qps_traffic_class_is_on_the_wire_in_both_families() {
+    // DSCP 26 (AF31) and ECT(0): 26 << 2 | 2.
+    const TCLASS: u8 = 0x6a;
+    let a6: Ipv6Addr = "fd77::1".parse().unwrap();
+    let b6: Ipv6Addr = "fd77::2".parse().unwrap();
+    let mut net = SimNet::new(LinkConfig::default());
+    for (n, me) in [(1, a6), (2, b6)] {
+        let mut c = host_config(n);
+        c.ipv6 = vec![ustack::wire::Ipv6Cidr::new(me, 64)];
+        net.add(c);
+    }
+    let mut c = QpConfig::new(QKEY);
+    c.traffic_class = TCLASS;
+    let qa = net.nodes[0].stack.ud().create_qp(&c).unwrap();
+    let qb = qp(&mut net.nodes[1].stack, Some(9), QKEY);
+    for (i, dst) in [std::net::IpAddr::from(B), b6.into()]
+        .into_iter()
+        .enumerate()
+    {
+        let to_b = UdAddr { ip: dst, qpn: 9 };
+        let wr_id = 10 * i as u64;
+        // Neighbour resolution with one datagram through the link.
+        for id in [wr_id + 1, wr_id + 2] {
+            net.nodes[1]
+                .stack
+                .ud()
+                .post_recv(qb, id, vec![0; GRH_LEN + 64])
+                .unwrap();
+        }
+        let before = net.nodes[1].stack.stats().ud.rx_packets;
+        net.nodes[0]
+            .stack
+            .ud()
+            .post_send(qa, &send(to_b, b"hello", None, wr_id + 1))
+            .unwrap();
+        assert!(
+            net.run_until(Instant::from_secs(5 + 5 * i as u64), &mut [], |n| {
+                n.nodes[1].stack.stats().ud.rx_packets == before + 1
+            })
+        );
+        let frame = frame_for(&mut net, qa, &send(to_b, b"marked", None, wr_id + 2));
+        let tclass = match dst {
+            std::net::IpAddr::V4(_) => {
+                assert_eq!(u16::from_be_bytes([frame[12], frame[13]]), 0x0800);
+                frame[15]
+            }
+            std::net::IpAddr::V6(_) => {
+                assert_eq!(u16::from_be_bytes([frame[12], frame[13]]), 0x86dd);
+                ((frame[14] & 0x0f) << 4) | (frame[15] >> 4)
+            }
+        };
+        assert_eq!(tclass, TCLASS, "{dst}: traffic class on the wire");
+        feed_b(&mut net, &frame);
+        assert_eq!(
+            net.nodes[1].stack.stats().ud.rx_packets,
+            before + 2,
+            "{dst}: the marked datagram is taken (the ICRC masks the class)"
+        );
+        let got = poll_all(&mut net.nodes[1].stack, qb);
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|c| c.status == WcStatus::Success));
+        // The GRH of the receive carries the class too.
+        let grh = got[1].buf.as_ref().unwrap();
+        let seen = match dst {
+            std::net::IpAddr::V4(_) => grh[GRH_LEN - 20 + 1],
+            std::net::IpAddr::V6(_) => ((grh[0] & 0x0f) << 4) | (grh[1] >> 4),
+        };
+        assert_eq!(seen, TCLASS, "{dst}: the receive's GRH");
+    }
+    drain_and_check_pools(&mut net);
+}

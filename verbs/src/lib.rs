@@ -72,6 +72,8 @@ struct VerbsQp {
     /// posted (the loop's `now` at the last poll).
     send: Vec<Option<(u64, usize, Instant)>>,
     send_next: usize,
+    /// The GRH traffic class of its sends ([`QpConfig::traffic_class`]).
+    tclass: u8,
 }
 
 /// A UD transport on an RNIC.
@@ -89,7 +91,8 @@ pub struct VerbsUd {
     /// the next (apps poll, then post, in one turn of the loop).
     last_now: Instant,
     qps: slotmap::SlotMap<QpHandle, VerbsQp>,
-    ahs: HashMap<IpAddr, *mut ibv_ah>,
+    /// Address handles by (peer, traffic class).
+    ahs: HashMap<(IpAddr, u8), *mut ibv_ah>,
 }
 
 impl fmt::Debug for VerbsUd {
@@ -337,8 +340,8 @@ impl VerbsUd {
         self.local_ip
     }
 
-    fn ah(&mut self, ip: IpAddr) -> Result<*mut ibv_ah, UdError> {
-        if let Some(ah) = self.ahs.get(&ip) {
+    fn ah(&mut self, ip: IpAddr, tclass: u8) -> Result<*mut ibv_ah, UdError> {
+        if let Some(ah) = self.ahs.get(&(ip, tclass)) {
             return Ok(*ah);
         }
         if ip.is_ipv6() != self.local_ip.is_ipv6() {
@@ -356,7 +359,7 @@ impl VerbsUd {
                 flow_label: 0,
                 sgid_index: self.gid_index,
                 hop_limit: 64,
-                traffic_class: 0,
+                traffic_class: tclass,
             },
             dlid: 0,
             sl: 0,
@@ -370,7 +373,7 @@ impl VerbsUd {
         if ah.is_null() {
             return Err(dev_err("ibv_create_ah"));
         }
-        self.ahs.insert(ip, ah);
+        self.ahs.insert((ip, tclass), ah);
         Ok(ah)
     }
 
@@ -539,6 +542,7 @@ impl UdTransport for VerbsUd {
             send_slot: self.max_msg,
             send: (0..nsend).map(|_| None).collect(),
             send_next: 0,
+            tclass: cfg.traffic_class,
         };
         if mr.is_null() || qp.is_null() {
             let e = dev_err(if mr.is_null() {
@@ -638,7 +642,8 @@ impl UdTransport for VerbsUd {
         if wr.data.len() > self.max_msg {
             return Err(UdError::TooLarge(wr.data.len(), self.max_msg).into());
         }
-        let ah = self.ah(wr.dest.ip)?;
+        let tclass = self.qp_mut(qp)?.tclass;
+        let ah = self.ah(wr.dest.ip, tclass)?;
         let posted = self.last_now;
         let q = self.qp_mut(qp)?;
         let slot = q.send_next;

@@ -41,7 +41,7 @@ pub use crate::events::RcQpHandle;
 use crate::events::{Event, Pending, Readiness, SocketRef};
 use crate::iface::link::Link;
 use crate::phy::device::Tx;
-use crate::socket::ud::{roce_source, send_roce};
+use crate::socket::ud::{Roce, roce_source, send_roce};
 use crate::stats::DropReason;
 pub use crate::stats::RcQpStats;
 use crate::time::Instant;
@@ -325,9 +325,10 @@ impl RcTable {
             s.queued = false;
             let Some(dest) = qp.dest else { continue };
             let src_qpn = qp.qpn;
+            let tclass = qp.tclass;
             let mrs = &self.mrs;
             let r = qp.poll_transmit(now, mrs, &mut |p| {
-                send_packet(link, now, tx, dest, src_qpn, p)
+                send_packet(link, now, tx, (dest, tclass), src_qpn, p)
             });
             if r.is_err() || qp.wants_tx_now() {
                 again.push(h);
@@ -352,7 +353,7 @@ fn send_packet<T: Tx>(
     link: &mut Link,
     now: Instant,
     tx: &mut T,
-    dest: RcDest,
+    (dest, tclass): (RcDest, u8),
     src_qpn: u32,
     p: &OutPacket<'_>,
 ) -> Result<(), Error> {
@@ -365,7 +366,12 @@ fn send_packet<T: Tx>(
     let pad = (4 - p.hdrs.payload.len() % 4) % 4;
     let roce_len = BTH_LEN + p.hdrs.buffer_len() + pad + ICRC_LEN;
     let sport = udwire::udp_source_port(src_qpn, dest.qpn);
-    send_roce(link, now, tx, dest.ip, sport, roce_len, |roce| {
+    let at = Roce {
+        dst: dest.ip,
+        tclass,
+        sport,
+    };
+    send_roce(link, now, tx, at, roce_len, |roce| {
         let mut bth = BthPacket::new_unchecked(roce);
         bth.set_opcode(udwire::Opcode::from(p.opcode as u8));
         bth.set_flags(p.solicited, true, pad as u8);

@@ -42,6 +42,11 @@ pub struct RcQpConfig {
     pub max_dest_rd_atomic: usize,
     /// Packets in flight (not acknowledged) at most.
     pub window: u32,
+    /// The traffic class of every packet the QP sends (IPv4 TOS byte:
+    /// DSCP in the upper six bits, ECN in the lower two; IPv6 traffic
+    /// class), as verbs' `ah_attr.grh.traffic_class` of the QP's path.
+    /// 0 by default.
+    pub traffic_class: u8,
 }
 
 impl Default for RcQpConfig {
@@ -61,6 +66,7 @@ impl Default for RcQpConfig {
             // the device offers: answer as many.
             max_dest_rd_atomic: 128,
             window: 1024,
+            traffic_class: 0,
         }
     }
 }

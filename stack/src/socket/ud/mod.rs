@@ -88,6 +88,12 @@ pub struct QpConfig {
     pub max_send_wr: usize,
     /// Posted receive buffers.
     pub max_recv_wr: usize,
+    /// The traffic class of every packet the QP sends: the GRH's traffic
+    /// class byte, on the wire the IPv4 TOS byte (DSCP in its upper six
+    /// bits, ECN in the lower two) or the IPv6 traffic class, as verbs'
+    /// `ah_attr.grh.traffic_class` and rxe carry it (DSCP 26 is 104).
+    /// The ICRC masks it, so switches may rewrite it. 0 by default.
+    pub traffic_class: u8,
 }
 
 impl QpConfig {
@@ -99,6 +105,7 @@ impl QpConfig {
             qpn: None,
             max_send_wr: 256,
             max_recv_wr: 256,
+            traffic_class: 0,
         }
     }
 }
@@ -241,6 +248,8 @@ pub(crate) struct Qp {
     qpn: u32,
     qkey: u32,
     psn: u32,
+    /// The traffic class its packets carry ([`QpConfig::traffic_class`]).
+    tclass: u8,
     max_send: usize,
     max_recv: usize,
     recv: VecDeque<(u64, Vec<u8>)>,
@@ -359,17 +368,28 @@ pub(crate) fn roce_source(ip: &[u8]) -> IpAddr {
     }
 }
 
+/// Where a RoCEv2 packet goes and how it is marked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Roce {
+    /// The peer's address (its GID).
+    pub(crate) dst: IpAddr,
+    /// The traffic class (IPv4 TOS byte, IPv6 traffic class).
+    pub(crate) tclass: u8,
+    /// The UDP source port (the flow's entropy).
+    pub(crate) sport: u16,
+}
+
 /// Put one RoCEv2 packet on the wire to `dst`: the IP header (IPv4 with DF
-/// set, or IPv6 from the source address the destination picks), UDP from
-/// `sport` to 4791 with checksum 0 (as RNICs and rxe send it over either
-/// family; the ICRC covers the packet), `roce_len` bytes that `write`
-/// fills (the BTH on, the ICRC's 4 bytes last), then the ICRC.
+/// set, or IPv6 from the source address the destination picks) with the
+/// traffic class, UDP from `sport` to 4791 with checksum 0 (as RNICs and
+/// rxe send it over either family; the ICRC covers the packet), `roce_len`
+/// bytes that `write` fills (the BTH on, the ICRC's 4 bytes last), then
+/// the ICRC.
 pub(crate) fn send_roce<T: Tx>(
     link: &mut Link,
     now: Instant,
     tx: &mut T,
-    dst: IpAddr,
-    sport: u16,
+    Roce { dst, tclass, sport }: Roce,
     roce_len: usize,
     write: impl FnOnce(&mut [u8]),
 ) -> Result<(), Error> {
@@ -387,11 +407,14 @@ pub(crate) fn send_roce<T: Tx>(
         IpAddr::V4(dst) => link.send_ip_packet(now, tx, dst, IpProtocol::Udp, udp_len, |ip| {
             let mut p = Ipv4Packet::new_unchecked(&mut *ip);
             p.set_dont_frag(true);
+            p.set_dscp(tclass >> 2);
+            p.set_ecn(tclass & 3);
             p.fill_checksum();
             finish(ip, IP_LEN);
         }),
         IpAddr::V6(dst) => {
             crate::iface::ipv6::send_packet(link, now, tx, dst, IpProtocol::Udp, udp_len, |ip| {
+                Ipv6Packet::new_unchecked(&mut *ip).set_traffic_class(tclass);
                 finish(ip, IPV6_HEADER_LEN)
             })
         }
@@ -504,7 +527,12 @@ impl UdTable {
                     payload: &wr.data,
                 };
                 let sport = wire::udp_source_port(qp.qpn, wr.dest.qpn);
-                let sent = send_roce(link, now, tx, wr.dest.ip, sport, repr.buffer_len(), |b| {
+                let at = Roce {
+                    dst: wr.dest.ip,
+                    tclass: qp.tclass,
+                    sport,
+                };
+                let sent = send_roce(link, now, tx, at, repr.buffer_len(), |b| {
                     repr.emit(b);
                 });
                 let status = match sent {
@@ -571,6 +599,7 @@ impl UdTable {
             qpn,
             qkey: cfg.qkey,
             psn: 0,
+            tclass: cfg.traffic_class,
             max_send: cfg.max_send_wr.max(1),
             max_recv: cfg.max_recv_wr.max(1),
             recv: VecDeque::new(),

@@ -203,6 +203,8 @@ pub(crate) struct RcQp {
     max_rd_atomic: usize,
     max_dest_rd_atomic: usize,
     window: u32,
+    /// The traffic class of its packets ([`RcQpConfig::traffic_class`]).
+    pub(crate) tclass: u8,
     max_send: usize,
     max_recv: usize,
     // ---- requester / completer
@@ -270,6 +272,7 @@ impl RcQp {
             max_rd_atomic: cfg.max_rd_atomic.max(1),
             max_dest_rd_atomic: cfg.max_dest_rd_atomic.max(1),
             window: cfg.window.clamp(1, 1 << 22),
+            tclass: cfg.traffic_class,
             max_send: cfg.max_send_wr.max(1),
             max_recv: cfg.max_recv_wr.max(1),
             init_psn,
