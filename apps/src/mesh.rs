@@ -782,6 +782,82 @@ impl App for MeshPinger {
     }
 }
 
+/// A mesh agent: the [`MeshPinger`], and (`uping --responder`) what
+/// answers the other agents' probes as `ustack run` does: TCP and UDP
+/// echo on port 7 (discard on 9) and the UD responder on QPN 2 with the
+/// default Q_Key (the stack itself answers ICMP echo). Ends when the
+/// pinger does.
+pub struct MeshAgent<'a> {
+    /// The probes this agent sends.
+    pub pinger: &'a mut MeshPinger,
+    responder: Option<(crate::services::Services, ustack_kit::ud_ping::UdResponder)>,
+}
+
+impl std::fmt::Debug for MeshAgent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshAgent")
+            .field("responder", &self.responder.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> MeshAgent<'a> {
+    /// The agent around `pinger`; with `respond`, the echo services and
+    /// the UD responder too.
+    pub fn new(pinger: &'a mut MeshPinger, respond: bool) -> Self {
+        let responder = respond.then(|| {
+            (
+                crate::services::Services::new(),
+                ustack_kit::ud_ping::UdResponder::default(),
+            )
+        });
+        MeshAgent { pinger, responder }
+    }
+
+    /// Why a responder could not start (its port in use), once known.
+    pub fn responder_error(&self) -> Option<&str> {
+        self.responder.as_ref().and_then(|(s, _)| s.error.as_deref())
+    }
+}
+
+impl App for MeshAgent<'_> {
+    fn on_events(&mut self, now: Instant, events: &[ustack::events::Event], stack: &mut Stack) {
+        if let Some((s, u)) = &mut self.responder {
+            s.on_events(now, events, stack);
+            u.on_events(now, events, stack);
+        }
+        self.pinger.on_events(now, events, stack);
+    }
+
+    fn poll(&mut self, now: Instant, stack: &mut Stack) -> Control {
+        // The responders first: the UD responder takes QPN 2 before the
+        // pinger's own QP picks any free number.
+        if let Some((s, u)) = &mut self.responder {
+            s.poll(now, stack);
+            u.poll(now, stack);
+        }
+        self.pinger.poll(now, stack)
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        let mine = self.pinger.poll_at();
+        match &self.responder {
+            Some((s, u)) => [mine, s.poll_at(), u.poll_at()].into_iter().flatten().min(),
+            None => mine,
+        }
+    }
+
+    /// Others' probes are answered as they come: an answer held in the
+    /// port would add this loop's wait to their round trips.
+    fn rx_wait(&self) -> RxWait {
+        if self.responder.is_some() {
+            RxWait::Prompt
+        } else {
+            self.pinger.rx_wait()
+        }
+    }
+}
+
 #[cfg(test)]
 mod test {
     use super::*;

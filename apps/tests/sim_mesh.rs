@@ -537,3 +537,61 @@ fn pinglist_file_reloaded_while_running() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     reloader.join().unwrap();
 }
+
+/// Three agents (`uping --responder`: `MeshAgent` with the echo services
+/// and the UD responder) in a full mesh, every probe type both ways: each
+/// answers the others' probes while it sends its own; nothing lost.
+#[test]
+fn agents_with_responders_answer_each_other_in_a_full_mesh() {
+    let mut net = SimNet::new(LinkConfig::default());
+    for n in 1..=3 {
+        net.add(host_config(n));
+    }
+    let baseline = net.pools_in_use();
+    let mut pingers: Vec<MeshPinger> = (1..=3u8)
+        .map(|me| {
+            let list: String = (1..=3u8)
+                .filter(|&o| o != me)
+                .map(|o| format!("10.0.0.{o} agent-{o} probes=icmp,udp,tcp,ud\n"))
+                .collect();
+            MeshPinger::new(MeshConfig::new(
+                parse_pinglist(&list).unwrap(),
+                800.0,
+                Duration::from_secs(2),
+            ))
+        })
+        .collect();
+    let [p1, p2, p3] = &mut pingers[..] else {
+        unreachable!()
+    };
+    let mut a1 = ustack_apps::mesh::MeshAgent::new(p1, true);
+    let mut a2 = ustack_apps::mesh::MeshAgent::new(p2, true);
+    let mut a3 = ustack_apps::mesh::MeshAgent::new(p3, true);
+    net.run_until(
+        Instant::ZERO + Duration::from_secs(12),
+        &mut [&mut a1, &mut a2, &mut a3],
+        |_| false,
+    );
+    for a in [&a1, &a2, &a3] {
+        assert_eq!(a.responder_error(), None);
+    }
+    drop((a1, a2, a3));
+    for (i, p) in pingers.iter().enumerate() {
+        assert!(p.done(), "agent {} did not finish", i + 1);
+        assert_eq!(p.stats.len(), 8);
+        let text = p.report();
+        for s in &p.stats {
+            // 800/s over 8 series for 2 s: 200 each.
+            assert!(s.sent >= 190, "agent {}: {text}", i + 1);
+            assert_eq!(s.lost, 0, "agent {}: {:?}\n{text}", i + 1, s.last_error);
+            assert_eq!(s.received, s.sent, "agent {}: {text}", i + 1);
+        }
+    }
+    // Every stack answered UD pings on its responder's QP.
+    for n in 0..3 {
+        let ud = net.nodes[n].stack.stats().ud;
+        assert!(ud.rx_packets >= 2 * 200, "node {n}: {ud:?}");
+    }
+    net.run_until(net.now + Duration::from_millis(100), &mut [], |_| false);
+    assert_eq!(net.pools_in_use(), baseline, "leaked buffers");
+}
