@@ -11,7 +11,7 @@
 mod common;
 use common::*;
 
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ustack_kit::bulk::fill_pattern;
@@ -359,6 +359,32 @@ fn bad_arguments_missing_port_and_tiny_pool() {
             .last()
             .unwrap()
             .starts_with("ustack: no DPDK port 0: EAL found 0 port(s)"),
+        "{err}"
+    );
+    // Not root: the tap device cannot be made, and the error names the
+    // capabilities the process lacks.
+    let eal = format!("{EAL} --vdev=net_tap0");
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.ns("stack"),
+            "setpriv",
+            "--reuid",
+            "65534",
+        ])
+        .args(["--regid", "65534", "--clear-groups", "--inh-caps=-all"])
+        .args([env!("CARGO_BIN_EXE_ustack"), "run", "--dpdk", &eal])
+        .args(["--ip", "10.77.0.2/24"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    no_crash(&err);
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("ustack: no DPDK port 0: EAL found 0 port(s)")
+            && last.contains("this process lacks CAP_NET_ADMIN, CAP_NET_RAW, CAP_IPC_LOCK"),
         "{err}"
     );
     // A port number that does not exist.

@@ -36,7 +36,8 @@ pub enum DpdkError {
     #[error("EAL initialisation failed: {reason} (EAL arguments: '{args}')")]
     EalInit { args: String, reason: String },
     #[error(
-        "no DPDK port {port}: EAL found {available} port(s); add a virtual device (e.g. --vdev=net_af_packet0,iface=IFACE) or bind a NIC"
+        "no DPDK port {port}: EAL found {available} port(s); add a virtual device (e.g. --vdev=net_af_packet0,iface=IFACE) or bind a NIC{}",
+        privilege_hint(*available)
     )]
     NoSuchPort { port: u16, available: u16 },
     #[error("mbuf pool '{name}' of {count} mbufs: {reason}")]
@@ -51,6 +52,44 @@ pub enum DpdkError {
         what: &'static str,
         reason: String,
     },
+}
+
+/// Linux capability numbers (linux/capability.h) the DPDK devices need.
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_NET_RAW: u32 = 13;
+const CAP_IPC_LOCK: u32 = 14;
+
+/// This process's effective capabilities (`CapEff` of /proc/self/status),
+/// or `None` where that cannot be read.
+fn effective_caps() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// When the EAL found no port and the process lacks what DPDK's devices
+/// need to open (their probes fail with a log line per device, not an
+/// error code), which capabilities those are; empty otherwise.
+fn privilege_hint(available: u16) -> String {
+    let Some(caps) = effective_caps() else {
+        return String::new();
+    };
+    let missing: Vec<&str> = [
+        (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+        (CAP_NET_RAW, "CAP_NET_RAW"),
+        (CAP_IPC_LOCK, "CAP_IPC_LOCK"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| caps & (1 << bit) == 0)
+    .map(|(_, name)| name)
+    .collect();
+    if available > 0 || missing.is_empty() {
+        return String::new();
+    }
+    format!(
+        " (this process lacks {}: net_tap needs CAP_NET_ADMIN, net_af_packet and net_af_xdp CAP_NET_RAW, a NIC bound to vfio-pci read-write access to its /dev/vfio group and CAP_IPC_LOCK or a large LimitMEMLOCK; run as root or give the binary those capabilities)",
+        missing.join(", ")
+    )
 }
 
 /// DPDK's text for an errno value (negative or positive).
