@@ -1,6 +1,7 @@
 //! Pieces shared by the `ustack`, `uping` and `uperf` binaries.
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod cpu;
 pub mod iperf;
 pub mod iperf_client;
@@ -123,6 +124,21 @@ macro_rules! out {
 /// lines: the library says them, the binaries print them.
 pub fn print_notices() {
     ustack_runtime::set_notice_sink(|msg| eprintln!("ustack: {msg}"));
+}
+
+/// The process's command line with the flags of its `--config FILE` put in
+/// before its own (see [`ustack_runtime::config_file`]), for `cmd` (the
+/// binary's clap definition) to parse. A file that cannot be used is said
+/// in one line (`NAME: config FILE: ...`) and the process exits with
+/// status 2, as for a mistake in a flag.
+pub fn command_line(name: &str, cmd: &clap::Command) -> Vec<std::ffi::OsString> {
+    match ustack_runtime::config_file::args_with_config_file(cmd, std::env::args_os()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::exit(2);
+        }
+    }
 }
 
 /// A binary's exit: its code, or one error line (`NAME: reason`) and status

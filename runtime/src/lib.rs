@@ -128,6 +128,8 @@ pub mod blocking;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod clock;
+#[cfg(feature = "cli")]
+pub mod config_file;
 pub mod metrics;
 pub mod net;
 mod notice;

@@ -7,200 +7,20 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
-use ustack::iface::icmp::MAX_PING_DATA;
+use clap::{CommandFactory, Parser};
 use ustack::node::{App, Control, Node};
 use ustack::phy::device::Device;
 use ustack::{Instant, Stack};
-use ustack_apps::net::{NetArgs, NodeRunner, with_node};
+use ustack_apps::net::{NodeRunner, with_node};
 use ustack_kit::ping::{PingSummary, Pinger, PingerConfig, PingerEvent};
 use ustack_runtime as runtime;
 use ustack_runtime::clock::Clock;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "uping",
-    version,
-    about = "ICMP echo over ustack, with iputils ping's output"
-)]
-struct Cli {
-    #[command(flatten)]
-    net: NetArgs,
-    /// Stop after sending this many requests.
-    #[arg(short = 'c', value_name = "COUNT", value_parser = clap::value_parser!(u64).range(1..))]
-    count: Option<u64>,
-    /// Seconds between requests.
-    #[arg(short = 'i', value_name = "INTERVAL", default_value_t = 1.0, value_parser = interval)]
-    interval: f64,
-    /// Bytes of data per request [default: 56; 1024 with --pingpong, as
-    /// ibv_ud_pingpong's -s; 4096 with --rdma=rc --pingpong, as
-    /// ibv_rc_pingpong's].
-    #[arg(short = 's', value_name = "PACKETSIZE")]
-    size: Option<usize>,
-    /// Seconds to wait for replies after the last request when none has come
-    /// back (iputils' -W); with replies in, uping waits twice the longest
-    /// RTT, at least one interval, as iputils does. Mesh mode: how long each
-    /// probe waits for its answer before it counts as lost. --rdma=rc
-    /// --pingpong: how long an iteration may wait for a completion before
-    /// the run fails [default: 10; 2 in mesh mode; 5 with --rdma=rc].
-    #[arg(short = 'W', value_name = "TIMEOUT", value_parser = interval)]
-    timeout: Option<f64>,
-    /// Quiet: print only the summary.
-    #[arg(short = 'q')]
-    quiet: bool,
-    /// Print the result as JSON instead.
-    #[arg(long)]
-    json: bool,
-    /// RDMA (RoCEv2) instead of ICMP: `--rdma` or `--rdma=ud` pings a UD
-    /// responder such as `ustack run`; `--rdma=rc` (with --pingpong) speaks
-    /// ibv_rc_pingpong over RC.
-    #[arg(long, value_name = "ud|rc", value_enum, num_args = 0..=1, require_equals = true,
-          default_missing_value = "ud")]
-    rdma: Option<RdmaMode>,
-    /// With --rdma: the responder's QP number.
-    #[arg(long, value_name = "N", default_value = ustack_apps::rdma::DEFAULT_QPN_STR, value_parser = ustack_apps::rdma::parse_qpn, requires = "rdma")]
-    qpn: u32,
-    /// With --rdma: the Q_Key (perftest's default).
-    #[arg(long, value_name = "K", default_value = ustack_apps::rdma::DEFAULT_QKEY_STR, value_parser = ustack_apps::rdma::parse_u32, requires = "rdma")]
-    qkey: u32,
-    /// With --rdma: use the host's RNIC through ibverbs instead of the stack
-    /// (NET flags are then ignored).
-    // Hidden from --help in builds without the `verbs` feature.
-    #[arg(long, requires = "rdma", hide = !cfg!(feature = "verbs"))]
-    verbs: bool,
-    /// With --rdma: ping-pong with a stock `ibv_ud_pingpong` server on HOST
-    /// (its TCP address exchange on --port, then -c messages of -s bytes,
-    /// each echoed; use the server's -n and -s).
-    /// With --rdma=rc: ping-pong with a stock `ibv_rc_pingpong` server on
-    /// HOST (or, with --listen, one stock client) over RC.
-    #[arg(long, requires = "rdma", conflicts_with_all = ["verbs", "pinglist"])]
-    pingpong: bool,
-    /// With --pingpong: the server's exchange port (with --listen, ours).
-    #[arg(long, visible_alias = "pingpong-port", value_name = "PORT", default_value_t = ustack::wire::exchange::PINGPONG_PORT, requires = "pingpong")]
-    port: u16,
-    /// With --rdma=rc --pingpong: be the server, wait for one stock
-    /// `ibv_rc_pingpong HOST` client, run its -n iterations and exit.
-    #[arg(long, requires = "pingpong", conflicts_with = "host")]
-    listen: bool,
-    /// With --rdma=rc --pingpong: the InfiniBand path MTU (ibv_rc_pingpong's
-    /// --mtu; both ends must use the same) [default: 1024].
-    #[arg(long, value_name = "BYTES", requires = "pingpong",
-          value_parser = path_mtu)]
-    path_mtu: Option<usize>,
-    /// Mesh mode: probe every target of the ping list at FILE or an
-    /// http(s):// URL, one `A.B.C.D [label] [probes=icmp,ud,tcp,udp]
-    /// [tcp_port=N] [udp_port=N]` per line.
-    #[arg(long, value_name = "FILE|URL", conflicts_with_all = ["host", "count", "interval"])]
-    pinglist: Option<String>,
-    /// Mesh mode: re-read the ping list every S seconds and apply it when it
-    /// changed (0: never).
-    #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = seconds, requires = "pinglist")]
-    pinglist_refresh: f64,
-    /// Mesh mode: probes per second, spread across all (target, probe) pairs.
-    #[arg(long, value_name = "PPS", default_value_t = 100.0, value_parser = rate, requires = "pinglist")]
-    rate: f64,
-    /// Mesh mode: seconds to send for; 0 runs until stopped (a monitor;
-    /// the table is printed at Ctrl-C).
-    #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = seconds, requires = "pinglist")]
-    duration: f64,
-    /// Ping over IPv4 only: HOST must be an IPv4 address (iputils' -4).
-    #[arg(short = '4', conflicts_with = "ipv6")]
-    ipv4: bool,
-    /// Ping over IPv6 only: HOST must be an IPv6 address, and the stack
-    /// needs one (`--ip ADDR/LEN`) (iputils' -6). With `--pingpong`, send
-    /// from our IPv6 GID (HOST, where GIDs are exchanged, stays IPv4).
-    #[arg(short = '6')]
-    ipv6: bool,
-    /// The host to ping: an IPv4 or IPv6 address (ICMP or ICMPv6 echo).
-    #[arg(required_unless_present_any = ["pinglist", "listen"])]
-    host: Option<String>,
-}
-
-/// What `--rdma` speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum RdmaMode {
-    /// Unreliable Datagram (the default of a bare `--rdma`).
-    Ud,
-    /// Reliable Connected (ibv_rc_pingpong with --pingpong).
-    Rc,
-}
-
-impl Cli {
-    /// `-s`, or its default: 56, or ibv_ud_pingpong's 1024 with --pingpong,
-    /// or ibv_rc_pingpong's 4096 with --rdma=rc --pingpong.
-    fn size(&self) -> usize {
-        self.size.unwrap_or(match (self.pingpong, self.rdma) {
-            (true, Some(RdmaMode::Rc)) => ustack_apps::pingpong_rc::DEFAULT_SIZE,
-            (true, _) => 1024,
-            _ => 56,
-        })
-    }
-
-    /// Whether this is RC (`--rdma=rc`).
-    fn rc(&self) -> bool {
-        self.rdma == Some(RdmaMode::Rc)
-    }
-
-    /// Combinations clap cannot express, as one line each.
-    fn check(&self) -> Result<()> {
-        if self.rc() && !self.pingpong {
-            bail!("--rdma=rc speaks ibv_rc_pingpong only: add --pingpong (and HOST, or --listen)");
-        }
-        if self.listen && !self.rc() {
-            bail!(
-                "--listen is the ibv_rc_pingpong server (--rdma=rc --pingpong --listen); \
-                 ibv_ud_pingpong clients are served by `ustack run`"
-            );
-        }
-        if self.path_mtu.is_some() && !self.rc() {
-            bail!("--path-mtu is for --rdma=rc (a UD message is sized by the link)");
-        }
-        if !self.rc() && self.size() > MAX_PING_DATA {
-            bail!(
-                "invalid -s value: '{}': out of range: 0 <= value <= {MAX_PING_DATA}",
-                self.size()
-            );
-        }
-        Ok(())
-    }
-}
-
-/// An InfiniBand path MTU: 256, 512, 1024, 2048 or 4096.
-fn path_mtu(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(v @ (256 | 512 | 1024 | 2048 | 4096)) => Ok(v),
-        _ => Err(format!(
-            "'{s}' is not an InfiniBand MTU (256, 512, 1024, 2048 or 4096)"
-        )),
-    }
-}
-
-fn rate(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.1..=10_000_000.0).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "'{s}' is not a rate from 0.1 to 10000000 per second"
-        )),
-    }
-}
-
-fn seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("'{s}' is not a number of seconds (0 or more)")),
-    }
-}
-
-fn interval(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v >= 0.000_01 && v.is_finite() => Ok(v),
-        _ => Err(format!("'{s}' is not a positive number of seconds")),
-    }
-}
+use ustack_apps::cli::uping::*;
 
 fn main() -> ExitCode {
     ustack_apps::print_notices();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(ustack_apps::command_line("uping", &Cli::command()));
     ustack_apps::exit("uping", ping(&cli))
 }
 

@@ -14,6 +14,7 @@
 //! a publisher's local feed ([`feed::from_lines`]).
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod feed;
 pub mod monitor;
 pub mod prometheus;

@@ -17,35 +17,7 @@ const FIRST_WAIT: Duration = Duration::from_secs(5);
 /// How long `--once` waits for a second snapshot (for rates).
 const SECOND_WAIT: Duration = Duration::from_secs(1);
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "utop",
-    version,
-    about = "Monitor a running ustack: pools, ports, protocols, TCP connections",
-    after_help = "Keys: Tab/1-5 pane, s sort column, r reverse, / filter (Esc clears), q/Ctrl-C quit.\n\
-                  Stacks publish with `--telemetry PATH`; a bare NAME means\n\
-                  $XDG_RUNTIME_DIR/ustack/NAME.sock (else /tmp/ustack-$UID/NAME.sock)."
-)]
-struct Cli {
-    /// The stack's telemetry socket: a path, or a bare NAME in the default
-    /// directory. Without it, utop attaches to the one stack running there.
-    #[arg(long, value_name = "PATH")]
-    telemetry: Option<PathBuf>,
-    /// Print one text frame (plain text, no escape codes) and exit.
-    #[arg(long)]
-    once: bool,
-    /// Width of the `--once` frame.
-    #[arg(long, default_value_t = 160, value_parser = clap::value_parser!(u16).range(40..=1000))]
-    width: u16,
-    /// Show the bytes each frame writes to the terminal.
-    #[arg(long)]
-    debug_draw: bool,
-    /// Serve the stack's telemetry as Prometheus metrics on ADDR:PORT
-    /// (GET /metrics) instead of showing it; reattaches when the stack
-    /// restarts, and serves `ustack_up 0` while it is away.
-    #[arg(long, value_name = "ADDR:PORT", conflicts_with = "once")]
-    prometheus: Option<std::net::SocketAddr>,
-}
+use utop::cli::Cli;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
