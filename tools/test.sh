@@ -63,6 +63,9 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           # Prometheus and promtool: metrics, alert rules, the mesh scrape test (tools/prometheus/);
           # headless Chromium draws the mesh page in the same test
           prometheus chromium
+          # the package test: dpkg-shlibdeps for Depends:, a clean Debian 12 root
+          # to install, upgrade and purge it in (tools/package.sh, packaging/test-install.sh)
+          dpkg-dev mmdebstrap
           # packetdrill's build and wire topology (tools/conformance/run.sh, the regression set)
           bison flex patch make iptables)
 
@@ -152,6 +155,19 @@ fi
 
 step "README command: cargo run --release --bin ustack -- demo"
 cargo run --release --locked --bin ustack -- demo --duration 2 --no-tui >/dev/null
+
+step "package: build, install in a clean root, verify the units (tools/package.sh, packaging/test-install.sh)"
+if [ "$(id -u)" -ne 0 ]; then
+  skip "package: needs root (a clean Debian 12 root made by mmdebstrap)"
+else
+  # Built in target/, so the all-features build's dependencies are reused
+  # (about 2 minutes instead of 6): this replaces target/release's ustack,
+  # uping, uperf and preload library with their pcap+xdp builds (the next
+  # cargo build puts its own back). A second version, to test the upgrade.
+  deb=$(tools/package.sh --target-dir target)
+  deb2=$(tools/package.sh --target-dir target --no-build --version "$(dpkg-deb -f "$deb" Version)+test1")
+  packaging/test-install.sh "$deb" "$deb2"
+fi
 
 step "fuzz: every target for ${FUZZ_SECONDS:-6} s (fuzz/README.md for longer runs)"
 if ! cargo +nightly --version >/dev/null 2>&1; then
