@@ -65,7 +65,8 @@ PACKAGES=(dpdk-dev libpcap-dev libibverbs-dev librdmacm-dev libclang-dev pkg-con
           prometheus chromium
           # the package test: dpkg-shlibdeps for Depends:, a clean Debian 12 root
           # to install, upgrade and purge it in (tools/package.sh, packaging/test-install.sh)
-          dpkg-dev mmdebstrap
+          # and systemd-nspawn to boot the units in it
+          dpkg-dev mmdebstrap systemd-container
           # packetdrill's build and wire topology (tools/conformance/run.sh, the regression set)
           bison flex patch make iptables)
 
@@ -163,7 +164,8 @@ else
   # Built in target/, so the all-features build's dependencies are reused
   # (about 2 minutes instead of 6): this replaces target/release's ustack,
   # uping, uperf and preload library with their pcap+xdp builds (the next
-  # cargo build puts its own back). A second version, to test the upgrade.
+  # cargo build puts its own back). A second version, to test the upgrade;
+  # the test boots the root under systemd-nspawn with no network but lo.
   deb=$(tools/package.sh --target-dir target)
   deb2=$(tools/package.sh --target-dir target --no-build --version "$(dpkg-deb -f "$deb" Version)+test1")
   packaging/test-install.sh "$deb" "$deb2"
