@@ -76,6 +76,8 @@ pub struct MeshConfig {
     pub ud_qpn: u32,
     /// UD probes: the Q_Key.
     pub ud_qkey: u32,
+    /// UD probes: the traffic class of their QP (`--tclass`).
+    pub ud_tclass: u8,
 }
 
 impl MeshConfig {
@@ -91,6 +93,7 @@ impl MeshConfig {
             ident: 0x4d31,
             ud_qpn: RESPONDER_QPN,
             ud_qkey: DEFAULT_QKEY,
+            ud_tclass: 0,
         }
     }
 }
@@ -816,7 +819,9 @@ impl<'a> MeshAgent<'a> {
 
     /// Why a responder could not start (its port in use), once known.
     pub fn responder_error(&self) -> Option<&str> {
-        self.responder.as_ref().and_then(|(s, _)| s.error.as_deref())
+        self.responder
+            .as_ref()
+            .and_then(|(s, _)| s.error.as_deref())
     }
 }
 

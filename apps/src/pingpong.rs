@@ -252,6 +252,8 @@ pub struct PingpongOpts {
     pub quiet: bool,
     /// Send from our IPv6 GID (the exchange still goes to `dst`).
     pub ipv6: bool,
+    /// The traffic class of our messages (`--tclass`).
+    pub tclass: u8,
     /// The poll loop's settings (pinning, idle mode, the metrics feed).
     pub lcfg: LoopConfig,
 }
@@ -336,6 +338,7 @@ impl PingpongClient {
         let mut qc = QpConfig::new(DEFAULT_QKEY);
         qc.max_send_wr = 4;
         qc.max_recv_wr = 16;
+        qc.traffic_class = self.o.tclass;
         let qp = stack.ud().create_qp(&qc).map_err(|e| e.to_string())?;
         for i in 0..16 {
             stack

@@ -87,6 +87,9 @@ pub struct RcPingpongOpts {
     /// The client sends from our IPv6 GID (a server answers in the family
     /// of the client's GID).
     pub ipv6: bool,
+    /// The traffic class of our packets (`--tclass`; ibv_rc_pingpong sends
+    /// 0 and takes any).
+    pub tclass: u8,
     /// The poll loop's settings (pinning, idle mode, the metrics feed).
     pub lcfg: LoopConfig,
 }
@@ -103,6 +106,7 @@ impl RcPingpongOpts {
             rx_depth: RX_DEPTH,
             timeout: Duration::from_secs(5),
             ipv6: false,
+            tclass: 0,
             lcfg: LoopConfig::default(),
         }
     }
@@ -387,6 +391,7 @@ impl RcPingpong {
             min_rnr_timer: 12,
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
+            traffic_class: o.tclass,
             ..RcQpConfig::default()
         };
         let qp = stack

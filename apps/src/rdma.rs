@@ -70,6 +70,8 @@ pub struct PingOpts {
     pub timeout: Duration,
     pub quiet: bool,
     pub json: bool,
+    /// The pings' traffic class (`--tclass`).
+    pub tclass: u8,
     /// The poll loop's settings (pinning, idle mode, the metrics feed).
     pub lcfg: LoopConfig,
 }
@@ -209,6 +211,7 @@ impl NodeRunner for PingUser {
         cfg.interval = o.interval;
         cfg.size = o.size;
         cfg.timeout = o.timeout;
+        cfg.traffic_class = o.tclass;
         let size = cfg.size.max(ustack_kit::ud_ping::PING_LEN);
         let mut front = PingFront {
             pinger: UdPinger::new(cfg),
@@ -276,6 +279,7 @@ pub fn verbs_ping(o: &PingOpts) -> Result<ExitCode> {
     cfg.interval = o.interval;
     cfg.size = o.size;
     cfg.timeout = o.timeout;
+    cfg.traffic_class = o.tclass;
     let mut p = UdPinger::new(cfg);
     crate::outln!(
         "RDMA UD PING {dst} qkey {:#010x}: verbs device {} ({})",

@@ -58,6 +58,9 @@ pub struct UdPingerConfig {
     /// waking for each (10,000 pings/s are 1,000 wake-ups with 1 ms).
     /// Zero (the default): one wake-up per ping, on time.
     pub batch: Duration,
+    /// The traffic class of the pings (`QpConfig::traffic_class`: the IPv4
+    /// TOS byte or IPv6 traffic class on the wire); 0 by default.
+    pub traffic_class: u8,
 }
 
 impl UdPingerConfig {
@@ -72,6 +75,7 @@ impl UdPingerConfig {
             size: 64,
             timeout: Duration::from_secs(1),
             batch: Duration::ZERO,
+            traffic_class: 0,
         }
     }
 }
@@ -233,6 +237,7 @@ impl<'t> Probe<dyn UdTransport + 't> for UdProbe {
         let mut qc = QpConfig::new(self.cfg.qkey);
         qc.max_recv_wr = RECV_DEPTH;
         qc.max_send_wr = 256;
+        qc.traffic_class = self.cfg.traffic_class;
         let qp = t.create_qp(&qc)?;
         self.qpn = t.qp_num(qp)?;
         post_recvs(t, qp, RECV_DEPTH, t.max_msg_size().max(self.cfg.size))?;

@@ -211,6 +211,7 @@ fn perftest_user(cli: &Cli) -> ustack_apps::perftest::PerftestUser {
     cfg.timeout = Duration::from_secs_f64(cli.timeout);
     cfg.connect_timeout = Duration::from_millis(cli.connect_timeout.max(1));
     cfg.ipv6 = cli.ipv6_gid;
+    cfg.tclass = cli.tclass;
     let role = match cli.client {
         Some(host) => PerftestRole::Client(server_addr(rdma_host(host), cli.port)),
         None => PerftestRole::Server {
@@ -240,6 +241,7 @@ fn rc_user(cli: &Cli) -> ustack_apps::perftest_rc::RcUser {
     cfg.timeout = Duration::from_secs_f64(cli.timeout);
     cfg.connect_timeout = Duration::from_millis(cli.connect_timeout.max(1));
     cfg.ipv6 = cli.ipv6_gid;
+    cfg.tclass = cli.tclass;
     let role = match cli.client {
         Some(host) => RcRole::Client(ustack_apps::perftest::server_addr(
             rdma_host(host),

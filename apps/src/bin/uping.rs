@@ -334,6 +334,7 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
             timeout: Duration::from_secs_f64(cli.timeout.unwrap_or(10.0)),
             quiet: cli.quiet,
             json: cli.json,
+            tclass: cli.tclass.unwrap_or(0),
             lcfg: cli.net.loop_config(),
         };
         if cli.verbs {
@@ -359,6 +360,7 @@ fn ping(cli: &Cli) -> Result<ExitCode> {
             timeout: Duration::from_secs_f64(cli.timeout.unwrap_or(10.0).min(5.0)),
             quiet: cli.quiet,
             ipv6: cli.ipv6,
+            tclass: cli.tclass.unwrap_or(0),
             lcfg: cli.net.loop_config(),
         };
         return with_node(&cli.net, ustack_apps::pingpong::PingpongUser(opts));
@@ -393,6 +395,7 @@ fn rc_pingpong(cli: &Cli) -> Result<ExitCode> {
     }
     o.timeout = Duration::from_secs_f64(cli.timeout.unwrap_or(5.0));
     o.ipv6 = cli.ipv6;
+    o.tclass = cli.tclass.unwrap_or(0);
     o.lcfg = cli.net.loop_config();
     with_node(&cli.net, RcPingpongUser(o))
 }
@@ -427,6 +430,7 @@ fn mesh(cli: &Cli, list: &str) -> Result<ExitCode> {
         ident: (std::process::id() & 0xffff) as u16,
         ud_qpn: cli.qpn,
         ud_qkey: cli.qkey,
+        ud_tclass: cli.tclass.unwrap_or(0),
     };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut pinger = ustack_apps::mesh::MeshPinger::new(cfg).with_metrics(metrics.clone());
@@ -484,7 +488,11 @@ impl NodeRunner for MeshRun<'_> {
             );
         }
         let tele = ustack_apps::telemetry::Telemetry::start(&cli.net, "uping")?;
-        ustack_apps::run_app(&mut node, &mut pinger, &cli.net.loop_config(), Some(&tele))?;
+        let mut agent = ustack_apps::mesh::MeshAgent::new(&mut pinger, cli.responder);
+        ustack_apps::run_app(&mut node, &mut agent, &cli.net.loop_config(), Some(&tele))?;
+        if let Some(e) = agent.responder_error() {
+            bail!("--responder: {e}");
+        }
         if let Some(e) = &pinger.error {
             bail!("{e}");
         }
@@ -551,6 +559,21 @@ mod test {
         assert!(parse(&["--rdma=xx", "10.0.0.1"]).is_err());
         // Options of --rdma still need it.
         assert!(parse(&["--qpn", "5", "10.0.0.1"]).is_err());
+    }
+
+    #[test]
+    fn tclass_and_responder_go_with_rdma_or_the_mesh() {
+        let c = parse(&["--rdma", "--tclass", "104", "10.0.0.1"]).unwrap();
+        assert_eq!(c.tclass, Some(104));
+        c.check().unwrap();
+        let c = parse(&["--pinglist", "l.txt", "--tclass", "3", "--responder"]).unwrap();
+        assert!(c.responder);
+        c.check().unwrap();
+        let e = parse(&["--tclass", "3", "10.0.0.1"]).unwrap().check();
+        assert!(e.unwrap_err().to_string().contains("--rdma or --pinglist"));
+        assert!(parse(&["--rdma", "--tclass", "256", "10.0.0.1"]).is_err());
+        let e = parse(&["--responder", "10.0.0.1"]).unwrap().check();
+        assert!(e.unwrap_err().to_string().contains("with --pinglist"));
     }
 
     #[test]

@@ -111,6 +111,11 @@ pub struct Cli {
     /// answers in the family of the client's GID without it.
     #[arg(long = "ipv6")]
     pub ipv6_gid: bool,
+    /// With --rdma: the traffic class of our packets (perftest's --tclass):
+    /// the GRH traffic class, on the wire the IPv4 TOS byte (DSCP << 2 |
+    /// ECN) or the IPv6 traffic class.
+    #[arg(long, value_name = "TC", default_value_t = 0, requires = "rdma")]
+    pub tclass: u8,
 }
 
 /// `--rdma`'s transport.

@@ -56,6 +56,12 @@ pub struct Cli {
     /// With --rdma: the Q_Key (perftest's default).
     #[arg(long, value_name = "K", default_value = crate::rdma::DEFAULT_QKEY_STR, value_parser = crate::rdma::parse_u32, requires = "rdma")]
     pub qkey: u32,
+    /// The traffic class of RDMA packets (perftest's --tclass): the GRH
+    /// traffic class, on the wire the IPv4 TOS byte (DSCP << 2 | ECN) or
+    /// the IPv6 traffic class, of --rdma's pings and ping-pongs and of mesh
+    /// mode's ud probes [default: 0].
+    #[arg(long, value_name = "TC", value_parser = clap::value_parser!(u8))]
+    pub tclass: Option<u8>,
     /// With --rdma: use the host's RNIC through ibverbs instead of the stack
     /// (NET flags are then ignored).
     // Hidden from --help in builds without the `verbs` feature.
@@ -92,6 +98,12 @@ pub struct Cli {
     /// Mesh mode: probes per second, spread across all (target, probe) pairs.
     #[arg(long, value_name = "PPS", default_value_t = 100.0, value_parser = rate, requires = "pinglist")]
     pub rate: f64,
+    /// Mesh mode: also answer the other agents' probes, as `ustack run`
+    /// does: TCP and UDP echo on port 7 (discard on 9) and the RDMA UD
+    /// responder on QPN 2 with the default Q_Key (the stack answers ICMP
+    /// echo anyway). Frames are then read as they come.
+    #[arg(long, requires = "pinglist")]
+    pub responder: bool,
     /// Mesh mode: seconds to send for; 0 runs until stopped (a monitor;
     /// the table is printed at Ctrl-C).
     #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = seconds, requires = "pinglist")]
@@ -145,6 +157,14 @@ impl Cli {
                 "--listen is the ibv_rc_pingpong server (--rdma=rc --pingpong --listen); \
                  ibv_ud_pingpong clients are served by `ustack run`"
             );
+        }
+        // clap lets `requires = "pinglist"` pass when HOST (which the ping
+        // list conflicts with) is given: said here.
+        if self.pinglist.is_none() && self.responder {
+            bail!("--responder answers other mesh agents: use it with --pinglist");
+        }
+        if self.tclass.is_some() && self.rdma.is_none() && self.pinglist.is_none() {
+            bail!("--tclass marks RDMA packets: use it with --rdma or --pinglist (ud probes)");
         }
         if self.path_mtu.is_some() && !self.rc() {
             bail!("--path-mtu is for --rdma=rc (a UD message is sized by the link)");

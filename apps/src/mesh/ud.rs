@@ -94,6 +94,7 @@ impl Prober for Ud {
         let mut qc = QpConfig::new(cfg.ud_qkey);
         qc.max_recv_wr = UD_RECV_DEPTH;
         qc.max_send_wr = 2 * CATCH_UP as usize;
+        qc.traffic_class = cfg.ud_tclass;
         let qp = stack
             .ud()
             .create_qp(&qc)

@@ -157,6 +157,8 @@ pub struct RcConfig {
     /// Our GID is our IPv6 address, not our IPv4 one mapped (perftest's
     /// `--ipv6`; a server follows the client's family anyway).
     pub ipv6: bool,
+    /// The traffic class of our packets (perftest's `--tclass`).
+    pub tclass: u8,
 }
 
 impl RcConfig {
@@ -173,6 +175,7 @@ impl RcConfig {
             exchange_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
             ipv6: false,
+            tclass: 0,
         }
     }
 
@@ -577,6 +580,7 @@ impl Transport for Rc {
             max_recv_wr: cfg.rx_depth() as usize + 16,
             max_rd_atomic: usize::from(OUT_READS),
             max_dest_rd_atomic: usize::from(OUT_READS),
+            traffic_class: cfg.tclass,
             ..RcQpConfig::default()
         };
         let qp = stack

@@ -92,6 +92,8 @@ pub struct PerftestConfig {
     /// Our GID is our IPv6 address, not our IPv4 one mapped (perftest's
     /// `--ipv6`; a server follows the client's family anyway).
     pub ipv6: bool,
+    /// The traffic class of our packets (perftest's `--tclass`).
+    pub tclass: u8,
 }
 
 impl PerftestConfig {
@@ -108,6 +110,7 @@ impl PerftestConfig {
             exchange_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
             ipv6: false,
+            tclass: 0,
         }
     }
 
@@ -364,6 +367,7 @@ impl Transport for Ud {
         let mut qc = QpConfig::new(cfg.qkey);
         qc.max_send_wr = cfg.tx_depth() as usize + 2;
         qc.max_recv_wr = cfg.rx_depth() as usize;
+        qc.traffic_class = cfg.tclass;
         let qp = stack
             .ud()
             .create_qp(&qc)
