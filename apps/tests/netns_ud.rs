@@ -146,7 +146,19 @@ fn uping_rdma_against_ustack_run_dissected_by_tshark_with_icrc() {
     let d = topo.daemon(&["--capture", &cap.display().to_string()]);
     let out = topo.app(
         env!("CARGO_BIN_EXE_uping"),
-        &["--rdma", "-c", "10", "-i", "0.05", "-W", "1", "10.77.0.2"],
+        // DSCP 26 (AF31) and ECT(0) in the pings' traffic class.
+        &[
+            "--rdma",
+            "--tclass",
+            "106",
+            "-c",
+            "10",
+            "-i",
+            "0.05",
+            "-W",
+            "1",
+            "10.77.0.2",
+        ],
     );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -175,6 +187,7 @@ fn uping_rdma_against_ustack_run_dissected_by_tshark_with_icrc() {
         "infiniband.bth.psn",
         "infiniband.bth.p_key",
         "ip.dst",
+        "ip.dsfield",
     ];
     let mut args = vec![
         "-r".to_string(),
@@ -212,15 +225,17 @@ fn uping_rdma_against_ustack_run_dissected_by_tshark_with_icrc() {
         assert_eq!(num(&r[3]), 0x1111_1111, "perftest Q_Key");
         assert_eq!(num(&r[4]), i as u64, "PSN per QP");
         assert_eq!(num(&r[5]), 0xffff);
+        assert_eq!(num(&r[7]), 106, "the traffic class in the TOS byte");
     }
     for (i, r) in pongs.iter().enumerate() {
         assert_eq!(num(&r[0]), 0x64);
         assert_eq!((num(&r[1]), num(&r[2])), (client_qpn, 2));
         assert_eq!(num(&r[3]), 0x1111_1111);
         assert_eq!(num(&r[4]), i as u64);
+        assert_eq!(num(&r[7]), 0, "the responder's QP sends class 0");
     }
 
-    // Every RoCE packet's ICRC, recomputed here.
+    // Every RoCE packet's ICRC, recomputed here (it masks the TOS byte).
     let mut checked = 0;
     for f in pcap_frames(&cap) {
         if f.len() < 14 + 28 || f[12..14] != [0x08, 0x00] || f[14 + 9] != 17 {
