@@ -608,6 +608,10 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         }
         (libc::IPPROTO_TCP, libc::TCP_INFO) => {
             let mut t = TcpInfo::default();
+            // A look, as a non-blocking receive is: frames that came (an
+            // ACK that moves cwnd) are taken in first, as the kernel has
+            // taken them in by the time a program asks.
+            crate::state::drive_once();
             if let Some((i, c)) = sock::tcp_info_timed(s) {
                 let mss = i.mss.max(1);
                 t.tcpi_state = linux_state(i.state);
