@@ -71,6 +71,9 @@ fn effective_caps() -> Option<u64> {
 /// need to open (their probes fail with a log line per device, not an
 /// error code), which capabilities those are; empty otherwise.
 fn privilege_hint(available: u16) -> String {
+    if available > 0 {
+        return String::new();
+    }
     let Some(caps) = effective_caps() else {
         return String::new();
     };
@@ -83,7 +86,7 @@ fn privilege_hint(available: u16) -> String {
     .filter(|(bit, _)| caps & (1 << bit) == 0)
     .map(|(_, name)| name)
     .collect();
-    if available > 0 || missing.is_empty() {
+    if missing.is_empty() {
         return String::new();
     }
     format!(

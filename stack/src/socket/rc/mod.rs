@@ -328,7 +328,7 @@ impl RcTable {
             let tclass = qp.tclass;
             let mrs = &self.mrs;
             let r = qp.poll_transmit(now, mrs, &mut |p| {
-                send_packet(link, now, tx, (dest, tclass), src_qpn, p)
+                send_packet(link, now, tx, dest, tclass, src_qpn, p)
             });
             if r.is_err() || qp.wants_tx_now() {
                 again.push(h);
@@ -353,7 +353,8 @@ fn send_packet<T: Tx>(
     link: &mut Link,
     now: Instant,
     tx: &mut T,
-    (dest, tclass): (RcDest, u8),
+    dest: RcDest,
+    tclass: u8,
     src_qpn: u32,
     p: &OutPacket<'_>,
 ) -> Result<(), Error> {
