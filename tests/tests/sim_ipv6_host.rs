@@ -558,3 +558,37 @@ fn packet_too_big_lowers_the_path_mtu_for_udp() {
     polled_at(&mut s, later);
     assert_eq!(sizes(&mut s, later, PEER), vec![1448]);
 }
+
+/// A neighbor that moves to another MAC (an advertisement with the
+/// override flag, RFC 4861 §7.2.5) is sent to at its new MAC from the
+/// next packet on, also in a run of packets to it (the transmit path
+/// remembers its last route).
+#[test]
+fn a_neighbor_that_moves_is_followed_at_once() {
+    let mut s = host();
+    let h = s.udp().bind(5000).unwrap();
+    let send = |s: &mut Stack| {
+        for _ in 0..2 {
+            s.udp()
+                .send_to(h, SocketAddr::new(PEER.into(), 53), b"x")
+                .unwrap();
+        }
+        polled_at(s, T0)
+            .into_iter()
+            .map(|f| v6_dst(&f))
+            .filter(|(_, d)| *d == PEER)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(send(&mut s), vec![(peer_mac(), PEER); 2]);
+    let moved = EthernetAddress([0x02, 0, 0, 0, 0, 0x42]);
+    let na = Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
+        flags: NdiscNeighborFlags::OVERRIDE,
+        target_addr: PEER,
+        lladdr: Some(RawHardwareAddress::from(moved)),
+    });
+    receive(
+        &mut s,
+        &icmpv6_frame(host_mac(1), PEER, ALL_NODES, 255, &na),
+    );
+    assert_eq!(send(&mut s), vec![(moved, PEER); 2]);
+}

@@ -5,64 +5,16 @@
 
 use smoltcp::wire::{
     ETHERNET_HEADER_LEN as ETH_LEN, EthernetFrame, EthernetProtocol, IPV4_HEADER_LEN as IP_LEN,
-    IpProtocol, Ipv4Packet,
+    Ipv4Packet,
 };
 
-use crate::iface::frag::{FragKey, Reassembled, Reassembler};
+use crate::iface::frag::{FragKey, Reassembler};
 use crate::iface::link::{IpMeta, Link, ipv4_checksum_ok};
-use crate::phy::device::{RxChecksum, RxMeta, RxRole, Tx};
+pub(crate) use crate::iface::received::IpIn;
+use crate::iface::received::Whole;
+use crate::phy::device::{RxMeta, RxRole, Tx};
 use crate::stats::DropReason;
 use crate::time::Instant;
-
-/// What the layers below the transports made of a frame.
-#[derive(Debug)]
-pub(crate) enum IpIn<'a> {
-    /// Nothing left for a transport: an ARP packet, or a fragment held
-    /// until its datagram is whole.
-    Done,
-    /// A datagram for a transport, in the frame.
-    Datagram {
-        /// Its header's facts.
-        meta: IpMeta<'a>,
-        /// The payload (the transport's header and data).
-        body: &'a [u8],
-        /// The whole IP packet, header included.
-        packet: &'a [u8],
-    },
-    /// A datagram joined from fragments (its bytes are its own).
-    Reassembled(Whole),
-    /// An ICMPv6 packet too big about one of our TCP segments.
-    TooBig(crate::iface::ipv6::TooBig),
-}
-
-/// A reassembled datagram with what its last fragment came with.
-#[derive(Debug)]
-pub(crate) struct Whole {
-    /// The datagram.
-    pub(crate) datagram: Reassembled,
-    broadcast: bool,
-    rx: RxMeta,
-}
-
-impl Whole {
-    /// Its header's facts (the first fragment's header and TTL; no port
-    /// checksum verdict applies to a joined datagram).
-    pub(crate) fn meta(&self) -> IpMeta<'_> {
-        let key = self.datagram.key;
-        IpMeta {
-            src: key.src,
-            dst: key.dst,
-            protocol: IpProtocol::from(key.protocol),
-            ttl: self.datagram.ttl(),
-            broadcast: self.broadcast,
-            header: &self.datagram.header,
-            rx: RxMeta {
-                checksum: RxChecksum::Unknown,
-                ..self.rx
-            },
-        }
-    }
-}
 
 /// Check an Ethernet frame for us, answer or learn from ARP, and pass an
 /// IPv4 packet on to [`ipv4`].
@@ -96,23 +48,7 @@ pub(crate) fn ethernet<'a, T: Tx>(
         }
         EthernetProtocol::Ipv4 => ipv4(link, frags, now, payload, rx),
         EthernetProtocol::Ipv6 if link.ip6.enabled() => {
-            use crate::iface::ipv6::{V6In, ipv6};
-            Ok(
-                match ipv6(link, frags, now, eth.src_addr(), payload, rx, tx)? {
-                    V6In::Done => IpIn::Done,
-                    V6In::TooBig(t) => IpIn::TooBig(t),
-                    V6In::Datagram { meta, body, packet } => IpIn::Datagram { meta, body, packet },
-                    V6In::Reassembled {
-                        datagram,
-                        multicast,
-                        rx,
-                    } => IpIn::Reassembled(Whole {
-                        datagram,
-                        broadcast: multicast,
-                        rx,
-                    }),
-                },
-            )
+            crate::iface::ipv6::ipv6(link, frags, now, eth.src_addr(), payload, rx, tx)
         }
         _ => Err(DropReason::EthUnknownType),
     }
@@ -194,11 +130,7 @@ pub(crate) fn ipv4<'a>(
         None => Ok(IpIn::Done),
         Some(datagram) => {
             link.stats.ipv4.reassembled += 1;
-            Ok(IpIn::Reassembled(Whole {
-                datagram,
-                broadcast,
-                rx,
-            }))
+            Ok(IpIn::Reassembled(Whole::new(datagram, broadcast, rx)))
         }
     }
 }

@@ -35,10 +35,12 @@ use smoltcp::wire::{
 };
 
 use crate::error::{ConnError, Error};
-use crate::iface::frag::{FragKey, Reassembled, Reassembler};
-use crate::iface::ipv6_iface::{MIN_MTU, RTR_SOLICITATION_INTERVAL};
+use crate::iface::frag::{FragKey, Reassembler};
+use crate::iface::ipv6_iface::{MIN_MTU, RTR_SOLICITATION_INTERVAL, RouteMemo};
 use crate::iface::link::{IpMeta, Link, write_eth};
 use crate::iface::mld;
+pub(crate) use crate::iface::received::TooBig;
+use crate::iface::received::{IpIn, Whole};
 use crate::iface::resolve::Enqueue;
 use crate::phy::device::{RxMeta, Tx};
 use crate::stats::DropReason;
@@ -49,54 +51,6 @@ const ECHO_REPLY: u8 = 129;
 
 /// Hop limit of the packets we originate.
 const HOP_LIMIT: u8 = 64;
-
-/// What the IPv6 layer made of a packet.
-#[derive(Debug)]
-pub(crate) enum V6In<'a> {
-    /// Nothing left for a transport (ICMPv6 handled, a fragment held).
-    Done,
-    /// A TCP or UDP packet, or an echo reply for a ping socket, in the
-    /// frame.
-    Datagram {
-        /// Its header's facts.
-        meta: IpMeta<'a>,
-        /// The transport's header and data.
-        body: &'a [u8],
-        /// The whole packet, header on.
-        packet: &'a [u8],
-    },
-    /// A packet too big message about one of our TCP segments.
-    TooBig(TooBig),
-    /// A TCP or UDP datagram or an echo reply joined from fragments
-    /// (`key.protocol` its transport, `payload` from the transport's
-    /// header on).
-    Reassembled {
-        /// The datagram.
-        datagram: Reassembled,
-        /// Sent to a group.
-        multicast: bool,
-        /// What came with its last fragment.
-        rx: RxMeta,
-    },
-}
-
-/// An ICMPv6 packet too big (RFC 4443 §3.2) quoting one of our TCP
-/// segments: its connection lowers its MSS to the path MTU (RFC 8201).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TooBig {
-    /// The segment's source port (ours).
-    pub(crate) local_port: u16,
-    /// Where it went.
-    pub(crate) remote: SocketAddr,
-    /// Its sequence number (the connection checks it is in flight).
-    pub(crate) seq: u32,
-    /// The path MTU, at least IPv6's minimum of 1,280 (RFC 8201 §4).
-    pub(crate) mtu: u16,
-    /// Not a packet too big but another error about the segment
-    /// (unreachable, time exceeded, parameter problem): what it means
-    /// for the connection (`mtu` is then 0).
-    pub(crate) error: Option<ConnError>,
-}
 
 /// The TCP segment an ICMPv6 error quotes (`header`, then `data` from the
 /// TCP header on), when it is ours: its port, peer and sequence number.
@@ -160,7 +114,7 @@ impl From<DropReason> for Refused {
 fn walk(p: &[u8], mut w: Walked, first: bool) -> Result<Walked, Refused> {
     for i in 0..MAX_EXTENSION_HEADERS {
         match w.next {
-            IpProtocol::HopByHop | IpProtocol::Ipv6Opts | IpProtocol::Ipv6Route => {
+            next if is_extension(next) => {
                 if w.next == IpProtocol::HopByHop && !(first && i == 0) {
                     return Err(Refused {
                         reason: DropReason::Ipv6BadExtension,
@@ -194,6 +148,14 @@ fn walk(p: &[u8], mut w: Walked, first: bool) -> Result<Walked, Refused> {
         }
     }
     Err(DropReason::Ipv6BadExtension.into())
+}
+
+/// Whether `next` names one of the extension headers [`walk`] steps over.
+fn is_extension(next: IpProtocol) -> bool {
+    matches!(
+        next,
+        IpProtocol::HopByHop | IpProtocol::Ipv6Opts | IpProtocol::Ipv6Route
+    )
 }
 
 /// Check the options of a hop-by-hop or destination options header (RFC
@@ -268,7 +230,7 @@ pub(crate) fn ipv6<'a, T: Tx>(
     payload: &'a [u8],
     rx: RxMeta,
     tx: &mut T,
-) -> Result<V6In<'a>, DropReason> {
+) -> Result<IpIn<'a>, DropReason> {
     if payload.len() < IPV6_HEADER_LEN {
         return Err(DropReason::Ipv6Truncated);
     }
@@ -303,8 +265,12 @@ pub(crate) fn ipv6<'a, T: Tx>(
         at: IPV6_HEADER_LEN,
         named_at: 6,
     };
-    let mut w =
-        walk(packet, start, true).map_err(|r| refuse(link, now, tx, (src, dst), packet, r))?;
+    // Most packets carry no extension header: no walk for them.
+    let mut w = if is_extension(start.next) {
+        walk(packet, start, true).map_err(|r| refuse(link, now, tx, (src, dst), packet, r))?
+    } else {
+        start
+    };
     if w.next == IpProtocol::Ipv6Frag {
         let at = w.at;
         let f = packet
@@ -327,7 +293,7 @@ pub(crate) fn ipv6<'a, T: Tx>(
             let data = &packet[at + FRAG_HEADER_LEN..];
             let header = &packet[..IPV6_HEADER_LEN];
             let Some(mut datagram) = frags.insert(now, key, offset, more, header, data)? else {
-                return Ok(V6In::Done);
+                return Ok(IpIn::Done);
             };
             link.stats.ipv6.reassembled += 1;
             // The fragmentable part may open with destination options (no
@@ -346,21 +312,15 @@ pub(crate) fn ipv6<'a, T: Tx>(
             datagram.key.protocol = proto.into();
             let echo_reply =
                 proto == IpProtocol::Icmpv6 && datagram.payload.first() == Some(&ECHO_REPLY);
+            if echo_reply || matches!(proto, IpProtocol::Tcp | IpProtocol::Udp) {
+                let whole = Whole::new(datagram, dst.is_multicast(), rx);
+                return Ok(IpIn::Reassembled(whole));
+            }
             return match proto {
-                _ if echo_reply => Ok(V6In::Reassembled {
-                    datagram,
-                    multicast: dst.is_multicast(),
-                    rx,
-                }),
-                IpProtocol::Tcp | IpProtocol::Udp => Ok(V6In::Reassembled {
-                    datagram,
-                    multicast: dst.is_multicast(),
-                    rx,
-                }),
                 IpProtocol::Icmpv6 => {
                     let ip = Ipv6Packet::new_unchecked(&datagram.header[..]);
                     icmpv6(link, now, eth_src, &ip, &datagram.payload, tx)
-                        .map(|t| t.map_or(V6In::Done, V6In::TooBig))
+                        .map(|t| t.map_or(IpIn::Done, IpIn::TooBig))
                 }
                 _ => Err(DropReason::Ipv6UnknownNextHeader),
             };
@@ -390,10 +350,10 @@ pub(crate) fn ipv6<'a, T: Tx>(
                 header: &payload[..IPV6_HEADER_LEN],
                 rx,
             };
-            Ok(V6In::Datagram { meta, body, packet })
+            Ok(IpIn::Datagram { meta, body, packet })
         }
         IpProtocol::Icmpv6 => {
-            icmpv6(link, now, eth_src, &pkt, body, tx).map(|t| t.map_or(V6In::Done, V6In::TooBig))
+            icmpv6(link, now, eth_src, &pkt, body, tx).map(|t| t.map_or(IpIn::Done, IpIn::TooBig))
         }
         protocol @ (IpProtocol::Tcp | IpProtocol::Udp) => {
             if src.is_unspecified() {
@@ -408,10 +368,10 @@ pub(crate) fn ipv6<'a, T: Tx>(
                 header: &payload[..IPV6_HEADER_LEN],
                 rx,
             };
-            Ok(V6In::Datagram { meta, body, packet })
+            Ok(IpIn::Datagram { meta, body, packet })
         }
         // No next header (RFC 8200 §4.7): nothing follows.
-        IpProtocol::Ipv6NoNxt => Ok(V6In::Done),
+        IpProtocol::Ipv6NoNxt => Ok(IpIn::Done),
         // RFC 8200 §4: a parameter problem, code 1, pointing at the byte
         // that named the protocol.
         _ => Err(refuse(
@@ -432,6 +392,24 @@ pub(crate) fn ipv6<'a, T: Tx>(
 /// addresses and learn its sender; learn from an advertisement; a packet
 /// too big about one of our TCP segments is returned for TCP.
 fn icmpv6<T: Tx>(
+    link: &mut Link,
+    now: Instant,
+    eth_src: EthernetAddress,
+    ip: &Ipv6Packet<&[u8]>,
+    body: &[u8],
+    tx: &mut T,
+) -> Result<Option<TooBig>, DropReason> {
+    // What it learns may change routes (neighbors, routers, prefixes,
+    // redirects, path MTUs), and it may send before and after it learns.
+    link.ip6.route_memo = None;
+    let r = icmpv6_message(link, now, eth_src, ip, body, tx);
+    link.ip6.route_memo = None;
+    link.ip6.poll_due = Instant::ZERO;
+    r
+}
+
+/// [`icmpv6`] itself.
+fn icmpv6_message<T: Tx>(
     link: &mut Link,
     now: Instant,
     eth_src: EthernetAddress,
@@ -979,14 +957,22 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     payload_len: usize,
     fill: F,
 ) -> Result<(), Error> {
-    let Route { hop, mac, mtu } = route(link, dst, payload_len)?;
-    let label = FlowLabels {
-        hash: link.flow_hash(),
-        src,
-        dst,
-        protocol,
-    }
-    .of(ports);
+    let Route { hop, mac, mtu, .. } = route(link, dst, payload_len)?;
+    let proto = u8::from(protocol);
+    let label = match link.ip6.label_memo {
+        Some((s, d, p, o, label)) if (s, d, p, o) == (src, dst, proto, ports) => label,
+        _ => {
+            let labels = FlowLabels {
+                hash: link.flow_hash(),
+                src,
+                dst,
+                protocol,
+            };
+            let label = labels.of(ports);
+            link.ip6.label_memo = Some((src, dst, proto, ports, label));
+            label
+        }
+    };
     if IPV6_HEADER_LEN + payload_len <= mtu {
         let len = IPV6_HEADER_LEN + payload_len;
         let build = |ip: &mut [u8]| {
@@ -1032,6 +1018,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
 }
 
 /// Where a packet to one destination goes.
+#[derive(Debug, PartialEq, Eq)]
 struct Route {
     /// The next hop: the destination on-link, else the router.
     hop: Ipv6Addr,
@@ -1039,12 +1026,47 @@ struct Route {
     mac: Option<EthernetAddress>,
     /// The path MTU to the destination.
     mtu: usize,
+    /// Our source address for the destination
+    /// ([`Ipv6Iface::source_for`](crate::iface::ipv6_iface::Ipv6Iface::source_for)).
+    src: Option<Ipv6Addr>,
 }
 
 /// The route for a packet of `payload_len` bytes to `dst`: `NoRoute` when
 /// IPv6 is off, `dst` is ours or unspecified or no router is known;
-/// `TooLarge` above IPv6's 64 KiB payload.
+/// `TooLarge` above IPv6's 64 KiB payload. The last route to a resolved
+/// neighbor is remembered (`Ipv6Iface::route_memo`).
 fn route(link: &mut Link, dst: Ipv6Addr, payload_len: usize) -> Result<Route, Error> {
+    if let Some(m) = link.ip6.route_memo.filter(|m| m.dst == dst) {
+        if payload_len > usize::from(u16::MAX) {
+            return Err(Error::TooLarge);
+        }
+        let remembered = Route {
+            hop: m.hop,
+            mac: Some(m.mac),
+            mtu: m.mtu,
+            src: m.src,
+        };
+        debug_assert_eq!(
+            Ok(&remembered),
+            work_out_route(link, dst, payload_len).as_ref()
+        );
+        return Ok(remembered);
+    }
+    let r = work_out_route(link, dst, payload_len)?;
+    if let Some(mac) = r.mac {
+        link.ip6.route_memo = Some(RouteMemo {
+            dst,
+            hop: r.hop,
+            mac,
+            mtu: r.mtu,
+            src: r.src,
+        });
+    }
+    Ok(r)
+}
+
+/// [`route`] from the tables.
+fn work_out_route(link: &mut Link, dst: Ipv6Addr, payload_len: usize) -> Result<Route, Error> {
     if !link.ip6.enabled() || dst.is_unspecified() || link.ip6.owns(&dst) {
         link.stats.ipv6.tx_no_route += 1;
         return Err(Error::NoRoute);
@@ -1062,7 +1084,8 @@ fn route(link: &mut Link, dst: Ipv6Addr, payload_len: usize) -> Result<Route, Er
         link.ip6.neighbors.lookup(&hop)
     };
     let mtu = link.ip6.path_mtu(&dst, link.cfg.mtu);
-    Ok(Route { hop, mac, mtu })
+    let src = link.ip6.source_for(&dst);
+    Ok(Route { hop, mac, mtu, src })
 }
 
 /// Send one unfragmented IPv6 packet, from the source address
@@ -1079,12 +1102,12 @@ pub(crate) fn send_packet<T: Tx, F: FnOnce(&mut [u8])>(
     payload_len: usize,
     fill: F,
 ) -> Result<(), Error> {
-    let Route { hop, mac, mtu } = route(link, dst, payload_len)?;
+    let Route { hop, mac, mtu, src } = route(link, dst, payload_len)?;
     let len = IPV6_HEADER_LEN + payload_len;
     if len > mtu {
         return Err(Error::TooLarge);
     }
-    let Some(src) = link.ip6.source_for(&dst) else {
+    let Some(src) = src else {
         link.stats.ipv6.tx_no_route += 1;
         return Err(Error::NoRoute);
     };
@@ -1196,6 +1219,7 @@ fn count(link: &mut Link, ok: bool, len: usize) {
 
 /// Hold `packet` for `dst`, soliciting it when a solicitation is due.
 fn hold<T: Tx>(link: &mut Link, now: Instant, tx: &mut T, dst: Ipv6Addr, packet: Vec<u8>) {
+    link.ip6.poll_due = Instant::ZERO;
     if link.ip6.pending.enqueue(now, dst, packet) == Enqueue::QueuedSendRequest {
         solicit(link, tx, dst);
     }
@@ -1285,6 +1309,19 @@ fn flush<T: Tx>(link: &mut Link, tx: &mut T, ip: Ipv6Addr) {
 /// Timers: solicitations to repeat, neighbors to give up, router
 /// solicitations due, what advertisements taught expiring.
 pub(crate) fn poll<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
+    if now < link.ip6.poll_due {
+        debug_assert!(poll_at(link).is_none_or(|due| due > now));
+        return;
+    }
+    // Addresses, routes and path MTUs change here (DAD, expiry).
+    link.ip6.route_memo = None;
+    poll_tables(link, now, tx);
+    link.ip6.route_memo = None;
+    link.ip6.poll_due = poll_at(link).unwrap_or(Instant::FAR_FUTURE);
+}
+
+/// [`poll`] itself.
+fn poll_tables<T: Tx>(link: &mut Link, now: Instant, tx: &mut T) {
     let mut retry = std::mem::take(&mut link.ip6.retry);
     link.ip6.pending.poll(now, &mut retry);
     for target in retry.drain(..) {

@@ -129,6 +129,36 @@ pub(crate) struct Ipv6Iface {
     pub(crate) conflict: Option<(Ipv6Addr, EthernetAddress)>,
     /// MLDv2 reports owed for our solicited-node groups.
     pub(crate) mld: Mld,
+    /// The last route the transmit path worked out, to a neighbor whose
+    /// MAC is known (a run of segments to one peer looks it up once).
+    /// Only ICMPv6 input and the poll change what a route depends on
+    /// (addresses, prefixes, routers, redirects, path MTUs, neighbors):
+    /// both forget it, on the way in and on the way out.
+    pub(crate) route_memo: Option<RouteMemo>,
+    /// When the poll next has work ([`crate::iface::ipv6::poll_at`] after
+    /// the last one; `Instant::ZERO`: at once). What may bring work
+    /// sooner (ICMPv6 input, a packet held for a neighbor, a probe owed)
+    /// sets it to zero.
+    pub(crate) poll_due: Instant,
+    /// The flow label last worked out, with its flow (source,
+    /// destination, protocol, ports): a keyed hash per packet otherwise.
+    pub(crate) label_memo: Option<(Ipv6Addr, Ipv6Addr, u8, u32, u32)>,
+}
+
+/// A route remembered: where packets to `dst` go, and from which of our
+/// addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RouteMemo {
+    /// The destination.
+    pub(crate) dst: Ipv6Addr,
+    /// The next hop (the destination on-link, else a router).
+    pub(crate) hop: Ipv6Addr,
+    /// The next hop's MAC.
+    pub(crate) mac: EthernetAddress,
+    /// The path MTU.
+    pub(crate) mtu: usize,
+    /// The source address [`Ipv6Iface::source_for`] picks.
+    pub(crate) src: Option<Ipv6Addr>,
 }
 
 impl Default for Ipv6Iface {
@@ -155,6 +185,9 @@ impl Default for Ipv6Iface {
             dad_due: false,
             conflict: None,
             mld: Mld::new(0),
+            route_memo: None,
+            poll_due: Instant::ZERO,
+            label_memo: None,
         }
     }
 }

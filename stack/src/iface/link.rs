@@ -210,6 +210,7 @@ impl Link {
         self.probing = true;
         // Our IPv6 addresses too (RFC 4862 duplicate address detection).
         self.ip6.dad_due = self.ip6.enabled();
+        self.ip6.poll_due = Instant::ZERO;
     }
 
     /// Probing is over: the announcement may go.

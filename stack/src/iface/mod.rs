@@ -17,5 +17,6 @@ pub(crate) mod ipv6_iface;
 pub(crate) mod link;
 pub mod mld;
 pub mod ndp;
+pub(crate) mod received;
 pub(crate) mod resolve;
 pub(crate) mod router;

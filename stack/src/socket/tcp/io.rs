@@ -539,7 +539,6 @@ impl TcpTable {
             return Err(DropReason::TcpBroadcast);
         }
         let pkt = TcpPacket::new_checked(body).map_err(|_| DropReason::TcpMalformed)?;
-        let (src, dst) = (IpAddress::from(meta.src), IpAddress::from(meta.dst));
         let verified = match (meta.src, meta.dst) {
             // The port's verdict and the checksum switch apply to IPv4.
             (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -554,10 +553,13 @@ impl TcpTable {
         }
         let seg = match predicted_segment(&pkt) {
             Some(seg) => seg,
-            None => segment_from(
-                &TcpRepr::parse(&pkt, &src, &dst, &ChecksumCapabilities::ignored())
-                    .map_err(|_| DropReason::TcpMalformed)?,
-            ),
+            None => {
+                let (src, dst) = (IpAddress::from(meta.src), IpAddress::from(meta.dst));
+                segment_from(
+                    &TcpRepr::parse(&pkt, &src, &dst, &ChecksumCapabilities::ignored())
+                        .map_err(|_| DropReason::TcpMalformed)?,
+                )
+            }
         };
         self.stats.segs_in += 1;
         let (src_port, dst_port) = (pkt.src_port(), pkt.dst_port());
