@@ -8,6 +8,7 @@
 //! | `tcp_timestamps` 0 | no timestamps option (RFC 7323) in SYNs |
 //! | `tcp_sack` 0 | no SACK-permitted in SYNs |
 //! | `tcp_window_scaling` 0 | no window scale option |
+//! | `tcp_slow_start_after_idle` 0 | the window kept across idle time |
 //! | `tcp_fastopen` 0x2, 0x200, 0x400 | Fast Open server (RFC 7413): on for listeners, data without a cookie, on for every listener without `TCP_FASTOPEN` |
 //! | `tcp_fastopen_key` | the Fast Open cookie secret (so cookies are the host's) |
 //!
@@ -35,6 +36,9 @@ pub fn apply(c: &mut Config) {
     }
     if read("tcp_window_scaling") == Some(0) {
         c.tcp.window_scaling = false;
+    }
+    if read("tcp_slow_start_after_idle") == Some(0) {
+        c.tcp.slow_start_after_idle = false;
     }
     c.tcp.fast_open_no_cookie = fast_open_flags() & FASTOPEN_SERVER_NO_COOKIE != 0;
     if let Some(key) = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen_key")

@@ -74,6 +74,11 @@ pub struct TcpConfig {
     /// segment is sent again about two round trips after it left rather
     /// than at the retransmission timeout.
     pub tail_loss_probe: bool,
+    /// A sender idle for longer than its retransmission timeout starts
+    /// again from at most the initial window (RFC 5681 §4.1, as Linux's
+    /// `tcp_slow_start_after_idle`: the window halved per timeout of
+    /// idleness, never below the initial one).
+    pub slow_start_after_idle: bool,
 }
 
 impl TcpConfig {
@@ -113,6 +118,7 @@ impl Default for TcpConfig {
             fast_open_key: None,
             fast_open_no_cookie: false,
             tail_loss_probe: true,
+            slow_start_after_idle: true,
         }
     }
 }

@@ -139,7 +139,16 @@ impl TcpConn {
         if self.send_capacity() == 0 {
             return 0;
         }
+        self.note_write();
         self.snd.buf.write(data)
+    }
+
+    /// A write with nothing in flight may follow idle time
+    /// ([`TcpConn::restart_after_idle`]).
+    fn note_write(&mut self) {
+        if self.snd.max == self.snd.una {
+            self.snd.wrote_when_idle = true;
+        }
     }
 
     /// Zero-copy send: `f` writes into the send ring in place (the free
@@ -149,6 +158,7 @@ impl TcpConn {
         if self.send_capacity() == 0 {
             return f(&mut []);
         }
+        self.note_write();
         self.snd.buf.write_with(f)
     }
 

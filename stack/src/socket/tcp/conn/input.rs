@@ -234,12 +234,10 @@ impl TcpConn {
         self.on_ack_after_tail_probe(now, seg, ack, newly_sacked);
         if ack.diff(self.snd.una) > 0 {
             let acked = ack.since(self.snd.una);
-            // Grow the window only while it limits the sender (RFC 7661):
-            // an app-limited or receiver-limited flow must not inflate it.
-            let flight = self.snd.max.since(self.snd.una);
-            let cwnd = self.rec.cc.cwnd();
-            let cwnd_limited = flight + self.snd.mss >= cwnd
-                || (self.rec.cc.in_slow_start() && flight * 2 >= cwnd);
+            // Grow the window only while it limits the sender (RFC 7661's
+            // aim, by Linux's rule): an app-limited or receiver-limited
+            // flow must not inflate it.
+            let cwnd_limited = self.cwnd_limited();
             self.snd.una = ack;
             if self.snd.nxt.diff(ack) < 0 {
                 self.snd.nxt = ack;

@@ -249,6 +249,10 @@ struct SendSpace {
     /// Send what is queued now, past cork and Nagle, once (setting
     /// `TCP_NODELAY`: Linux's `TCP_NAGLE_PUSH`).
     push: bool,
+    /// The app queued data with nothing in flight: the next transmit
+    /// looks whether the sender was idle long enough to restart its
+    /// window (Linux looks when a write adds data, not at each send).
+    wrote_when_idle: bool,
     /// Ends of records (`MSG_EOR`): sequence numbers just past a record's
     /// last byte, in order. No segment, new or retransmitted, carries
     /// bytes from both sides of one (Linux never merges across them).
@@ -299,6 +303,24 @@ struct Recovery {
     retries: u32,
     /// Tail loss probe (RFC 8985 7).
     tlp: TailProbe,
+    /// How fully the sender used its window ([`TcpConn::cwnd_limited`]).
+    usage: CwndUsage,
+}
+
+/// How fully the sender used the congestion window over the last window
+/// of data, as Linux tracks it (`tcp_cwnd_validate`): the window grows on
+/// an ACK only when it limited the sender (RFC 7661's aim; Linux's rule,
+/// which packetdrill's slow-start scripts assert): it did in this window,
+/// or in slow start, it is under twice the most that was in flight.
+#[derive(Debug, Clone, Copy)]
+struct CwndUsage {
+    /// The window held data back in the window of data now in flight.
+    limited: bool,
+    /// The most bytes in flight over that window.
+    max_out: usize,
+    /// Where that window ends (`SND.NXT` when it began): once it is
+    /// acknowledged, the next send starts a new one.
+    until: Seq,
 }
 
 /// The tail loss probe's state (RFC 8985 7).
@@ -392,6 +414,7 @@ impl TcpConn {
                 fin_queued: false,
                 corked: false,
                 more: false,
+                wrote_when_idle: false,
                 push: false,
                 records: std::collections::VecDeque::new(),
                 mss,
@@ -424,6 +447,11 @@ impl TcpConn {
                 high_rxt: iss,
                 retries: 0,
                 tlp: TailProbe::default(),
+                usage: CwndUsage {
+                    limited: false,
+                    max_out: 0,
+                    until: iss,
+                },
             },
             timers: TimerTable::default(),
             persist_backoff: 0,

@@ -2,7 +2,7 @@
 //! recovery) within the windows, Nagle and cork, probes, ACKs and resets.
 
 use super::timers::Timer;
-use super::{DUP_THRESH, Header, Limit, Outgoing, State, TcpConn};
+use super::{CwndUsage, DUP_THRESH, Header, Limit, Outgoing, State, TcpConn};
 use crate::socket::tcp::seq::Seq;
 use crate::time::Instant;
 
@@ -239,6 +239,9 @@ impl TcpConn {
                 return Some(seg);
             }
         }
+        if std::mem::take(&mut self.snd.wrote_when_idle) {
+            self.restart_after_idle(now);
+        }
         let flight = self.flight_estimate();
         let cwnd = self.rec.cc.cwnd();
         let wnd_edge = self.snd.una + self.snd.wnd;
@@ -289,6 +292,10 @@ impl TcpConn {
         // back (Linux's `is_rwnd_limited`, timed for `tcp_info`).
         if usable_wnd < unsent.min(max_payload) && usable_cwnd > usable_wnd {
             self.chrono.start(now, Limit::Rwnd);
+        }
+        if unsent > 0 && len == 0 && usable_cwnd < max_payload.min(unsent) && !probing {
+            // The congestion window holds data back.
+            self.note_cwnd_usage(true);
         }
         if unsent > 0 && len == 0 {
             if usable_wnd == 0
@@ -394,6 +401,8 @@ impl TcpConn {
             self.live.unacked_since = Some(now);
         }
         if !retransmit {
+            // After this segment, is there room for another full one?
+            self.note_cwnd_usage(usable_cwnd.saturating_sub(len) < max_payload && !probing);
             self.chrono.data_sent = Some(now);
             self.chrono.start(now, Limit::Busy);
             if len == unsent.min(max_payload) {
@@ -406,6 +415,49 @@ impl TcpConn {
         }
         self.sent_ack(&seg);
         Some(seg)
+    }
+
+    /// Slow start after idle (RFC 5681 §4.1, Linux's
+    /// `tcp_slow_start_after_idle_check`): the app wrote with nothing in
+    /// flight and no data has left for longer than the retransmission
+    /// timeout: the window restarts before the new data leaves.
+    pub(super) fn restart_after_idle(&mut self, now: Instant) {
+        if !self.cfg.slow_start_after_idle || self.snd.max != self.snd.una {
+            return;
+        }
+        let Some(last) = self.chrono.data_sent else {
+            return;
+        };
+        let idle = now.saturating_duration_since(last);
+        let rto = self.rec.rtt.rto();
+        if idle > rto {
+            self.rec.cc.restart_after_idle(idle, rto);
+        }
+    }
+
+    /// Note after sending (or being held back by the window: `limited`)
+    /// how fully the window is used (Linux's `tcp_cwnd_validate`): a new
+    /// window of data starts once the last is acknowledged; within one,
+    /// being limited sticks, and otherwise the most in flight is kept.
+    fn note_cwnd_usage(&mut self, limited: bool) {
+        let out = self.snd.max.since(self.snd.una);
+        let u = &mut self.rec.usage;
+        if self.snd.una.diff(u.until) >= 0 || limited || (!u.limited && out > u.max_out) {
+            *u = CwndUsage {
+                limited,
+                max_out: out,
+                until: self.snd.nxt,
+            };
+        }
+    }
+
+    /// Whether the congestion window limits the sender, so that an ACK
+    /// may grow it (Linux's `tcp_is_cwnd_limited`): it held data back in
+    /// the current window of data, or in slow start it is under twice the
+    /// most that was in flight (slow start may double what was used).
+    pub(super) fn cwnd_limited(&self) -> bool {
+        let u = &self.rec.usage;
+        u.limited || (self.rec.cc.in_slow_start() && self.rec.cc.cwnd() < 2 * u.max_out)
     }
 
     /// The first record end (`MSG_EOR`) beyond `seq`.

@@ -1286,3 +1286,68 @@ fn a_sacked_probe_marks_the_hole_below_it_lost() {
     assert_eq!(c.in_flight(), 0);
     assert_eq!(read_all(&mut s).len(), 4 * max);
 }
+
+/// An app-limited sender's window grows to twice what it had in flight
+/// and no further (Linux's `tcp_is_cwnd_limited` in slow start): small
+/// writes one at a time, each acknowledged, never inflate it.
+#[test]
+fn an_app_limited_window_grows_only_to_twice_its_flight() {
+    let (mut c, mut s, mut now) = established(cfg(), cfg());
+    let w0 = c.cwnd();
+    for _ in 0..50 {
+        assert_eq!(c.send(&[7u8; 1000]), 1000);
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_millis(1),
+            |_, _| true,
+        );
+        read_all(&mut s);
+    }
+    // One segment in flight at a time: the window stays where it began
+    // (it is already more than twice that).
+    assert_eq!(c.cwnd(), w0);
+    // A write of 40 segments fills the window: now it limits, and grows.
+    assert_eq!(c.send(&[7u8; 40_000]), 40_000);
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_millis(1),
+        |_, _| true,
+    );
+    assert!(c.cwnd() > w0, "{} > {w0}", c.cwnd());
+}
+
+/// After idle time longer than the retransmission timeout, the next write
+/// starts from the initial window (RFC 5681 §4.1, Linux's
+/// `tcp_slow_start_after_idle`); with the setting off the window stays.
+#[test]
+fn slow_start_after_idle_restarts_the_window() {
+    for restart in [true, false] {
+        let ccfg = TcpConfig {
+            slow_start_after_idle: restart,
+            ..cfg()
+        };
+        let (mut c, mut s, mut now) = established(ccfg, cfg());
+        let w0 = c.cwnd();
+        assert_eq!(c.send(&[7u8; 200_000]), 200_000);
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_millis(1),
+            |_, _| true,
+        );
+        read_all(&mut s);
+        let grown = c.cwnd();
+        assert!(grown > 2 * w0, "{grown} > 2 x {w0}");
+        // Idle for 5 s, then a write.
+        now += Duration::from_secs(5);
+        assert_eq!(c.send(&[7u8; 1000]), 1000);
+        let _ = drain(&mut c, now);
+        let expect = if restart { w0 } else { grown };
+        assert_eq!(c.cwnd(), expect, "restart={restart}");
+    }
+}
