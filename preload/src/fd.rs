@@ -169,6 +169,8 @@ pub struct Sock {
     pub ino: u64,
     /// `MSG_ZEROCOPY` sends and their completions (the error queue).
     pub zc: Mutex<crate::zerocopy::ZeroCopy>,
+    /// `SO_TIMESTAMPING`: the flags and the stamps not yet read.
+    pub ts: Mutex<crate::tstamp::Timestamping>,
 }
 
 impl Sock {
@@ -188,6 +190,7 @@ impl Sock {
             signaled: AtomicBool::new(false),
             sleeps: AtomicI64::new(0),
             zc: Mutex::new(crate::zerocopy::ZeroCopy::default()),
+            ts: Mutex::new(crate::tstamp::Timestamping::default()),
         })
     }
 

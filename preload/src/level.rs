@@ -46,6 +46,9 @@ pub fn level(sock: &Sock) -> Level {
     // Zero-copy completions wait on the error queue (EPOLLERR, as Linux).
     crate::sock::zerocopy_refresh(sock);
     l.err |= sock.zc.lock().pending();
+    // And transmit timestamps.
+    crate::sock::timestamping_refresh(sock);
+    l.err |= sock.ts.lock().pending();
     if shut_rd && matches!(kind, Kind::Stream { .. } | Kind::Dgram { .. }) {
         // Linux: a socket shut for reading reads end-of-stream at once
         // (EPOLLIN | EPOLLRDHUP); shut both ways, EPOLLHUP too.

@@ -64,6 +64,7 @@ mod sock;
 mod state;
 mod stdio;
 mod sysctl;
+mod tstamp;
 mod zerocopy;
 
 /// Run [`lifecycle::init`] when the library is loaded, before the program's `main`.

@@ -83,7 +83,6 @@ const RULES: &[(c_int, c_int, Rule)] = &[
     (SOL, 34, kept(0)),                           // SO_PASSSEC
     (SOL, 35, kept(0)),                           // SO_TIMESTAMPNS
     (SOL, 36, kept(0)),                           // SO_MARK
-    (SOL, 37, kept(0)),                           // SO_TIMESTAMPING
     (SOL, 40, kept(0)),                           // SO_RXQ_OVFL
     (SOL, 42, Rule::Refused(libc::EOPNOTSUPP)),   // SO_PEEK_OFF
     (SOL, 43, Rule::Refused(libc::ENOPROTOOPT)),  // SO_NOFCS
@@ -270,6 +269,12 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
                 return Err(libc::EINVAL);
             }
             s.zc.lock().on = v == 1;
+        }
+        // SO_TIMESTAMPING and SO_TIMESTAMPING_NEW (an int, or the
+        // flags and a PHC index).
+        (libc::SOL_SOCKET, 37 | 65) => {
+            drop(o);
+            return sock::set_timestamping(s, int(val)?);
         }
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => {
             o.keepalive = int(val)? != 0;
@@ -494,6 +499,7 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => put(b(o.reuse_addr)),
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => put(b(o.reuse_port)),
         (libc::SOL_SOCKET, libc::SO_ZEROCOPY) => put(b(s.zc.lock().on)),
+        (libc::SOL_SOCKET, 37 | 65) => put(s.ts.lock().flags as c_int),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => put(b(o.keepalive)),
         (libc::SOL_SOCKET, libc::SO_SNDBUF | 32) => put(reported_buffer(o.sndbuf)),
         (libc::SOL_SOCKET, libc::SO_RCVBUF | 33) => put(reported_buffer(o.rcvbuf)),

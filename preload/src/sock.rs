@@ -1013,6 +1013,82 @@ pub fn zerocopy_sent(sock: &Sock, n: usize) {
     sock.zc.lock().sent(end);
 }
 
+/// `SO_TIMESTAMPING` with `flags`: unknown bits refused; `OPT_ID` turned
+/// on keys the sends from the first byte not yet acknowledged (or, with
+/// `OPT_ID_TCP`, the next byte written), and needs a connection (EINVAL
+/// on a listener or an unconnected socket, as Linux); `TX_ACK` hears of
+/// every acknowledgment (a stamp may be due).
+pub fn set_timestamping(sock: &Sock, flags: c_int) -> Res<()> {
+    use crate::tstamp::{KNOWN, OPT_ID, OPT_ID_TCP, TX_ACK};
+    let flags = flags as u32;
+    if flags & !KNOWN != 0 {
+        return Err(libc::EINVAL);
+    }
+    let was = sock.ts.lock().flags;
+    if sock.stream && flags & OPT_ID != 0 && was & OPT_ID == 0 {
+        let Some(i) = tcp_info(sock) else {
+            return Err(libc::EINVAL);
+        };
+        let base = if flags & OPT_ID_TCP != 0 {
+            i.stats.bytes_out + i.send_queued as u64
+        } else {
+            i.stats.bytes_out
+        };
+        sock.ts.lock().base = base;
+    }
+    sock.ts.lock().flags = flags;
+    if let (Kind::Stream { handle, .. }, true) = (*sock.kind.lock(), flags & TX_ACK != 0) {
+        if let Ok(acc) = access() {
+            let _ = acc.tcp_ack_events(handle);
+        }
+    }
+    Ok(())
+}
+
+/// A send of `n` bytes went into the stack: on a TCP socket with transmit
+/// timestamps asked for, its last byte is stamped.
+pub fn timestamping_sent(sock: &Sock, n: usize) {
+    let (sent, acked) = sock.ts.lock().wants();
+    if n == 0 || !(sent || acked) {
+        return;
+    }
+    let Kind::Stream { handle, .. } = *sock.kind.lock() else {
+        return;
+    };
+    let Some(i) = tcp_info(sock) else {
+        return;
+    };
+    let key = sock.ts.lock().key(i.stats.bytes_out + i.send_queued as u64);
+    if let Ok(acc) = access() {
+        let _ = acc.tcp_stamp(handle, key, sent, acked);
+    }
+}
+
+/// The stack's transmit timestamps since the last look join the socket's
+/// error queue.
+pub fn timestamping_refresh(sock: &Sock) {
+    let (sent, acked) = sock.ts.lock().wants();
+    if !(sent || acked) {
+        return;
+    }
+    let Kind::Stream { handle, .. } = *sock.kind.lock() else {
+        return;
+    };
+    let Some((stamps, now)) = access()
+        .ok()
+        .and_then(|acc| acc.tcp_take_stamps(handle).ok())
+        .and_then(Result::ok)
+    else {
+        return;
+    };
+    let wall = std::time::SystemTime::now();
+    let mut ts = sock.ts.lock();
+    for (key, sent, at) in stamps {
+        let ago = std::time::Duration::from_nanos(now.saturating_sub(at));
+        ts.stamped(key, sent, ago, wall);
+    }
+}
+
 /// Zero-copy sends the peer acknowledged since the last look become
 /// completions (all of them once the connection is gone).
 pub fn zerocopy_refresh(sock: &Sock) {

@@ -139,6 +139,11 @@ pub struct NetArgs {
     /// bridge) and finish the checksum, instead of dropping them.
     #[arg(long)]
     pub accept_partial_checksum: bool,
+    /// Speak at once, without first probing for another host holding the
+    /// address (ARP probes, IPv6 duplicate address detection: about
+    /// 0.2 s at start): for links where no other host can hold it.
+    #[arg(long)]
+    pub no_probe: bool,
 }
 
 /// `ADDR:PORT` of `--metrics` (`0.0.0.0:9464`, `127.0.0.1:0`, `[::1]:9464`).
@@ -399,6 +404,9 @@ impl NetArgs {
         }
         if self.accept_partial_checksum {
             b = b.accept_partial_checksum(true);
+        }
+        if self.no_probe {
+            b = b.probe(false);
         }
         if let Some(i) = &self.impair {
             b = b.impair(i.clone());

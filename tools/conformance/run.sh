@@ -205,7 +205,7 @@ run_mode() { # run_mode MODE FAMILY
       client_up "$mode"
       if [ "$mode" != linux ]; then
         (cd "$TESTS/tcp/$dir" && PD_WIRE_DEV=pd-wb PACKETDRILL_WIRE_CLIENT_NO_NETCFG=1 \
-          timeout -k 3 "$TIMEOUT" ip netns exec $NB "$USTACK" exec --pcap pd-wb --mac $MAC_B \
+          timeout -k 3 "$TIMEOUT" ip netns exec $NB "$USTACK" exec --pcap pd-wb --mac $MAC_B --no-probe \
             "${NET[@]}" $USTACK_ARGS -- "$PD" "${PD_ARGS[@]}" "${again[@]}" "$base") >"$log" 2>&1 </dev/null
       else
         (cd "$TESTS/tcp/$dir" && PD_WIRE_DEV=pd-wb LD_PRELOAD="$WORK/build/cc_shim.so" PD_TCP_CC=cubic \

@@ -58,6 +58,7 @@ pub(super) fn do_send(
             if flags & libc::MSG_ZEROCOPY != 0 {
                 sock::zerocopy_sent(&s, n);
             }
+            sock::timestamping_sent(&s, n);
             n as ssize_t
         }
         Err(e) => {

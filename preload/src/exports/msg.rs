@@ -130,10 +130,12 @@ unsafe fn recvmsg_ours(s: &Arc<Sock>, m: &mut msghdr, flags: c_int) -> ssize_t {
     }
 }
 
-/// `recvmsg(MSG_ERRQUEUE)`: the oldest zero-copy completion, as Linux
-/// gives it (no data, one `IP_RECVERR` or `IPV6_RECVERR` control message
-/// with the `sock_extended_err`); EAGAIN when the queue is empty (no ICMP
-/// errors are queued: `IP_RECVERR` is kept, not acted on).
+/// `recvmsg(MSG_ERRQUEUE)`: the oldest transmit timestamp
+/// ([`crate::tstamp`]: an `SCM_TIMESTAMPING` control message, then the
+/// error), else the oldest zero-copy completion, as Linux gives it (no
+/// data, one `IP_RECVERR` or `IPV6_RECVERR` control message with the
+/// `sock_extended_err`); EAGAIN when the queue is empty (no ICMP errors
+/// are queued: `IP_RECVERR` is kept, not acted on).
 ///
 /// # Safety
 /// `m` is the caller's msghdr: its name and control buffers valid for
@@ -143,10 +145,24 @@ unsafe fn recv_error_queue(s: &Arc<Sock>, m: &mut msghdr) -> ssize_t {
     // moment ago complete sends (and two completions that are both due
     // are reported as one range, as Linux's would be).
     crate::state::drive_once();
+    sock::timestamping_refresh(s);
     sock::zerocopy_refresh(s);
-    let Some(err) = s.zc.lock().take() else {
-        set_errno(libc::EAGAIN);
-        return -1;
+    // A transmit timestamp (with its SCM_TIMESTAMPING message before the
+    // error), else a zero-copy completion.
+    let (stamp, payload_cut) = {
+        let mut ts = s.ts.lock();
+        let cut = ts.flags & crate::tstamp::OPT_TSONLY == 0;
+        (ts.take(), cut)
+    };
+    let (err, stamp_ctl, data_cut) = match stamp {
+        Some(r) => (r.extended_err(), Some(r.scm_timestamping()), payload_cut),
+        None => match s.zc.lock().take() {
+            Some(e) => (e, None, false),
+            None => {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+        },
     };
     // The extended error, then the offender's address (none here: zeroed,
     // a sockaddr_in or sockaddr_in6 as the socket's family).
@@ -162,7 +178,13 @@ unsafe fn recv_error_queue(s: &Arc<Sock>, m: &mut msghdr) -> ssize_t {
     } else {
         m.msg_controllen
     };
-    let (ctl, truncated) = cmsgs(&[(level, kind, &data[..])], room);
+    let mut msgs: Vec<(c_int, c_int, &[u8])> = Vec::with_capacity(2);
+    if let Some(t) = stamp_ctl.as_ref() {
+        // SCM_TIMESTAMPING (SO_TIMESTAMPING's number).
+        msgs.push((libc::SOL_SOCKET, 37, &t[..]));
+    }
+    msgs.push((level, kind, &data[..]));
+    let (ctl, truncated) = cmsgs(&msgs, room);
     if !ctl.is_empty() {
         // SAFETY: the caller's control buffer holds `msg_controllen` bytes,
         // and `ctl` is no longer.
@@ -172,7 +194,11 @@ unsafe fn recv_error_queue(s: &Arc<Sock>, m: &mut msghdr) -> ssize_t {
     }
     m.msg_controllen = ctl.len();
     m.msg_namelen = 0;
-    m.msg_flags = libc::MSG_ERRQUEUE | if truncated { libc::MSG_CTRUNC } else { 0 };
+    // A timestamp's error message carries the sent segment's bytes in
+    // Linux, unless OPT_TSONLY; none are given here, so they read as cut.
+    m.msg_flags = libc::MSG_ERRQUEUE
+        | if truncated { libc::MSG_CTRUNC } else { 0 }
+        | if data_cut { libc::MSG_TRUNC } else { 0 };
     0
 }
 

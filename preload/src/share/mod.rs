@@ -38,6 +38,7 @@ use ustack::Error as StackError;
 use ustack::events::SocketRef;
 use ustack::socket::tcp::{
     ConnError, ConnInfo, ConnTimes, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus,
+    TxStampKind,
 };
 use ustack::socket::udp::{UdpHandle, UdpReuse};
 use ustack_runtime::Net;
@@ -263,6 +264,17 @@ stack_ops! {
             s.tcp().set_max_segment(h, m)?;
         }
         Ok(h)
+    };
+    /// Transmit timestamps of the last byte queued (`SO_TIMESTAMPING`).
+    tcp_stamp(h: TcpHandle, key: u32, sent: bool, acked: bool) -> () = with |s, now| {
+        s.tcp().stamp_last_byte(h, now, key, sent, acked)
+    };
+    /// The transmit timestamps taken (key, whether a send stamp, when in
+    /// the stack's nanoseconds), and the stack's time now.
+    tcp_take_stamps(h: TcpHandle) -> (Vec<(u32, bool, u64)>, u64) = with |s, now| {
+        let v = s.tcp().take_tx_stamps(h)?;
+        let v = v.iter().map(|x| (x.key, x.kind == TxStampKind::Sent, x.at.as_nanos()));
+        Ok((v.collect(), now.as_nanos()))
     };
     /// An event on every acknowledgment (zero-copy completions).
     tcp_ack_events(h: TcpHandle) -> () = with |s, now| s.tcp().set_ack_events(h, true);

@@ -56,6 +56,7 @@ pub struct Builder {
     app_counters: Option<AppCounters>,
     replica: Option<ustack::shard::ShardId>,
     accept_partial_checksum: bool,
+    no_probe: bool,
     metrics_sources: Vec<crate::metrics::SharedSource>,
     metrics: Option<SocketAddr>,
     metrics_feed: Option<crate::metrics::Feed>,
@@ -265,6 +266,15 @@ impl Builder {
         self
     }
 
+    /// Probe for another host holding the stack's addresses before it
+    /// speaks (on by default on pcap, AF_XDP and DPDK ports: ARP probes
+    /// and duplicate address detection, about 0.2 s); off speaks at once,
+    /// for links where no other host can hold them.
+    pub fn probe(mut self, on: bool) -> Self {
+        self.no_probe = !on;
+        self
+    }
+
     /// Write every frame to this pcap file.
     pub fn capture(mut self, file: impl Into<PathBuf>) -> Self {
         self.capture = Some(file.into());
@@ -404,6 +414,7 @@ impl Builder {
             app_counters: self.app_counters,
             replica: self.replica,
             accept_partial_checksum: self.accept_partial_checksum,
+            no_probe: self.no_probe,
             metrics_sources: self.metrics_sources,
             metrics: self.metrics,
             metrics_feed: self.metrics_feed.unwrap_or_default(),

@@ -94,6 +94,8 @@ pub struct NetConfig {
     /// pcap: finish partial checksums from a local sender instead of
     /// dropping them (see [`Builder::accept_partial_checksum`]).
     pub accept_partial_checksum: bool,
+    /// Skip the start-up probe for our addresses (see [`Builder::probe`]).
+    pub no_probe: bool,
     /// Extra Prometheus metrics from the program (see
     /// [`Builder::metrics_source`]).
     pub metrics_sources: Vec<crate::metrics::SharedSource>,
@@ -108,9 +110,10 @@ pub struct NetConfig {
 
 impl NetConfig {
     /// Whether the stack probes for its address at start: on ports other
-    /// hosts share (pcap, DPDK), not on the simulated link.
+    /// hosts share (pcap, DPDK), not on the simulated link, nor when
+    /// turned off ([`Builder::probe`]).
     pub fn probes(&self) -> bool {
-        !matches!(self.backend, Backend::Sim(..))
+        !self.no_probe && !matches!(self.backend, Backend::Sim(..))
     }
 
     /// The poll loop's settings: pinned to `core` if given, and

@@ -3,7 +3,7 @@
 
 use core::net::{IpAddr, SocketAddr};
 
-use super::conn::{ConnInfo, ConnTimes, KeepAlive, State, TcpConn};
+use super::conn::{ConnInfo, ConnTimes, KeepAlive, State, TcpConn, TxStamp};
 use super::{Family, ListenHandle, Listener, TcpHandle, TcpTable, local};
 use crate::error::{ConnError, Error};
 use crate::events::Pending;
@@ -309,6 +309,24 @@ impl TcpTable {
         self.slots[h.slot as usize].released = true;
         self.mark_dirty(h.slot);
         Ok(())
+    }
+
+    /// Transmit timestamps of the last byte queued ([`super::Tcp::stamp_last_byte`]).
+    pub fn stamp_last_byte(
+        &mut self,
+        h: TcpHandle,
+        now: Instant,
+        key: u32,
+        sent: bool,
+        acked: bool,
+    ) -> Result<(), Error> {
+        self.conn_mut(h)?.stamp_last_byte(now, key, sent, acked);
+        Ok(())
+    }
+
+    /// Transmit timestamps taken ([`super::Tcp::take_tx_stamps`]).
+    pub fn take_tx_stamps(&mut self, h: TcpHandle) -> Result<Vec<TxStamp>, Error> {
+        Ok(self.conn_mut(h)?.take_tx_stamps())
     }
 
     /// Events for every acknowledgment ([`super::Tcp::set_ack_events`]).

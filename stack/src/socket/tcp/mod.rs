@@ -32,7 +32,7 @@ pub use crate::events::{Family, ListenHandle, TcpHandle};
 pub use crate::stats::TcpStats;
 pub use api::TcpStatus;
 pub use config::{KeepAlive, TcpConfig};
-pub use conn::{ConnInfo, ConnTimes, State, TcpConn};
+pub use conn::{ConnInfo, ConnTimes, State, TcpConn, TxStamp, TxStampKind};
 pub use segment::Segment;
 pub use seq::Seq;
 pub use view::{Tcp, TcpRef};

@@ -6,7 +6,9 @@
 use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use super::{ConnInfo, ConnTimes, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable};
+use super::{
+    ConnInfo, ConnTimes, Family, KeepAlive, ListenHandle, TcpHandle, TcpStatus, TcpTable, TxStamp,
+};
 use smoltcp::wire::Ipv4Cidr;
 
 use crate::error::Error;
@@ -193,6 +195,27 @@ impl<'a> Tcp<'a> {
     /// layer's `MSG_ZEROCOPY` completions).
     pub fn set_ack_events(&mut self, h: TcpHandle, on: bool) -> Result<(), Error> {
         self.table.set_ack_events(h, on)
+    }
+
+    /// Transmit timestamps (`SO_TIMESTAMPING`) of the last byte queued
+    /// so far, which the app knows as `key`: when it first leaves for the
+    /// port (`sent`) and when the peer acknowledges it (`acked`), read
+    /// with [`take_tx_stamps`](Tcp::take_tx_stamps). Nothing when no
+    /// byte waits. Bounded per connection ([`crate::socket::tcp::conn::MAX_STAMPS`]).
+    pub fn stamp_last_byte(
+        &mut self,
+        h: TcpHandle,
+        now: Instant,
+        key: u32,
+        sent: bool,
+        acked: bool,
+    ) -> Result<(), Error> {
+        self.table.stamp_last_byte(h, now, key, sent, acked)
+    }
+
+    /// The transmit timestamps taken since the last call, oldest first.
+    pub fn take_tx_stamps(&mut self, h: TcpHandle) -> Result<Vec<TxStamp>, Error> {
+        self.table.take_tx_stamps(h)
     }
 
     /// `TCP_MAXSEG`: segments of at most `mss` bytes (of payload and

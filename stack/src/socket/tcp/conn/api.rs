@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::time_wait::TimeWait;
 use super::timers::Timer;
-use super::{KeepAlive, State, TcpConn};
+use super::{KeepAlive, State, TcpConn, TxStamp};
 use crate::error::ConnError;
 use crate::socket::tcp::seq::Seq;
 use crate::time::Instant;
@@ -160,6 +160,30 @@ impl TcpConn {
         }
         self.note_write();
         self.snd.buf.write_with(f)
+    }
+
+    /// Ask for transmit timestamps of the last byte queued so far, known
+    /// to the app as `key`: when it first leaves (`sent`) and when the
+    /// peer acknowledges it (`acked`); [`take_tx_stamps`](Self::take_tx_stamps)
+    /// reads them. Nothing when no byte is queued.
+    pub fn stamp_last_byte(&mut self, now: Instant, key: u32, sent: bool, acked: bool) {
+        let end = self.snd.data_start + self.snd.buf.len();
+        if self.snd.buf.is_empty() || end.diff(self.snd.una) <= 0 {
+            return;
+        }
+        let (nxt, una) = (self.snd.max, self.snd.una);
+        self.tx_stamps
+            .request(now, end - 1, key, sent, acked, nxt, una);
+    }
+
+    /// The transmit timestamps taken since the last call, oldest first.
+    pub fn take_tx_stamps(&mut self) -> Vec<TxStamp> {
+        self.tx_stamps.take()
+    }
+
+    /// Whether transmit timestamps wait to be read.
+    pub fn tx_stamps_pending(&self) -> bool {
+        self.tx_stamps.pending()
     }
 
     /// Bytes written and not yet acknowledged.

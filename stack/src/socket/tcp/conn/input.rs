@@ -271,6 +271,7 @@ impl TcpConn {
                     .max(acked.min(seg))
             };
             self.sample_rtt(now, ack);
+            self.tx_stamps.on_acked(now, ack);
             self.rec.retries = 0;
             // The peer made progress: the user timeout counts from here.
             self.live.unacked_since = (self.in_flight() > 0).then_some(now);

@@ -20,6 +20,7 @@ mod input;
 mod output;
 mod timers;
 mod tuning;
+mod tx_stamps;
 
 #[cfg(test)]
 mod tests;
@@ -46,6 +47,7 @@ use chrono::{Chrono, Limit};
 pub use input::segment_acceptable;
 use timers::TimerTable;
 use tuning::RcvTune;
+pub use tx_stamps::{MAX_STAMPS, TxStamp, TxStampKind};
 
 /// RFC 9293 connection states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
@@ -207,6 +209,8 @@ pub struct TcpConn {
     /// (a soft error, RFC 1122 4.2.3.9): the error it ends with if its
     /// retransmissions run out.
     soft_error: Option<ConnError>,
+    /// Transmit timestamps asked for and taken (`SO_TIMESTAMPING`).
+    tx_stamps: tx_stamps::TxStamps,
     stats: ConnStats,
 }
 
@@ -483,6 +487,7 @@ impl TcpConn {
             soft_error: None,
             ack_events: false,
             chrono: Chrono::default(),
+            tx_stamps: tx_stamps::TxStamps::default(),
             stats: ConnStats::default(),
             cfg,
         }

@@ -401,6 +401,7 @@ impl TcpConn {
             self.live.unacked_since = Some(now);
         }
         if !retransmit {
+            self.tx_stamps.on_sent(now, self.snd.nxt);
             // After this segment, is there room for another full one?
             self.note_cwnd_usage(usable_cwnd.saturating_sub(len) < max_payload && !probing);
             self.chrono.data_sent = Some(now);
