@@ -638,7 +638,9 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
                 t.tcpi_rtt = i.srtt_us.unwrap_or(0) as u32;
                 t.tcpi_rttvar = i.rttvar_us.unwrap_or(0) as u32;
                 t.tcpi_snd_cwnd = (i.cwnd / mss) as u32;
-                t.tcpi_snd_ssthresh = (i.ssthresh / mss).min(u32::MAX as usize) as u32;
+                // Linux's TCP_INFINITE_SSTHRESH (0x7fffffff) before any
+                // loss or exit from slow start.
+                t.tcpi_snd_ssthresh = (i.ssthresh / mss).min(0x7fff_ffff) as u32;
                 t.tcpi_total_retrans = i.stats.retransmits as u32;
                 t.tcpi_bytes_acked = i.stats.bytes_out;
                 t.tcpi_bytes_sent = i.stats.bytes_out + i.in_flight as u64;

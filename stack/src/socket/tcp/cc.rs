@@ -37,6 +37,11 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     fn on_timeout(&mut self, now: Instant, flight: usize);
     /// The sender's MSS changed (normally once, from the peer's SYN).
     fn set_mss(&mut self, mss: usize);
+    /// An RTT sample from this ACK (the newest segment it acknowledged,
+    /// never a retransmitted one), before [`on_ack`](Self::on_ack) for
+    /// the same ACK; `una` and `nxt` are the connection's SND.UNA after
+    /// the ACK and SND.NXT (rounds of slow start end at an `nxt`).
+    fn on_rtt_sample(&mut self, _now: Instant, _rtt: Duration, _una: u32, _nxt: u32) {}
     /// The sender sends again after `idle` with nothing in flight, more
     /// than one retransmission timeout `rto`: the window restarts
     /// (RFC 5681 §4.1 as Linux's `tcp_cwnd_restart`).
@@ -335,7 +340,34 @@ pub struct Cubic {
     /// The last reduction was a timeout: the next epoch starts with K = 0
     /// and W_max = cwnd_epoch (RFC 9438 §4.8).
     after_timeout: bool,
+    /// Slow start's exit on rising delay.
+    hystart: HyStart,
 }
+
+/// HyStart's delay detection as Linux's CUBIC does it (`HYSTART_DELAY`;
+/// RFC 9406 describes the same idea as HyStart++): from a window of 16
+/// segments on, slow start ends (ssthresh = cwnd) when the smallest RTT
+/// of a round's first samples (at least 8) exceeds the smallest seen by
+/// an eighth of it, clamped to 4-16 ms: queues are building. Linux's
+/// ACK-train detection is not done.
+#[derive(Debug, Clone, Default)]
+struct HyStart {
+    /// Slow start was left by it (until a timeout).
+    found: bool,
+    /// Where the current round ends (SND.NXT at its start).
+    round_end: Option<u32>,
+    /// The smallest RTT of this round so far.
+    round_min: Option<Duration>,
+    /// Samples taken this round (counting stops at the minimum).
+    samples: u32,
+    /// The smallest RTT sample of the connection.
+    delay_min: Option<Duration>,
+}
+
+/// Segments of cwnd from which HyStart looks (Linux's `hystart_low_window`).
+const HYSTART_LOW_WINDOW: usize = 16;
+/// Samples of a round before its delay is judged (`HYSTART_MIN_SAMPLES`).
+const HYSTART_MIN_SAMPLES: u32 = 8;
 
 impl Cubic {
     /// A controller at the initial window for this MSS.
@@ -351,6 +383,7 @@ impl Cubic {
             min_rtt: None,
             carry: 0.0,
             after_timeout: false,
+            hystart: HyStart::default(),
         }
     }
 
@@ -498,12 +531,46 @@ impl CongestionControl for Cubic {
         };
         self.after_timeout = true;
         self.w.reduce(ssthresh, true);
+        // Slow start again after the loss window: HyStart looks anew.
+        self.hystart = HyStart {
+            delay_min: self.hystart.delay_min,
+            ..HyStart::default()
+        };
     }
 
     fn restart_after_idle(&mut self, idle: Duration, rto: Duration) {
         self.w.restart_after_idle(idle, rto);
         // The curve starts again from the window it restarts at.
         self.epoch = None;
+    }
+
+    fn on_rtt_sample(&mut self, _now: Instant, rtt: Duration, una: u32, nxt: u32) {
+        let rtt = rtt.max(Duration::from_micros(1));
+        let h = &mut self.hystart;
+        let min = h.delay_min.map_or(rtt, |m| m.min(rtt));
+        h.delay_min = Some(min);
+        if h.found || !self.w.in_slow_start() || self.w.cwnd < HYSTART_LOW_WINDOW * self.w.mss {
+            return;
+        }
+        if h.round_end
+            .is_none_or(|end| (una.wrapping_sub(end) as i32) > 0)
+        {
+            // A new round.
+            h.round_end = Some(nxt);
+            h.round_min = None;
+            h.samples = 0;
+        }
+        let round_min = h.round_min.map_or(rtt, |m| m.min(rtt));
+        h.round_min = Some(round_min);
+        if h.samples < HYSTART_MIN_SAMPLES {
+            h.samples += 1;
+            return;
+        }
+        let margin = (min / 8).clamp(Duration::from_millis(4), Duration::from_millis(16));
+        if round_min > min + margin {
+            h.found = true;
+            self.w.ssthresh = self.w.cwnd;
+        }
     }
 
     fn set_mss(&mut self, mss: usize) {
@@ -931,5 +998,29 @@ mod test {
         }
         assert_eq!(Algorithm::default(), Algorithm::Cubic);
         assert!(UnknownAlgorithm("x".into()).to_string().contains("newreno"));
+    }
+
+    /// HyStart (delay): from 16 segments on, a round whose first 9 RTT
+    /// samples all exceed the smallest seen by more than an eighth
+    /// (clamped to 4-16 ms) ends slow start at the window it reached; a
+    /// rise within that margin does not.
+    #[test]
+    fn hystart_leaves_slow_start_when_the_delay_rises() {
+        for (rise_ms, leaves) in [(30, true), (10, false)] {
+            let mut cc = Cubic::new(MSS);
+            let now = Instant::ZERO;
+            cc.on_rtt_sample(now, ms(100), 0, 0);
+            // Grow to 20 segments in slow start.
+            cc.on_ack(now, 10 * MSS, Some(ms(100)));
+            assert_eq!(cc.cwnd(), 20 * MSS);
+            // A round (ending at 1000) of samples `rise_ms` above the minimum.
+            for i in 1..=9u32 {
+                cc.on_rtt_sample(now, ms(100 + rise_ms), i, 1000);
+                cc.on_ack(now, MSS, Some(ms(100)));
+            }
+            // Left at the window of the 9th sample: 28 segments.
+            assert_eq!(cc.ssthresh() == 28 * MSS, leaves, "rise {rise_ms} ms");
+            assert_eq!(cc.in_slow_start(), !leaves, "rise {rise_ms} ms");
+        }
     }
 }

@@ -271,6 +271,7 @@ impl TcpConn {
                     .max(acked.min(seg))
             };
             self.sample_rtt(now, ack);
+            self.sample_rtt_per_ack(now, ack);
             self.tx_stamps.on_acked(now, ack);
             self.rec.retries = 0;
             // The peer made progress: the user timeout counts from here.
@@ -394,6 +395,7 @@ impl TcpConn {
         self.rec.cc.on_congestion(now, self.in_flight());
         self.stats.fast_retransmits += 1;
         self.rec.rtt_probe = None;
+        self.rec.sent_at.clear();
     }
 
     pub(super) fn on_fin_acked(&mut self, now: Instant) {
@@ -430,6 +432,29 @@ impl TcpConn {
                 self.rec.rtt.sample(now.saturating_duration_since(sent));
                 self.rec.rtt_probe = None;
             }
+        }
+    }
+
+    /// The RTT of the newest segment this ACK covers, wholly or in part
+    /// (a burst cut by the port), for the controller (Linux's
+    /// `ca_rtt_us`): given before the window grows on it.
+    fn sample_rtt_per_ack(&mut self, now: Instant, ack: Seq) {
+        let mut newest = None;
+        while let Some(&(start, end, at)) = self.rec.sent_at.front() {
+            if start.diff(ack) >= 0 {
+                break;
+            }
+            newest = Some(at);
+            if end.diff(ack) > 0 {
+                // Acknowledged in part: kept for the rest.
+                break;
+            }
+            self.rec.sent_at.pop_front();
+        }
+        if let Some(at) = newest {
+            let rtt = now.saturating_duration_since(at);
+            let (una, nxt) = (ack.0, self.snd.nxt.0);
+            self.rec.cc.on_rtt_sample(now, rtt, una, nxt);
         }
     }
 
@@ -591,6 +616,7 @@ impl TcpConn {
         self.rec.in_recovery = false;
         self.rec.dupacks = 0;
         self.rec.rtt_probe = None;
+        self.rec.sent_at.clear();
         self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
         true
     }

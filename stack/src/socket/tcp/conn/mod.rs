@@ -309,6 +309,11 @@ struct Recovery {
     tlp: TailProbe,
     /// How fully the sender used its window ([`TcpConn::cwnd_limited`]).
     usage: CwndUsage,
+    /// When each segment of new data in flight left (its start, its end,
+    /// the time):
+    /// an RTT sample per ACK for the congestion controller (HyStart).
+    /// Emptied by any retransmission (Karn: no sample across one).
+    sent_at: std::collections::VecDeque<(Seq, Seq, Instant)>,
 }
 
 /// How fully the sender used the congestion window over the last window
@@ -456,6 +461,7 @@ impl TcpConn {
                     max_out: 0,
                     until: iss,
                 },
+                sent_at: std::collections::VecDeque::new(),
             },
             timers: TimerTable::default(),
             persist_backoff: 0,

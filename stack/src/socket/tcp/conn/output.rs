@@ -225,6 +225,7 @@ impl TcpConn {
         self.stats.retransmits += 1;
         // Karn: no RTT sample across a retransmission.
         self.rec.rtt_probe = None;
+        self.rec.sent_at.clear();
         self.sent_ack(&seg);
         Some(seg)
     }
@@ -401,6 +402,11 @@ impl TcpConn {
             self.live.unacked_since = Some(now);
         }
         if !retransmit {
+            if self.rec.sent_at.len() < 1 << 16 {
+                self.rec
+                    .sent_at
+                    .push_back((self.snd.nxt - advance, self.snd.nxt, now));
+            }
             self.tx_stamps.on_sent(now, self.snd.nxt);
             // After this segment, is there room for another full one?
             self.note_cwnd_usage(usable_cwnd.saturating_sub(len) < max_payload && !probing);

@@ -297,6 +297,7 @@ impl TcpConn {
         }
         self.rec.rtt.backoff();
         self.rec.rtt_probe = None;
+        self.rec.sent_at.clear();
         // The timeout takes over from any tail probe.
         self.rec.tlp = Default::default();
         self.timers.stop(Timer::Tlp);
