@@ -321,7 +321,13 @@ impl TcpConn {
             if !self.rec.in_recovery && (self.rec.dupacks >= DUP_THRESH || lost) {
                 self.enter_recovery(now);
             }
-        } else if newly_sacked > 0
+        }
+        // SACK blocks that mark the first unacknowledged segment lost
+        // start recovery also on an ACK that advanced the cumulative
+        // point (RFC 6675 looks only on duplicate ACKs; Linux, and RACK,
+        // RFC 8985, on any ACK): waiting for duplicates that may never
+        // come leaves the hole to the tail probe or the RTO.
+        if newly_sacked > 0
             && !self.rec.in_recovery
             && self
                 .rec
