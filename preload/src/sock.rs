@@ -996,11 +996,8 @@ pub fn zerocopy_sent(sock: &Sock, n: usize) {
     let end = if sock.stream {
         // Hear of every ACK from now on: each may complete sends (an
         // edge-triggered epoll waits for one).
-        if let (Kind::Stream { handle, .. }, false) = (*sock.kind.lock(), sock.zc.lock().waiting())
-        {
-            if let Ok(acc) = access() {
-                let _ = acc.tcp_ack_events(handle);
-            }
+        if !sock.zc.lock().waiting() {
+            hear_every_ack(sock);
         }
         // Every byte written so far: acknowledged plus still queued.
         match tcp_info(sock) {
@@ -1037,12 +1034,18 @@ pub fn set_timestamping(sock: &Sock, flags: c_int) -> Res<()> {
         sock.ts.lock().base = base;
     }
     sock.ts.lock().flags = flags;
-    if let (Kind::Stream { handle, .. }, true) = (*sock.kind.lock(), flags & TX_ACK != 0) {
-        if let Ok(acc) = access() {
-            let _ = acc.tcp_ack_events(handle);
-        }
+    if flags & TX_ACK != 0 {
+        hear_every_ack(sock);
     }
     Ok(())
+}
+
+/// A readiness event on every acknowledgment of a TCP socket from now on
+/// (zero-copy completions and ACK timestamps wait for them).
+fn hear_every_ack(sock: &Sock) {
+    if let (Kind::Stream { handle, .. }, Ok(acc)) = (*sock.kind.lock(), access()) {
+        let _ = acc.tcp_ack_events(handle);
+    }
 }
 
 /// A send of `n` bytes went into the stack: on a TCP socket with transmit

@@ -36,7 +36,7 @@ use smoltcp::wire::{
 
 use crate::error::{ConnError, Error};
 use crate::iface::frag::{FragKey, Reassembler};
-use crate::iface::ipv6_iface::{MIN_MTU, RTR_SOLICITATION_INTERVAL, RouteMemo};
+use crate::iface::ipv6_iface::{MIN_MTU, RTR_SOLICITATION_INTERVAL, Route};
 use crate::iface::link::{IpMeta, Link, write_eth};
 use crate::iface::mld;
 pub(crate) use crate::iface::received::TooBig;
@@ -1017,35 +1017,15 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     Ok(())
 }
 
-/// Where a packet to one destination goes.
-#[derive(Debug, PartialEq, Eq)]
-struct Route {
-    /// The next hop: the destination on-link, else the router.
-    hop: Ipv6Addr,
-    /// The next hop's MAC, when known.
-    mac: Option<EthernetAddress>,
-    /// The path MTU to the destination.
-    mtu: usize,
-    /// Our source address for the destination
-    /// ([`Ipv6Iface::source_for`](crate::iface::ipv6_iface::Ipv6Iface::source_for)).
-    src: Option<Ipv6Addr>,
-}
-
 /// The route for a packet of `payload_len` bytes to `dst`: `NoRoute` when
 /// IPv6 is off, `dst` is ours or unspecified or no router is known;
 /// `TooLarge` above IPv6's 64 KiB payload. The last route to a resolved
 /// neighbor is remembered (`Ipv6Iface::route_memo`).
 fn route(link: &mut Link, dst: Ipv6Addr, payload_len: usize) -> Result<Route, Error> {
-    if let Some(m) = link.ip6.route_memo.filter(|m| m.dst == dst) {
+    if let Some((_, remembered)) = link.ip6.route_memo.filter(|(d, _)| *d == dst) {
         if payload_len > usize::from(u16::MAX) {
             return Err(Error::TooLarge);
         }
-        let remembered = Route {
-            hop: m.hop,
-            mac: Some(m.mac),
-            mtu: m.mtu,
-            src: m.src,
-        };
         debug_assert_eq!(
             Ok(&remembered),
             work_out_route(link, dst, payload_len).as_ref()
@@ -1053,14 +1033,8 @@ fn route(link: &mut Link, dst: Ipv6Addr, payload_len: usize) -> Result<Route, Er
         return Ok(remembered);
     }
     let r = work_out_route(link, dst, payload_len)?;
-    if let Some(mac) = r.mac {
-        link.ip6.route_memo = Some(RouteMemo {
-            dst,
-            hop: r.hop,
-            mac,
-            mtu: r.mtu,
-            src: r.src,
-        });
+    if r.mac.is_some() {
+        link.ip6.route_memo = Some((dst, r));
     }
     Ok(r)
 }

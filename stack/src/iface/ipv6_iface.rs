@@ -134,7 +134,8 @@ pub(crate) struct Ipv6Iface {
     /// Only ICMPv6 input and the poll change what a route depends on
     /// (addresses, prefixes, routers, redirects, path MTUs, neighbors):
     /// both forget it, on the way in and on the way out.
-    pub(crate) route_memo: Option<RouteMemo>,
+    /// The destination and its route (the MAC always known).
+    pub(crate) route_memo: Option<(Ipv6Addr, Route)>,
     /// When the poll next has work ([`crate::iface::ipv6::poll_at`] after
     /// the last one; `Instant::ZERO`: at once). What may bring work
     /// sooner (ICMPv6 input, a packet held for a neighbor, a probe owed)
@@ -145,19 +146,17 @@ pub(crate) struct Ipv6Iface {
     pub(crate) label_memo: Option<(Ipv6Addr, Ipv6Addr, u8, u32, u32)>,
 }
 
-/// A route remembered: where packets to `dst` go, and from which of our
-/// addresses.
+/// Where packets to one destination go, and from which of our addresses
+/// (what the transmit path works out from the tables, and remembers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RouteMemo {
-    /// The destination.
-    pub(crate) dst: Ipv6Addr,
-    /// The next hop (the destination on-link, else a router).
+pub(crate) struct Route {
+    /// The next hop: the destination on-link, else the router.
     pub(crate) hop: Ipv6Addr,
-    /// The next hop's MAC.
-    pub(crate) mac: EthernetAddress,
-    /// The path MTU.
+    /// The next hop's MAC, when known.
+    pub(crate) mac: Option<EthernetAddress>,
+    /// The path MTU to the destination.
     pub(crate) mtu: usize,
-    /// The source address [`Ipv6Iface::source_for`] picks.
+    /// Our source address for it ([`Ipv6Iface::source_for`]).
     pub(crate) src: Option<Ipv6Addr>,
 }
 

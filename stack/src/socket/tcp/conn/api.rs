@@ -181,11 +181,6 @@ impl TcpConn {
         self.tx_stamps.take()
     }
 
-    /// Whether transmit timestamps wait to be read.
-    pub fn tx_stamps_pending(&self) -> bool {
-        self.tx_stamps.pending()
-    }
-
     /// Bytes written and not yet acknowledged.
     pub fn send_queued(&self) -> usize {
         self.snd.buf.len()

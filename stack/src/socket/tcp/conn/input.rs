@@ -400,8 +400,7 @@ impl TcpConn {
         self.rec.high_rxt = self.snd.una;
         self.rec.cc.on_congestion(now, self.in_flight());
         self.stats.fast_retransmits += 1;
-        self.rec.rtt_probe = None;
-        self.rec.sent_at.clear();
+        self.forget_rtt_timing();
     }
 
     pub(super) fn on_fin_acked(&mut self, now: Instant) {
@@ -439,6 +438,14 @@ impl TcpConn {
                 self.rec.rtt_probe = None;
             }
         }
+    }
+
+    /// A retransmission: no RTT sample may come from what is in flight
+    /// now (Karn), neither the RTO's timed segment nor the controller's
+    /// per-ACK samples.
+    pub(super) fn forget_rtt_timing(&mut self) {
+        self.rec.rtt_probe = None;
+        self.rec.sent_at.clear();
     }
 
     /// The RTT of the newest segment this ACK covers, wholly or in part
@@ -621,8 +628,7 @@ impl TcpConn {
         self.rec.scoreboard.clear();
         self.rec.in_recovery = false;
         self.rec.dupacks = 0;
-        self.rec.rtt_probe = None;
-        self.rec.sent_at.clear();
+        self.forget_rtt_timing();
         self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
         true
     }

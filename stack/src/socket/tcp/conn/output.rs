@@ -224,8 +224,7 @@ impl TcpConn {
         seg.hdr.fin = fin;
         self.stats.retransmits += 1;
         // Karn: no RTT sample across a retransmission.
-        self.rec.rtt_probe = None;
-        self.rec.sent_at.clear();
+        self.forget_rtt_timing();
         self.sent_ack(&seg);
         Some(seg)
     }

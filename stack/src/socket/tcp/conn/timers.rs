@@ -296,8 +296,7 @@ impl TcpConn {
             return;
         }
         self.rec.rtt.backoff();
-        self.rec.rtt_probe = None;
-        self.rec.sent_at.clear();
+        self.forget_rtt_timing();
         // The timeout takes over from any tail probe.
         self.rec.tlp = Default::default();
         self.timers.stop(Timer::Tlp);

@@ -132,11 +132,6 @@ impl TxStamps {
     pub(super) fn take(&mut self) -> Vec<TxStamp> {
         self.ready.drain(..).collect()
     }
-
-    /// Whether stamps wait to be read.
-    pub(super) fn pending(&self) -> bool {
-        !self.ready.is_empty()
-    }
 }
 
 fn push(ready: &mut VecDeque<TxStamp>, key: u32, kind: TxStampKind, at: Instant) {
@@ -160,7 +155,7 @@ mod test {
         // Bytes 1..=2000 queued, none sent.
         s.request(t(10), Seq(2000), 1999, true, true, Seq(1), Seq(1));
         s.request(t(10), Seq(4000), 3999, true, true, Seq(1), Seq(1));
-        assert!(!s.pending());
+        assert!(s.ready.is_empty());
         s.on_sent(t(11), Seq(2001));
         s.on_sent(t(12), Seq(4001));
         s.on_acked(t(20), Seq(2001));
@@ -175,7 +170,7 @@ mod test {
                 (3999, TxStampKind::Acked, t(30)),
             ]
         );
-        assert!(!s.pending());
+        assert!(s.ready.is_empty());
     }
 
     #[test]
