@@ -628,7 +628,11 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
                     | u8::from(wscale) << 2
                     | u8::from(i.syn_data) << 5;
                 t.tcpi_wscales = (i.wscale.0 & 0xf) | (i.wscale.1 & 0xf) << 4;
-                t.tcpi_reordering = 3;
+                t.tcpi_reordering = i.reordering as u32;
+                t.tcpi_lost = i.lost.div_ceil(mss) as u32;
+                t.tcpi_sacked = i.sacked.div_ceil(mss) as u32;
+                t.tcpi_retrans = i.retrans.div_ceil(mss) as u32;
+                t.tcpi_reord_seen = i.reord_seen;
                 t.tcpi_rto = i.rto_us as u32;
                 t.tcpi_snd_mss = i.max_payload as u32;
                 t.tcpi_rcv_mss = i.max_payload as u32;
@@ -715,6 +719,9 @@ struct TcpInfo {
     tcpi_rwnd_limited: u64,
     tcpi_rcv_mss: u32,
     tcpi_unacked: u32,
+    tcpi_sacked: u32,
+    tcpi_lost: u32,
+    tcpi_retrans: u32,
     tcpi_pmtu: u32,
     tcpi_rtt: u32,
     tcpi_rttvar: u32,
@@ -730,6 +737,7 @@ struct TcpInfo {
     tcpi_segs_in: u32,
     tcpi_notsent_bytes: u32,
     tcpi_bytes_sent: u64,
+    tcpi_reord_seen: u32,
     tcpi_snd_wnd: u32,
     tcpi_rcv_wnd: u32,
 }
@@ -746,6 +754,9 @@ impl TcpInfo {
         put32(16, self.tcpi_snd_mss);
         put32(20, self.tcpi_rcv_mss);
         put32(24, self.tcpi_unacked);
+        put32(28, self.tcpi_sacked);
+        put32(32, self.tcpi_lost);
+        put32(36, self.tcpi_retrans);
         put32(44, self.tcpi_last_data_sent);
         put32(52, self.tcpi_last_data_recv);
         put32(56, self.tcpi_last_ack_recv);
@@ -761,6 +772,7 @@ impl TcpInfo {
         put32(136, self.tcpi_segs_out);
         put32(140, self.tcpi_segs_in);
         put32(144, self.tcpi_notsent_bytes);
+        put32(220, self.tcpi_reord_seen);
         put32(228, self.tcpi_snd_wnd);
         put32(232, self.tcpi_rcv_wnd);
         let mut put64 = |off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());

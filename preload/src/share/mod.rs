@@ -380,6 +380,9 @@ pub struct ConnWire {
     flags: [bool; 4],
     wscale: (u8, u8),
     max_payload: usize,
+    /// Lost, SACKed and retransmitted bytes, the reordering degree and
+    /// how often it was seen.
+    recovery: [usize; 5],
 }
 
 impl From<&ConnInfo> for ConnWire {
@@ -411,6 +414,13 @@ impl From<&ConnInfo> for ConnWire {
             flags: [i.timestamps, i.sack, i.recovering, i.syn_data],
             wscale: i.wscale,
             max_payload: i.max_payload,
+            recovery: [
+                i.lost,
+                i.sacked,
+                i.retrans,
+                i.reordering,
+                i.reord_seen as usize,
+            ],
         }
     }
 }
@@ -419,6 +429,7 @@ impl From<ConnWire> for ConnInfo {
     fn from(w: ConnWire) -> Self {
         let [segs_in, segs_out, bytes_in, bytes_out, retransmits] = w.counts;
         let [timestamps, sack, recovering, syn_data] = w.flags;
+        let [lost, sacked, retrans, reordering, reord_seen] = w.recovery;
         ConnInfo {
             local: w.local,
             remote: w.remote,
@@ -440,6 +451,11 @@ impl From<ConnWire> for ConnInfo {
             sack,
             wscale: w.wscale,
             recovering,
+            lost,
+            sacked,
+            retrans,
+            reordering,
+            reord_seen: u32::try_from(reord_seen).unwrap_or(u32::MAX),
             max_payload: w.max_payload,
             syn_data,
             stats: ustack::stats::ConnStats {

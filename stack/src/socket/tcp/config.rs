@@ -74,6 +74,13 @@ pub struct TcpConfig {
     /// segment is sent again about two round trips after it left rather
     /// than at the retransmission timeout.
     pub tail_loss_probe: bool,
+    /// RACK (RFC 8985 6) on SACK connections: a segment sent before one
+    /// that was delivered is lost once a reordering window more than the
+    /// round trip has passed, retransmissions included; and the window
+    /// in recovery falls by proportional rate reduction (RFC 6937) rather
+    /// than to ssthresh at once. Off: RFC 6675's SACK count alone, with
+    /// its pipe against the reduced window.
+    pub rack: bool,
     /// A sender idle for longer than its retransmission timeout starts
     /// again from at most the initial window (RFC 5681 §4.1, as Linux's
     /// `tcp_slow_start_after_idle`: the window halved per timeout of
@@ -118,6 +125,7 @@ impl Default for TcpConfig {
             fast_open_key: None,
             fast_open_no_cookie: false,
             tail_loss_probe: true,
+            rack: true,
             slow_start_after_idle: true,
         }
     }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod conn;
 pub mod fastopen;
 mod io;
+pub mod rack;
 pub mod rtt;
 pub mod scoreboard;
 pub mod segment;

@@ -32,6 +32,10 @@ pub struct Scoreboard {
     /// `[start, end)` ranges, sorted, disjoint and never adjacent (touching
     /// ranges merge), at most [`MAX_RANGES`]; allocated once.
     ranges: Vec<(Seq, Seq)>,
+    /// Every unSACKed byte below this is lost by time (RACK, RFC 8985
+    /// 6.2: sent a reordering window and more before a segment that was
+    /// delivered), whatever the SACK count above it says.
+    lost_below: Option<Seq>,
 }
 
 impl Default for Scoreboard {
@@ -65,12 +69,60 @@ impl Scoreboard {
     pub fn new() -> Self {
         Scoreboard {
             ranges: Vec::with_capacity(MAX_RANGES),
+            lost_below: None,
         }
     }
 
-    /// Forget every range (for instance after a retransmission timeout).
+    /// Forget every range and every loss (for instance after a
+    /// retransmission timeout).
     pub fn clear(&mut self) {
         self.ranges.clear();
+        self.lost_below = None;
+    }
+
+    /// Mark every unSACKed byte below `seq` lost (RACK's verdict by
+    /// time); the mark only moves up, and goes once `snd_una` passes it.
+    pub fn mark_lost_below(&mut self, seq: Seq) {
+        if self.lost_below.is_none_or(|l| seq.diff(l) > 0) {
+            self.lost_below = Some(seq);
+        }
+    }
+
+    /// Whether any byte of `[start, end)` (clipped to at or above
+    /// `snd_una`) is unSACKed.
+    pub fn any_unsacked(&self, snd_una: Seq, start: Seq, end: Seq) -> bool {
+        self.unsacked_bytes(snd_una, start, end) > 0
+    }
+
+    /// UnSACKed bytes of `[start, end)` (clipped to at or above `snd_una`).
+    pub fn unsacked_bytes(&self, snd_una: Seq, start: Seq, end: Seq) -> usize {
+        let (a, b) = (off_or_zero(snd_una, start), off_or_zero(snd_una, end));
+        bytes(self.unsacked_in(snd_una, a, b))
+    }
+
+    /// The first unSACKed byte of `[start, end)`, all at or above `snd_una`.
+    pub fn first_unsacked(&self, snd_una: Seq, start: Seq, end: Seq) -> Option<Seq> {
+        let (mut at, b) = (off_or_zero(snd_una, start), off_or_zero(snd_una, end));
+        for &(s, e) in &self.ranges {
+            let (ks, ke) = (off_or_zero(snd_una, s), off_or_zero(snd_una, e));
+            if ke <= at {
+                continue;
+            }
+            if ks > at || at >= b {
+                break;
+            }
+            at = ke;
+        }
+        (at < b).then(|| snd_una + bytes(at))
+    }
+
+    /// UnSACKed bytes counted lost (below the loss edge) in
+    /// `[snd_una, snd_nxt)`.
+    pub fn lost_bytes(&self, snd_una: Seq, snd_nxt: Seq, mss: usize, dup_thresh: usize) -> usize {
+        let nxt = off_or_zero(snd_una, snd_nxt);
+        self.loss_edge(mss, dup_thresh).map_or(0, |edge| {
+            bytes(self.unsacked_in(snd_una, 0, off_or_zero(snd_una, edge).min(nxt)))
+        })
     }
 
     /// Forget everything below the cumulative ACK: ranges ending at or below
@@ -79,6 +131,9 @@ impl Scoreboard {
         // Ranges are sorted, so the ones to forget are a prefix.
         let gone = self.ranges.iter().take_while(|r| r.1 <= snd_una).count();
         self.ranges.drain(..gone);
+        if self.lost_below.is_some_and(|l| l.diff(snd_una) <= 0) {
+            self.lost_below = None;
+        }
         if let Some(r) = self.ranges.first_mut() {
             if r.0 < snd_una {
                 r.0 = snd_una;
@@ -173,6 +228,15 @@ impl Scoreboard {
     /// walking down from the highest range and accumulating ranges and bytes,
     /// the first range at which the threshold is met starts the lost region.
     fn loss_edge(&self, mss: usize, dup_thresh: usize) -> Option<Seq> {
+        let by_count = self.sack_loss_edge(mss, dup_thresh);
+        match (by_count, self.lost_below) {
+            (Some(a), Some(b)) => Some(if b.diff(a) > 0 { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The loss edge by RFC 6675's count of SACKed ranges and bytes alone.
+    fn sack_loss_edge(&self, mss: usize, dup_thresh: usize) -> Option<Seq> {
         let dup_thresh = dup_thresh.max(1);
         let byte_thresh = (dup_thresh - 1).saturating_mul(mss.max(1));
         let mut sacked = 0usize;
@@ -267,15 +331,15 @@ impl Scoreboard {
             }
             let (ks, ke) = (off_or_zero(snd_una, s), off_or_zero(snd_una, e));
             if at < ks {
-                // A hole [at, ks): ks <= edge, since the edge is a range start
-                // above `at`.
-                let len = bytes(ks.min(nxt) - at).min(mss.max(1));
+                // A hole [at, ks), lost up to the edge (a range start by
+                // the SACK count; by time, anywhere).
+                let len = bytes(ks.min(limit) - at).min(mss.max(1));
                 return Some((snd_una + bytes(at), len));
             }
             at = at.max(ke);
         }
-        // Above the highest range nothing is lost.
-        None
+        // Above the highest range only a loss by time reaches.
+        (at < limit).then(|| (snd_una + bytes(at), bytes(limit - at).min(mss.max(1))))
     }
 }
 
@@ -537,6 +601,40 @@ mod test {
             Some((UNA + 4500, 500))
         );
         assert_eq!(Scoreboard::new().next_lost(UNA, nxt, UNA, MSS, 3), None);
+    }
+
+    #[test]
+    fn a_loss_by_time_extends_the_edge_into_a_hole_and_goes_with_snd_una() {
+        let mut sb = Scoreboard::new();
+        let nxt = UNA + 10 * MSS;
+        // One SACKed segment: nothing lost by the count.
+        sb.add(UNA, nxt, &[seg(7)]);
+        assert_eq!(sb.next_lost(UNA, nxt, UNA, MSS, 3), None);
+        // RACK marks what was sent before the SACKed one up to the middle
+        // of the hole below it.
+        sb.mark_lost_below(UNA + 5 * MSS + 500);
+        sb.mark_lost_below(UNA + 2 * MSS); // never moves down
+        assert_eq!(sb.lost_bytes(UNA, nxt, MSS, 3), 5 * MSS + 500);
+        assert!(sb.is_lost(UNA + 5 * MSS + 499, MSS, 3));
+        assert!(!sb.is_lost(UNA + 5 * MSS + 500, MSS, 3));
+        assert_eq!(
+            sb.next_lost(UNA, nxt, UNA + 5 * MSS, MSS, 3),
+            Some((UNA + 5 * MSS, 500))
+        );
+        assert_eq!(sb.next_lost(UNA, nxt, UNA + 5 * MSS + 500, MSS, 3), None);
+        // Lost bytes leave the pipe (RFC 6675 SetPipe).
+        assert_eq!(
+            sb.pipe(UNA, nxt, UNA, MSS, 3),
+            10 * MSS - MSS - (5 * MSS + 500)
+        );
+        assert_eq!(sb.first_unsacked(UNA, seg(7).0, seg(9).1), Some(seg(8).0));
+        assert_eq!(sb.first_unsacked(UNA, seg(7).0, seg(7).1), None);
+        assert_eq!(sb.unsacked_bytes(UNA, seg(6).0, seg(9).1), 3 * MSS);
+        sb.advance(UNA + 6 * MSS);
+        assert_eq!(sb.lost_bytes(UNA + 6 * MSS, nxt, MSS, 3), 0);
+        sb.mark_lost_below(UNA + 7 * MSS);
+        sb.clear();
+        assert_eq!(sb.lost_bytes(UNA + 6 * MSS, nxt, MSS, 3), 0);
     }
 
     #[test]

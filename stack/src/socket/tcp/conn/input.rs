@@ -3,7 +3,7 @@
 //! FIN in order.
 
 use super::timers::Timer;
-use super::{DUP_THRESH, Limit, Segment, State, TcpConn};
+use super::{DUP_THRESH, Limit, Prr, Segment, State, TcpConn};
 use crate::error::ConnError;
 use crate::socket::tcp::seq::Seq;
 use crate::time::Instant;
@@ -217,12 +217,29 @@ impl TcpConn {
     pub(super) fn process_ack(&mut self, now: Instant, seg: &Segment<'_>, ack: Seq) {
         let window = usize::from(seg.hdr.window) << self.snd.wscale;
         let mut newly_sacked = 0;
+        let una_before = self.snd.una;
+        let was_recovering = self.rec.in_recovery;
+        // Bytes this ACK delivered, SACKed or acknowledged (PRR's DeliveredData).
+        let mut delivered_now = 0;
         if self.opts.sack_enabled {
             let mut blocks = [(Seq(0), Seq(0)); 3];
             let mut n = 0;
             for b in seg.hdr.sack.iter().flatten() {
                 blocks[n] = *b;
                 n += 1;
+            }
+            // RACK reads the ACK against the scoreboard as it was. Without
+            // SACK news, recovery or a hole, a cumulative ACK only delivers
+            // segments older than all in flight: nothing RACK could use.
+            if n > 0 || self.rec.in_recovery || !self.rec.scoreboard.is_empty() {
+                self.rec.rack.on_ack(
+                    now,
+                    self.snd.una,
+                    ack.min(self.snd.max),
+                    &blocks[..n],
+                    &self.rec.scoreboard,
+                    self.max_payload(),
+                );
             }
             if n > 0 {
                 newly_sacked = self
@@ -231,6 +248,7 @@ impl TcpConn {
                     .add(self.snd.una, self.snd.max, &blocks[..n]);
             }
         }
+        delivered_now += newly_sacked;
         self.on_ack_after_tail_probe(now, seg, ack, newly_sacked);
         if ack.diff(self.snd.una) > 0 {
             let acked = ack.since(self.snd.una);
@@ -270,10 +288,14 @@ impl TcpConn {
                     .saturating_sub(self.rec.dupacks * seg)
                     .max(acked.min(seg))
             };
+            delivered_now += delivered;
             self.sample_rtt(now, ack);
             self.sample_rtt_per_ack(now, ack);
             self.tx_stamps.on_acked(now, ack);
             self.rec.retries = 0;
+            if self.rec.loss_until.is_some_and(|l| ack.diff(l) >= 0) {
+                self.rec.loss_until = None;
+            }
             // The peer made progress: the user timeout counts from here.
             self.live.unacked_since = (self.in_flight() > 0).then_some(now);
             self.rec.rtt.reset_backoff();
@@ -317,7 +339,7 @@ impl TcpConn {
                 && self
                     .rec
                     .scoreboard
-                    .is_lost(self.snd.una, self.snd.mss, DUP_THRESH);
+                    .is_lost(self.snd.una, self.snd.mss, self.sack_thresh());
             if !self.rec.in_recovery && (self.rec.dupacks >= DUP_THRESH || lost) {
                 self.enter_recovery(now);
             }
@@ -332,9 +354,16 @@ impl TcpConn {
             && self
                 .rec
                 .scoreboard
-                .is_lost(self.snd.una, self.snd.mss, DUP_THRESH)
+                .is_lost(self.snd.una, self.snd.mss, self.sack_thresh())
         {
             self.enter_recovery(now);
+        }
+        if self.opts.sack_enabled {
+            let newly_lost = self.detect_loss_by_time(now);
+            if self.rec.in_recovery {
+                let una_advanced = self.snd.una.diff(una_before) > 0;
+                self.reduce_window(delivered_now, una_advanced, newly_lost || !was_recovering);
+            }
         }
         // Window update (RFC 9293 3.10.7.4).
         if self.snd.wl1.diff(seg.hdr.seq) < 0
@@ -393,12 +422,23 @@ impl TcpConn {
     }
 
     pub(super) fn enter_recovery(&mut self, now: Instant) {
+        if self.rec.loss_until.is_some() {
+            // Going back after a timeout: everything is being resent
+            // and the window was cut once already (Linux's Loss state).
+            return;
+        }
         self.rec.tlp = Default::default();
         self.timers.stop(Timer::Tlp);
         self.rec.in_recovery = true;
         self.rec.recovery_point = self.snd.max;
         self.rec.high_rxt = self.snd.una;
+        let seg = self.max_payload().max(1);
+        self.rec.prr = Prr {
+            prior_cwnd: self.rec.cc.cwnd().div_ceil(seg).max(1),
+            ..Prr::default()
+        };
         self.rec.cc.on_congestion(now, self.in_flight());
+        self.rec.prr.window = self.rec.cc.cwnd();
         self.stats.fast_retransmits += 1;
         self.forget_rtt_timing();
     }
@@ -434,7 +474,9 @@ impl TcpConn {
     pub(super) fn sample_rtt(&mut self, now: Instant, ack: Seq) {
         if let Some((seq, sent)) = self.rec.rtt_probe {
             if ack.diff(seq) > 0 {
-                self.rec.rtt.sample(now.saturating_duration_since(sent));
+                let rtt = now.saturating_duration_since(sent);
+                self.rec.rtt.sample(rtt);
+                self.rec.rack.on_rtt(rtt);
                 self.rec.rtt_probe = None;
             }
         }
@@ -445,26 +487,14 @@ impl TcpConn {
     /// per-ACK samples.
     pub(super) fn forget_rtt_timing(&mut self) {
         self.rec.rtt_probe = None;
-        self.rec.sent_at.clear();
+        self.rec.rack.forget_samples(self.snd.max);
     }
 
     /// The RTT of the newest segment this ACK covers, wholly or in part
     /// (a burst cut by the port), for the controller (Linux's
     /// `ca_rtt_us`): given before the window grows on it.
     fn sample_rtt_per_ack(&mut self, now: Instant, ack: Seq) {
-        let mut newest = None;
-        while let Some(&(start, end, at)) = self.rec.sent_at.front() {
-            if start.diff(ack) >= 0 {
-                break;
-            }
-            newest = Some(at);
-            if end.diff(ack) > 0 {
-                // Acknowledged in part: kept for the rest.
-                break;
-            }
-            self.rec.sent_at.pop_front();
-        }
-        if let Some(at) = newest {
+        if let Some(at) = self.rec.rack.on_cumulative_ack(ack) {
             let rtt = now.saturating_duration_since(at);
             let (una, nxt) = (ack.0, self.snd.nxt.0);
             self.rec.cc.on_rtt_sample(now, rtt, una, nxt);
@@ -626,6 +656,8 @@ impl TcpConn {
         self.snd.nxt = self.snd.una;
         self.rec.high_rxt = self.snd.una;
         self.rec.scoreboard.clear();
+        self.rec.rack.reset_delivery();
+        self.timers.stop(Timer::Reorder);
         self.rec.in_recovery = false;
         self.rec.dupacks = 0;
         self.forget_rtt_timing();

@@ -17,6 +17,7 @@
 mod api;
 mod chrono;
 mod input;
+mod loss;
 mod output;
 mod timers;
 mod tuning;
@@ -35,6 +36,7 @@ use super::cc::{CongestionControl, new_controller};
 use super::config::MAX_WSCALE;
 pub use super::config::{KeepAlive, TcpConfig};
 use super::fastopen;
+use super::rack::Rack;
 use super::rtt::RttEstimator;
 use super::scoreboard::Scoreboard;
 pub use super::segment::{Header, Outgoing, Segment};
@@ -155,6 +157,19 @@ pub struct ConnInfo {
     pub wscale: (u8, u8),
     /// In fast recovery (RFC 6675 / 6582) now.
     pub recovering: bool,
+    /// Bytes in flight counted lost (RFC 6675's SACK count or RACK's
+    /// time), retransmitted or not.
+    pub lost: usize,
+    /// Bytes in flight the peer SACKed.
+    pub sacked: usize,
+    /// Bytes retransmitted in this recovery and not yet delivered.
+    pub retrans: usize,
+    /// How far, in segments, deliveries were seen out of order (at least
+    /// 3; Linux's `tcpi_reordering`).
+    pub reordering: usize,
+    /// How many times deliveries were seen out of order (Linux's
+    /// `tcpi_reord_seen`).
+    pub reord_seen: u32,
     /// The most payload one segment of ours carries: the MSS less the
     /// options every segment bears (timestamps), bytes (Linux's
     /// `mss_cache`).
@@ -303,17 +318,40 @@ struct Recovery {
     dupacks: usize,
     in_recovery: bool,
     recovery_point: Seq,
+    /// After a retransmission timeout, `SND.MAX` then: until the ACKs
+    /// pass it the sender is in Linux's Loss state (going back over the
+    /// flight, the window already cut), where no fast recovery starts.
+    loss_until: Option<Seq>,
     high_rxt: Seq,
     retries: u32,
     /// Tail loss probe (RFC 8985 7).
     tlp: TailProbe,
     /// How fully the sender used its window ([`TcpConn::cwnd_limited`]).
     usage: CwndUsage,
-    /// When each segment of new data in flight left (its start, its end,
-    /// the time):
-    /// an RTT sample per ACK for the congestion controller (HyStart).
-    /// Emptied by any retransmission (Karn: no sample across one).
-    sent_at: std::collections::VecDeque<(Seq, Seq, Instant)>,
+    /// When each transmission in flight left: loss by time (RACK, RFC
+    /// 8985 6) and an RTT sample per ACK for the controller (HyStart).
+    rack: Rack,
+    /// Proportional rate reduction in recovery (RFC 6937).
+    prr: Prr,
+}
+
+/// Proportional rate reduction (RFC 6937, as Linux's
+/// `tcp_cwnd_reduction`): in recovery the window is what is in flight
+/// plus what each ACK allows, so the flight falls to ssthresh in
+/// proportion to the deliveries instead of in one burst of silence, and
+/// grows back to it by slow start when losses took it lower. Counted in
+/// segments, as Linux counts.
+#[derive(Debug, Default, Clone, Copy)]
+struct Prr {
+    /// Segments delivered (acknowledged or SACKed) since recovery began.
+    delivered: usize,
+    /// Segments sent since recovery began.
+    out: usize,
+    /// The congestion window when recovery began (RecoverFS), segments.
+    prior_cwnd: usize,
+    /// The window the last ACK allows, bytes (in flight then plus its
+    /// send quota).
+    window: usize,
 }
 
 /// How fully the sender used the congestion window over the last window
@@ -453,6 +491,7 @@ impl TcpConn {
                 dupacks: 0,
                 in_recovery: false,
                 recovery_point: iss,
+                loss_until: None,
                 high_rxt: iss,
                 retries: 0,
                 tlp: TailProbe::default(),
@@ -461,7 +500,8 @@ impl TcpConn {
                     max_out: 0,
                     until: iss,
                 },
-                sent_at: std::collections::VecDeque::new(),
+                rack: Rack::new(),
+                prr: Prr::default(),
             },
             timers: TimerTable::default(),
             persist_backoff: 0,
@@ -697,6 +737,11 @@ impl TcpConn {
             sack: self.opts.sack_enabled,
             wscale: (self.snd.wscale, self.rcv.wscale),
             recovering: self.rec.in_recovery,
+            lost: self.lost_bytes(),
+            sacked: self.rec.scoreboard.sacked_bytes(),
+            retrans: self.retrans_bytes(),
+            reordering: self.rec.rack.reordering(),
+            reord_seen: self.rec.rack.reord_seen(),
             max_payload: self.max_payload(),
             syn_data: self.fast_open.syn_data,
             stats: self.stats.clone(),

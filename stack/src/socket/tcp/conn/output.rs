@@ -225,6 +225,7 @@ impl TcpConn {
         self.stats.retransmits += 1;
         // Karn: no RTT sample across a retransmission.
         self.forget_rtt_timing();
+        self.rec.rack.on_sent(now, start, start + len, true);
         self.sent_ack(&seg);
         Some(seg)
     }
@@ -243,7 +244,7 @@ impl TcpConn {
             self.restart_after_idle(now);
         }
         let flight = self.flight_estimate();
-        let cwnd = self.rec.cc.cwnd();
+        let cwnd = self.send_window();
         let wnd_edge = self.snd.una + self.snd.wnd;
         let unsent = data_end.since(self.snd.nxt);
         let fin_due = self.snd.fin_queued
@@ -390,6 +391,17 @@ impl TcpConn {
         } else if self.rec.rtt_probe.is_none() {
             self.rec.rtt_probe = Some((self.snd.nxt, now));
         }
+        // A retransmission after a timeout may run past what was sent.
+        let resent_end = if retransmit {
+            (self.snd.nxt + len).min(self.snd.max)
+        } else {
+            self.snd.nxt
+        };
+        self.rec.rack.on_sent(now, self.snd.nxt, resent_end, true);
+        self.rec
+            .rack
+            .on_sent(now, resent_end, self.snd.nxt + len, false);
+        self.count_recovery_send(len);
         self.snd.nxt += advance;
         if self.snd.max.diff(self.snd.nxt) < 0 {
             self.snd.max = self.snd.nxt;
@@ -401,11 +413,6 @@ impl TcpConn {
             self.live.unacked_since = Some(now);
         }
         if !retransmit {
-            if self.rec.sent_at.len() < 1 << 16 {
-                self.rec
-                    .sent_at
-                    .push_back((self.snd.nxt - advance, self.snd.nxt, now));
-            }
             self.tx_stamps.on_sent(now, self.snd.nxt);
             // After this segment, is there room for another full one?
             self.note_cwnd_usage(usable_cwnd.saturating_sub(len) < max_payload && !probing);
@@ -478,13 +485,22 @@ impl TcpConn {
     /// inflation, limited transmit before it).
     pub(super) fn flight_estimate(&self) -> usize {
         if self.opts.sack_enabled && !self.rec.scoreboard.is_empty() {
-            return self.rec.scoreboard.pipe(
+            let pipe = self.rec.scoreboard.pipe(
                 self.snd.una,
                 self.snd.max,
                 self.rec.high_rxt,
                 self.snd.mss,
-                DUP_THRESH,
+                self.sack_thresh(),
             );
+            // Retransmissions RACK found lost again have left the network.
+            let gone = if self.rec.in_recovery {
+                self.rec
+                    .rack
+                    .lost_again_bytes(self.snd.una, &self.rec.scoreboard)
+            } else {
+                0
+            };
+            return pipe.saturating_sub(gone);
         }
         let flight = self.snd.nxt.since(self.snd.una);
         if self.rec.in_recovery {
@@ -501,19 +517,24 @@ impl TcpConn {
     pub(super) fn retransmit_in_recovery(&mut self, now: Instant) -> Option<Outgoing> {
         let (start, len) = if self.opts.sack_enabled {
             let pipe = self.flight_estimate();
-            if pipe + self.snd.mss > self.rec.cc.cwnd() && self.rec.high_rxt.diff(self.snd.una) > 0
+            if pipe + self.max_payload() > self.send_window()
+                && self.rec.high_rxt.diff(self.snd.una) > 0
             {
                 return None;
             }
+            // A retransmission lost again first, then RFC 6675's NextSeg.
             self.rec
-                .scoreboard
-                .next_lost(
-                    self.snd.una,
-                    self.snd.max,
-                    self.rec.high_rxt,
-                    self.snd.mss,
-                    DUP_THRESH,
-                )
+                .rack
+                .next_lost_again(self.snd.una, &self.rec.scoreboard)
+                .or_else(|| {
+                    self.rec.scoreboard.next_lost(
+                        self.snd.una,
+                        self.snd.max,
+                        self.rec.high_rxt,
+                        self.snd.mss,
+                        self.sack_thresh(),
+                    )
+                })
                 .or_else(|| {
                     // First retransmission of the recovery: the head segment.
                     (self.rec.high_rxt == self.snd.una).then_some((self.snd.una, self.snd.mss))
@@ -540,8 +561,13 @@ impl TcpConn {
         seg.payload_offset = start.since(self.snd.data_start);
         seg.payload_len = len;
         seg.hdr.fin = fin;
-        self.rec.high_rxt = start + (len + usize::from(fin));
+        let end = start + (len + usize::from(fin));
+        if end.diff(self.rec.high_rxt) > 0 {
+            self.rec.high_rxt = end;
+        }
         self.stats.retransmits += 1;
+        self.rec.rack.on_sent(now, start, start + len, true);
+        self.count_recovery_send(len);
         self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
         self.sent_ack(&seg);
         Some(seg)

@@ -33,10 +33,13 @@ pub(super) enum Timer {
     FinWait2,
     /// Tail loss probe (RFC 8985 7.2): the probe timeout, before the RTO.
     Tlp,
+    /// RACK's reordering timer (RFC 8985 6.2): segments sent before a
+    /// delivered one count as lost when it expires.
+    Reorder,
 }
 
 impl Timer {
-    const COUNT: usize = 6;
+    const COUNT: usize = 7;
 }
 
 /// Added to twice the smoothed RTT for a probe timeout: a floor for the
@@ -105,6 +108,7 @@ impl TcpConn {
             Timer::DelayedAck,
             Timer::FinWait2,
             Timer::Tlp,
+            Timer::Reorder,
         ]);
     }
 
@@ -269,6 +273,10 @@ impl TcpConn {
                 self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
             }
         }
+        if self.timers.expired(Timer::Reorder, now) {
+            self.timers.stop(Timer::Reorder);
+            self.on_reorder_timeout(now);
+        }
         if self.timers.expired(Timer::Rto, now) {
             self.on_rto(now);
         }
@@ -310,6 +318,9 @@ impl TcpConn {
                 self.rec.in_recovery = false;
                 self.rec.dupacks = 0;
                 self.rec.scoreboard.clear();
+                self.rec.rack.reset_delivery();
+                self.timers.stop(Timer::Reorder);
+                self.rec.loss_until = Some(self.snd.max);
                 // Go back: resend from the first unacknowledged byte.
                 self.snd.nxt = self.snd.una;
                 self.rec.high_rxt = self.snd.una;
@@ -329,6 +340,7 @@ mod test {
         Timer::TimeWait,
         Timer::FinWait2,
         Timer::Tlp,
+        Timer::Reorder,
     ];
 
     #[test]
@@ -354,6 +366,8 @@ mod test {
                 Some(Instant::from_millis(100 - 10 * i as u64))
             );
         }
+        assert_eq!(t.next(), Some(Instant::from_millis(40)));
+        t.stop(Timer::Reorder);
         assert_eq!(t.next(), Some(Instant::from_millis(50)));
         t.stop(Timer::Tlp);
         assert_eq!(t.next(), Some(Instant::from_millis(60)));
