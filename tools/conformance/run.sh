@@ -172,6 +172,19 @@ start_server() { # start_server MODE FAMILY
   die "wire server did not start (see $OUT/server-$1-$2.log)"
 }
 
+# After a script timed out: the server and every process it forked (a
+# child still serving the killed client holds the listening socket, so a
+# new server could not bind and the next script found nothing listening).
+restart_server() { # restart_server MODE FAMILY
+  kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
+  for p in $(ip netns pids $NA 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+  for _ in $(seq 50); do
+    ip netns exec $NA ss -Hltn 'sport = :8081' 2>/dev/null | grep -q LISTEN || break
+    sleep 0.1
+  done
+  start_server "$@"
+}
+
 first_error() {
   grep -m1 -E '\.pkt:[0-9]+: ' "$1" \
     || grep -v -E '^sysctl: setting key' "$1" | grep -m1 -E 'error|Error|ERROR|assert|timed out|die|fail' \
@@ -214,8 +227,7 @@ run_mode() { # run_mode MODE FAMILY
       rc=$?
       client_down
       if [ $rc -ne 0 ] && { [ $rc -eq 124 ] || [ $rc -eq 137 ] || ! kill -0 "$SERVER_PID" 2>/dev/null; }; then
-        kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
-        start_server "$mode" "$fam"
+        restart_server "$mode" "$fam"
       fi
       [ $rc -eq 0 ] && break
       # A second try after a timing error (a call or packet a few ms

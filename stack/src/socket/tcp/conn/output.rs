@@ -484,6 +484,15 @@ impl TcpConn {
     /// less what duplicate ACKs report delivered (NewReno fast recovery's
     /// inflation, limited transmit before it).
     pub(super) fn flight_estimate(&self) -> usize {
+        if self.rec.loss_until.is_some() {
+            // Going back after a timeout (Linux's Loss state, where the
+            // timeout marked everything lost): in flight is what was sent
+            // again since, less what the peer SACKed.
+            return self
+                .rec
+                .scoreboard
+                .unsacked_bytes(self.snd.una, self.snd.una, self.snd.nxt);
+        }
         if self.opts.sack_enabled && !self.rec.scoreboard.is_empty() {
             let pipe = self.rec.scoreboard.pipe(
                 self.snd.una,
