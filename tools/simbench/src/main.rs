@@ -107,6 +107,10 @@ enum Cmd {
         /// Turn tail loss probes (RFC 8985) off: the behaviour before them.
         #[arg(long)]
         no_tlp: bool,
+        /// Turn RACK and PRR (RFC 8985 6, RFC 6937) off: RFC 6675's SACK
+        /// count and pipe alone, the behaviour before them.
+        #[arg(long)]
+        no_rack: bool,
         /// Seed of the losses.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -250,6 +254,7 @@ fn run(cli: Cli) -> Result<()> {
             size,
             count,
             no_tlp,
+            no_rack,
             seed,
         } => {
             if !(0.0..100.0).contains(&loss) {
@@ -261,6 +266,7 @@ fn run(cli: Cli) -> Result<()> {
                 size: usize::try_from(size)?,
                 count,
                 tlp: !no_tlp,
+                rack: !no_rack,
                 seed,
             })?;
             println!("{v}");

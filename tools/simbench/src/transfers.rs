@@ -31,6 +31,8 @@ pub struct Spec {
     pub count: usize,
     /// Tail loss probes on (RFC 8985 7).
     pub tlp: bool,
+    /// RACK loss detection and PRR (RFC 8985 6, RFC 6937) on.
+    pub rack: bool,
     /// Seed of the link's losses.
     pub seed: u64,
 }
@@ -142,6 +144,7 @@ pub fn run(spec: Spec) -> Result<Value> {
     for n in [1u8, 2] {
         let mut cfg = host_config(n);
         cfg.tcp.tail_loss_probe = spec.tlp;
+        cfg.tcp.rack = spec.rack;
         net.add(cfg);
     }
     let received = Counter::default();
@@ -191,6 +194,7 @@ pub fn run(spec: Spec) -> Result<Value> {
         "size": spec.size,
         "count": spec.count,
         "tail_loss_probe": spec.tlp,
+        "rack": spec.rack,
         "p50_ms": ms(percentile(&sorted, 50.0)),
         "p99_ms": ms(percentile(&sorted, 99.0)),
         "max_ms": ms(sorted[sorted.len() - 1]),
