@@ -1494,6 +1494,73 @@ fn linux_fast_open_client_gets_a_cookie_and_its_syn_data_taken() {
     assert_eq!(flags(&got, "syn_data_acked"), taken, "client: {got}");
 }
 
+/// TCP Fast Open's client side on ustack against the kernel's server
+/// (RFC 7413): the stock Python client above under `ustack exec`, its
+/// first connection asking for a cookie (its data waits for the
+/// handshake), the next two sending data in their SYN with the kernel's
+/// cookie, which the kernel takes: both sides' `TCP_INFO` say so, and the
+/// answers come back. Before, the layer connected and then sent, and
+/// every SYN went without data.
+#[test]
+fn ustack_fast_open_client_keeps_linuxs_cookie_and_sends_data_in_its_syn() {
+    need_root!();
+    need_program!(PYTHON, "python3");
+    let _turn = serial();
+    let lab = Lab::new("foc", need_preload!());
+    let ns = lab.topo.ns("linux");
+    let o = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns,
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.tcp_fastopen=3",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "sysctl: {}", text(&o));
+    let server = lab.path("fo_server.py");
+    std::fs::write(&server, FAST_OPEN_SERVER).unwrap();
+    let client = lab.path("fo_client.py");
+    std::fs::write(&client, FAST_OPEN_CLIENT).unwrap();
+    let srv = lab.linux_daemon(&[PYTHON, &server.display().to_string(), "7532", "3"]);
+    let up = lab.linux(&[
+        "sh",
+        "-c",
+        "for i in $(seq 100); do ss -Hltn 'sport = :7532' | grep -q LISTEN && exit 0; sleep 0.1; done; exit 1",
+    ]);
+    assert!(up.status.success(), "the kernel's server never listened");
+    let c = lab.start(
+        Host::Stack,
+        false,
+        &[
+            PYTHON,
+            &client.display().to_string(),
+            "10.77.0.1",
+            "7532",
+            "3",
+        ],
+    );
+    let end = c.wait();
+    end.check(0);
+    let got = stdout_json("client", end.out.as_bytes(), end.err.as_bytes());
+    let (code, out, err) = srv
+        .wait_at_most(Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("the kernel's server did not end: {e:?}"));
+    assert_eq!(code, 0, "server: {err}");
+    let served = stdout_json("server", out.as_bytes(), err.as_bytes());
+    for i in 0..3 {
+        assert_eq!(got[i]["answer"], format!("echo:hello {i}"), "{got}");
+        assert_eq!(served[i]["data"], format!("hello {i}"), "{served}");
+    }
+    let flags = |v: &Value, k: &str| (0..3).map(|i| v[i][k].as_bool()).collect::<Vec<_>>();
+    let taken = [Some(false), Some(true), Some(true)];
+    assert_eq!(flags(&served, "syn_data"), taken, "server: {served}");
+    assert_eq!(flags(&got, "syn_data_acked"), taken, "client: {got}");
+}
+
 /// `MSG_ZEROCOPY` sends to the Linux echo peer: before any, the error
 /// queue is empty (EAGAIN); after 16 sends, `POLLERR` and
 /// `recvmsg(MSG_ERRQUEUE)` give completions covering numbers 0..=15 in

@@ -77,12 +77,15 @@ pub fn from_stack(s: &Stack, kind: Kind, stream: bool, reported: bool) -> Level 
             readable: s.tcp_ref().pending_accepts(handle).unwrap_or(0) > 0,
             ..Level::default()
         },
-        Kind::Stream { handle, .. } => match s.tcp_ref().status(handle) {
+        Kind::Stream { handle, connecting } => match s.tcp_ref().status(handle) {
             Ok(st) => {
                 let closed = st.closed();
                 // Once reported, an error is no longer pending (POLLERR).
                 let err = st.error.is_some() && !reported;
-                let connected = st.state.synchronized();
+                // A Fast Open connect with a cookie is connected for the
+                // program before its SYN leaves (with the first write).
+                let connected =
+                    st.state.synchronized() || (st.state == TcpState::SynSent && !connecting);
                 Level {
                     readable: st.readable > 0 || st.eof || err || closed,
                     writable: (connected && st.writable > 0 && !closed) || err,

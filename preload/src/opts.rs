@@ -161,43 +161,43 @@ const RULES: &[(c_int, c_int, Rule)] = &[
     (TCP, 22, Rule::Refused(libc::EPERM)),        // TCP_REPAIR_OPTIONS
     (TCP, 23, kept(0)),                           // TCP_FASTOPEN (acted on in `set`)
     (TCP, 24, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_TIMESTAMP
-    (TCP, 25, kept(-1)),                          // TCP_NOTSENT_LOWAT
+    (TCP, 25, kept(0)),                           // TCP_NOTSENT_LOWAT (0: the sysctl applies)
     (TCP, 26, Rule::GetOnly { value: 0 }),        // TCP_CC_INFO (by name)
     (TCP, 27, kept(0)),                           // TCP_SAVE_SYN
     (TCP, 28, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_SAVED_SYN
     (TCP, 29, Rule::Refused(libc::EPERM)),        // TCP_REPAIR_WINDOW
-    (TCP, 30, kept(0)),                           // TCP_FASTOPEN_CONNECT
-    (TCP, 31, Rule::Refused(libc::ENOENT)),       // TCP_ULP
-    (TCP, 32, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_MD5SIG_EXT
-    (TCP, 33, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_FASTOPEN_KEY
-    (TCP, 34, kept(0)),                           // TCP_FASTOPEN_NO_COOKIE
-    (TCP, 35, Rule::Refused(libc::ENOPROTOOPT)),  // TCP_ZEROCOPY_RECEIVE
-    (TCP, 36, kept(0)),                           // TCP_INQ
-    (TCP, 37, kept(0)),                           // TCP_TX_DELAY
-    (UDP, 1, Rule::Refused(libc::ENOPROTOOPT)),   // UDP_CORK
+    (TCP, 30, kept(0)), // TCP_FASTOPEN_CONNECT (acted on in `set` and `connect`)
+    (TCP, 31, Rule::Refused(libc::ENOENT)), // TCP_ULP
+    (TCP, 32, Rule::Refused(libc::ENOPROTOOPT)), // TCP_MD5SIG_EXT
+    (TCP, 33, Rule::Refused(libc::ENOPROTOOPT)), // TCP_FASTOPEN_KEY
+    (TCP, 34, kept(0)), // TCP_FASTOPEN_NO_COOKIE
+    (TCP, 35, Rule::Refused(libc::ENOPROTOOPT)), // TCP_ZEROCOPY_RECEIVE
+    (TCP, 36, kept(0)), // TCP_INQ
+    (TCP, 37, kept(0)), // TCP_TX_DELAY
+    (UDP, 1, Rule::Refused(libc::ENOPROTOOPT)), // UDP_CORK
     (UDP, 100, Rule::Refused(libc::ENOPROTOOPT)), // UDP_ENCAP
     (UDP, 101, Rule::Refused(libc::ENOPROTOOPT)), // UDP_NO_CHECK6_TX
     (UDP, 102, Rule::Refused(libc::ENOPROTOOPT)), // UDP_NO_CHECK6_RX
     (UDP, 103, Rule::Refused(libc::ENOPROTOOPT)), // UDP_SEGMENT
     (UDP, 104, Rule::Refused(libc::ENOPROTOOPT)), // UDP_GRO
-    (IP6, 16, kept(64)),                          // IPV6_UNICAST_HOPS
-    (IP6, 17, kept(0)),                           // IPV6_MULTICAST_IF
-    (IP6, 18, kept(1)),                           // IPV6_MULTICAST_HOPS
-    (IP6, 19, kept(1)),                           // IPV6_MULTICAST_LOOP
-    (IP6, 20, Rule::Refused(libc::ENOPROTOOPT)),  // IPV6_ADD_MEMBERSHIP
-    (IP6, 21, Rule::Refused(libc::ENOPROTOOPT)),  // IPV6_DROP_MEMBERSHIP
-    (IP6, 23, kept(1)),                           // IPV6_MTU_DISCOVER
-    (IP6, 25, kept(0)),                           // IPV6_RECVERR
-    (IP6, 51, kept(0)),                           // IPV6_RECVHOPLIMIT
-    (IP6, 62, kept(0)),                           // IPV6_DONTFRAG
-    (IP6, 66, kept(0)),                           // IPV6_RECVTCLASS
-    (IP6, 67, kept(0)),                           // IPV6_TCLASS
-    (IP6, 70, kept(1)),                           // IPV6_AUTOFLOWLABEL
-    (IP6, 72, kept(0)),                           // IPV6_ADDR_PREFERENCES
-    (IP6, 74, kept(0)),                           // IPV6_RECVORIGDSTADDR
-    (IP6, 75, Rule::Refused(libc::ENOPROTOOPT)),  // IPV6_TRANSPARENT
-    (IP6, 76, kept(0)),                           // IPV6_UNICAST_IF
-    (IP6, 78, kept(0)),                           // IPV6_FREEBIND
+    (IP6, 16, kept(64)), // IPV6_UNICAST_HOPS
+    (IP6, 17, kept(0)), // IPV6_MULTICAST_IF
+    (IP6, 18, kept(1)), // IPV6_MULTICAST_HOPS
+    (IP6, 19, kept(1)), // IPV6_MULTICAST_LOOP
+    (IP6, 20, Rule::Refused(libc::ENOPROTOOPT)), // IPV6_ADD_MEMBERSHIP
+    (IP6, 21, Rule::Refused(libc::ENOPROTOOPT)), // IPV6_DROP_MEMBERSHIP
+    (IP6, 23, kept(1)), // IPV6_MTU_DISCOVER
+    (IP6, 25, kept(0)), // IPV6_RECVERR
+    (IP6, 51, kept(0)), // IPV6_RECVHOPLIMIT
+    (IP6, 62, kept(0)), // IPV6_DONTFRAG
+    (IP6, 66, kept(0)), // IPV6_RECVTCLASS
+    (IP6, 67, kept(0)), // IPV6_TCLASS
+    (IP6, 70, kept(1)), // IPV6_AUTOFLOWLABEL
+    (IP6, 72, kept(0)), // IPV6_ADDR_PREFERENCES
+    (IP6, 74, kept(0)), // IPV6_RECVORIGDSTADDR
+    (IP6, 75, Rule::Refused(libc::ENOPROTOOPT)), // IPV6_TRANSPARENT
+    (IP6, 76, kept(0)), // IPV6_UNICAST_IF
+    (IP6, 78, kept(0)), // IPV6_FREEBIND
 ];
 
 fn rule(level: c_int, name: c_int) -> Option<Rule> {
@@ -340,6 +340,21 @@ pub fn set(s: &Sock, level: c_int, name: c_int, val: &[u8]) -> Res<()> {
             o.user_timeout_ms = v;
             drop(o);
             sock::apply_tcp_opts(s);
+        }
+        (TCP, libc::TCP_FASTOPEN_CONNECT) => {
+            // As Linux: 0 or 1, with the sysctl's client bit, before the
+            // connection exists.
+            let v = int(val)?;
+            if !(0..=1).contains(&v) {
+                return Err(libc::EINVAL);
+            }
+            if crate::sysctl::fast_open_flags() & crate::sysctl::FASTOPEN_CLIENT == 0 {
+                return Err(libc::EOPNOTSUPP);
+            }
+            if !matches!(*s.kind.lock(), Kind::Fresh { .. }) {
+                return Err(libc::EINVAL);
+            }
+            o.kept.set(level, name, v)?;
         }
         (TCP, libc::TCP_FASTOPEN) => {
             // The Fast Open queue's length (RFC 7413; 0 turns it off).

@@ -511,6 +511,15 @@ pub fn listen(sock: &Arc<Sock>, backlog: c_int) -> Res<()> {
 }
 
 /// The `TCP_MAXSEG` a program set (0, unset, is the path's).
+/// `TCP_FASTOPEN_CONNECT` is set.
+fn fast_open_connect(sock: &Sock) -> bool {
+    sock.opts
+        .lock()
+        .kept
+        .get(libc::IPPROTO_TCP, libc::TCP_FASTOPEN_CONNECT)
+        .is_some_and(|v| v != 0)
+}
+
 fn max_segment(sock: &Sock) -> Option<usize> {
     let v = sock
         .opts
@@ -606,6 +615,15 @@ pub fn accept(sock: &Arc<Sock>, nonblock_new: bool, cloexec: bool) -> Res<(RawFd
 
 /// `connect`.
 pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
+    connect_as(sock, remote, false)
+}
+
+/// `connect`, by TCP Fast Open when `fast_open` or `TCP_FASTOPEN_CONNECT`
+/// asks (RFC 7413, as Linux): with a cookie kept for the server it
+/// returns at once, connected, and the SYN leaves with the first write's
+/// data; without, the SYN asks for a cookie and the handshake is as
+/// usual.
+pub fn connect_as(sock: &Arc<Sock>, remote: SocketAddr, fast_open: bool) -> Res<()> {
     let acc = access()?;
     reaches(sock, &remote)?;
     if !sock.stream {
@@ -619,9 +637,10 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
                 if remote.ip().is_unspecified() || remote.port() == 0 {
                     return Err(libc::ECONNREFUSED);
                 }
+                let fast_open = fast_open || fast_open_connect(sock);
                 // A port bound first is the connection's local port.
-                let h = acc
-                    .tcp_connect(port, remote, max_segment(sock))?
+                let (h, deferred) = acc
+                    .tcp_connect(port, remote, max_segment(sock), fast_open)?
                     .map_err(|e| match e {
                         // The 4-tuple is taken: Linux's connect says so.
                         StackError::AddrInUse => libc::EADDRNOTAVAIL,
@@ -629,12 +648,17 @@ pub fn connect(sock: &Arc<Sock>, remote: SocketAddr) -> Res<()> {
                     })?;
                 *kind = Kind::Stream {
                     handle: h,
-                    connecting: true,
+                    connecting: !deferred,
                 };
                 drop(kind);
                 // Options set before connect act on the connection now.
                 apply_tcp_opts(sock);
                 watch(acc, sock, SocketRef::Tcp(h));
+                if deferred {
+                    // Fast Open with a cookie: connected for the program;
+                    // its first write sends the SYN.
+                    return Ok(());
+                }
                 if nonblock {
                     return Err(libc::EINPROGRESS);
                 }

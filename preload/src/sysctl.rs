@@ -49,6 +49,9 @@ pub fn apply(c: &mut Config) {
     }
 }
 
+/// `tcp_fastopen`'s client bit: `MSG_FASTOPEN` and
+/// `TCP_FASTOPEN_CONNECT` may be used (Linux's default).
+pub const FASTOPEN_CLIENT: i64 = 0x1;
 /// `tcp_fastopen`'s server bit: listeners may take data in SYNs.
 pub const FASTOPEN_SERVER: i64 = 0x2;
 /// `tcp_fastopen`'s bit for data in SYNs without a cookie.

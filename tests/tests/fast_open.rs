@@ -359,3 +359,91 @@ fn with_peer(mut s: Stack) -> Stack {
     );
     s
 }
+
+/// Fast Open's client side (RFC 7413 3 and 4.1.2) between two stacks on
+/// the sim link: the first connection's SYN asks for a cookie and the
+/// handshake is the usual one; the server's cookie is kept, so the next
+/// connection sends nothing until the app writes, then its SYN carries
+/// the data, which the server takes from the SYN and hands to its app
+/// before the handshake ends.
+#[test]
+fn a_client_keeps_the_cookie_and_sends_its_data_in_the_next_syn() {
+    use std::net::SocketAddrV4;
+    use std::time::Duration;
+    use ustack::sim::{LinkConfig, SimNet};
+
+    let mut net = SimNet::new(LinkConfig {
+        delay: Duration::from_millis(5),
+        ..LinkConfig::default()
+    });
+    for n in [1, 2] {
+        let mut cfg = host_config(n);
+        cfg.tcp.fast_open_key = Some(KEY);
+        net.add(cfg);
+    }
+    let l = net.nodes[1].stack.tcp().listen(80, 8).unwrap();
+    net.nodes[1].stack.tcp().set_fast_open(l, 8).unwrap();
+    let server = SocketAddrV4::new(net.nodes[1].stack.ip(), 80);
+    let established = |net: &mut SimNet, h| {
+        net.nodes[0]
+            .stack
+            .tcp_ref()
+            .status(h)
+            .is_ok_and(|s| s.state == State::Established)
+    };
+
+    // No cookie yet: the SYN asks for one.
+    let now = net.now;
+    let h = net.nodes[0].stack.tcp().connect(now, server).unwrap();
+    assert!(!net.nodes[0].stack.tcp().fast_open_connect(h).unwrap());
+    let deadline = net.now + Duration::from_secs(5);
+    let mut first = None;
+    assert!(net.run_until(deadline, &mut [], |n| {
+        first = first.or_else(|| n.nodes[1].stack.tcp().accept(l).ok().flatten());
+        established(n, h) && first.is_some()
+    }));
+    assert_eq!(net.nodes[1].stack.stats().tcp.fast_open_cookies_sent, 1);
+    assert_eq!(net.nodes[1].stack.stats().tcp.fast_open_accepted, 0);
+
+    // The cookie was kept: the SYN waits for the write.
+    let now = net.now;
+    let h2 = net.nodes[0].stack.tcp().connect(now, server).unwrap();
+    assert!(net.nodes[0].stack.tcp().fast_open_connect(h2).unwrap());
+    let sent = net.nodes[0].stack.stats().tcp.segs_out;
+    let later = net.now + Duration::from_secs(2);
+    net.run_until(later, &mut [], |_| false);
+    assert_eq!(
+        net.nodes[0].stack.stats().tcp.segs_out,
+        sent,
+        "no SYN before the write"
+    );
+    assert_eq!(
+        net.nodes[0]
+            .stack
+            .tcp()
+            .send(h2, b"GET / HTTP/1.0\r\n\r\n")
+            .unwrap(),
+        18
+    );
+    // Half a round trip later the server's app has the data (from the SYN).
+    let deadline = net.now + Duration::from_millis(6);
+    let mut got = Vec::new();
+    assert!(net.run_until(deadline, &mut [], |n| {
+        let tcp = &mut n.nodes[1].stack;
+        if let Ok(Some(c)) = tcp.tcp().accept(l) {
+            let mut buf = [0u8; 64];
+            let k = tcp.tcp().recv(c, &mut buf).unwrap();
+            got.extend_from_slice(&buf[..k]);
+        }
+        !got.is_empty()
+    }));
+    assert_eq!(got, b"GET / HTTP/1.0\r\n\r\n");
+    assert_eq!(net.nodes[1].stack.stats().tcp.fast_open_accepted, 1);
+    let deadline = net.now + Duration::from_secs(1);
+    assert!(net.run_until(deadline, &mut [], |n| established(n, h2)));
+    assert_eq!(
+        net.nodes[0].stack.tcp_ref().info(h2).unwrap().in_flight,
+        0,
+        "the SYN-ACK acknowledged the data"
+    );
+}

@@ -303,6 +303,39 @@ pub unsafe extern "C" fn __recvfrom_chk(
     unsafe { recvfrom(fd, buf, len, flags, from, fromlen) }
 }
 
+/// `MSG_FASTOPEN` with an address on a stream socket (`sendto`,
+/// `sendmsg`): connect by Fast Open, then the caller sends as usual: with
+/// a cookie kept for the server the connect returns at once and the data
+/// leaves in the SYN; without, the SYN asks for one and a non-blocking
+/// socket gets EINPROGRESS (Linux's tcp_sendmsg_fastopen), a blocking one
+/// sends after the handshake. An `AF_UNSPEC` address, or the sysctl's
+/// client bit off, is refused with EOPNOTSUPP, as Linux does (an address
+/// shorter than its family field: EINVAL).
+///
+/// # Safety
+/// `to` is the caller's address of `tolen` bytes.
+pub(crate) unsafe fn fast_open_to(
+    s: &Arc<Sock>,
+    to: *const sockaddr,
+    tolen: socklen_t,
+) -> Result<(), c_int> {
+    if (tolen as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's address, at least its family long.
+    if c_int::from(unsafe { (*to).sa_family }) == libc::AF_UNSPEC
+        || crate::sysctl::fast_open_flags() & crate::sysctl::FASTOPEN_CLIENT == 0
+    {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // SAFETY: the caller's address.
+    let a = unsafe { read_addr(to, tolen, s.v6) }?;
+    if matches!(*s.kind.lock(), fd::Kind::Fresh { .. }) {
+        sock::connect_as(s, a, true)?;
+    }
+    Ok(())
+}
+
 /// `sendto(2)`.
 ///
 /// # Safety
@@ -329,30 +362,8 @@ pub unsafe extern "C" fn sendto(
                 return -1;
             }
             if s.stream && flags & libc::MSG_FASTOPEN != 0 && !to.is_null() {
-                // An AF_UNSPEC address is refused with EOPNOTSUPP, as
-                // Linux's tcp_sendmsg_fastopen does (a shorter one than
-                // its family field: EINVAL).
-                if (tolen as usize) < std::mem::size_of::<libc::sa_family_t>() {
-                    set_errno(libc::EINVAL);
-                    return -1;
-                }
-                // SAFETY: the caller's address, at least its family long.
-                if c_int::from(unsafe { (*to).sa_family }) == libc::AF_UNSPEC {
-                    set_errno(libc::EOPNOTSUPP);
-                    return -1;
-                }
-                // No TCP Fast Open yet: connect, then send as usual (what
-                // Linux does without a cookie: a plain handshake first; a
-                // non-blocking socket gets EINPROGRESS and sends later).
-                // SAFETY: the caller's address.
-                let r = unsafe { read_addr(to, tolen, s.v6) }.and_then(|a| {
-                    if matches!(*s.kind.lock(), fd::Kind::Fresh { .. }) {
-                        sock::connect(&s, a)
-                    } else {
-                        Ok(())
-                    }
-                });
-                if let Err(e) = r {
+                // SAFETY: the caller's address of `tolen` bytes.
+                if let Err(e) = unsafe { fast_open_to(&s, to, tolen) } {
                     set_errno(e);
                     return -1;
                 }

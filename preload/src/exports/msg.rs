@@ -218,6 +218,13 @@ unsafe fn sendmsg_ours(s: &Arc<Sock>, m: &msghdr, flags: c_int) -> ssize_t {
             return -1;
         }
     };
+    if s.stream && flags & libc::MSG_FASTOPEN != 0 && !m.msg_name.is_null() {
+        // SAFETY: the caller's address of `msg_namelen` bytes.
+        if let Err(e) = unsafe { super::io::fast_open_to(s, m.msg_name.cast(), m.msg_namelen) } {
+            set_errno(e);
+            return -1;
+        }
+    }
     let dst = if m.msg_name.is_null() || s.stream {
         None
     } else {

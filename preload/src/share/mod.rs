@@ -253,8 +253,10 @@ stack_ops! {
         let h = s.tcp().accept(l)?;
         Ok(h.and_then(|h| Some((h, s.tcp_ref().info(h)?.remote))))
     };
-    /// Open a connection (from `port`, or an ephemeral one for 0).
-    tcp_connect(port: u16, remote: SocketAddr, mss: Option<usize>) -> TcpHandle = with |s, now| {
+    /// Open a connection (from `port`, or an ephemeral one for 0); by TCP
+    /// Fast Open when asked (true with it: a cookie was kept, the SYN
+    /// waits for the first write).
+    tcp_connect(port: u16, remote: SocketAddr, mss: Option<usize>, fast_open: bool) -> (TcpHandle, bool) = with |s, now| {
         let h = match port {
             0 => s.tcp().connect(now, remote),
             p => s.tcp().connect_from(now, p, remote),
@@ -263,7 +265,8 @@ stack_ops! {
         if let Some(m) = mss {
             s.tcp().set_max_segment(h, m)?;
         }
-        Ok(h)
+        let deferred = fast_open && s.tcp().fast_open_connect(h)?;
+        Ok((h, deferred))
     };
     /// Transmit timestamps of the last byte queued (`SO_TIMESTAMPING`).
     tcp_stamp(h: TcpHandle, key: u32, sent: bool, acked: bool) -> () = with |s, now| {

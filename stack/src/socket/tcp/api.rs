@@ -168,6 +168,18 @@ impl TcpTable {
         Ok(self.handle(slot))
     }
 
+    /// Make a connection just opened a TCP Fast Open client's (RFC 7413):
+    /// with a cookie kept for its server, the SYN waits for the first
+    /// write and carries its data (true: the app may write at once);
+    /// without, the SYN asks for one. Before the SYN left only.
+    pub fn fast_open_connect(&mut self, h: TcpHandle) -> Result<bool, Error> {
+        let remote = self.conn_mut(h)?.remote();
+        let cookie = self.fast_open_cookies.get(&remote.ip()).copied();
+        let deferred = self.conn_mut(h)?.use_fast_open(cookie);
+        self.mark_dirty(h.slot);
+        Ok(deferred)
+    }
+
     fn conn_mut(&mut self, h: TcpHandle) -> Result<&mut TcpConn, Error> {
         self.get_mut(h).ok_or(Error::InvalidHandle)
     }

@@ -21,6 +21,49 @@ pub const EXP_KIND: u8 = 254;
 pub const EXP_MAGIC: u16 = 0xf989;
 /// The length of the cookies this stack makes (RFC 7413: 4 to 16).
 pub const COOKIE_LEN: usize = 8;
+/// The longest cookie RFC 7413 4.1.1 allows.
+pub const MAX_COOKIE: usize = 16;
+/// The shortest cookie RFC 7413 4.1.1 allows.
+pub const MIN_COOKIE: usize = 4;
+
+/// A cookie as a SYN or SYN-ACK carries it: 4 to 16 bytes, or none (a
+/// client's SYN asking for one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cookie {
+    bytes: [u8; MAX_COOKIE],
+    len: u8,
+}
+
+impl Cookie {
+    /// No cookie: the option of a SYN that asks for one.
+    pub const REQUEST: Cookie = Cookie {
+        bytes: [0; MAX_COOKIE],
+        len: 0,
+    };
+
+    /// A cookie of `b`, when its length is one RFC 7413 allows.
+    pub fn new(b: &[u8]) -> Option<Cookie> {
+        if !(MIN_COOKIE..=MAX_COOKIE).contains(&b.len()) {
+            return None;
+        }
+        let mut bytes = [0; MAX_COOKIE];
+        bytes[..b.len()].copy_from_slice(b);
+        Some(Cookie {
+            bytes,
+            len: b.len() as u8,
+        })
+    }
+
+    /// The cookie's bytes (none for a request).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// Whether this is a request (no cookie).
+    pub fn is_request(&self) -> bool {
+        self.len == 0
+    }
+}
 
 /// A Fast Open option a SYN carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,21 +132,23 @@ fn v6_octets(a: IpAddr) -> [u8; 16] {
     }
 }
 
-/// The option a SYN-ACK carries to give the client `cookie`, as bytes
-/// (`len` of them used), in the form the client asked in.
-pub fn option_bytes(cookie: [u8; COOKIE_LEN], exp: bool) -> ([u8; 12], usize) {
-    let mut out = [0; 12];
+/// The option carrying `cookie` (a SYN-ACK's answer, a client's SYN, or
+/// with an empty cookie a client's request), as bytes (`len` of them
+/// used), in kind 34 or the experimental form.
+pub fn option_bytes(cookie: &Cookie, exp: bool) -> ([u8; 4 + MAX_COOKIE], usize) {
+    let mut out = [0; 4 + MAX_COOKIE];
+    let c = cookie.as_bytes();
     if exp {
         out[0] = EXP_KIND;
-        out[1] = 12;
         out[2..4].copy_from_slice(&EXP_MAGIC.to_be_bytes());
-        out[4..].copy_from_slice(&cookie);
-        (out, 12)
+        out[4..4 + c.len()].copy_from_slice(c);
+        out[1] = (4 + c.len()) as u8;
+        (out, 4 + c.len())
     } else {
         out[0] = KIND;
-        out[1] = 10;
-        out[2..10].copy_from_slice(&cookie);
-        (out, 10)
+        out[2..2 + c.len()].copy_from_slice(c);
+        out[1] = (2 + c.len()) as u8;
+        (out, 2 + c.len())
     }
 }
 
@@ -145,12 +190,19 @@ mod test {
         assert_eq!(find(&[34, 1]), None, "length below 2");
         assert_eq!(find(&[34, 12, 1, 2]), None, "runs past the end");
         assert_eq!(find(&[0, 34, 2]), None, "after the end of the list");
-        let (b, n) = option_bytes([9; 8], true);
+        let nine = Cookie::new(&[9; 8]).unwrap();
+        let (b, n) = option_bytes(&nine, true);
         assert_eq!(find(&b[..n]).map(|f| f.cookie), Some(&[9u8; 8][..]));
-        let (b, n) = option_bytes([7; 8], false);
+        let seven = Cookie::new(&[7; 16]).unwrap();
+        let (b, n) = option_bytes(&seven, false);
         assert_eq!(
             find(&b[..n]).map(|f| (f.cookie, f.exp)),
-            Some((&[7u8; 8][..], false))
+            Some((&[7u8; 16][..], false))
         );
+        let (b, n) = option_bytes(&Cookie::REQUEST, false);
+        assert_eq!(&b[..n], &[34, 2]);
+        assert_eq!(find(&b[..n]).map(|f| f.cookie), Some(&[][..]));
+        assert_eq!(Cookie::new(&[1; 3]), None, "shorter than 4");
+        assert_eq!(Cookie::new(&[1; 17]), None, "longer than 16");
     }
 }

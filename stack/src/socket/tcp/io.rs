@@ -253,8 +253,12 @@ fn emit<T: Tx>(
     };
     let (me, peer) = (local.ip(), remote.ip());
     if let Some((cookie, exp)) = out.fast_open {
-        let (opt, n) = fastopen::option_bytes(cookie, exp);
-        return usize::from(emit_with_option(link, now, tx, me, peer, &repr, &opt[..n]));
+        let (opt, n) = fastopen::option_bytes(&cookie, exp);
+        let data = out.payload_len;
+        let sent = emit_with_option(link, now, tx, me, peer, &repr, &opt[..n], data, |buf| {
+            payload(0, buf, false);
+        });
+        return usize::from(sent);
     }
     // IPv6 segments are cut here: the port's TSO is set up for IPv4.
     if out.tso_segsz > 0 && (link.offloads.tso_max == 0 || peer.is_ipv6()) {
@@ -389,6 +393,7 @@ fn fill_segment(
 /// options, one that `TcpRepr` has no field for (`extra`: a SYN-ACK's
 /// Fast Open cookie), NOP-padded to 4-byte boundaries. Its checksum is
 /// always ours. False when it did not fit or go out.
+#[allow(clippy::too_many_arguments)]
 fn emit_with_option<T: Tx>(
     link: &mut Link,
     now: Instant,
@@ -397,6 +402,8 @@ fn emit_with_option<T: Tx>(
     peer: IpAddr,
     repr: &TcpRepr<'_>,
     extra: &[u8],
+    payload_len: usize,
+    payload: impl FnOnce(&mut [u8]),
 ) -> bool {
     const FIXED: usize = 20;
     let base = repr.header_len();
@@ -432,6 +439,7 @@ fn emit_with_option<T: Tx>(
         buf[used..at].fill(1);
         buf[at..at + extra.len()].copy_from_slice(extra);
         buf[at + extra.len()..hdr].fill(1);
+        payload(&mut buf[hdr..]);
         let mut pkt = TcpPacket::new_unchecked(&mut *buf);
         pkt.set_header_len(hdr as u8);
         pkt.set_checksum(0);
@@ -440,11 +448,12 @@ fn emit_with_option<T: Tx>(
     };
     match (me, peer) {
         (IpAddr::V4(_), IpAddr::V4(p)) => link
-            .send_ip(now, tx, p, IpProtocol::Tcp, hdr, write)
+            .send_ip(now, tx, p, IpProtocol::Tcp, hdr + payload_len, write)
             .is_ok(),
         (IpAddr::V6(m), IpAddr::V6(p)) => {
             let ports = u32::from(repr.src_port) << 16 | u32::from(repr.dst_port);
-            crate::iface::ipv6::send(link, now, tx, m, p, IpProtocol::Tcp, ports, hdr, write)
+            let len = hdr + payload_len;
+            crate::iface::ipv6::send(link, now, tx, m, p, IpProtocol::Tcp, ports, len, write)
                 .is_ok()
         }
         _ => false,
@@ -569,6 +578,9 @@ impl TcpTable {
             remote,
         };
         if let Some(&slot) = self.flows.get(&key) {
+            if seg.hdr.syn && seg.hdr.ack.is_some() {
+                self.keep_fast_open_cookie(slot, remote.ip(), pkt.options());
+            }
             self.deliver(now, slot, &seg);
             return Ok(Received::Taken);
         }
@@ -684,6 +696,30 @@ impl TcpTable {
         }
         self.mark_dirty(slot);
         Ok(())
+    }
+
+    /// A SYN-ACK to a SYN that carried a Fast Open option: the cookie it
+    /// gives is kept for the next connection to that server (RFC 7413
+    /// 4.1.2); one without the option leaves what was kept.
+    fn keep_fast_open_cookie(&mut self, slot: u32, server: IpAddr, options: &[u8]) {
+        let asked = self
+            .slots
+            .get(slot as usize)
+            .and_then(|s| s.conn.as_ref())
+            .is_some_and(|c| c.state() == super::State::SynSent && c.asked_fast_open());
+        let cookie = fastopen::find(options).and_then(|f| fastopen::Cookie::new(f.cookie));
+        let (true, Some(cookie)) = (asked, cookie) else {
+            return;
+        };
+        if self.fast_open_cookies.len() >= super::MAX_FAST_OPEN_COOKIES
+            && !self.fast_open_cookies.contains_key(&server)
+        {
+            let any = self.fast_open_cookies.keys().next().copied();
+            if let Some(k) = any {
+                self.fast_open_cookies.remove(&k);
+            }
+        }
+        self.fast_open_cookies.insert(server, cookie);
     }
 
     fn deliver(&mut self, now: Instant, slot: u32, seg: &Segment<'_>) {

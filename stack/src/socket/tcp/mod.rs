@@ -126,6 +126,9 @@ pub(crate) struct TcpTable {
     secret: (u64, u64),
     /// The Fast Open cookie secret ([`TcpConfig::fast_open_key`]).
     pub(crate) fast_open_key: (u64, u64),
+    /// Fast Open cookies servers gave us, by server address (RFC 7413
+    /// 4.1.2's client cache), at most [`MAX_FAST_OPEN_COOKIES`].
+    pub(crate) fast_open_cookies: foldhash::HashMap<IpAddr, fastopen::Cookie>,
     pub stats: TcpStats,
     /// Counters of connections already reaped.
     pub closed_totals: conn::ConnStats,
@@ -141,6 +144,9 @@ pub(crate) struct TcpTable {
 
 /// First ephemeral port for active opens.
 const EPHEMERAL_FIRST: u16 = 49_152;
+/// Most servers whose Fast Open cookie a stack keeps (a full cache
+/// forgets one to take a new one).
+pub(crate) const MAX_FAST_OPEN_COOKIES: usize = 4096;
 
 impl TcpTable {
     pub fn new(cfg: TcpConfig, secret: (u64, u64)) -> Self {
@@ -154,6 +160,7 @@ impl TcpTable {
         });
         TcpTable {
             fast_open_key,
+            fast_open_cookies: foldhash::HashMap::default(),
             cfg,
             slots: Vec::new(),
             free: Vec::new(),

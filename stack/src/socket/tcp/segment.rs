@@ -68,9 +68,10 @@ pub struct Outgoing {
     /// For a segment the port is to cut (TSO): the payload bytes of each
     /// frame. 0 for a segment that leaves as one frame.
     pub tso_segsz: usize,
-    /// A SYN-ACK's TCP Fast Open cookie (RFC 7413), and whether it goes
-    /// in the experimental option (kind 254) rather than kind 34.
-    pub fast_open: Option<([u8; 8], bool)>,
+    /// A TCP Fast Open option (RFC 7413): a SYN-ACK's cookie, a client
+    /// SYN's cookie or its request for one (empty), and whether it goes in
+    /// the experimental option (kind 254) rather than kind 34.
+    pub fast_open: Option<(super::fastopen::Cookie, bool)>,
 }
 
 impl From<Header> for Outgoing {

@@ -139,6 +139,17 @@ impl<'a> Tcp<'a> {
         self.table.connect_from(now, me, port, remote)
     }
 
+    /// Make a connection just opened (by [`connect`](Self::connect) or
+    /// [`connect_from`](Self::connect_from), before the next poll) a TCP
+    /// Fast Open client's (RFC 7413): with a cookie this stack kept for
+    /// the server, the SYN waits for the first [`send`](Self::send) and
+    /// carries its data, and the result is true (the app may write at
+    /// once, as after Linux's `TCP_FASTOPEN_CONNECT`); without, the SYN
+    /// asks the server for a cookie and the result is false.
+    pub fn fast_open_connect(&mut self, h: TcpHandle) -> Result<bool, Error> {
+        self.table.fast_open_connect(h)
+    }
+
     /// Queue bytes; returns how many fit in the send buffer (0 when full).
     pub fn send(&mut self, h: TcpHandle, data: &[u8]) -> Result<usize, Error> {
         self.table.send(h, data)

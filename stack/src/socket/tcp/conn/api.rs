@@ -144,10 +144,14 @@ impl TcpConn {
     }
 
     /// A write with nothing in flight may follow idle time
-    /// ([`TcpConn::restart_after_idle`]).
+    /// ([`TcpConn::restart_after_idle`]); the first write of a Fast Open
+    /// client with a cookie lets its SYN go, carrying the data.
     fn note_write(&mut self) {
         if self.snd.max == self.snd.una {
             self.snd.wrote_when_idle = true;
+        }
+        if std::mem::take(&mut self.fast_open.deferred) {
+            self.owed.send_syn = true;
         }
     }
 

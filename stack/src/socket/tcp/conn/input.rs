@@ -59,6 +59,16 @@ impl TcpConn {
         self.rcv.nxt = seg.hdr.seq + 1;
         self.rcv.adv = self.rcv.nxt;
         if let Some(ack) = seg.hdr.ack {
+            // Data our SYN carried (Fast Open) that the SYN-ACK covers is
+            // delivered; the rest is sent again (RFC 7413 3).
+            let data_acked = ack.since(self.snd.iss + 1).min(self.snd.buf.len());
+            self.snd.buf.consume(data_acked);
+            // Linux's TCPI_OPT_SYN_DATA on a client: the server took it.
+            self.fast_open.syn_data = data_acked > 0;
+            self.stats.bytes_out += data_acked as u64;
+            if self.snd.nxt.diff(ack) > 0 {
+                self.snd.nxt = ack;
+            }
             self.snd.una = ack;
             self.snd.data_start = ack;
             self.sample_rtt(now, ack);

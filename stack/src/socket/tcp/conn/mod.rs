@@ -234,7 +234,13 @@ pub struct TcpConn {
 struct FastOpenConn {
     /// The cookie our SYN-ACK gives the client, and whether in the
     /// experimental option.
-    synack_cookie: Option<([u8; fastopen::COOKIE_LEN], bool)>,
+    synack_cookie: Option<(fastopen::Cookie, bool)>,
+    /// Client: the Fast Open option our SYN carries (a cookie, with the
+    /// data queued by then; or a request for one).
+    syn_cookie: Option<fastopen::Cookie>,
+    /// Client with a cookie: the SYN waits for the app's first write, to
+    /// carry its data (Linux's `TCP_FASTOPEN_CONNECT`).
+    deferred: bool,
     /// Opened by Fast Open: handed to the app in SYN-RECEIVED, where it
     /// may send data before the handshake completes.
     child: bool,
@@ -586,7 +592,35 @@ impl TcpConn {
     /// Our SYN-ACK gives the client a Fast Open cookie (it asked for one,
     /// or sent one that is not valid), in the experimental option if `exp`.
     pub fn offer_fast_open_cookie(&mut self, cookie: [u8; fastopen::COOKIE_LEN], exp: bool) {
-        self.fast_open.synack_cookie = Some((cookie, exp));
+        self.fast_open.synack_cookie = fastopen::Cookie::new(&cookie).map(|c| (c, exp));
+    }
+
+    /// Open by TCP Fast Open as a client (RFC 7413 3), before the SYN
+    /// left: with the server's `cookie`, the SYN waits for the app's first
+    /// write and carries its data (returns true: the app may write now);
+    /// without, it leaves as it would, asking for a cookie. False and
+    /// nothing done once the SYN left or outside SYN-SENT.
+    pub fn use_fast_open(&mut self, cookie: Option<fastopen::Cookie>) -> bool {
+        if self.state != State::SynSent || !self.owed.send_syn || self.rec.retries > 0 {
+            return false;
+        }
+        self.fast_open.syn_cookie = Some(cookie.unwrap_or(fastopen::Cookie::REQUEST));
+        self.fast_open.deferred = cookie.is_some();
+        if self.fast_open.deferred {
+            self.owed.send_syn = false;
+        }
+        self.fast_open.deferred
+    }
+
+    /// Whether our SYN carried a Fast Open option (the SYN-ACK's cookie
+    /// is then ours to keep).
+    pub fn asked_fast_open(&self) -> bool {
+        self.fast_open.syn_cookie.is_some()
+    }
+
+    /// Whether the SYN waits for the app's first write.
+    pub fn fast_open_deferred(&self) -> bool {
+        self.fast_open.deferred
     }
 
     /// Opened by Fast Open and still in SYN-RECEIVED.

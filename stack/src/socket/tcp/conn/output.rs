@@ -176,6 +176,19 @@ impl TcpConn {
         let mut seg = seg;
         seg.fast_open = self.fast_open.synack_cookie.filter(|_| synack);
         self.snd.nxt = self.snd.iss + 1;
+        if let (Some(cookie), false) = (self.fast_open.syn_cookie, synack) {
+            seg.fast_open = Some((cookie, false));
+            if !cookie.is_request() && self.rec.retries == 0 {
+                // Data in the SYN (RFC 7413 3): what fits the smallest MSS
+                // a path has (the peer's is not known yet), less the
+                // options any segment may carry. A retransmitted SYN goes
+                // without it.
+                let room = self.cfg.mss.min(1460).saturating_sub(40).max(1);
+                seg.payload_offset = 0;
+                seg.payload_len = self.snd.buf.len().min(room);
+                self.snd.nxt += seg.payload_len;
+            }
+        }
         if self.snd.max.diff(self.snd.nxt) < 0 {
             self.snd.max = self.snd.nxt;
         }

@@ -1440,3 +1440,45 @@ fn rack_marks_by_time_and_prr_paces_the_repair() {
     let sent = drain(&mut c, t3);
     assert_eq!(starts(&sent), [4, 5, 6].map(|i| flight[i].out.hdr.seq));
 }
+
+/// After a timeout the sender goes back over the flight (Linux's Loss
+/// state): what is in flight is what it sent again, less what the peer
+/// SACKed. Segments RACK then finds lost (sent before the retransmission
+/// that was delivered) do not leave the pipe and let a burst out: the ACK
+/// of the first retransmission lets exactly the slow-start window's two
+/// segments go, and no fast recovery starts on top of the timeout.
+#[test]
+fn after_a_timeout_the_flight_is_what_was_sent_again() {
+    let rtt = Duration::from_millis(100);
+    let (mut c, mut s, now) = established_across(cfg(), rtt);
+    let max = c.max_payload();
+    c.send(&vec![3u8; 4 * max]);
+    let flight = drain(&mut c, now);
+    assert_eq!(flight.len(), 4);
+    // Only the last arrives; its SACK comes back. Then the tail probe and
+    // the timeout's retransmission of the first are lost too, up to the
+    // second timeout's retransmission of the first, which arrives.
+    s.on_segment(now + rtt / 2, &flight[3].seg());
+    for a in drain(&mut s, now + rtt / 2) {
+        c.on_segment(now + rtt, &a.seg());
+    }
+    assert!(drain(&mut c, now + rtt).is_empty());
+    let mut t = now + rtt;
+    let mut again = Vec::new();
+    while c.stats().timeouts < 2 {
+        t = c.poll_at().expect("a timer");
+        c.on_timer(t);
+        again = drain(&mut c, t);
+    }
+    assert_eq!(starts(&again), [flight[0].out.hdr.seq]);
+    s.on_segment(t + rtt / 2, &again[0].seg());
+    let ack = drain(&mut s, t + rtt / 2).remove(0);
+    assert!(ack.out.hdr.sack[0].is_some(), "the fourth is SACKed");
+    c.on_segment(t + rtt, &ack.seg());
+    let sent = drain(&mut c, t + rtt);
+    assert_eq!(starts(&sent), [1, 2].map(|i| flight[i].out.hdr.seq));
+    assert!(!c.info().recovering);
+    exchange(&mut c, &mut s, &sent, t + rtt, rtt);
+    assert_eq!(c.in_flight(), 0);
+    assert_eq!(read_all(&mut s).len(), 4 * max);
+}
