@@ -2,6 +2,9 @@
 //! checksums, to a stack listening on 5001 (backlog 4, so SYN cookies too).
 //! A segment may take its acknowledgment number from the stack's latest
 //! SYN-ACK, so inputs complete handshakes and reach established state.
+//! The stack also opens a Fast Open client connection to the peer's port
+//! 80 (its SYN asks for a cookie): a segment may go to it, so fuzzed
+//! SYN-ACKs bring it cookies (RFC 7413's option, any length or form).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -11,8 +14,9 @@ use ustack_fuzz::{
     PEER, Reader, TCP_PORT, TcpFields, US, finish, ip_frame, receive_counted, stack, tcp_segment,
 };
 
-/// The sequence number after the last SYN-ACK the stack sent to `port`.
-fn synack_next(tx: &VecTx, port: u16) -> Option<u32> {
+/// The sequence number after the last SYN-ACK the stack sent to `port`,
+/// or with `client`, after the last SYN it sent from `port`.
+fn synack_next(tx: &VecTx, port: u16, client: bool) -> Option<u32> {
     tx.frames.iter().rev().find_map(|f| {
         let e = EthernetFrame::new_checked(&f[..]).ok()?;
         let ip = Ipv4Packet::new_checked(e.payload()).ok()?;
@@ -20,8 +24,12 @@ fn synack_next(tx: &VecTx, port: u16) -> Option<u32> {
             return None;
         }
         let t = TcpPacket::new_checked(ip.payload()).ok()?;
-        (t.syn() && t.ack() && t.dst_port() == port)
-            .then(|| (t.seq_number().0 as u32).wrapping_add(1))
+        let ours = if client {
+            !t.ack() && t.src_port() == port
+        } else {
+            t.ack() && t.dst_port() == port
+        };
+        (t.syn() && ours).then(|| (t.seq_number().0 as u32).wrapping_add(1))
     })
 }
 
@@ -31,12 +39,30 @@ fuzz_target!(|data: &[u8]| {
     let mut tx = VecTx::new();
     let mut ms = 0;
     let mut peer_seq = 1000u32;
+    let client = s
+        .tcp()
+        .connect(Instant::ZERO, std::net::SocketAddrV4::new(PEER, 80))
+        .ok();
+    let client_port = client.and_then(|h| {
+        let _ = s.tcp().fast_open_connect(h);
+        Some(s.tcp_ref().info(h)?.local.port())
+    });
+    s.poll(Instant::ZERO, &mut tx);
     while !r.is_empty() {
         let ctl = r.u8();
-        let src_port = 40000 + u16::from(ctl & 3);
+        let mut src_port = 40000 + u16::from(ctl & 3);
+        let mut dst_port = TCP_PORT;
+        if ctl & 4 != 0 {
+            let pick = r.u16();
+            match client_port {
+                // To the Fast Open client, from the server it dialled.
+                Some(p) if pick & 1 == 1 => (src_port, dst_port) = (80, p),
+                _ => dst_port = pick,
+            }
+        }
         let mut f = TcpFields {
             src_port,
-            dst_port: if ctl & 4 != 0 { r.u16() } else { TCP_PORT },
+            dst_port,
             seq: if ctl & 8 != 0 { r.u32() } else { peer_seq },
             ack: r.u32(),
             flags: r.u16() & 0x1ff,
@@ -45,7 +71,9 @@ fuzz_target!(|data: &[u8]| {
             options: r.chunk(40),
         };
         if ctl & 0x10 != 0 {
-            f.ack = synack_next(&tx, src_port).unwrap_or(f.ack);
+            let to_client = Some(f.dst_port) == client_port && f.src_port == 80;
+            let port = if to_client { f.dst_port } else { src_port };
+            f.ack = synack_next(&tx, port, to_client).unwrap_or(f.ack);
             f.flags |= 0x10;
         }
         let payload = r.chunk(200);
