@@ -1445,10 +1445,26 @@ fn linux_fast_open_client_gets_a_cookie_and_its_syn_data_taken() {
     need_root!();
     need_program!(PYTHON, "python3");
     let _turn = serial();
-    let lab = Lab::new("fo", need_preload!());
     // The stack's namespace turns the server side on (0x2), as a host's
     // administrator would; the Linux side's default (1) is the client.
-    let ns = lab.topo.ns("stack");
+    let lab = Lab::new("fo", need_preload!());
+    let (server, client) = fast_open_scripts(&lab, "stack");
+    let srv = lab.start(Host::Stack, false, &[PYTHON, &server, "7531", "3"]);
+    lab.wait_port("10.77.0.2", 7531);
+    let c = lab.linux(&[PYTHON, &client, "10.77.0.2", "7531", "3"]);
+    assert!(c.status.success(), "client: {}", text(&c));
+    let got = stdout_json("client", &c.stdout, &c.stderr);
+    let end = srv.wait();
+    end.check(0);
+    let served = stdout_json("server", end.out.as_bytes(), end.err.as_bytes());
+    check_fast_open(&got, &served);
+}
+
+/// Fast Open between the two scripts above: `tcp_fastopen=3` (server and
+/// client) in the lab's `side` namespace, the scripts written; their
+/// paths.
+fn fast_open_scripts(lab: &Lab, side: &str) -> (String, String) {
+    let ns = lab.topo.ns(side);
     let o = Command::new("ip")
         .args([
             "netns",
@@ -1466,32 +1482,20 @@ fn linux_fast_open_client_gets_a_cookie_and_its_syn_data_taken() {
     std::fs::write(&server, FAST_OPEN_SERVER).unwrap();
     let client = lab.path("fo_client.py");
     std::fs::write(&client, FAST_OPEN_CLIENT).unwrap();
-    let srv = lab.start(
-        Host::Stack,
-        false,
-        &[PYTHON, &server.display().to_string(), "7531", "3"],
-    );
-    lab.wait_port("10.77.0.2", 7531);
-    let c = lab.linux(&[
-        PYTHON,
-        &client.display().to_string(),
-        "10.77.0.2",
-        "7531",
-        "3",
-    ]);
-    assert!(c.status.success(), "client: {}", text(&c));
-    let got = stdout_json("client", &c.stdout, &c.stderr);
-    let end = srv.wait();
-    end.check(0);
-    let served = stdout_json("server", end.out.as_bytes(), end.err.as_bytes());
+    (server.display().to_string(), client.display().to_string())
+}
+
+/// The three answers came back, and the second and third connections'
+/// data went in their SYN and was taken, as both sides' `TCP_INFO` say.
+fn check_fast_open(got: &Value, served: &Value) {
     for i in 0..3 {
         assert_eq!(got[i]["answer"], format!("echo:hello {i}"), "{got}");
         assert_eq!(served[i]["data"], format!("hello {i}"), "{served}");
     }
     let flags = |v: &Value, k: &str| (0..3).map(|i| v[i][k].as_bool()).collect::<Vec<_>>();
     let taken = [Some(false), Some(true), Some(true)];
-    assert_eq!(flags(&served, "syn_data"), taken, "server: {served}");
-    assert_eq!(flags(&got, "syn_data_acked"), taken, "client: {got}");
+    assert_eq!(flags(served, "syn_data"), taken, "server: {served}");
+    assert_eq!(flags(got, "syn_data_acked"), taken, "client: {got}");
 }
 
 /// TCP Fast Open's client side on ustack against the kernel's server
@@ -1507,25 +1511,8 @@ fn ustack_fast_open_client_keeps_linuxs_cookie_and_sends_data_in_its_syn() {
     need_program!(PYTHON, "python3");
     let _turn = serial();
     let lab = Lab::new("foc", need_preload!());
-    let ns = lab.topo.ns("linux");
-    let o = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns,
-            "sysctl",
-            "-q",
-            "-w",
-            "net.ipv4.tcp_fastopen=3",
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "sysctl: {}", text(&o));
-    let server = lab.path("fo_server.py");
-    std::fs::write(&server, FAST_OPEN_SERVER).unwrap();
-    let client = lab.path("fo_client.py");
-    std::fs::write(&client, FAST_OPEN_CLIENT).unwrap();
-    let srv = lab.linux_daemon(&[PYTHON, &server.display().to_string(), "7532", "3"]);
+    let (server, client) = fast_open_scripts(&lab, "linux");
+    let srv = lab.linux_daemon(&[PYTHON, &server, "7532", "3"]);
     let up = lab.linux(&[
         "sh",
         "-c",
@@ -1535,13 +1522,7 @@ fn ustack_fast_open_client_keeps_linuxs_cookie_and_sends_data_in_its_syn() {
     let c = lab.start(
         Host::Stack,
         false,
-        &[
-            PYTHON,
-            &client.display().to_string(),
-            "10.77.0.1",
-            "7532",
-            "3",
-        ],
+        &[PYTHON, &client, "10.77.0.1", "7532", "3"],
     );
     let end = c.wait();
     end.check(0);
@@ -1551,14 +1532,7 @@ fn ustack_fast_open_client_keeps_linuxs_cookie_and_sends_data_in_its_syn() {
         .unwrap_or_else(|e| panic!("the kernel's server did not end: {e:?}"));
     assert_eq!(code, 0, "server: {err}");
     let served = stdout_json("server", out.as_bytes(), err.as_bytes());
-    for i in 0..3 {
-        assert_eq!(got[i]["answer"], format!("echo:hello {i}"), "{got}");
-        assert_eq!(served[i]["data"], format!("hello {i}"), "{served}");
-    }
-    let flags = |v: &Value, k: &str| (0..3).map(|i| v[i][k].as_bool()).collect::<Vec<_>>();
-    let taken = [Some(false), Some(true), Some(true)];
-    assert_eq!(flags(&served, "syn_data"), taken, "server: {served}");
-    assert_eq!(flags(&got, "syn_data_acked"), taken, "client: {got}");
+    check_fast_open(&got, &served);
 }
 
 /// `MSG_ZEROCOPY` sends to the Linux echo peer: before any, the error
