@@ -1195,8 +1195,9 @@ for name, level, num, outcome, note in rows:
         socks = [tcp]
     if name == "IPV6_V6ONLY":
         socks = [socket.socket(socket.AF_INET6, t) for t in (socket.SOCK_STREAM, socket.SOCK_DGRAM)]
-    if name == "TCP_FASTOPEN":
-        # A listener's option (Linux: EINVAL on a connection): a fresh socket.
+    if name in ("TCP_FASTOPEN", "TCP_FASTOPEN_CONNECT"):
+        # A listener's option, and one set before connecting (Linux:
+        # EINVAL on a connection for both): a fresh socket.
         socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM)]
     for s in socks:
         kind = "tcp" if s.type == socket.SOCK_STREAM else "udp"
