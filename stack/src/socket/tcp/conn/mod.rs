@@ -618,11 +618,6 @@ impl TcpConn {
         self.fast_open.syn_cookie.is_some()
     }
 
-    /// Whether the SYN waits for the app's first write.
-    pub fn fast_open_deferred(&self) -> bool {
-        self.fast_open.deferred
-    }
-
     /// Opened by Fast Open and still in SYN-RECEIVED.
     pub fn fast_open_pending(&self) -> bool {
         self.fast_open.child && self.state == State::SynReceived

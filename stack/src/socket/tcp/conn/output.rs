@@ -404,16 +404,15 @@ impl TcpConn {
         } else if self.rec.rtt_probe.is_none() {
             self.rec.rtt_probe = Some((self.snd.nxt, now));
         }
-        // A retransmission after a timeout may run past what was sent.
-        let resent_end = if retransmit {
-            (self.snd.nxt + len).min(self.snd.max)
+        let end = self.snd.nxt + len;
+        if retransmit {
+            // Going back after a timeout may run past what was sent.
+            let resent_end = end.min(self.snd.max);
+            self.rec.rack.on_sent(now, self.snd.nxt, resent_end, true);
+            self.rec.rack.on_sent(now, resent_end, end, false);
         } else {
-            self.snd.nxt
-        };
-        self.rec.rack.on_sent(now, self.snd.nxt, resent_end, true);
-        self.rec
-            .rack
-            .on_sent(now, resent_end, self.snd.nxt + len, false);
+            self.rec.rack.on_sent(now, self.snd.nxt, end, false);
+        }
         self.count_recovery_send(len);
         self.snd.nxt += advance;
         if self.snd.max.diff(self.snd.nxt) < 0 {
