@@ -33,6 +33,7 @@ fuzz_target!(|data: &[u8]| {
                 more_frags: flags & 8 != 0,
                 frag_offset: r.u16(),
                 ttl: r.u8(),
+                tos: flags.rotate_left(3),
                 options: r.chunk(40),
             };
             let payload = r.chunk(255);

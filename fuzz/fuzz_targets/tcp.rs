@@ -5,13 +5,16 @@
 //! The stack also opens a Fast Open client connection to the peer's port
 //! 80 (its SYN asks for a cookie): a segment may go to it, so fuzzed
 //! SYN-ACKs bring it cookies (RFC 7413's option, any length or form).
+//! ECN is on both ways (RFC 3168): the flags take any ECE and CWR, and
+//! each packet any ECN codepoint (CE marks included).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use smoltcp::wire::{EthernetFrame, IpProtocol, Ipv4Packet, TcpPacket};
 use ustack::{Instant, VecTx};
 use ustack_fuzz::{
-    PEER, Reader, TCP_PORT, TcpFields, US, finish, ip_frame, receive_counted, stack, tcp_segment,
+    PEER, Reader, TCP_PORT, TcpFields, US, finish, ip_frame_tos, receive_counted, stack,
+    tcp_segment,
 };
 
 /// The sequence number after the last SYN-ACK the stack sent to `port`,
@@ -76,6 +79,7 @@ fuzz_target!(|data: &[u8]| {
             f.ack = synack_next(&tx, port, to_client).unwrap_or(f.ack);
             f.flags |= 0x10;
         }
+        let ecn = r.u8() & 3;
         let payload = r.chunk(200);
         let seg = tcp_segment(PEER, US, &f, payload);
         if let Ok(p) = TcpPacket::new_checked(&seg[..]) {
@@ -91,7 +95,7 @@ fuzz_target!(|data: &[u8]| {
             .seq
             .wrapping_add(payload.len() as u32)
             .wrapping_add(u32::from(f.flags & 3 != 0));
-        let frame = ip_frame(IpProtocol::Tcp, &seg);
+        let frame = ip_frame_tos(IpProtocol::Tcp, ecn, &seg);
         ms += u64::from(ctl >> 5) * 50;
         let now = Instant::from_millis(ms);
         receive_counted(&mut s, now, &frame, &mut tx);

@@ -83,6 +83,9 @@ pub fn small_tcp() -> TcpConfig {
     TcpConfig {
         send_buffer: 8 << 10,
         recv_buffer: 8 << 10,
+        // Our SYNs ask for ECN and requests are granted: fuzzed segments
+        // reach ECN's receiver and sender paths (RFC 3168).
+        ecn: ustack::socket::tcp::Ecn::On,
         ..TcpConfig::default()
     }
 }
@@ -173,6 +176,8 @@ pub struct IpFields<'a> {
     /// In bytes (a multiple of 8 on the wire).
     pub frag_offset: u16,
     pub ttl: u8,
+    /// The TOS byte: DSCP and the ECN codepoint (RFC 3168: 3 is CE).
+    pub tos: u8,
     /// Raw option bytes (padded to a multiple of 4, at most 40).
     pub options: &'a [u8],
 }
@@ -188,6 +193,7 @@ impl Default for IpFields<'_> {
             more_frags: false,
             frag_offset: 0,
             ttl: 64,
+            tos: 0,
             options: &[],
         }
     }
@@ -209,6 +215,8 @@ pub fn ipv4(f: &IpFields<'_>, payload: &[u8]) -> Vec<u8> {
     ip.set_more_frags(f.more_frags);
     ip.set_frag_offset(f.frag_offset & !7);
     ip.set_hop_limit(f.ttl);
+    ip.set_dscp(f.tos >> 2);
+    ip.set_ecn(f.tos & 3);
     ip.set_next_header(f.protocol);
     ip.set_src_addr(f.src);
     ip.set_dst_addr(f.dst);
@@ -221,8 +229,14 @@ pub fn ipv4(f: &IpFields<'_>, payload: &[u8]) -> Vec<u8> {
 /// A whole frame from the peer to us: Ethernet, IPv4 with `protocol`, and
 /// `body` (whose checksum [`fix_checksums`] may then repair).
 pub fn ip_frame(protocol: IpProtocol, body: &[u8]) -> Vec<u8> {
+    ip_frame_tos(protocol, 0, body)
+}
+
+/// [`ip_frame`] with `tos` in the IPv4 header's TOS byte.
+pub fn ip_frame_tos(protocol: IpProtocol, tos: u8, body: &[u8]) -> Vec<u8> {
     let f = IpFields {
         protocol,
+        tos,
         ..IpFields::default()
     };
     eth(us_mac(), EthernetProtocol::Ipv4, &ipv4(&f, body))

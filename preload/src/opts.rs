@@ -636,11 +636,13 @@ pub fn get(s: &Sock, level: c_int, name: c_int) -> Res<Vec<u8>> {
             if let Some((i, c)) = sock::tcp_info_timed(s) {
                 let mss = i.mss.max(1);
                 t.tcpi_state = linux_state(i.state);
-                t.tcpi_ca_state = if i.recovering { 3 } else { 0 };
+                t.tcpi_ca_state = i.ca_state.linux();
                 let wscale = i.wscale != (0, 0);
                 t.tcpi_options = u8::from(i.timestamps)
                     | u8::from(i.sack) << 1
                     | u8::from(wscale) << 2
+                    | u8::from(i.ecn) << 3
+                    | u8::from(i.ecn_seen) << 4
                     | u8::from(i.syn_data) << 5;
                 t.tcpi_wscales = (i.wscale.0 & 0xf) | (i.wscale.1 & 0xf) << 4;
                 t.tcpi_reordering = i.reordering as u32;

@@ -11,6 +11,7 @@
 //! | `tcp_slow_start_after_idle` 0 | the window kept across idle time |
 //! | `tcp_fastopen` 0x2, 0x200, 0x400 | Fast Open server (RFC 7413): on for listeners, data without a cookie, on for every listener without `TCP_FASTOPEN` |
 //! | `tcp_fastopen_key` | the Fast Open cookie secret (so cookies are the host's) |
+//! | `tcp_ecn` 0, 1, 2 | ECN (RFC 3168): off; asked for and granted; granted only (the default). 3 (AccECN) counts as 1, 4 and 5 as 2 |
 //!
 //! A file that cannot be read leaves the setting as it was.
 
@@ -40,12 +41,28 @@ pub fn apply(c: &mut Config) {
     if read("tcp_slow_start_after_idle") == Some(0) {
         c.tcp.slow_start_after_idle = false;
     }
+    if let Some(mode) = read("tcp_ecn").and_then(ecn_mode) {
+        c.tcp.ecn = mode;
+    }
     c.tcp.fast_open_no_cookie = fast_open_flags() & FASTOPEN_SERVER_NO_COOKIE != 0;
     if let Some(key) = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen_key")
         .ok()
         .and_then(|k| fast_open_key(&k))
     {
         c.tcp.fast_open_key = Some(key);
+    }
+}
+
+/// The ECN mode a `tcp_ecn` value chooses: Accurate ECN's values (3:
+/// ask for it; 4, 5: grant it) map to classic ECN's, which is what
+/// ustack speaks.
+fn ecn_mode(v: i64) -> Option<ustack::socket::tcp::Ecn> {
+    use ustack::socket::tcp::Ecn;
+    match v {
+        0 => Some(Ecn::Off),
+        1 | 3 => Some(Ecn::On),
+        2 | 4 | 5 => Some(Ecn::Accept),
+        _ => None,
     }
 }
 

@@ -463,6 +463,7 @@ mod test {
             src,
             dst,
             protocol,
+            tos: 0,
             ttl: 63,
             ident: 9,
             dont_frag: false,

@@ -761,6 +761,9 @@ stats! {
         counter pmtu_reductions: u64,
         /// Keepalive probes sent (RFC 1122 4.2.3.6).
         counter keepalive_probes: u64,
+        /// Window reductions for an ECN echo (RFC 3168 6.1.2): congestion
+        /// the path marked rather than dropped.
+        counter ecn_reductions: u64,
     }
 }
 

@@ -500,3 +500,42 @@ fn connect_off_subnet_without_a_gateway_has_no_route() {
     let mut g = Stack::new(cfg);
     g.tcp().connect(t, far).expect("through the gateway");
 }
+
+/// ECN end to end (RFC 3168): a bottleneck (a rate limit and a finite
+/// queue) that marks ECN-capable packets Congestion Experienced past a
+/// threshold. With ECN asked for and granted, the senders learn of the
+/// queue from the marks (ECT(0) on the wire, CE read on receipt, ECE
+/// echoed, CWR sent): the transfers finish byte-exact with no queue drop
+/// and nothing sent twice. Without ECN the same link tail-drops and the
+/// senders retransmit.
+#[test]
+fn ecn_marks_replace_drops_at_a_marking_bottleneck() {
+    use ustack::socket::tcp::Ecn;
+    let link = LinkConfig {
+        rate_bps: 200_000_000,
+        delay: Duration::from_millis(1),
+        queue_frames: 120,
+        ecn_mark: 40,
+        seed: 7,
+        ..LinkConfig::default()
+    };
+    let bytes = 16 << 20;
+    for ecn in [Ecn::On, Ecn::Off] {
+        let (net, _) = both_ways(link.clone(), bytes, |c| c.tcp.ecn = ecn, 600);
+        let wire = net.link.stats();
+        let totals: Vec<_> = net.nodes.iter().map(|n| n.stack.stats().tcp).collect();
+        let retransmits: u64 = totals.iter().map(|s| s.retransmits).sum();
+        let reductions: u64 = totals.iter().map(|s| s.totals.ecn_reductions).sum();
+        if ecn == Ecn::On {
+            assert!(wire.ce_marked > 0, "{wire:?} {totals:?}");
+            assert_eq!(wire.queue_drops, 0, "{wire:?}");
+            assert_eq!(retransmits, 0, "{totals:?}");
+            assert!(reductions > 0, "{totals:?}");
+        } else {
+            assert_eq!(wire.ce_marked, 0, "{wire:?}");
+            assert!(wire.queue_drops > 0, "{wire:?}");
+            assert!(retransmits > 0, "{totals:?}");
+            assert_eq!(reductions, 0);
+        }
+    }
+}

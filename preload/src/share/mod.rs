@@ -379,8 +379,10 @@ pub struct ConnWire {
     mss: usize,
     /// segs_in, segs_out, bytes_in, bytes_out, retransmits.
     counts: [u64; 5],
-    /// Timestamps, SACK, in recovery, data taken from the SYN.
-    flags: [bool; 4],
+    /// Timestamps, SACK, in recovery, data taken from the SYN, ECN on,
+    /// ECN-capable segments seen.
+    flags: [bool; 6],
+    ca_state: ustack::socket::tcp::CaState,
     wscale: (u8, u8),
     max_payload: usize,
     /// Lost, SACKed and retransmitted bytes, the reordering degree and
@@ -414,7 +416,15 @@ impl From<&ConnInfo> for ConnWire {
                 c.bytes_out,
                 c.retransmits,
             ],
-            flags: [i.timestamps, i.sack, i.recovering, i.syn_data],
+            flags: [
+                i.timestamps,
+                i.sack,
+                i.recovering,
+                i.syn_data,
+                i.ecn,
+                i.ecn_seen,
+            ],
+            ca_state: i.ca_state,
             wscale: i.wscale,
             max_payload: i.max_payload,
             recovery: [
@@ -431,7 +441,7 @@ impl From<&ConnInfo> for ConnWire {
 impl From<ConnWire> for ConnInfo {
     fn from(w: ConnWire) -> Self {
         let [segs_in, segs_out, bytes_in, bytes_out, retransmits] = w.counts;
-        let [timestamps, sack, recovering, syn_data] = w.flags;
+        let [timestamps, sack, recovering, syn_data, ecn, ecn_seen] = w.flags;
         let [lost, sacked, retrans, reordering, reord_seen] = w.recovery;
         ConnInfo {
             local: w.local,
@@ -454,6 +464,9 @@ impl From<ConnWire> for ConnInfo {
             sack,
             wscale: w.wscale,
             recovering,
+            ca_state: w.ca_state,
+            ecn,
+            ecn_seen,
             lost,
             sacked,
             retrans,

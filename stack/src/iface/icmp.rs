@@ -300,6 +300,7 @@ impl PingTable {
                     tx,
                     meta.src_v4(),
                     IpProtocol::Icmp,
+                    0,
                     options,
                     reply.buffer_len(),
                     |buf| {
@@ -455,15 +456,25 @@ fn echo_request6<T: Tx>(
         return;
     };
     let len = 8 + req.size;
-    let sent = crate::iface::ipv6::send(link, now, tx, src, dst, IpProtocol::Icmpv6, 0, len, |b| {
-        b[0] = ECHO_REQUEST6;
-        b[1..4].fill(0);
-        b[4..6].copy_from_slice(&ident.to_be_bytes());
-        b[6..8].copy_from_slice(&req.seq.to_be_bytes());
-        fill_echo_data(&mut b[8..], now);
-        let c = crate::wire::checksum::compute_ip(src.into(), dst.into(), 58, b);
-        b[2..4].copy_from_slice(&c.to_be_bytes());
-    });
+    let sent = crate::iface::ipv6::send(
+        link,
+        now,
+        tx,
+        src,
+        dst,
+        (IpProtocol::Icmpv6, 0),
+        0,
+        len,
+        |b| {
+            b[0] = ECHO_REQUEST6;
+            b[1..4].fill(0);
+            b[4..6].copy_from_slice(&ident.to_be_bytes());
+            b[6..8].copy_from_slice(&req.seq.to_be_bytes());
+            fill_echo_data(&mut b[8..], now);
+            let c = crate::wire::checksum::compute_ip(src.into(), dst.into(), 58, b);
+            b[2..4].copy_from_slice(&c.to_be_bytes());
+        },
+    );
     if sent.is_ok() {
         link.stats.ipv6.tx_echo_requests += 1;
     }

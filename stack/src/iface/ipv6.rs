@@ -459,14 +459,24 @@ fn icmpv6_message<T: Tx>(
                 send_icmpv6(link, tx, mac, dst, src, HOP_LIMIT, &reply)
             } else {
                 // Above the MTU: in fragments.
-                send(link, now, tx, dst, src, IpProtocol::Icmpv6, 0, len, |b| {
-                    reply.emit(
-                        &dst,
-                        &src,
-                        &mut Icmpv6Packet::new_unchecked(b),
-                        &ChecksumCapabilities::default(),
-                    );
-                })
+                send(
+                    link,
+                    now,
+                    tx,
+                    dst,
+                    src,
+                    (IpProtocol::Icmpv6, 0),
+                    0,
+                    len,
+                    |b| {
+                        reply.emit(
+                            &dst,
+                            &src,
+                            &mut Icmpv6Packet::new_unchecked(b),
+                            &ChecksumCapabilities::default(),
+                        );
+                    },
+                )
                 .is_ok()
             };
             if sent {
@@ -939,6 +949,7 @@ fn write_header(
 
 /// Send an IPv6 packet from `src` (one of ours, [`Ipv6Iface::source_for`])
 /// to `dst` carrying `payload_len` bytes of `protocol` that `fill` writes,
+/// with traffic class `tclass` (DSCP and ECN: TCP's ECT(0) on new data),
 /// whose transport `ports` (source port high, destination low; 0 for a
 /// protocol without) choose its flow label. It goes to `dst` when on-link, else to the default router
 /// ([`Ipv6Iface::next_hop`](crate::iface::ipv6_iface::Ipv6Iface::next_hop);
@@ -952,7 +963,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
     tx: &mut T,
     src: Ipv6Addr,
     dst: Ipv6Addr,
-    protocol: IpProtocol,
+    (protocol, tclass): (IpProtocol, u8),
     ports: u32,
     payload_len: usize,
     fill: F,
@@ -977,6 +988,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
         let len = IPV6_HEADER_LEN + payload_len;
         let build = |ip: &mut [u8]| {
             write_header(ip, src, dst, protocol, payload_len, label);
+            Ipv6Packet::new_unchecked(&mut *ip).set_traffic_class(tclass);
             fill(&mut ip[IPV6_HEADER_LEN..]);
         };
         send_or_hold(link, now, tx, hop, mac, len, build);
@@ -1004,6 +1016,7 @@ pub(crate) fn send<T: Tx, F: FnOnce(&mut [u8])>(
                 FRAG_HEADER_LEN + piece.len(),
                 label,
             );
+            Ipv6Packet::new_unchecked(&mut *ip).set_traffic_class(tclass);
             let f = &mut ip[IPV6_HEADER_LEN..];
             f[0] = protocol.into();
             f[1] = 0;
@@ -1431,7 +1444,7 @@ pub(crate) fn send_error<T: Tx>(
         tx,
         from,
         to,
-        IpProtocol::Icmpv6,
+        (IpProtocol::Icmpv6, 0),
         0,
         8 + quote,
         |b| {

@@ -74,6 +74,16 @@ pub(crate) struct IpMeta<'a> {
 }
 
 impl IpMeta<'_> {
+    /// The ECN codepoint of the header (RFC 3168 5): the low two bits of
+    /// IPv4's TOS byte or of IPv6's traffic class.
+    pub(crate) fn ecn(&self) -> u8 {
+        match (self.src, self.header) {
+            (IpAddr::V4(_), [_, tos, ..]) => tos & 3,
+            (IpAddr::V6(_), [_, low, ..]) => (low >> 4) & 3,
+            _ => 0,
+        }
+    }
+
     /// The IPv4 source (the unspecified address for an IPv6 packet: only
     /// IPv4's own paths, ICMP, ask).
     pub(crate) fn src_v4(&self) -> Ipv4Addr {
@@ -496,10 +506,26 @@ impl Link {
         payload_len: usize,
         fill: F,
     ) -> Result<(), Error> {
-        self.send_ip_with_options(now, tx, dst, protocol, &[], payload_len, fill)
+        self.send_ip_with_options(now, tx, dst, protocol, 0, &[], payload_len, fill)
     }
 
-    /// [`send_ip`](Self::send_ip) with IPv4 `options` (a multiple of 4
+    /// [`send_ip`](Self::send_ip) with `tos` in the header's TOS byte
+    /// (DSCP and ECN, RFC 2474 and RFC 3168: TCP's ECT(0) on new data).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_ip_tos<T: Tx, F: FnOnce(&mut [u8])>(
+        &mut self,
+        now: Instant,
+        tx: &mut T,
+        dst: Ipv4Addr,
+        protocol: IpProtocol,
+        tos: u8,
+        payload_len: usize,
+        fill: F,
+    ) -> Result<(), Error> {
+        self.send_ip_with_options(now, tx, dst, protocol, tos, &[], payload_len, fill)
+    }
+
+    /// [`send_ip_tos`](Self::send_ip_tos) with IPv4 `options` (a multiple of 4
     /// bytes, at most 40) in the header. Options that are not copied on
     /// fragmentation (Record Route) would ride in the first fragment only:
     /// a datagram that needs fragmenting leaves without them instead.
@@ -510,6 +536,7 @@ impl Link {
         tx: &mut T,
         dst: Ipv4Addr,
         protocol: IpProtocol,
+        tos: u8,
         options: &[u8],
         payload_len: usize,
         fill: F,
@@ -520,12 +547,12 @@ impl Link {
         let max_payload = self.cfg.mtu.saturating_sub(IP_LEN);
         if IP_LEN + options.len() + payload_len <= self.cfg.mtu {
             let hl = IP_LEN + options.len();
-            return self.send_packet(now, tx, dst, protocol, options, payload_len, |ip| {
+            return self.send_packet(now, tx, dst, protocol, tos, options, payload_len, |ip| {
                 fill(&mut ip[hl..]);
             });
         }
         let (hop, mac) = self.resolve(now, dst)?;
-        let header = self.header(dst, protocol);
+        let header = self.header(dst, protocol, tos);
         // Fragment: build the payload once, then cut it at multiples of 8.
         let chunk = max_payload & !7;
         if chunk == 0 {
@@ -575,7 +602,7 @@ impl Link {
         payload_len: usize,
         fill: F,
     ) -> Result<(), Error> {
-        self.send_packet(now, tx, dst, protocol, &[], payload_len, fill)
+        self.send_packet(now, tx, dst, protocol, 0, &[], payload_len, fill)
     }
 
     /// Send one unfragmented TCP packet the port finishes (its checksums,
@@ -591,6 +618,7 @@ impl Link {
         now: Instant,
         tx: &mut T,
         dst: Ipv4Addr,
+        tos: u8,
         tcp_header_len: usize,
         payload_len: usize,
         tso_segsz: u16,
@@ -608,7 +636,7 @@ impl Link {
         let (_, Some(mac)) = self.resolve(now, dst)? else {
             return Ok(false);
         };
-        let header = self.header(dst, IpProtocol::Tcp);
+        let header = self.header(dst, IpProtocol::Tcp, tos);
         let src = self.cfg.mac;
         let offload = TxOffload {
             l2_len: ETH_LEN as u8,
@@ -640,6 +668,7 @@ impl Link {
         tx: &mut T,
         dst: Ipv4Addr,
         protocol: IpProtocol,
+        tos: u8,
         options: &[u8],
         payload_len: usize,
         fill: F,
@@ -649,7 +678,7 @@ impl Link {
             return Err(Error::TooLarge);
         }
         let (hop, mac) = self.resolve(now, dst)?;
-        let header = self.header(dst, protocol);
+        let header = self.header(dst, protocol, tos);
         match mac {
             Some(mac) => {
                 let src = self.cfg.mac;
@@ -699,11 +728,12 @@ impl Link {
     /// The header of a datagram we originate (a fresh identification).
     /// TCP sets DF: it honours fragmentation-needed (RFC 1191) by lowering
     /// the connection's MSS instead.
-    fn header(&mut self, dst: Ipv4Addr, protocol: IpProtocol) -> IpHeader {
+    fn header(&mut self, dst: Ipv4Addr, protocol: IpProtocol, tos: u8) -> IpHeader {
         IpHeader {
             src: self.ip(),
             dst,
             protocol,
+            tos,
             ttl: self.cfg.ttl,
             ident: self.next_ident(dst, protocol),
             dont_frag: protocol == IpProtocol::Tcp,
@@ -730,6 +760,8 @@ pub(crate) struct IpHeader {
     pub(crate) src: Ipv4Addr,
     pub(crate) dst: Ipv4Addr,
     pub(crate) protocol: IpProtocol,
+    /// The TOS byte: DSCP (upper six bits) and ECN (lower two).
+    pub(crate) tos: u8,
     pub(crate) ttl: u8,
     pub(crate) ident: u16,
     pub(crate) dont_frag: bool,
@@ -751,8 +783,8 @@ impl IpHeader {
         let mut p = Ipv4Packet::new_unchecked(buf);
         p.set_version(4);
         p.set_header_len(hl as u8);
-        p.set_dscp(0);
-        p.set_ecn(0);
+        p.set_dscp(self.tos >> 2);
+        p.set_ecn(self.tos & 3);
         p.set_total_len((hl + payload_len) as u16);
         p.set_ident(self.ident);
         p.clear_flags();
@@ -768,7 +800,7 @@ impl IpHeader {
         // the TCP header is: reading back the words the small stores just
         // wrote stalls on the store buffer), options from their slice.
         let flags_frag = (u16::from(df) << 14) | (u16::from(more) << 13);
-        let sum = u64::from(0x4000u16 | ((hl as u16 / 4) << 8))
+        let sum = u64::from(0x4000u16 | ((hl as u16 / 4) << 8) | u16::from(self.tos))
             + u64::from((hl + payload_len) as u16)
             + u64::from(self.ident)
             + u64::from(flags_frag | (frag_offset as u16 / 8))
@@ -839,6 +871,7 @@ mod test {
             src in any::<u32>(),
             dst in any::<u32>(),
             ttl in any::<u8>(),
+            tos in any::<u8>(),
             ident in any::<u16>(),
             proto in any::<u8>(),
             words in 0usize..=10,
@@ -852,6 +885,7 @@ mod test {
                 src: Ipv4Addr::from(src),
                 dst: Ipv4Addr::from(dst),
                 protocol: IpProtocol::from(proto),
+                tos,
                 ttl,
                 ident,
                 dont_frag,

@@ -41,6 +41,13 @@ pub struct LinkConfig {
     pub rate_bps: u64,
     /// Frames a port's inbox holds; beyond it frames are dropped (tail drop).
     pub queue_frames: usize,
+    /// With `rate_bps` set: an ECN-capable IP packet (ECT(0) or ECT(1))
+    /// that finds this many frames or more waiting ahead of it at the
+    /// sending port is marked Congestion Experienced (RFC 3168 5: an
+    /// AQM's marking threshold, as a switch's on its egress queue); 0
+    /// marks nothing. Frames that are not ECN-capable wait or are
+    /// tail-dropped as ever.
+    pub ecn_mark: usize,
     /// IP MTU of the link.
     pub mtu: usize,
     /// Seed of the impairments' random generator: the same seed and
@@ -60,6 +67,7 @@ impl Default for LinkConfig {
             jitter: Duration::ZERO,
             rate_bps: 0,
             queue_frames: 4096,
+            ecn_mark: 0,
             mtu: 1500,
             seed: 1,
         }
@@ -85,6 +93,9 @@ pub struct LinkStats {
     /// Frames dropped because the receiving port's inbox held
     /// `queue_frames` already (sim link only).
     pub queue_drops: u64,
+    /// ECN-capable packets marked Congestion Experienced past the
+    /// `ecn_mark` threshold (sim link only).
+    pub ce_marked: u64,
 }
 
 #[derive(Debug)]
@@ -139,10 +150,15 @@ impl Wire {
         let len = buf.len();
         // Serialization on the sender's port.
         let mut depart = now;
+        let mut congested = false;
         let bits_ns = (len as u64).saturating_mul(8_000_000_000);
         if let Some(tx_ns) = bits_ns.checked_div(self.cfg.rate_bps) {
             let tx_time = Duration::from_nanos(tx_ns);
             let slot = &mut self.ports[from];
+            let waiting = slot.busy_until.saturating_duration_since(now);
+            // Frames (of this one's size) ahead of it at the port.
+            let ahead = waiting.as_nanos() / u128::from(tx_ns.max(1));
+            congested = self.cfg.ecn_mark > 0 && ahead >= self.cfg.ecn_mark as u128;
             depart = slot.busy_until.max(now) + tx_time;
             slot.busy_until = depart;
         }
@@ -168,7 +184,10 @@ impl Wire {
             } else {
                 original.as_ref().and_then(|b| b.try_clone_from(&pool))
             };
-            if let Some(frame) = frame {
+            if let Some(mut frame) = frame {
+                if congested && mark_ce(frame.as_mut()) {
+                    self.stats.ce_marked += 1;
+                }
                 self.impair_and_queue(to, depart, frame, &pool);
             }
         }
@@ -212,6 +231,45 @@ impl Wire {
                 buf: f,
             });
         }
+    }
+}
+
+/// Mark an Ethernet frame's ECN-capable IP packet Congestion Experienced
+/// (its IPv4 header checksum redone); false, untouched, for a frame that
+/// is not IP or not ECN-capable (or already marked).
+pub(crate) fn mark_ce(frame: &mut [u8]) -> bool {
+    use smoltcp::wire::{Ipv4Packet, Ipv6Packet};
+    const CE: u8 = 3;
+    let Some((ethertype, ip)) = frame
+        .split_at_mut_checked(14)
+        .map(|(h, ip)| ([h[12], h[13]], ip))
+    else {
+        return false;
+    };
+    match ethertype {
+        [0x08, 0x00] => {
+            let Ok(mut p) = Ipv4Packet::new_checked(ip) else {
+                return false;
+            };
+            if !matches!(p.ecn(), 1 | 2) {
+                return false;
+            }
+            p.set_ecn(CE);
+            p.fill_checksum();
+            true
+        }
+        [0x86, 0xdd] => {
+            let Ok(mut p) = Ipv6Packet::new_checked(ip) else {
+                return false;
+            };
+            let tc = p.traffic_class();
+            if !matches!(tc & 3, 1 | 2) {
+                return false;
+            }
+            p.set_traffic_class(tc | CE);
+            true
+        }
+        _ => false,
     }
 }
 

@@ -111,6 +111,19 @@ enum Cmd {
         /// count and pipe alone, the behaviour before them.
         #[arg(long)]
         no_rack: bool,
+        /// The link's rate each way, Mbit/s (0: unlimited): a bottleneck.
+        #[arg(long, default_value_t = 0)]
+        rate_mbit: u64,
+        /// Frames the link queues before it drops (tail drop).
+        #[arg(long, default_value_t = 4096)]
+        queue: usize,
+        /// Queued frames past which the link marks ECN-capable packets
+        /// Congestion Experienced instead (0: never).
+        #[arg(long, default_value_t = 0)]
+        ecn_mark: usize,
+        /// Connections ask for ECN (RFC 3168); the other end grants it.
+        #[arg(long)]
+        ecn: bool,
         /// Seed of the losses.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -255,8 +268,15 @@ fn run(cli: Cli) -> Result<()> {
             count,
             no_tlp,
             no_rack,
+            rate_mbit,
+            queue,
+            ecn_mark,
+            ecn,
             seed,
         } => {
+            if queue == 0 {
+                bail!("--queue 0: the link must hold at least one frame");
+            }
             if !(0.0..100.0).contains(&loss) {
                 bail!("--loss {loss}: a percentage below 100");
             }
@@ -267,6 +287,10 @@ fn run(cli: Cli) -> Result<()> {
                 count,
                 tlp: !no_tlp,
                 rack: !no_rack,
+                rate_bps: rate_mbit.saturating_mul(1_000_000),
+                queue,
+                ecn_mark,
+                ecn,
                 seed,
             })?;
             println!("{v}");

@@ -4,7 +4,9 @@
 //! sender's write to the receiver's read of its last byte. What loss
 //! recovery buys shows in the tail of those times (a lost last segment
 //! waits for a tail loss probe, or without one for the retransmission
-//! timeout).
+//! timeout). With a rate and a queue the link is a bottleneck that
+//! tail-drops, or with a marking threshold marks ECN-capable packets
+//! instead (what ECN buys, RFC 3168).
 
 use std::cell::Cell;
 use std::net::SocketAddrV4;
@@ -33,6 +35,15 @@ pub struct Spec {
     pub tlp: bool,
     /// RACK loss detection and PRR (RFC 8985 6, RFC 6937) on.
     pub rack: bool,
+    /// The link's rate each way, bits per second (0: unlimited).
+    pub rate_bps: u64,
+    /// Frames the bottleneck queues before it drops.
+    pub queue: usize,
+    /// Queued frames past which ECN-capable packets are marked CE (0:
+    /// never).
+    pub ecn_mark: usize,
+    /// Connections ask for ECN (RFC 3168).
+    pub ecn: bool,
     /// Seed of the link's losses.
     pub seed: u64,
 }
@@ -139,12 +150,18 @@ pub fn run(spec: Spec) -> Result<Value> {
         loss: spec.loss,
         delay: spec.rtt / 2,
         seed: spec.seed,
+        rate_bps: spec.rate_bps,
+        queue_frames: spec.queue,
+        ecn_mark: spec.ecn_mark,
         ..LinkConfig::default()
     });
     for n in [1u8, 2] {
         let mut cfg = host_config(n);
         cfg.tcp.tail_loss_probe = spec.tlp;
         cfg.tcp.rack = spec.rack;
+        if spec.ecn {
+            cfg.tcp.ecn = ustack::socket::tcp::Ecn::On;
+        }
         net.add(cfg);
     }
     let received = Counter::default();
@@ -195,6 +212,13 @@ pub fn run(spec: Spec) -> Result<Value> {
         "count": spec.count,
         "tail_loss_probe": spec.tlp,
         "rack": spec.rack,
+        "rate_mbit": spec.rate_bps as f64 / 1e6,
+        "queue": spec.queue,
+        "ecn_mark": spec.ecn_mark,
+        "ecn": spec.ecn,
+        "queue_drops": net.link.stats().queue_drops,
+        "ce_marked": net.link.stats().ce_marked,
+        "ecn_reductions": stats.ecn_reductions,
         "p50_ms": ms(percentile(&sorted, 50.0)),
         "p99_ms": ms(percentile(&sorted, 99.0)),
         "max_ms": ms(sorted[sorted.len() - 1]),

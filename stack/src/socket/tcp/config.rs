@@ -12,6 +12,20 @@ use super::rtt::RttConfig;
 /// The largest window scale shift (RFC 7323 §2.3).
 pub(crate) const MAX_WSCALE: u8 = 14;
 
+/// Explicit Congestion Notification (RFC 3168) on new connections, as
+/// Linux's `tcp_ecn` sysctl chooses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ecn {
+    /// Never: our SYNs do not ask, and a peer's request is declined.
+    Off,
+    /// A peer's request is granted; our SYNs do not ask (Linux's
+    /// default, `tcp_ecn` 2).
+    #[default]
+    Accept,
+    /// Our SYNs ask, and a peer's request is granted (`tcp_ecn` 1).
+    On,
+}
+
 /// Per-connection tuning.
 #[derive(Debug, Clone)]
 pub struct TcpConfig {
@@ -86,6 +100,11 @@ pub struct TcpConfig {
     /// `tcp_slow_start_after_idle`: the window halved per timeout of
     /// idleness, never below the initial one).
     pub slow_start_after_idle: bool,
+    /// ECN (RFC 3168): whether our SYNs ask for it and whether a peer's
+    /// request is granted. On a connection that has it, new data leaves
+    /// ECN-capable (ECT(0)), a congestion mark is echoed, and an echo
+    /// reduces the window as a loss would, without the loss.
+    pub ecn: Ecn,
 }
 
 impl TcpConfig {
@@ -127,6 +146,7 @@ impl Default for TcpConfig {
             tail_loss_probe: true,
             rack: true,
             slow_start_after_idle: true,
+            ecn: Ecn::default(),
         }
     }
 }

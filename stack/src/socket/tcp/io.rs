@@ -33,8 +33,11 @@ fn segment_from<'a>(r: &TcpRepr<'a>) -> Segment<'a> {
             sack_permitted: r.sack_permitted,
             sack,
             timestamp: r.timestamp.map(|t| (t.tsval, t.tsecr)),
+            // `TcpRepr` has no ECN flags: `process` reads them.
+            ..Header::default()
         },
         payload: r.payload,
+        ecn: 0,
     }
 }
 
@@ -71,6 +74,7 @@ fn predicted_segment<'a>(pkt: &TcpPacket<&'a [u8]>) -> Option<Segment<'a>> {
             ..Header::default()
         },
         payload: pkt.payload(),
+        ecn: 0,
     })
 }
 
@@ -144,7 +148,25 @@ fn header_len(repr: &TcpRepr<'_>) -> usize {
     if repr.timestamp.is_some() { 32 } else { 20 }
 }
 
-/// `repr.emit(pkt, ..)` with the checksum left zero (as with
+/// The ECE flag's bit in the TCP header's flags byte (RFC 3168 6.1).
+const ECE: u8 = 0x40;
+/// The CWR flag's bit.
+const CWR: u8 = 0x80;
+/// ECT(0), the ECN codepoint of an ECN-capable packet (RFC 3168 5).
+const ECT0: u8 = 2;
+
+/// A segment's header as it leaves: smoltcp's `TcpRepr`, and what it has
+/// no field for.
+#[derive(Debug, Clone, Copy)]
+struct Head<'a> {
+    repr: TcpRepr<'a>,
+    /// ECE and CWR (RFC 3168 6.1), as their bits in the flags byte.
+    flags: u8,
+    /// The IP header's ECN codepoint (ECT(0) on new data with ECN).
+    ecn: u8,
+}
+
+/// `head.repr.emit(pkt, ..)`, its ECN flags set, with the checksum left zero (as with
 /// `ChecksumCapabilities::ignored()`): the same bytes (property-tested
 /// below), the predicted shape without the general option machinery.
 /// The payload, if any, is already in place (`repr.payload` is empty).
@@ -155,16 +177,19 @@ fn header_len(repr: &TcpRepr<'_>) -> usize {
 /// wrote, which cannot be forwarded from the store buffer and stall.
 fn write_header(
     pkt: &mut TcpPacket<&mut [u8]>,
-    repr: &TcpRepr<'_>,
+    head: &Head<'_>,
     src: &IpAddress,
     dst: &IpAddress,
 ) -> Option<u64> {
+    let repr = &head.repr;
     let (true, Some(ack)) = (predicted_shape(repr), repr.ack_number) else {
         repr.emit(pkt, src, dst, &ChecksumCapabilities::ignored());
+        pkt.set_ece(head.flags & ECE != 0);
+        pkt.set_cwr(head.flags & CWR != 0);
         return None;
     };
     let hl = header_len(repr);
-    let mut flags = 0x10u16; // ACK
+    let mut flags = 0x10u16 | u16::from(head.flags); // ACK, ECE, CWR
     match repr.control {
         TcpControl::Psh => flags |= 0x08,
         TcpControl::Fin => flags |= 0x01,
@@ -181,6 +206,8 @@ fn write_header(
     pkt.set_psh(flags & 0x08 != 0);
     pkt.set_fin(flags & 0x01 != 0);
     pkt.set_ack(true);
+    pkt.set_ece(head.flags & ECE != 0);
+    pkt.set_cwr(head.flags & CWR != 0);
     let mut sum = u64::from(repr.src_port)
         + u64::from(repr.dst_port)
         + crate::wire::checksum::words(repr.seq_number.0 as u32)
@@ -251,24 +278,35 @@ fn emit<T: Tx>(
         timestamp: out.hdr.timestamp.map(|(v, e)| TcpTimestampRepr::new(v, e)),
         payload: &[],
     };
+    let head = Head {
+        repr,
+        flags: if out.hdr.ece { ECE } else { 0 } | if out.hdr.cwr { CWR } else { 0 },
+        ecn: if out.ect { ECT0 } else { 0 },
+    };
     let (me, peer) = (local.ip(), remote.ip());
     if let Some((cookie, exp)) = out.fast_open {
         let (opt, n) = fastopen::option_bytes(&cookie, exp);
         let data = out.payload_len;
-        let sent = emit_with_option(link, now, tx, me, peer, &repr, &opt[..n], data, |buf| {
+        let sent = emit_with_option(link, now, tx, me, peer, &head, &opt[..n], data, |buf| {
             payload(0, buf, false);
         });
         return usize::from(sent);
     }
-    // IPv6 segments are cut here: the port's TSO is set up for IPv4.
-    if out.tso_segsz > 0 && (link.offloads.tso_max == 0 || peer.is_ipv6()) {
+    // IPv6 segments are cut here: the port's TSO is set up for IPv4; and
+    // so is one with CWR, which a port would copy onto every frame.
+    if out.tso_segsz > 0 && (link.offloads.tso_max == 0 || peer.is_ipv6() || out.hdr.cwr) {
         let mut sent = 0;
         for offset in (0..out.payload_len).step_by(out.tso_segsz) {
             let n = out.tso_segsz.min(out.payload_len - offset);
-            let mut frame = repr;
-            frame.seq_number = repr.seq_number + offset;
+            let mut frame = head;
+            frame.repr.seq_number = repr.seq_number + offset;
             if offset + n < out.payload_len {
-                frame.control = TcpControl::Psh;
+                frame.repr.control = TcpControl::Psh;
+            }
+            if offset > 0 {
+                // CWR on the first frame only (RFC 3168 6.1.2's one
+                // segment per window reduction).
+                frame.flags &= !CWR;
             }
             sent += usize::from(emit_frame(
                 link,
@@ -290,14 +328,14 @@ fn emit<T: Tx>(
         tx,
         me,
         peer,
-        &repr,
+        &head,
         out.payload_len,
         out.tso_segsz,
         |buf, summed| payload(0, buf, summed),
     ))
 }
 
-/// One segment of `repr`'s header and `payload_len` bytes of payload that
+/// One segment of `head`'s header and `payload_len` bytes of payload that
 /// `payload` writes (see [`emit`]), as one frame, or as a TSO segment the
 /// port cuts when `tso_segsz` is set.
 #[allow(clippy::too_many_arguments)]
@@ -307,15 +345,15 @@ fn emit_frame<T: Tx>(
     tx: &mut T,
     me: IpAddr,
     peer: IpAddr,
-    repr: &TcpRepr<'_>,
+    head: &Head<'_>,
     payload_len: usize,
     tso_segsz: usize,
     payload: impl FnOnce(&mut [u8], bool) -> Option<u64>,
 ) -> bool {
     let (IpAddr::V4(me), IpAddr::V4(peer)) = (me, peer) else {
-        return emit_frame6(link, now, tx, me, peer, repr, payload_len, payload);
+        return emit_frame6(link, now, tx, me, peer, head, payload_len, payload);
     };
-    let hdr = header_len(repr);
+    let hdr = header_len(&head.repr);
     let (src, dst) = (IpAddress::Ipv4(me), IpAddress::Ipv4(peer));
     let fill = link.checksum.tcp.tx();
     let len = hdr + payload_len;
@@ -329,13 +367,13 @@ fn emit_frame<T: Tx>(
         let partial = crate::wire::checksum::fold(crate::wire::checksum::pseudo_header(
             me, peer, 6, phdr_len,
         ));
-        let built = link.send_tcp_offloaded(now, tx, peer, hdr, len, tso, |ip| {
+        let built = link.send_tcp_offloaded(now, tx, peer, head.ecn, hdr, len, tso, |ip| {
             let buf = &mut ip[smoltcp::wire::IPV4_HEADER_LEN..];
             if let Some(p) = payload.take() {
                 p(&mut buf[hdr..], false);
             }
             let mut pkt = TcpPacket::new_unchecked(&mut *buf);
-            let _ = write_header(&mut pkt, repr, &src, &dst);
+            let _ = write_header(&mut pkt, head, &src, &dst);
             pkt.set_checksum(partial);
         });
         match built {
@@ -350,13 +388,13 @@ fn emit_frame<T: Tx>(
     let Some(payload) = payload else {
         return false;
     };
-    link.send_ip(now, tx, peer, IpProtocol::Tcp, len, |buf| {
-        fill_segment(buf, hdr, repr, me.into(), peer.into(), fill, payload);
+    link.send_ip_tos(now, tx, peer, IpProtocol::Tcp, head.ecn, len, |buf| {
+        fill_segment(buf, hdr, head, me.into(), peer.into(), fill, payload);
     })
     .is_ok()
 }
 
-/// Write a segment into `buf`: `repr`'s header (`hdr` bytes), the payload
+/// Write a segment into `buf`: `head`'s header (`hdr` bytes), the payload
 /// `payload` writes after it, and when `summed`, the checksum over the
 /// pseudo-header of `me` and `peer`: our own word-wide sum
 /// (crate::wire::checksum), not smoltcp's, the payload's taken as it was
@@ -364,7 +402,7 @@ fn emit_frame<T: Tx>(
 fn fill_segment(
     buf: &mut [u8],
     hdr: usize,
-    repr: &TcpRepr<'_>,
+    head: &Head<'_>,
     me: IpAddr,
     peer: IpAddr,
     summed: bool,
@@ -374,7 +412,7 @@ fn fill_segment(
     let (src, dst) = (IpAddress::from(me), IpAddress::from(peer));
     let payload_sum = payload(&mut buf[hdr..], summed);
     let mut pkt = TcpPacket::new_unchecked(&mut *buf);
-    let header_sum = write_header(&mut pkt, repr, &src, &dst);
+    let header_sum = write_header(&mut pkt, head, &src, &dst);
     if !summed {
         return;
     }
@@ -389,7 +427,7 @@ fn fill_segment(
     TcpPacket::new_unchecked(buf).set_checksum(c);
 }
 
-/// A segment without payload whose header carries, after `repr`'s
+/// A segment whose header carries, after `head`'s
 /// options, one that `TcpRepr` has no field for (`extra`: a SYN-ACK's
 /// Fast Open cookie), NOP-padded to 4-byte boundaries. Its checksum is
 /// always ours. False when it did not fit or go out.
@@ -400,31 +438,32 @@ fn emit_with_option<T: Tx>(
     tx: &mut T,
     me: IpAddr,
     peer: IpAddr,
-    repr: &TcpRepr<'_>,
+    head: &Head<'_>,
     extra: &[u8],
     payload_len: usize,
     payload: impl FnOnce(&mut [u8]),
 ) -> bool {
     const FIXED: usize = 20;
+    let repr = &head.repr;
     let base = repr.header_len();
     let mut scratch = [0u8; 60];
-    let Some(head) = scratch.get_mut(..base) else {
+    let Some(bytes) = scratch.get_mut(..base) else {
         return false;
     };
     let (src, dst) = (IpAddress::from(me), IpAddress::from(peer));
     repr.emit(
-        &mut TcpPacket::new_unchecked(&mut *head),
+        &mut TcpPacket::new_unchecked(&mut *bytes),
         &src,
         &dst,
         &ChecksumCapabilities::ignored(),
     );
     // smoltcp pads its options with end-of-list: they end where the list does.
     let mut used = FIXED;
-    while used < base && head[used] != 0 {
-        used += if head[used] == 1 {
+    while used < base && bytes[used] != 0 {
+        used += if bytes[used] == 1 {
             1
         } else {
-            usize::from(head.get(used + 1).copied().unwrap_or(0)).max(2)
+            usize::from(bytes.get(used + 1).copied().unwrap_or(0)).max(2)
         };
     }
     // The option starts on a 4-byte boundary and NOPs pad it to one, as
@@ -442,19 +481,28 @@ fn emit_with_option<T: Tx>(
         payload(&mut buf[hdr..]);
         let mut pkt = TcpPacket::new_unchecked(&mut *buf);
         pkt.set_header_len(hdr as u8);
+        pkt.set_ece(head.flags & ECE != 0);
+        pkt.set_cwr(head.flags & CWR != 0);
         pkt.set_checksum(0);
         let c = crate::wire::checksum::compute_ip(me, peer, 6, buf);
         TcpPacket::new_unchecked(buf).set_checksum(c);
     };
     match (me, peer) {
         (IpAddr::V4(_), IpAddr::V4(p)) => link
-            .send_ip(now, tx, p, IpProtocol::Tcp, hdr + payload_len, write)
+            .send_ip_tos(
+                now,
+                tx,
+                p,
+                IpProtocol::Tcp,
+                head.ecn,
+                hdr + payload_len,
+                write,
+            )
             .is_ok(),
         (IpAddr::V6(m), IpAddr::V6(p)) => {
             let ports = u32::from(repr.src_port) << 16 | u32::from(repr.dst_port);
-            let len = hdr + payload_len;
-            crate::iface::ipv6::send(link, now, tx, m, p, IpProtocol::Tcp, ports, len, write)
-                .is_ok()
+            let (len, proto) = (hdr + payload_len, (IpProtocol::Tcp, head.ecn));
+            crate::iface::ipv6::send(link, now, tx, m, p, proto, ports, len, write).is_ok()
         }
         _ => false,
     }
@@ -469,34 +517,39 @@ fn emit_frame6<T: Tx>(
     tx: &mut T,
     me: IpAddr,
     peer: IpAddr,
-    repr: &TcpRepr<'_>,
+    head: &Head<'_>,
     payload_len: usize,
     payload: impl FnOnce(&mut [u8], bool) -> Option<u64>,
 ) -> bool {
     let (IpAddr::V6(me6), IpAddr::V6(peer6)) = (me, peer) else {
         return false;
     };
+    let repr = &head.repr;
     let hdr = header_len(repr);
     let len = hdr + payload_len;
     let ports = u32::from(repr.src_port) << 16 | u32::from(repr.dst_port);
-    let fill = |buf: &mut [u8]| fill_segment(buf, hdr, repr, me, peer, true, payload);
-    crate::iface::ipv6::send(link, now, tx, me6, peer6, IpProtocol::Tcp, ports, len, fill).is_ok()
+    let proto = (IpProtocol::Tcp, head.ecn);
+    let fill = |buf: &mut [u8]| fill_segment(buf, hdr, head, me, peer, true, payload);
+    crate::iface::ipv6::send(link, now, tx, me6, peer6, proto, ports, len, fill).is_ok()
 }
 
 /// Bits of a SYN-cookie SYN-ACK's TSval that carry the peer's options:
-/// its window scale (4 bits, 15 for none) and SACK-permitted (bit 4).
+/// its window scale (4 bits, 15 for none), SACK-permitted (bit 4) and
+/// ECN granted (bit 5), as Linux packs them.
 const COOKIE_OPTS_MASK: u32 = 0x3f;
 const COOKIE_NO_WSCALE: u32 = 0xf;
 const COOKIE_SACK: u32 = 0x10;
+const COOKIE_ECN: u32 = 0x20;
 
 /// The TSval of a SYN-cookie SYN-ACK: the clock the connection will use
 /// (its timestamp offset, keyed by the 4-tuple) with the peer's options in
 /// the low bits, never ahead of that clock, so the connection's later
 /// TSvals do not go backwards.
-fn cookie_tsval(now: Instant, ts_offset: u32, wscale: Option<u8>, sack: bool) -> u32 {
+fn cookie_tsval(now: Instant, ts_offset: u32, wscale: Option<u8>, sack: bool, ecn: bool) -> u32 {
     let clock = TcpConn::tsval_at(now, ts_offset);
     let opts = wscale.map_or(COOKIE_NO_WSCALE, |w| u32::from(w.min(14)))
-        | if sack { COOKIE_SACK } else { 0 };
+        | if sack { COOKIE_SACK } else { 0 }
+        | if ecn { COOKIE_ECN } else { 0 };
     let ts = (clock & !COOKIE_OPTS_MASK) | opts;
     if (ts.wrapping_sub(clock) as i32) > 0 {
         ts.wrapping_sub(COOKIE_OPTS_MASK + 1)
@@ -505,12 +558,12 @@ fn cookie_tsval(now: Instant, ts_offset: u32, wscale: Option<u8>, sack: bool) ->
     }
 }
 
-/// The peer's window scale and SACK-permitted, from the TSecr of the ACK
-/// that completes a SYN-cookie handshake.
-fn cookie_options(tsecr: u32) -> (Option<u8>, bool) {
+/// The peer's window scale, SACK-permitted and ECN, from the TSecr of the
+/// ACK that completes a SYN-cookie handshake.
+fn cookie_options(tsecr: u32) -> (Option<u8>, bool, bool) {
     let w = tsecr & COOKIE_NO_WSCALE;
     let wscale = (w != COOKIE_NO_WSCALE).then_some(w as u8);
-    (wscale, tsecr & COOKIE_SACK != 0)
+    (wscale, tsecr & COOKIE_SACK != 0, tsecr & COOKIE_ECN != 0)
 }
 
 /// What a listener takes from a SYN beyond its [`Segment`].
@@ -560,7 +613,7 @@ impl TcpTable {
         if !verified {
             return Err(DropReason::TcpBadChecksum);
         }
-        let seg = match predicted_segment(&pkt) {
+        let mut seg = match predicted_segment(&pkt) {
             Some(seg) => seg,
             None => {
                 let (src, dst) = (IpAddress::from(meta.src), IpAddress::from(meta.dst));
@@ -570,6 +623,9 @@ impl TcpTable {
                 )
             }
         };
+        seg.hdr.ece = pkt.ece();
+        seg.hdr.cwr = pkt.cwr();
+        seg.ecn = meta.ecn();
         self.stats.segs_in += 1;
         let (src_port, dst_port) = (pkt.src_port(), pkt.dst_port());
         let remote = SocketAddr::new(meta.src, src_port);
@@ -821,12 +877,17 @@ impl TcpTable {
                 let cfg = &self.cfg;
                 let wscale = seg.hdr.wscale.filter(|_| cfg.window_scaling);
                 let sack = cfg.sack && seg.hdr.sack_permitted;
+                let ecn = cfg.ecn != super::Ecn::Off
+                    && seg.hdr.ece
+                    && seg.hdr.cwr
+                    && seg.ecn == 0
+                    && seg.hdr.timestamp.is_some();
                 // With timestamps, the options ride in the low bits of our
                 // TSval and come back in the final ACK's TSecr (as Linux
                 // does); without, the cookie carries only the MSS.
                 let timestamp = match seg.hdr.timestamp {
                     Some((peer_tsval, _)) if cfg.timestamps => Some((
-                        cookie_tsval(now, self.ts_offset(me, remote), wscale, sack),
+                        cookie_tsval(now, self.ts_offset(me, remote), wscale, sack, ecn),
                         peer_tsval,
                     )),
                     _ => None,
@@ -841,6 +902,7 @@ impl TcpTable {
                     wscale: (ts && wscale.is_some()).then(|| cfg.rcv_wscale()),
                     sack_permitted: ts && sack,
                     timestamp,
+                    ece: ts && ecn,
                     ..Header::default()
                 });
                 if emit(link, now, tx, me, remote, &out, |_, _, _| Some(0)) > 0 {
@@ -904,12 +966,12 @@ impl TcpTable {
             if let Some(mss) = self.check_cookie(now, me, remote, peer_isn, ack - 1) {
                 self.stats.syn_cookies_accepted += 1;
                 // The peer's SYN options, from the TSecr echo of our TSval.
-                let (wscale, sack_permitted, timestamp) = match seg.hdr.timestamp {
+                let (wscale, sack_permitted, ecn, timestamp) = match seg.hdr.timestamp {
                     Some((tsval, tsecr)) if self.cfg.timestamps => {
-                        let (wscale, sack) = cookie_options(tsecr);
-                        (wscale, sack, Some((tsval, 0)))
+                        let (wscale, sack, ecn) = cookie_options(tsecr);
+                        (wscale, sack, ecn, Some((tsval, 0)))
                     }
-                    _ => (None, false, None),
+                    _ => (None, false, false, None),
                 };
                 let syn = Segment::from(Header {
                     seq: peer_isn,
@@ -919,6 +981,9 @@ impl TcpTable {
                     wscale,
                     sack_permitted,
                     timestamp,
+                    // The SYN's ECN request, granted by the SYN-ACK.
+                    ece: ecn,
+                    cwr: ecn,
                     ..Header::default()
                 });
                 let mut conn = TcpConn::accept(self.cfg_for(&remote), me, remote, ack - 1, &syn);
@@ -1161,11 +1226,13 @@ mod test {
     }
 
     proptest! {
-        /// The short way writes the bytes `TcpRepr::emit` writes, over any
-        /// old contents of the buffer, and sizes the header as it does.
+        /// The short way writes the bytes `TcpRepr::emit` writes (and the
+        /// ECN flags), over any old contents of the buffer, and sizes the
+        /// header as it does.
         #[test]
         fn written_headers_are_smoltcps(
             repr in repr_strategy(),
+            (ece, cwr) in (any::<bool>(), any::<bool>()),
             junk in any::<u8>(),
             payload in proptest::collection::vec(any::<u8>(), 0..32),
         ) {
@@ -1175,7 +1242,9 @@ mod test {
             let mut ours = vec![junk; hl + payload.len()];
             ours[hl..].copy_from_slice(&payload);
             let mut theirs = ours.clone();
-            let sum = write_header(&mut TcpPacket::new_unchecked(&mut ours[..]), &repr, &a, &a);
+            let flags = if ece { ECE } else { 0 } | if cwr { CWR } else { 0 };
+            let head = Head { repr, flags, ecn: 0 };
+            let sum = write_header(&mut TcpPacket::new_unchecked(&mut ours[..]), &head, &a, &a);
             if let Some(sum) = sum {
                 // The sum from values is the sum of the bytes written.
                 prop_assert_eq!(
@@ -1183,12 +1252,10 @@ mod test {
                     crate::wire::checksum::fold(crate::wire::checksum::sum(0, &ours[..hl]))
                 );
             }
-            repr.emit(
-                &mut TcpPacket::new_unchecked(&mut theirs[..]),
-                &a,
-                &a,
-                &ChecksumCapabilities::ignored(),
-            );
+            let mut pkt = TcpPacket::new_unchecked(&mut theirs[..]);
+            repr.emit(&mut pkt, &a, &a, &ChecksumCapabilities::ignored());
+            pkt.set_ece(ece);
+            pkt.set_cwr(cwr);
             prop_assert_eq!(ours, theirs);
         }
     }

@@ -33,6 +33,13 @@ pub struct Header {
     pub sack: [Option<(Seq, Seq)>; 3],
     /// Timestamps option (RFC 7323 §3) as (TSval, TSecr).
     pub timestamp: Option<(u32, u32)>,
+    /// ECN-Echo flag (RFC 3168 6.1): on a SYN with CWR, a request for
+    /// ECN; on a SYN-ACK alone, its acceptance; otherwise, congestion
+    /// was experienced on the way to the sender.
+    pub ece: bool,
+    /// Congestion Window Reduced flag (RFC 3168 6.1): the sender cut its
+    /// window after an ECE (on a SYN with ECE: the ECN request).
+    pub cwr: bool,
 }
 
 /// A parsed incoming segment (from `smoltcp::wire::TcpRepr`).
@@ -42,6 +49,9 @@ pub struct Segment<'a> {
     pub hdr: Header,
     /// The segment's data (borrowed from the received frame).
     pub payload: &'a [u8],
+    /// The ECN codepoint of the IP header it came in (RFC 3168 5: 0
+    /// Not-ECT, 2 ECT(0), 1 ECT(1), 3 CE).
+    pub ecn: u8,
 }
 
 impl Segment<'_> {
@@ -72,6 +82,9 @@ pub struct Outgoing {
     /// SYN's cookie or its request for one (empty), and whether it goes in
     /// the experimental option (kind 254) rather than kind 34.
     pub fast_open: Option<(super::fastopen::Cookie, bool)>,
+    /// Leaves ECN-capable, marked ECT(0) in the IP header (RFC 3168 6.1.2:
+    /// new data on a connection that negotiated ECN).
+    pub ect: bool,
 }
 
 impl From<Header> for Outgoing {
@@ -83,6 +96,7 @@ impl From<Header> for Outgoing {
             payload_len: 0,
             tso_segsz: 0,
             fast_open: None,
+            ect: false,
         }
     }
 }
@@ -90,6 +104,10 @@ impl From<Header> for Outgoing {
 impl From<Header> for Segment<'_> {
     /// A segment without payload.
     fn from(hdr: Header) -> Self {
-        Segment { hdr, payload: &[] }
+        Segment {
+            hdr,
+            payload: &[],
+            ecn: 0,
+        }
     }
 }

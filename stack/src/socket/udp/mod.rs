@@ -482,7 +482,7 @@ fn send_all<T: Tx>(link: &mut Link, now: Instant, tx: &mut T, port: u16, datagra
                 Some(from) => {
                     let ports = u32::from(repr.src_port) << 16 | u32::from(repr.dst_port);
                     let udp = IpProtocol::Udp;
-                    crate::iface::ipv6::send(link, now, tx, from, to, udp, ports, len, |buf| {
+                    crate::iface::ipv6::send(link, now, tx, from, to, (udp, 0), ports, len, |buf| {
                         // The checksum always (RFC 8200 §8.1).
                         repr.emit(
                             &mut UdpPacket::new_unchecked(buf),

@@ -310,6 +310,7 @@ impl TcpConn {
             self.live.unacked_since = (self.in_flight() > 0).then_some(now);
             self.rec.rtt.reset_backoff();
             self.rec.dupacks = 0;
+            self.ecn_end_reduction(now);
             if self.rec.in_recovery {
                 if ack.diff(self.rec.recovery_point) >= 0 {
                     self.rec.in_recovery = false;
@@ -318,7 +319,7 @@ impl TcpConn {
                     // NewReno partial ACK (RFC 6582): retransmit the next hole now.
                     self.rec.high_rxt = self.snd.una;
                 }
-            } else if cwnd_limited && delivered > 0 {
+            } else if cwnd_limited && delivered > 0 && self.rec.cwr_until.is_none() {
                 self.rec.cc.on_ack(now, delivered, self.rec.rtt.srtt());
             }
             if self.snd.max.diff(self.snd.una) > 0 {
@@ -368,12 +369,12 @@ impl TcpConn {
         {
             self.enter_recovery(now);
         }
-        if self.opts.sack_enabled {
-            let newly_lost = self.detect_loss_by_time(now);
-            if self.rec.in_recovery {
-                let una_advanced = self.snd.una.diff(una_before) > 0;
-                self.reduce_window(delivered_now, una_advanced, newly_lost || !was_recovering);
-            }
+        let newly_lost = self.opts.sack_enabled && self.detect_loss_by_time(now);
+        let was_reducing = was_recovering || self.rec.cwr_until.is_some();
+        self.ecn_on_echo(now, seg);
+        if self.reducing() {
+            let una_advanced = self.snd.una.diff(una_before) > 0;
+            self.reduce_window(delivered_now, una_advanced, newly_lost || !was_reducing);
         }
         // Window update (RFC 9293 3.10.7.4).
         if self.snd.wl1.diff(seg.hdr.seq) < 0
@@ -442,13 +443,18 @@ impl TcpConn {
         self.rec.in_recovery = true;
         self.rec.recovery_point = self.snd.max;
         self.rec.high_rxt = self.snd.una;
-        let seg = self.max_payload().max(1);
-        self.rec.prr = Prr {
-            prior_cwnd: self.rec.cc.cwnd().div_ceil(seg).max(1),
-            ..Prr::default()
-        };
-        self.rec.cc.on_congestion(now, self.in_flight());
-        self.rec.prr.window = self.rec.cc.cwnd();
+        // A reduction for an ECN echo under way goes on as the recovery's
+        // (the window is cut once: Linux's `tcp_enter_recovery` from CWR).
+        if self.rec.cwr_until.take().is_none() {
+            let seg = self.max_payload().max(1);
+            self.rec.prr = Prr {
+                prior_cwnd: self.rec.cc.cwnd().div_ceil(seg).max(1),
+                ..Prr::default()
+            };
+            self.rec.cc.on_congestion(now, self.in_flight());
+            self.rec.prr.window = self.rec.cc.cwnd();
+            self.ecn_window_cut();
+        }
         self.stats.fast_retransmits += 1;
         self.forget_rtt_timing();
     }
@@ -529,6 +535,7 @@ impl TcpConn {
             State::Established | State::FinWait1 | State::FinWait2
         );
         if receiving && !seg.payload.is_empty() {
+            self.ecn_on_data(seg);
             // Trim what we already have.
             let skip = self.rcv.nxt.since(seg.hdr.seq).min(seg.payload.len());
             let data = &seg.payload[skip..];

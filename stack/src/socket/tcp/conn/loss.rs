@@ -3,7 +3,7 @@
 //! scoreboard's count (RFC 6675).
 
 use super::timers::Timer;
-use super::{DUP_THRESH, TcpConn};
+use super::{CaState, DUP_THRESH, TcpConn};
 use crate::time::Instant;
 
 impl TcpConn {
@@ -92,19 +92,43 @@ impl TcpConn {
         p.window = pipe + quota * seg;
     }
 
-    /// The congestion window the sender obeys: PRR's in recovery with
-    /// SACK, the controller's otherwise.
+    /// Whether PRR sets the window now: in recovery, or in a reduction
+    /// for an ECN echo, with SACK (and RACK's PRR on).
+    pub(super) fn reducing(&self) -> bool {
+        (self.rec.in_recovery || self.rec.cwr_until.is_some())
+            && self.opts.sack_enabled
+            && self.cfg.rack
+    }
+
+    /// The congestion window the sender obeys: PRR's in a reduction, the
+    /// controller's otherwise.
     pub(super) fn send_window(&self) -> usize {
-        if self.rec.in_recovery && self.opts.sack_enabled && self.cfg.rack {
+        if self.reducing() {
             self.rec.prr.window
         } else {
             self.rec.cc.cwnd()
         }
     }
 
-    /// Segments of `len` bytes left in recovery (PRR's prr_out).
+    /// Where loss recovery and congestion response stand (Linux's
+    /// `tcpi_ca_state`).
+    pub(super) fn ca_state(&self) -> CaState {
+        if self.rec.loss_until.is_some() {
+            CaState::Loss
+        } else if self.rec.in_recovery {
+            CaState::Recovery
+        } else if self.rec.cwr_until.is_some() {
+            CaState::Cwr
+        } else if self.rec.dupacks > 0 || !self.rec.scoreboard.is_empty() {
+            CaState::Disorder
+        } else {
+            CaState::Open
+        }
+    }
+
+    /// Segments of `len` bytes left in a reduction (PRR's prr_out).
     pub(super) fn count_recovery_send(&mut self, len: usize) {
-        if self.rec.in_recovery {
+        if self.rec.in_recovery || self.rec.cwr_until.is_some() {
             self.rec.prr.out += len.div_ceil(self.max_payload().max(1)).max(1);
         }
     }

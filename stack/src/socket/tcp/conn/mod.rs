@@ -16,6 +16,7 @@
 
 mod api;
 mod chrono;
+mod ecn;
 mod input;
 mod loss;
 mod output;
@@ -34,7 +35,7 @@ use serde::Serialize;
 use super::buffer::{RecvBuffer, SendBuffer};
 use super::cc::{CongestionControl, new_controller};
 use super::config::MAX_WSCALE;
-pub use super::config::{KeepAlive, TcpConfig};
+pub use super::config::{Ecn, KeepAlive, TcpConfig};
 use super::fastopen;
 use super::rack::Rack;
 use super::rtt::RttEstimator;
@@ -109,6 +110,7 @@ impl ConnStats {
         self.ooo_dropped += o.ooo_dropped;
         self.bad_segments += o.bad_segments;
         self.pmtu_reductions += o.pmtu_reductions;
+        self.ecn_reductions += o.ecn_reductions;
     }
 }
 
@@ -157,6 +159,13 @@ pub struct ConnInfo {
     pub wscale: (u8, u8),
     /// In fast recovery (RFC 6675 / 6582) now.
     pub recovering: bool,
+    /// Where loss recovery and congestion response stand (Linux's
+    /// `tcpi_ca_state`).
+    pub ca_state: CaState,
+    /// ECN (RFC 3168) negotiated on the connection.
+    pub ecn: bool,
+    /// ECN-capable or congestion-marked segments came from the peer.
+    pub ecn_seen: bool,
     /// Bytes in flight counted lost (RFC 6675's SACK count or RACK's
     /// time), retransmitted or not.
     pub lost: usize,
@@ -179,6 +188,43 @@ pub struct ConnInfo {
     pub syn_data: bool,
     /// The connection's counters.
     pub stats: ConnStats,
+}
+
+/// Where a sender stands in loss recovery and congestion response, as
+/// Linux names it (`tcpi_ca_state`, `enum tcp_ca_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum CaState {
+    /// Nothing wrong.
+    Open,
+    /// Duplicate ACKs or SACKs seen, no loss concluded yet.
+    Disorder,
+    /// The window is being reduced for an ECN echo (RFC 3168).
+    Cwr,
+    /// Fast recovery (RFC 6675, RFC 6582).
+    Recovery,
+    /// Going back after a retransmission timeout.
+    Loss,
+}
+
+impl CaState {
+    /// Linux's number for the state (`TCP_CA_Open` 0 .. `TCP_CA_Loss` 4).
+    pub fn linux(self) -> u8 {
+        self as u8
+    }
+}
+
+/// ECN (RFC 3168) on a connection.
+#[derive(Debug, Default, Clone, Copy)]
+struct EcnState {
+    /// Negotiated (before the SYN-ACK, on a client: asked for).
+    ok: bool,
+    /// Receiver: a segment came marked CE; every segment we send carries
+    /// ECE until one of the peer's carries CWR (6.1.3).
+    echo: bool,
+    /// Sender: CWR goes on the next new data segment (6.1.2).
+    cwr_owed: bool,
+    /// ECT or CE came from the peer (Linux's `TCPI_OPT_ECN_SEEN`).
+    seen: bool,
 }
 
 /// Duplicate ACKs (or SACKed segments above a hole) that signal a loss.
@@ -226,6 +272,8 @@ pub struct TcpConn {
     soft_error: Option<ConnError>,
     /// Transmit timestamps asked for and taken (`SO_TIMESTAMPING`).
     tx_stamps: tx_stamps::TxStamps,
+    /// ECN (RFC 3168).
+    ecn: EcnState,
     stats: ConnStats,
 }
 
@@ -337,8 +385,12 @@ struct Recovery {
     /// When each transmission in flight left: loss by time (RACK, RFC
     /// 8985 6) and an RTT sample per ACK for the controller (HyStart).
     rack: Rack,
-    /// Proportional rate reduction in recovery (RFC 6937).
+    /// Proportional rate reduction in recovery (RFC 6937), and in a
+    /// reduction for an ECN echo.
     prr: Prr,
+    /// A window reduction for an ECN echo (RFC 3168 6.1.2; Linux's CWR
+    /// state) is under way until the ACKs pass this (`SND.NXT` then).
+    cwr_until: Option<Seq>,
 }
 
 /// Proportional rate reduction (RFC 6937, as Linux's
@@ -508,6 +560,7 @@ impl TcpConn {
                 },
                 rack: Rack::new(),
                 prr: Prr::default(),
+                cwr_until: None,
             },
             timers: TimerTable::default(),
             persist_backoff: 0,
@@ -540,6 +593,7 @@ impl TcpConn {
             ack_events: false,
             chrono: Chrono::default(),
             tx_stamps: tx_stamps::TxStamps::default(),
+            ecn: EcnState::default(),
             stats: ConnStats::default(),
             cfg,
         }
@@ -638,6 +692,7 @@ impl TcpConn {
             }
         }
         self.opts.sack_enabled = self.cfg.sack && syn.hdr.sack_permitted;
+        self.ecn_on_syn(syn);
         if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.hdr.timestamp) {
             self.opts.ts_enabled = true;
             self.opts.ts_recent = tsval;
@@ -749,7 +804,11 @@ impl TcpConn {
             local: self.local,
             remote: self.remote,
             state: self.state,
-            cwnd: self.rec.cc.cwnd(),
+            cwnd: if self.reducing() {
+                self.send_window()
+            } else {
+                self.rec.cc.cwnd()
+            },
             ssthresh: self.rec.cc.ssthresh(),
             snd_wnd: self.snd.wnd,
             rcv_wnd: self.rcv.buf.window(),
@@ -766,6 +825,9 @@ impl TcpConn {
             sack: self.opts.sack_enabled,
             wscale: (self.snd.wscale, self.rcv.wscale),
             recovering: self.rec.in_recovery,
+            ca_state: self.ca_state(),
+            ecn: self.ecn_state().ok,
+            ecn_seen: self.ecn_state().seen,
             lost: self.lost_bytes(),
             sacked: self.rec.scoreboard.sacked_bytes(),
             retrans: self.retrans_bytes(),

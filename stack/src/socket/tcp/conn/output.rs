@@ -41,6 +41,7 @@ impl TcpConn {
                 .opts
                 .ts_enabled
                 .then(|| (self.tsval(now), self.opts.ts_recent)),
+            ece: self.ecn_echoing(),
             ..Header::default()
         })
     }
@@ -152,6 +153,7 @@ impl TcpConn {
         }
         self.owed.send_syn = false;
         let synack = self.state == State::SynReceived;
+        let (ece, cwr) = self.ecn_syn_flags(synack, self.rec.retries == 0);
         let seg = Outgoing::from(Header {
             seq: self.snd.iss,
             ack: synack.then_some(self.rcv.nxt),
@@ -168,6 +170,8 @@ impl TcpConn {
                     if synack { self.opts.ts_recent } else { 0 },
                 )
             }),
+            ece,
+            cwr,
             ..Header::default()
         });
         if synack {
@@ -399,6 +403,7 @@ impl TcpConn {
         if advance == 0 {
             return None;
         }
+        self.ecn_mark(&mut seg, !retransmit);
         if retransmit {
             self.stats.retransmits += 1;
         } else if self.rec.rtt_probe.is_none() {

@@ -18,6 +18,7 @@ impl Wire {
         Segment {
             hdr: self.out.hdr,
             payload: &self.payload,
+            ecn: if self.out.ect { 2 } else { 0 },
         }
     }
 }
@@ -1481,4 +1482,159 @@ fn after_a_timeout_the_flight_is_what_was_sent_again() {
     exchange(&mut c, &mut s, &sent, t + rtt, rtt);
     assert_eq!(c.in_flight(), 0);
     assert_eq!(read_all(&mut s).len(), 4 * max);
+}
+
+/// A client that asks for ECN (RFC 3168) and a server that grants it.
+fn ecn_pair() -> (TcpConn, TcpConn, Instant) {
+    let ask = TcpConfig {
+        ecn: Ecn::On,
+        ..cfg()
+    };
+    established(ask, cfg())
+}
+
+#[test]
+fn ecn_is_asked_for_in_the_syn_and_granted_in_the_syn_ack() {
+    for (client, server, on) in [
+        (Ecn::On, Ecn::Accept, true),
+        (Ecn::On, Ecn::On, true),
+        (Ecn::On, Ecn::Off, false),
+        (Ecn::Accept, Ecn::Accept, false),
+    ] {
+        let t = Instant::from_millis(1);
+        let ccfg = TcpConfig {
+            ecn: client,
+            ..cfg()
+        };
+        let mut c = TcpConn::connect(ccfg, A, B, Seq(1000));
+        let syn = drain(&mut c, t);
+        let asked = client == Ecn::On;
+        assert_eq!((syn[0].out.hdr.ece, syn[0].out.hdr.cwr), (asked, asked));
+        assert!(!syn[0].out.ect, "a SYN is never ECN-capable");
+        let scfg = TcpConfig {
+            ecn: server,
+            ..cfg()
+        };
+        let mut s = TcpConn::accept(scfg, B, A, Seq(5000), &syn[0].seg());
+        let synack = drain(&mut s, t);
+        assert_eq!(synack[0].out.hdr.ece, on, "{client:?} {server:?}");
+        assert!(!synack[0].out.hdr.cwr && !synack[0].out.ect);
+        c.on_segment(t, &synack[0].seg());
+        for w in drain(&mut c, t) {
+            assert!(!w.out.ect && !w.out.hdr.ece, "the third ACK is plain");
+            s.on_segment(t, &w.seg());
+        }
+        assert_eq!((c.info().ecn, s.info().ecn), (on, on));
+        // New data is ECT(0) on an ECN connection only; ACKs never are.
+        c.send(&[7u8; 3000]);
+        let data = drain(&mut c, t);
+        assert!(data.iter().all(|w| w.out.ect == on && !w.out.hdr.cwr));
+        for w in &data {
+            s.on_segment(t, &w.seg());
+        }
+        assert!(drain(&mut s, t).iter().all(|w| !w.out.ect));
+        assert_eq!(s.info().ecn_seen, on);
+    }
+}
+
+#[test]
+fn a_retransmitted_syn_does_not_ask_for_ecn_and_then_ecn_stays_off() {
+    let ccfg = TcpConfig {
+        ecn: Ecn::On,
+        ..cfg()
+    };
+    let mut c = TcpConn::connect(ccfg, A, B, Seq(1000));
+    let first = drain(&mut c, Instant::from_millis(1));
+    assert!(first[0].out.hdr.ece && first[0].out.hdr.cwr);
+    let later = c.poll_at().expect("the SYN's timer");
+    let again = drain(&mut c, later);
+    assert!(again[0].out.hdr.syn);
+    assert!(!again[0].out.hdr.ece && !again[0].out.hdr.cwr);
+    // The server saw only the plain SYN: its SYN-ACK does not agree.
+    let mut s = TcpConn::accept(cfg(), B, A, Seq(5000), &again[0].seg());
+    let synack = drain(&mut s, later);
+    assert!(!synack[0].out.hdr.ece);
+    c.on_segment(later, &synack[0].seg());
+    assert!(!c.info().ecn);
+    c.send(&[1u8; 100]);
+    assert!(drain(&mut c, later).iter().all(|w| !w.out.ect));
+}
+
+#[test]
+fn a_congestion_mark_is_echoed_until_cwr_and_cuts_the_window_once() {
+    let (mut c, mut s, mut now) = ecn_pair();
+    let msg = vec![0x3c; 2_000_000];
+    let mut sent = c.send(&msg);
+    // Grow the window first.
+    for _ in 0..4 {
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_micros(100),
+            |_, _| true,
+        );
+        read_all(&mut s);
+        sent += c.send(&msg[sent..]);
+    }
+    let cwnd = c.cwnd();
+    assert!(cwnd > 20 * 1448, "{cwnd}");
+    // The receiver's window update reaches the sender.
+    for w in drain(&mut s, now) {
+        c.on_segment(now, &w.seg());
+    }
+    // One window of data; the first segment meets congestion on the way.
+    let data: Vec<Wire> = drain(&mut c, now)
+        .into_iter()
+        .filter(|w| w.out.payload_len > 0)
+        .collect();
+    assert!(
+        data.len() > 4 && data.iter().all(|w| w.out.ect),
+        "{:?}",
+        data.iter()
+            .map(|w| (w.out.payload_len, w.out.ect))
+            .collect::<Vec<_>>()
+    );
+    let mut seg = data[0].seg();
+    seg.ecn = 3;
+    s.on_segment(now, &seg);
+    let acks = drain(&mut s, now);
+    assert!(!acks.is_empty(), "a marked segment is acknowledged at once");
+    assert!(acks.iter().all(|w| w.out.hdr.ece));
+    // The echo goes on for the rest of the window (no CWR yet).
+    for w in &data[1..] {
+        s.on_segment(now, &w.seg());
+    }
+    let echoes: Vec<Wire> = drain(&mut s, now);
+    assert!(!echoes.is_empty() && echoes.iter().all(|w| w.out.hdr.ece));
+    // The sender cuts its window once for all the echoes of this window.
+    now += Duration::from_micros(100);
+    for w in acks.iter().chain(&echoes) {
+        c.on_segment(now, &w.seg());
+    }
+    assert_eq!(c.stats().ecn_reductions, 1);
+    assert_eq!(c.info().ca_state, CaState::Cwr);
+    assert!(c.ssthresh() < cwnd);
+    // The next new data carries CWR (once); the receiver stops echoing.
+    c.send(&msg[sent..]);
+    let next = drain(&mut c, now);
+    assert!(!next.is_empty());
+    assert!(next[0].out.hdr.cwr && next[0].out.ect);
+    assert!(next[1..].iter().all(|w| !w.out.hdr.cwr));
+    for w in &next {
+        s.on_segment(now, &w.seg());
+    }
+    let after = drain(&mut s, now);
+    assert!(!after.is_empty() && after.iter().all(|w| !w.out.hdr.ece));
+    // No loss: nothing was sent again, and the stream arrives whole.
+    run(
+        &mut c,
+        &mut s,
+        &mut now,
+        Duration::from_micros(100),
+        |_, _| true,
+    );
+    assert_eq!(c.stats().retransmits, 0);
+    assert_eq!(c.stats().ecn_reductions, 1);
+    assert_eq!(c.info().ca_state, CaState::Open);
 }

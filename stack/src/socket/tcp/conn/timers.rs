@@ -321,6 +321,8 @@ impl TcpConn {
                 self.rec.rack.reset_delivery();
                 self.timers.stop(Timer::Reorder);
                 self.rec.loss_until = Some(self.snd.max);
+                self.rec.cwr_until = None;
+                self.ecn_window_cut();
                 // Go back: resend from the first unacknowledged byte.
                 self.snd.nxt = self.snd.una;
                 self.rec.high_rxt = self.snd.una;
