@@ -11,6 +11,7 @@
 //! | `tcp_slow_start_after_idle` 0 | the window kept across idle time |
 //! | `tcp_fastopen` 0x2, 0x200, 0x400 | Fast Open server (RFC 7413): on for listeners, data without a cookie, on for every listener without `TCP_FASTOPEN` |
 //! | `tcp_fastopen_key` | the Fast Open cookie secret (so cookies are the host's) |
+//! | `tcp_frto` 0 | no F-RTO (RFC 5682) after a timeout |
 //! | `tcp_ecn` 0, 1, 2 | ECN (RFC 3168): off; asked for and granted; granted only (the default). 3 (AccECN) counts as 1, 4 and 5 as 2 |
 //!
 //! A file that cannot be read leaves the setting as it was.
@@ -40,6 +41,9 @@ pub fn apply(c: &mut Config) {
     }
     if read("tcp_slow_start_after_idle") == Some(0) {
         c.tcp.slow_start_after_idle = false;
+    }
+    if read("tcp_frto") == Some(0) {
+        c.tcp.frto = false;
     }
     if let Some(mode) = read("tcp_ecn").and_then(ecn_mode) {
         c.tcp.ecn = mode;

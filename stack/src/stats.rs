@@ -764,6 +764,10 @@ stats! {
         /// Window reductions for an ECN echo (RFC 3168 6.1.2): congestion
         /// the path marked rather than dropped.
         counter ecn_reductions: u64,
+        /// Window cuts undone: a fast recovery or timeout proved needless
+        /// (D-SACKs for every retransmission, RFC 3708, or an ACK echoing
+        /// a timestamp from before the first one, RFC 3522).
+        counter undos: u64,
     }
 }
 

@@ -586,3 +586,54 @@ impl Device for SimPort {
 pub fn host_mac(n: u8) -> EthernetAddress {
     EthernetAddress([0x02, 0x00, 0x00, 0x00, 0x00, n])
 }
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use smoltcp::wire::{Ipv4Packet, Ipv6Packet};
+
+    /// An Ethernet frame of `ethertype` around a 40-byte IP header whose
+    /// ECN codepoint is `ecn`.
+    fn frame(v6: bool, ecn: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 40];
+        f[12..14].copy_from_slice(if v6 { &[0x86, 0xdd] } else { &[0x08, 0x00] });
+        let ip = &mut f[14..];
+        if v6 {
+            let mut p = Ipv6Packet::new_unchecked(ip);
+            p.set_version(6);
+            p.set_payload_len(0);
+            p.set_traffic_class(0xb8 | ecn);
+        } else {
+            let mut p = Ipv4Packet::new_unchecked(ip);
+            p.set_version(4);
+            p.set_header_len(20);
+            p.set_total_len(40);
+            p.set_dscp(0x2e);
+            p.set_ecn(ecn);
+            p.fill_checksum();
+        }
+        f
+    }
+
+    #[test]
+    fn ecn_capable_packets_are_marked_and_others_left_alone() {
+        for v6 in [false, true] {
+            for (ecn, marked) in [(0, false), (1, true), (2, true), (3, false)] {
+                let mut f = frame(v6, ecn);
+                assert_eq!(mark_ce(&mut f), marked, "v6 {v6} ecn {ecn}");
+                let ip = &f[14..];
+                let (now, dscp) = if v6 {
+                    let p = Ipv6Packet::new_checked(ip).unwrap();
+                    (p.traffic_class() & 3, p.traffic_class() >> 2)
+                } else {
+                    let p = Ipv4Packet::new_checked(ip).unwrap();
+                    assert!(p.verify_checksum());
+                    (p.ecn(), p.dscp())
+                };
+                assert_eq!(now, if marked { 3 } else { ecn });
+                assert_eq!(dscp, 0x2e, "DSCP untouched");
+            }
+        }
+        assert!(!mark_ce(&mut [0u8; 10]), "a runt frame");
+    }
+}

@@ -37,6 +37,11 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     fn on_timeout(&mut self, now: Instant, flight: usize);
     /// The sender's MSS changed (normally once, from the peer's SYN).
     fn set_mss(&mut self, mss: usize);
+    /// The last loss episode's reduction proved needless (a D-SACK or
+    /// timestamps showed the originals arrived): cwnd back to at least
+    /// `cwnd`, ssthresh to at least `ssthresh`, their values before it
+    /// (RFC 3708, RFC 4015; Linux's `tcp_undo_cwnd_reduction`).
+    fn undo(&mut self, cwnd: usize, ssthresh: usize);
     /// An RTT sample from this ACK (the newest segment it acknowledged,
     /// never a retransmitted one), before [`on_ack`](Self::on_ack) for
     /// the same ACK; `una` and `nxt` are the connection's SND.UNA after
@@ -94,9 +99,23 @@ impl core::fmt::Display for Algorithm {
 
 /// A controller of kind `alg` for a sender with this MSS.
 pub fn new_controller(alg: Algorithm, mss: usize) -> Box<dyn CongestionControl> {
+    new_controller_with(alg, mss, false)
+}
+
+/// [`new_controller`]; with `hystart_plus_plus`, CUBIC leaves slow start
+/// by RFC 9406's HyStart++ rather than Linux's HyStart.
+pub fn new_controller_with(
+    alg: Algorithm,
+    mss: usize,
+    hystart_plus_plus: bool,
+) -> Box<dyn CongestionControl> {
     match alg {
         Algorithm::NewReno => Box::new(NewReno::new(mss)),
-        Algorithm::Cubic => Box::new(Cubic::new(mss)),
+        Algorithm::Cubic => {
+            let mut c = Cubic::new(mss);
+            c.hystart.plus_plus = hystart_plus_plus;
+            Box::new(c)
+        }
     }
 }
 
@@ -194,6 +213,14 @@ impl Window {
         self.ca_acked = 0;
         self.fresh = false;
         self.cut = true;
+    }
+
+    /// Back to at least the window and threshold before a needless cut.
+    fn undo(&mut self, cwnd: usize, ssthresh: usize) {
+        self.cwnd = self.cwnd.max(cwnd).min(UNLIMITED);
+        self.ssthresh = self.ssthresh.max(ssthresh).min(UNLIMITED);
+        self.ca_acked = 0;
+        self.cut = false;
     }
 
     /// After idle time: ssthresh at least 3/4 of cwnd (Linux's
@@ -294,6 +321,10 @@ impl CongestionControl for NewReno {
         self.w.set_mss(mss);
     }
 
+    fn undo(&mut self, cwnd: usize, ssthresh: usize) {
+        self.w.undo(cwnd, ssthresh);
+    }
+
     fn restart_after_idle(&mut self, idle: Duration, rto: Duration) {
         self.w.restart_after_idle(idle, rto);
     }
@@ -344,12 +375,18 @@ pub struct Cubic {
     hystart: HyStart,
 }
 
-/// HyStart's delay detection as Linux's CUBIC does it (`HYSTART_DELAY`;
-/// RFC 9406 describes the same idea as HyStart++): from a window of 16
-/// segments on, slow start ends (ssthresh = cwnd) when the smallest RTT
-/// of a round's first samples (at least 8) exceeds the smallest seen by
-/// an eighth of it, clamped to 4-16 ms: queues are building. Linux's
-/// ACK-train detection is not done.
+/// HyStart's delay detection as Linux's CUBIC does it (`HYSTART_DELAY`):
+/// from a window of 16 segments on, slow start ends (ssthresh = cwnd)
+/// when the smallest RTT of a round's first samples (at least 8) exceeds
+/// the smallest seen by an eighth of it, clamped to 4-16 ms: queues are
+/// building. Linux's ACK-train detection is not done.
+///
+/// Or RFC 9406's HyStart++ (`plus_plus`): the round's smallest RTT is
+/// compared with the last round's, and a rise enters Conservative Slow
+/// Start (a quarter of slow start's growth) for up to five rounds: an RTT
+/// back below the rise's resumes slow start (the rise was noise), five
+/// rounds of it end slow start. Not after a timeout (standard slow start
+/// then, RFC 9406 4.3).
 #[derive(Debug, Clone, Default)]
 struct HyStart {
     /// Slow start was left by it (until a timeout).
@@ -362,7 +399,22 @@ struct HyStart {
     samples: u32,
     /// The smallest RTT sample of the connection.
     delay_min: Option<Duration>,
+    /// RFC 9406's HyStart++ rather than Linux's HyStart.
+    plus_plus: bool,
+    /// HyStart++: the last whole round's smallest RTT.
+    last_round_min: Option<Duration>,
+    /// HyStart++: in Conservative Slow Start since the round whose
+    /// smallest RTT (the baseline) rose, and the rounds done in it.
+    css: Option<(Duration, u32)>,
+    /// Bytes acknowledged in Conservative Slow Start short of a step of
+    /// growth.
+    carry_css: usize,
 }
+
+/// HyStart++'s growth divisor in Conservative Slow Start (RFC 9406 4.3).
+const CSS_GROWTH_DIVISOR: usize = 4;
+/// HyStart++'s rounds of Conservative Slow Start before avoidance.
+const CSS_ROUNDS: u32 = 5;
 
 /// Segments of cwnd from which HyStart looks (Linux's `hystart_low_window`).
 const HYSTART_LOW_WINDOW: usize = 16;
@@ -496,7 +548,15 @@ impl CongestionControl for Cubic {
         }
         self.w.acked();
         let rest = if self.w.in_slow_start() {
-            self.w.slow_start(acked)
+            if self.hystart.css.is_some() {
+                // Conservative Slow Start: a quarter of the growth.
+                self.hystart.carry_css += acked;
+                let grow = self.hystart.carry_css / CSS_GROWTH_DIVISOR;
+                self.hystart.carry_css %= CSS_GROWTH_DIVISOR;
+                self.w.slow_start(grow)
+            } else {
+                self.w.slow_start(acked)
+            }
         } else {
             acked
         };
@@ -510,6 +570,7 @@ impl CongestionControl for Cubic {
     /// reduction follows cwnd, as deployed CUBIC does.
     fn on_congestion(&mut self, _now: Instant, _flight: usize) {
         self.after_timeout = false;
+        self.hystart.css = None;
         let ssthresh = self.cut();
         self.w.reduce(ssthresh, false);
     }
@@ -531,9 +592,12 @@ impl CongestionControl for Cubic {
         };
         self.after_timeout = true;
         self.w.reduce(ssthresh, true);
-        // Slow start again after the loss window: HyStart looks anew.
+        // Slow start again after the loss window: HyStart looks anew;
+        // HyStart++ does not (RFC 9406 4.3: standard slow start).
         self.hystart = HyStart {
             delay_min: self.hystart.delay_min,
+            plus_plus: self.hystart.plus_plus,
+            found: self.hystart.plus_plus,
             ..HyStart::default()
         };
     }
@@ -542,6 +606,14 @@ impl CongestionControl for Cubic {
         self.w.restart_after_idle(idle, rto);
         // The curve starts again from the window it restarts at.
         self.epoch = None;
+    }
+
+    /// The window back; the curve starts again from it (W_max as the
+    /// needless cut left it: at most the window restored).
+    fn undo(&mut self, cwnd: usize, ssthresh: usize) {
+        self.w.undo(cwnd, ssthresh);
+        self.epoch = None;
+        self.after_timeout = false;
     }
 
     fn on_rtt_sample(&mut self, _now: Instant, rtt: Duration, una: u32, nxt: u32) {
@@ -557,13 +629,43 @@ impl CongestionControl for Cubic {
         {
             // A new round.
             h.round_end = Some(nxt);
+            if h.samples >= HYSTART_MIN_SAMPLES || h.last_round_min.is_none() {
+                h.last_round_min = h.round_min.or(h.last_round_min);
+            }
             h.round_min = None;
             h.samples = 0;
+            if let Some((baseline, rounds)) = h.css {
+                if rounds + 1 >= CSS_ROUNDS {
+                    // Five rounds of it: slow start is over.
+                    h.css = None;
+                    h.found = true;
+                    self.w.ssthresh = self.w.cwnd;
+                    return;
+                }
+                h.css = Some((baseline, rounds + 1));
+            }
         }
         let round_min = h.round_min.map_or(rtt, |m| m.min(rtt));
         h.round_min = Some(round_min);
         if h.samples < HYSTART_MIN_SAMPLES {
             h.samples += 1;
+            return;
+        }
+        if h.plus_plus {
+            match (h.css, h.last_round_min) {
+                (Some((baseline, _)), _) if round_min < baseline => {
+                    // The rise was not a queue: slow start again.
+                    h.css = None;
+                }
+                (None, Some(last)) => {
+                    let thresh =
+                        (last / 8).clamp(Duration::from_millis(4), Duration::from_millis(16));
+                    if round_min >= last + thresh {
+                        h.css = Some((round_min, 0));
+                    }
+                }
+                _ => {}
+            }
             return;
         }
         let margin = (min / 8).clamp(Duration::from_millis(4), Duration::from_millis(16));
@@ -575,10 +677,12 @@ impl CongestionControl for Cubic {
 
     fn set_mss(&mut self, mss: usize) {
         if self.w.fresh {
+            let plus_plus = self.hystart.plus_plus;
             *self = Cubic {
                 min_rtt: self.min_rtt,
                 ..Cubic::new(mss)
             };
+            self.hystart.plus_plus = plus_plus;
         } else {
             self.w.set_mss(mss);
         }
@@ -1021,6 +1125,56 @@ mod test {
             // Left at the window of the 9th sample: 28 segments.
             assert_eq!(cc.ssthresh() == 28 * MSS, leaves, "rise {rise_ms} ms");
             assert_eq!(cc.in_slow_start(), !leaves, "rise {rise_ms} ms");
+        }
+    }
+
+    /// HyStart++ (RFC 9406): a round whose smallest RTT rises over the
+    /// last round's by an eighth (4-16 ms) enters Conservative Slow Start,
+    /// a quarter of the growth with ssthresh untouched; a round back
+    /// below the rise resumes slow start; five rounds of it end slow
+    /// start at the window reached.
+    #[test]
+    fn hystart_plus_plus_slows_then_leaves_slow_start_or_resumes_it() {
+        let round = |cc: &mut Cubic, n: u32, rtt: u64| {
+            // A round of 9 samples ending at n * 1000, one segment each.
+            for i in 1..=9u32 {
+                cc.on_rtt_sample(Instant::ZERO, ms(rtt), (n - 1) * 1000 + i, n * 1000);
+                cc.on_ack(Instant::ZERO, MSS, Some(ms(rtt)));
+            }
+        };
+        for fall_back in [false, true] {
+            let mut cc = Cubic::new(MSS);
+            cc.hystart.plus_plus = true;
+            cc.on_ack(Instant::ZERO, 10 * MSS, Some(ms(100)));
+            round(&mut cc, 1, 100);
+            round(&mut cc, 2, 100);
+            let before = cc.cwnd();
+            assert_eq!(before, 38 * MSS);
+            // The RTT rises by 30 ms: Conservative Slow Start.
+            round(&mut cc, 3, 130);
+            assert!(cc.hystart.css.is_some());
+            assert!(cc.in_slow_start(), "ssthresh untouched");
+            let in_css = cc.cwnd();
+            round(&mut cc, 4, 130);
+            assert_eq!(cc.cwnd() - in_css, 9 * MSS / CSS_GROWTH_DIVISOR);
+            if fall_back {
+                round(&mut cc, 5, 100);
+                assert!(cc.hystart.css.is_none(), "resumed");
+                let at = cc.cwnd();
+                round(&mut cc, 6, 100);
+                assert_eq!(cc.cwnd() - at, 9 * MSS, "full slow start again");
+                assert!(cc.in_slow_start());
+            } else {
+                for n in 5..=7 {
+                    round(&mut cc, n, 130);
+                    assert!(cc.in_slow_start());
+                }
+                let reached = cc.cwnd();
+                // The fifth round of it ends: slow start ends there.
+                round(&mut cc, 8, 130);
+                assert!(!cc.in_slow_start(), "five rounds of it end slow start");
+                assert_eq!(cc.ssthresh(), reached);
+            }
         }
     }
 }

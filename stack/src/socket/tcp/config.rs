@@ -100,6 +100,17 @@ pub struct TcpConfig {
     /// `tcp_slow_start_after_idle`: the window halved per timeout of
     /// idleness, never below the initial one).
     pub slow_start_after_idle: bool,
+    /// F-RTO (RFC 5682, as Linux's `tcp_frto`): after a timeout that no
+    /// loss signal preceded, the first ACK lets new data out rather than
+    /// the flight again, and an ACK of data sent only once then shows the
+    /// timeout was needless (the window is given back).
+    pub frto: bool,
+    /// CUBIC leaves slow start by RFC 9406's HyStart++ (a rise of the
+    /// round's smallest RTT over the last round's starts five rounds of
+    /// Conservative Slow Start, undone if the RTT falls back) rather than
+    /// by Linux's HyStart (the default, which packetdrill's CUBIC scripts
+    /// assert: a rise over the connection's smallest RTT ends it at once).
+    pub hystart_plus_plus: bool,
     /// ECN (RFC 3168): whether our SYNs ask for it and whether a peer's
     /// request is granted. On a connection that has it, new data leaves
     /// ECN-capable (ECT(0)), a congestion mark is echoed, and an echo
@@ -147,6 +158,8 @@ impl Default for TcpConfig {
             rack: true,
             slow_start_after_idle: true,
             ecn: Ecn::default(),
+            hystart_plus_plus: false,
+            frto: true,
         }
     }
 }

@@ -106,6 +106,24 @@ impl TcpConn {
         segment_acceptable(seg.hdr.seq, seg.len(), self.rcv.nxt, wnd)
     }
 
+    /// A segment that starts below `RCV.NXT` brought something again:
+    /// its part below `RCV.NXT` is reported to the sender (RFC 2883's
+    /// D-SACK, as Linux's `tcp_dsack_set`), so it can tell a needless
+    /// retransmission and undo what it cut for it.
+    fn note_duplicate(&mut self, seg: &Segment<'_>) {
+        if !self.opts.sack_enabled || seg.is_empty() || seg.hdr.seq.diff(self.rcv.nxt) >= 0 {
+            return;
+        }
+        let end = seg.hdr.seq + seg.len();
+        let end = if end.diff(self.rcv.nxt) > 0 {
+            self.rcv.nxt
+        } else {
+            end
+        };
+        self.owed.dsack = Some((seg.hdr.seq, end));
+        self.owed.ack_now = true;
+    }
+
     pub(super) fn challenge_ack(&mut self, now: Instant) {
         let second = now.as_nanos() / 1_000_000_000;
         if second != self.owed.challenge_second {
@@ -125,6 +143,7 @@ impl TcpConn {
             if let Some((tsval, _)) = seg.hdr.timestamp {
                 if (tsval.wrapping_sub(self.opts.ts_recent) as i32) < 0 && !seg.hdr.syn {
                     self.owed.ack_now = true;
+                    self.note_duplicate(seg);
                     self.stats.bad_segments += 1;
                     return;
                 }
@@ -144,6 +163,7 @@ impl TcpConn {
         if !self.acceptable(seg) {
             if !seg.hdr.rst {
                 self.owed.ack_now = true;
+                self.note_duplicate(seg);
             }
             self.stats.bad_segments += 1;
             return;
@@ -229,6 +249,7 @@ impl TcpConn {
         let mut newly_sacked = 0;
         let una_before = self.snd.una;
         let was_recovering = self.rec.in_recovery;
+        let was_lost = self.rec.loss_until.is_some();
         // Bytes this ACK delivered, SACKed or acknowledged (PRR's DeliveredData).
         let mut delivered_now = 0;
         if self.opts.sack_enabled {
@@ -257,6 +278,7 @@ impl TcpConn {
                     .scoreboard
                     .add(self.snd.una, self.snd.max, &blocks[..n]);
             }
+            self.undo_on_dsack(seg, ack);
         }
         delivered_now += newly_sacked;
         self.on_ack_after_tail_probe(now, seg, ack, newly_sacked);
@@ -369,11 +391,17 @@ impl TcpConn {
         {
             self.enter_recovery(now);
         }
+        let una_advanced = self.snd.una.diff(una_before) > 0;
+        if self.rec.undo.is_some() && self.try_undo(seg, was_recovering, was_lost, una_advanced) {
+            // The cut was needless: nothing here is lost after all.
+            self.timers.stop(Timer::Reorder);
+        } else if was_lost {
+            self.frto_on_ack(ack, una_advanced, newly_sacked);
+        }
         let newly_lost = self.opts.sack_enabled && self.detect_loss_by_time(now);
         let was_reducing = was_recovering || self.rec.cwr_until.is_some();
         self.ecn_on_echo(now, seg);
         if self.reducing() {
-            let una_advanced = self.snd.una.diff(una_before) > 0;
             self.reduce_window(delivered_now, una_advanced, newly_lost || !was_reducing);
         }
         // Window update (RFC 9293 3.10.7.4).
@@ -445,6 +473,9 @@ impl TcpConn {
         self.rec.high_rxt = self.snd.una;
         // A reduction for an ECN echo under way goes on as the recovery's
         // (the window is cut once: Linux's `tcp_enter_recovery` from CWR).
+        let continues_cwr = self.rec.cwr_until.is_some();
+        let prior = (!continues_cwr).then(|| (self.rec.cc.cwnd(), self.rec.cc.ssthresh()));
+        self.undo_begin(prior);
         if self.rec.cwr_until.take().is_none() {
             let seg = self.max_payload().max(1);
             self.rec.prr = Prr {
@@ -536,7 +567,8 @@ impl TcpConn {
         );
         if receiving && !seg.payload.is_empty() {
             self.ecn_on_data(seg);
-            // Trim what we already have.
+            // Trim what we already have (and say it came twice).
+            self.note_duplicate(seg);
             let skip = self.rcv.nxt.since(seg.hdr.seq).min(seg.payload.len());
             let data = &seg.payload[skip..];
             let offset = seg.hdr.seq.since(self.rcv.nxt);

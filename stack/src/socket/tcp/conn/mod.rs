@@ -23,6 +23,7 @@ mod output;
 mod timers;
 mod tuning;
 mod tx_stamps;
+mod undo;
 
 #[cfg(test)]
 mod tests;
@@ -33,7 +34,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::buffer::{RecvBuffer, SendBuffer};
-use super::cc::{CongestionControl, new_controller};
+use super::cc::{CongestionControl, new_controller_with};
 use super::config::MAX_WSCALE;
 pub use super::config::{Ecn, KeepAlive, TcpConfig};
 use super::fastopen;
@@ -111,6 +112,7 @@ impl ConnStats {
         self.bad_segments += o.bad_segments;
         self.pmtu_reductions += o.pmtu_reductions;
         self.ecn_reductions += o.ecn_reductions;
+        self.undos += o.undos;
     }
 }
 
@@ -391,6 +393,39 @@ struct Recovery {
     /// A window reduction for an ECN echo (RFC 3168 6.1.2; Linux's CWR
     /// state) is under way until the ACKs pass this (`SND.NXT` then).
     cwr_until: Option<Seq>,
+    /// What the last loss episode cut, while it may prove needless.
+    undo: Option<Undo>,
+    /// F-RTO (RFC 5682) judging the last timeout.
+    frto: Option<Frto>,
+}
+
+/// F-RTO's state after a timeout (RFC 5682 3.1).
+#[derive(Debug, Clone, Copy)]
+struct Frto {
+    /// `SND.MAX` at the timeout (Linux's `high_seq`).
+    high: Seq,
+    /// Step 2b taken: new data left after the first ACK, instead of
+    /// more of the flight again; in flight is that new data alone.
+    new_data: bool,
+}
+
+/// A loss episode (fast recovery, or a timeout) that may prove needless
+/// (Linux's `undo_marker`, `undo_retrans`, `retrans_stamp`,
+/// `prior_cwnd` and `prior_ssthresh`).
+#[derive(Debug, Clone, Copy)]
+struct Undo {
+    /// `SND.UNA` when it began.
+    marker: Seq,
+    /// The window and ssthresh before it (none when it continued an ECN
+    /// reduction, which a duplicate does not make needless).
+    prior: Option<(usize, usize)>,
+    /// Its retransmissions no D-SACK has reported yet (none before the
+    /// first).
+    retrans: Option<u32>,
+    /// The end of what it retransmitted: a D-SACK above is not for one.
+    retrans_end: Seq,
+    /// The TSval of its first retransmission (Eifel, RFC 3522).
+    stamp: Option<u32>,
 }
 
 /// Proportional rate reduction (RFC 6937, as Linux's
@@ -488,6 +523,9 @@ struct Owed {
     challenge_second: u64,
     /// Reused for SACK blocks so building an ACK never allocates.
     sack_scratch: Vec<(usize, usize)>,
+    /// A duplicate the peer sent (RFC 2883 D-SACK): reported as the first
+    /// SACK block of the next ACK, which goes at once.
+    dsack: Option<(Seq, Seq)>,
 }
 
 /// The offset of a connection's TSval clock until the table sets the one
@@ -543,7 +581,7 @@ impl TcpConn {
             },
             rec: Recovery {
                 scoreboard: Scoreboard::new(),
-                cc: new_controller(cfg.congestion, mss),
+                cc: new_controller_with(cfg.congestion, mss, cfg.hystart_plus_plus),
                 rtt: RttEstimator::new(cfg.rtt.clone()),
                 rtt_probe: None,
                 dupacks: 0,
@@ -561,6 +599,8 @@ impl TcpConn {
                 rack: Rack::new(),
                 prr: Prr::default(),
                 cwr_until: None,
+                undo: None,
+                frto: None,
             },
             timers: TimerTable::default(),
             persist_backoff: 0,
@@ -587,6 +627,7 @@ impl TcpConn {
                 challenge_tokens: cfg.challenge_ack_limit,
                 challenge_second: 0,
                 sack_scratch: Vec::with_capacity(3),
+                dsack: None,
             },
             fast_open: FastOpenConn::default(),
             soft_error: None,

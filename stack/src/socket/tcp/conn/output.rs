@@ -12,10 +12,25 @@ impl TcpConn {
     /// (RFC 6691), so payloads shrink by this much.
     pub(super) fn option_overhead(&self) -> usize {
         let mut n = if self.opts.ts_enabled { 10 } else { 0 };
-        if self.opts.sack_enabled && self.rcv.buf.ooo_bytes() > 0 {
-            n += 2 + 8 * self.rcv.buf.ooo_ranges().min(3);
+        let blocks = self.sack_blocks();
+        if blocks > 0 {
+            n += 2 + 8 * blocks;
         }
         n.div_ceil(4) * 4
+    }
+
+    /// SACK blocks an ACK carries now: a D-SACK, then the ranges held out
+    /// of order, three at most (what fits beside timestamps).
+    fn sack_blocks(&self) -> usize {
+        if !self.opts.sack_enabled {
+            return 0;
+        }
+        let held = if self.rcv.buf.ooo_bytes() > 0 {
+            self.rcv.buf.ooo_ranges()
+        } else {
+            0
+        };
+        (held + usize::from(self.owed.dsack.is_some())).min(3)
     }
 
     /// Largest payload of a segment sent now.
@@ -26,12 +41,18 @@ impl TcpConn {
     pub(super) fn base_segment(&mut self, now: Instant) -> Outgoing {
         let window = self.window_to_advertise();
         let mut sack = [None; 3];
+        // RFC 2883: a duplicate's range first (taken once it is sent).
+        let dsack = self.owed.dsack.filter(|_| self.opts.sack_enabled);
+        let held = &mut sack[usize::from(dsack.is_some())..];
         if self.opts.sack_enabled && self.rcv.buf.ooo_bytes() > 0 {
-            self.rcv.buf.sack_ranges(&mut self.owed.sack_scratch, 3);
-            for (slot, &(s, e)) in sack.iter_mut().zip(self.owed.sack_scratch.iter()) {
+            self.rcv
+                .buf
+                .sack_ranges(&mut self.owed.sack_scratch, held.len());
+            for (slot, &(s, e)) in held.iter_mut().zip(self.owed.sack_scratch.iter()) {
                 *slot = Some((self.rcv.nxt + s, self.rcv.nxt + e));
             }
         }
+        sack[0] = dsack.or(sack[0]);
         Outgoing::from(Header {
             seq: self.snd.nxt,
             ack: Some(self.rcv.nxt),
@@ -49,6 +70,9 @@ impl TcpConn {
     pub(super) fn sent_ack(&mut self, seg: &Outgoing) {
         if let Some(ack) = seg.hdr.ack {
             self.opts.last_ack_sent = ack;
+        }
+        if seg.hdr.sack[0].is_some() {
+            self.owed.dsack = None;
         }
         self.owed.dupacks_owed = self.owed.dupacks_owed.saturating_sub(1);
         self.owed.ack_now = self.owed.dupacks_owed > 0;
@@ -243,6 +267,7 @@ impl TcpConn {
         // Karn: no RTT sample across a retransmission.
         self.forget_rtt_timing();
         self.rec.rack.on_sent(now, start, start + len, true);
+        self.undo_note_retransmit(now, start, start + len);
         self.sent_ack(&seg);
         Some(seg)
     }
@@ -414,6 +439,7 @@ impl TcpConn {
             // Going back after a timeout may run past what was sent.
             let resent_end = end.min(self.snd.max);
             self.rec.rack.on_sent(now, self.snd.nxt, resent_end, true);
+            self.undo_note_retransmit(now, self.snd.nxt, resent_end);
             self.rec.rack.on_sent(now, resent_end, end, false);
         } else {
             self.rec.rack.on_sent(now, self.snd.nxt, end, false);
@@ -501,6 +527,12 @@ impl TcpConn {
     /// less what duplicate ACKs report delivered (NewReno fast recovery's
     /// inflation, limited transmit before it).
     pub(super) fn flight_estimate(&self) -> usize {
+        if let Some(f) = self.rec.frto.filter(|f| f.new_data) {
+            // F-RTO sent new data past the flight of the timeout (RFC
+            // 5682 step 2b): that new data is what is in flight, the
+            // rest counted lost until an ACK says otherwise.
+            return self.snd.nxt.since(f.high);
+        }
         if self.rec.loss_until.is_some() {
             // Going back after a timeout (Linux's Loss state, where the
             // timeout marked everything lost): in flight is what was sent
@@ -593,6 +625,7 @@ impl TcpConn {
         }
         self.stats.retransmits += 1;
         self.rec.rack.on_sent(now, start, start + len, true);
+        self.undo_note_retransmit(now, start, start + len);
         self.count_recovery_send(len);
         self.timers.set(Timer::Rto, now + self.rec.rtt.rto());
         self.sent_ack(&seg);

@@ -1638,3 +1638,181 @@ fn a_congestion_mark_is_echoed_until_cwr_and_cuts_the_window_once() {
     assert_eq!(c.stats().ecn_reductions, 1);
     assert_eq!(c.info().ca_state, CaState::Open);
 }
+
+/// A delay spike, not a loss (RFC 3522, Eifel): the ACKs of a flight come
+/// after the retransmission timeout fired and resent its first segment;
+/// they echo the originals' timestamps, older than the retransmission's,
+/// so the timeout was needless: the window and ssthresh come back and
+/// the sender goes on with new data instead of going back over the
+/// flight. A real loss (only the retransmission arrives) keeps the cut.
+#[test]
+fn a_needless_timeout_is_undone_by_the_echoed_timestamps() {
+    for spurious in [true, false] {
+        let rtt = Duration::from_millis(20);
+        let (mut c, mut s, mut now) = established_at_rtt(rtt);
+        let max = c.max_payload();
+        c.send(&vec![9u8; 8 * max]);
+        let flight = drain(&mut c, now);
+        assert_eq!(flight.len(), 8);
+        let (cwnd, ssthresh) = (c.cwnd(), c.ssthresh());
+        let rto = c.timers.get(Timer::Rto).expect("RTO armed");
+        // The probe timer comes first: let it fire (a probe of the last
+        // segment, held back too), then the timeout.
+        let probe_at = c.poll_at().unwrap();
+        let held = drain(&mut c, probe_at);
+        now = rto.max(c.timers.get(Timer::Rto).unwrap());
+        let again = drain(&mut c, now);
+        assert_eq!(c.stats().timeouts, 1, "{held:?}");
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].out.hdr.seq, flight[0].out.hdr.seq);
+        assert!(c.cwnd() < cwnd);
+        if spurious {
+            // The originals arrive (late); their ACKs come back.
+            exchange(&mut c, &mut s, &flight, now, rtt);
+            assert_eq!(c.stats().undos, 1);
+            assert_eq!((c.cwnd(), c.ssthresh()), (cwnd, ssthresh));
+            assert_eq!(c.info().ca_state, CaState::Open);
+        } else {
+            // The first was lost: only its retransmission arrives.
+            exchange(&mut c, &mut s, &again, now, rtt);
+            assert_eq!(c.stats().undos, 0);
+            assert!(c.cwnd() < cwnd);
+        }
+        now += rtt;
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_millis(1),
+            |_, _| true,
+        );
+        assert_eq!(read_all(&mut s).len(), 8 * max);
+    }
+}
+
+/// Reordering taken for a loss (RFC 3708): three segments overtake the
+/// first, whose fast retransmission is needless: the original arrives,
+/// then the retransmission, which the receiver reports with a D-SACK
+/// (RFC 2883), and the sender gives the window back. Without timestamps,
+/// so the D-SACK alone tells.
+#[test]
+fn a_needless_fast_retransmit_is_undone_by_a_dsack() {
+    let no_ts = TcpConfig {
+        timestamps: false,
+        ..cfg()
+    };
+    let (mut c, mut s, now) = established(no_ts.clone(), no_ts);
+    let max = c.max_payload();
+    c.send(&vec![5u8; 6 * max]);
+    let flight = drain(&mut c, now);
+    assert_eq!(flight.len(), 6);
+    let (cwnd, ssthresh) = (c.cwnd(), c.ssthresh());
+    // Segments 2..6 overtake the first: SACKed duplicate ACKs.
+    for w in &flight[1..] {
+        s.on_segment(now, &w.seg());
+    }
+    let dupacks = drain(&mut s, now);
+    for a in &dupacks {
+        c.on_segment(now, &a.seg());
+    }
+    assert!(c.info().recovering, "fast recovery on the SACKs");
+    assert!(c.cwnd() < cwnd);
+    let resent = drain(&mut c, now);
+    assert_eq!(resent[0].out.hdr.seq, flight[0].out.hdr.seq);
+    // The original arrives: everything is acknowledged.
+    s.on_segment(now, &flight[0].seg());
+    for a in drain(&mut s, now) {
+        assert!(a.out.hdr.sack[0].is_none());
+        c.on_segment(now, &a.seg());
+    }
+    assert!(!c.info().recovering);
+    assert_eq!(c.stats().undos, 0, "not yet: nothing said it was needless");
+    // Then the retransmission: a duplicate, reported as such.
+    s.on_segment(now, &resent[0].seg());
+    let dsack = drain(&mut s, now);
+    let first = flight[0].out.hdr.seq;
+    assert_eq!(dsack[0].out.hdr.sack[0], Some((first, first + max)));
+    c.on_segment(now, &dsack[0].seg());
+    assert_eq!(c.stats().undos, 1);
+    assert_eq!((c.cwnd(), c.ssthresh()), (cwnd, ssthresh));
+    // Each duplicate is reported once.
+    s.on_segment(now, &resent[0].seg());
+    let again = drain(&mut s, now);
+    assert_eq!(again[0].out.hdr.sack[0], Some((first, first + max)));
+    assert!(drain(&mut s, now).is_empty());
+}
+
+/// F-RTO (RFC 5682 3.1), without timestamps: after a timeout the first
+/// ACK (of the first segment only) lets two new segments out instead of
+/// the flight again. Then, when the originals were only late, an ACK of
+/// data sent once shows the timeout was needless: the window comes back.
+/// When they were lost, the SACK of the new data says so and the sender
+/// goes back over the flight.
+#[test]
+fn frto_sends_new_data_after_a_timeout_and_tells_a_needless_one() {
+    for late in [true, false] {
+        let no_ts = TcpConfig {
+            timestamps: false,
+            ..cfg()
+        };
+        let (mut c, mut s, mut now) = established(no_ts.clone(), no_ts);
+        let max = c.max_payload();
+        c.send(&vec![3u8; 20 * max]);
+        let flight = drain(&mut c, now);
+        assert_eq!(flight.len(), 10, "the initial window");
+        let high = c.snd.max;
+        let (cwnd, ssthresh) = (c.cwnd(), c.ssthresh());
+        // Nothing comes back: the probe, then the timeout.
+        now = c.poll_at().unwrap();
+        let _probe = drain(&mut c, now);
+        now = c.poll_at().unwrap();
+        let resent: Vec<Wire> = drain(&mut c, now);
+        assert_eq!(c.stats().timeouts, 1);
+        let first = flight[0].out.hdr.seq;
+        assert!(resent.iter().any(|w| w.out.hdr.seq == first), "{resent:?}");
+        // The first segment arrives (the original if late, else the
+        // retransmission): its ACK lets new data out (step 2b).
+        s.on_segment(now, &flight[0].seg());
+        for a in drain(&mut s, now) {
+            c.on_segment(now, &a.seg());
+        }
+        let next = drain(&mut c, now);
+        assert_eq!(next.len(), 2, "{next:?}");
+        assert!(
+            next.iter().all(|w| w.out.hdr.seq.diff(high) >= 0),
+            "new data: {:?} {high:?} {:?}",
+            next.iter().map(|w| w.out.hdr.seq).collect::<Vec<_>>(),
+            c.stats()
+        );
+        if late {
+            // The rest of the flight arrives: data sent once is ACKed.
+            for w in &flight[1..] {
+                s.on_segment(now, &w.seg());
+            }
+            for a in drain(&mut s, now) {
+                c.on_segment(now, &a.seg());
+            }
+            assert_eq!(c.stats().undos, 1);
+            assert_eq!((c.cwnd(), c.ssthresh()), (cwnd, ssthresh));
+        } else {
+            // Lost: the new data arrives above a hole, and is SACKed.
+            for w in &next {
+                s.on_segment(now, &w.seg());
+            }
+            for a in drain(&mut s, now) {
+                c.on_segment(now, &a.seg());
+            }
+            assert_eq!(c.stats().undos, 0);
+            let back = drain(&mut c, now);
+            assert_eq!(back[0].out.hdr.seq, flight[1].out.hdr.seq, "goes back");
+        }
+        run(
+            &mut c,
+            &mut s,
+            &mut now,
+            Duration::from_millis(1),
+            |_, _| true,
+        );
+        assert_eq!(read_all(&mut s).len(), 20 * max);
+    }
+}

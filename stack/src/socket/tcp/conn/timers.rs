@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{State, TcpConn};
+use super::{Frto, State, TcpConn};
 use crate::error::ConnError;
 use crate::time::Instant;
 
@@ -314,6 +314,13 @@ impl TcpConn {
                 self.owed.send_syn = true;
             }
             _ => {
+                let prior = (self.rec.cc.cwnd(), self.rec.cc.ssthresh());
+                let frto = self.frto_may_judge().then_some(Frto {
+                    high: self.snd.max,
+                    new_data: false,
+                });
+                self.undo_begin(Some(prior));
+                self.rec.frto = frto;
                 self.rec.cc.on_timeout(now, self.in_flight());
                 self.rec.in_recovery = false;
                 self.rec.dupacks = 0;
