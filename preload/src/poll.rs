@@ -73,6 +73,9 @@ pub fn poll(fds: &mut [pollfd], timeout: Option<Duration>, sigmask: *const sigse
     }
     let socks: Vec<Option<Arc<Sock>>> = fds.iter().map(|p| fd::get(p.fd)).collect();
     let mut local: Vec<pollfd> = fds.to_vec();
+    // Signals wait for the kernel wait (which takes the program's mask)
+    // from the looks on: none is lost between a look and the wait.
+    let _hold = (!timeout.is_some_and(|t| t.is_zero())).then(crate::signals::Held::for_wait);
     loop {
         // Drain every socket, then look: a socket named twice in the set
         // (sshd polls its connection once to read and once to write) is
@@ -411,6 +414,8 @@ pub unsafe fn wait(
     }
     let max = max as usize;
     let mut kbuf: Vec<epoll_event> = vec![epoll_event { events: 0, u64: 0 }; max];
+    // As in `poll`: no signal lost between the looks and the wait.
+    let _hold = (timeout_ms != 0).then(crate::signals::Held::for_wait);
     loop {
         let pending = !ep.lock().recheck.is_empty();
         let ms = if pending {

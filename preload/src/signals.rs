@@ -28,7 +28,21 @@ pub struct Held {
 impl Held {
     /// Hold signals off when this process shares another's stack.
     pub fn new() -> Self {
-        if !crate::share::is_client() || SAVED.with(Cell::get).is_some() {
+        if !crate::share::is_client() {
+            return Held { outer: false };
+        }
+        Self::for_wait()
+    }
+
+    /// Hold signals off before the last look of a blocking wait, in any
+    /// process: a signal that comes while the layer looks or drives the
+    /// stack stays pending, and the kernel wait that follows takes the
+    /// program's mask ([`wait_mask`]) and is interrupted by it. Without,
+    /// a handler that ran between the look and the wait (CPython's sets a
+    /// flag and returns) would leave the wait asleep and the program
+    /// deaf to its SIGTERM.
+    pub fn for_wait() -> Self {
+        if SAVED.with(Cell::get).is_some() {
             return Held { outer: false };
         }
         // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask

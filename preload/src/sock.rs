@@ -99,6 +99,7 @@ fn wait(sock: &Sock, want: Want, nonblock: bool, timeout_us: i64) -> Res<()> {
         }
         ready
     };
+    let mut hold = None;
     loop {
         if look() {
             return Ok(());
@@ -113,6 +114,14 @@ fn wait(sock: &Sock, want: Want, nonblock: bool, timeout_us: i64) -> Res<()> {
             look()
         }) {
             return Ok(());
+        }
+        if hold.is_none() {
+            // Signals wait for the kernel wait below from here (the
+            // look again under the hold): none is lost in between.
+            hold = Some(crate::signals::Held::for_wait());
+            if look() {
+                return Ok(());
+            }
         }
         let ms = match deadline {
             None => -1,

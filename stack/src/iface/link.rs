@@ -506,7 +506,7 @@ impl Link {
         payload_len: usize,
         fill: F,
     ) -> Result<(), Error> {
-        self.send_ip_with_options(now, tx, dst, protocol, 0, &[], payload_len, fill)
+        self.send_ip_tos(now, tx, dst, protocol, 0, payload_len, fill)
     }
 
     /// [`send_ip`](Self::send_ip) with `tos` in the header's TOS byte

@@ -228,6 +228,7 @@ pub fn run(spec: Spec) -> Result<Value> {
         "timeouts": stats.timeouts,
         "tail_loss_probes": stats.tail_loss_probes,
         "fast_retransmits": stats.fast_retransmits,
+        "undos": stats.undos,
     }))
 }
 

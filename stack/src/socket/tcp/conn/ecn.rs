@@ -5,7 +5,7 @@
 //! (Linux's CWR state, by proportional rate reduction), and CWR on the
 //! next new segment.
 
-use super::{Ecn, EcnState, Outgoing, Prr, Segment, TcpConn};
+use super::{Ecn, EcnState, Outgoing, Segment, TcpConn};
 use crate::time::Instant;
 
 /// The ECN codepoint of a packet that met congestion (RFC 3168 5).
@@ -86,13 +86,7 @@ impl TcpConn {
         if self.rec.in_recovery || self.rec.loss_until.is_some() || self.rec.cwr_until.is_some() {
             return;
         }
-        let mss = self.max_payload().max(1);
-        self.rec.prr = Prr {
-            prior_cwnd: self.rec.cc.cwnd().div_ceil(mss).max(1),
-            ..Prr::default()
-        };
-        self.rec.cc.on_congestion(now, self.in_flight());
-        self.rec.prr.window = self.rec.cc.cwnd();
+        self.begin_reduction(now);
         self.rec.cwr_until = Some(self.snd.nxt);
         self.ecn.cwr_owed = true;
         self.stats.ecn_reductions += 1;

@@ -3,7 +3,7 @@
 //! FIN in order.
 
 use super::timers::Timer;
-use super::{DUP_THRESH, Limit, Prr, Segment, State, TcpConn};
+use super::{DUP_THRESH, Limit, Segment, State, TcpConn};
 use crate::error::ConnError;
 use crate::socket::tcp::seq::Seq;
 use crate::time::Instant;
@@ -477,13 +477,7 @@ impl TcpConn {
         let prior = (!continues_cwr).then(|| (self.rec.cc.cwnd(), self.rec.cc.ssthresh()));
         self.undo_begin(prior);
         if self.rec.cwr_until.take().is_none() {
-            let seg = self.max_payload().max(1);
-            self.rec.prr = Prr {
-                prior_cwnd: self.rec.cc.cwnd().div_ceil(seg).max(1),
-                ..Prr::default()
-            };
-            self.rec.cc.on_congestion(now, self.in_flight());
-            self.rec.prr.window = self.rec.cc.cwnd();
+            self.begin_reduction(now);
             self.ecn_window_cut();
         }
         self.stats.fast_retransmits += 1;

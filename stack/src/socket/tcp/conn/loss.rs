@@ -3,7 +3,7 @@
 //! scoreboard's count (RFC 6675).
 
 use super::timers::Timer;
-use super::{CaState, DUP_THRESH, TcpConn};
+use super::{CaState, DUP_THRESH, Prr, TcpConn};
 use crate::time::Instant;
 
 impl TcpConn {
@@ -58,6 +58,19 @@ impl TcpConn {
             let seg = self.max_payload();
             self.reduce_window(seg, false, false);
         }
+    }
+
+    /// A window reduction begins (fast recovery, or an ECN echo): PRR
+    /// counts from the window now (RecoverFS), and the controller cuts
+    /// ssthresh (and its own window) once.
+    pub(super) fn begin_reduction(&mut self, now: Instant) {
+        let seg = self.max_payload().max(1);
+        self.rec.prr = Prr {
+            prior_cwnd: self.rec.cc.cwnd().div_ceil(seg).max(1),
+            ..Prr::default()
+        };
+        self.rec.cc.on_congestion(now, self.in_flight());
+        self.rec.prr.window = self.rec.cc.cwnd();
     }
 
     /// PRR's step on an ACK in recovery (RFC 6937 3, as Linux's

@@ -92,8 +92,8 @@ impl TcpConn {
     }
 
     /// After an ACK: undo the episode if it proved needless: in recovery
-    /// (an ACK that echoes an original, or once D-SACKs covered every
-    /// retransmission), when it ends, on the D-SACKs that follow its end
+    /// (an ACK that moves `SND.UNA` and echoes an original, or once
+    /// D-SACKs covered every retransmission), when it ends, on the D-SACKs that follow its end
     /// (until the next episode), and after a timeout on an ACK of new
     /// data (`was_lost`: the ACK came in the timeout's going back).
     /// Returns whether it did.
@@ -104,7 +104,12 @@ impl TcpConn {
         was_lost: bool,
         una_advanced: bool,
     ) -> bool {
-        if (was_lost && !una_advanced) || !self.may_undo(seg, was_recovering || was_lost) {
+        // Eifel looks at ACKs that move `SND.UNA` only (Linux's partial
+        // and full ACKs of recovery): a duplicate ACK echoes the last
+        // in-order segment's timestamp, older than any retransmission,
+        // whether or not the originals were lost.
+        let eifel = (was_recovering || was_lost) && una_advanced;
+        if (was_lost && !una_advanced) || !self.may_undo(seg, eifel) {
             return false;
         }
         self.undo_episode()
