@@ -55,6 +55,16 @@ pub struct Segment<'a> {
 }
 
 impl Segment<'_> {
+    /// The duplicate this ACK (acknowledging `ack`) reports, if any: its
+    /// first SACK block when below the cumulative ACK or inside the
+    /// second block (RFC 2883 4's D-SACK).
+    pub fn dsack(&self, ack: Seq) -> Option<(Seq, Seq)> {
+        let (start, end) = self.hdr.sack[0]?;
+        let inside_next =
+            self.hdr.sack[1].is_some_and(|(s, e)| start.diff(s) >= 0 && end.diff(e) <= 0);
+        (end.diff(ack) <= 0 || inside_next).then_some((start, end))
+    }
+
     /// Sequence space the segment occupies.
     pub fn len(&self) -> usize {
         self.payload.len() + usize::from(self.hdr.syn) + usize::from(self.hdr.fin)
@@ -109,5 +119,36 @@ impl From<Header> for Segment<'_> {
             payload: &[],
             ecn: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn a_dsack_is_a_first_block_below_the_ack_or_inside_the_second() {
+        let seg = |sack: [Option<(Seq, Seq)>; 3]| {
+            Segment::from(Header {
+                sack,
+                ..Header::default()
+            })
+        };
+        let ack = Seq(1000);
+        let below = seg([Some((Seq(500), Seq(600))), None, None]);
+        assert_eq!(below.dsack(ack), Some((Seq(500), Seq(600))));
+        let inside = seg([
+            Some((Seq(1200), Seq(1300))),
+            Some((Seq(1100), Seq(1400))),
+            None,
+        ]);
+        assert_eq!(inside.dsack(ack), Some((Seq(1200), Seq(1300))));
+        let plain = seg([
+            Some((Seq(1200), Seq(1300))),
+            Some((Seq(1400), Seq(1500))),
+            None,
+        ]);
+        assert_eq!(plain.dsack(ack), None);
+        assert_eq!(seg([None; 3]).dsack(ack), None);
     }
 }

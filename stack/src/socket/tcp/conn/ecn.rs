@@ -5,7 +5,7 @@
 //! (Linux's CWR state, by proportional rate reduction), and CWR on the
 //! next new segment.
 
-use super::{Ecn, EcnState, Outgoing, Segment, TcpConn};
+use super::{Ecn, Outgoing, Segment, TcpConn};
 use crate::time::Instant;
 
 /// The ECN codepoint of a packet that met congestion (RFC 3168 5).
@@ -133,10 +133,5 @@ impl TcpConn {
                 seg.hdr.cwr = true;
             }
         }
-    }
-
-    /// ECN as the connection has it, for `tcp_info`.
-    pub(super) fn ecn_state(&self) -> EcnState {
-        self.ecn
     }
 }

@@ -434,8 +434,8 @@ impl TcpConn {
         let Some(high) = self.rec.tlp.high else {
             return;
         };
-        // RFC 2883: a first SACK block below the cumulative ACK is a D-SACK.
-        let dsack = seg.hdr.sack[0].is_some_and(|(_, end)| end.diff(ack) <= 0);
+        // RFC 2883: a D-SACK says the probe was a duplicate.
+        let dsack = seg.dsack(ack).is_some();
         if ack.diff(high) >= 0 {
             self.rec.tlp.high = None;
             if self.rec.tlp.retrans && !dsack {

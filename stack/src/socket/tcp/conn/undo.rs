@@ -54,14 +54,9 @@ impl TcpConn {
     /// cumulative ACK, or inside the second block): within what the
     /// episode retransmitted, each segment it covers was sent needlessly.
     pub(super) fn undo_on_dsack(&mut self, seg: &Segment<'_>, ack: Seq) {
-        let Some((start, end)) = seg.hdr.sack[0] else {
+        let Some((start, end)) = seg.dsack(ack) else {
             return;
         };
-        let inside_next =
-            seg.hdr.sack[1].is_some_and(|(s, e)| start.diff(s) >= 0 && end.diff(e) <= 0);
-        if end.diff(ack) > 0 && !inside_next {
-            return;
-        }
         let mss = self.max_payload().max(1);
         let Some(u) = self.rec.undo.as_mut() else {
             return;
